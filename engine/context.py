@@ -1,0 +1,74 @@
+"""Typed value objects that flow through a round: the context a policy reads and the
+decisions it returns."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from instances.cluster import ClusterSpec
+from instances.grid import Grid
+from instances.jobs import Job
+
+GpuId = tuple[int, int]          # (node_id, local GPU index on that node)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    grid: Grid
+    gpus: tuple[GpuId, ...]      # sorted; len == grid.num_gpus
+
+    def __post_init__(self):
+        if len(self.gpus) != self.grid.num_gpus:
+            raise ValueError(f"allocation holds {len(self.gpus)} GPUs for grid {self.grid}")
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(sorted({n for n, _ in self.gpus}))
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as a policy sees it at a round."""
+    job: Job
+    remaining_iterations: float
+    current: Allocation | None          # what it holds now (None: queued)
+    attained_gpu_s: float = 0.0         # GPU-seconds received so far
+    queued_s: float = 0.0               # time spent waiting so far
+    reconfigurations: int = 0
+    measured_iteration_time_s: float | None = None   # from telemetry, when running
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    now_s: float
+    round_index: int
+    round_interval_s: float
+    cluster: ClusterSpec
+    jobs: tuple[JobView, ...]           # every active (arrived, unfinished) job
+    perf: Any                           # estimators.base.PerformanceModel for decisions
+    reconfig: Any                       # engine.reconfig.ReconfigCostModel
+    seed: int = 0
+
+    def job(self, job_id: str) -> JobView:
+        for j in self.jobs:
+            if j.job_id == job_id:
+                return j
+        raise KeyError(job_id)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Which grid each job should run on this round; jobs absent from ``grids`` wait.
+
+    ``placements`` optionally pins concrete GPUs (policies that place for themselves);
+    otherwise the engine's placement maps grids to GPUs. ``plans`` optionally carries
+    the chosen plan per job; ``info`` is free-form solver/policy statistics.
+    """
+    grids: Mapping[str, Grid]
+    placements: Mapping[str, tuple[GpuId, ...]] = field(default_factory=dict)
+    plans: Mapping[str, Any] = field(default_factory=dict)
+    info: Mapping[str, Any] = field(default_factory=dict)

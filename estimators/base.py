@@ -1,0 +1,55 @@
+"""The estimator seam: plans, estimates and the ``PerformanceModel`` interface."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from instances.grid import Grid
+from instances.jobs import Job
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Full parallel layout inside a grid.
+
+    ``stage_layers[i]`` is the number of consecutive model layers (``ModelArch.layers()``)
+    on stage i; every stage runs ``dp`` x ``tp`` ranks (uniform stage shapes).
+    """
+    pp: int
+    dp: int
+    tp: int
+    stage_layers: tuple[int, ...]
+    microbatches: int = 1
+    schedule: str = "1f1b"          # "gpipe" or "1f1b"
+
+    def __post_init__(self):
+        if min(self.pp, self.dp, self.tp, self.microbatches) < 1:
+            raise ValueError(f"plan degrees must be >= 1: {self}")
+        if len(self.stage_layers) != self.pp or min(self.stage_layers) < 1:
+            raise ValueError(f"plan needs {self.pp} non-empty stages: {self}")
+        if self.schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"unknown pipeline schedule {self.schedule!r}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.pp * self.dp * self.tp
+
+
+@dataclass(frozen=True)
+class Estimate:
+    iteration_time_s: float
+    throughput: float                 # samples per second
+    peak_memory_bytes: float          # per rank, the largest over ranks
+    plan: Plan | None                 # proxy plan
+    feasible: bool = True             # False: does not fit in memory (or no plan exists)
+    source: str = ""                  # which estimator, and e.g. "roofline-transfer" notes
+    notes: tuple[str, ...] = field(default=())
+
+
+@runtime_checkable
+class PerformanceModel(Protocol):
+    name: str
+
+    def estimate(self, job: Job, grid: Grid) -> Estimate:
+        """Iteration time, throughput, peak memory and proxy plan of ``job`` on ``grid``."""
+        ...

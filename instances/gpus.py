@@ -1,0 +1,92 @@
+"""GPU catalog: one place for every accelerator's specs.
+
+Units: FLOP/s (dense, no structured sparsity), bytes, bytes per second. Bandwidths are
+per GPU and per direction: ``intra_node_bw_bytes_per_s`` is one GPU's bandwidth to its
+peers inside a node (NVLink or PCIe), ``inter_node_bw_bytes_per_s`` one GPU's share of
+the node's network (a typical NIC for that generation of system).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import UnknownGpuType
+
+GB = 10**9
+GIB = 2**30
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class GpuType:
+    name: str
+    fp16_flops: float          # dense fp16/bf16 tensor-core peak, FLOP/s
+    fp32_flops: float          # dense fp32 (non-tensor-core) peak, FLOP/s
+    memory_bytes: int
+    memory_bw_bytes_per_s: float
+    intra_node_bw_bytes_per_s: float
+    inter_node_bw_bytes_per_s: float
+    default_gpus_per_node: int
+    interconnect: str          # "nvlink", "nvswitch", "pcie" or "host"
+    source: str
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype in ("float16", "bfloat16", "fp16", "bf16"):
+            return self.fp16_flops
+        if dtype in ("float32", "fp32"):
+            return self.fp32_flops
+        raise ValueError(f"unknown dtype {dtype!r} for GPU type {self.name}")
+
+
+_CATALOG: tuple[GpuType, ...] = (
+    GpuType("a100-40gb", 312 * TFLOPS, 19.5 * TFLOPS, 40 * GIB, 1555 * GB, 300 * GB, 25 * GB, 8,
+            "nvswitch", "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): FP16/BF16 312 TF dense, "
+            "FP32 19.5 TF, HBM2 1,555 GB/s, NVLink3 600 GB/s bidirectional; DGX A100: 8 GPUs, "
+            "one 200 Gb/s HDR NIC per GPU"),
+    GpuType("a100-80gb", 312 * TFLOPS, 19.5 * TFLOPS, 80 * GIB, 2039 * GB, 300 * GB, 25 * GB, 8,
+            "nvswitch", "NVIDIA A100 datasheet (SXM4 80GB): 312 TF FP16 dense, 19.5 TF FP32, "
+            "HBM2e 2,039 GB/s, NVLink3 600 GB/s bidirectional; DGX A100 8 GPUs, 200 Gb/s per GPU"),
+    GpuType("h100-sxm", 989 * TFLOPS, 67 * TFLOPS, 80 * GIB, 3350 * GB, 450 * GB, 50 * GB, 8,
+            "nvswitch", "NVIDIA H100 datasheet (SXM5): BF16 989 TF dense, FP32 67 TF, HBM3 3.35 TB/s, "
+            "NVLink4 900 GB/s bidirectional; DGX H100: 8 GPUs, one 400 Gb/s NDR NIC per GPU"),
+    GpuType("h200", 989 * TFLOPS, 67 * TFLOPS, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 8,
+            "nvswitch", "NVIDIA H200 datasheet (SXM): BF16 989 TF dense, FP32 67 TF, 141 GB HBM3e "
+            "4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 8 GPUs, 400 Gb/s per GPU"),
+    GpuType("v100-32gb", 125 * TFLOPS, 15.7 * TFLOPS, 32 * GIB, 900 * GB, 150 * GB, 12.5 * GB, 8,
+            "nvlink", "NVIDIA V100 datasheet (SXM2 32GB): 125 TF tensor FP16, 15.7 TF FP32, HBM2 "
+            "900 GB/s, NVLink2 300 GB/s bidirectional; DGX-1: 8 GPUs, 100 Gb/s EDR per GPU"),
+    GpuType("a40", 149.7 * TFLOPS, 37.4 * TFLOPS, 48 * GIB, 696 * GB, 32 * GB, 12.5 * GB, 2,
+            "pcie", "NVIDIA A40 datasheet: FP16/BF16 tensor 149.7 TF dense, FP32 37.4 TF, 48 GB "
+            "GDDR6 696 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed"),
+    GpuType("a10", 125 * TFLOPS, 31.2 * TFLOPS, 24 * GIB, 600 * GB, 32 * GB, 12.5 * GB, 2,
+            "pcie", "NVIDIA A10 datasheet: FP16/BF16 tensor 125 TF dense, FP32 31.2 TF, 24 GB GDDR6 "
+            "600 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed"),
+    GpuType("l20", 119.5 * TFLOPS, 59.8 * TFLOPS, 48 * GIB, 864 * GB, 32 * GB, 25 * GB, 8,
+            "pcie", "NVIDIA L20 product brief: FP16 tensor 119.5 TF dense, FP32 59.8 TF, 48 GB GDDR6 "
+            "864 GB/s, PCIe Gen4 x16; 200 Gb/s per GPU assumed"),
+    GpuType("cpu", 0.1 * TFLOPS, 0.1 * TFLOPS, 16 * GIB, 10 * GB, 5 * GB, 1 * GB, 1,
+            "host", "nominal figures for a small x86 VM (2 cores with AVX2 FMA, one DDR channel); "
+            "`arena profile` measures the real numbers on the local CPU"),
+)
+
+GPU_TYPES: dict[str, GpuType] = {g.name: g for g in _CATALOG}
+
+# Names used by other schedulers' formats (Arena, Gavel, Sia) for our catalog entries.
+ALIASES: dict[str, str] = {
+    "a100": "a100-40gb", "a100-sxm4-40gb": "a100-40gb", "a100_40gb": "a100-40gb",
+    "a100-80g": "a100-80gb", "a100_80gb": "a100-80gb",
+    "h100": "h100-sxm", "h100_sxm": "h100-sxm", "h200-sxm": "h200",
+    "v100": "v100-32gb", "v100_32gb": "v100-32gb",
+}
+
+
+def canonical_gpu_name(name: str) -> str:
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in GPU_TYPES:
+        raise UnknownGpuType(f"unknown GPU type {name!r}; known: {', '.join(sorted(GPU_TYPES))}",
+                             field="gpu_type")
+    return key
+
+
+def get_gpu(name: str) -> GpuType:
+    return GPU_TYPES[canonical_gpu_name(name)]

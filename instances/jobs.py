@@ -1,0 +1,45 @@
+"""Jobs: one training run each."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .gpus import canonical_gpu_name
+from .models import ModelArch, canonical_model_name, get_model
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    model: str                      # canonical model catalog name, e.g. "gpt__1.3B"
+    global_batch: int               # samples per iteration
+    num_iterations: int
+    arrival_s: float
+    deadline_s: float | None = None
+    priority: float = 1.0
+    tenant: str = "default"
+    requested_gpu_type: str | None = None
+    requested_gpus: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "model", canonical_model_name(self.model))
+        if self.requested_gpu_type is not None:
+            object.__setattr__(self, "requested_gpu_type", canonical_gpu_name(self.requested_gpu_type))
+        if not self.job_id:
+            raise ValueError("job_id must be non-empty")
+        if self.global_batch < 1:
+            raise ValueError(f"job {self.job_id}: global_batch must be >= 1")
+        if self.num_iterations < 1:
+            raise ValueError(f"job {self.job_id}: num_iterations must be >= 1")
+        if not math.isfinite(self.arrival_s) or self.arrival_s < 0:
+            raise ValueError(f"job {self.job_id}: arrival_s must be a finite time >= 0")
+        if self.deadline_s is not None and not self.deadline_s >= self.arrival_s:
+            raise ValueError(f"job {self.job_id}: deadline_s before arrival")
+        if self.requested_gpus is not None and self.requested_gpus < 1:
+            raise ValueError(f"job {self.job_id}: requested_gpus must be >= 1")
+        if not self.priority > 0:
+            raise ValueError(f"job {self.job_id}: priority must be > 0")
+
+    @property
+    def arch(self) -> ModelArch:
+        return get_model(self.model)

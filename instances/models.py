@@ -1,0 +1,295 @@
+"""Model catalog: architectures and what follows from them.
+
+Families:
+- ``gpt``: GPT-style decoder stack (Arena's artifact calls this family ``bert``; the
+  importers map ``bert__X`` to ``gpt__X``). Megatron layout, tied embeddings.
+- ``moe``: GShard-style decoder in which every layer's MLP is a mixture of experts
+  (top-2 gating). That every layer holds experts is inferred from the artifact's sizes
+  (moe 1.3B: 16 layers x (4h^2 + 16 experts x 8h^2) + embeddings = 1.27B).
+- ``wide_resnet``: bottleneck Wide-ResNet (Alpa's definition: stage filters
+  ``num_channels * 2**i``, bottleneck width ``filters * width_factor``, output
+  ``filters * 4``). The artifact's size labels are labels: derived parameter counts
+  differ (500M derives to ~0.85B).
+- ``llama``: Llama-style decoder (RMSNorm, SwiGLU MLP, grouped-query attention,
+  untied head).
+- ``tiny-*``: configurations that train on a CPU in seconds (tests, launcher, profiler).
+
+Everything derived (parameters, FLOPs, activation sizes) comes from ``layers()``, the
+single per-layer decomposition that the estimators build on. FLOPs count multiply-adds
+as 2 FLOPs; ``fwd_flops`` is per sample (one sequence or one image) in the forward pass.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+
+from .errors import UnknownModel
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer of a model, per sample, unsharded (tensor degree 1)."""
+    kind: str                 # "embedding", "decoder", "moe_decoder", "head", "conv_stem", "bottleneck", "classifier"
+    params: int
+    fwd_flops: float          # forward FLOPs per sample
+    activation_bytes: float   # activations kept for backward, per sample
+    output_bytes: float       # boundary tensor handed to the next layer, per sample
+    signature: tuple = ()     # shape signature: layers with equal (kind, signature) cost the same
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    family: str
+    size: str
+    dtype: str = "float16"
+    # transformer fields
+    num_layers: int = 0
+    hidden_size: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0          # 0: same as num_heads
+    ffn_hidden_size: int = 0       # 0: 4 * hidden_size
+    seq_len: int = 0
+    vocab_size: int = 0
+    num_experts: int = 0
+    top_k: int = 2
+    expert_group_size: int = 0
+    tied_embeddings: bool = True
+    # wide-resnet fields
+    width_factor: int = 0
+    num_channels: int = 0
+    image_size: int = 0
+    num_classes: int = 0
+    depth: int = 0                 # 50 or 101
+
+    def __post_init__(self):
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"model {self.name}: unknown dtype {self.dtype!r}")
+        if self.is_transformer:
+            for f in ("num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size"):
+                if getattr(self, f) <= 0:
+                    raise ValueError(f"model {self.name}: field {f} must be positive")
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"model {self.name}: hidden_size not divisible by num_heads")
+        elif self.family == "wide_resnet":
+            if self.depth not in _RESNET_BLOCKS:
+                raise ValueError(f"model {self.name}: depth must be one of {sorted(_RESNET_BLOCKS)}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}__{self.size}"
+
+    @property
+    def is_transformer(self) -> bool:
+        return self.family in ("gpt", "moe", "llama", "tiny-gpt", "tiny-moe", "tiny-llama")
+
+    @property
+    def base_family(self) -> str:
+        return self.family.removeprefix("tiny-")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @cached_property
+    def _layers(self) -> tuple[LayerSpec, ...]:
+        if self.is_transformer:
+            return _transformer_layers(self)
+        return _wide_resnet_layers(self)
+
+    def layers(self) -> tuple[LayerSpec, ...]:
+        return self._layers
+
+    @cached_property
+    def param_count(self) -> int:
+        return sum(l.params for l in self._layers)
+
+    @cached_property
+    def fwd_flops_per_sample(self) -> float:
+        return sum(l.fwd_flops for l in self._layers)
+
+    @property
+    def train_flops_per_sample(self) -> float:
+        """Forward + backward (backward = 2x forward), no recomputation."""
+        return 3.0 * self.fwd_flops_per_sample
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len if self.is_transformer else 1
+
+    @property
+    def fwd_flops_per_token(self) -> float:
+        return self.fwd_flops_per_sample / self.tokens_per_sample
+
+
+def _transformer_layers(m: ModelArch) -> tuple[LayerSpec, ...]:
+    h, s, a, V, b = m.hidden_size, m.seq_len, m.num_heads, m.vocab_size, m.dtype_bytes
+    head_dim = h // a
+    kv_dim = m.kv_heads * head_dim
+    llama = m.base_family == "llama"
+    out = s * h * b
+    layers = []
+    emb_params = V * h + (0 if llama else s * h)        # token (+ learned position) embedding
+    layers.append(LayerSpec("embedding", emb_params, 0.0, 0.0, out, (V, h, s, m.dtype)))
+    attn_proj = h * (h + 2 * kv_dim) + h * h            # qkv + output projection weights
+    attn_flops = 2 * s * attn_proj + 4 * s * s * h      # projections + QK^T and AV
+    # Activation memory per layer, no recomputation (Korthikanti et al. 2022): s*h*(34 + 5*a*s/h) bytes at fp16.
+    act = s * h * (34 + 5 * a * s / h) * (b / 2)
+    if m.base_family == "moe":
+        E, k = m.num_experts, m.top_k
+        mlp_params = E * 2 * h * m.ffn + E * (m.ffn + h) + h * E
+        mlp_flops = k * 2 * s * 2 * h * m.ffn + 2 * s * h * E
+        params = attn_proj + 4 * h + mlp_params + 4 * h
+        kind = "moe_decoder"
+        act += s * h * b * 2 * (k - 1) * 2              # extra dispatched expert activations
+        sig = (h, a, s, m.ffn, E, k, m.dtype)
+    elif llama:
+        mlp_params = 3 * h * m.ffn
+        mlp_flops = 2 * s * mlp_params
+        params = attn_proj + mlp_params + 2 * h
+        kind = "decoder"
+        sig = (h, a, m.kv_heads, s, m.ffn, "swiglu", m.dtype)
+    else:
+        mlp_params = 2 * h * m.ffn + m.ffn + h
+        mlp_flops = 2 * s * 2 * h * m.ffn
+        params = attn_proj + 3 * h + mlp_params + 4 * h  # + qkv/out biases and two layer norms
+        kind = "decoder"
+        sig = (h, a, s, m.ffn, "gelu", m.dtype)
+    for _ in range(m.num_layers):
+        layers.append(LayerSpec(kind, params, float(attn_flops + mlp_flops), float(act), out, sig))
+    head_params = (0 if m.tied_embeddings and not llama else V * h) + h
+    head_act = s * V * 4 + s * h * b                    # fp32 logits for the loss + final norm input
+    layers.append(LayerSpec("head", head_params, float(2 * s * h * V), float(head_act), 4.0,
+                            (V, h, s, m.dtype)))
+    return tuple(layers)
+
+
+_RESNET_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
+
+
+def _conv(cin: int, cout: int, k: int, hw: int) -> tuple[int, float]:
+    params = cin * cout * k * k
+    return params, 2.0 * params * hw * hw
+
+
+def _wide_resnet_layers(m: ModelArch) -> tuple[LayerSpec, ...]:
+    b = m.dtype_bytes
+    c0 = m.num_channels
+    hw = m.image_size // 2
+    layers = []
+    p, f = _conv(3, c0, 7, hw)
+    layers.append(LayerSpec("conv_stem", p + 2 * c0, f, float(c0 * hw * hw * b * 3),
+                            float(c0 * (hw // 2) ** 2 * b), (c0, m.image_size, m.dtype)))
+    hw //= 2                                             # max-pool
+    cin = c0
+    for stage, nblocks in enumerate(_RESNET_BLOCKS[m.depth]):
+        filters = c0 * 2 ** stage
+        width, cout = filters * m.width_factor, filters * 4
+        for i in range(nblocks):
+            stride = 2 if (i == 0 and stage > 0) else 1
+            hw_out = hw // stride
+            p1, f1 = _conv(cin, width, 1, hw)
+            p2, f2 = _conv(width, width, 3, hw_out)
+            p3, f3 = _conv(width, cout, 1, hw_out)
+            params = p1 + p2 + p3 + 2 * (2 * width + cout)
+            flops = f1 + f2 + f3
+            if i == 0:
+                ps, fs = _conv(cin, cout, 1, hw_out)
+                params += ps + 2 * cout
+                flops += fs
+            # conv inputs, BN and ReLU outputs kept for backward
+            act = b * (cin * hw * hw + 3 * width * hw_out ** 2 + 3 * width * hw_out ** 2 + 2 * cout * hw_out ** 2)
+            layers.append(LayerSpec("bottleneck", params, flops, float(act), float(cout * hw_out ** 2 * b),
+                                    (cin, width, cout, hw, stride, m.dtype)))
+            cin, hw = cout, hw_out
+    p = cin * m.num_classes + m.num_classes
+    layers.append(LayerSpec("classifier", p, 2.0 * cin * m.num_classes, float(cin * b), 4.0,
+                            (cin, m.num_classes, m.dtype)))
+    return tuple(layers)
+
+
+def _load_arena_models() -> dict[str, ModelArch]:
+    raw = json.loads(resources.files("instances").joinpath("data/arena_models.json").read_text())
+    out = {}
+    for family, sizes in raw["models"].items():
+        for size, c in sizes.items():
+            if family == "wide_resnet":
+                m = ModelArch("wide_resnet", size, dtype=c["dtype"], depth=c["layer_num"],
+                              width_factor=c["width_factor"], num_channels=c["num_channels"],
+                              image_size=c["image_size"], num_classes=c["num_classes"])
+            else:
+                fam = "gpt" if family == "bert" else family
+                m = ModelArch(fam, size, dtype=c["dtype"], num_layers=c["num_layers"],
+                              hidden_size=c["hidden_size"], num_heads=c["num_heads"],
+                              seq_len=c["seq_len"], vocab_size=c["vocab_size"],
+                              num_experts=c.get("num_experts", 0),
+                              expert_group_size=c.get("expert_group_size", 0))
+            out[m.name] = m
+    return out
+
+
+_LLAMA = (
+    # size, layers, hidden, heads, kv heads, ffn, vocab, seq  (Meta's published configs)
+    ("1B", 16, 2048, 32, 8, 8192, 128256, 2048),     # Llama 3.2 1B
+    ("7B", 32, 4096, 32, 32, 11008, 32000, 4096),    # Llama 2 7B
+    ("13B", 40, 5120, 40, 40, 13824, 32000, 4096),   # Llama 2 13B
+    ("70B", 80, 8192, 64, 8, 28672, 32000, 4096),    # Llama 2 70B
+)
+
+_TINY = (
+    ModelArch("tiny-gpt", "2L", dtype="float32", num_layers=2, hidden_size=64, num_heads=4,
+              seq_len=32, vocab_size=256),
+    ModelArch("tiny-gpt", "4L", dtype="float32", num_layers=4, hidden_size=128, num_heads=4,
+              seq_len=64, vocab_size=512),
+    ModelArch("tiny-llama", "4L", dtype="float32", num_layers=4, hidden_size=128, num_heads=4,
+              num_kv_heads=2, ffn_hidden_size=352, seq_len=64, vocab_size=512, tied_embeddings=False),
+    ModelArch("tiny-moe", "2L", dtype="float32", num_layers=2, hidden_size=64, num_heads=4,
+              seq_len=32, vocab_size=256, num_experts=4),
+)
+
+
+def _build_catalog() -> dict[str, ModelArch]:
+    cat = _load_arena_models()
+    for size, L, h, a, kv, ffn, V, s in _LLAMA:
+        m = ModelArch("llama", size, dtype="bfloat16", num_layers=L, hidden_size=h, num_heads=a,
+                      num_kv_heads=kv, ffn_hidden_size=ffn, seq_len=s, vocab_size=V,
+                      tied_embeddings=False)
+        cat[m.name] = m
+    for m in _TINY:
+        cat[m.name] = m
+    return cat
+
+
+MODELS: dict[str, ModelArch] = _build_catalog()
+
+# Other schedulers' names for our catalog's families.
+FAMILY_ALIASES = {"bert": "gpt", "wresnet": "wide_resnet", "wide-resnet": "wide_resnet"}
+
+
+def canonical_model_name(name: str) -> str:
+    raw = name.strip()
+    family, sep, size = raw.partition("__")
+    if sep:
+        family = FAMILY_ALIASES.get(family.lower(), family.lower())
+        key = f"{family}__{size}"
+    else:
+        key = raw
+    if key not in MODELS:
+        raise UnknownModel(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}",
+                           field="model")
+    return key
+
+
+def get_model(name: str) -> ModelArch:
+    return MODELS[canonical_model_name(name)]
