@@ -1,0 +1,52 @@
+"""`arena` command line: one module per subcommand under ``engine/commands``.
+
+Each command module defines ``register(subparsers)``, which adds its parser and sets
+``func`` (called with the parsed args; returns an exit code). Modules import heavy
+dependencies (torch, solvers) inside their handlers, so ``arena --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from instances.errors import InputError
+
+COMMAND_MODULES = (
+    "engine.commands.simulate",
+    "engine.commands.instances",
+    "engine.commands.estimate",
+    "engine.commands.profile",
+    "engine.commands.bench",
+    "engine.commands.train",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="arena", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod:           # command not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:            # `arena` alone: the main job, a demo simulation
+        args = parser.parse_args(["simulate"])
+    try:
+        return int(args.func(args) or 0)
+    except InputError as e:
+        print(f"arena: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
