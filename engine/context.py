@@ -36,6 +36,9 @@ class JobView:
     queued_s: float = 0.0               # time spent waiting so far
     reconfigurations: int = 0
     measured_iteration_time_s: float | None = None   # from telemetry, when running
+    # Shapes on which the engine has seen this job fail to run (e.g. out of memory): the
+    # truth reported back, as a live launch that crashes would be. Optional extension.
+    known_infeasible_shapes: frozenset = frozenset()
 
     @property
     def job_id(self) -> str:

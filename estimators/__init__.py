@@ -1,2 +1,6 @@
 """How fast and how big a job is on a grid: layer costs, profiler, profile store,
 analytic composition, memory model, planner, learned load-aware regressor."""
+from .base import Estimate, PerformanceModel, Plan
+from .perf import kind_names, make_performance_model
+
+__all__ = ["Estimate", "PerformanceModel", "Plan", "make_performance_model", "kind_names"]

@@ -163,12 +163,13 @@ def _transformer_layers(m: ModelArch) -> tuple[LayerSpec, ...]:
     else:
         mlp_params = 2 * h * m.ffn + m.ffn + h
         mlp_flops = 2 * s * 2 * h * m.ffn
-        params = attn_proj + 3 * h + mlp_params + 4 * h  # + qkv/out biases and two layer norms
+        params = attn_proj + 4 * h + mlp_params + 4 * h  # + qkv/out biases (3h + h) and two layer norms
         kind = "decoder"
         sig = (h, a, s, m.ffn, "gelu", m.dtype)
     for _ in range(m.num_layers):
         layers.append(LayerSpec(kind, params, float(attn_flops + mlp_flops), float(act), out, sig))
-    head_params = (0 if m.tied_embeddings and not llama else V * h) + h
+    final_norm = h if llama else 2 * h                  # RMSNorm weight, or LayerNorm weight + bias
+    head_params = (0 if m.tied_embeddings and not llama else V * h) + final_norm
     head_act = s * V * 4 + s * h * b                    # fp32 logits for the loss + final norm input
     layers.append(LayerSpec("head", head_params, float(2 * s * h * V), float(head_act), 4.0,
                             (V, h, s, m.dtype)))
@@ -220,7 +221,7 @@ def _wide_resnet_layers(m: ModelArch) -> tuple[LayerSpec, ...]:
 
 
 def _load_arena_models() -> dict[str, ModelArch]:
-    raw = json.loads(resources.files("instances").joinpath("data/arena_models.json").read_text())
+    raw = json.loads(resources.files("instances").joinpath("data/arena/models.json").read_text())
     out = {}
     for family, sizes in raw["models"].items():
         for size, c in sizes.items():

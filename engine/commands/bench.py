@@ -1,0 +1,318 @@
+"""`arena bench`: solver and policy benchmarks.
+
+- ``arena bench solver --gpus G --jobs J [--backend B ...] [--repeat R] [--json]``: a
+  sequence of R synthetic rounds (consecutive rounds share 95% of their jobs, as real
+  rounds do), each built into the MILP and solved by every backend; per backend the
+  round latency (model build + solve: cold first round, then median and p99), the
+  objective, the proved gap and the statuses.
+- ``arena bench policies --instance NAME [--policy P ...] [--rounds N] [--json] [--out DIR]``:
+  every policy on the same instance, truth oracle and reconfiguration cost model, side
+  by side, plus one PNG figure. Under ``mpiexec -n K`` the policies are spread over
+  the ranks and rank 0 gathers the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
+DEFAULT_POLICIES = ("arena", "sia", "gavel", "elasticflow-ls", "fcfs")
+POLICY_COLUMNS = ("policy", "jobs_finished", "avg_jct_s", "avg_jct_runout_s", "makespan_runout_s",
+                  "jobs_unfinished_runout", "jobs_never_placed",
+                  "avg_throughput", "peak_throughput", "reconfigurations", "packing_failures",
+                  "decision_time_median_s", "wall_time_s")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark solver backends and policies",
+                              description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+
+    s = sub.add_parser("solver", help="round latency and gap per solver backend on synthetic rounds")
+    s.add_argument("--gpus", type=int, default=1280, help="cluster size (default 1280)")
+    s.add_argument("--jobs", type=int, default=500, help="active jobs per round (default 500)")
+    s.add_argument("--backend", action="append", help=f"backend (repeatable; default {', '.join(DEFAULT_BENCH_BACKENDS)})")
+    s.add_argument("--repeat", type=int, default=5, help="rounds in the sequence (default 5)")
+    s.add_argument("--time-limit", type=float, default=30.0, help="per-round solver time limit, s")
+    s.add_argument("--rel-gap", type=float, default=0.01, help="relative gap to prove (default 0.01)")
+    s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
+                   help="term=weight list (default: arena's)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.set_defaults(func=run_solver_bench)
+
+    q = sub.add_parser("policies", help="all policies on one instance, side by side")
+    q.add_argument("--instance", default="demo", help="built-in instance name (default demo)")
+    q.add_argument("--policy", action="append", help=f"policy (repeatable; default {', '.join(DEFAULT_POLICIES)})")
+    q.add_argument("--policy-opt", action="append", default=[], metavar="POLICY:KEY=VALUE",
+                   help="option for one policy, e.g. arena:w_jct=2 (repeatable)")
+    q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
+    q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
+    q.add_argument("--perf", default="table", help="estimator kind for decisions (default table)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")
+    q.add_argument("--quiet", action="store_true", help="no progress lines")
+    q.set_defaults(func=run_policy_bench)
+
+
+# ----------------------------------------------------------------------------- solver
+def _pct(values, q):
+    import numpy as np
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def solver_bench(gpus: int, jobs: int, backends, repeat: int, time_limit_s: float, rel_gap: float,
+                 threads: int = 1, seed: int = 0, weights: dict | None = None, log=None) -> list[dict]:
+    """Rows of the solver benchmark (see module doc)."""
+    import numpy as np
+
+    from instances.errors import InputError
+
+    from ..formulation import build_model, synthetic_round_data
+    from ..objectives import parse_objective
+    from ..solvers import SolverOptions, make_backend
+    from ..solvers.base import BackendUnavailable
+
+    if gpus < 8 or jobs < 1 or repeat < 1:
+        raise InputError("need --gpus >= 8, --jobs >= 1, --repeat >= 1", field="gpus")
+    objective = parse_objective({}, weights or {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1})
+    rounds = [synthetic_round_data(gpus, jobs, seed, round_index=r) for r in range(repeat)]
+    rows = []
+    for name in backends:
+        backend = make_backend(name, SolverOptions(threads=threads, seed=seed))
+        lat, gaps, objs, statuses, builds = [], [], [], {}, []
+        note = ""
+        for r, data in enumerate(rounds):
+            t0 = time.perf_counter()
+            model = build_model(data, objective)
+            t1 = time.perf_counter()
+            try:
+                sol = backend.solve(model, time_limit_s, hint=None, rel_gap=rel_gap)
+            except BackendUnavailable as e:
+                note = str(e)
+                break
+            t2 = time.perf_counter()
+            viol = model.violation(sol.values)
+            if viol > 1e-6:
+                raise AssertionError(f"backend {name}: solution violates the model by {viol}")
+            builds.append(t1 - t0)
+            lat.append(t2 - t0)
+            gaps.append(sol.gap)
+            objs.append(sol.objective)
+            statuses[sol.status] = statuses.get(sol.status, 0) + 1
+            if log:
+                log(f"  {name} round {r}: {t2 - t0:.3f} s, {sol.status}, gap {sol.gap:.4f}")
+        warm = lat[1:] if len(lat) > 1 else lat
+        rows.append({
+            "backend": name, "gpus": gpus, "jobs": jobs,
+            "columns": int(rounds[0].n_cols), "rounds": len(lat),
+            "cold_latency_s": lat[0] if lat else math.nan,
+            "median_latency_s": _pct(warm, 50), "p99_latency_s": _pct(warm, 99),
+            "median_build_s": _pct(builds, 50),
+            "objective_mean": float(np.mean(objs)) if objs else math.nan,
+            "max_gap": float(max(gaps)) if gaps else math.nan,
+            "statuses": statuses, "note": note})
+    return rows
+
+
+def _parse_weights(text: str) -> dict:
+    from instances.errors import InputError
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        k, sep, v = part.partition("=")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise InputError(f"expected term=weight, got {part!r}", field="objective") from None
+        if not sep:
+            raise InputError(f"expected term=weight, got {part!r}", field="objective")
+    return out
+
+
+def run_solver_bench(args) -> int:
+    backends = args.backend or list(DEFAULT_BENCH_BACKENDS)
+    log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    if log:
+        log(f"bench solver: {args.gpus} GPUs, {args.jobs} jobs, {args.repeat} rounds, backends {', '.join(backends)}")
+    rows = solver_bench(args.gpus, args.jobs, backends, args.repeat, args.time_limit, args.rel_gap,
+                        args.threads, args.seed, _parse_weights(args.objective), log)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    hdr = f"{'backend':<12} {'cols':>7} {'cold s':>8} {'median s':>9} {'p99 s':>8} {'build s':>8} {'objective':>11} {'max gap':>8}  statuses"
+    print(hdr)
+    for r in rows:
+        if r["note"]:
+            print(f"{r['backend']:<12} unavailable: {r['note']}")
+            continue
+        print(f"{r['backend']:<12} {r['columns']:>7} {r['cold_latency_s']:>8.3f} {r['median_latency_s']:>9.3f} "
+              f"{r['p99_latency_s']:>8.3f} {r['median_build_s']:>8.3f} {r['objective_mean']:>11.2f} "
+              f"{r['max_gap']:>8.4f}  {r['statuses']}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- policies
+def _policy_options(specs: list[str], policies) -> dict[str, dict]:
+    from instances.errors import InputError
+    out: dict[str, dict] = {p: {} for p in policies}
+    for spec in specs:
+        pol, sep, kv = spec.partition(":")
+        k, sep2, v = kv.partition("=")
+        if not sep or not sep2 or not k:
+            raise InputError(f"expected POLICY:KEY=VALUE, got {spec!r}", field="--policy-opt")
+        if pol not in out:
+            raise InputError(f"--policy-opt for {pol!r}, which is not benchmarked", field="--policy-opt")
+        out[pol][k] = v
+    return out
+
+
+def _mpi_comm():
+    """COMM_WORLD when launched by mpiexec with more than one rank, else None."""
+    if not any(v in os.environ for v in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")):
+        return None
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    return comm if comm.Get_size() > 1 else None
+
+
+def run_one_policy(instance_name: str, policy: str, options: dict, rounds, run_out: bool, perf_kind: str,
+                   seed: int, out_dir=None, log=None) -> dict:
+    from estimators import make_performance_model
+    from instances.builtin import get_instance
+
+    from ..policy import make_policy
+    from ..reconfig import ReconfigCostModel
+    from ..simulator import simulate
+
+    inst = get_instance(instance_name)
+    pol = make_policy(policy, **options)
+    perf = make_performance_model(perf_kind)
+    last = [0.0]
+
+    def progress(p):
+        now = time.perf_counter()
+        if log and (now - last[0] > 10.0):
+            last[0] = now
+            phase = "run-out" if p.round_index >= p.horizon_rounds else f"of {p.horizon_rounds}"
+            log(f"  [{policy}] round {p.round_index} {phase}: {p.jobs_finished}/{p.jobs_total} finished, "
+                f"{p.elapsed_s:.0f} s")
+
+    t0 = time.perf_counter()
+    res = simulate(inst, pol, perf=perf, reconfig=ReconfigCostModel(), rounds=rounds, run_out=run_out,
+                   seed=seed, progress=progress, out_dir=out_dir)
+    row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k != "policy"}
+    row["policy"] = policy
+    row["options"] = options
+    row["wall_time_s"] = time.perf_counter() - t0
+    for k, v in list(row.items()):
+        if hasattr(v, "item"):
+            row[k] = v.item()
+    if log:
+        log(f"  [{policy}] done in {row['wall_time_s']:.0f} s: {row['jobs_finished']} finished by the horizon")
+    return row
+
+
+def policy_bench(instance_name: str, policies, options: dict, rounds, run_out: bool, perf_kind: str,
+                 seed: int, out_dir=None, log=None, comm=None) -> list[dict] | None:
+    """Rows, one per policy (on rank 0; None on other MPI ranks)."""
+    from pathlib import Path
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    mine = [p for i, p in enumerate(policies) if i % size == rank]
+    rows = []
+    for p in mine:
+        sub = (Path(out_dir) / p) if out_dir else None
+        rows.append(run_one_policy(instance_name, p, options.get(p, {}), rounds, run_out, perf_kind, seed,
+                                   sub, log))
+    if comm is not None:
+        gathered = comm.gather(rows, root=0)
+        if rank != 0:
+            return None
+        rows = [r for part in gathered for r in part]
+    order = {p: i for i, p in enumerate(policies)}
+    rows.sort(key=lambda r: order[r["policy"]])
+    return rows
+
+
+def write_outputs(rows: list[dict], out_dir, instance_name: str) -> None:
+    import csv
+    from pathlib import Path
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "results.json").write_text(json.dumps({"instance": instance_name, "rows": rows}, indent=2, default=str))
+    with open(d / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(POLICY_COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    plot_comparison(rows, d / "comparison.png", instance_name)
+
+
+def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    metrics = [("jobs_finished", "jobs finished by the horizon", 1.0),
+               ("avg_jct_runout_s", "avg JCT, all jobs run out (h)", 3600.0),
+               ("makespan_runout_s", "makespan, run out (h)", 3600.0),
+               ("avg_throughput", "avg throughput (samples/s)", 1.0)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
+    names = [r["policy"] for r in rows]
+    for ax, (key, title, div) in zip(axes, metrics):
+        vals = [(r.get(key) if r.get(key) is not None else math.nan) / div for r in rows]
+        bars = ax.bar(names, vals, color=["tab:red" if n == "arena" else "tab:gray" for n in names])
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", rotation=45, labelsize=8)
+        for b, v in zip(bars, vals):
+            if math.isfinite(v):
+                ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.2f}", (b.get_x() + b.get_width() / 2, v),
+                            ha="center", va="bottom", fontsize=7)
+    fig.suptitle(f"policies on {instance_name} (same oracle, same reconfiguration cost model)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(v, width, prec=0):
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return f"{'-':>{width}}"
+    if isinstance(v, float):
+        return f"{v:>{width}.{prec}f}"
+    return f"{v:>{width}}"
+
+
+def run_policy_bench(args) -> int:
+    policies = args.policy or list(DEFAULT_POLICIES)
+    options = _policy_options(args.policy_opt, policies)
+    comm = _mpi_comm()
+    rank = comm.Get_rank() if comm is not None else 0
+    quiet = args.quiet or args.json
+    log = None if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if log and rank == 0:
+        log(f"bench policies on {args.instance}: {', '.join(policies)}"
+            + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
+    rows = policy_bench(args.instance, policies, options, args.rounds, not args.no_run_out, args.perf,
+                        args.seed, args.out, log, comm)
+    if rows is None:
+        return 0
+    if args.out:
+        write_outputs(rows, args.out, args.instance)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    print(f"{'policy':<16} {'finished':>8} {'avg JCT s':>10} {'JCT runout s':>12} {'makespan s':>11} "
+          f"{'never fin':>9} {'avg thr':>9} {'peak thr':>9} {'reconf':>7} {'pack fail':>9} {'decide s':>9}")
+    for r in rows:
+        print(f"{r['policy']:<16} {_fmt(r['jobs_finished'], 8)} {_fmt(r['avg_jct_s'], 10)} "
+              f"{_fmt(r['avg_jct_runout_s'], 12)} {_fmt(r['makespan_runout_s'], 11)} "
+              f"{_fmt(r['jobs_unfinished_runout'], 9)} "
+              f"{_fmt(r['avg_throughput'], 9, 1)} {_fmt(r['peak_throughput'], 9, 1)} "
+              f"{_fmt(r['reconfigurations'], 7)} {_fmt(r['packing_failures'], 9)} "
+              f"{_fmt(r['decision_time_median_s'], 9, 3)}")
+    if args.out:
+        print(f"wrote {args.out}/results.json, results.csv, comparison.png")
+    return 0

@@ -1,0 +1,148 @@
+"""`arena estimate`: grids, proxy plans and estimates of a job; estimator accuracy and
+proxy-plan quality.
+
+    arena estimate --model gpt__1.3B --gpu-type a100 --gpus 8 --batch 256
+    arena estimate accuracy --against arena-measured [--json]
+    arena estimate accuracy --against local [--json]
+    arena estimate proxy-quality [--json]
+"""
+from __future__ import annotations
+
+import json
+import math
+
+ACTIONS = ("grids", "accuracy", "proxy-quality")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("estimate", help="estimate a job's grids; estimator accuracy; proxy quality",
+                              description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("action", nargs="?", default="grids", choices=ACTIONS)
+    p.add_argument("--model", help="catalog model, e.g. gpt__1.3B")
+    p.add_argument("--gpu-type", help="GPU type, e.g. a100, v100, a40, a10")
+    p.add_argument("--gpus", type=int, help="GPU count")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="node size (default: the catalog's for that type)")
+    p.add_argument("--batch", type=int, default=256, help="global batch (samples per iteration)")
+    p.add_argument("--perf", default="analytic", help="performance model kind: analytic, learned, table")
+    p.add_argument("--dp-only", action="store_true", help="pure data parallelism (baselines' view)")
+    p.add_argument("--link-load", type=float, default=0.0, help="other jobs' load on shared links (fraction)")
+    p.add_argument("--against", choices=("arena-measured", "local"), default="arena-measured")
+    p.add_argument("--store", default=None, help="profile store for --against local")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-splits", type=int, default=200, help="proxy-quality: exhaustive split limit per grid")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.action == "accuracy":
+        return _accuracy(args)
+    if args.action == "proxy-quality":
+        return _proxy_quality(args)
+    return _grids(args)
+
+
+def _grids(args) -> int:
+    from instances.cluster import ClusterSpec, NodeGroup
+    from instances.errors import InputError
+    from instances.gpus import get_gpu
+    from instances.jobs import Job
+    from estimators import make_performance_model
+    from estimators.grids import candidate_grids
+    for f in ("model", "gpu_type", "gpus"):
+        if getattr(args, f) is None:
+            raise InputError(f"--{f.replace('_', '-')} is required", field=f)
+    if args.gpus < 1 or args.batch < 1:
+        raise InputError("--gpus and --batch must be >= 1", field="gpus")
+    gpu = get_gpu(args.gpu_type)
+    gpn = args.gpus_per_node or gpu.default_gpus_per_node
+    cluster = ClusterSpec((NodeGroup(gpu.name, max(1, math.ceil(args.gpus / 1)), gpn),), "estimate")
+    job = Job("estimate", args.model, args.batch, 1, 0.0)
+    config = {"dp_only": args.dp_only}
+    if args.perf in ("analytic", "learned"):
+        config["link_load"] = args.link_load
+    perf = make_performance_model(args.perf, **config)
+    grids = candidate_grids(job, cluster, gpu_counts=[args.gpus], dp_only=args.dp_only, prune=False)
+    rows = []
+    for g in grids:
+        e = perf.estimate(job, g)
+        p = e.plan
+        rows.append({"grid": str(g), "feasible": e.feasible, "iteration_time_s": e.iteration_time_s,
+                     "throughput": e.throughput, "peak_memory_gib": e.peak_memory_bytes / 2**30,
+                     "plan": None if p is None else {"pp": p.pp, "dp": p.dp, "tp": p.tp,
+                                                     "stage_layers": list(p.stage_layers),
+                                                     "microbatches": p.microbatches, "schedule": p.schedule},
+                     "source": e.source, "notes": list(e.notes)})
+    if args.json:
+        print(json.dumps({"model": job.model, "batch": args.batch, "gpu_type": gpu.name, "gpus": args.gpus,
+                          "perf": perf.name, "grids": rows}, indent=1, default=str))
+        return 0
+    print(f"{job.model}, batch {args.batch}, {args.gpus} x {gpu.name} ({gpn} per node), perf model {perf.name}")
+    print(f"{'grid':<24} {'fits':<5} {'iter s':>9} {'samples/s':>10} {'mem GiB':>8}  plan")
+    for r in sorted(rows, key=lambda r: (not r["feasible"], r["iteration_time_s"])):
+        p = r["plan"]
+        plan = "-" if p is None else (f"dp{p['dp']} tp{p['tp']} pp{p['pp']} m{p['microbatches']} {p['schedule']} "
+                                      f"stages {p['stage_layers']}")
+        print(f"{r['grid']:<24} {'yes' if r['feasible'] else 'NO':<5} {r['iteration_time_s']:>9.3f} "
+              f"{r['throughput']:>10.2f} {r['peak_memory_gib']:>8.1f}  {plan}")
+    if rows:
+        print(f"source: {rows[0]['source']}; " + "; ".join(rows[0]["notes"][:1]))
+    return 0
+
+
+def _fmt(x) -> str:
+    return "   -  " if x is None else f"{100 * x:5.1f}%"
+
+
+def _accuracy(args) -> int:
+    if args.against == "local":
+        from estimators.local_accuracy import against_local
+        from estimators.profile_store import ProfileStore
+        res = against_local(store=ProfileStore(args.store))
+        errs = [abs(r.rel_error) for r in res if r.rel_error is not None]
+        if args.json:
+            print(json.dumps({"runs": [dict(vars(r), rel_error=r.rel_error) for r in res],
+                              "mape": sum(errs) / len(errs) if errs else None}, indent=1))
+            return 0
+        print("local torch runs (launcher, gloo on CPU) vs analytic estimate from the profile store")
+        print(f"{'dp':>3} {'tp':>3} {'pp':>3} {'m':>3} {'measured s':>11} {'estimated s':>12} {'error':>7}")
+        for r in res:
+            meas = "failed" if r.measured_s is None else f"{r.measured_s:.4f}"
+            print(f"{r.dp:>3} {r.tp:>3} {r.pp:>3} {r.microbatches:>3} {meas:>11} {r.estimated_s:>12.4f} "
+                  f"{_fmt(r.rel_error)}  {r.error}")
+        if errs:
+            print(f"MAPE {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs")
+        return 0
+    from estimators.accuracy import against_arena
+    out = against_arena(seed=args.seed)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"Arena measured table: {out['measured_rows']} measured rows, {out['predicted_rows']} predicted "
+          f"(the others the memory model calls infeasible: {len(out['called_infeasible_but_measured'])})")
+    print("MAPE (analytic: catalog specs + global efficiency factors; learned: leave-one-GPU-type-out)")
+    for title, key in (("GPUs", "by_gpus"), ("GPU type", "by_gpu_type"), ("family", "by_family")):
+        print(f"  {title:<12} {'rows':>5} {'analytic':>9} {'learned':>9}")
+        for k, v in out[key].items():
+            print(f"  {k:<12} {v['rows']:>5} {_fmt(v['analytic_mape']):>9} {_fmt(v['learned_mape']):>9}")
+    o = out["overall"]
+    print(f"  {'overall':<12} {out['predicted_rows']:>5} {_fmt(o['analytic_mape']):>9} {_fmt(o['learned_mape']):>9}")
+    print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}")
+    return 0
+
+
+def _proxy_quality(args) -> int:
+    from estimators.accuracy import proxy_quality
+    models = [args.model] if args.model else None
+    out = proxy_quality(models=models, batches=(args.batch,), max_exhaustive_splits=args.max_splits)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"proxy plan vs exhaustive best over {out['grids']} grids ({out['plans_evaluated']} plans searched, "
+          f"{out['seconds']:.1f} s)")
+    print(f"  mean throughput fraction of best: {_fmt(out['mean_fraction_of_best'])}; "
+          f"within 5% of best: {_fmt(out['fraction_within_5pct'])} of grids; worst {_fmt(out['min_fraction_of_best'])}")
+    for w in out["worst"]:
+        print(f"  worst: {w['model']} batch {w['batch']} {w['grid']}: {_fmt(w['fraction'])}")
+    return 0

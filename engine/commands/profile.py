@@ -1,0 +1,84 @@
+"""`arena profile`: measure layer and collective costs into the profile store and report
+the profiling cost against running every grid directly."""
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="profile layers and collectives with torch into the profile store",
+                              description=__doc__)
+    p.add_argument("--model", action="append", required=True,
+                   help="catalog model (repeatable), e.g. tiny-gpt__4L or gpt__1.3B (reduced shapes on CPU)")
+    p.add_argument("--store", default=None, help="profile store directory (default $ARENA_PROFILE_DIR or "
+                   "~/.cache/arena/profiles)")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--tp", type=int, nargs="+", default=[1, 2], help="tensor-parallel shard widths")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-collectives", action="store_true", help="skip the collective benchmarks")
+    p.add_argument("--group-sizes", type=int, nargs="+", default=[2])
+    p.add_argument("--no-reuse", action="store_true", help="re-measure layers the store already holds")
+    p.add_argument("--batch", type=int, default=8, help="global batch for the cost comparison")
+    p.add_argument("--max-gpus", type=int, default=16, help="largest grid in the cost comparison")
+    p.add_argument("--warmup-iters", type=int, default=3)
+    p.add_argument("--measured-iters", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from instances.cluster import ClusterSpec, NodeGroup
+    from instances.gpus import get_gpu
+    from instances.models import get_model
+    from estimators.perf import AnalyticModel
+    from estimators.profile_store import ProfileStore
+    from estimators.profiler import (ProfilerConfig, RunCostConfig, measure_startup_s, profile_collectives,
+                                     profile_layers, run_every_grid_cost)
+    store = ProfileStore(args.store)
+    cfg = ProfilerConfig(micro_batches=tuple(args.micro_batches), tp_degrees=tuple(args.tp), repeats=args.repeats)
+    out = {"store": str(store.root), "models": {}}
+    coll_s = 0.0
+    if not args.no_collectives:
+        c = profile_collectives(group_sizes=tuple(args.group_sizes), store=store)
+        coll_s = c["device_seconds"]
+        out["collectives"] = {"device": c["device"], "backend": c["backend"], "records": len(c["records"]),
+                              "unsupported": c["unsupported"], "device_seconds": coll_s}
+    startup = measure_startup_s()
+    out["startup_s"] = startup
+    run_cfg = RunCostConfig(args.warmup_iters, args.measured_iters, startup)
+    for name in args.model:
+        arch = get_model(name)
+        r = profile_layers(arch, store=store, cfg=cfg, reuse=not args.no_reuse)
+        device = r["device"]
+        perf = AnalyticModel(profile_store=store, profile_device=device)
+        gpu = get_gpu(device) if device else None
+        cluster = ClusterSpec((NodeGroup(gpu.name, max(1, args.max_gpus // gpu.default_gpus_per_node),
+                                         gpu.default_gpus_per_node),))
+        grid_cost = run_every_grid_cost(arch.name, args.batch, perf, cluster, max_gpus=args.max_gpus, cfg=run_cfg,
+                                        startup_s=startup)
+        prof_s = r["device_seconds"] + coll_s
+        out["models"][arch.name] = {
+            "device": device, "layer_records": len(r["records"]), "reused_records": r["reused"],
+            "layer_device_seconds": r["device_seconds"], "profile_device_seconds": prof_s,
+            "run_every_grid": grid_cost,
+            "cost_ratio": (grid_cost["device_seconds"] / prof_s) if prof_s > 0 else None,
+            "scaled": sorted({f"{x.kind}: x{x.scale:.3g}" for x in r["records"] if x.scale != 1.0})}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"profile store: {out['store']}")
+    if "collectives" in out:
+        c = out["collectives"]
+        print(f"collectives on {c['device']} ({c['backend']}): {c['records']} measurements, "
+              f"{c['device_seconds']:.1f} device-s; unsupported by the backend: {', '.join(c['unsupported']) or '-'}")
+    print(f"worker start-up (measured): {startup:.2f} s")
+    for name, m in out["models"].items():
+        g = m["run_every_grid"]
+        ratio = f"{m['cost_ratio']:.1f}x" if m["cost_ratio"] else "n/a"
+        print(f"{name} on {m['device']}: {m['layer_records']} layer measurements ({m['reused_records']} reused), "
+              f"{m['profile_device_seconds']:.1f} device-s incl. collectives; running each of {g['grids']} grids "
+              f"({args.warmup_iters}+{args.measured_iters} iterations + start-up) ~ {g['device_seconds']:.1f} "
+              f"device-s (estimated) -> profiling is {ratio} cheaper")
+        if m["scaled"]:
+            print(f"  measured at reduced shape and scaled by FLOP ratio: {'; '.join(m['scaled'][:4])}")
+    return 0

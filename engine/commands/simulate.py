@@ -1,0 +1,194 @@
+"""`arena simulate`: replay a workload on a cluster under one policy.
+
+Examples::
+
+    arena simulate                                    # the demo instance under fcfs
+    arena simulate --instance arena-philly --policy fcfs --run-out
+    arena simulate --instance demo --policy arena --perf analytic --policy-opt time_limit_s=5
+    arena simulate --cluster sim_cluster_spec.json --trace simulate_trace_philly.csv \\
+        --trace-opt iteration_divisor=5 --rounds 2000
+
+Writes summary.json, jobs.csv, rounds.csv and PNG plots to ``--out`` (default
+``results/<instance>-<policy>/``), prints a summary table, and shows a progress line on
+stderr while it runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from instances.errors import InputError
+
+
+def parse_value(text: str):
+    """CLI option value: int, float, bool (true/false), none, else the string itself."""
+    low = text.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("none", "null"):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_options(items: list[str] | None, flag: str) -> dict:
+    out: dict = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"expected KEY=VALUE, got {item!r}", field=flag)
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("simulate", help="simulate a policy on an instance or a cluster + trace",
+                              description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    src = p.add_argument_group("workload (default: --instance demo)")
+    src.add_argument("--instance", default=None, help="built-in instance (see `arena instances`)")
+    src.add_argument("--cluster", default=None, help="cluster JSON (ours or Arena's sim_cluster_spec.json)")
+    src.add_argument("--trace", default=None, help="job trace (ours, Arena's or Philly's CSV; auto-detected)")
+    src.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
+                     help="trace import option, e.g. iteration_divisor=5 (repeatable)")
+    p.add_argument("--policy", default="fcfs", help="policy name (default fcfs)")
+    p.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy option (repeatable); values parsed as int/float/bool/str")
+    p.add_argument("--perf", default=None, metavar="KIND",
+                   help="performance model the policy reads (estimators.make_performance_model: "
+                        "analytic, learned, table). fcfs needs none; arena, sia, gavel, elasticflow do "
+                        "(default for them: table)")
+    p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="reconfiguration cost option, e.g. replan_per_gpu_s=10 restart_s=30 (repeatable)")
+    p.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
+    p.add_argument("--run-out", action="store_true",
+                   help="after the horizon, keep going until every job finishes (adds *_runout metrics)")
+    p.add_argument("--round-interval", type=float, default=None, metavar="S",
+                   help="seconds between rounds (default: the instance's, 300)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default results/<instance>-<policy>)")
+    p.add_argument("--dump-rounds", default=None, metavar="DIR",
+                   help="ask the policy to dump each round's model to DIR (policies that support it)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=run)
+
+
+def build_instance(args):
+    """The instance named by --instance, or built from --cluster and --trace."""
+    if args.cluster or args.trace:
+        if args.instance:
+            raise InputError("give either --instance or --cluster with --trace, not both", field="--instance")
+        if not (args.cluster and args.trace):
+            raise InputError("--cluster and --trace go together", field="--trace" if args.cluster else "--cluster")
+        from instances.builtin import Instance
+        from instances.cluster import load_cluster
+        from instances.oracle import TableOracle
+        from instances.traces import load_trace
+        cluster = load_cluster(args.cluster)
+        jobs = load_trace(args.trace, cluster=cluster, **parse_options(args.trace_opt, "--trace-opt"))
+        if not jobs:
+            raise InputError("trace holds no jobs", file=args.trace)
+        name = Path(args.trace).name.split(".")[0]
+        return Instance(name, f"{args.trace} on {args.cluster}", cluster, tuple(jobs), TableOracle(seed=args.seed))
+    if args.trace_opt:
+        raise InputError("--trace-opt applies to --trace only", field="--trace-opt")
+    from instances.builtin import get_instance
+    return get_instance(args.instance or "demo", args.seed)
+
+
+NEEDS_PERF_DEFAULT = "table"
+
+
+def build_perf(kind: str | None, policy_name: str):
+    if kind is None and policy_name == "fcfs":
+        return None
+    try:
+        from estimators import make_performance_model
+    except ImportError:
+        if kind is None:
+            return None
+        raise InputError("no performance models are available in this build", field="--perf") from None
+    return make_performance_model(kind or NEEDS_PERF_DEFAULT)
+
+
+class ProgressLine:
+    """One self-overwriting status line on stderr (plain text, at most ~4 updates/s)."""
+
+    def __init__(self, stream=sys.stderr, min_interval_s: float = 0.25):
+        self.stream, self.min_interval_s, self.last = stream, min_interval_s, 0.0
+        self.tty = getattr(stream, "isatty", lambda: False)()
+
+    def __call__(self, p) -> None:
+        now = time.perf_counter()
+        if now - self.last < (self.min_interval_s if self.tty else 5.0):
+            return
+        self.last = now
+        if p.round_index <= p.horizon_rounds or not p.run_out:
+            frac = min(1.0, p.round_index / max(1, p.horizon_rounds))
+            bar = "#" * int(frac * 20)
+            where = f"[{bar:<20}] round {p.round_index}/{p.horizon_rounds}"
+        else:
+            where = f"run-out: round {p.round_index} (horizon {p.horizon_rounds})"
+        line = f"{where}  finished {p.jobs_finished}/{p.jobs_total}  {p.elapsed_s:.1f} s"
+        self.stream.write(("\r" + line + "\x1b[K") if self.tty else (line + "\n"))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run(args) -> int:
+    from ..metrics import format_summary
+    from ..policy import make_policy, policy_names
+    from ..reconfig import ReconfigCostModel
+    from ..simulator import simulate
+
+    if args.rounds is not None and args.rounds < 1:
+        raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
+    if args.round_interval is not None and not args.round_interval > 0:
+        raise InputError(f"must be > 0, got {args.round_interval}", field="--round-interval")
+    opts = parse_options(args.policy_opt, "--policy-opt")
+    if args.dump_rounds:
+        opts["dump_rounds_dir"] = args.dump_rounds
+    if args.policy not in policy_names():
+        raise InputError(f"unknown policy {args.policy!r}; known: {', '.join(policy_names())}", field="--policy")
+    try:
+        policy = make_policy(args.policy, **opts)
+    except (TypeError, ValueError) as e:
+        field = "--dump-rounds" if args.dump_rounds and "dump_rounds_dir" in str(e) else "--policy-opt"
+        raise InputError(f"policy {args.policy!r}: {e}", field=field) from None
+    try:
+        reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
+    except (TypeError, ValueError) as e:
+        raise InputError(str(e), field="--reconfig-opt") from None
+    inst = build_instance(args)
+    perf = build_perf(args.perf, args.policy)
+    out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
+    bar = None if args.quiet else ProgressLine()
+    t0 = time.perf_counter()
+    try:
+        res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=args.rounds, run_out=args.run_out,
+                       seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval)
+    finally:
+        if bar:
+            bar.close()
+    from ..metrics import write_result
+    write_result(res, out)
+    if not args.no_plots:
+        from ..plots import write_plots
+        write_plots(res, out)
+    print(format_summary(res.summary))
+    print(f"\nresults in {out}/ ({time.perf_counter() - t0:.1f} s)")
+    return 0

@@ -1,0 +1,61 @@
+"""Round data + objective -> MILP arrays.
+
+Rows:
+- one per job: sum_g x[j, g] <= 1 (== 1 for jobs pinned by config);
+- node shape, per GPU type t and level l in {1, 2, 4, ..., node size}:
+  sum over t's columns with m >= l GPUs per node of (n_nodes * m / l) * x <= sum over
+  t's nodes of floor(GPUs / l). Level 1 is the plain capacity row. For power-of-two
+  shapes and node sizes these rows are exactly the condition for packing every chosen
+  shape into aligned blocks (buddy allocation), except that a multi-node job's chunks
+  must also sit on distinct nodes, which placement repairs (and counts when it cannot);
+- whatever the objective terms add.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .model import MilpModel, ModelBuilder
+from .round_data import RoundData
+
+
+def add_job_rows(data: RoundData, builder: ModelBuilder, pinned: frozenset[str] = frozenset()) -> None:
+    lb = np.array([1.0 if jid in pinned else 0.0 for jid in data.job_ids])
+    builder.job_rows = builder.add_rows(data.col_job, np.arange(data.n_cols), np.ones(data.n_cols), lb, 1.0,
+                                        [f"job_{jid}" for jid in data.job_ids])
+
+
+def add_shape_rows(data: RoundData, builder: ModelBuilder) -> None:
+    cap = data.capacity
+    rows, cols, vals, ub, names = [], [], [], [], []
+    r = 0
+    gpus = data.col_gpus
+    for ti, t in enumerate(cap.types):
+        of_type = data.col_type == ti
+        for li, lvl in enumerate(cap.levels[ti]):
+            sel = np.flatnonzero(of_type & (data.col_gpn >= lvl))
+            rows.append(np.full(len(sel), r))
+            cols.append(sel)
+            vals.append(gpus[sel] / lvl)
+            ub.append(cap.blocks[ti][li])
+            names.append(f"cap_{t}_l{lvl}")
+            r += 1
+    builder.add_rows(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), -np.inf,
+                     np.array(ub, dtype=float), names)
+
+
+def build_model(data: RoundData, objective, pinned: frozenset[str] = frozenset()) -> MilpModel:
+    """The round's MILP: job rows, node-shape rows, then ``objective.apply``."""
+    unknown = set(pinned) - set(data.job_ids)
+    builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
+    add_job_rows(data, builder, frozenset(pinned) - unknown)
+    add_shape_rows(data, builder)
+    objective.apply(data, builder)
+    return builder.build()
+
+
+def hint_from_columns(model: MilpModel, cols) -> np.ndarray:
+    """A 0/1 vector over the choice variables from selected column indices."""
+    h = np.zeros(model.n_x)
+    cols = np.asarray([c for c in cols if 0 <= c < model.n_x], dtype=np.int64)
+    h[cols] = 1.0
+    return h

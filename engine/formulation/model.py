@@ -1,0 +1,187 @@
+"""The per-round optimization model as plain sparse arrays.
+
+One model per round: maximize ``c @ v`` subject to ``row_lb <= A @ v <= row_ub`` and
+``col_lb <= v <= col_ub``. The first ``n_x`` variables are the binary choices
+x[j, g] (job j runs on candidate column g); any further variables are continuous
+(objective terms such as fairness add them). Arrays are numpy / scipy.sparse so that a
+model for thousands of jobs is built in milliseconds and handed to HiGHS without a
+modelling layer; the other backends translate from the same arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+INF = float("inf")
+
+
+@dataclass(frozen=True, eq=False)
+class MilpModel:
+    """A maximization MILP in array form. Treat the arrays as read-only."""
+    c: np.ndarray                 # objective coefficients, one per variable
+    col_lb: np.ndarray
+    col_ub: np.ndarray
+    integral: np.ndarray          # bool per variable
+    A: sp.csr_matrix              # rows x variables
+    row_lb: np.ndarray
+    row_ub: np.ndarray
+    row_names: tuple[str, ...]
+    n_x: int                      # the first n_x variables are the binary choices
+    col_job: np.ndarray           # job index of each choice variable (length n_x)
+    n_jobs: int
+    offset: float = 0.0           # constant added to the objective
+    var_names: tuple[str, ...] = field(default=())   # optional, for export; generated if empty
+    job_rows: np.ndarray | None = None   # indices of the one-grid-per-job rows, when known
+
+    def __post_init__(self):
+        n = len(self.c)
+        for name in ("col_lb", "col_ub", "integral"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"model: {name} has {len(getattr(self, name))} entries for {n} variables")
+        if self.A.shape != (len(self.row_lb), n) or len(self.row_ub) != len(self.row_lb):
+            raise ValueError(f"model: A is {self.A.shape}, rows {len(self.row_lb)}, variables {n}")
+        if len(self.row_names) != len(self.row_lb):
+            raise ValueError("model: one name per row")
+        if len(self.col_job) != self.n_x or self.n_x > n:
+            raise ValueError("model: col_job must have n_x entries")
+        if not np.all(np.isfinite(self.c)):
+            raise ValueError("model: objective coefficients must be finite")
+
+    @property
+    def n_vars(self) -> int:
+        return len(self.c)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_lb)
+
+    def names(self) -> tuple[str, ...]:
+        if self.var_names:
+            return self.var_names
+        return tuple(f"x{i}" for i in range(self.n_x)) + tuple(f"y{i}" for i in range(self.n_vars - self.n_x))
+
+    def objective_value(self, v: np.ndarray) -> float:
+        return float(self.c @ v + self.offset)
+
+    def violation(self, v: np.ndarray) -> float:
+        """Largest violation of any row or bound by ``v`` (0 when feasible)."""
+        act = self.A @ v
+        worst = 0.0
+        if len(act):
+            worst = max(worst, float(np.max(np.maximum(self.row_lb - act, 0.0))),
+                        float(np.max(np.maximum(act - self.row_ub, 0.0))))
+        worst = max(worst, float(np.max(np.maximum(self.col_lb - v, 0.0), initial=0.0)),
+                    float(np.max(np.maximum(v - self.col_ub, 0.0), initial=0.0)))
+        ints = v[self.integral]
+        if len(ints):
+            worst = max(worst, float(np.max(np.abs(ints - np.round(ints)))))
+        return worst
+
+    def selected(self, v: np.ndarray) -> np.ndarray:
+        """Indices of the choice variables set to 1."""
+        return np.flatnonzero(v[: self.n_x] > 0.5)
+
+
+class ModelBuilder:
+    """Accumulates objective coefficients, extra variables and rows, then freezes them.
+
+    Objective terms call ``add_x_objective``, ``add_var`` and ``add_rows``; the
+    formulation calls ``build``.
+    """
+
+    def __init__(self, n_x: int, col_job: np.ndarray, n_jobs: int):
+        self.n_x = int(n_x)
+        self.col_job = np.asarray(col_job, dtype=np.int64)
+        self.n_jobs = int(n_jobs)
+        self.c_x = np.zeros(self.n_x)
+        self._var_lb: list[float] = []
+        self._var_ub: list[float] = []
+        self._var_obj: list[float] = []
+        self._var_names: list[str] = []
+        self._rows_r: list[np.ndarray] = []
+        self._rows_c: list[np.ndarray] = []
+        self._rows_v: list[np.ndarray] = []
+        self._row_lb: list[np.ndarray] = []
+        self._row_ub: list[np.ndarray] = []
+        self._row_names: list[str] = []
+        self.offset = 0.0
+        self.job_rows: np.ndarray | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return len(self._row_names)
+
+    def add_x_objective(self, coeffs: np.ndarray) -> None:
+        coeffs = np.asarray(coeffs, dtype=float)
+        if coeffs.shape != (self.n_x,):
+            raise ValueError(f"objective coefficients: expected {self.n_x}, got {coeffs.shape}")
+        if not np.all(np.isfinite(coeffs)):
+            raise ValueError("objective coefficients must be finite")
+        self.c_x += coeffs
+
+    def add_var(self, lb: float, ub: float, obj: float, name: str) -> int:
+        """A continuous variable; returns its index in the model's variable vector."""
+        self._var_lb.append(float(lb))
+        self._var_ub.append(float(ub))
+        self._var_obj.append(float(obj))
+        self._var_names.append(name)
+        return self.n_x + len(self._var_lb) - 1
+
+    def add_vars(self, lb: np.ndarray, ub: np.ndarray, obj: np.ndarray, prefix: str) -> np.ndarray:
+        lb, ub, obj = (np.broadcast_to(np.asarray(a, dtype=float), np.shape(lb)) for a in (lb, ub, obj))
+        start = self.n_x + len(self._var_lb)
+        self._var_lb.extend(lb.tolist())
+        self._var_ub.extend(ub.tolist())
+        self._var_obj.extend(obj.tolist())
+        self._var_names.extend(f"{prefix}{i}" for i in range(len(lb)))
+        return np.arange(start, start + len(lb))
+
+    def add_rows(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                 lb: np.ndarray, ub: np.ndarray, names: list[str]) -> np.ndarray:
+        """Add ``len(names)`` rows given in COO form with row indices local (0..k-1).
+
+        Returns the global indices of the new rows.
+        """
+        k = len(names)
+        lb = np.broadcast_to(np.asarray(lb, dtype=float), (k,)).copy()
+        ub = np.broadcast_to(np.asarray(ub, dtype=float), (k,)).copy()
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= k):
+            raise ValueError("add_rows: local row index out of range")
+        base = self.n_rows
+        self._rows_r.append(rows + base)
+        self._rows_c.append(np.asarray(cols, dtype=np.int64))
+        self._rows_v.append(np.asarray(vals, dtype=float))
+        self._row_lb.append(lb)
+        self._row_ub.append(ub)
+        self._row_names.extend(names)
+        return np.arange(base, base + k)
+
+    def build(self) -> MilpModel:
+        n_extra = len(self._var_lb)
+        n = self.n_x + n_extra
+        c = np.concatenate([self.c_x, np.asarray(self._var_obj, dtype=float)])
+        col_lb = np.concatenate([np.zeros(self.n_x), np.asarray(self._var_lb, dtype=float)])
+        col_ub = np.concatenate([np.ones(self.n_x), np.asarray(self._var_ub, dtype=float)])
+        integral = np.concatenate([np.ones(self.n_x, dtype=bool), np.zeros(n_extra, dtype=bool)])
+        m = self.n_rows
+        if self._rows_r:
+            r = np.concatenate(self._rows_r)
+            cc = np.concatenate(self._rows_c)
+            v = np.concatenate(self._rows_v)
+        else:
+            r = cc = np.zeros(0, dtype=np.int64)
+            v = np.zeros(0)
+        if len(cc) and (cc.min() < 0 or cc.max() >= n):
+            raise ValueError("a row refers to a variable that does not exist")
+        A = sp.csr_matrix((v, (r, cc)), shape=(m, n))
+        A.sum_duplicates()
+        row_lb = np.concatenate(self._row_lb) if self._row_lb else np.zeros(0)
+        row_ub = np.concatenate(self._row_ub) if self._row_ub else np.zeros(0)
+        names = tuple(f"x{i}" for i in range(self.n_x)) + tuple(self._var_names)
+        return MilpModel(c=c, col_lb=col_lb, col_ub=col_ub, integral=integral, A=A,
+                         row_lb=row_lb, row_ub=row_ub, row_names=tuple(self._row_names),
+                         n_x=self.n_x, col_job=self.col_job, n_jobs=self.n_jobs,
+                         offset=self.offset, var_names=names, job_rows=self.job_rows)

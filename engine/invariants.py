@@ -1,0 +1,82 @@
+"""Invariants asserted every simulated round.
+
+- no GPU holds two jobs, and ownership agrees with each running job's allocation;
+- capacities: every allocation uses GPUs that exist, of its grid's type, on as many
+  distinct nodes as its shape says with the same count on each;
+- the clock is monotone;
+- every submitted job is accounted for: queued, running or finished — none lost;
+- iterations never decrease.
+"""
+from __future__ import annotations
+
+from .state import JobStatus, SimState
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def check_invariants(state: SimState, now_s: float, prev_now_s: float | None,
+                     prev_iterations: dict[str, float] | None = None, *, gpus: bool = True) -> None:
+    """Raise ``InvariantViolation`` naming the first broken invariant.
+
+    ``gpus=False`` skips the GPU-level checks (ownership, shapes, capacities), which the
+    simulator does when no GPU changed hands since they last passed.
+    """
+    if prev_now_s is not None and now_s < prev_now_s:
+        raise InvariantViolation(f"clock moved backwards: {prev_now_s} -> {now_s}")
+    if gpus:
+        _check_gpus(state)
+    _check_accounting(state, prev_iterations, full=gpus)
+
+
+def _check_gpus(state: SimState) -> None:
+    cl = state.cluster
+    seen: dict[tuple[int, int], str] = {}
+    for jid, r in state.running.items():
+        if r.status is not JobStatus.RUNNING or r.alloc is None:
+            raise InvariantViolation(f"job {jid} in the running set with status {r.status.value}")
+        a = r.alloc
+        per_node: dict[int, int] = {}
+        for g in a.gpus:
+            n, i = g
+            if not (0 <= n < len(cl.nodes) and 0 <= i < cl.nodes[n].num_gpus):
+                raise InvariantViolation(f"job {jid} holds non-existent GPU {g}")
+            if cl.nodes[n].gpu_type != a.grid.gpu_type:
+                raise InvariantViolation(f"job {jid} holds a {cl.nodes[n].gpu_type} GPU {g} for grid {a.grid}")
+            if g in seen:
+                raise InvariantViolation(f"GPU {g} held by both {seen[g]} and {jid}")
+            seen[g] = jid
+            if cl.owner[n][i] != jid:
+                raise InvariantViolation(f"GPU {g} of job {jid} is recorded as owned by {cl.owner[n][i]}")
+            per_node[n] = per_node.get(n, 0) + 1
+        sh = a.grid.shape
+        if len(per_node) != sh.num_nodes or any(c != sh.gpus_per_node for c in per_node.values()):
+            raise InvariantViolation(f"job {jid}: GPUs {a.gpus} do not match shape {sh}")
+    busy_per_node = [len(row) - row.count(None) for row in cl.owner]   # C-speed counts
+    if any(b + f != n.num_gpus for b, f, n in zip(busy_per_node, cl.free_count, cl.nodes)):
+        n = next(i for i, (b, f, nd) in enumerate(zip(busy_per_node, cl.free_count, cl.nodes))
+                 if b + f != nd.num_gpus)
+        raise InvariantViolation(f"node {n}: {busy_per_node[n]} busy + {cl.free_count[n]} free != "
+                                 f"{cl.nodes[n].num_gpus} GPUs")
+    owned = sum(busy_per_node)
+    if owned != len(seen):
+        # every held GPU is owned by its holder (checked above), so an excess is a stray owner
+        stray = next(((n, i) for n, row in enumerate(cl.owner) for i, o in enumerate(row)
+                      if o is not None and (n, i) not in seen), None)
+        raise InvariantViolation(f"{owned} GPUs owned but {len(seen)} held by running jobs "
+                                 f"(e.g. GPU {stray} owned by {cl.owner[stray[0]][stray[1]] if stray else '?'})")
+
+
+def _check_accounting(state: SimState, prev_iterations: dict[str, float] | None, full: bool) -> None:
+    submitted = state.submitted_count
+    accounted = len(state.queued) + len(state.running) + len(state.finished_ids)
+    if submitted != accounted:
+        raise InvariantViolation(f"{submitted} jobs submitted but {accounted} queued/running/finished")
+    for jid in (state.queued if full else ()):
+        if state.jobs[jid].status is not JobStatus.QUEUED:
+            raise InvariantViolation(f"job {jid} in the queue with status {state.jobs[jid].status.value}")
+    if prev_iterations is not None:
+        for jid, it in prev_iterations.items():
+            if state.jobs[jid].iterations_done < it - 1e-9:
+                raise InvariantViolation(f"job {jid}: iterations decreased {it} -> {state.jobs[jid].iterations_done}")

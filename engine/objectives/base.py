@@ -1,0 +1,155 @@
+"""Objective terms: a registry by name and a validated, weighted combination.
+
+A term is a frozen dataclass (its fields are the term's options, validated in
+``__post_init__``) with ``apply(data, builder, weight)``, which adds coefficients on
+the choice variables and/or extra variables and rows to the shared model. The model is
+maximized; a penalty is a negative coefficient. Adding a research objective means one
+new module here with ``@register_term("name")`` plus a test, nothing else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol
+
+from instances.errors import InputError
+
+
+class ObjectiveTerm(Protocol):
+    name: str
+
+    def apply(self, data, builder, weight: float) -> None: ...
+
+
+_TERMS: dict[str, type] = {}
+
+
+def register_term(name: str):
+    def wrap(cls):
+        if name in _TERMS:
+            raise ValueError(f"objective term {name!r} registered twice")
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"objective term {name!r} must be a dataclass")
+        cls.name = name
+        _TERMS[name] = cls
+        return cls
+    return wrap
+
+
+def term_names() -> list[str]:
+    _load_builtin()
+    return sorted(_TERMS)
+
+
+def _load_builtin() -> None:
+    from . import builtin  # noqa: F401  (importing registers the built-in terms)
+
+
+def _coerce(value: Any, annotation: str, where: str) -> Any:
+    ann = annotation.replace(" ", "")
+    if not isinstance(value, str):
+        if ann == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if ann == "int" and isinstance(value, bool):
+            raise InputError(f"expected an integer, got {value!r}", field=where)
+        return value
+    s = value.strip()
+    try:
+        if ann == "float":
+            return float(s)
+        if ann == "int":
+            return int(s)
+        if ann == "bool":
+            if s.lower() in ("1", "true", "yes", "on"):
+                return True
+            if s.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(s)
+    except ValueError:
+        raise InputError(f"expected {ann}, got {value!r}", field=where) from None
+    return s
+
+
+def make_term(name: str, **options: Any):
+    """Build a term from keyword options (strings from the command line are converted)."""
+    _load_builtin()
+    if name not in _TERMS:
+        raise InputError(f"unknown objective term {name!r}; known: {', '.join(sorted(_TERMS))}",
+                         field="objective")
+    cls = _TERMS[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in options.items():
+        if k not in fields:
+            raise InputError(f"objective term {name!r} has no option {k!r}; options: "
+                             f"{', '.join(sorted(fields)) or '(none)'}", field=f"{name}.{k}")
+        kwargs[k] = _coerce(v, str(fields[k].type), f"{name}.{k}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, InputError):
+            raise
+        raise InputError(str(e), field=name) from None
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Weighted objective terms, applied in order."""
+    terms: tuple[tuple[float, Any], ...]
+
+    def __post_init__(self):
+        for w, t in self.terms:
+            if not math.isfinite(w) or w < 0:
+                raise InputError(f"weight of term {t.name!r} must be finite and >= 0, got {w}",
+                                 field=f"w_{t.name}")
+
+    def apply(self, data, builder) -> None:
+        for w, term in self.terms:
+            if w > 0:
+                term.apply(data, builder, w)
+
+    def describe(self) -> dict[str, Any]:
+        return {t.name: {"weight": w, **dataclasses.asdict(t)} for w, t in self.terms}
+
+
+def split_objective_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split policy config into objective keys (``w_<term>``, ``<term>.<option>``) and the rest."""
+    _load_builtin()
+    obj, rest = {}, {}
+    for k, v in config.items():
+        if k.startswith("w_") or ("." in k and k.split(".", 1)[0] in _TERMS):
+            obj[k] = v
+        else:
+            rest[k] = v
+    return obj, rest
+
+
+def parse_objective(config: Mapping[str, Any], defaults: Mapping[str, float]) -> Objective:
+    """``w_<term>=weight`` sets a weight (0 switches a term off), ``<term>.<opt>=value`` an
+    option; ``defaults`` gives the weights of terms not mentioned."""
+    _load_builtin()
+    weights = dict(defaults)
+    options: dict[str, dict[str, Any]] = {}
+    for k, v in config.items():
+        if k.startswith("w_"):
+            name = k[2:]
+            if name not in _TERMS:
+                raise InputError(f"unknown objective term {name!r}; known: {', '.join(sorted(_TERMS))}",
+                                 field=k)
+            w = float(_coerce(v, "float", k))
+            if not math.isfinite(w) or w < 0:
+                raise InputError(f"weight must be finite and >= 0, got {v!r}", field=k)
+            weights[name] = w
+        elif "." in k:
+            name, opt = k.split(".", 1)
+            if name not in _TERMS:
+                raise InputError(f"unknown objective term {name!r}", field=k)
+            options.setdefault(name, {})[opt] = v
+        else:
+            raise InputError(f"not an objective key: {k!r} (use w_<term> or <term>.<option>)", field=k)
+    for name in options:
+        if weights.get(name, 0.0) <= 0:
+            raise InputError(f"options given for term {name!r} whose weight is 0", field=name)
+    terms = tuple((w, make_term(n, **options.get(n, {}))) for n, w in weights.items() if w > 0)
+    return Objective(terms)

@@ -1,0 +1,41 @@
+"""Reconfiguration penalty: work lost while a moved job is down.
+
+For a running job and a column other than its current grid, the coefficient is
+-speedup(j, g) * min(1, cost_s / round_interval_s): the fraction of this round's
+(normalized) work lost to the downtime priced by the simulator's ReconfigCostModel
+(``RoundData.col_reconfig_s``). With ``horizon_rounds`` > 1 the loss is amortized
+over that many rounds of expected residence (a move that pays off later is allowed).
+
+``per_move`` adds a fixed cost per move of a running job, in rounds of the job's
+reference throughput: a damping knob (estimates are not truth, so a move that looks
+marginally better often is not); 0 turns it off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import register_term
+
+
+@register_term("reconfig")
+@dataclass(frozen=True)
+class ReconfigPenalty:
+    horizon_rounds: float = 1.0
+    per_move: float = 0.0
+
+    def __post_init__(self):
+        if not self.horizon_rounds > 0:
+            raise ValueError("reconfig.horizon_rounds must be > 0")
+        if not self.per_move >= 0:
+            raise ValueError("reconfig.per_move must be >= 0")
+
+    def apply(self, data, builder, weight: float) -> None:
+        lost = np.minimum(1.0, data.col_reconfig_s / (data.round_interval_s * self.horizon_rounds))
+        coef = data.speedup * lost
+        if self.per_move > 0:
+            cur = data.current_col[data.col_job]
+            moved = (cur >= 0) & (cur != np.arange(data.n_cols))
+            coef = coef + self.per_move * moved
+        builder.add_x_objective(-weight * coef)

@@ -1,0 +1,197 @@
+"""Placement: map each chosen grid to concrete GPUs ``(node_id, index)``.
+
+Order of work, per round:
+
+1. Jobs whose chosen shape equals the shape they hold keep their GPUs (a job whose GPUs
+   do not change is not restarted; a pipeline-depth change on the same GPUs keeps them
+   too, and is priced as a plan change by the reconfiguration model).
+2. GPUs a policy pinned (``Decisions.placements``) are honoured when they are free and
+   match the grid's shape; a pin that is not is ignored and the job placed normally.
+3. The other jobs, larger shapes first (ties: the policy's order). A shape of ``k``
+   nodes x ``m`` GPUs takes ``k`` distinct nodes of its GPU type with ``m`` free GPUs
+   each, chosen by: most overlap with the GPUs the job held before (a move to a superset
+   or subset keeps what it can), then best fit (the fullest node that still fits, which
+   keeps whole nodes free for large shapes), then the same switch for multi-node shapes.
+4. A shape that does not fit triggers a repair: the jobs of that GPU type placed in step
+   3 this round are lifted, the failing job placed first, and the lifted ones placed
+   again. If that fails too the round's earlier choices are restored and the job counts
+   as a packing failure (it stays queued, or is stopped, for this round).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from instances.cluster import ClusterSpec
+from instances.grid import Grid, Shape
+
+from .context import Allocation, GpuId
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    allocations: Mapping[str, Allocation]
+    failed: tuple[str, ...] = ()          # job ids whose grid could not be placed
+    repaired: int = 0                     # failures fixed by the repair step
+    pins_rejected: tuple[str, ...] = ()   # pinned GPUs that were not usable
+    kept: tuple[str, ...] = field(default=())   # jobs that kept their GPUs
+
+
+class Placer:
+    """Precomputed topology of one cluster; ``place`` is called once per round."""
+
+    def __init__(self, spec: ClusterSpec):
+        self.spec = spec
+        self.nodes = spec.nodes()
+        self.size = [n.num_gpus for n in self.nodes]
+        self.switch = [n.switch_id for n in self.nodes]
+        self.type_of = [n.gpu_type for n in self.nodes]
+        self.nodes_by_type: dict[str, list[int]] = {}
+        for n in self.nodes:
+            self.nodes_by_type.setdefault(n.gpu_type, []).append(n.node_id)
+        self._fits: dict[Shape, bool] = {}
+
+    def fits_somewhere(self, shape: Shape) -> bool:
+        """Whether ``shape`` fits on the empty cluster."""
+        hit = self._fits.get(shape)
+        if hit is None:
+            ok = sum(1 for n in self.nodes_by_type.get(shape.gpu_type, ()) if self.size[n] >= shape.gpus_per_node)
+            hit = self._fits[shape] = ok >= shape.num_nodes
+        return hit
+
+    # ------------------------------------------------------------------------------
+    def place(self, requests: Mapping[str, Grid], current: Mapping[str, Allocation],
+              pinned: Mapping[str, Iterable[GpuId]] | None = None) -> PlacementResult:
+        """Place every requested grid; ``current`` holds the allocations jobs have now."""
+        pinned = pinned or {}
+        free: list[set[int]] = [set(range(s)) for s in self.size]
+        out: dict[str, Allocation] = {}
+        kept: list[str] = []
+        rest: list[str] = []
+        for jid, grid in requests.items():
+            cur = current.get(jid)
+            if cur is not None and cur.grid.shape == grid.shape and jid not in pinned:
+                self._take(free, cur.gpus)
+                out[jid] = cur if cur.grid == grid else Allocation(grid, cur.gpus)
+                kept.append(jid)
+            else:
+                rest.append(jid)
+        pins_rejected: list[str] = []
+        normal: list[str] = []
+        for jid in rest:
+            if jid in pinned:
+                gpus = tuple(sorted(set(pinned[jid])))
+                if self._pin_ok(free, requests[jid], gpus):
+                    self._take(free, gpus)
+                    out[jid] = Allocation(requests[jid], gpus)
+                    continue
+                pins_rejected.append(jid)
+            normal.append(jid)
+        order = sorted(range(len(normal)), key=lambda i: (-requests[normal[i]].num_gpus, i))
+        placed_by_type: dict[str, list[str]] = {}
+        failed: list[str] = []
+        repaired = 0
+        for i in order:
+            jid = normal[i]
+            grid = requests[jid]
+            prev = current.get(jid)
+            gpus = self._choose(free, grid.shape, prev.gpus if prev else ())
+            if gpus is None:
+                gpus_map = self._repair(free, jid, requests, current, placed_by_type.get(grid.gpu_type, []), out)
+                if gpus_map is None:
+                    failed.append(jid)
+                    continue
+                repaired += 1
+                placed_by_type.setdefault(grid.gpu_type, []).append(jid)
+                continue
+            self._take(free, gpus)
+            out[jid] = Allocation(grid, gpus)
+            placed_by_type.setdefault(grid.gpu_type, []).append(jid)
+        return PlacementResult(out, tuple(failed), repaired, tuple(pins_rejected), tuple(kept))
+
+    # ------------------------------------------------------------------------------
+    @staticmethod
+    def _take(free: list[set[int]], gpus: Iterable[GpuId]) -> None:
+        for n, i in gpus:
+            free[n].remove(i)
+
+    @staticmethod
+    def _give(free: list[set[int]], gpus: Iterable[GpuId]) -> None:
+        for n, i in gpus:
+            free[n].add(i)
+
+    def _pin_ok(self, free: list[set[int]], grid: Grid, gpus: tuple[GpuId, ...]) -> bool:
+        if len(gpus) != grid.num_gpus:
+            return False
+        per_node: dict[int, int] = {}
+        for n, i in gpus:
+            if not (0 <= n < len(self.nodes)) or self.type_of[n] != grid.gpu_type or i not in free[n]:
+                return False
+            per_node[n] = per_node.get(n, 0) + 1
+        return (len(per_node) == grid.shape.num_nodes
+                and all(c == grid.shape.gpus_per_node for c in per_node.values()))
+
+    def _choose(self, free: list[set[int]], shape: Shape, prefer: tuple[GpuId, ...]) -> tuple[GpuId, ...] | None:
+        k, m = shape.num_nodes, shape.gpus_per_node
+        pref: dict[int, set[int]] = {}
+        for n, i in prefer:
+            pref.setdefault(n, set()).add(i)
+        cands = []
+        for n in self.nodes_by_type.get(shape.gpu_type, ()):
+            f = len(free[n])
+            if f >= m:
+                ov = min(m, len(pref[n] & free[n])) if n in pref else 0
+                cands.append((-ov, f, n))
+        if len(cands) < k:
+            return None
+        if k == 1:
+            chosen = [min(cands)[2]]
+        else:
+            by_switch: dict[int, list[tuple[int, int, int]]] = {}
+            for c in cands:
+                by_switch.setdefault(self.switch[c[2]], []).append(c)
+            best = None
+            for sw, cs in by_switch.items():
+                if len(cs) >= k:
+                    cs.sort()
+                    top = cs[:k]
+                    score = (sum(c[0] for c in top), sum(c[1] for c in top), sw)
+                    if best is None or score < best[0]:
+                        best = (score, top)
+            if best is None:
+                cands.sort()
+                top = cands[:k]
+            else:
+                top = best[1]
+            chosen = [c[2] for c in top]
+        gpus: list[GpuId] = []
+        for n in chosen:
+            own = sorted(pref.get(n, set()) & free[n])[:m]
+            others = sorted(free[n] - set(own))[: m - len(own)]
+            gpus.extend((n, i) for i in sorted(own + others))
+        return tuple(sorted(gpus))
+
+    def _repair(self, free: list[set[int]], jid: str, requests: Mapping[str, Grid],
+                current: Mapping[str, Allocation], placed: list[str],
+                out: dict[str, Allocation]) -> dict[str, Allocation] | None:
+        """Lift this round's placed jobs of the same type, place ``jid`` first, re-place them."""
+        if not placed:
+            return None
+        saved = {p: out[p] for p in placed}
+        for p in placed:
+            self._give(free, out.pop(p).gpus)
+        new: dict[str, Allocation] = {}
+        for p in [jid] + placed:
+            prev = current.get(p)
+            gpus = self._choose(free, requests[p].shape, prev.gpus if prev else ())
+            if gpus is None:
+                for a in new.values():
+                    self._give(free, a.gpus)
+                for p2, a in saved.items():
+                    self._take(free, a.gpus)
+                    out[p2] = a
+                return None
+            self._take(free, gpus)
+            new[p] = Allocation(requests[p], gpus)
+        out.update(new)
+        return new

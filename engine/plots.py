@@ -1,0 +1,64 @@
+"""PNG plots of one simulation (matplotlib, Agg backend): JCT CDF, throughput over time,
+GPU utilization by type, queue length."""
+from __future__ import annotations
+
+from pathlib import Path
+
+PLOT_FILES = ("jct_cdf.png", "throughput.png", "gpu_util.png", "queue_length.png")
+
+
+def write_plots(result, out_dir) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{result.instance_name} / {result.policy_name}"
+    rounds = result.rounds
+    t0 = rounds[0].time_s if rounds else 0.0
+    hours = np.array([(r.time_s - t0) / 3600.0 for r in rounds])
+    interval = result.summary.get("round_interval_s", 300.0)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    jct = np.sort([j.jct_s for j in result.jobs if j.jct_s is not None])
+    if len(jct):
+        ax.step(jct / 3600.0, np.arange(1, len(jct) + 1) / len(jct), where="post")
+    ax.set(xlabel="JCT (hours)", ylabel="fraction of finished jobs", title=f"JCT CDF — {title}")
+    ax.grid(alpha=0.3)
+    paths.append(out / PLOT_FILES[0])
+    fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(hours, [r.throughput_samples_per_s for r in rounds], lw=0.8)
+    ax.set(xlabel="time (hours)", ylabel="samples / s", title=f"Cluster throughput — {title}")
+    ax.grid(alpha=0.3)
+    paths.append(out / PLOT_FILES[1])
+    fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    gpus = _gpus_by_type(result)
+    types = sorted(gpus)
+    for t in types:
+        n = gpus.get(t)
+        if n:
+            ax.plot(hours, [r.gpu_busy_s.get(t, 0.0) / (n * interval) for r in rounds], lw=0.8, label=t)
+    ax.set(xlabel="time (hours)", ylabel="GPUs held / GPUs", ylim=(0, 1.05), title=f"GPU utilization — {title}")
+    ax.legend(fontsize=8); ax.grid(alpha=0.3)
+    paths.append(out / PLOT_FILES[2])
+    fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(hours, [r.queued for r in rounds], lw=0.8, label="queued")
+    ax.plot(hours, [r.running for r in rounds], lw=0.8, label="running")
+    ax.set(xlabel="time (hours)", ylabel="jobs", title=f"Queue length — {title}")
+    ax.legend(fontsize=8); ax.grid(alpha=0.3)
+    paths.append(out / PLOT_FILES[3])
+    fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
+    return paths
+
+
+def _gpus_by_type(result) -> dict[str, int]:
+    return result.gpus_by_type

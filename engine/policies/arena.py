@@ -1,0 +1,35 @@
+"""``arena``: our policy. Every job's candidate grids across GPU types, counts, node
+shapes and pipeline depths, valued by the estimators' proxy-plan estimates (ctx.perf),
+one MILP per round over jobs x grids (engine/formulation), solved by the configured
+backend (default ``auto``: warm Lagrangian prices, escalating to LP rounding and the
+HiGHS MILP until the 1% gap is proved).
+
+Objective (weights are config, ``w_<term>=...``; options ``<term>.<option>=...``):
+normalized throughput + JCT weights (short remaining work first) + a bonus per job run
+(the queue penalty, aging with waiting time) - the reconfiguration penalty (work lost
+while a moved job is down, priced by the shared ReconfigCostModel), which is also what
+favours previous allocations. Other terms (fairness, deadline, quota) are off by
+default and switched on by a positive weight.
+"""
+from __future__ import annotations
+
+from ..context import Decisions, RoundContext
+from ..formulation.decide import make_decider
+from ..policy import register_policy
+
+DEFAULT_WEIGHTS = {"throughput": 1.0, "jct": 1.0, "queue": 1.0, "reconfig": 1.0}
+
+
+class ArenaPolicy:
+    name = "arena"
+
+    def __init__(self, **config):
+        self.decider, _ = make_decider(self.name, config, DEFAULT_WEIGHTS)
+
+    def decide(self, ctx: RoundContext) -> Decisions:
+        return self.decider.decide(ctx, ctx.perf)
+
+
+@register_policy("arena")
+def make_arena(**config) -> ArenaPolicy:
+    return ArenaPolicy(**config)

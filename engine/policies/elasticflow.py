@@ -1,0 +1,167 @@
+"""``elasticflow-ls`` baseline (Gu et al., ASPLOS'23), as the Arena comparison configured
+it: loose deadlines, admission control, and diminishing-returns allocation of what is
+left, with data-parallel-only estimates and a data-parallel memory check.
+
+Each round:
+1. every job's deadline is loosened: arrival + ``slack_factor`` x (deadline - arrival)
+   (no deadline: none);
+2. jobs in earliest-deadline order get their *minimum satisfactory share*: the fewest
+   GPUs (of their requested type, ElasticFlow being built for one GPU type; set
+   ``heterogeneous=true`` to allow every type) whose estimated rate meets the loosened
+   deadline; admission control admits a job only if that share fits;
+3. the GPUs left go, one doubling at a time, to the admitted job with the largest
+   normalized throughput gain per added GPU (diminishing returns), while they fit.
+
+What it simplifies: ElasticFlow drops jobs it cannot admit; here they wait (no job is
+ever lost) and jobs whose deadline can no longer be met run best-effort on their
+smallest share after the admitted ones. Capacity uses the same node-shape accounting
+as the MILP, and the engine's placement checks the result.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from instances.errors import InputError
+
+from ..context import Decisions, RoundContext
+from ..formulation.decide import dp_only_performance_model, place_with_repair
+from ..formulation.round_data import build_round_data, columns_of_jobs
+from ..policy import register_policy
+
+
+class _Usage:
+    def __init__(self, cap):
+        self.cap = cap
+        self.used = [[0.0] * len(lv) for lv in cap.levels]
+
+    def delta(self, data, k, sign):
+        t, n, m = data.col_type[k], data.col_nodes[k], data.col_gpn[k]
+        return [(t, li, sign * n * m / lvl) for li, lvl in enumerate(self.cap.levels[t]) if m >= lvl]
+
+    def fits(self, data, k, release=None):
+        changes = self.delta(data, k, +1) + (self.delta(data, release, -1) if release is not None else [])
+        tot: dict = {}
+        for t, li, d in changes:
+            tot[(t, li)] = tot.get((t, li), 0.0) + d
+        return all(self.used[t][li] + d <= self.cap.blocks[t][li] + 1e-9 for (t, li), d in tot.items())
+
+    def apply(self, data, k, sign):
+        for t, li, d in self.delta(data, k, sign):
+            self.used[t][li] += d
+
+
+class ElasticFlowLS:
+    name = "elasticflow-ls"
+    KEYS = ("slack_factor", "heterogeneous", "max_gpus")
+
+    def __init__(self, **config):
+        unknown = sorted(set(config) - set(self.KEYS))
+        if unknown:
+            raise InputError(f"policy 'elasticflow-ls': unknown option(s) {unknown}; known: {list(self.KEYS)}",
+                             field=unknown[0])
+        try:
+            self.slack_factor = float(config.get("slack_factor", 10.0))
+            self.max_gpus = int(config.get("max_gpus", 16))
+        except (TypeError, ValueError):
+            raise InputError("policy 'elasticflow-ls': slack_factor and max_gpus must be numbers",
+                             field="slack_factor") from None
+        het = config.get("heterogeneous", False)
+        if isinstance(het, str):
+            if het.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise InputError(f"heterogeneous must be a bool, got {het!r}", field="heterogeneous")
+            het = het.lower() in ("true", "1", "yes")
+        self.heterogeneous = bool(het)
+        if not self.slack_factor >= 1 or self.max_gpus < 1:
+            raise InputError("slack_factor must be >= 1 and max_gpus >= 1", field="slack_factor")
+        self._perf_cache: dict = {}
+        self._grid_cache: dict = {}
+        self._est_cache: dict = {}
+        self._placers: dict = {}
+
+    def _grids_fn(self):
+        from estimators.grids import candidate_grids
+        cache = self._grid_cache
+
+        def fn(job, cluster, max_gpus):
+            key = (job.model, job.global_batch, id(cluster), max_gpus)
+            if key not in cache:
+                cache[key] = candidate_grids(job, cluster, max_gpus=max_gpus, dp_only=True)
+            return cache[key]
+        return fn
+
+    def _keep(self, view, grid) -> bool:
+        if grid.shape in view.known_infeasible_shapes:
+            return False
+        want = view.job.requested_gpu_type
+        return self.heterogeneous or want is None or grid.gpu_type == want
+
+    def decide(self, ctx: RoundContext) -> Decisions:
+        import time
+        t0 = time.perf_counter()
+        perf = dp_only_performance_model(ctx.perf, self._perf_cache)
+        data = build_round_data(ctx, perf, grids_fn=self._grids_fn(), max_gpus=self.max_gpus,
+                                grid_filter=self._keep, estimate_cache=self._est_cache)
+        cols = columns_of_jobs(data)
+        rate = data.col_rate_iters_per_s()
+        deadline = np.array([a + self.slack_factor * (d - a) if math.isfinite(d) else math.inf
+                             for a, d in zip(data.arrival_s, data.deadline_s)])
+        left = deadline - data.now_s
+        usage = _Usage(data.capacity)
+        chosen: dict[int, int] = {}
+        order = sorted(range(data.n_jobs), key=lambda j: (deadline[j], data.arrival_s[j], data.job_ids[j]))
+        late = []
+        for j in order:
+            cj = sorted(cols[j], key=lambda k: (data.col_gpus[k], -rate[k]))
+            meets = [k for k in cj if data.remaining_iterations[j] / rate[k] <= left[j]]
+            if not meets:
+                late.append(j)
+                continue
+            for k in meets:                       # minimum satisfactory share that fits
+                if usage.fits(data, k):
+                    usage.apply(data, k, +1)
+                    chosen[j] = k
+                    break
+        for j in late:                            # best effort, smallest share
+            for k in sorted(cols[j], key=lambda k: (data.col_gpus[k], -rate[k])):
+                if usage.fits(data, k):
+                    usage.apply(data, k, +1)
+                    chosen[j] = k
+                    break
+        speed = data.speedup
+        heap = []
+
+        def push(j):
+            k = chosen[j]
+            ups = [u for u in cols[j] if data.col_gpus[u] == 2 * data.col_gpus[k]]
+            if ups:
+                u = max(ups, key=lambda u: speed[u])
+                gain = (speed[u] - speed[k]) / (data.col_gpus[u] - data.col_gpus[k])
+                if gain > 0:
+                    heapq.heappush(heap, (-gain, data.job_ids[j], j, k, u))
+
+        for j in chosen:
+            push(j)
+        while heap:
+            _, _, j, k, u = heapq.heappop(heap)
+            if chosen.get(j) != k or not usage.fits(data, u, release=k):
+                continue
+            usage.apply(data, k, -1)
+            usage.apply(data, u, +1)
+            chosen[j] = u
+            push(j)
+        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, speed, chosen)
+        grids = {data.job_ids[j]: data.grids[k] for j, k in chosen.items()}
+        plans = {data.job_ids[j]: data.plans[k] for j, k in chosen.items() if data.plans[k] is not None}
+        info = {"backend": "elasticflow-greedy", "jobs": data.n_jobs, "admitted": len(chosen) - len(
+            [j for j in late if j in chosen]), "best_effort": len([j for j in late if j in chosen]),
+            "placement_repairs": repairs, "placement_dropped": dropped,
+            "decide_time_s": time.perf_counter() - t0}
+        return Decisions(grids=grids, plans=plans, placements=placements, info=info)
+
+
+@register_policy("elasticflow-ls")
+def make_elasticflow_ls(**config) -> ElasticFlowLS:
+    return ElasticFlowLS(**config)

@@ -1,0 +1,40 @@
+"""``gavel`` baseline (Narayanan et al., OSDI'20), as the Arena comparison configured it:
+heterogeneity-aware, each job keeps the GPU count its user asked for (any GPU type),
+data-parallel-only estimates with a data-parallel memory check.
+
+What it simplifies: Gavel solves an LP for time fractions per (job, GPU type) that
+maximize the minimum normalized throughput, then realizes them with round-based
+priorities. Here each round is the MILP over (job, type) at the requested count with
+normalized throughput weighted by least attained service (``las``: jobs that got less
+so far come first, which is how the rounds realize max-min shares over time), a bonus
+per job run, and the same reconfiguration cost as every policy. No space sharing.
+"""
+from __future__ import annotations
+
+from ..context import Decisions, RoundContext
+from ..formulation.decide import dp_only_performance_model, make_decider
+from ..policy import register_policy
+
+DEFAULT_WEIGHTS = {"las": 1.0, "queue": 1.0, "reconfig": 1.0}
+
+
+def keeps_requested_count(view, grid) -> bool:
+    want = view.job.requested_gpus
+    return want is None or grid.num_gpus == want
+
+
+class GavelPolicy:
+    name = "gavel"
+
+    def __init__(self, **config):
+        self.decider, _ = make_decider(self.name, config, DEFAULT_WEIGHTS, dp_only=True,
+                                       grid_filter=keeps_requested_count)
+        self._perf_cache: dict = {}
+
+    def decide(self, ctx: RoundContext) -> Decisions:
+        return self.decider.decide(ctx, dp_only_performance_model(ctx.perf, self._perf_cache))
+
+
+@register_policy("gavel")
+def make_gavel(**config) -> GavelPolicy:
+    return GavelPolicy(**config)

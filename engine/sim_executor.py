@@ -1,0 +1,216 @@
+"""Simulated executor: jobs advance at the oracle's TRUE iteration time.
+
+The speed of a job on an allocation comes only from ``oracle.true_iteration_time(job,
+shape)`` (never from an estimator). Every launch or reconfiguration starts a downtime
+priced by the ``ReconfigCostModel``; during it the job holds its GPUs and makes no
+progress. Downtime longer than a round carries into the next rounds. Progress is
+continuous (fractional iterations): a stopped job keeps all of it, as if checkpointed
+at the moment it stopped (an approximation of frequent checkpointing).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from instances.grid import Shape
+from instances.jobs import Job
+
+from .context import Allocation
+from .executor import JobProgress
+from .reconfig import ReconfigCostModel
+
+
+class InfeasibleAllocation(ValueError):
+    """The oracle says the job cannot run on this shape (e.g. out of memory)."""
+
+
+@dataclass
+class _Run:
+    job: Job
+    alloc: Allocation | None
+    iteration_time_s: float | None
+    iterations_done: float = 0.0
+    t_last_s: float = 0.0           # progress is accounted up to here
+    busy_until_s: float = 0.0       # downtime ends here
+    downtime_is_launch: bool = True
+    finished_at_s: float | None = None
+    launch_down_gpu_s: float = 0.0
+    reconfig_down_gpu_s: float = 0.0
+    downtime_s: float = 0.0
+
+
+class SimExecutor:
+    """Event-driven: between events (a completion, the end of a downtime, a launch, stop
+    or reconfiguration) the cluster's sample rate is constant, so advancing over a quiet
+    round costs O(1); per-job progress is brought up to date lazily."""
+
+    def __init__(self, oracle: Any, reconfig: ReconfigCostModel):
+        self.oracle = oracle
+        self.reconfig = reconfig
+        self._runs: dict[str, _Run] = {}
+        self._running: dict[str, _Run] = {}
+        self._iter_cache: dict[tuple[str, Shape], float | None] = {}
+        self.samples_done: float = 0.0        # over all jobs, for throughput
+        self.reconfig_lost_gpu_s_total: float = 0.0   # GPU-seconds held in reconfiguration downtime
+        self.now_s: float = float("-inf")
+        self._rate = 0.0                      # samples/s of the jobs computing now
+        self._down_gpus = 0                   # GPUs held in reconfiguration downtime now
+        self._next_event_s = math.inf
+        self._dirty = False
+        self._carry: list[JobProgress] = []   # completions found outside ``advance``
+
+    # -- truth ---------------------------------------------------------------------
+    def true_iteration_time(self, job: Job, shape: Shape) -> float | None:
+        key = (job.job_id, shape)
+        if key not in self._iter_cache:
+            t = self.oracle.true_iteration_time(job, shape)
+            if t is not None and not t > 0:
+                raise ValueError(f"oracle returned a non-positive iteration time {t!r} "
+                                 f"for job {job.job_id} on {shape}")
+            self._iter_cache[key] = t
+        return self._iter_cache[key]
+
+    # -- Executor protocol ---------------------------------------------------------
+    def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
+        self._run_until(now_s)
+        r = self._runs.get(job.job_id)
+        if r is not None and r.alloc is not None:
+            raise RuntimeError(f"job {job.job_id} launched while running")
+        if r is not None and r.finished_at_s is not None:
+            raise RuntimeError(f"job {job.job_id} launched after it finished")
+        it = self.true_iteration_time(job, alloc.grid.shape)
+        if it is None:
+            raise InfeasibleAllocation(f"job {job.job_id} cannot run on {alloc.grid.shape}")
+        if r is None:
+            r = _Run(job, None, None)
+            self._runs[job.job_id] = r
+        down = self.reconfig.cost_s(job, None, alloc)
+        r.alloc, r.iteration_time_s, r.t_last_s = alloc, it, now_s
+        r.busy_until_s, r.downtime_is_launch = now_s + down, True
+        self._running[job.job_id] = r
+        self._dirty = True
+
+    def stop(self, job_id: str, now_s: float) -> None:
+        self._run_until(now_s)
+        r = self._running.pop(job_id)
+        self._progress_to(r, now_s)
+        r.alloc, r.iteration_time_s = None, None
+        self._dirty = True
+
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
+        self._run_until(now_s)
+        r = self._running[job_id]
+        it = self.true_iteration_time(r.job, alloc.grid.shape)
+        if it is None:
+            raise InfeasibleAllocation(f"job {job_id} cannot run on {alloc.grid.shape}")
+        self._progress_to(r, now_s)
+        down = self.reconfig.cost_s(r.job, r.alloc, alloc)
+        r.alloc, r.iteration_time_s = alloc, it
+        r.busy_until_s, r.downtime_is_launch = now_s + down, False
+        self._dirty = True
+
+    def progress(self, job_id: str) -> JobProgress:
+        r = self._runs.get(job_id)
+        if r is None:
+            return JobProgress(job_id, 0.0, False)
+        if r.alloc is not None:
+            self._progress_to(r, self.now_s)
+        return JobProgress(job_id, r.iterations_done, r.alloc is not None,
+                           finished=r.finished_at_s is not None, finished_at_s=r.finished_at_s,
+                           last_checkpoint_iteration=r.iterations_done,
+                           measured_iteration_time_s=r.iteration_time_s)
+
+    def advance(self, until_s: float) -> list[JobProgress]:
+        if until_s < self.now_s:
+            raise RuntimeError(f"executor clock moved backwards: {until_s} < {self.now_s}")
+        self._run_until(until_s)
+        done, self._carry = self._carry, []
+        done.sort(key=lambda p: (p.finished_at_s, p.job_id))
+        return done
+
+    # -- helpers -------------------------------------------------------------------
+    def iteration_time_s(self, job_id: str) -> float | None:
+        r = self._running.get(job_id)
+        return r.iteration_time_s if r is not None else None
+
+    def in_downtime(self, job_id: str, t: float) -> bool:
+        r = self._running.get(job_id)
+        return r is not None and r.busy_until_s > t
+
+    def lost_gpu_s(self, job_id: str) -> tuple[float, float]:
+        """(GPU-seconds lost to launch downtime, to reconfiguration downtime)."""
+        r = self._runs.get(job_id)
+        if r is None:
+            return (0.0, 0.0)
+        if r.alloc is not None:
+            self._progress_to(r, self.now_s)
+        return (r.launch_down_gpu_s, r.reconfig_down_gpu_s)
+
+    def _run_until(self, t: float) -> None:
+        if t < self.now_s:
+            raise RuntimeError(f"executor clock moved backwards: {t} < {self.now_s}")
+        if self.now_s == float("-inf"):
+            self.now_s = t
+        if self._dirty:
+            self._recompute()
+        while self._next_event_s <= t:
+            te = self._next_event_s
+            self._account(te)
+            for jid in list(self._running):
+                r = self._running[jid]
+                self._progress_to(r, te)
+                if r.finished_at_s is not None:
+                    del self._running[jid]
+                    self._carry.append(JobProgress(jid, r.iterations_done, False, True, r.finished_at_s,
+                                                   last_checkpoint_iteration=r.iterations_done,
+                                                   measured_iteration_time_s=r.iteration_time_s))
+                    r.alloc = None
+            self._recompute()
+        self._account(t)
+
+    def _account(self, t: float) -> None:
+        dt = t - self.now_s
+        if dt > 0:
+            self.samples_done += self._rate * dt
+            self.reconfig_lost_gpu_s_total += self._down_gpus * dt
+            self.now_s = t
+
+    def _recompute(self) -> None:
+        now = self.now_s
+        rate, down, nxt = 0.0, 0, math.inf
+        for r in self._running.values():
+            if r.busy_until_s > now:
+                if not r.downtime_is_launch:
+                    down += r.alloc.grid.num_gpus
+                nxt = min(nxt, r.busy_until_s)
+            else:
+                rate += r.job.global_batch / r.iteration_time_s
+                work_start = max(r.t_last_s, r.busy_until_s)
+                nxt = min(nxt, work_start + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s)
+        self._rate, self._down_gpus, self._next_event_s, self._dirty = rate, down, nxt, False
+
+    def _progress_to(self, r: _Run, t: float) -> None:
+        """Bring one job's progress and downtime accounting up to ``t`` (per job only)."""
+        if t <= r.t_last_s or r.alloc is None:
+            r.t_last_s = max(r.t_last_s, t)
+            return
+        g = r.alloc.grid.num_gpus
+        down_end = min(t, r.busy_until_s)
+        if down_end > r.t_last_s:
+            d = down_end - r.t_last_s
+            r.downtime_s += d
+            if r.downtime_is_launch:
+                r.launch_down_gpu_s += d * g
+            else:
+                r.reconfig_down_gpu_s += d * g
+        work_start = max(r.t_last_s, r.busy_until_s)
+        if t > work_start:
+            remaining = r.job.num_iterations - r.iterations_done
+            finish = work_start + remaining * r.iteration_time_s
+            if finish <= t * (1 + 1e-12):
+                r.iterations_done = float(r.job.num_iterations)
+                r.finished_at_s = min(finish, t)
+            else:
+                r.iterations_done += (t - work_start) / r.iteration_time_s
+        r.t_last_s = t

@@ -1,0 +1,123 @@
+"""The solver seam: ``SolverBackend.solve(model, time_limit_s, hint=None, rel_gap=...)``.
+
+Every backend returns a ``Solution`` and never raises for solver trouble: a time-out
+returns the best incumbent (status "feasible"), no incumbent falls back to the greedy
+decision (status "fallback"), an infeasible model returns the greedy decision over
+the capacity rows (status "infeasible"), and a backend that is not installed raises
+``BackendUnavailable`` at call time, naming what is missing.
+
+Gaps are relative to the objective without its constant offset (sum of the chosen
+variables' coefficients): gap = (bound - value) / max(|bound|, |value|, 1e-9).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from instances.errors import InputError
+
+STATUSES = ("optimal", "feasible", "fallback", "infeasible", "error")
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend's solver is not installed here."""
+
+
+@dataclass(frozen=True, eq=False)
+class Solution:
+    status: str                  # one of STATUSES; "optimal" = proved within the requested gap
+    values: np.ndarray           # one value per model variable
+    objective: float             # c @ values + offset
+    bound: float                 # proved upper bound on c @ v (offset excluded); inf if none
+    gap: float                   # relative, offset excluded; inf if no bound
+    build_time_s: float
+    solve_time_s: float
+    backend: str
+    message: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown solution status {self.status!r}")
+
+    def selected(self, n_x: int) -> np.ndarray:
+        return np.flatnonzero(self.values[:n_x] > 0.5)
+
+    def stats(self) -> dict:
+        return {"backend": self.backend, "status": self.status, "objective": self.objective,
+                "bound": self.bound, "gap": self.gap, "build_time_s": self.build_time_s,
+                "solve_time_s": self.solve_time_s, "message": self.message, **self.extra}
+
+
+def relative_gap(value: float, bound: float) -> float:
+    if not np.isfinite(bound):
+        return float("inf")
+    return max(0.0, (bound - value) / max(abs(bound), abs(value), 1e-9))
+
+
+class SolverBackend(Protocol):
+    name: str
+
+    def solve(self, model, time_limit_s: float, hint: np.ndarray | None = None,
+              rel_gap: float = 0.01) -> Solution: ...
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """Knobs shared by the backends (each reads the ones it supports)."""
+    threads: int = 1
+    seed: int = 0
+    presolve: bool = False          # HiGHS MILP: presolve off was faster on these models
+    cpsat_tuned: bool = True        # CP-SAT: no presolve, linearization level 2
+
+    def __post_init__(self):
+        if self.threads < 1:
+            raise InputError("threads must be >= 1", field="threads")
+
+
+_BACKENDS: dict[str, Callable[..., SolverBackend]] = {}
+
+
+def register_backend(name: str):
+    def wrap(factory):
+        if name in _BACKENDS:
+            raise ValueError(f"solver backend {name!r} registered twice")
+        _BACKENDS[name] = factory
+        return factory
+    return wrap
+
+
+def _load() -> None:
+    from . import auto, greedy, highs, lagrangian  # noqa: F401
+    for mod in ("cpsat", "pulp_backend", "scip"):
+        try:
+            __import__(f"engine.solvers.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"engine.solvers.{mod}":
+                raise
+
+
+def backend_names() -> list[str]:
+    _load()
+    return sorted(_BACKENDS)
+
+
+def make_backend(name: str, options: SolverOptions | None = None) -> SolverBackend:
+    _load()
+    if name not in _BACKENDS:
+        raise InputError(f"unknown solver backend {name!r}; known: {', '.join(sorted(_BACKENDS))}",
+                         field="backend")
+    return _BACKENDS[name](options or SolverOptions())
+
+
+def available_backends() -> list[str]:
+    """Backends whose solver is installed here."""
+    out = []
+    for n in backend_names():
+        b = make_backend(n)
+        ok = getattr(b, "available", lambda: True)()
+        if ok:
+            out.append(n)
+    return out

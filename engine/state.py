@@ -1,0 +1,206 @@
+"""Cluster and job state of a simulation (or a live service).
+
+``ClusterState`` records which GPU ``(node_id, index)`` holds which job; ``JobRecord``
+the lifecycle of one job (pending arrival -> queued -> running <-> queued -> finished).
+Both change only through the methods here, which the simulator calls; policies never
+see them (they read an immutable ``RoundContext``).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from instances.cluster import ClusterSpec, Node
+from instances.jobs import Job
+
+from .context import Allocation, GpuId
+
+
+class StateError(RuntimeError):
+    """An engine operation that would corrupt the state (a bug, never bad input)."""
+
+
+class JobStatus(enum.Enum):
+    PENDING = "pending"        # not yet submitted (arrives later)
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class ClusterState:
+    """GPU ownership. ``owner[node_id][i]`` is the job id on GPU i of that node, or None."""
+
+    def __init__(self, spec: ClusterSpec):
+        self.spec = spec
+        self.nodes: tuple[Node, ...] = spec.nodes()
+        self.owner: list[list[str | None]] = [[None] * n.num_gpus for n in self.nodes]
+        self.free_count: list[int] = [n.num_gpus for n in self.nodes]
+        self.holdings: dict[str, tuple[GpuId, ...]] = {}
+        self.nodes_by_type: dict[str, tuple[int, ...]] = {}
+        for n in self.nodes:
+            self.nodes_by_type.setdefault(n.gpu_type, ())
+            self.nodes_by_type[n.gpu_type] += (n.node_id,)
+        self.gpus_by_type: dict[str, int] = spec.gpus_by_type()
+        self.version = 0            # bumped by every assign/release
+
+    def assign(self, job_id: str, gpus: tuple[GpuId, ...]) -> None:
+        if job_id in self.holdings:
+            raise StateError(f"job {job_id} already holds GPUs {self.holdings[job_id]}")
+        for n, i in gpus:
+            if not (0 <= n < len(self.nodes) and 0 <= i < self.nodes[n].num_gpus):
+                raise StateError(f"job {job_id}: GPU {(n, i)} does not exist")
+            if self.owner[n][i] is not None:
+                raise StateError(f"job {job_id}: GPU {(n, i)} already held by {self.owner[n][i]}")
+        self.version += 1
+        for n, i in gpus:
+            self.owner[n][i] = job_id
+            self.free_count[n] -= 1
+        self.holdings[job_id] = tuple(gpus)
+
+    def release(self, job_id: str) -> tuple[GpuId, ...]:
+        gpus = self.holdings.pop(job_id, None)
+        if gpus is None:
+            raise StateError(f"job {job_id} holds no GPUs")
+        self.version += 1
+        for n, i in gpus:
+            self.owner[n][i] = None
+            self.free_count[n] += 1
+        return gpus
+
+    def used_by_type(self) -> dict[str, int]:
+        out = {t: 0 for t in self.gpus_by_type}
+        for t, ids in self.nodes_by_type.items():
+            out[t] = sum(self.nodes[n].num_gpus - self.free_count[n] for n in ids)
+        return out
+
+
+@dataclass
+class JobRecord:
+    """One job's lifecycle; mutable, owned by the engine."""
+    job: Job
+    status: JobStatus = JobStatus.PENDING
+    alloc: Allocation | None = None
+    iterations_done: float = 0.0
+    submitted_s: float | None = None
+    first_start_s: float | None = None
+    finish_s: float | None = None
+    launches: int = 0               # starts from the queue (first start and resumes)
+    reconfigurations: int = 0       # allocation changes of a job that had already run
+    preemptions: int = 0
+    attained_gpu_s: float = 0.0     # GPU-seconds held
+    queued_s: float = 0.0           # time spent queued since submission
+    infeasible_drops: int = 0       # policy decisions dropped because the oracle said infeasible
+    packing_failures: int = 0
+    known_infeasible: frozenset = field(default_factory=frozenset)   # shapes seen infeasible
+    _since_s: float = 0.0           # when the current status (queued/running) began
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def ever_placed(self) -> bool:
+        return self.first_start_s is not None
+
+
+class SimState:
+    """All jobs' records plus the cluster; every transition validated."""
+
+    def __init__(self, spec: ClusterSpec, jobs: list[Job] | tuple[Job, ...]):
+        self.cluster = ClusterState(spec)
+        self.jobs: dict[str, JobRecord] = {}
+        for j in jobs:
+            if j.job_id in self.jobs:
+                raise StateError(f"duplicate job id {j.job_id!r}")
+            self.jobs[j.job_id] = JobRecord(j)
+        self.queued: dict[str, JobRecord] = {}    # insertion order = submission order
+        self.running: dict[str, JobRecord] = {}
+        self.finished_ids: list[str] = []
+        self.submitted_count = 0
+        self.now_s: float = float("-inf")
+
+    # -- clock ---------------------------------------------------------------------
+    def set_time(self, t: float) -> None:
+        if t < self.now_s:
+            raise StateError(f"clock moved backwards: {t} < {self.now_s}")
+        self.now_s = t
+
+    # -- transitions ---------------------------------------------------------------
+    def submit(self, job_id: str, t: float) -> None:
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.PENDING:
+            raise StateError(f"job {job_id} submitted twice")
+        r.status, r.submitted_s, r._since_s = JobStatus.QUEUED, t, t
+        self.queued[job_id] = r
+        self.submitted_count += 1
+
+    def start(self, job_id: str, alloc: Allocation, t: float) -> None:
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.QUEUED:
+            raise StateError(f"job {job_id} started while {r.status.value}")
+        self.cluster.assign(job_id, alloc.gpus)
+        r.queued_s += t - r._since_s
+        r.status, r.alloc, r._since_s = JobStatus.RUNNING, alloc, t
+        if r.first_start_s is None:
+            r.first_start_s = t
+        else:
+            r.reconfigurations += 1     # a resume after preemption changes its GPUs
+        r.launches += 1
+        del self.queued[job_id]
+        self.running[job_id] = r
+
+    def move(self, job_id: str, alloc: Allocation, t: float) -> None:
+        """Reconfigure a running job; the caller has released its old GPUs first."""
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.RUNNING:
+            raise StateError(f"job {job_id} reconfigured while {r.status.value}")
+        self.cluster.assign(job_id, alloc.gpus)
+        r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
+        r.alloc, r._since_s = alloc, t
+        r.reconfigurations += 1
+
+    def release_for_move(self, job_id: str) -> None:
+        self.cluster.release(job_id)
+
+    def stop(self, job_id: str, t: float) -> None:
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.RUNNING:
+            raise StateError(f"job {job_id} stopped while {r.status.value}")
+        self.cluster.release(job_id)
+        r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
+        r.status, r.alloc, r._since_s = JobStatus.QUEUED, None, t
+        r.preemptions += 1
+        del self.running[job_id]
+        self.queued[job_id] = r
+
+    def finish(self, job_id: str, t: float) -> None:
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.RUNNING:
+            raise StateError(f"job {job_id} finished while {r.status.value}")
+        self.cluster.release(job_id)
+        r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
+        r.status, r.finish_s, r._since_s = JobStatus.FINISHED, t, t
+        del self.running[job_id]
+        if r.status is not JobStatus.FINISHED:
+            raise StateError(f"job {job_id} not marked finished")
+        self.finished_ids.append(job_id)
+
+    def set_progress(self, job_id: str, iterations_done: float) -> None:
+        r = self.jobs[job_id]
+        if iterations_done < r.iterations_done - 1e-9:
+            raise StateError(f"job {job_id}: iterations decreased {r.iterations_done} -> {iterations_done}")
+        r.iterations_done = min(float(r.job.num_iterations), iterations_done)
+
+    # -- views ---------------------------------------------------------------------
+    def attained_gpu_s_at(self, r: JobRecord, t: float) -> float:
+        if r.status is JobStatus.RUNNING:
+            return r.attained_gpu_s + (t - r._since_s) * r.alloc.grid.num_gpus
+        return r.attained_gpu_s
+
+    def queued_s_at(self, r: JobRecord, t: float) -> float:
+        if r.status is JobStatus.QUEUED:
+            return r.queued_s + (t - r._since_s)
+        return r.queued_s
+
+    def active(self) -> list[JobRecord]:
+        return list(self.running.values()) + list(self.queued.values())

@@ -1,0 +1,124 @@
+"""Accuracy of the estimators against measurements, and proxy-plan quality.
+
+``against_arena``: every row of the Arena measured table (real A100/V100/A40/A10 runs,
+1-16 GPUs) is predicted from architecture and catalog specs: the analytic model's best
+plan over the row's pipeline depths. The learned model is evaluated leave-one-GPU-type-
+out: trained on the rows of three types, tested on the fourth; its training rows never
+include a test row. Rows the table marks out of memory are checked against the memory
+model (does it also call every pipeline depth of that shape infeasible?).
+
+``proxy_quality``: for catalog models x grids up to 16 GPUs, the proxy plan's estimated
+throughput as a fraction of the grid's exhaustive best (same cost model).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
+
+from instances.cluster import ClusterSpec, NodeGroup
+from instances.grid import Shape
+from instances.jobs import Job
+
+from .calibrate import best_shape_result
+from .config import EstimatorConfig
+from .learned import LearnedModel, leave_one_group_out, records_from_table
+from .perf import AnalyticModel
+from .reference import load_measured
+
+GPU_COUNTS = (1, 2, 4, 8, 16)
+
+
+def _mape(errs) -> float | None:
+    return float(np.mean(np.abs(errs))) if len(errs) else None
+
+
+def against_arena(*, seed: int = 0, efficiency=None) -> dict:
+    rows = load_measured()
+    analytic = AnalyticModel(efficiency=efficiency)
+    t0 = time.perf_counter()
+    by_id = {}
+    oom_rows = oom_hit = 0
+    missed = []
+    for row in rows:
+        shape = Shape(row.gpu_type, row.num_nodes, row.gpus_per_node)
+        r = best_shape_result(analytic.planner, row.model, row.global_batch, shape)
+        if row.iter_time_s is None:
+            oom_rows += 1
+            oom_hit += r is None
+            continue
+        if r is None:
+            missed.append(f"{row.model} b{row.global_batch} {row.gpu_type} {row.num_nodes}x{row.gpus_per_node}")
+            continue
+        rid = f"arena:{row.model}:{row.global_batch}:{row.gpu_type}:{row.num_nodes}x{row.gpus_per_node}"
+        by_id[rid] = (row, r.iteration_time_s / row.iter_time_s - 1)
+    analytic_s = time.perf_counter() - t0
+    records = records_from_table(rows, analytic)
+    learned_err = {}
+    per_type = {}
+    for gtype, train, test in leave_one_group_out(records):
+        model = LearnedModel(train_on=None, seed=seed, efficiency=efficiency).fit(train)
+        pred = model.predict_records(test)
+        for rec, p in zip(test, pred):
+            learned_err[rec.row_id] = p / rec.measured_s - 1
+        per_type[gtype] = {"train_rows": len(train), "test_rows": len(test)}
+    out = {"rows": len(rows), "measured_rows": len(rows) - oom_rows, "predicted_rows": len(by_id),
+           "called_infeasible_but_measured": missed, "oom_rows": oom_rows,
+           "oom_rows_called_infeasible": oom_hit, "analytic_seconds": analytic_s, "by_gpus": {},
+           "by_gpu_type": {}, "by_family": {}, "split": per_type}
+    groups = {"by_gpus": lambda row: str(row.num_gpus), "by_gpu_type": lambda row: row.gpu_type,
+              "by_family": lambda row: row.model.split("__")[0]}
+    for gname, key in groups.items():
+        bucket_a, bucket_l = defaultdict(list), defaultdict(list)
+        for rid, (row, err) in by_id.items():
+            bucket_a[key(row)].append(err)
+            if rid in learned_err:
+                bucket_l[key(row)].append(learned_err[rid])
+        for k in sorted(bucket_a, key=lambda x: (len(x), x)):
+            out[gname][k] = {"rows": len(bucket_a[k]), "analytic_mape": _mape(bucket_a[k]),
+                             "learned_mape": _mape(bucket_l[k])}
+    out["overall"] = {"analytic_mape": _mape([e for _, e in by_id.values()]),
+                      "analytic_bias": float(np.mean([e for _, e in by_id.values()])),
+                      "learned_mape": _mape(list(learned_err.values())),
+                      "learned_rows": len(learned_err)}
+    return out
+
+
+def proxy_quality(*, models=None, max_gpus: int = 16, batches=(256,), max_exhaustive_splits: int = 200) -> dict:
+    """Proxy throughput / exhaustive-best throughput over models x grids (catalog GPU types
+    of the Arena cluster, node sizes as there)."""
+    from .grids import candidate_grids
+    cfg = EstimatorConfig()
+    cfg = replace(cfg, planner=replace(cfg.planner, max_exhaustive_splits=max_exhaustive_splits))
+    model = AnalyticModel(planner=cfg.planner)
+    planner = model.planner
+    cluster = ClusterSpec((NodeGroup("a100", 4, 4), NodeGroup("v100", 1, 16), NodeGroup("a40", 8, 2),
+                           NodeGroup("a10", 8, 2)), "arena-shapes")
+    if models is None:
+        models = sorted({r.model for r in load_measured()})
+    ratios, worst, t0 = [], [], time.perf_counter()
+    n_plans = 0
+    for name in models:
+        for b in batches:
+            job = Job("q", name, b, 1, 0.0)
+            for grid in candidate_grids(job, cluster, max_gpus=max_gpus, planner=planner):
+                prox = planner.proxy(job.arch, b, grid)
+                best = planner.exhaustive(job.arch, b, grid)
+                if best is None or prox is None or not prox.feasible:
+                    if best is not None:
+                        ratios.append(0.0)
+                        worst.append((0.0, name, b, str(grid)))
+                    continue
+                n_plans += best.evaluated
+                q = best.iteration_time_s / prox.iteration_time_s
+                ratios.append(q)
+                worst.append((q, name, b, str(grid)))
+    worst.sort()
+    return {"grids": len(ratios), "mean_fraction_of_best": float(np.mean(ratios)) if ratios else None,
+            "min_fraction_of_best": float(min(ratios)) if ratios else None,
+            "fraction_within_5pct": float(np.mean([q >= 0.95 for q in ratios])) if ratios else None,
+            "plans_evaluated": n_plans, "seconds": time.perf_counter() - t0,
+            "worst": [{"fraction": q, "model": m, "batch": b, "grid": g} for q, m, b, g in worst[:5]]}

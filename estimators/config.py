@@ -1,0 +1,143 @@
+"""Every knob of the estimators in one validated, immutable place.
+
+Hardware specs (peak FLOP/s, memory, bandwidths) live in ``instances/gpus.py``; model
+shapes in ``instances/models.py``. What lives here is how much of those specs a real
+training step achieves (efficiency factors), the memory accounting rules, and the
+planner's search limits. The defaults of the efficiency factors were set by
+``estimators.calibrate.fit_efficiency`` on the Arena measured table (all four GPU types);
+``arena estimate accuracy`` also reports the leave-one-GPU-type-out refit, so that the
+in-sample effect of these few global constants is visible.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+from instances.errors import InputError
+
+# Layer kinds of instances.models.LayerSpec.
+LAYER_KINDS = ("embedding", "decoder", "moe_decoder", "head", "conv_stem", "bottleneck", "classifier")
+
+
+def _check_fraction(name: str, v: float, *, upper: float = 1.0) -> None:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 < v <= upper):
+        raise InputError(f"must be in (0, {upper}], got {v!r}", field=name)
+
+
+def _check_nonneg(name: str, v: float) -> None:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0.0):
+        raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
+
+
+@dataclass(frozen=True)
+class EfficiencyConfig:
+    """Achieved fractions of catalog peaks, and fixed overheads.
+
+    ``kind_compute_efficiency``: achieved fraction of the dtype's peak FLOP/s for each
+    layer kind (the roofline's compute roof). ``memory_bw_efficiency``: achieved fraction
+    of HBM bandwidth (memory roof). ``intra_bw_efficiency`` / ``inter_bw_efficiency``:
+    achieved fraction of the catalog's intra-/inter-node link bandwidth in collectives.
+    """
+    kind_compute_efficiency: tuple[tuple[str, float], ...] = (
+        ("embedding", 0.333), ("decoder", 0.333), ("moe_decoder", 0.162), ("head", 0.333),
+        ("conv_stem", 0.474), ("bottleneck", 0.474), ("classifier", 0.474))
+    memory_bw_efficiency: float = 0.70
+    intra_bw_efficiency: float = 0.866
+    inter_bw_efficiency: float = 0.0267    # fitted: the testbed's inter-node links were far below NIC spec
+    collective_latency_s: float = 30e-6       # per ring step
+    layer_overhead_s: float = 40e-6           # kernel launches etc. per layer per micro-batch pass
+    backward_flops_ratio: float = 2.0         # backward = 2x forward FLOPs
+    recompute_activations: bool = False       # True: backward re-runs the forward (adds 1x fwd)
+    dp_overlap: bool = True                   # gradient all-reduce overlapped with backward
+    dp_overlap_fraction: float = 0.8          # at most this share of the all-reduce hides under backward
+    optimizer_traffic_bytes_per_param: float = 32.0   # Adam, mixed precision: read/write of states+master+grad
+
+    def __post_init__(self):
+        kinds = dict(self.kind_compute_efficiency)
+        if len(kinds) != len(self.kind_compute_efficiency):
+            raise InputError("duplicate layer kind", field="kind_compute_efficiency")
+        for k, v in kinds.items():
+            if k not in LAYER_KINDS:
+                raise InputError(f"unknown layer kind {k!r}; known: {', '.join(LAYER_KINDS)}",
+                                 field="kind_compute_efficiency")
+            _check_fraction(f"kind_compute_efficiency[{k}]", v)
+        missing = set(LAYER_KINDS) - set(kinds)
+        if missing:
+            raise InputError(f"missing layer kinds {sorted(missing)}", field="kind_compute_efficiency")
+        for n in ("memory_bw_efficiency", "intra_bw_efficiency", "inter_bw_efficiency"):
+            _check_fraction(n, getattr(self, n))
+        _check_fraction("dp_overlap_fraction", self.dp_overlap_fraction)
+        for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param"):
+            _check_nonneg(n, getattr(self, n))
+        if not self.backward_flops_ratio > 0:
+            raise InputError("must be > 0", field="backward_flops_ratio")
+
+    def compute_efficiency(self, kind: str) -> float:
+        return dict(self.kind_compute_efficiency)[kind]
+
+    def with_kind_efficiency(self, **kinds: float) -> "EfficiencyConfig":
+        d = dict(self.kind_compute_efficiency)
+        d.update(kinds)
+        return replace(self, kind_compute_efficiency=tuple(sorted(d.items())))
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Per-rank memory accounting (bytes per parameter by role; reserves).
+
+    Mixed precision Adam (fp16/bf16 models): weights 2 + grads 2 + fp32 master 4 + Adam
+    m 4 + v 4 = 16 bytes/param. Pure fp32 models: weights 4 + grads 4 + m 4 + v 4 = 16.
+    """
+    optimizer: str = "adam"                  # "adam" or "sgd" (momentum)
+    framework_reserve_bytes: float = 1.0 * 2**30   # CUDA context, allocator slack, workspaces
+    usable_fraction: float = 0.95            # of the GPU's memory the allocator can hand out
+
+    def __post_init__(self):
+        if self.optimizer not in ("adam", "sgd"):
+            raise InputError(f"unknown optimizer {self.optimizer!r}; known: adam, sgd", field="optimizer")
+        _check_nonneg("framework_reserve_bytes", self.framework_reserve_bytes)
+        _check_fraction("usable_fraction", self.usable_fraction)
+
+    def state_bytes_per_param(self, dtype_bytes: int) -> float:
+        """Weights + grads + optimizer state bytes per parameter."""
+        if self.optimizer == "adam":
+            master = 4 if dtype_bytes < 4 else 0
+            return 2 * dtype_bytes + master + 8
+        master = 4 if dtype_bytes < 4 else 0
+        return 2 * dtype_bytes + master + 4
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Search limits of the planner and the proxy plan's rules."""
+    max_exhaustive_splits: int = 3000        # enumerate all stage splits when there are at most this many
+    split_perturbation: int = 2              # otherwise: balanced split with boundaries moved by up to +-this
+    max_microbatches: int = 64
+    proxy_microbatches_per_stage: int = 4    # proxy: m >= this * pp (bubble <= 1/(m/pp))
+    proxy_microbatch_candidates: int = 3     # proxy: also 2x and 4x that count
+    tp_within_node_only: bool = True         # proxy keeps tensor parallelism inside a node
+    max_tp: int = 8
+
+    def __post_init__(self):
+        for n in ("max_exhaustive_splits", "max_microbatches", "proxy_microbatches_per_stage",
+                  "proxy_microbatch_candidates", "max_tp"):
+            v = getattr(self, n)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"must be a positive integer, got {v!r}", field=n)
+        if not isinstance(self.split_perturbation, int) or self.split_perturbation < 0:
+            raise InputError("must be an integer >= 0", field="split_perturbation")
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    efficiency: EfficiencyConfig = field(default_factory=EfficiencyConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+
+
+def config_to_dict(cfg) -> dict:
+    out = {}
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        out[f.name] = config_to_dict(v) if hasattr(v, "__dataclass_fields__") else v
+    return out

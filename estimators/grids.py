@@ -1,0 +1,93 @@
+"""Candidate grids of a job: GPU type x GPU count x GPUs per node x pipeline depth.
+
+For each GPU type present in the cluster: GPU counts are powers of two up to
+``max_gpus`` (or the explicit ``gpu_counts``) and at most the GPUs of that type in the
+cluster; GPUs per node are powers of two up to that type's node size, with
+``count / gpus_per_node`` nodes (which must exist); pipeline depths are the divisors of
+the count, at most the model's layer count. A grid is pruned when even its
+lowest-memory plan does not fit: every tensor degree dividing a stage, micro-batch
+count equal to the per-replica batch (one sample per micro-batch), 1F1B, the
+time-balanced or the memory-balanced stage split. (An approximation of "lowest memory":
+other splits could fit where these two do not; the planner searches only these too.)
+"""
+from __future__ import annotations
+
+from instances.cluster import ClusterSpec
+from instances.gpus import get_gpu
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+from instances.models import ModelArch
+
+from .config import EstimatorConfig
+from .planner import Planner
+
+
+def _pow2_upto(x: int) -> list[int]:
+    out, v = [], 1
+    while v <= x:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, *, dp_only: bool = False) -> bool:
+    """True when the grid's lowest-memory plan fits in GPU memory (cached in the planner)."""
+    key = (arch, global_batch, grid, dp_only)
+    hit = planner.fits_cache.get(key)
+    if hit is None:
+        hit = planner.fits_cache[key] = _grid_fits(arch, global_batch, grid, planner, dp_only)
+    return hit
+
+
+def _grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, dp_only: bool) -> bool:
+    pp = grid.pp
+    if pp > len(arch.layers()) or (dp_only and pp > 1):
+        return False
+    gpu = get_gpu(grid.gpu_type)
+    splits = {planner.split(arch, gpu, pp), planner.memory_split(arch, global_batch, grid)}
+    for tp in planner.tp_options(arch, grid, within_node=False, dp_only=dp_only):
+        dp = grid.num_gpus // pp // tp
+        m = max(1, -(-global_batch // dp))
+        for split in splits:
+            mem = planner.memtable(arch, 1, tp, dp).breakdown(split, m, "1f1b")
+            if mem.fits(gpu, planner.cfg.memory):
+                return True
+    return False
+
+
+def candidate_grids(job: Job, cluster: ClusterSpec, *, max_gpus: int = 16, gpu_counts=None,
+                    planner: Planner | None = None, dp_only: bool = False, prune: bool = True) -> list[Grid]:
+    """Every grid of ``job`` on ``cluster`` (see module doc), memory-infeasible ones pruned."""
+    if max_gpus < 1:
+        raise ValueError("max_gpus must be >= 1")
+    counts = sorted(set(gpu_counts)) if gpu_counts is not None else _pow2_upto(max_gpus)
+    if any((not isinstance(c, int)) or c < 1 for c in counts):
+        raise ValueError(f"gpu_counts must be positive integers, got {gpu_counts!r}")
+    planner = planner or Planner(EstimatorConfig())
+    arch = job.arch
+    n_layers = len(arch.layers())
+    # nodes per (type, node size) available
+    avail: dict[str, dict[int, int]] = {}
+    for g in cluster.groups:
+        d = avail.setdefault(g.gpu_type, {})
+        d[g.gpus_per_node] = d.get(g.gpus_per_node, 0) + g.num_nodes
+    out = []
+    for gtype in sorted(avail):
+        sizes = avail[gtype]
+        node_size = max(sizes)
+        for count in counts:
+            for gpn in _pow2_upto(node_size):
+                if count % gpn:
+                    continue
+                nodes = count // gpn
+                if sum(n for size, n in sizes.items() if size >= gpn) < nodes:
+                    continue
+                shape = Shape(gtype, nodes, gpn)
+                for pp in range(1, count + 1):
+                    if count % pp or pp > n_layers or (dp_only and pp > 1):
+                        continue
+                    grid = Grid(shape, pp)
+                    if prune and not grid_fits(arch, job.global_batch, grid, planner, dp_only=dp_only):
+                        continue
+                    out.append(grid)
+    return out

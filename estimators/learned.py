@@ -1,0 +1,234 @@
+"""Learned, load-aware correction of the analytic model.
+
+Target: ``log(measured iteration time / analytic estimate)`` of the same plan (for the
+Arena table: the analytic best plan over the shape's pipeline depths, since the table
+holds the authors' best plan). Regressor: scikit-learn gradient boosting. Features:
+
+- composition: log analytic time and its shares (compute, TP comm, pipeline p2p,
+  bubble, exposed DP all-reduce, optimizer), memory utilisation;
+- plan: pp, dp, tp, micro-batches, log micro-batch size, GPUs, nodes, GPUs per node;
+- GPU specs (catalog): log peak FLOP/s of the model's dtype, log memory and link
+  bandwidths, memory size, PCIe flag;
+- model: family, log parameters, bytes per element;
+- ``link_load``: other jobs' traffic through the same node or switch, as a fraction of
+  link capacity (callers supply it; 0 when unknown).
+
+Trained from the Arena measured table and the profile store's measured runs; updated
+online with ``update(records)`` (records accumulate; the regressor is refitted); saved
+and loaded with a versioned joblib artifact. ``leave_one_group_out`` yields train/test
+splits whose row ids never overlap (used for the leave-one-GPU-type-out evaluation).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from instances.errors import InputError
+from instances.gpus import get_gpu
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+from instances.models import get_model
+
+from .base import Estimate, Plan
+from .calibrate import best_shape_result
+from .perf import AnalyticModel
+from .planner import PlanResult
+
+ARTIFACT_VERSION = 1
+FAMILIES = ("gpt", "moe", "wide_resnet", "llama")
+FEATURES = ("log_analytic_s", "share_compute", "share_tp", "share_p2p", "share_bubble", "share_dp",
+            "share_opt", "mem_util", "pp", "dp", "tp", "microbatches", "log_micro_batch", "num_gpus",
+            "num_nodes", "gpus_per_node", "log_peak_flops", "log_mem_bw", "log_intra_bw", "log_inter_bw",
+            "gpu_mem_gib", "pcie", "log_params", "dtype_bytes", "link_load") + tuple(f"fam_{f}" for f in FAMILIES)
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    row_id: str                 # unique per measured row (never in both train and test)
+    group: str                  # e.g. the GPU type, for leave-one-group-out
+    features: tuple[float, ...]
+    analytic_s: float
+    measured_s: float
+
+    @property
+    def target(self) -> float:
+        return math.log(self.measured_s / self.analytic_s)
+
+
+def features(model: str, gpu_type: str, num_nodes: int, gpus_per_node: int, r: PlanResult,
+             link_load: float = 0.0) -> tuple[float, ...]:
+    arch, gpu = get_model(model), get_gpu(gpu_type)
+    bd, p = r.breakdown, r.plan
+    sh = bd.shares()
+    fam = arch.base_family
+    return (math.log(bd.iteration_time_s), sh["compute"], sh["tp_comm"], sh["p2p"], sh["bubble"],
+            sh["dp_exposed"], sh["optimizer"], r.memory.peak_bytes / gpu.memory_bytes, p.pp, p.dp, p.tp,
+            p.microbatches, math.log(bd.micro_batch), num_nodes * gpus_per_node, num_nodes, gpus_per_node,
+            math.log(gpu.peak_flops(arch.dtype)), math.log(gpu.memory_bw_bytes_per_s),
+            math.log(gpu.intra_node_bw_bytes_per_s), math.log(gpu.inter_node_bw_bytes_per_s),
+            gpu.memory_bytes / 2**30, float(gpu.interconnect == "pcie"), math.log(arch.param_count),
+            arch.dtype_bytes, float(link_load)) + tuple(float(fam == f) for f in FAMILIES)
+
+
+def records_from_table(rows, analytic: AnalyticModel) -> list[TrainingRecord]:
+    """One record per measured (non-OOM) table row that the analytic model can plan."""
+    out = []
+    for i, row in enumerate(rows):
+        if row.iter_time_s is None:
+            continue
+        r = best_shape_result(analytic.planner, row.model, row.global_batch,
+                              Shape(row.gpu_type, row.num_nodes, row.gpus_per_node))
+        if r is None:
+            continue
+        rid = f"arena:{row.model}:{row.global_batch}:{row.gpu_type}:{row.num_nodes}x{row.gpus_per_node}"
+        out.append(TrainingRecord(rid, row.gpu_type, features(row.model, row.gpu_type, row.num_nodes,
+                                                              row.gpus_per_node, r),
+                                  r.iteration_time_s, row.iter_time_s))
+    return out
+
+
+def records_from_runs(runs, analytic: AnalyticModel) -> list[TrainingRecord]:
+    """Records from the profile store's measured runs (launcher telemetry): the run's own
+    plan is composed analytically (stage split: the balanced one)."""
+    out = []
+    for k, run in enumerate(runs):
+        try:
+            arch = get_model(run["model"])
+            gpu_type = run.get("gpu_type") or run.get("device")
+            gpu = get_gpu(gpu_type)
+            pp, dp, tp = int(run["pp"]), int(run["dp"]), int(run["tp"])
+            gpn = int(run.get("gpus_per_node") or dp * tp * pp)
+            nodes = int(run.get("num_nodes") or 1)
+            split = analytic.planner.split(arch, gpu, pp)
+            plan = Plan(pp, dp, tp, split, int(run.get("microbatches", 1)), run.get("schedule", "1f1b"))
+            batch = int(run.get("global_batch") or dp)
+            load = float(run.get("link_load", 0.0))
+            r = analytic.planner.evaluate(arch, plan, global_batch=batch, gpu=gpu, gpus_per_node=gpn,
+                                          link_load=load)
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"measured run {k}: {e}", field="measured_runs") from None
+        t = float(run["iteration_time_s"])
+        if not t > 0:
+            continue
+        rid = f"run:{k}:{run.get('timestamp', '')}"
+        out.append(TrainingRecord(rid, gpu.name, features(arch.name, gpu.name, nodes, gpn, r, load),
+                                  r.iteration_time_s, t))
+    return out
+
+
+def leave_one_group_out(records: list[TrainingRecord]):
+    """Yield (group, train, test) with every record of ``group`` in test and none in train."""
+    for g in sorted({r.group for r in records}):
+        train = [r for r in records if r.group != g]
+        test = [r for r in records if r.group == g]
+        assert not {r.row_id for r in train} & {r.row_id for r in test}
+        yield g, train, test
+
+
+class LearnedModel:
+    """PerformanceModel: analytic estimate x exp(learned log-ratio correction)."""
+    name = "learned"
+
+    def __init__(self, *, dp_only: bool = False, artifact: str | Path | None = None,
+                 train_on: str | None = "arena-measured", n_estimators: int = 300, max_depth: int = 3,
+                 learning_rate: float = 0.05, seed: int = 0, link_load: float = 0.0, **analytic_config):
+        if train_on not in (None, "arena-measured"):
+            raise InputError(f"train_on must be 'arena-measured' or None, got {train_on!r}", field="train_on")
+        for n, v in (("n_estimators", n_estimators), ("max_depth", max_depth)):
+            if not isinstance(v, int) or v < 1:
+                raise InputError(f"must be a positive integer, got {v!r}", field=n)
+        if not 0 < learning_rate <= 1:
+            raise InputError(f"must be in (0, 1], got {learning_rate!r}", field="learning_rate")
+        self.analytic = AnalyticModel(dp_only=dp_only, link_load=link_load, **analytic_config)
+        self.dp_only = bool(dp_only)
+        self.params = dict(n_estimators=n_estimators, max_depth=max_depth, learning_rate=learning_rate,
+                           subsample=0.8, random_state=seed)
+        self.records: list[TrainingRecord] = []
+        self.regressor = None
+        self._cache: dict = {}
+        if self.dp_only:
+            self.name = "learned-dp"
+        if artifact is not None:
+            self._load_into(Path(artifact))
+        elif train_on == "arena-measured":
+            from .reference import load_measured
+            self.fit(records_from_table(load_measured(), self.analytic))
+
+    # -- training --------------------------------------------------------------------
+    def fit(self, records: list[TrainingRecord]) -> "LearnedModel":
+        from sklearn.ensemble import GradientBoostingRegressor
+        if len(records) < 5:
+            raise ValueError(f"need at least 5 training records, got {len(records)}")
+        self.records = list(records)
+        X = np.array([r.features for r in self.records])
+        y = np.array([r.target for r in self.records])
+        self.regressor = GradientBoostingRegressor(**self.params).fit(X, y)
+        self._cache.clear()
+        return self
+
+    def update(self, records) -> "LearnedModel":
+        """Online update from telemetry: ``records`` are TrainingRecords or measured-run
+        dicts (profile store format); they join the training set and the model is refitted."""
+        recs = [r for r in records if isinstance(r, TrainingRecord)]
+        runs = [r for r in records if isinstance(r, dict)]
+        recs += records_from_runs(runs, self.analytic)
+        known = {r.row_id for r in self.records}
+        return self.fit(self.records + [r for r in recs if r.row_id not in known])
+
+    def correction(self, feats: tuple[float, ...]) -> float:
+        if self.regressor is None:
+            return 1.0
+        return float(math.exp(self.regressor.predict(np.array([feats]))[0]))
+
+    def predict_records(self, records: list[TrainingRecord]) -> np.ndarray:
+        X = np.array([r.features for r in records])
+        return np.array([r.analytic_s for r in records]) * np.exp(self.regressor.predict(X))
+
+    # -- PerformanceModel --------------------------------------------------------------
+    def estimate(self, job: Job, grid: Grid, *, link_load: float | None = None) -> Estimate:
+        load = self.analytic.link_load if link_load is None else float(link_load)
+        key = (job.model, job.global_batch, grid, load)
+        e = self._cache.get(key)
+        if e is None:
+            base = self.analytic.estimate(job, grid, link_load=load)
+            if base.plan is None or not math.isfinite(base.iteration_time_s):
+                e = Estimate(base.iteration_time_s, base.throughput, base.peak_memory_bytes, base.plan,
+                             base.feasible, f"{self.name}/{base.source}", base.notes)
+            else:
+                r = self.analytic.plan_result(job, grid, load)
+                s = grid.shape
+                k = self.correction(features(job.model, s.gpu_type, s.num_nodes, s.gpus_per_node, r, load))
+                t = base.iteration_time_s * k
+                e = Estimate(t, job.global_batch / t, base.peak_memory_bytes, base.plan, base.feasible,
+                             f"{self.name}/{base.source}", base.notes + (f"learned correction x{k:.3f}",))
+            self._cache[key] = e
+        return e
+
+    # -- artifact --------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        import joblib
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        joblib.dump({"artifact_version": ARTIFACT_VERSION, "features": FEATURES, "params": self.params,
+                     "regressor": self.regressor, "records": self.records}, path)
+        return path
+
+    def _load_into(self, path: Path) -> None:
+        import joblib
+        if not path.exists():
+            raise InputError("learned model artifact not found", file=str(path))
+        blob = joblib.load(path)
+        if not isinstance(blob, dict) or blob.get("artifact_version") != ARTIFACT_VERSION:
+            raise InputError(f"unsupported artifact version {blob.get('artifact_version') if isinstance(blob, dict) else None!r}, "
+                             f"expected {ARTIFACT_VERSION}", file=str(path), field="artifact_version")
+        if tuple(blob["features"]) != FEATURES:
+            raise InputError("artifact built with another feature list", file=str(path), field="features")
+        self.params, self.regressor, self.records = blob["params"], blob["regressor"], list(blob["records"])
+        self._cache.clear()
+
+    @classmethod
+    def load(cls, path: str | Path, **config) -> "LearnedModel":
+        return cls(artifact=path, **config)

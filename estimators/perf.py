@@ -1,0 +1,213 @@
+"""PerformanceModel implementations and the factory ``make_performance_model``.
+
+Kinds (registry by name):
+- ``analytic``: proxy plan from the planner; layer times from the roofline over catalog
+  specs (or the profile store where the device was profiled); composition; memory check.
+- ``learned``: the analytic estimate x the learned correction (estimators/learned.py).
+- ``table``: the Arena measured table (best plan the authors' search found) for exact
+  (model, batch, GPU type, nodes, GPUs per node) rows; other grids fall back to
+  ``fallback`` (default ``analytic``) and say so in ``source``. The table has no plan or
+  memory column: those come from the analytic proxy plan.
+
+``dp_only=True`` restricts every plan to pure data parallelism (pp = 1, tp = 1) with the
+data-parallel memory check; the engine's baselines decide with it.
+
+Estimates are cached per (model, global batch, grid, link load): a scheduling round
+re-asks the same few hundred (model, batch) x grid pairs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from instances.errors import InputError
+from instances.grid import Grid
+from instances.jobs import Job
+
+from .base import Estimate, PerformanceModel
+from .config import EfficiencyConfig, EstimatorConfig, MemoryConfig, PlannerConfig
+from .planner import Planner, PlanResult
+
+_KINDS: dict[str, Callable[..., PerformanceModel]] = {}
+
+
+def register_kind(name: str):
+    def wrap(factory):
+        if name in _KINDS:
+            raise ValueError(f"performance model kind {name!r} registered twice")
+        _KINDS[name] = factory
+        return factory
+    return wrap
+
+
+def kind_names() -> list[str]:
+    return sorted(_KINDS)
+
+
+def make_performance_model(kind: str, **config: Any) -> PerformanceModel:
+    """Build a performance model by kind name (``analytic``, ``learned``, ``table``)."""
+    if kind not in _KINDS:
+        raise InputError(f"unknown performance model kind {kind!r}; known: {', '.join(kind_names())}",
+                         field="kind")
+    return _KINDS[kind](**config)
+
+
+def _estimator_config(efficiency=None, memory=None, planner=None) -> EstimatorConfig:
+    def coerce(v, cls, name):
+        if v is None:
+            return cls()
+        if isinstance(v, cls):
+            return v
+        if isinstance(v, dict):
+            try:
+                return cls(**v)
+            except TypeError as e:
+                raise InputError(str(e), field=name) from None
+        raise InputError(f"expected {cls.__name__} or dict", field=name)
+    return EstimatorConfig(coerce(efficiency, EfficiencyConfig, "efficiency"),
+                           coerce(memory, MemoryConfig, "memory"), coerce(planner, PlannerConfig, "planner"))
+
+
+class AnalyticModel:
+    """Proxy plan + composition over roofline or profiled layer times."""
+    name = "analytic"
+
+    def __init__(self, *, dp_only: bool = False, efficiency=None, memory=None, planner=None,
+                 profile_store=None, profile_device: str | None = None, link_load: float = 0.0):
+        if not (isinstance(link_load, (int, float)) and math.isfinite(link_load) and link_load >= 0):
+            raise InputError(f"must be >= 0, got {link_load!r}", field="link_load")
+        self.cfg = _estimator_config(efficiency, memory, planner)
+        self.dp_only = bool(dp_only)
+        self.link_load = float(link_load)
+        timer = comm = None
+        self.profiled_device = None
+        if profile_store is not None:
+            from .profile_store import ProfileStore
+            store = profile_store if isinstance(profile_store, ProfileStore) else ProfileStore(profile_store)
+            timer, comm = store.timers(self.cfg.efficiency, device=profile_device)
+            self.profiled_device = getattr(timer, "device", None)
+        self.planner = Planner(self.cfg, timer, comm)
+        self._cache: dict = {}
+        if self.dp_only:
+            self.name = f"{self.name}-dp"
+
+    def plan_result(self, job: Job, grid: Grid, link_load: float | None = None) -> PlanResult | None:
+        load = self.link_load if link_load is None else link_load
+        return self.planner.proxy(job.arch, job.global_batch, grid, link_load=load, dp_only=self.dp_only)
+
+    def _source(self, grid: Grid, r: PlanResult) -> tuple[str, tuple[str, ...]]:
+        bd = r.breakdown
+        if bd.profiled_layers == bd.total_layers and bd.total_layers:
+            return "analytic:profiled", ()
+        if bd.profiled_layers:
+            return "analytic:profiled+roofline-transfer", (
+                f"{bd.total_layers - bd.profiled_layers} of {bd.total_layers} layers by roofline transfer",)
+        return "analytic:roofline-transfer", (f"{grid.gpu_type} layer costs by roofline transfer from catalog "
+                                              "specs and EfficiencyConfig",)
+
+    def _compute(self, job: Job, grid: Grid, load: float) -> Estimate:
+        r = self.plan_result(job, grid, load)
+        if r is None:
+            why = "pure data parallelism needs pp = 1" if self.dp_only and grid.pp > 1 else \
+                "more pipeline stages than layers"
+            return Estimate(math.inf, 0.0, math.inf, None, False, self.name, (why,))
+        src, notes = self._source(grid, r)
+        t = r.iteration_time_s
+        if not r.feasible:
+            notes = notes + (f"does not fit: {r.memory.peak_bytes / 2**30:.1f} GiB per rank",)
+        return Estimate(t, job.global_batch / t, r.memory.peak_bytes, r.plan, r.feasible, f"{self.name}/{src}", notes)
+
+    def estimate(self, job: Job, grid: Grid, *, link_load: float | None = None) -> Estimate:
+        load = self.link_load if link_load is None else float(link_load)
+        key = (job.model, job.global_batch, grid, load)
+        e = self._cache.get(key)
+        if e is None:
+            e = self._compute(job, grid, load)
+            self._cache[key] = e
+        return e
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+
+register_kind("analytic")(AnalyticModel)
+
+
+class TableModel:
+    """Measured Arena iteration times for exact rows; ``fallback`` for the others."""
+    name = "table"
+
+    def __init__(self, *, dp_only: bool = False, path=None, fallback: str | None = "analytic",
+                 dp_memory_path=None, **analytic_config):
+        from .reference import load_dp_memory, load_measured
+        self.dp_only = bool(dp_only)
+        self._rows = {(r.model, r.global_batch, r.gpu_type, r.num_nodes, r.gpus_per_node): r.iter_time_s
+                      for r in load_measured(path)}
+        self._dp_mem = {}
+        if self.dp_only:
+            self._dp_mem = {(r.model, r.global_batch, r.num_gpus): r.memory_bytes
+                            for r in load_dp_memory(dp_memory_path)}
+        if fallback not in (None, "analytic", "learned"):
+            raise InputError(f"fallback must be analytic, learned or None, got {fallback!r}", field="fallback")
+        self.fallback_kind = fallback
+        self.analytic = AnalyticModel(dp_only=dp_only, **analytic_config)
+        self.fallback = None if fallback is None else (
+            self.analytic if fallback == "analytic" else make_performance_model("learned", dp_only=dp_only,
+                                                                                **analytic_config))
+        self._cache: dict = {}
+        if self.dp_only:
+            self.name = "table-dp"
+
+    def lookup(self, job: Job, grid: Grid) -> float | None:
+        s = grid.shape
+        return self._rows.get((job.model, job.global_batch, s.gpu_type, s.num_nodes, s.gpus_per_node))
+
+    def estimate(self, job: Job, grid: Grid) -> Estimate:
+        key = (job.model, job.global_batch, grid)
+        e = self._cache.get(key)
+        if e is None:
+            e = self._compute(job, grid)
+            self._cache[key] = e
+        return e
+
+    def _compute(self, job: Job, grid: Grid) -> Estimate:
+        s = grid.shape
+        key = (job.model, job.global_batch, s.gpu_type, s.num_nodes, s.gpus_per_node)
+        plan_est = self.analytic.estimate(job, grid)
+        if key in self._rows:
+            t = self._rows[key]
+            if t is None:
+                return Estimate(math.inf, 0.0, plan_est.peak_memory_bytes, plan_est.plan, False,
+                                f"{self.name}/measured-oom", ("the measured table marks this row out of memory",))
+            notes = ["iteration time measured with the authors' best plan; plan and memory from the analytic "
+                     "proxy"]
+            feasible = True
+            if self.dp_only:
+                mem = self._dp_mem.get((job.model, job.global_batch, grid.num_gpus), "missing")
+                if grid.pp > 1:
+                    feasible = False
+                    notes.append("pure data parallelism needs pp = 1")
+                elif mem is None:
+                    feasible = False
+                    notes.append("Arena's DP memory table marks this out of memory")
+                elif mem == "missing":
+                    feasible = plan_est.feasible
+                    notes.append("no DP memory row: analytic DP memory check")
+            return Estimate(t, job.global_batch / t, plan_est.peak_memory_bytes, plan_est.plan, feasible,
+                            f"{self.name}/measured", tuple(notes))
+        if self.fallback is None:
+            return Estimate(math.inf, 0.0, plan_est.peak_memory_bytes, plan_est.plan, False,
+                            f"{self.name}/missing", ("no measured row and no fallback",))
+        e = self.fallback.estimate(job, grid)
+        return Estimate(e.iteration_time_s, e.throughput, e.peak_memory_bytes, e.plan, e.feasible,
+                        f"{self.name}/fallback:{e.source}", e.notes + ("no measured row",))
+
+
+register_kind("table")(TableModel)
+
+
+@register_kind("learned")
+def _make_learned(**config) -> PerformanceModel:
+    from .learned import LearnedModel
+    return LearnedModel(**config)

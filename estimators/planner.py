@@ -1,0 +1,295 @@
+"""Plans inside one grid: the cheap proxy plan and an exhaustive search to check it.
+
+Proxy plan (what the scheduler sees for a grid):
+1. stage split: contiguous layers -> ``pp`` stages minimising the largest stage's load,
+   where a layer's load is its forward + backward time on that GPU type at micro-batch 1
+   (exact dynamic programme over prefix sums);
+2. per-stage shape: tensor-parallel degrees that keep a tensor group inside one node
+   (``PlannerConfig.tp_within_node_only``) are composed and the fastest that fits memory
+   is kept (at most log2(GPUs per node) + 1 compositions);
+3. micro-batches: pp = 1: 1 (more only when memory needs gradient accumulation);
+   pp > 1: the power of two m0 >= ``proxy_microbatches_per_stage`` x pp and the next
+   ``proxy_microbatch_candidates - 1`` doublings, capped by the per-replica batch; each
+   doubled until the plan fits. Schedule: 1F1B. Tensor groups that cross nodes are tried
+   only when no in-node shape fits.
+
+Exhaustive search: every stage split (all compositions when there are at most
+``max_exhaustive_splits``; otherwise the balanced split and every single-boundary move by
+up to ``split_perturbation`` layers), every tensor degree dividing the stage (also across
+nodes), every power-of-two micro-batch count up to ``max_microbatches`` and the
+per-replica batch, both schedules. It returns the best feasible plan, so the proxy can
+be compared with the grid's true best under the same cost model.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from instances.gpus import GpuType, get_gpu
+from instances.grid import Grid
+from instances.models import ModelArch
+
+from .base import Plan
+from .compose import Breakdown, StageTable, micro_batch_size
+from .config import EstimatorConfig
+from .layers import expert_parallel_degree, layer_costs, max_useful_tp
+from .memory import MemoryBreakdown, MemoryTable
+from .timing import CatalogComm, RooflineTimer
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    breakdown: Breakdown
+    memory: MemoryBreakdown
+    feasible: bool
+    evaluated: int = 1                 # plans composed to find it
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.breakdown.iteration_time_s
+
+
+def minmax_split(n: int, parts: int, cost) -> tuple[int, ...]:
+    """Contiguous split of n layers into ``parts`` non-empty stages minimising the largest
+    ``cost(stage, first, end)`` (ties: the earliest boundaries). Exact DP, O(parts * n^2)."""
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot split {n} layers into {parts} stages")
+    INF = float("inf")
+    best = [[INF] * (n + 1) for _ in range(parts + 1)]
+    arg = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for j in range(k, n - (parts - k) + 1):
+            bj, aj = INF, k - 1
+            for i in range(k - 1, j):
+                v = max(best[k - 1][i], cost(k - 1, i, j))
+                if v < bj * (1 - 1e-12):
+                    bj, aj = v, i
+            best[k][j], arg[k][j] = bj, aj
+    sizes, j = [], n
+    for k in range(parts, 0, -1):
+        i = arg[k][j]
+        sizes.append(j - i)
+        j = i
+    return tuple(reversed(sizes))
+
+
+def balanced_split(loads: list[float] | tuple[float, ...], parts: int) -> tuple[int, ...]:
+    """Contiguous split of ``loads`` into ``parts`` non-empty groups minimising the largest
+    group sum (ties: the earliest boundaries)."""
+    pre = [0.0]
+    for x in loads:
+        pre.append(pre[-1] + x)
+    return minmax_split(len(loads), parts, lambda k, i, j: pre[j] - pre[i])
+
+
+def enumerate_splits(n: int, parts: int, base: tuple[int, ...], limit: int, perturb: int):
+    """All compositions of n into ``parts`` when at most ``limit``; else ``base`` and its
+    single-boundary moves by up to +-``perturb``."""
+    if math.comb(n - 1, parts - 1) <= limit:
+        for cuts in itertools.combinations(range(1, n), parts - 1):
+            edges = (0,) + cuts + (n,)
+            yield tuple(edges[i + 1] - edges[i] for i in range(parts))
+        return
+    yield base
+    bounds = list(itertools.accumulate(base))[:-1]
+    for k in range(len(bounds)):
+        for d in range(-perturb, perturb + 1):
+            if d == 0:
+                continue
+            nb = list(bounds)
+            nb[k] += d
+            edges = [0] + nb + [n]
+            sizes = tuple(edges[i + 1] - edges[i] for i in range(parts))
+            if min(sizes) >= 1:
+                yield sizes
+
+
+def _pow2_upto(x: int) -> list[int]:
+    out, v = [], 1
+    while v <= x:
+        out.append(v)
+        v *= 2
+    return out
+
+
+@dataclass
+class Planner:
+    """Proxy and exhaustive planning with one timer/comm model and config. Caches its
+    per-(model, GPU, shape) tables; not shared across threads."""
+    cfg: EstimatorConfig = field(default_factory=EstimatorConfig)
+    timer: object = None
+    comm: object = None
+
+    def __post_init__(self):
+        self.timer = self.timer or RooflineTimer(self.cfg.efficiency)
+        self.comm = self.comm or CatalogComm(self.cfg.efficiency)
+        self._tables: dict = {}
+        self._mem: dict = {}
+        self._splits: dict = {}
+        self._msplits: dict = {}
+        self.fits_cache: dict = {}            # grids.grid_fits results
+
+    # -- building blocks -------------------------------------------------------------
+    def table(self, arch: ModelArch, mb: int, tp: int, dp: int, gpu: GpuType, gpn: int,
+              link_load: float) -> StageTable:
+        key = (arch, mb, tp, dp, gpu.name, gpn, link_load)
+        t = self._tables.get(key)
+        if t is None:
+            t = StageTable(arch, micro_batch=mb, tp=tp, dp=dp, gpu=gpu, gpus_per_node=gpn, timer=self.timer,
+                           comm=self.comm, eff=self.cfg.efficiency, link_load=link_load)
+            self._tables[key] = t
+        return t
+
+    def memtable(self, arch: ModelArch, mb: int, tp: int, dp: int = 1) -> MemoryTable:
+        ep = expert_parallel_degree(arch, dp)
+        key = (arch, mb, tp, ep)
+        t = self._mem.get(key)
+        if t is None:
+            costs = layer_costs(arch, micro_batch=mb, tp=tp, backward_ratio=self.cfg.efficiency.backward_flops_ratio)
+            t = MemoryTable(arch, costs, tp, self.cfg.memory, self.cfg.efficiency, ep)
+            self._mem[key] = t
+        return t
+
+    def split(self, arch: ModelArch, gpu: GpuType, pp: int) -> tuple[int, ...]:
+        key = (arch, gpu.name, pp)
+        s = self._splits.get(key)
+        if s is None:
+            t = self.table(arch, 1, 1, 1, gpu, 1, 0.0)
+            loads = [(t.pf[i + 1] - t.pf[i]) + (t.pb[i + 1] - t.pb[i]) for i in range(len(t.costs))]
+            s = balanced_split(loads, pp)
+            self._splits[key] = s
+        return s
+
+    def memory_split(self, arch: ModelArch, global_batch: int, grid: Grid) -> tuple[int, ...]:
+        """Split minimising the largest stage's peak memory under 1F1B (stage k keeps
+        pp - k micro-batches in flight) at the most micro-batches the config allows, tp = 1."""
+        key = (arch, global_batch, grid.num_gpus, grid.pp)
+        if key in self._msplits:
+            return self._msplits[key]
+        pp = grid.pp
+        dp = max(1, grid.num_gpus // pp)
+        per_replica = max(1, math.ceil(global_batch / dp))
+        m = min(per_replica, self.cfg.planner.max_microbatches)
+        t = self.memtable(arch, micro_batch_size(global_batch, dp, m), 1, dp)
+        s = minmax_split(len(t.costs), pp, lambda k, i, j: (t.ps[j] - t.ps[i]) + (t.pa[j] - t.pa[i]) * min(m, pp - k))
+        self._msplits[key] = s
+        return s
+
+    def evaluate(self, arch: ModelArch, plan: Plan, *, global_batch: int, gpu: GpuType, gpus_per_node: int,
+                 link_load: float = 0.0) -> PlanResult:
+        mb = micro_batch_size(global_batch, plan.dp, plan.microbatches)
+        bd = self.table(arch, mb, plan.tp, plan.dp, gpu, gpus_per_node, link_load).breakdown(
+            plan.stage_layers, plan.microbatches, plan.schedule)
+        mem = self.memtable(arch, mb, plan.tp, plan.dp).breakdown(plan.stage_layers, plan.microbatches, plan.schedule)
+        return PlanResult(plan, bd, mem, mem.fits(gpu, self.cfg.memory))
+
+    def tp_options(self, arch: ModelArch, grid: Grid, *, within_node: bool, dp_only: bool) -> list[int]:
+        if dp_only:
+            return [1]
+        stage = grid.num_gpus // grid.pp
+        cap = min(self.cfg.planner.max_tp, max_useful_tp(arch))
+        out = []
+        for d in range(1, stage + 1):
+            if stage % d or d > cap:
+                continue
+            if within_node and (d > grid.shape.gpus_per_node or grid.shape.gpus_per_node % d):
+                continue
+            out.append(d)
+        return out
+
+    # -- the proxy plan --------------------------------------------------------------
+    def proxy(self, arch: ModelArch, global_batch: int, grid: Grid, *, link_load: float = 0.0,
+              dp_only: bool = False) -> PlanResult | None:
+        """The proxy plan of ``grid`` (None when the grid has no valid plan at all)."""
+        pp = grid.pp
+        if pp > len(arch.layers()) or (dp_only and pp > 1):
+            return None
+        gpu = get_gpu(grid.gpu_type)
+        gpn = grid.shape.gpus_per_node
+        split = self.split(arch, gpu, pp)
+        pc = self.cfg.planner
+        options = self.tp_options(arch, grid, within_node=pc.tp_within_node_only, dp_only=dp_only)
+        wider = [t for t in self.tp_options(arch, grid, within_node=False, dp_only=dp_only) if t not in options]
+        state = {"best": None, "fallback": None, "n": 0}
+
+        def try_shapes(split, tps):
+            for tp in tps:
+                dp = grid.num_gpus // pp // tp
+                per_replica = max(1, math.ceil(global_batch / dp))
+                cap = min(per_replica, pc.max_microbatches)
+                if pp == 1:
+                    starts = [1]
+                else:
+                    m0 = 1
+                    while m0 < pc.proxy_microbatches_per_stage * pp and m0 * 2 <= cap:
+                        m0 *= 2
+                    starts = [m0 * 2 ** k for k in range(pc.proxy_microbatch_candidates) if m0 * 2 ** k <= cap]
+                for m in starts:
+                    while True:
+                        r = self.evaluate(arch, Plan(pp, dp, tp, split, m, "1f1b"), global_batch=global_batch,
+                                          gpu=gpu, gpus_per_node=gpn, link_load=link_load)
+                        state["n"] += 1
+                        if r.feasible or m * 2 > cap:
+                            break
+                        m *= 2
+                    b, f = state["best"], state["fallback"]
+                    if r.feasible and (b is None or r.iteration_time_s < b.iteration_time_s):
+                        state["best"] = r
+                    if f is None or r.memory.peak_bytes < f.memory.peak_bytes:
+                        state["fallback"] = r
+
+        splits = [split]
+        for sp in splits:
+            for tps in (options, wider):      # cross-node tensor groups only when nothing else fits
+                try_shapes(sp, tps)
+                if state["best"] is not None:
+                    break
+            if state["best"] is None and len(splits) == 1 and pp > 1:
+                msplit = self.memory_split(arch, global_batch, grid)   # balance memory instead of time
+                if msplit != split:
+                    splits.append(msplit)
+        best, fallback, n = state["best"], state["fallback"], state["n"]
+        chosen = best or fallback
+        if chosen is None:
+            return None
+        return PlanResult(chosen.plan, chosen.breakdown, chosen.memory, chosen.feasible, n)
+
+    # -- exhaustive search -----------------------------------------------------------
+    def exhaustive(self, arch: ModelArch, global_batch: int, grid: Grid, *, link_load: float = 0.0,
+                   dp_only: bool = False) -> PlanResult | None:
+        """The best feasible plan of ``grid`` over the whole search space (see module doc);
+        None when nothing fits."""
+        pp = grid.pp
+        n_layers = len(arch.layers())
+        if pp > n_layers or (dp_only and pp > 1):
+            return None
+        gpu = get_gpu(grid.gpu_type)
+        gpn = grid.shape.gpus_per_node
+        pc = self.cfg.planner
+        splits = list(enumerate_splits(n_layers, pp, self.split(arch, gpu, pp), pc.max_exhaustive_splits,
+                                       pc.split_perturbation))
+        best, n = None, 0
+        for tp in self.tp_options(arch, grid, within_node=False, dp_only=dp_only):
+            dp = grid.num_gpus // pp // tp
+            per_replica = max(1, math.ceil(global_batch / dp))
+            ms = sorted(set(_pow2_upto(min(per_replica, pc.max_microbatches)) +
+                            ([per_replica] if per_replica <= pc.max_microbatches else [])))
+            for m in ms:
+                mb = micro_batch_size(global_batch, dp, m)
+                table = self.table(arch, mb, tp, dp, gpu, gpn, link_load)
+                mem = self.memtable(arch, mb, tp, dp)
+                for schedule in ("1f1b", "gpipe"):
+                    for split in splits:
+                        n += 1
+                        mbd = mem.breakdown(split, m, schedule)
+                        if not mbd.fits(gpu, self.cfg.memory):
+                            continue
+                        bd = table.breakdown(split, m, schedule)
+                        if best is None or bd.iteration_time_s < best[1].iteration_time_s - 1e-12:
+                            best = (Plan(pp, dp, tp, split, m, schedule), bd, mbd)
+        if best is None:
+            return None
+        return PlanResult(best[0], best[1], best[2], True, n)

@@ -1,0 +1,447 @@
+"""Profiler: time each distinct layer kind and the collectives with real torch.
+
+What is measured and what is scaled:
+
+- Layers. Each distinct (kind, signature) of a model is built as a torch module of one
+  tensor-parallel shard (heads, MLP columns, vocabulary rows or conv channels / tp) and run
+  forward and backward on the local device (CUDA when present, else CPU) at each
+  micro-batch size, median of ``repeats`` timed runs after ``warmup`` runs. When the layer
+  is larger than ``ProfilerConfig`` allows (the CPU cannot run a 2048-wide, 1024-token
+  block in a test), it is built at a reduced shape: hidden size, sequence, vocabulary,
+  experts and channels are shrunk (the model catalog re-derives FLOPs for the reduced
+  architecture), the achieved FLOP/s of the reduced shard is measured, and the full-size
+  time is the full shard's FLOPs divided by that rate (``LayerProfile.scale`` = FLOP
+  ratio; 1.0 = measured at full size). Small GEMMs run below a CPU's large-GEMM rate, so
+  scaled times are pessimistic.
+- Collectives: all-reduce, all-gather, reduce-scatter and send/recv over message sizes and
+  group sizes, with torch.multiprocessing workers on 127.0.0.1 (gloo on CPU, NCCL on
+  GPUs). Operations the backend lacks (gloo has no reduce-scatter) are reported as such.
+
+Device-seconds are wall time x devices busy (1 per layer run; the group size per
+collective run).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+
+from instances.errors import InputError
+from instances.models import ModelArch
+
+from .layers import layer_costs
+from .profile_store import CollectiveProfile, LayerProfile, ProfileStore
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    micro_batches: tuple[int, ...] = (1, 2)
+    tp_degrees: tuple[int, ...] = (1, 2)
+    warmup: int = 1
+    repeats: int = 3
+    max_hidden: int = 256            # transformer shapes above these are reduced (CPU)
+    max_seq: int = 128
+    max_vocab: int = 4096
+    max_experts: int = 4
+    max_channels: int = 256          # Wide-ResNet: last stage's output channels cap (32 x base channels)
+    threads: int = 1                 # torch intra-op threads on CPU (reproducible timings)
+
+    def __post_init__(self):
+        for n in ("micro_batches", "tp_degrees"):
+            v = getattr(self, n)
+            if not v or any((not isinstance(x, int)) or x < 1 for x in v):
+                raise InputError(f"must be a non-empty list of positive integers, got {v!r}", field=n)
+        for n in ("warmup", "max_hidden", "max_seq", "max_vocab", "max_experts", "max_channels", "threads"):
+            if getattr(self, n) < 0 or (n != "warmup" and getattr(self, n) < 1):
+                raise InputError("must be a positive integer", field=n)
+        if self.repeats < 1:
+            raise InputError("must be >= 1", field="repeats")
+
+
+_CUDA_NAMES = (("h200", "h200"), ("h100", "h100-sxm"), ("a100-sxm4-80gb", "a100-80gb"), ("a100 80gb", "a100-80gb"),
+               ("a100", "a100-40gb"), ("v100", "v100-32gb"), ("a40", "a40"), ("a10", "a10"), ("l20", "l20"))
+
+
+def local_device() -> tuple[str, str]:
+    """(catalog device name, torch device string) of this machine."""
+    import torch
+    if torch.cuda.is_available():
+        raw = torch.cuda.get_device_name(0).lower()
+        for needle, name in _CUDA_NAMES:
+            if needle in raw:
+                return name, "cuda"
+        return raw.replace(" ", "-"), "cuda"
+    return "cpu", "cpu"
+
+
+# -- reduced shapes -----------------------------------------------------------------
+def reduced_arch(arch: ModelArch, cfg: ProfilerConfig, tp: int) -> ModelArch:
+    """A smaller architecture whose layers have the same kinds (the catalog re-derives FLOPs)."""
+    if arch.is_transformer:
+        h = min(arch.hidden_size, cfg.max_hidden)
+        head_dim = arch.hidden_size // arch.num_heads
+        a = max(tp, min(arch.num_heads, h // max(head_dim, 1)) // tp * tp)
+        while h % a:
+            a -= tp
+        kv = arch.kv_heads
+        kv_r = max(tp, min(kv, a) // tp * tp) if arch.num_kv_heads else 0
+        if kv_r and a % kv_r:
+            kv_r = a
+        ffn = max(tp, (arch.ffn * h // arch.hidden_size) // tp * tp)
+        return replace(arch, hidden_size=h, num_heads=a, num_kv_heads=kv_r,
+                       ffn_hidden_size=ffn if arch.ffn_hidden_size or h != arch.hidden_size else 0,
+                       seq_len=min(arch.seq_len, cfg.max_seq), vocab_size=max(tp, min(arch.vocab_size, cfg.max_vocab)),
+                       num_experts=min(arch.num_experts, cfg.max_experts))
+    # Wide-ResNet: shrink the base channel count (every stage's widths scale with it); the
+    # image size is kept so that every stage's spatial size stays as in the full model.
+    return replace(arch, num_channels=max(tp, min(arch.num_channels, cfg.max_channels // 32)),
+                   num_classes=min(arch.num_classes, 256))
+
+
+def _needs_reduction(arch: ModelArch, cfg: ProfilerConfig) -> bool:
+    if arch.is_transformer:
+        return (arch.hidden_size > cfg.max_hidden or arch.seq_len > cfg.max_seq or arch.vocab_size > cfg.max_vocab
+                or arch.num_experts > cfg.max_experts)
+    return arch.num_channels > cfg.max_channels // 32
+
+
+# -- torch modules of one tensor-parallel shard --------------------------------------
+def run_dtype(arch: ModelArch, device: str) -> str:
+    """The dtype the profiler runs: the model's on CUDA; float32 on CPU (CPUs have no fast
+    fp16 GEMM). Records carry the dtype that ran, so CPU profiles serve fp32 models only."""
+    return arch.dtype if device == "cuda" else "float32"
+
+
+def _build(arch: ModelArch, index: int, tp: int, dtype: str):
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+    spec = arch.layers()[index]
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+
+    if spec.kind in ("decoder", "moe_decoder"):
+        h, a, s = arch.hidden_size, arch.num_heads // tp, arch.seq_len
+        hd = arch.hidden_size // arch.num_heads
+        kv = max(1, arch.kv_heads // tp)
+        ffn = arch.ffn // tp
+        llama = arch.base_family == "llama"
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.n1, self.n2 = nn.LayerNorm(h), nn.LayerNorm(h)
+                self.qkv = nn.Linear(h, (a + 2 * kv) * hd)
+                self.out = nn.Linear(a * hd, h)
+                if spec.kind == "moe_decoder":
+                    self.gate = nn.Linear(h, arch.num_experts, bias=False)
+                    self.w1 = nn.Parameter(torch.randn(arch.num_experts, h, ffn) * 0.02)
+                    self.w2 = nn.Parameter(torch.randn(arch.num_experts, ffn, h) * 0.02)
+                elif llama:
+                    self.up = nn.Linear(h, 2 * ffn, bias=False)
+                    self.down = nn.Linear(ffn, h, bias=False)
+                else:
+                    self.up, self.down = nn.Linear(h, ffn), nn.Linear(ffn, h)
+
+            def forward(self, x):
+                b = x.shape[0]
+                q, k, v = self.qkv(self.n1(x)).split([a * hd, kv * hd, kv * hd], dim=-1)
+                q = q.view(b, s, a, hd).transpose(1, 2)
+                k = k.view(b, s, kv, hd).transpose(1, 2).repeat_interleave(a // kv, dim=1)
+                v = v.view(b, s, kv, hd).transpose(1, 2).repeat_interleave(a // kv, dim=1)
+                att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.out(att.transpose(1, 2).reshape(b, s, a * hd))
+                y = self.n2(x)
+                if spec.kind == "moe_decoder":
+                    t = y.reshape(-1, h)
+                    w, idx = self.gate(t).softmax(-1).topk(arch.top_k, dim=-1)
+                    out = torch.zeros_like(t)
+                    for e in range(arch.num_experts):
+                        tok, slot = (idx == e).nonzero(as_tuple=True)
+                        if tok.numel():
+                            z = F.gelu(t[tok] @ self.w1[e]) @ self.w2[e]
+                            out = out.index_add(0, tok, z * w[tok, slot, None])
+                    return x + out.view_as(x)
+                if llama:
+                    g, u = self.up(y).chunk(2, dim=-1)
+                    return x + self.down(F.silu(g) * u)
+                return x + self.down(F.gelu(self.up(y)))
+
+        mod = Block()
+        make = lambda mb: torch.randn(mb, s, h, dtype=dt, requires_grad=True)
+    elif spec.kind == "embedding":
+        V, h, s = arch.vocab_size // tp, arch.hidden_size, arch.seq_len
+
+        class Emb(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok, self.pos = nn.Embedding(V, h), nn.Embedding(s, h)
+
+            def forward(self, ids):
+                return self.tok(ids) + self.pos.weight[None]
+
+        mod = Emb()
+        make = lambda mb: torch.randint(0, V, (mb, s))
+    elif spec.kind == "head":
+        V, h, s = arch.vocab_size // tp, arch.hidden_size, arch.seq_len
+
+        class Head(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm, self.proj = nn.LayerNorm(h), nn.Linear(h, V, bias=False)
+
+            def forward(self, x):
+                logits = self.proj(self.norm(x)).float()
+                return F.cross_entropy(logits.view(-1, V), torch.zeros(logits.shape[0] * s, dtype=torch.long))
+
+        mod = Head()
+        make = lambda mb: torch.randn(mb, s, h, dtype=dt, requires_grad=True)
+    elif spec.kind == "bottleneck":
+        cin, width, cout, hw, stride, _ = spec.signature
+        w, co = max(1, width // tp), max(1, cout // tp)
+
+        class Bottleneck(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1, self.b1 = nn.Conv2d(cin, w, 1, bias=False), nn.BatchNorm2d(w)
+                self.c2, self.b2 = nn.Conv2d(w, w, 3, stride, 1, bias=False), nn.BatchNorm2d(w)
+                self.c3, self.b3 = nn.Conv2d(w, co, 1, bias=False), nn.BatchNorm2d(co)
+
+            def forward(self, x):
+                y = F.relu(self.b1(self.c1(x)))
+                y = F.relu(self.b2(self.c2(y)))
+                return F.relu(self.b3(self.c3(y)))
+
+        mod = Bottleneck()
+        make = lambda mb: torch.randn(mb, cin, hw, hw, dtype=dt, requires_grad=True)
+    elif spec.kind == "conv_stem":
+        c0, img, _ = spec.signature
+        mod = nn.Sequential(nn.Conv2d(3, max(1, c0 // tp), 7, 2, 3, bias=False), nn.BatchNorm2d(max(1, c0 // tp)),
+                            nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        make = lambda mb: torch.randn(mb, 3, img, img, dtype=dt)
+    elif spec.kind == "classifier":
+        cin, ncls, _ = spec.signature
+        mod = nn.Linear(cin, max(1, ncls // tp))
+        make = lambda mb: torch.randn(mb, cin, dtype=dt, requires_grad=True)
+    else:
+        raise ValueError(f"no profiler module for layer kind {spec.kind!r}")
+    return mod.to(dt), make
+
+
+def _time_layer(mod, make, mb: int, cfg: ProfilerConfig, device: str) -> tuple[float, float]:
+    import torch
+    mod = mod.to(device)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    fw, bw = [], []
+    for it in range(cfg.warmup + cfg.repeats):
+        x = make(mb)
+        x = x.to(device) if not x.requires_grad else x.detach().to(device).requires_grad_(True)
+        sync()
+        t0 = time.perf_counter()
+        y = mod(x)
+        sync()
+        t1 = time.perf_counter()
+        y.float().sum().backward()
+        sync()
+        t2 = time.perf_counter()
+        mod.zero_grad(set_to_none=True)
+        if it >= cfg.warmup:
+            fw.append(t1 - t0)
+            bw.append(t2 - t1)
+    return statistics.median(fw), statistics.median(bw)
+
+
+def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: ProfilerConfig | None = None,
+                   reuse: bool = True) -> dict:
+    """Profile every distinct layer of ``arch``; returns the records and device-seconds.
+    Layers whose (kind, signature, tp, micro-batch) the store already holds are reused."""
+    import torch
+    cfg = cfg or ProfilerConfig()
+    dev_name, dev = local_device()
+    dtype = run_dtype(arch, dev)
+    if dev == "cpu":
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(0)
+    records, reused, spent = [], 0, 0.0
+    seen = set()
+    for tp in cfg.tp_degrees:
+        if arch.is_transformer and (arch.num_heads % tp or arch.kv_heads % tp):
+            continue
+        full = layer_costs(arch, micro_batch=1, tp=tp)
+        small_arch = reduced_arch(arch, cfg, tp) if _needs_reduction(arch, cfg) else arch
+        small = layer_costs(small_arch, micro_batch=1, tp=tp)
+        if len(small) != len(full):
+            raise RuntimeError(f"reduced architecture of {arch.name} changed the layer count")
+        for i, spec in enumerate(arch.layers()):
+            key = (spec.kind, spec.signature, tp)
+            if key in seen:
+                continue
+            seen.add(key)
+            mod = make = None
+            for mb in cfg.micro_batches:
+                if reuse and store is not None and store.get_layer(dev_name, dtype, spec.kind, spec.signature,
+                                                                   tp, mb):
+                    reused += 1
+                    continue
+                if mod is None:
+                    mod, make = _build(small_arch, i, tp, dtype)
+                t0 = time.perf_counter()
+                f_s, b_s = _time_layer(mod, make, mb, cfg, dev)
+                spent += time.perf_counter() - t0
+                sf, sb = small[i].fwd_flops * mb, small[i].bwd_flops * mb
+                ff, fb = full[i].fwd_flops * mb, full[i].bwd_flops * mb
+                # memory-bound layers (embedding: 0 FLOPs) scale by bytes instead
+                if sf <= 0:
+                    sf, sb = small[i].fwd_bytes * mb, small[i].bwd_bytes * mb
+                    ff, fb = full[i].fwd_bytes * mb, full[i].bwd_bytes * mb
+                ratio = ff / sf
+                rate_f, rate_b = sf / f_s, sb / b_s
+                shape = (f"h={small_arch.hidden_size},s={small_arch.seq_len},heads={small_arch.num_heads}"
+                         if arch.is_transformer else f"channels={small_arch.num_channels},img={small_arch.image_size}")
+                if full[i].fwd_flops <= 0:   # store rates in FLOP units of the timer (0 FLOPs: use time)
+                    rate_f = rate_b = math.inf
+                records.append(LayerProfile(dev_name, dtype, spec.kind, tuple(spec.signature), tp, mb,
+                                            f_s * ratio, b_s * (fb / sb), rate_f, rate_b, shape, f_s, b_s, ratio,
+                                            cfg.repeats, f_s + b_s))
+    if store is not None and records:
+        store.put_layers([r for r in records if math.isfinite(r.fwd_flops_per_s)])
+    return {"device": dev_name, "records": records, "reused": reused, "device_seconds": spent}
+
+
+# -- collectives ---------------------------------------------------------------------
+def _coll_worker(rank: int, world: int, port: int, sizes, ops, repeats: int, backend: str, queue):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    out = []
+    for op in ops:
+        for nbytes in sizes:
+            n = max(1, nbytes // 4)
+            x = torch.ones(n, device=dev)
+            def run():
+                if op == "all_reduce":
+                    dist.all_reduce(x)
+                elif op == "all_gather":
+                    dist.all_gather([torch.empty(n // world or 1, device=dev) for _ in range(world)],
+                                    x[: n // world or 1])
+                elif op == "reduce_scatter":
+                    dist.reduce_scatter(torch.empty(n // world or 1, device=dev),
+                                        [x[: n // world or 1].clone() for _ in range(world)])
+                elif op == "send_recv":
+                    if rank % 2 == 0 and rank + 1 < world:
+                        dist.send(x, rank + 1)
+                    elif rank % 2 == 1:
+                        dist.recv(x, rank - 1)
+            try:
+                run()
+                ts = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    run()
+                    if backend == "nccl":
+                        torch.cuda.synchronize()
+                    ts.append(time.perf_counter() - t0)
+                t = statistics.median(ts)
+            except RuntimeError:
+                t = None            # the backend lacks this operation
+            dist.barrier()
+            out.append((op, nbytes, t))
+    if rank == 0:
+        queue.put(out)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def profile_collectives(*, group_sizes=(2,), sizes=(4096, 65536, 1 << 20, 4 << 20),
+                        ops=("all_reduce", "all_gather", "reduce_scatter", "send_recv"), repeats: int = 5,
+                        store: ProfileStore | None = None, timeout_s: float = 120.0) -> dict:
+    import torch
+    import torch.multiprocessing as mp
+    dev_name, dev = local_device()
+    backend = "nccl" if dev == "cuda" else "gloo"
+    records, unsupported, spent = [], set(), 0.0
+    ctx = mp.get_context("spawn")
+    for n in group_sizes:
+        if n < 2:
+            continue
+        if backend == "nccl" and n > torch.cuda.device_count():
+            continue
+        q = ctx.SimpleQueue()
+        t0 = time.perf_counter()
+        pc = mp.start_processes(_coll_worker, args=(n, _free_port(), tuple(sizes), tuple(ops), repeats, backend, q),
+                                nprocs=n, join=False, start_method="spawn")
+        deadline = time.time() + timeout_s
+        while not pc.join(timeout=1.0):
+            if time.time() > deadline:
+                for p in pc.processes:
+                    p.kill()
+                raise TimeoutError(f"collective profiling with {n} ranks exceeded {timeout_s} s")
+        wall = time.perf_counter() - t0
+        spent += wall * n
+        results = q.get()
+        for op, nbytes, t in results:
+            if t is None:
+                unsupported.add(op)
+                continue
+            records.append(CollectiveProfile(dev_name, backend, op, n, nbytes, t, repeats, t * repeats * n))
+    if store is not None and records:
+        store.put_collectives(records)
+    return {"device": dev_name, "backend": backend, "records": records, "unsupported": sorted(unsupported),
+            "device_seconds": spent}
+
+
+def measure_startup_s() -> float:
+    """Wall seconds to start one torch worker process here (``import torch.distributed``);
+    the per-launch cost charged to running a grid directly."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, torch.distributed"], check=True,
+                   capture_output=True, timeout=300)
+    return time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class RunCostConfig:
+    """How the "run every grid directly" side of the profiling-cost comparison is charged:
+    each grid's proxy plan is launched once (``startup_s`` per launch, measured with
+    ``measure_startup_s`` when None) and runs ``warmup_iters + measured_iters`` iterations
+    at its estimated iteration time, on all of the grid's devices."""
+    warmup_iters: int = 3
+    measured_iters: int = 10
+    startup_s: float | None = None
+
+    def __post_init__(self):
+        if self.warmup_iters < 0 or self.measured_iters < 1:
+            raise InputError("warmup_iters must be >= 0 and measured_iters >= 1", field="measured_iters")
+        if self.startup_s is not None and not self.startup_s >= 0:
+            raise InputError("must be >= 0", field="startup_s")
+
+
+def run_every_grid_cost(model: str, global_batch: int, perf, cluster, *, max_gpus: int,
+                        cfg: RunCostConfig, startup_s: float) -> dict:
+    """Estimated device-seconds of running each candidate grid's plan directly."""
+    from instances.jobs import Job
+    from .grids import candidate_grids
+    job = Job("profile-cost", model, global_batch, 1, 0.0)
+    total, n = 0.0, 0
+    for grid in candidate_grids(job, cluster, max_gpus=max_gpus, planner=perf.planner):
+        e = perf.estimate(job, grid)
+        if not e.feasible or not math.isfinite(e.iteration_time_s):
+            continue
+        n += 1
+        total += grid.num_gpus * (startup_s + (cfg.warmup_iters + cfg.measured_iters) * e.iteration_time_s)
+    return {"grids": n, "device_seconds": total}

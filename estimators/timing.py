@@ -1,0 +1,128 @@
+"""Time of one layer pass and of one collective on a device.
+
+Two sources, one interface:
+
+- ``RooflineTimer`` / ``CatalogComm``: from catalog specs (instances/gpus.py) and the
+  efficiency factors of ``EfficiencyConfig`` -- a roofline: a layer takes
+  ``max(flops / (peak * eff_kind), bytes / (mem_bw * eff_mem)) + overhead``; a ring
+  collective takes ``steps * latency + volume / (link_bw * eff_link)``. This is the
+  "roofline transfer" used for every GPU type that was not profiled.
+- ``ProfiledTimer`` / ``ProfiledComm``: from a profile store (estimators/profile_store.py):
+  the achieved FLOP/s measured for the layer's signature on that device and dtype, and
+  a latency + bandwidth fit of the measured collectives. Layers or collectives missing
+  from the store fall back to the roofline, and the estimate's notes say so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from instances.gpus import GpuType
+
+from .config import EfficiencyConfig
+from .layers import LayerCost
+
+LINKS = ("intra", "inter")
+
+
+@dataclass(frozen=True)
+class RooflineTimer:
+    eff: EfficiencyConfig = field(default_factory=EfficiencyConfig)
+    source: str = "roofline"
+
+    def times(self, cost: LayerCost, gpu: GpuType, dtype: str) -> tuple[float, float]:
+        """(forward, backward) seconds of ``cost`` on one ``gpu``."""
+        peak = gpu.peak_flops(dtype) * self.eff.compute_efficiency(cost.kind)
+        bw = gpu.memory_bw_bytes_per_s * self.eff.memory_bw_efficiency
+        bwd_flops = cost.bwd_flops + (cost.fwd_flops if self.eff.recompute_activations else 0.0)
+        f = max(cost.fwd_flops / peak, cost.fwd_bytes / bw) + self.eff.layer_overhead_s
+        b = max(bwd_flops / peak, cost.bwd_bytes / bw) + self.eff.layer_overhead_s
+        return f, b
+
+    def profiled(self, cost: LayerCost, gpu: GpuType, dtype: str) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class CatalogComm:
+    eff: EfficiencyConfig = field(default_factory=EfficiencyConfig)
+    source: str = "catalog-links"
+
+    def bandwidth(self, gpu: GpuType, link: str, link_load: float = 0.0) -> float:
+        if link == "intra":
+            return gpu.intra_node_bw_bytes_per_s * self.eff.intra_bw_efficiency
+        if link == "inter":
+            return gpu.inter_node_bw_bytes_per_s * self.eff.inter_bw_efficiency / (1.0 + link_load)
+        raise ValueError(f"unknown link {link!r}; known: {LINKS}")
+
+    def latency(self, gpu: GpuType, link: str) -> float:
+        return self.eff.collective_latency_s
+
+    def allreduce_s(self, nbytes: float, n: int, gpu: GpuType, link: str, link_load: float = 0.0) -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        return 2 * (n - 1) * self.latency(gpu, link) + 2 * (n - 1) / n * nbytes / self.bandwidth(gpu, link, link_load)
+
+    def allgather_s(self, nbytes: float, n: int, gpu: GpuType, link: str, link_load: float = 0.0) -> float:
+        """``nbytes``: size of the gathered (full) tensor; reduce-scatter costs the same."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        return (n - 1) * self.latency(gpu, link) + (n - 1) / n * nbytes / self.bandwidth(gpu, link, link_load)
+
+    reducescatter_s = allgather_s
+
+    def alltoall_s(self, nbytes: float, n: int, gpu: GpuType, link: str, link_load: float = 0.0) -> float:
+        """``nbytes``: what one rank holds before the exchange; (n-1)/n of it leaves."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        return (n - 1) * self.latency(gpu, link) + (n - 1) / n * nbytes / self.bandwidth(gpu, link, link_load)
+
+    def p2p_s(self, nbytes: float, gpu: GpuType, link: str, link_load: float = 0.0) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return self.latency(gpu, link) + nbytes / self.bandwidth(gpu, link, link_load)
+
+
+@dataclass(frozen=True)
+class ProfiledTimer:
+    """Layer times from measured achieved FLOP/s (``flops_per_s[(kind, signature, dtype, tp)]``)
+    on ``device``; other devices and unprofiled layers use ``fallback``."""
+    device: str
+    flops_per_s: dict
+    fallback: RooflineTimer
+    source: str = "profiled"
+
+    def _rate(self, cost: LayerCost, gpu: GpuType, dtype: str):
+        if gpu.name != self.device:
+            return None
+        return self.flops_per_s.get((cost.kind, cost.signature, dtype, cost.tp))
+
+    def profiled(self, cost: LayerCost, gpu: GpuType, dtype: str) -> bool:
+        return self._rate(cost, gpu, dtype) is not None
+
+    def times(self, cost: LayerCost, gpu: GpuType, dtype: str) -> tuple[float, float]:
+        rate = self._rate(cost, gpu, dtype)
+        if rate is None:
+            return self.fallback.times(cost, gpu, dtype)
+        fwd_rate, bwd_rate = rate
+        eff = self.fallback.eff
+        bwd_flops = cost.bwd_flops + (cost.fwd_flops if eff.recompute_activations else 0.0)
+        return cost.fwd_flops / fwd_rate + eff.layer_overhead_s, bwd_flops / bwd_rate + eff.layer_overhead_s
+
+
+@dataclass(frozen=True)
+class ProfiledComm(CatalogComm):
+    """Collectives from a latency + bandwidth fit of measured collectives on ``device``."""
+    device: str = ""
+    fit: dict = field(default_factory=dict)      # link -> (latency_s, bandwidth_bytes_per_s)
+    source: str = "profiled-links"
+
+    def bandwidth(self, gpu: GpuType, link: str, link_load: float = 0.0) -> float:
+        if gpu.name == self.device and link in self.fit:
+            bw = self.fit[link][1]
+            return bw / (1.0 + link_load) if link == "inter" else bw
+        return super().bandwidth(gpu, link, link_load)
+
+    def latency(self, gpu: GpuType, link: str) -> float:
+        if gpu.name == self.device and link in self.fit:
+            return self.fit[link][0]
+        return super().latency(gpu, link)

@@ -1,0 +1,541 @@
+"""Job traces: our format, and importers for Arena's and Philly's (Pollux) formats.
+
+``load_trace(path, *, cluster=None, **import_options) -> tuple[Job, ...]`` detects the
+format from the file's first line (gzip-compressed files are read transparently):
+
+- ours: first line ``# arena-trace v1``, then a CSV header with the columns
+  ``OUR_COLUMNS``; an empty optional field (deadline_s, requested_gpu_type,
+  requested_gpus) is None. ``write_trace(jobs, path)`` writes it; the round trip is
+  exact (floats are written with ``repr``). Options: none.
+- Arena's CSV (``ARENA_COLUMNS``): times are shifted so that the earliest submission is
+  at 0. Options (``ArenaImportOptions``): ``iteration_divisor`` (default 1: the trace
+  as written; Arena's simulator used 5 — iterations become ``max(1, n // divisor)``) and
+  ``deadline_slack_factor`` (default 1; Arena used 5): the deadline becomes
+  ``arrival + factor * (deadline - submission)``. The built-in ``arena-*`` instances use
+  5 and 5, like the published runs.
+- Philly's CSV from the Pollux artifact (``PHILLY_COLUMNS``): see ``PhillyImportOptions``
+  for the documented, seeded recipe that turns (arrival, duration, GPU count) records
+  into model-training jobs.
+
+Jobs come back in file order (Philly: by arrival). Every malformed input raises
+``InputError`` naming the file, the line and the field.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+from dataclasses import dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+from .cluster import ClusterSpec
+from .errors import InputError
+from .gpus import canonical_gpu_name, get_gpu
+from .jobs import Job
+from .models import canonical_model_name
+
+OUR_MAGIC = "# arena-trace v1"
+OUR_COLUMNS = ("job_id", "model", "global_batch", "num_iterations", "arrival_s", "deadline_s",
+               "priority", "tenant", "requested_gpu_type", "requested_gpus")
+ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "deadline",
+                 "batch_size", "num_gpu", "gpu_type")
+PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+
+
+# ------------------------------------------------------------------------------------
+# options
+# ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ArenaImportOptions:
+    iteration_divisor: int = 1          # Arena's simulator: 5
+    deadline_slack_factor: float = 1.0  # Arena's simulator: 5
+
+    def __post_init__(self):
+        if not isinstance(self.iteration_divisor, int) or isinstance(self.iteration_divisor, bool) \
+                or self.iteration_divisor < 1:
+            raise InputError(f"must be an integer >= 1, got {self.iteration_divisor!r}",
+                             field="iteration_divisor")
+        if not isinstance(self.deadline_slack_factor, (int, float)) or isinstance(self.deadline_slack_factor, bool) \
+                or not math.isfinite(self.deadline_slack_factor) or self.deadline_slack_factor <= 0:
+            raise InputError(f"must be a finite number > 0, got {self.deadline_slack_factor!r}",
+                             field="deadline_slack_factor")
+
+
+@dataclass(frozen=True)
+class PhillyImportOptions:
+    """The recipe that turns Philly records into model-training jobs (all seeded):
+
+    1. arrival = timestamp - earliest timestamp in the file; records outside
+       ``[start_s, end_s)`` are dropped, the rest sorted by arrival (then line), the
+       first ``max_jobs`` kept, and arrivals re-based so the window starts at 0;
+    2. GPU request = num_gpus rounded up to a power of two, capped at ``max_gpus``;
+    3. GPU type drawn uniformly among ``gpu_types`` (default: the cluster's types that
+       have at least that many GPUs, else Arena's A100/V100/A40/A10);
+    4. (model, global batch) drawn uniformly among the pairs of the measured table
+       (``instances.measurements``) that the oracle finds feasible on the most compact
+       shape of that many GPUs of that type (if none, the next type is tried);
+    5. iterations = max(1, round(duration / oracle iteration time on that shape)), so the
+       job runs about as long as the trace's job did on its requested allocation;
+    6. tenant = the record's virtual cluster; no deadline; job id ``philly-<line>``.
+    """
+    seed: int = 0
+    max_jobs: int | None = None
+    start_s: float = 0.0
+    end_s: float | None = None
+    max_gpus: int = 16
+    gpu_types: tuple[str, ...] | None = None
+    oracle: Any = None                  # an Oracle; default instances.oracle.TableOracle()
+
+    def __post_init__(self):
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise InputError(f"must be an integer, got {self.seed!r}", field="seed")
+        if self.max_jobs is not None and (not isinstance(self.max_jobs, int) or self.max_jobs < 1):
+            raise InputError(f"must be an integer >= 1 or None, got {self.max_jobs!r}", field="max_jobs")
+        if not (isinstance(self.start_s, (int, float)) and math.isfinite(self.start_s) and self.start_s >= 0):
+            raise InputError(f"must be a finite time >= 0, got {self.start_s!r}", field="start_s")
+        if self.end_s is not None and not (isinstance(self.end_s, (int, float)) and self.end_s > self.start_s):
+            raise InputError(f"must be a time after start_s, got {self.end_s!r}", field="end_s")
+        if not isinstance(self.max_gpus, int) or self.max_gpus < 1 or self.max_gpus & (self.max_gpus - 1):
+            raise InputError(f"must be a power of two >= 1, got {self.max_gpus!r}", field="max_gpus")
+        if self.gpu_types is not None:
+            if isinstance(self.gpu_types, str) or not self.gpu_types:
+                raise InputError("must be a non-empty sequence of GPU type names", field="gpu_types")
+            object.__setattr__(self, "gpu_types", tuple(canonical_gpu_name(t) for t in self.gpu_types))
+
+
+def _make_options(cls, options: dict, label: str):
+    known = {f.name for f in fields(cls)}
+    for k in options:
+        if k not in known:
+            raise InputError(f"unknown import option {k!r} for this format; known: {', '.join(sorted(known)) or 'none'}",
+                             file=label, field=k)
+    try:
+        return cls(**options)
+    except InputError as e:
+        raise InputError(e.reason, file=label, field=e.field) from None
+
+
+# ------------------------------------------------------------------------------------
+# reading
+# ------------------------------------------------------------------------------------
+
+def read_trace_text(path: str | Path) -> str:
+    """The text of a trace file (gzip detected by its magic bytes)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError("trace file not found", file=str(p)) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a trace file", file=str(p)) from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise InputError(f"corrupt gzip data: {e}", file=str(p)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (byte {e.start})", file=str(p)) from None
+
+
+def load_trace(path: str | Path, *, cluster: ClusterSpec | None = None, **import_options) -> tuple[Job, ...]:
+    """Load a trace in any supported format (see the module docstring)."""
+    return parse_trace(read_trace_text(path), str(path), cluster=cluster, **import_options)
+
+
+def detect_format(text: str, label: str = "<trace>") -> str:
+    first = text.lstrip("\ufeff").split("\n", 1)[0].strip()
+    if first == OUR_MAGIC:
+        return "ours"
+    cols = [c.strip() for c in first.split(",")]
+    if set(ARENA_COLUMNS) <= set(cols):
+        return "arena"
+    if set(PHILLY_COLUMNS) <= set(cols):
+        return "philly"
+    if first.startswith("#"):
+        raise InputError(f"unsupported trace version line {first[:60]!r}; expected {OUR_MAGIC!r}",
+                         file=label, line=1)
+    for name, expected in (("Arena", ARENA_COLUMNS), ("Philly", PHILLY_COLUMNS)):
+        overlap = set(expected) & set(cols)
+        if len(overlap) >= 3:
+            missing = [c for c in expected if c not in cols]
+            raise InputError(f"{name} trace header misses column(s) {', '.join(missing)}",
+                             file=label, line=1, field=missing[0])
+    raise InputError(f"unknown trace format: first line is neither {OUR_MAGIC!r} nor an Arena "
+                     f"({','.join(ARENA_COLUMNS)}) or Philly ({','.join(PHILLY_COLUMNS)}) CSV header",
+                     file=label, line=1)
+
+
+def parse_trace(text: str, label: str = "<trace>", *, cluster: ClusterSpec | None = None,
+                **import_options) -> tuple[Job, ...]:
+    fmt = detect_format(text, label)
+    if fmt == "ours":
+        _make_options(_NoOptions, import_options, label)
+        jobs, lines = _parse_ours(text, label)
+    elif fmt == "arena":
+        jobs, lines = _parse_arena(text, label, _make_options(ArenaImportOptions, import_options, label))
+    else:
+        jobs, lines = _parse_philly(text, label, cluster, _make_options(PhillyImportOptions, import_options, label))
+    if cluster is not None:
+        check_jobs_fit(jobs, cluster, label, lines)
+    return jobs
+
+
+@dataclass(frozen=True)
+class _NoOptions:
+    pass
+
+
+def check_jobs_fit(jobs: Iterable[Job], cluster: ClusterSpec, label: str | None = None,
+                   lines: dict[str, int] | None = None) -> None:
+    """Reject any job that asks for more GPUs than the cluster (or its requested type) has."""
+    by_type = cluster.gpus_by_type()
+    total = cluster.num_gpus
+    for j in jobs:
+        if j.requested_gpus is None:
+            continue
+        cap = by_type.get(j.requested_gpu_type, total) if j.requested_gpu_type else total
+        if j.requested_gpus > cap:
+            where = f"{j.requested_gpu_type} GPUs" if j.requested_gpu_type in by_type else "GPUs"
+            raise InputError(f"job {j.job_id!r} requests {j.requested_gpus} GPUs but cluster "
+                             f"{cluster.name!r} has only {cap} {where}",
+                             file=label, line=(lines or {}).get(j.job_id), field="requested_gpus")
+
+
+class _Rows:
+    """CSV rows after a header, with line numbers and typed field getters."""
+
+    def __init__(self, text: str, label: str, columns: tuple[str, ...], skip_lines: int = 0):
+        self.label = label
+        lines = text.lstrip("\ufeff").split("\n")[skip_lines:]
+        self.offset = skip_lines
+        self.reader = csv.reader(io.StringIO("\n".join(lines)))
+        try:
+            header = next(self.reader)
+        except StopIteration:
+            raise InputError("missing CSV header", file=label, line=skip_lines + 1) from None
+        except csv.Error as e:
+            raise InputError(f"malformed CSV: {e}", file=label, line=skip_lines + 1) from None
+        self.header = [h.strip() for h in header]
+        missing = [c for c in columns if c not in self.header]
+        if missing:
+            raise InputError(f"missing column(s) {', '.join(missing)}", file=label, line=skip_lines + 1,
+                             field=missing[0])
+        dup = [c for c in columns if self.header.count(c) > 1]
+        if dup:
+            raise InputError("duplicate column", file=label, line=skip_lines + 1, field=dup[0])
+        self.idx = {c: self.header.index(c) for c in columns}
+
+    def __iter__(self):
+        start = self.offset + self.reader.line_num + 1
+        while True:
+            try:
+                rec = next(self.reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise InputError(f"malformed CSV: {e}", file=self.label,
+                                 line=self.offset + self.reader.line_num) from None
+            line = start
+            start = self.offset + self.reader.line_num + 1
+            if not rec or (len(rec) == 1 and not rec[0].strip()):
+                continue
+            if len(rec) != len(self.header):
+                raise InputError(f"expected {len(self.header)} fields, got {len(rec)}", file=self.label, line=line)
+            yield line, rec
+
+    # typed getters -----------------------------------------------------------------
+    def err(self, line: int, field: str, msg: str) -> InputError:
+        return InputError(msg, file=self.label, line=line, field=field)
+
+    def raw(self, rec, c):
+        return rec[self.idx[c]]
+
+    def int(self, rec, line, c, minimum: int = 1, optional: bool = False) -> int | None:
+        s = rec[self.idx[c]].strip()
+        if not s and optional:
+            return None
+        try:
+            v = int(s)
+        except ValueError:
+            try:
+                f = float(s)
+            except ValueError:
+                raise self.err(line, c, f"not an integer: {s!r}") from None
+            if not (math.isfinite(f) and f.is_integer()):
+                raise self.err(line, c, f"not an integer: {s!r}") from None
+            v = int(f)
+        if v < minimum:
+            raise self.err(line, c, f"must be >= {minimum}, got {v}")
+        return v
+
+    def float(self, rec, line, c, minimum: float | None = 0.0, optional: bool = False,
+              strict_min: bool = False) -> float | None:
+        s = rec[self.idx[c]].strip()
+        if not s and optional:
+            return None
+        try:
+            v = float(s)
+        except ValueError:
+            raise self.err(line, c, f"not a number: {s!r}") from None
+        if not math.isfinite(v):
+            raise self.err(line, c, f"must be finite, got {s!r}")
+        if minimum is not None and (v <= minimum if strict_min else v < minimum):
+            raise self.err(line, c, f"must be {'>' if strict_min else '>='} {minimum}, got {s!r}")
+        return v
+
+    def model(self, rec, line, c) -> str:
+        try:
+            return canonical_model_name(rec[self.idx[c]])
+        except InputError as e:
+            raise self.err(line, c, e.reason) from None
+
+    def gpu(self, rec, line, c, optional: bool = False) -> str | None:
+        s = rec[self.idx[c]].strip()
+        if not s and optional:
+            return None
+        try:
+            return canonical_gpu_name(s)
+        except InputError as e:
+            raise self.err(line, c, e.reason) from None
+
+
+def _check_unique(job_id: str, line: int, seen: dict[str, int], label: str, field: str = "job_id") -> None:
+    if not job_id:
+        raise InputError("must be non-empty", file=label, line=line, field=field)
+    if job_id in seen:
+        raise InputError(f"duplicate job id {job_id!r} (first on line {seen[job_id]})",
+                         file=label, line=line, field=field)
+    seen[job_id] = line
+
+
+def _job(label: str, line: int, **kw) -> Job:
+    try:
+        return Job(**kw)
+    except InputError as e:
+        raise InputError(e.reason, file=label, line=line, field=e.field) from None
+    except ValueError as e:
+        raise InputError(str(e), file=label, line=line) from None
+
+
+# ------------------------------------------------------------------------------------
+# our format
+# ------------------------------------------------------------------------------------
+
+def _parse_ours(text: str, label: str) -> tuple[tuple[Job, ...], dict[str, int]]:
+    rows = _Rows(text, label, OUR_COLUMNS, skip_lines=1)
+    extra = [c for c in rows.header if c not in OUR_COLUMNS]
+    if extra:
+        raise InputError("unknown column", file=label, line=2, field=extra[0])
+    jobs, seen = [], {}
+    for line, rec in rows:
+        job_id = rows.raw(rec, "job_id")
+        _check_unique(job_id, line, seen, label)
+        tenant = rows.raw(rec, "tenant")
+        arrival = rows.float(rec, line, "arrival_s")
+        deadline = rows.float(rec, line, "deadline_s", optional=True)
+        if deadline is not None and deadline < arrival:
+            raise rows.err(line, "deadline_s", f"deadline {deadline} before arrival {arrival}")
+        jobs.append(_job(label, line, job_id=job_id, model=rows.model(rec, line, "model"),
+                         global_batch=rows.int(rec, line, "global_batch"),
+                         num_iterations=rows.int(rec, line, "num_iterations"),
+                         arrival_s=arrival, deadline_s=deadline,
+                         priority=rows.float(rec, line, "priority", strict_min=True),
+                         tenant=tenant,
+                         requested_gpu_type=rows.gpu(rec, line, "requested_gpu_type", optional=True),
+                         requested_gpus=rows.int(rec, line, "requested_gpus", optional=True)))
+    return tuple(jobs), seen
+
+
+def _fmt_float(v: float) -> str:
+    return repr(float(v))
+
+
+def format_trace(jobs: Iterable[Job]) -> str:
+    buf = io.StringIO()
+    buf.write(OUR_MAGIC + "\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(OUR_COLUMNS)
+    seen: set[str] = set()
+    for j in jobs:
+        if j.job_id in seen:
+            raise ValueError(f"duplicate job id {j.job_id!r}")
+        seen.add(j.job_id)
+        w.writerow([j.job_id, j.model, j.global_batch, j.num_iterations, _fmt_float(j.arrival_s),
+                    "" if j.deadline_s is None else _fmt_float(j.deadline_s), _fmt_float(j.priority),
+                    j.tenant, j.requested_gpu_type or "", "" if j.requested_gpus is None else j.requested_gpus])
+    return buf.getvalue()
+
+
+def write_trace(jobs: Iterable[Job], path: str | Path) -> None:
+    """Write jobs in our format (``# arena-trace v1``); ``load_trace`` reads them back exactly."""
+    Path(path).write_text(format_trace(jobs), encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------
+# Arena's format
+# ------------------------------------------------------------------------------------
+
+def _parse_arena(text: str, label: str, opt: ArenaImportOptions) -> tuple[tuple[Job, ...], dict[str, int]]:
+    rows = _Rows(text, label, ARENA_COLUMNS)
+    parsed, seen = [], {}
+    for line, rec in rows:
+        job_id = rows.raw(rec, "job_id").strip()
+        _check_unique(job_id, line, seen, label)
+        sub = rows.float(rec, line, "submission_time")
+        dl = rows.float(rec, line, "deadline")
+        if dl < sub:
+            raise rows.err(line, "deadline", f"deadline {dl} before submission {sub}")
+        parsed.append((line, job_id, sub, dl, rows.int(rec, line, "num_iteration"),
+                       rows.model(rec, line, "model_name"), rows.int(rec, line, "batch_size"),
+                       rows.int(rec, line, "num_gpu"), rows.gpu(rec, line, "gpu_type")))
+    if not parsed:
+        return (), {}
+    t0 = min(p[2] for p in parsed)
+    jobs = []
+    for line, job_id, sub, dl, iters, model, batch, gpus, gpu in parsed:
+        arrival = sub - t0
+        jobs.append(_job(label, line, job_id=job_id, model=model, global_batch=batch,
+                         num_iterations=max(1, iters // opt.iteration_divisor), arrival_s=arrival,
+                         deadline_s=arrival + (dl - sub) * opt.deadline_slack_factor,
+                         requested_gpu_type=gpu, requested_gpus=gpus))
+    return tuple(jobs), seen
+
+
+# ------------------------------------------------------------------------------------
+# Philly (Pollux artifact)
+# ------------------------------------------------------------------------------------
+
+ARENA_GPU_TYPES = ("a100-40gb", "v100-32gb", "a40", "a10")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def compact_shape(gpu_type: str, num_gpus: int, gpus_per_node: int):
+    """The most compact shape of ``num_gpus`` GPUs on nodes of ``gpus_per_node``:
+    the largest power-of-two GPUs per node that fits the node and divides the count."""
+    from .grid import Shape
+    g = 1
+    while g * 2 <= min(gpus_per_node, num_gpus) and num_gpus % (g * 2) == 0:
+        g *= 2
+    return Shape(gpu_type, num_gpus // g, g)
+
+
+def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
+                  opt: PhillyImportOptions) -> tuple[tuple[Job, ...], dict[str, int]]:
+    import numpy as np
+    from .measurements import load_measured_iter_times
+    from .oracle import TableOracle
+
+    rows = _Rows(text, label, PHILLY_COLUMNS)
+    recs = []
+    for line, rec in rows:
+        ts = rows.raw(rec, "timestamp").strip()
+        try:
+            t = datetime.fromisoformat(ts).timestamp()
+        except ValueError:
+            try:
+                t = rows.float(rec, line, "timestamp")
+            except InputError:
+                raise rows.err(line, "timestamp", f"not a date-time or number: {ts!r}") from None
+        if not math.isfinite(t):
+            raise rows.err(line, "timestamp", f"not finite: {ts!r}")
+        dur = rows.float(rec, line, "duration")
+        gpus = rows.int(rec, line, "num_gpus")
+        rows.float(rec, line, "gpu_time")
+        vc = rows.raw(rec, "cluster").strip() or "default"
+        recs.append((t, line, dur, gpus, vc))
+    if not recs:
+        return (), {}
+    t0 = min(r[0] for r in recs)
+    window = [(t - t0 - opt.start_s, line, dur, gpus, vc) for t, line, dur, gpus, vc in recs
+              if t - t0 >= opt.start_s and (opt.end_s is None or t - t0 < opt.end_s)]
+    window.sort(key=lambda r: (r[0], r[1]))
+    if opt.max_jobs is not None:
+        window = window[:opt.max_jobs]
+
+    oracle = opt.oracle if opt.oracle is not None else TableOracle()
+    if cluster is not None:
+        by_type = cluster.gpus_by_type()
+        per_node = {t: cluster.max_gpus_per_node(t) for t in by_type}
+    else:
+        by_type = None
+        per_node = {t: get_gpu(t).default_gpus_per_node for t in (opt.gpu_types or ARENA_GPU_TYPES)}
+    types = opt.gpu_types or tuple(sorted(by_type) if by_type else ARENA_GPU_TYPES)
+    for t in types:
+        per_node.setdefault(t, get_gpu(t).default_gpus_per_node)
+    pairs = sorted({(r.model, r.global_batch) for r in load_measured_iter_times()})
+    feasible_cache: dict[tuple[str, int], list[tuple[str, int, float]]] = {}
+
+    def feasible(gpu_type: str, n: int):
+        k = (gpu_type, n)
+        if k not in feasible_cache:
+            shape = compact_shape(gpu_type, n, per_node[gpu_type])
+            out = []
+            for m, b in pairs:
+                it = oracle.iteration_time(m, b, shape)
+                if it is not None:
+                    out.append((m, b, it))
+            feasible_cache[k] = out
+        return feasible_cache[k]
+
+    rng = np.random.default_rng(opt.seed)
+    jobs = []
+    for arrival, line, dur, gpus, vc in window:
+        n = min(_next_pow2(gpus), opt.max_gpus)
+        cand = [t for t in types if by_type is None or by_type.get(t, 0) >= n]
+        if not cand:
+            raise rows.err(line, "num_gpus", f"no GPU type of the cluster has {n} GPUs")
+        first = int(rng.integers(len(cand)))
+        chosen = None
+        for k in range(len(cand)):
+            t = cand[(first + k) % len(cand)]
+            opts = feasible(t, n)
+            if opts:
+                m, b, it = opts[int(rng.integers(len(opts)))]
+                chosen = (t, m, b, it)
+                break
+        if chosen is None:
+            raise rows.err(line, "num_gpus", f"no model of the measured table fits {n} GPUs of any of {cand}")
+        t, m, b, it = chosen
+        jobs.append(_job(label, line, job_id=f"philly-{line}", model=m, global_batch=b,
+                         num_iterations=max(1, round(dur / it)), arrival_s=arrival, tenant=vc,
+                         requested_gpu_type=t, requested_gpus=n))
+    return tuple(jobs), {j.job_id: int(j.job_id.split("-")[1]) for j in jobs}
+
+
+# ------------------------------------------------------------------------------------
+# bundled traces
+# ------------------------------------------------------------------------------------
+
+BUNDLED_TRACES = {
+    "arena-philly": "arena/simulate_trace_philly.csv",
+    "arena-venus": "arena/simulate_trace_venus.csv",
+    "arena-pai": "arena/simulate_trace_pai.csv",
+    "arena-runtime": "arena/runtime_trace.csv",
+    "pollux-philly": "pollux/philly.csv.gz",
+}
+
+
+def bundled_trace_text(name: str) -> tuple[str, str]:
+    """(text, label) of a trace bundled under instances/data."""
+    from importlib import resources
+    if name not in BUNDLED_TRACES:
+        raise InputError(f"unknown bundled trace {name!r}; known: {', '.join(sorted(BUNDLED_TRACES))}")
+    rel = BUNDLED_TRACES[name]
+    data = resources.files("instances").joinpath(f"data/{rel}").read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return data.decode("utf-8"), f"instances/data/{rel}"
+
+
+def load_bundled_trace(name: str, *, cluster: ClusterSpec | None = None, **import_options) -> tuple[Job, ...]:
+    text, label = bundled_trace_text(name)
+    return parse_trace(text, label, cluster=cluster, **import_options)

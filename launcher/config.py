@@ -1,0 +1,195 @@
+"""Validated value objects of the launcher: the parallel plan and one training run's config.
+
+Every knob of a launched job lives here (one place), is validated on construction and is
+serialised to JSON for the ranks (``to_json`` / ``from_json``), so a run is reproducible
+from its config file alone.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from instances.errors import InputError
+
+SCHEDULES = ("gpipe", "1f1b")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Data x tensor x pipeline degrees, micro-batches and pipeline schedule.
+
+    ``stage_layers`` optionally fixes how many decoder layers each pipeline stage holds
+    (empty: as even a split as possible, earlier stages taking the remainder).
+    """
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    stage_layers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp", "microbatches"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"must be a positive integer, got {v!r}", field=name)
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"unknown pipeline schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}",
+                             field="schedule")
+        object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+        if self.stage_layers and (len(self.stage_layers) != self.pp or min(self.stage_layers) < 1):
+            raise InputError(f"needs {self.pp} positive layer counts, got {self.stage_layers}",
+                             field="stage_layers")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def __str__(self) -> str:
+        return f"dp={self.dp},tp={self.tp},pp={self.pp}"
+
+    @classmethod
+    def parse(cls, text: str, **extra) -> "ParallelPlan":
+        """Parse ``"dp=2,tp=1,pp=2"`` (missing degrees default to 1)."""
+        degrees: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, val = part.partition("=")
+            key = key.strip().lower()
+            if not sep or key not in ("dp", "tp", "pp"):
+                raise InputError(f"expected dp=D,tp=T,pp=P, got {text!r}", field="plan")
+            if key in degrees:
+                raise InputError(f"degree {key} given twice in {text!r}", field="plan")
+            try:
+                degrees[key] = int(val)
+            except ValueError:
+                raise InputError(f"degree {key} must be an integer, got {val!r}", field="plan") from None
+        if not degrees:
+            raise InputError(f"expected dp=D,tp=T,pp=P, got {text!r}", field="plan")
+        return cls(**degrees, **extra)
+
+    @classmethod
+    def from_plan_like(cls, plan) -> "ParallelPlan":
+        """Build from any object with ``dp``, ``tp``, ``pp`` (and optionally ``microbatches``,
+        ``schedule``, ``stage_layers``), e.g. ``estimators.base.Plan`` -- read structurally."""
+        if isinstance(plan, ParallelPlan):
+            return plan
+        return cls(dp=plan.dp, tp=plan.tp, pp=plan.pp,
+                   microbatches=getattr(plan, "microbatches", 1),
+                   schedule=getattr(plan, "schedule", "1f1b"),
+                   stage_layers=tuple(getattr(plan, "stage_layers", ()) or ()))
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Adam hyper-parameters (no weight decay, no clipping, constant learning rate)."""
+    lr: float = 3e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise InputError(f"must be > 0, got {self.lr!r}", field="lr")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise InputError(f"must be in [0, 1), got {getattr(self, name)!r}", field=name)
+        if not self.eps > 0:
+            raise InputError(f"must be > 0, got {self.eps!r}", field="eps")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One launched training run (all ranks read the same config)."""
+    model: str
+    plan: ParallelPlan
+    steps: int                                  # total steps; a resumed run continues to this
+    global_batch: int | None = None             # samples per step; None: dp * microbatches
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0                   # 0: only on request / SIGTERM / at the end
+    checkpoint_keep: int = 2                    # completed checkpoints kept on disk
+    checkpoint_at_end: bool = True
+    run_dir: str = ""                           # per-launch scratch: results, pids, progress
+    progress_path: str | None = None            # JSON progress file the engine polls
+    telemetry_store: str | None = None          # dir holding measured_runs.jsonl; None: not recorded
+    telemetry_path: str | None = None           # per-run JSONL copy of every step's record
+    breakdown: bool = False                     # per-stage compute/communication split
+    data_path: str | None = None                # local text file read as bytes; None: synthetic
+    device: str = "auto"                        # auto: cuda when available, else cpu
+    gpu_type: str | None = None                 # catalog GPU name recorded in telemetry; None: inferred
+    num_nodes: int = 1
+    gpus_per_node: int | None = None            # None: world size / num_nodes
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    step_delay_s: float = 0.0                   # sleep after each step (tests: slow a tiny run down)
+    comm_timeout_s: float = 60.0                # torch.distributed collective timeout
+
+    def __post_init__(self):
+        from instances.models import canonical_model_name
+        object.__setattr__(self, "model", canonical_model_name(self.model))
+        if not isinstance(self.plan, ParallelPlan):
+            raise InputError("must be a ParallelPlan", field="plan")
+        gb = self.global_batch if self.global_batch is not None else self.plan.dp * self.plan.microbatches
+        object.__setattr__(self, "global_batch", gb)
+        for name in ("steps", "global_batch", "num_nodes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"must be a positive integer, got {v!r}", field=name)
+        if self.checkpoint_every < 0:
+            raise InputError(f"must be >= 0, got {self.checkpoint_every}", field="checkpoint_every")
+        if self.checkpoint_keep < 1:
+            raise InputError(f"must be >= 1, got {self.checkpoint_keep}", field="checkpoint_keep")
+        if self.device not in DEVICES:
+            raise InputError(f"unknown device {self.device!r}; known: {', '.join(DEVICES)}", field="device")
+        if self.step_delay_s < 0 or not self.comm_timeout_s > 0:
+            raise InputError("step_delay_s must be >= 0 and comm_timeout_s > 0", field="step_delay_s")
+        gpn = self.gpus_per_node if self.gpus_per_node is not None else -(-self.plan.world_size // self.num_nodes)
+        object.__setattr__(self, "gpus_per_node", gpn)
+        if self.plan.stage_layers:
+            object.__setattr__(self, "plan", replace(self.plan, stage_layers=decoder_stage_layers(
+                self.model, self.plan.stage_layers)))
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["plan"]["stage_layers"] = list(self.plan.stage_layers)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise InputError(f"unknown keys {sorted(unknown)}", field="config")
+        d["plan"] = ParallelPlan(**{**d["plan"], "stage_layers": tuple(d["plan"].get("stage_layers", ()))})
+        d["optimizer"] = OptimizerConfig(**d.get("optimizer", {}))
+        return cls(**d)
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "TrainConfig":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def decoder_stage_layers(model: str, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """Accept stage layer counts over decoder layers (sum == num_layers) or over
+    ``ModelArch.layers()`` (sum == num_layers + 2: embedding on the first stage, head on
+    the last, as the estimators count them) and return decoder-layer counts."""
+    from instances.models import get_model
+    L = get_model(model).num_layers
+    total = sum(stage_layers)
+    if total == L:
+        return tuple(stage_layers)
+    if total == L + 2:
+        out = list(stage_layers)
+        out[0] -= 1
+        out[-1] -= 1
+        if min(out) < 1 and len(out) > 1:
+            raise InputError(f"stage_layers {stage_layers} leave a stage with no decoder layer",
+                             field="stage_layers")
+        return tuple(out)
+    raise InputError(f"stage_layers {stage_layers} sum to {total}; model {model} has {L} decoder "
+                     f"layers ({L + 2} counting embedding and head)", field="stage_layers")

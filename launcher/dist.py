@@ -1,0 +1,73 @@
+"""Rank bootstrap: rank and world size from MPI, the torch.distributed rendezvous agreed
+over MPI, and the (dp, pp, tp) device mesh.
+
+Rank 0 picks a free TCP port (on 127.0.0.1 when every rank runs on its host, otherwise
+on its host's address) and broadcasts address and port over ``MPI.COMM_WORLD``; every
+rank then joins ``init_process_group`` with gloo (CPU) or NCCL (CUDA). Ranks are laid
+out with tensor innermost, then pipeline, then data: rank = (d * pp + p) * tp + t, so
+a tensor group shares a node whenever the node holds at least ``tp`` ranks.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+MESH_DIMS = ("dp", "pp", "tp")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+    device: object          # torch.device
+    mesh: object            # torch DeviceMesh with dims MESH_DIMS
+    hostname: str
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(cfg) -> DistEnv:
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+    from torch.distributed.device_mesh import init_device_mesh
+
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    plan = cfg.plan
+    if world != plan.world_size:
+        raise RuntimeError(f"launched with {world} MPI ranks but plan {plan} needs {plan.world_size}")
+    host = socket.gethostname()
+    hosts = comm.allgather(host)
+    local_rank = hosts[:rank].count(host)
+    if rank == 0:
+        addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(host)
+        rendezvous = (addr, _free_port(addr))
+    else:
+        rendezvous = None
+    addr, port = comm.bcast(rendezvous, root=0)
+
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.comm_timeout_s))
+    mesh = init_device_mesh(device.type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=MESH_DIMS)
+    tp_rank = rank % plan.tp
+    pp_rank = (rank // plan.tp) % plan.pp
+    dp_rank = rank // (plan.tp * plan.pp)
+    return DistEnv(rank, world, local_rank, dp_rank, pp_rank, tp_rank, device, mesh, host)

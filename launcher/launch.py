@@ -1,0 +1,155 @@
+"""Start a training job's ranks with ``mpiexec`` (the MPICH wheel's Hydra, found next to
+the running interpreter) and read back what they wrote.
+
+A launch has a run directory holding ``config.json`` (the ``TrainConfig`` every rank
+reads), ``stdout.log`` / ``stderr.log`` of mpiexec, and what rank 0 writes: per-step
+``results.jsonl``, ``events.jsonl`` (ready, load, save, stop...), ``pids/rank<r>``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from instances.errors import InputError
+
+from .config import TrainConfig
+from .worker import CHECKPOINT_FILE, EVENTS_FILE, PIDS_DIR, RESULTS_FILE, STOP_FILE
+
+RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def mpiexec_path() -> str:
+    """``mpiexec`` beside ``sys.executable`` (the venv's MPICH wheel), else on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise InputError("no mpiexec next to the Python interpreter or on PATH "
+                         "(install the 'mpich' wheel)", field="mpiexec")
+    return found
+
+
+def hostfile_hosts(path: str | os.PathLike) -> list[tuple[str, int]]:
+    """Hosts and slots of an MPICH hostfile (``host[:slots]`` per line, # comments)."""
+    out = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        raise InputError("hostfile not found", file=str(path)) from None
+    for i, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, _, slots = line.partition(":")
+        try:
+            n = int(slots) if slots else 1
+        except ValueError:
+            raise InputError(f"slots must be an integer, got {slots!r}", file=str(path), line=i,
+                             field="slots") from None
+        if n < 1:
+            raise InputError("slots must be >= 1", file=str(path), line=i, field="slots")
+        out.append((host.strip(), n))
+    if not out:
+        raise InputError("hostfile lists no host", file=str(path))
+    return out
+
+
+def build_command(cfg: TrainConfig, config_path: str | os.PathLike, hostfile: str | None = None) -> list[str]:
+    cmd = [mpiexec_path(), "-n", str(cfg.plan.world_size)]
+    if hostfile:
+        cmd += ["-f", str(hostfile)]
+    return cmd + [sys.executable, "-m", "launcher.worker", str(config_path)]
+
+
+def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) -> subprocess.Popen:
+    """Write the run's config and start mpiexec in its own session (so it can be signalled
+    as a group). ``echo``: stream rank output to this process's stdout/stderr instead of the
+    run directory's log files."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (STOP_FILE, CHECKPOINT_FILE):
+        (run_dir / stale).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / PIDS_DIR, ignore_errors=True)
+    config_path = run_dir / "config.json"
+    cfg.write(config_path)
+    env = {**os.environ, **RANK_ENV}
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+    if echo:
+        out, err = None, None
+    else:
+        out = open(run_dir / "stdout.log", "ab")
+        err = open(run_dir / "stderr.log", "ab")
+    try:
+        return subprocess.Popen(build_command(cfg, config_path, hostfile), stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    finally:
+        for f in (out, err):
+            if f is not None:
+                f.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:      # a line being written right now
+            break
+    return out
+
+
+def read_results(run_dir: str | os.PathLike) -> list[dict]:
+    return read_jsonl(Path(run_dir) / RESULTS_FILE)
+
+
+def read_events(run_dir: str | os.PathLike) -> list[dict]:
+    return read_jsonl(Path(run_dir) / EVENTS_FILE)
+
+
+def rank_pids(run_dir: str | os.PathLike) -> dict[int, tuple[int, str]]:
+    """Rank -> (pid, host) as the ranks recorded them."""
+    out = {}
+    d = Path(run_dir) / PIDS_DIR
+    if d.is_dir():
+        for p in d.iterdir():
+            try:
+                pid, host = p.read_text().split()
+                out[int(p.name.removeprefix("rank"))] = (int(pid), host)
+            except ValueError:
+                continue
+    return out
+
+
+def tail(path: str | os.PathLike, chars: int = 2000) -> str:
+    try:
+        return Path(path).read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
+
+def kill_job(proc: subprocess.Popen, run_dir: str | os.PathLike, sig: int) -> None:
+    """Send ``sig`` to mpiexec's process group and to every rank recorded on this host
+    (Hydra starts each rank in its own process group, so the group alone misses them)."""
+    import socket
+
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    for pid, host in rank_pids(run_dir).values():
+        if host == socket.gethostname():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass

@@ -1,0 +1,277 @@
+"""``MpiExecutor``: the engine's Executor protocol (engine/executor.py) carried out with real
+MPI-launched torch jobs. It satisfies the protocol structurally and does not import the
+engine; ``progress`` returns ``LaunchedJobProgress``, field-for-field the engine's
+``JobProgress``.
+
+Per job, under ``work_dir/<job_id>/``: ``checkpoints/`` (shared by all launches of the
+job, so a relaunch on another plan reshards from the last checkpoint), ``progress.json``
+(written by rank 0), and one run directory per launch (``launch_<n>/``).
+
+- ``launch``: validates the plan against the allocation (rank count, divisibility,
+  memory on the allocation's GPU type), then starts mpiexec; ranks resume from the job's
+  last checkpoint.
+- ``stop``: asks the ranks to checkpoint and exit (SIGTERM, which mpiexec forwards, plus a
+  ``stop`` file for ranks on other hosts), waits up to ``stop_timeout_s``, then kills the
+  process group and every rank it recorded.
+- ``reconfigure``: stop, then launch with the new allocation and plan; the time from
+  the stop request to the first step of the new launch is recorded as the measured
+  reconfiguration time.
+- ``advance``: polls until the executor's clock reaches ``until_s`` (or, by default,
+  until a job finishes or fails) and returns the jobs that finished or failed. A dead
+  rank makes mpiexec exit (gloo raises on the survivors within seconds), which the next
+  poll reports as a failure naming the exit status and the ranks' last error line.
+
+The clock: ``now_s`` = ``config.epoch_s`` + wall seconds since the executor was built.
+Allocations map to hosts through ``config.node_hosts`` (node id -> host name); with no
+mapping every rank runs on this host.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from instances.errors import InputError
+
+from . import launch as _launch
+from .config import OptimizerConfig, ParallelPlan, TrainConfig
+from .telemetry import read_progress, write_progress
+from .validate import validate
+from .worker import STOP_FILE
+
+
+@dataclass(frozen=True)
+class MpiExecutorConfig:
+    work_dir: str
+    telemetry_store: str | None = None          # None: measured runs are not recorded
+    checkpoint_every: int = 50                  # steps between periodic checkpoints (0: none)
+    stop_timeout_s: float = 60.0                # checkpoint-and-exit deadline before SIGKILL
+    poll_interval_s: float = 0.2
+    return_on_event: bool = True                # advance() returns when a job finishes/fails
+    node_hosts: Mapping[int, str] = field(default_factory=dict)
+    memory_device: str | None = None            # GPU type for the memory check; None: the allocation's
+    device: str = "auto"
+    seed: int = 0
+    step_delay_s: float = 0.0                   # tests: slow tiny jobs down
+    epoch_s: float = 0.0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self):
+        if not self.work_dir:
+            raise InputError("must be a directory path", field="work_dir")
+        if self.checkpoint_every < 0 or not self.stop_timeout_s > 0 or not self.poll_interval_s > 0:
+            raise InputError("checkpoint_every >= 0, stop_timeout_s > 0, poll_interval_s > 0",
+                             field="executor")
+
+
+@dataclass(frozen=True)
+class LaunchedJobProgress:
+    """Same fields as ``engine.executor.JobProgress``."""
+    job_id: str
+    iterations_done: float
+    running: bool
+    finished: bool = False
+    finished_at_s: float | None = None
+    failed: str | None = None
+    last_checkpoint_iteration: float = 0.0
+    measured_iteration_time_s: float | None = None
+
+
+@dataclass
+class _Job:
+    job: Any
+    cfg: TrainConfig
+    hostfile: str | None
+    proc: subprocess.Popen | None = None
+    launches: int = 0
+    stopping: bool = False
+    finished: bool = False
+    failed: str | None = None
+    ended_at_s: float | None = None
+    reported: bool = False
+    reconfig_started: float | None = None       # wall time (time.time()) of the pending reconfiguration
+    reconfig_launch_dir: str | None = None
+    reconfiguration_s: list[float] = field(default_factory=list)
+
+
+class MpiExecutor:
+    def __init__(self, config: MpiExecutorConfig):
+        self.config = config
+        self._t0 = time.monotonic()
+        self._jobs: dict[str, _Job] = {}
+        Path(config.work_dir).mkdir(parents=True, exist_ok=True)
+
+    # --- clock -------------------------------------------------------------------------
+    def now_s(self) -> float:
+        return self.config.epoch_s + time.monotonic() - self._t0
+
+    # --- protocol ------------------------------------------------------------------------
+    def launch(self, job, alloc, plan, now_s: float) -> None:
+        st = self._jobs.get(job.job_id)
+        if st is not None and st.proc is not None and st.proc.poll() is None:
+            raise RuntimeError(f"job {job.job_id} is already running")
+        cfg, hostfile = self._config_for(job, alloc, plan, launch_index=(st.launches if st else 0))
+        device_type = self.config.memory_device or alloc.grid.gpu_type
+        validate(cfg, ranks=alloc.grid.num_gpus, device_type=device_type)
+        if st is None:
+            st = self._jobs[job.job_id] = _Job(job, cfg, hostfile)
+        prev = read_progress(cfg.progress_path) or {}
+        write_progress(cfg.progress_path, status="starting",
+                       iterations_done=prev.get("last_checkpoint_step") or 0, steps_total=cfg.steps,
+                       last_checkpoint_step=prev.get("last_checkpoint_step"), iteration_time_s=None)
+        st.cfg, st.hostfile = cfg, hostfile
+        st.stopping, st.finished, st.failed, st.ended_at_s, st.reported = False, False, None, None, False
+        st.proc = _launch.start(cfg, hostfile)
+        st.launches += 1
+
+    def stop(self, job_id: str, now_s: float) -> None:
+        st = self._job(job_id)
+        if st.proc is None or st.proc.poll() is not None:
+            self._poll(st)
+            return
+        st.stopping = True
+        (Path(st.cfg.run_dir) / STOP_FILE).write_text("stop requested by MpiExecutor\n")
+        try:
+            os.kill(st.proc.pid, signal.SIGTERM)        # mpiexec forwards it to every rank
+        except ProcessLookupError:
+            pass
+        try:
+            st.proc.wait(timeout=self.config.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill(st, signal.SIGKILL)
+            st.proc.wait()
+        st.ended_at_s = self.now_s()
+        prog = read_progress(st.cfg.progress_path) or {}
+        if prog.get("status") != "stopped":
+            ck = prog.get("last_checkpoint_step") or 0
+            write_progress(st.cfg.progress_path, status="stopped", iterations_done=ck,
+                           steps_total=st.cfg.steps, last_checkpoint_step=prog.get("last_checkpoint_step"),
+                           iteration_time_s=prog.get("iteration_time_s"))
+
+    def reconfigure(self, job_id: str, alloc, plan, now_s: float) -> None:
+        st = self._job(job_id)
+        t0 = time.time()
+        self.stop(job_id, now_s)
+        self.launch(st.job, alloc, plan, now_s)
+        st.reconfig_started, st.reconfig_launch_dir = t0, st.cfg.run_dir
+
+    def progress(self, job_id: str) -> LaunchedJobProgress:
+        st = self._job(job_id)
+        self._poll(st)
+        prog = read_progress(st.cfg.progress_path) or {}
+        running = st.proc is not None and st.proc.poll() is None
+        done = prog.get("iterations_done") or 0
+        if not running and not st.finished:
+            done = prog.get("last_checkpoint_step") or 0      # what survives the stop/failure
+        return LaunchedJobProgress(
+            job_id=job_id, iterations_done=float(done), running=running, finished=st.finished,
+            finished_at_s=st.ended_at_s if (st.finished or st.failed) else None, failed=st.failed,
+            last_checkpoint_iteration=float(prog.get("last_checkpoint_step") or 0),
+            measured_iteration_time_s=prog.get("iteration_time_s"))
+
+    def advance(self, until_s: float) -> list[LaunchedJobProgress]:
+        out: list[LaunchedJobProgress] = []
+        while True:
+            for jid, st in self._jobs.items():
+                self._poll(st)
+                if (st.finished or st.failed) and not st.reported:
+                    st.reported = True
+                    out.append(self.progress(jid))
+            if self.now_s() >= until_s or (out and self.config.return_on_event):
+                return out
+            time.sleep(min(self.config.poll_interval_s, max(0.0, until_s - self.now_s())))
+
+    # --- extras ---------------------------------------------------------------------------
+    def reconfiguration_times_s(self, job_id: str) -> list[float]:
+        """Measured stop + checkpoint + relaunch + reshard + first step, per reconfiguration."""
+        st = self._job(job_id)
+        self._poll(st)
+        return list(st.reconfiguration_s)
+
+    def run_dir(self, job_id: str) -> str:
+        return self._job(job_id).cfg.run_dir
+
+    def checkpoint_dir(self, job_id: str) -> str:
+        return self._job(job_id).cfg.checkpoint_dir
+
+    def request_checkpoint(self, job_id: str) -> None:
+        """Ask a running job to checkpoint at the end of its current step and continue."""
+        st = self._job(job_id)
+        (Path(st.cfg.run_dir) / "checkpoint").write_text("checkpoint requested\n")
+
+    def close(self) -> None:
+        """Kill every job still running (no checkpoint)."""
+        for st in self._jobs.values():
+            if st.proc is not None and st.proc.poll() is None:
+                self._kill(st, signal.SIGKILL)
+                st.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- internals ------------------------------------------------------------------------
+    def _job(self, job_id: str) -> _Job:
+        if job_id not in self._jobs:
+            raise KeyError(f"job {job_id!r} was never launched by this executor")
+        return self._jobs[job_id]
+
+    def _kill(self, st: _Job, sig: int) -> None:
+        _launch.kill_job(st.proc, st.cfg.run_dir, sig)
+
+    def _poll(self, st: _Job) -> None:
+        if st.reconfig_started is not None and st.reconfig_launch_dir:
+            res = _launch.read_results(st.reconfig_launch_dir)
+            if res:
+                st.reconfiguration_s.append(res[0]["time"] - st.reconfig_started)
+                st.reconfig_started = st.reconfig_launch_dir = None
+        if st.proc is None or st.stopping or st.finished or st.failed:
+            return
+        rc = st.proc.poll()
+        if rc is None:
+            return
+        st.ended_at_s = self.now_s()
+        prog = read_progress(st.cfg.progress_path) or {}
+        if rc == 0 and prog.get("status") == "finished":
+            st.finished = True
+            return
+        err = _launch.tail(Path(st.cfg.run_dir) / "stderr.log", 4000).strip().splitlines()
+        last = next((l for l in reversed(err) if "rank failed" in l or "Error" in l), err[-1] if err else "")
+        st.failed = f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}): {last[:300]}"
+        write_progress(st.cfg.progress_path, status="failed",
+                       iterations_done=prog.get("last_checkpoint_step") or 0, steps_total=st.cfg.steps,
+                       last_checkpoint_step=prog.get("last_checkpoint_step"),
+                       iteration_time_s=prog.get("iteration_time_s"), reason=st.failed)
+
+    def _config_for(self, job, alloc, plan, launch_index: int) -> tuple[TrainConfig, str | None]:
+        job_dir = Path(self.config.work_dir) / job.job_id
+        run_dir = job_dir / f"launch_{launch_index}"
+        if plan is None:
+            pp = alloc.grid.pp
+            plan = ParallelPlan(dp=alloc.grid.num_gpus // pp, tp=1, pp=pp, microbatches=pp)
+        pplan = ParallelPlan.from_plan_like(plan)
+        nodes = tuple(sorted({n for n, _ in alloc.gpus}))
+        hostfile = None
+        if self.config.node_hosts:
+            missing = [n for n in nodes if n not in self.config.node_hosts]
+            if missing:
+                raise InputError(f"no host name for nodes {missing}", field="node_hosts")
+            per_node = {n: sum(1 for m, _ in alloc.gpus if m == n) for n in nodes}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            hostfile = str(run_dir / "hostfile")
+            Path(hostfile).write_text("".join(f"{self.config.node_hosts[n]}:{per_node[n]}\n" for n in nodes))
+        cfg = TrainConfig(
+            model=job.model, plan=pplan, steps=int(job.num_iterations), global_batch=int(job.global_batch),
+            seed=self.config.seed, checkpoint_dir=str(job_dir / "checkpoints"),
+            checkpoint_every=self.config.checkpoint_every, run_dir=str(run_dir),
+            progress_path=str(job_dir / "progress.json"), telemetry_store=self.config.telemetry_store,
+            device=self.config.device, gpu_type=alloc.grid.gpu_type, num_nodes=len(nodes),
+            gpus_per_node=alloc.grid.shape.gpus_per_node, optimizer=self.config.optimizer,
+            step_delay_s=self.config.step_delay_s)
+        return cfg, hostfile

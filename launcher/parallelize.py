@@ -1,0 +1,59 @@
+"""Tensor and data parallelism applied to a plain model from outside, with torch's own
+building blocks.
+
+- Tensor: ``torch.distributed.tensor.parallel.parallelize_module`` with the Megatron
+  split: query/key/value and the first MLP linear column-wise, the attention output and
+  second MLP linear row-wise. Embeddings, norms and the output head stay replicated on
+  the tensor ranks (their gradients agree because the column-parallel inputs are
+  all-reduced in backward).
+- Data: ``DistributedDataParallel`` on the data-parallel group for a plain model
+  (tp = pp = 1); FSDP2 ``fully_shard`` on the data-parallel mesh dimension otherwise:
+  DDP cannot wrap DTensor parameters (tp > 1), and DDP under torch's pipeline schedules
+  fails in its bucket rebuilding with several micro-batches (an internal assert in
+  reducer.cpp on torch 2.13), while FSDP2 is what the pipeline stage supports. Both
+  average gradients over the data ranks.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+TP_PLAN = {
+    "attn.wq": "colwise",
+    "attn.wk": "colwise",
+    "attn.wv": "colwise",
+    "attn.wo": "rowwise",
+    "mlp.fc1": "colwise",
+    "mlp.fc2": "rowwise",
+}
+
+
+def apply_tp(model: nn.Module, tp_mesh) -> nn.Module:
+    """Shard every decoder layer's projections over ``tp_mesh`` (a 1-D device mesh)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, {name: styles[s]() for name, s in TP_PLAN.items()})
+    return model
+
+
+def apply_dp(model: nn.Module, dp_mesh, *, use_fsdp: bool, device) -> nn.Module:
+    """Wrap ``model`` for data parallelism over ``dp_mesh``; returns the module to train."""
+    if use_fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.layers.values():
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The plain model inside a DDP wrapper (FSDP2 modifies the model in place)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return module.module if isinstance(module, DDP) else module

@@ -1,0 +1,112 @@
+"""Refuse a bad plan before anything is launched, with a message that says why.
+
+Checks: the plan's rank count against the ranks requested; tensor degree dividing heads,
+hidden and MLP sizes; pipeline depth against the layer count; the batch split into
+data-parallel shards and micro-batches; the schedule's micro-batch requirement; and a
+memory estimate per rank (weights + gradients + Adam moments + activations in flight)
+against the target device's memory from ``instances.gpus``.
+
+The memory estimate is an approximation: parameters of the stage with the most
+parameters, tensor-sharded parts divided by the tensor degree, everything in float32 as
+the launcher trains (4 B weight + 4 B gradient + 8 B Adam moments per parameter), plus the
+catalog's per-layer activation bytes (scaled to float32) for every micro-batch a stage
+holds at once (GPipe: all of them; 1F1B: ``pp - stage`` at most), plus a fixed runtime
+overhead. It ignores allocator fragmentation and temporary buffers, hence the headroom.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from instances.errors import InputError
+from instances.gpus import get_gpu
+from instances.models import DTYPE_BYTES, get_model
+
+from .config import TrainConfig
+from .model import check_supported
+from .pipeline import stage_ranges
+
+TRAIN_DTYPE_BYTES = DTYPE_BYTES["float32"]
+BYTES_PER_PARAM = 4 * TRAIN_DTYPE_BYTES        # weight + gradient + two Adam moments
+RUNTIME_OVERHEAD_BYTES = 512 * 2**20           # interpreter, torch, communication buffers
+MEMORY_HEADROOM = 0.9                          # usable fraction of device memory
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    per_rank_bytes: float             # the largest over stages
+    weights_and_optimizer_bytes: float
+    activation_bytes: float
+    device_memory_bytes: int
+    device: str
+
+    @property
+    def fits(self) -> bool:
+        return self.per_rank_bytes <= MEMORY_HEADROOM * self.device_memory_bytes
+
+
+def estimate_memory(cfg: TrainConfig, device_type: str) -> MemoryEstimate:
+    arch = get_model(cfg.model)
+    plan = cfg.plan
+    layers = arch.layers()
+    emb, decoders, head = layers[0], layers[1:-1], layers[-1]
+    untied_head = arch.vocab_size * arch.hidden_size     # launcher.model does not tie
+    micro = cfg.global_batch / (plan.dp * plan.microbatches)
+    act_scale = TRAIN_DTYPE_BYTES / arch.dtype_bytes
+    worst = (0.0, 0.0, 0.0)
+    for i, (lo, hi) in enumerate(stage_ranges(arch.num_layers, plan.pp, plan.stage_layers)):
+        params = sum(d.params for d in decoders[lo:hi]) / plan.tp
+        act = sum(d.activation_bytes for d in decoders[lo:hi]) / plan.tp
+        if i == 0:
+            params += emb.params
+        if i == plan.pp - 1:
+            params += head.params + untied_head
+            act += head.activation_bytes
+        in_flight = plan.microbatches if plan.schedule == "gpipe" or plan.pp == 1 else \
+            min(plan.microbatches, plan.pp - i)
+        state = params * BYTES_PER_PARAM
+        acts = act * act_scale * micro * in_flight
+        total = state + acts + RUNTIME_OVERHEAD_BYTES
+        if total > worst[0]:
+            worst = (total, state, acts)
+    gpu = get_gpu(device_type)
+    return MemoryEstimate(worst[0], worst[1], worst[2], gpu.memory_bytes, gpu.name)
+
+
+def validate(cfg: TrainConfig, *, ranks: int | None = None, device_type: str = "cpu") -> MemoryEstimate:
+    """Raise ``InputError`` naming the field at fault; return the memory estimate if all is well."""
+    arch = get_model(cfg.model)
+    check_supported(arch)
+    plan = cfg.plan
+    if ranks is not None and ranks != plan.world_size:
+        raise InputError(f"plan {plan} needs dp*tp*pp = {plan.world_size} ranks but {ranks} were "
+                         f"requested", field="plan")
+    for what, size in (("num_heads", arch.num_heads), ("hidden_size", arch.hidden_size),
+                       ("ffn", arch.ffn)):
+        if size % plan.tp:
+            raise InputError(f"tensor degree tp={plan.tp} does not divide model {arch.name}'s "
+                             f"{what}={size}", field="plan.tp")
+    if plan.pp > arch.num_layers:
+        raise InputError(f"pipeline depth pp={plan.pp} exceeds model {arch.name}'s {arch.num_layers} "
+                         f"layers", field="plan.pp")
+    if plan.stage_layers and sum(plan.stage_layers) != arch.num_layers:
+        raise InputError(f"stage_layers {plan.stage_layers} do not sum to {arch.num_layers} layers",
+                         field="plan.stage_layers")
+    if cfg.global_batch % (plan.dp * plan.microbatches):
+        raise InputError(f"global batch {cfg.global_batch} is not divisible by dp*microbatches = "
+                         f"{plan.dp}*{plan.microbatches}", field="global_batch")
+    if plan.pp > 1 and plan.schedule == "1f1b" and plan.microbatches < plan.pp:
+        raise InputError(f"the 1F1B schedule needs at least pp={plan.pp} micro-batches, got "
+                         f"{plan.microbatches} (raise --microbatches or use --schedule gpipe)",
+                         field="microbatches")
+    if cfg.num_nodes > plan.world_size or plan.world_size % cfg.num_nodes:
+        raise InputError(f"{plan.world_size} ranks cannot spread evenly over {cfg.num_nodes} nodes",
+                         field="num_nodes")
+    mem = estimate_memory(cfg, device_type)
+    if not mem.fits:
+        raise InputError(f"plan {plan} does not fit in memory on {mem.device}: needs about "
+                         f"{mem.per_rank_bytes / 2**30:.1f} GiB per rank (weights+grads+Adam "
+                         f"{mem.weights_and_optimizer_bytes / 2**30:.1f} GiB, activations "
+                         f"{mem.activation_bytes / 2**30:.1f} GiB), device has "
+                         f"{mem.device_memory_bytes / 2**30:.1f} GiB "
+                         f"(usable fraction {MEMORY_HEADROOM})", field="plan")
+    return mem

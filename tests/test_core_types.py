@@ -1,0 +1,39 @@
+"""Shared value objects: shapes, grids, allocations, plans, and the policy registry."""
+import pytest
+
+from engine.context import Allocation
+from engine.policy import make_policy, policy_names
+from estimators.base import Plan
+from instances.grid import Grid, Shape
+
+
+def test_grid_counts_and_validation():
+    g = Grid(Shape("a100-40gb", 2, 4), pp=2)
+    assert g.num_gpus == 8 and g.gpu_type == "a100-40gb"
+    assert str(g) == "a100-40gb:2x4:pp2"
+    with pytest.raises(ValueError):
+        Grid(Shape("a100-40gb", 1, 4), pp=3)       # 3 stages cannot split 4 GPUs evenly
+    with pytest.raises(ValueError):
+        Shape("a100-40gb", 0, 4)
+
+
+def test_allocation_must_match_grid():
+    g = Grid(Shape("a10", 1, 2))
+    Allocation(g, ((0, 0), (0, 1)))
+    with pytest.raises(ValueError):
+        Allocation(g, ((0, 0),))
+
+
+def test_plan_validation():
+    p = Plan(pp=2, dp=2, tp=1, stage_layers=(3, 3), microbatches=4)
+    assert p.num_gpus == 4
+    with pytest.raises(ValueError):
+        Plan(pp=2, dp=1, tp=1, stage_layers=(6,))
+    with pytest.raises(ValueError):
+        Plan(pp=1, dp=1, tp=1, stage_layers=(6,), schedule="zigzag")
+
+
+def test_unknown_policy_is_named():
+    with pytest.raises(KeyError, match="unknown policy 'nope'"):
+        make_policy("nope")
+    assert isinstance(policy_names(), list)

@@ -1,0 +1,62 @@
+"""CLI smoke tests: `arena simulate` on demo writes every file; `arena instances` lists."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.cli import main
+from engine.plots import PLOT_FILES
+
+
+def test_simulate_demo_writes_all_files(tmp_path, capsys):
+    out = tmp_path / "res"
+    rc = main(["simulate", "--instance", "demo", "--rounds", "40", "--run-out", "--out", str(out), "--quiet",
+               "--policy-opt", "backfill=true"])
+    assert rc == 0
+    for f in ("summary.json", "jobs.csv", "rounds.csv") + PLOT_FILES:
+        assert (out / f).stat().st_size > 0, f
+    s = json.loads((out / "summary.json").read_text())
+    for k in ("jobs_total", "jobs_finished", "jobs_never_placed", "avg_jct_s", "median_jct_s", "p95_jct_s",
+              "p99_jct_s", "makespan_s", "avg_throughput", "peak_throughput", "reconfigurations",
+              "reconfig_gpu_hours_lost", "decision_time_median_s", "decision_time_p99_s", "packing_failures",
+              "avg_queueing_delay_s", "avg_jct_runout_s", "makespan_runout_s"):
+        assert k in s, k
+    assert s["jobs_total"] == 40 and s["jobs_finished_runout"] + s["jobs_unfinished_runout"] == 40
+    jobs_csv = (out / "jobs.csv").read_text().splitlines()
+    assert len(jobs_csv) == 41
+    assert "avg_jct_s" in capsys.readouterr().out
+
+
+def test_simulate_bad_options_are_input_errors(tmp_path, capsys):
+    assert main(["simulate", "--instance", "demo", "--policy-opt", "nope=1", "--out", str(tmp_path)]) == 2
+    assert "--policy-opt" in capsys.readouterr().err
+    assert main(["simulate", "--instance", "demo", "--dump-rounds", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert "--dump-rounds" in capsys.readouterr().err
+    assert main(["simulate", "--instance", "no-such-instance"]) == 2
+    assert main(["simulate", "--cluster", "x.json"]) == 2
+    assert main(["simulate", "--instance", "demo", "--policy-opt", "novalue"]) == 2
+
+
+def test_simulate_cluster_and_trace_files(tmp_path):
+    from instances.traces import write_trace
+    from tests.engine_helpers import job
+    (tmp_path / "c.json").write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4}]}))
+    write_trace([job("A", 0.0, 50, gpus=4), job("B", 100.0, 50, gpus=8)], tmp_path / "t.csv")
+    out = tmp_path / "o"
+    assert main(["simulate", "--cluster", str(tmp_path / "c.json"), "--trace", str(tmp_path / "t.csv"),
+                 "--out", str(out), "--quiet", "--no-plots"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["jobs_total"] == 2 and s["jobs_finished"] == 2
+
+
+def test_instances_lists_builtins(capsys):
+    assert main(["instances"]) == 0
+    out = capsys.readouterr().out
+    assert "arena-philly" in out and "1,938" in out and "demo" in out
+
+
+def test_parse_value():
+    from engine.commands.simulate import parse_value
+    assert parse_value("3") == 3 and parse_value("2.5") == 2.5 and parse_value("False") is False
+    assert parse_value("cbc") == "cbc" and parse_value("none") is None

@@ -1,0 +1,109 @@
+"""PerformanceModel kinds, the factory, dp_only, caching, the learned model's splits and artifact."""
+import math
+
+import pytest
+
+from estimators import make_performance_model
+from estimators.base import PerformanceModel
+from estimators.learned import ARTIFACT_VERSION, LearnedModel, leave_one_group_out, records_from_table
+from estimators.perf import AnalyticModel
+from estimators.reference import load_measured
+from instances.errors import InputError
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+
+JOB = Job("j", "gpt__760M", 128, 10, 0.0)
+
+
+@pytest.fixture(scope="module")
+def records():
+    rows = load_measured()
+    return records_from_table(rows, AnalyticModel())
+
+
+def test_factory_kinds_and_protocol():
+    for kind in ("analytic", "table"):
+        m = make_performance_model(kind)
+        assert isinstance(m, PerformanceModel)
+    with pytest.raises(InputError):
+        make_performance_model("nope")
+    with pytest.raises(InputError):
+        make_performance_model("analytic", efficiency={"memory_bw_efficiency": 2.0})
+
+
+def test_analytic_estimate_and_cache():
+    m = make_performance_model("analytic")
+    g = Grid(Shape("a100-40gb", 1, 4), 1)
+    e = m.estimate(JOB, g)
+    assert e.feasible and e.plan.num_gpus == 4
+    assert e.throughput == pytest.approx(128 / e.iteration_time_s)
+    assert "roofline-transfer" in e.source
+    assert m.estimate(JOB, g) is e                       # cached
+    loaded = m.estimate(JOB, Grid(Shape("a100-40gb", 2, 2), 1), link_load=2.0)
+    assert loaded.iteration_time_s > m.estimate(JOB, Grid(Shape("a100-40gb", 2, 2), 1)).iteration_time_s
+
+
+def test_dp_only_restricts_plans():
+    m = make_performance_model("analytic", dp_only=True)
+    e = m.estimate(JOB, Grid(Shape("a100-40gb", 1, 4), 1))
+    assert e.plan.tp == 1 and e.plan.pp == 1 and e.plan.dp == 4
+    assert not m.estimate(JOB, Grid(Shape("a100-40gb", 1, 4), 2)).feasible
+    big = Job("b", "gpt__6.7B", 128, 1, 0.0)         # 6.7B x 16 B = 107 GB: no single A100 holds it
+    assert not m.estimate(big, Grid(Shape("a100-40gb", 1, 4), 1)).feasible
+    assert make_performance_model("analytic").estimate(big, Grid(Shape("a100-40gb", 1, 8), 4)).feasible
+
+
+def test_table_exact_rows_and_fallback():
+    rows = [r for r in load_measured() if r.iter_time_s is not None]
+    r = rows[0]
+    m = make_performance_model("table")
+    job = Job("t", r.model, r.global_batch, 1, 0.0)
+    e = m.estimate(job, Grid(Shape(r.gpu_type, r.num_nodes, r.gpus_per_node), 1))
+    assert e.iteration_time_s == r.iter_time_s and e.source.startswith("table/measured")
+    miss = m.estimate(job, Grid(Shape("h100-sxm", 1, 8), 1))
+    assert "fallback" in miss.source
+    none = make_performance_model("table", fallback=None).estimate(job, Grid(Shape("h100-sxm", 1, 8), 1))
+    assert not none.feasible and math.isinf(none.iteration_time_s)
+
+
+def test_leave_one_gpu_type_out_never_overlaps(records):
+    groups = set()
+    for g, train, test in leave_one_group_out(records):
+        groups.add(g)
+        assert test and train
+        assert not {r.row_id for r in train} & {r.row_id for r in test}
+        assert all(r.group == g for r in test) and all(r.group != g for r in train)
+        assert len(train) + len(test) == len(records)
+    assert groups == {"a100-40gb", "v100-32gb", "a40", "a10"}
+    assert len({r.row_id for r in records}) == len(records)
+
+
+def test_learned_fit_predict_save_load_update(records, tmp_path):
+    train = [r for r in records if r.group != "a10"]
+    test = [r for r in records if r.group == "a10"]
+    m = LearnedModel(train_on=None).fit(train)
+    pred = m.predict_records(test)
+    assert len(pred) == len(test) and all(p > 0 for p in pred)
+    # trained on three types, it must beat a constant-zero correction on its training rows
+    import numpy as np
+    fit_err = np.mean(np.abs(m.predict_records(train) / [r.measured_s for r in train] - 1))
+    base_err = np.mean([abs(r.analytic_s / r.measured_s - 1) for r in train])
+    assert fit_err < base_err
+    path = m.save(tmp_path / "learned.joblib")
+    m2 = LearnedModel.load(path)
+    assert np.allclose(m2.predict_records(test), pred)
+    g = Grid(Shape("a40", 1, 2), 1)
+    e = m2.estimate(JOB, g)
+    assert e.feasible and e.source.startswith("learned/") and any("learned correction" in n for n in e.notes)
+    import joblib
+    blob = joblib.load(path)
+    blob["artifact_version"] = ARTIFACT_VERSION + 1
+    joblib.dump(blob, tmp_path / "bad.joblib")
+    with pytest.raises(InputError):
+        LearnedModel.load(tmp_path / "bad.joblib")
+    run = {"kind": "measured_run", "model": "tiny-gpt__2L", "device": "cpu", "gpu_type": "cpu", "dp": 2, "tp": 1,
+           "pp": 1, "microbatches": 1, "schedule": "1f1b", "global_batch": 8, "num_nodes": 1,
+           "gpus_per_node": 2, "iteration_time_s": 0.05, "step": 3, "timestamp": 1.0}
+    n = len(m2.records)
+    m2.update([run])
+    assert len(m2.records) == n + 1 and m2.records[-1].group == "cpu"

@@ -1,0 +1,46 @@
+"""Real torch profiling at tiny sizes, into a temporary store, with reuse."""
+import pytest
+
+from estimators.perf import AnalyticModel
+from estimators.profile_store import ProfileStore
+from estimators.profiler import ProfilerConfig, profile_collectives, profile_layers, reduced_arch
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+from instances.models import get_model
+
+
+def test_profile_tiny_model_and_reuse(tmp_path):
+    store = ProfileStore(tmp_path)
+    arch = get_model("tiny-gpt__2L")
+    cfg = ProfilerConfig(micro_batches=(1,), tp_degrees=(1, 2), repeats=1)
+    r = profile_layers(arch, store=store, cfg=cfg)
+    kinds = {(x.kind, x.tp) for x in r["records"]}
+    assert {("decoder", 1), ("decoder", 2), ("head", 1), ("embedding", 1)} <= kinds
+    assert all(x.fwd_s > 0 and x.bwd_s > 0 and x.scale == 1.0 for x in r["records"])
+    assert r["device_seconds"] > 0
+    again = profile_layers(arch, store=store, cfg=cfg)
+    assert again["records"] == [] or all(x.kind == "embedding" for x in again["records"])
+    assert again["reused"] >= 4
+    # the analytic model now times this model's decoder layers from the store on "cpu"
+    m = AnalyticModel(profile_store=store, profile_device=r["device"])
+    e = m.estimate(Job("t", "tiny-gpt__2L", 8, 1, 0.0), Grid(Shape("cpu", 1, 1), 1))
+    assert e.feasible and "profiled" in e.source
+
+
+def test_reduced_shapes_keep_layer_kinds():
+    cfg = ProfilerConfig()
+    for name in ("gpt__1.3B", "moe__690M", "wide_resnet__500M", "llama__7B"):
+        arch = get_model(name)
+        small = reduced_arch(arch, cfg, 2)
+        assert [l.kind for l in small.layers()] == [l.kind for l in arch.layers()]
+        assert small.fwd_flops_per_sample < arch.fwd_flops_per_sample
+
+
+def test_profile_collectives_two_ranks(tmp_path):
+    store = ProfileStore(tmp_path)
+    r = profile_collectives(group_sizes=(2,), sizes=(4096, 65536), ops=("all_reduce", "send_recv"), repeats=2,
+                            store=store, timeout_s=90)
+    assert r["backend"] in ("gloo", "nccl")
+    assert {x.op for x in r["records"]} == {"all_reduce", "send_recv"}
+    assert all(x.time_s > 0 for x in r["records"]) and r["device_seconds"] > 0
+    assert len(store.collective_records(r["device"])) == 4

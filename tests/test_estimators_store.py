@@ -1,0 +1,84 @@
+"""Profile store: round trips, versioning, measured runs."""
+import json
+
+import pytest
+
+from estimators.config import EfficiencyConfig
+from estimators.profile_store import (SCHEMA_VERSION, CollectiveProfile, LayerProfile, ProfileStore,
+                                      fit_collectives)
+from instances.errors import InputError
+from instances.models import get_model
+
+
+def _layer(sig=(64, 4, 32, 256, "gelu", "float32"), mb=1, tp=1, rate=1e10):
+    return LayerProfile("cpu", "float32", "decoder", sig, tp, mb, 1e-3, 2e-3, rate, rate / 2, "full", 1e-3, 2e-3,
+                        1.0, 3, 3e-3)
+
+
+def test_layer_round_trip_and_reuse_key(tmp_path):
+    st = ProfileStore(tmp_path)
+    rec = _layer()
+    st.put_layers([rec, _layer(mb=2)])
+    assert st.get_layer("cpu", "float32", "decoder", rec.signature, 1, 1) == rec
+    assert st.get_layer("cpu", "float32", "decoder", rec.signature, 2, 1) is None
+    assert len(st.layer_records("cpu")) == 2
+    # a second put of the same key replaces, not duplicates
+    st.put_layers([_layer(rate=5e9)])
+    assert len(st.layer_records()) == 2
+    assert st.get_layer("cpu", "float32", "decoder", rec.signature, 1, 1).fwd_flops_per_s == 5e9
+    assert st.devices() == ["cpu"]
+
+
+def test_schema_version_is_checked(tmp_path):
+    st = ProfileStore(tmp_path)
+    st.put_layers([_layer()])
+    path = tmp_path / "layers" / "cpu" / "float32.json"
+    doc = json.loads(path.read_text())
+    doc["schema_version"] = SCHEMA_VERSION + 1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as e:
+        st.layer_records()
+    assert "float32.json" in str(e.value) and "schema_version" in str(e.value)
+
+
+def test_measured_runs_append_and_read(tmp_path):
+    st = ProfileStore(tmp_path)
+    run = {"model": "tiny-gpt__2L", "device": "cpu", "gpu_type": "cpu", "dtype": "float32", "dp": 2, "tp": 1,
+           "pp": 1, "microbatches": 1, "schedule": "1f1b", "global_batch": 8, "num_nodes": 1, "gpus_per_node": 2,
+           "iteration_time_s": 0.1, "step": 3, "timestamp": 1.0}
+    st.append_measured_run(run)
+    st.append_measured_run(dict(run, step=4, stage_compute_s=[0.05], stage_comm_s=[0.01]))
+    got = st.read_measured_runs()
+    assert [r["step"] for r in got] == [3, 4] and got[0]["kind"] == "measured_run"
+    with pytest.raises(InputError):
+        st.append_measured_run({k: v for k, v in run.items() if k != "dp"})
+    with pytest.raises(InputError):
+        st.append_measured_run(dict(run, iteration_time_s=-1))
+    with st.runs_path.open("a") as f:
+        f.write("{not json\n")
+    with pytest.raises(InputError) as e:
+        st.read_measured_runs()
+    assert "line 3" in str(e.value)
+
+
+def test_collectives_fit_and_profiled_timers(tmp_path):
+    st = ProfileStore(tmp_path)
+    lat, bw = 50e-6, 2e9
+    recs = [CollectiveProfile("cpu", "gloo", "all_reduce", 2, n, 2 * lat + n / bw, 3, 0.0) for n in (4096, 1 << 20)]
+    recs += [CollectiveProfile("cpu", "gloo", "send_recv", 2, n, lat + n / bw, 3, 0.0) for n in (4096, 1 << 20)]
+    st.put_collectives(recs)
+    assert len(st.collective_records("cpu")) == 4
+    fit = fit_collectives(st.collective_records("cpu"))
+    assert fit["intra"][0] == pytest.approx(lat, rel=1e-6) and fit["intra"][1] == pytest.approx(bw, rel=1e-6)
+    arch = get_model("tiny-gpt__2L")
+    dec = next(l for l in arch.layers() if l.kind == "decoder")
+    st.put_layers([_layer(sig=dec.signature, rate=1e9)])
+    timer, comm = st.timers(EfficiencyConfig())
+    from estimators.layers import layer_costs
+    from instances.gpus import get_gpu
+    c = next(c for c in layer_costs(arch) if c.kind == "decoder")
+    assert timer.profiled(c, get_gpu("cpu"), "float32")
+    assert not timer.profiled(c, get_gpu("a100"), "float32")
+    f, _ = timer.times(c, get_gpu("cpu"), "float32")
+    assert f == pytest.approx(c.fwd_flops / 1e9 + EfficiencyConfig().layer_overhead_s)
+    assert comm.bandwidth(get_gpu("cpu"), "intra") == pytest.approx(bw, rel=1e-6)

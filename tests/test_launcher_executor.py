@@ -1,0 +1,101 @@
+"""MpiExecutor with real jobs: reconfigure (stop -> checkpoint -> relaunch on another plan ->
+reshard), a rank killed mid-run reported as a failure within seconds, and a relaunch
+that resumes from the last checkpoint with no step lost beyond it."""
+import os
+import signal
+import time
+
+import pytest
+
+from engine.context import Allocation
+from engine.executor import JobProgress
+from estimators.base import Plan
+from instances.errors import InputError
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+from launcher.launch import rank_pids, read_events, read_results
+from launcher.mpi_executor import LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
+from launcher.reference import train_reference
+
+MODEL = "tiny-gpt__2L"
+STEPS = 40
+BATCH = 8
+FAILURE_REPORT_S = 10.0          # a dead rank must be reported within this
+
+
+def alloc(pp: int) -> Allocation:
+    return Allocation(Grid(Shape("cpu", 1, 2), pp=pp), ((0, 0), (0, 1)))
+
+
+def wait_for(pred, timeout_s=120.0, poll_s=0.1):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll_s)
+    raise AssertionError("condition not reached in time")
+
+
+def test_progress_has_the_engine_fields():
+    import dataclasses
+    assert [f.name for f in dataclasses.fields(LaunchedJobProgress)] == \
+        [f.name for f in dataclasses.fields(JobProgress)]
+
+
+def test_refuses_a_plan_that_does_not_match_the_allocation(tmp_path):
+    ex = MpiExecutor(MpiExecutorConfig(work_dir=str(tmp_path)))
+    job = Job("j0", MODEL, BATCH, STEPS, 0.0)
+    with pytest.raises(InputError, match="needs dp\\*tp\\*pp = 4 ranks but 2"):
+        ex.launch(job, alloc(1), Plan(pp=1, dp=4, tp=1, stage_layers=(4,)), 0.0)
+
+
+def test_reconfigure_then_rank_failure_then_resume(tmp_path):
+    ref = train_reference(MODEL, steps=STEPS, global_batch=BATCH, seed=0)
+    cfg = MpiExecutorConfig(work_dir=str(tmp_path), checkpoint_every=4, step_delay_s=0.1,
+                            stop_timeout_s=60, telemetry_store=str(tmp_path / "store"))
+    job = Job("j1", MODEL, BATCH, STEPS, 0.0)
+    with MpiExecutor(cfg) as ex:
+        # 1. dp=2 until a periodic checkpoint exists
+        ex.launch(job, alloc(1), Plan(pp=1, dp=2, tp=1, stage_layers=(4,)), ex.now_s())
+        wait_for(lambda: ex.progress("j1").last_checkpoint_iteration >= 4)
+        first_dir = ex.run_dir("j1")
+        ex.request_checkpoint("j1")                         # on request, between periodic ones
+        wait_for(lambda: any(e["event"] == "save" and e["why"] == "request" for e in read_events(first_dir)))
+
+        # 2. reconfigure to pp=2 (estimators' stage_layers count embedding and head)
+        ex.reconfigure("j1", alloc(2), Plan(pp=2, dp=1, tp=1, stage_layers=(2, 2), microbatches=2),
+                       ex.now_s())
+        stopped_at = max(r["step"] for r in read_results(first_dir))
+        assert ex.progress("j1").last_checkpoint_iteration == stopped_at   # checkpointed on stop
+        second_dir = ex.run_dir("j1")
+        wait_for(lambda: ex.reconfiguration_times_s("j1"))
+        assert 0 < ex.reconfiguration_times_s("j1")[0] < 120
+
+        # 3. kill one rank after the next periodic checkpoint
+        wait_for(lambda: ex.progress("j1").last_checkpoint_iteration >= stopped_at + 4)
+        pid, _ = wait_for(lambda: rank_pids(second_dir).get(1))
+        t_kill = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        events = ex.advance(ex.now_s() + 60)
+        detect_s = time.monotonic() - t_kill
+        assert [e.job_id for e in events] == ["j1"] and events[0].failed, events
+        assert detect_s < FAILURE_REPORT_S, detect_s
+        p = ex.progress("j1")
+        assert not p.running and not p.finished and p.iterations_done == p.last_checkpoint_iteration
+        ckpt = int(p.last_checkpoint_iteration)
+
+        # 4. relaunch: resumes at the last checkpoint and finishes
+        ex.launch(job, alloc(2), Plan(pp=2, dp=1, tp=1, stage_layers=(2, 2), microbatches=2), ex.now_s())
+        events = ex.advance(ex.now_s() + 120)
+        assert [e.job_id for e in events] == ["j1"] and events[0].finished, events
+        assert ex.progress("j1").iterations_done == STEPS
+
+    third = read_results(ex.run_dir("j1"))
+    assert [r["step"] for r in third] == list(range(ckpt + 1, STEPS + 1))
+    runs = [read_results(d) for d in (first_dir, second_dir)] + [third]
+    assert [r["step"] for r in runs[1]][0] == stopped_at + 1
+    for res in runs:                      # every launch's losses are on the uninterrupted track
+        for r in res:
+            assert abs(r["loss"] - ref[r["step"] - 1]) < 1e-4, (r, ref[r["step"] - 1])
+    assert (tmp_path / "store" / "measured_runs.jsonl").is_file()

@@ -1,0 +1,184 @@
+"""Launcher pieces that need no MPI launch: plans, validation, data, model splitting,
+checkpoint directory handling, telemetry records, CLI refusal of bad plans."""
+import json
+
+import pytest
+
+from instances.errors import InputError
+from launcher.config import ParallelPlan, TrainConfig, decoder_stage_layers
+from launcher.pipeline import stage_ranges
+from launcher.validate import estimate_memory, validate
+
+MODEL = "tiny-gpt__2L"
+
+
+def cfg(dp=1, tp=1, pp=1, **kw):
+    plan_kw = {k: kw.pop(k) for k in ("microbatches", "schedule", "stage_layers") if k in kw}
+    return TrainConfig(model=kw.pop("model", MODEL), plan=ParallelPlan(dp=dp, tp=tp, pp=pp, **plan_kw),
+                       steps=kw.pop("steps", 4), run_dir="/tmp/unused", **kw)
+
+
+def test_plan_parse_and_errors():
+    p = ParallelPlan.parse("dp=2, tp=1,pp=2", microbatches=4)
+    assert (p.dp, p.tp, p.pp, p.microbatches, p.world_size) == (2, 1, 2, 4, 4)
+    assert ParallelPlan.parse("tp=2").world_size == 2
+    for bad in ("dp=2,dp=2", "xp=2", "dp=two", "", "dp=0"):
+        with pytest.raises(InputError):
+            ParallelPlan.parse(bad)
+    with pytest.raises(InputError, match="schedule"):
+        ParallelPlan(schedule="zigzag")
+
+
+def test_config_json_roundtrip_and_estimator_stage_layers():
+    c = cfg(dp=1, pp=2, microbatches=2, stage_layers=(2, 2), global_batch=8)   # layers() counting
+    assert c.plan.stage_layers == (1, 1)                                       # decoder counting
+    assert TrainConfig.from_json(json.loads(json.dumps(c.to_json()))) == c
+    assert decoder_stage_layers(MODEL, (1, 1)) == (1, 1)
+    with pytest.raises(InputError, match="stage_layers"):
+        decoder_stage_layers(MODEL, (3, 3))
+    with pytest.raises(InputError, match="unknown keys"):
+        TrainConfig.from_json({**c.to_json(), "bogus": 1})
+
+
+@pytest.mark.parametrize("kwargs,ranks,field,match", [
+    (dict(dp=2), 4, "plan", "needs dp\\*tp\\*pp = 2 ranks but 4"),
+    (dict(tp=3), None, "plan.tp", "does not divide"),
+    (dict(pp=3, microbatches=3), None, "plan.pp", "exceeds"),
+    (dict(dp=2, global_batch=3), None, "global_batch", "not divisible"),
+    (dict(pp=2, microbatches=1), None, "microbatches", "1F1B"),
+    (dict(model="gpt__6.7B", global_batch=8), None, "plan", "does not fit in memory on cpu"),
+    (dict(model="tiny-llama__4L"), None, "model", "GPT families"),
+])
+def test_bad_plans_are_refused_before_launch(kwargs, ranks, field, match):
+    with pytest.raises(InputError, match=match) as e:
+        validate(cfg(**kwargs), ranks=ranks)
+    assert e.value.field == field
+
+
+def test_memory_estimate_scales_with_sharding():
+    one = estimate_memory(cfg(model="gpt__1.3B", global_batch=8), "a100-80gb")
+    tp4 = estimate_memory(cfg(model="gpt__1.3B", tp=4, global_batch=8), "a100-80gb")
+    pp4 = estimate_memory(cfg(model="gpt__1.3B", pp=4, microbatches=4, global_batch=8), "a100-80gb")
+    assert tp4.per_rank_bytes < one.per_rank_bytes and pp4.per_rank_bytes < one.per_rank_bytes
+    assert validate(cfg(model="gpt__1.3B", tp=4, global_batch=8), device_type="a100-80gb").fits
+
+
+def test_synthetic_data_is_a_function_of_seed_and_step():
+    from launcher.data import SyntheticTokens, dp_shard, split
+
+    src = SyntheticTokens(256, 32, seed=3)
+    a, b = src.global_batch(5, 8), src.global_batch(5, 8)
+    assert a.shape == (8, 33) and bool((a == b).all())
+    assert not bool((a == src.global_batch(6, 8)).all())
+    assert not bool((a == SyntheticTokens(256, 32, seed=4).global_batch(5, 8)).all())
+    shards = [dp_shard(a, 4, r) for r in range(4)]
+    import torch
+    assert bool((torch.cat(shards) == a).all())
+    x, y = split(a)
+    assert bool((x[:, 1:] == y[:, :-1]).all())
+
+
+def test_text_file_data(tmp_path):
+    from launcher.data import TextFileTokens
+
+    f = tmp_path / "corpus.txt"
+    f.write_text("hello arena " * 50)
+    b = TextFileTokens(str(f), 256, 16, seed=0).global_batch(0, 4)
+    assert b.shape == (4, 17) and int(b.max()) < 256
+    with pytest.raises(InputError, match="not found"):
+        TextFileTokens(str(tmp_path / "missing.txt"), 256, 16, seed=0)
+
+
+def test_pipeline_stages_compose_to_the_full_model_with_global_names():
+    import torch
+
+    from launcher.model import build_model
+    from launcher.parallelize import TP_PLAN
+    from launcher.pipeline import split_stage
+
+    assert stage_ranges(5, 2) == [(0, 3), (3, 5)] and stage_ranges(4, 2, (1, 3)) == [(0, 1), (1, 4)]
+    model = "tiny-gpt__4L"
+    full = build_model(model, seed=7)
+    stages = [split_stage(build_model(model, seed=7), i, 3) for i in range(3)]
+    names = set()
+    for s in stages:
+        names |= {n for n, _ in s.named_parameters()}
+    assert names == {n for n, _ in full.named_parameters()}       # same FQNs, nothing lost
+    assert list(stages[1].layers.keys()) == ["2"]
+    x = torch.randint(0, 512, (2, 64))
+    h = x
+    for s in stages:
+        h = s(h)
+    assert torch.allclose(h, full(x), atol=1e-6)
+    for sub in TP_PLAN:                                           # the TP plan names real modules
+        full.layers["0"].get_submodule(sub)
+
+
+def test_reference_training_learns():
+    from launcher.reference import train_reference
+
+    losses = train_reference(MODEL, steps=12, global_batch=8, seed=0)
+    assert len(losses) == 12 and losses[-1] < losses[0] - 0.1
+    assert train_reference(MODEL, steps=12, global_batch=8, seed=0, start_step=10) == losses[10:]
+
+
+def test_latest_checkpoint_ignores_partial_saves(tmp_path):
+    from launcher.checkpoint import META, latest_checkpoint
+
+    assert latest_checkpoint(tmp_path) is None and latest_checkpoint(None) is None
+    for name, complete in (("step_00000004", True), ("step_00000008", True),
+                           ("step_00000012", False), (".tmp-step_00000016", True)):
+        (tmp_path / name).mkdir()
+        if complete:
+            (tmp_path / name / META).write_text("{}")
+    step, path = latest_checkpoint(tmp_path)
+    assert step == 8 and path.name == "step_00000008"
+
+
+def test_measured_run_record_matches_the_profile_store_schema(tmp_path):
+    from estimators.profile_store import MEASURED_RUN_KEYS, ProfileStore
+    from launcher import telemetry
+
+    c = cfg(dp=1, pp=2, microbatches=2, global_batch=4)
+    rec = telemetry.measured_run(c, device="cpu", gpu_type="cpu", iteration_time_s=0.5, step=3,
+                                 stage_compute_s=[0.1, 0.2], stage_comm_s=[0.4, 0.3])
+    assert set(MEASURED_RUN_KEYS) <= set(rec) and set(telemetry.RECORD_KEYS) == set(MEASURED_RUN_KEYS)
+    telemetry.append_measured_runs(tmp_path, [rec, rec])
+    back = ProfileStore(tmp_path).read_measured_runs()
+    assert len(back) == 2 and back[0]["pp"] == 2 and back[0]["stage_comm_s"] == [0.4, 0.3]
+    assert telemetry.store_dir("x") == __import__("pathlib").Path("x")
+
+
+def test_progress_file_roundtrip(tmp_path):
+    from launcher.telemetry import read_progress, write_progress
+
+    p = tmp_path / "progress.json"
+    assert read_progress(p) is None
+    write_progress(p, status="running", iterations_done=3, last_checkpoint_step=2)
+    got = read_progress(p)
+    assert got["status"] == "running" and got["iterations_done"] == 3 and "updated_at" in got
+    with pytest.raises(ValueError):
+        write_progress(p, status="bogus")
+
+
+def test_hostfile_parsing(tmp_path):
+    from launcher.launch import hostfile_hosts
+
+    f = tmp_path / "hosts"
+    f.write_text("# cluster\nnode-a:4\nnode-b\n\n")
+    assert hostfile_hosts(f) == [("node-a", 4), ("node-b", 1)]
+    f.write_text("node-a:x\n")
+    with pytest.raises(InputError) as e:
+        hostfile_hosts(f)
+    assert e.value.line == 1 and e.value.field == "slots"
+
+
+def test_cli_refuses_bad_plan_and_dry_runs(capsys):
+    from engine.cli import main
+
+    assert main(["train", "--model", MODEL, "--plan", "tp=3", "--steps", "2"]) == 2
+    assert "tensor degree tp=3 does not divide" in capsys.readouterr().err
+    assert main(["train", "--model", MODEL, "--plan", "dp=2,pp=2", "--steps", "2", "--global-batch", "8",
+                 "--dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ranks"] == 4 and out["command"][1:3] == ["-n", "4"] and "launcher.worker" in out["command"]

@@ -1,0 +1,96 @@
+"""The ``arena`` policy: picks the faster grid, keeps a running job where a move does
+not pay, validates its config, dumps models, and runs a short simulation cleanly."""
+from __future__ import annotations
+
+import pytest
+
+from engine.context import Allocation, JobView, RoundContext
+from engine.policy import make_policy
+from engine.reconfig import ReconfigCostModel
+from estimators.base import Estimate
+from instances.cluster import ClusterSpec, NodeGroup
+from instances.errors import InputError
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+
+CLUSTER = ClusterSpec((NodeGroup("a100", 1, 4), NodeGroup("a40", 2, 2)), "tiny")
+
+
+class TypeSpeedPerf:
+    """Stand-in estimator: throughput = type speed x GPUs ** 0.9 (pp 1 only)."""
+    name = "stand-in"
+
+    def __init__(self, speed):
+        self.speed = speed
+
+    def estimate(self, job, grid):
+        if grid.pp > 1:
+            return Estimate(float("inf"), 0.0, 0.0, None, False, "stand-in")
+        thr = self.speed[grid.gpu_type.split("-")[0]] * grid.num_gpus ** 0.9
+        return Estimate(job.global_batch / thr, thr, 1e9, None, True, "stand-in")
+
+
+def ctx_of(views, perf, cluster=CLUSTER):
+    return RoundContext(0.0, 0, 300.0, cluster, tuple(views), perf, ReconfigCostModel())
+
+
+def job(jid="j", gpus=1, gpu_type="a40"):
+    return Job(jid, "gpt__350M", 64, 1000, 0.0, requested_gpus=gpus, requested_gpu_type=gpu_type)
+
+
+@pytest.mark.parametrize("backend", ["auto", "highs", "cpsat", "lagrangian"])
+def test_arena_picks_the_faster_grid(backend):
+    pol = make_policy("arena", backend=backend)
+    d = pol.decide(ctx_of([JobView(job(), 1000.0, None)], TypeSpeedPerf({"a100": 3.0, "a40": 1.0})))
+    assert d.grids["j"].gpu_type == "a100-40gb"
+    d = pol.decide(ctx_of([JobView(job(), 1000.0, None)], TypeSpeedPerf({"a100": 1.0, "a40": 3.0})))
+    assert d.grids["j"].gpu_type == "a40"
+    assert d.info["status"] == "optimal" and d.info["jobs"] == 1
+
+
+def test_arena_keeps_a_running_job_when_moving_does_not_pay():
+    cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
+    view = JobView(job(gpus=4), 1000.0, cur)
+    # a100 x4 is 2% faster: less than the downtime of a move (40 s of a 300 s round)
+    d = make_policy("arena").decide(ctx_of([view], TypeSpeedPerf({"a100": 1.02, "a40": 1.0})))
+    assert d.grids["j"] == cur.grid
+    # twice as fast: worth the move
+    d = make_policy("arena").decide(ctx_of([view], TypeSpeedPerf({"a100": 2.0, "a40": 1.0})))
+    assert d.grids["j"].gpu_type == "a100-40gb"
+
+
+def test_arena_skips_shapes_known_infeasible():
+    bad = Shape("a100", 1, 4)
+    view = JobView(job(gpus=4), 1000.0, None, known_infeasible_shapes=frozenset({bad}))
+    d = make_policy("arena").decide(ctx_of([view], TypeSpeedPerf({"a100": 3.0, "a40": 1.0})))
+    assert d.grids["j"].shape != bad
+
+
+def test_arena_config_is_validated():
+    with pytest.raises(InputError, match="bogus"):
+        make_policy("arena", bogus=1)
+    with pytest.raises(InputError, match="backend"):
+        make_policy("arena", backend="nope")
+    with pytest.raises(InputError, match="time_limit_s"):
+        make_policy("arena", time_limit_s="-1")
+    p = make_policy("arena", w_jct="2", **{"reconfig.per_move": "0.1"}, backend="highs", rel_gap="0.001")
+    assert p.decider.rel_gap == 0.001
+    assert {t.name: w for w, t in p.decider.objective.terms}["jct"] == 2.0
+
+
+def test_arena_dumps_every_round_model(tmp_path):
+    pol = make_policy("arena", dump_rounds_dir=str(tmp_path))
+    pol.decide(ctx_of([JobView(job(), 1000.0, None)], TypeSpeedPerf({"a100": 3.0, "a40": 1.0})))
+    assert (tmp_path / "round_00000.mps").stat().st_size > 0
+    assert (tmp_path / "round_00000.lp").stat().st_size > 0
+
+
+def test_arena_simulates_the_demo_without_packing_failures():
+    from engine.simulator import simulate
+    from estimators import make_performance_model
+    from instances.builtin import get_instance
+    inst = get_instance("demo")
+    res = simulate(inst, make_policy("arena"), perf=make_performance_model("table"), rounds=40)
+    s = res.summary
+    assert s["jobs_finished"] > 0
+    assert s["packing_failures"] == 0

@@ -1,0 +1,82 @@
+"""Baselines decide with data-parallel-only estimates and follow their own rules."""
+from __future__ import annotations
+
+import pytest
+
+from engine.context import JobView, RoundContext
+from engine.policy import make_policy, policy_names
+from engine.reconfig import ReconfigCostModel
+from estimators import make_performance_model
+from instances.builtin import get_instance
+from instances.errors import InputError
+from instances.jobs import Job
+
+
+@pytest.fixture(scope="module")
+def demo_ctx():
+    inst = get_instance("demo")
+    views = tuple(JobView(j, float(j.num_iterations), None) for j in inst.jobs[:16])
+    return RoundContext(0.0, 0, 300.0, inst.cluster, views, make_performance_model("table"), ReconfigCostModel())
+
+
+def test_baselines_are_registered():
+    assert {"arena", "gavel", "sia", "elasticflow-ls"} <= set(policy_names())
+
+
+@pytest.mark.parametrize("name", ["gavel", "sia", "elasticflow-ls"])
+def test_baselines_use_data_parallel_plans_only(demo_ctx, name):
+    d = make_policy(name).decide(demo_ctx)
+    assert d.grids, "some job must run"
+    for jid, g in d.grids.items():
+        assert g.pp == 1
+        plan = d.plans.get(jid)
+        if plan is not None:
+            assert plan.pp == 1 and plan.tp == 1
+
+
+def test_gavel_keeps_the_requested_gpu_count(demo_ctx):
+    d = make_policy("gavel").decide(demo_ctx)
+    for jid, g in d.grids.items():
+        want = demo_ctx.job(jid).job.requested_gpus
+        assert want is None or g.num_gpus == want
+
+
+def test_elasticflow_keeps_the_requested_type_unless_heterogeneous(demo_ctx):
+    d = make_policy("elasticflow-ls").decide(demo_ctx)
+    for jid, g in d.grids.items():
+        want = demo_ctx.job(jid).job.requested_gpu_type
+        assert want is None or g.gpu_type == want
+
+
+def test_elasticflow_admits_the_deadline_job_first():
+    inst = get_instance("demo")
+    base = inst.jobs[0]
+    # identical jobs; only one has a (loose but binding) deadline
+    a = Job("late", base.model, base.global_batch, base.num_iterations, 0.0,
+            requested_gpus=1, requested_gpu_type=base.requested_gpu_type)
+    b = Job("urgent", base.model, base.global_batch, base.num_iterations, 0.0, deadline_s=1e7,
+            requested_gpus=1, requested_gpu_type=base.requested_gpu_type)
+    views = (JobView(a, float(a.num_iterations), None), JobView(b, float(b.num_iterations), None))
+    ctx = RoundContext(0.0, 0, 300.0, inst.cluster, views, make_performance_model("table"), ReconfigCostModel())
+    d = make_policy("elasticflow-ls", slack_factor=1.0).decide(ctx)
+    assert "urgent" in d.grids
+
+
+def test_sia_penalises_moves_more_than_arena():
+    sia = make_policy("sia")
+    terms = {t.name: t for _, t in sia.decider.objective.terms}
+    assert terms["reconfig"].per_move > 0 and terms["throughput"].reference == "smallest"
+
+
+@pytest.mark.parametrize("name", ["gavel", "sia", "elasticflow-ls"])
+def test_baseline_config_is_validated(name):
+    with pytest.raises(InputError):
+        make_policy(name, bogus=1)
+
+
+@pytest.mark.parametrize("name", ["gavel", "sia", "elasticflow-ls"])
+def test_baselines_simulate_the_demo_without_packing_failures(name):
+    from engine.simulator import simulate
+    res = simulate(get_instance("demo"), make_policy(name), perf=make_performance_model("table"), rounds=30)
+    assert res.summary["packing_failures"] == 0
+    assert res.summary["jobs_finished"] > 0

@@ -1,0 +1,143 @@
+"""Solver backends: agreement on optimal values, proved gaps, time-outs, infeasible
+models, unavailable solvers, warm starts and MPS/LP export."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.formulation import build_model, synthetic_round_data, tiny_round_data
+from engine.formulation.decide import solve_safely
+from engine.objectives import parse_objective
+from engine.solvers import BackendUnavailable, available_backends, make_backend
+from engine.solvers.pulp_backend import export_model
+
+EXACT = [b for b in ("highs", "cpsat", "scip", "pulp-cbc", "pulp-highs") if b in available_backends()]
+HEURISTIC = ["auto", "lagrangian", "highs-lp", "highs-auto"]
+ARENA = {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1}
+
+
+def small_model(seed, weights=ARENA, gpus=64, jobs=12):
+    return build_model(synthetic_round_data(gpus, jobs, seed), parse_objective({}, weights))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_backends_agree_on_the_optimum(seed):
+    model = small_model(seed)
+    values = {}
+    for name in EXACT:
+        sol = make_backend(name).solve(model, 30.0, rel_gap=1e-9)
+        assert sol.status == "optimal", (name, sol.message)
+        assert model.violation(sol.values) <= 1e-6, name
+        values[name] = sol.objective
+    ref = values["highs"]
+    for name, v in values.items():
+        # CP-SAT optimizes integer-scaled coefficients (resolution 1e-6 of the largest)
+        assert v == pytest.approx(ref, rel=1e-5, abs=1e-5), (name, values)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_exact_backends_agree_with_a_fairness_term(seed):
+    model = small_model(seed, {"throughput": 1, "queue": 1, "fairness": 1}, jobs=8)
+    vals = [make_backend(n).solve(model, 30.0, rel_gap=1e-9).objective for n in EXACT]
+    # CP-SAT also rounds the fairness rows' coefficients (scale 1000): looser tolerance
+    assert max(vals) - min(vals) <= 1e-2 * max(1.0, abs(vals[0])), dict(zip(EXACT, vals))
+
+
+@pytest.mark.parametrize("name", HEURISTIC + ["greedy"])
+def test_heuristics_bound_the_optimum_and_are_feasible(name):
+    model = small_model(4, gpus=256, jobs=80)
+    opt = make_backend("highs").solve(model, 30.0, rel_gap=1e-9)
+    sol = make_backend(name).solve(model, 30.0, rel_gap=0.01)
+    assert model.violation(sol.values) <= 1e-6
+    assert sol.objective <= opt.objective + 1e-6
+    if name == "greedy":
+        return
+    assert sol.bound >= opt.objective - model.offset - 1e-6      # a valid (proved) bound
+    if name in ("auto", "highs-auto"):                           # these escalate until proved
+        assert sol.status == "optimal"
+    # the gap is honest: "optimal" means the value is within rel_gap of the optimum
+    assert (sol.status == "optimal") == (sol.gap <= 0.01)
+    if sol.status == "optimal":
+        assert sol.objective - model.offset >= (1 - 0.01) * (opt.objective - model.offset) - 1e-6
+
+
+@pytest.mark.parametrize("name", ["highs", "cpsat", "auto"])
+def test_time_out_returns_incumbent_or_greedy(name):
+    model = small_model(5, gpus=2048, jobs=1000)
+    sol = make_backend(name).solve(model, 0.02, rel_gap=1e-9)
+    assert sol.status in ("optimal", "feasible", "fallback")
+    assert model.violation(sol.values) <= 1e-6
+    assert len(sol.selected(model.n_x)) > 0          # the greedy or incumbent runs jobs
+
+
+@pytest.mark.parametrize("name", ["highs", "cpsat", "scip", "auto", "highs-lp", "lagrangian"])
+def test_infeasible_model_gives_a_greedy_decision(name):
+    if name not in available_backends():
+        pytest.skip(f"{name} not installed")
+    jobs = [{"cols": [("a100", 1, 4, 4.0)], "id": "a"}, {"cols": [("a100", 1, 4, 4.0)], "id": "b"}]
+    data = tiny_round_data({"a100": [4]}, jobs)
+    model = build_model(data, parse_objective({}, {"throughput": 1}), pinned=frozenset({"a", "b"}))
+    sol = make_backend(name).solve(model, 10.0)
+    assert sol.status == "infeasible"
+    # the decision respects capacity (only the pinned lower bounds cannot all hold)
+    act = model.A @ sol.values
+    assert np.all(act <= model.row_ub + 1e-9)
+    assert len(sol.selected(model.n_x)) == 1
+
+
+def test_a_crashing_backend_becomes_a_greedy_round():
+    class Broken:
+        name = "broken"
+
+        def solve(self, model, time_limit_s, hint=None, rel_gap=0.01):
+            raise RuntimeError("solver exploded")
+
+    model = small_model(0)
+    sol = solve_safely(Broken(), model, 1.0, None, 0.01)
+    assert sol.status == "error" and "exploded" in sol.message
+    assert model.violation(sol.values) <= 1e-6
+
+
+def test_unavailable_backend_says_so_at_call_time():
+    b = make_backend("pulp-scip")
+    if b.available():
+        pytest.skip("PuLP finds SCIP here")
+    with pytest.raises(BackendUnavailable, match="SCIP"):
+        b.solve(small_model(0), 1.0)
+
+
+def test_lagrangian_warm_start_needs_fewer_iterations():
+    lag = make_backend("lagrangian")
+    model = small_model(6, gpus=512, jobs=200)
+    cold = lag.solve(model, 10.0)
+    warm = lag.solve(model, 10.0)
+    assert warm.extra["price_iterations"] < cold.extra["price_iterations"]
+    assert warm.status == "optimal"
+
+
+def test_hint_is_accepted_by_every_exact_backend():
+    model = small_model(7)
+    opt = make_backend("highs").solve(model, 30.0, rel_gap=1e-9)
+    for name in EXACT:
+        sol = make_backend(name).solve(model, 30.0, hint=opt.values[: model.n_x], rel_gap=1e-9)
+        assert sol.objective == pytest.approx(opt.objective, rel=1e-5, abs=1e-5), name
+
+
+@pytest.mark.parametrize("via", ["highs", "pulp"])
+def test_mps_and_lp_export_round_trip(tmp_path, via):
+    import highspy
+    model = small_model(8, jobs=6)
+    opt = make_backend("highs").solve(model, 30.0, rel_gap=1e-9)
+    for fmt in ("mps", "lp"):
+        path = export_model(model, tmp_path / f"m.{fmt}", fmt, via=via)
+        assert path.stat().st_size > 0
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.readModel(str(path))
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)     # PuLP's MPS: sense in a comment
+        h.setOptionValue("mip_rel_gap", 1e-9)
+        h.run()
+        val = h.getInfo().objective_function_value
+        # PuLP's files drop the constant offset; HiGHS's keep it
+        expect = opt.objective - model.offset if via == "pulp" else opt.objective
+        assert val == pytest.approx(expect, rel=1e-6, abs=1e-6), (fmt, val, expect)
