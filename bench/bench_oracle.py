@@ -57,6 +57,27 @@ def leave_one_out(rule: str, config: OracleConfig | None = None) -> dict:
     }
 
 
+def leave_one_type_out(config: OracleConfig | None = None) -> dict:
+    """Hide every row of one GPU type and predict them with our rule, which must then
+    transfer from the other types through the catalog's spec ratio (as for H100, L20...)."""
+    rows = load_measured_iter_times()
+    cfg = config or OracleConfig(max_iteration_time_s=1e9)
+    out = {}
+    for gpu in sorted({r.gpu_type for r in rows}):
+        oracle = TableOracle([r for r in rows if r.gpu_type != gpu], cfg)
+        apes, signed = [], []
+        for r in rows:
+            if r.gpu_type != gpu or r.iter_time_s is None:
+                continue
+            pred = oracle.iteration_time(r.model, r.global_batch, Shape(gpu, r.num_nodes, r.gpus_per_node))
+            if pred is not None:
+                apes.append(abs(pred - r.iter_time_s) / r.iter_time_s)
+                signed.append(pred / r.iter_time_s)
+        out[gpu] = {"rows": len(apes), "mape": statistics.fmean(apes),
+                    "median_ratio": statistics.median(signed)}
+    return out
+
+
 def common_mape(a: dict, b: dict) -> tuple[int, float, float]:
     """MAPE of both rules over the rows that both predict."""
     ea, eb = [], []
@@ -83,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['oom_rows_predicted_infeasible']:>4}/{r['oom_rows']}")
     n, ours, arena = common_mape(results["ours"], results["arena"])
     print(f"on the {n} rows both rules predict: MAPE ours {ours:.1%}, arena {arena:.1%}")
+    print("leave-one-GPU-type-out (ours; transfer by spec ratio; the Arena rule cannot predict these):")
+    lot = leave_one_type_out()
+    for gpu, r in lot.items():
+        print(f"  {gpu:10} rows {r['rows']:3}  MAPE {r['mape']:6.1%}  median predicted/measured {r['median_ratio']:.2f}")
+    results["leave_one_type_out"] = lot
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from .state import JobStatus, SimState
 
 
@@ -32,24 +34,32 @@ def check_invariants(state: SimState, now_s: float, prev_now_s: float | None,
 
 def _check_gpus(state: SimState) -> None:
     cl = state.cluster
+    owner, nodes = cl.owner, cl.nodes
     seen: dict[tuple[int, int], str] = {}
     for jid, r in state.running.items():
         if r.status is not JobStatus.RUNNING or r.alloc is None:
             raise InvariantViolation(f"job {jid} in the running set with status {r.status.value}")
         a = r.alloc
-        per_node: dict[int, int] = {}
-        for g in a.gpus:
-            n, i = g
-            if not (0 <= n < len(cl.nodes) and 0 <= i < cl.nodes[n].num_gpus):
-                raise InvariantViolation(f"job {jid} holds non-existent GPU {g}")
-            if cl.nodes[n].gpu_type != a.grid.gpu_type:
-                raise InvariantViolation(f"job {jid} holds a {cl.nodes[n].gpu_type} GPU {g} for grid {a.grid}")
-            if g in seen:
-                raise InvariantViolation(f"GPU {g} held by both {seen[g]} and {jid}")
-            seen[g] = jid
-            if cl.owner[n][i] != jid:
-                raise InvariantViolation(f"GPU {g} of job {jid} is recorded as owned by {cl.owner[n][i]}")
-            per_node[n] = per_node.get(n, 0) + 1
+        gpus = a.gpus
+        per_node = Counter(n for n, _ in gpus)
+        for n in per_node:
+            if not 0 <= n < len(nodes):
+                raise InvariantViolation(f"job {jid} holds a GPU on non-existent node {n}")
+            if nodes[n].gpu_type != a.grid.gpu_type:
+                raise InvariantViolation(f"job {jid} holds {nodes[n].gpu_type} GPUs on node {n} for grid {a.grid}")
+        try:
+            if min(i for _, i in gpus) < 0:
+                raise IndexError
+            owners = [owner[n][i] for n, i in gpus]
+        except IndexError:
+            raise InvariantViolation(f"job {jid} holds a non-existent GPU: {gpus}") from None
+        if owners.count(jid) != len(gpus):
+            g = next(g for g, o in zip(gpus, owners) if o != jid)
+            raise InvariantViolation(f"GPU {g} of job {jid} is recorded as owned by {owner[g[0]][g[1]]}")
+        before = len(seen)
+        seen.update(dict.fromkeys(gpus, jid))
+        if len(seen) != before + len(gpus):
+            raise InvariantViolation(f"job {jid} holds a GPU twice or shares one: {gpus}")
         sh = a.grid.shape
         if len(per_node) != sh.num_nodes or any(c != sh.gpus_per_node for c in per_node.values()):
             raise InvariantViolation(f"job {jid}: GPUs {a.gpus} do not match shape {sh}")

@@ -103,7 +103,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
     submitted = [j for j in jobs if j.submitted_s is not None]
     never = [j for j in submitted if j.first_start_s is None]
     thr = [r.throughput_samples_per_s for r in hrounds]
-    dec = [r.decision_time_s for r in sim.rounds]
+    dec = [r.decision_time_s for r in sim.rounds if r.decided]
     s: dict = {
         "instance": getattr(sim.instance, "name", ""),
         "policy": getattr(sim.policy, "name", type(sim.policy).__name__),
@@ -131,6 +131,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         "decision_time_median_s": _pct(dec, 50),
         "decision_time_p99_s": _pct(dec, 99),
         "decision_time_total_s": float(sum(dec)),
+        "rounds_decided": len(dec),
         "packing_failures": sum(r.packing_failures for r in hrounds),
         "packing_repairs": sum(r.repairs for r in hrounds),
         "infeasible_drops": sum(r.infeasible_drops for r in hrounds),

@@ -109,6 +109,19 @@ class Placer:
             placed_by_type.setdefault(grid.gpu_type, []).append(jid)
         return PlacementResult(out, tuple(failed), repaired, tuple(pins_rejected), tuple(kept))
 
+    # -- public helpers for policies that test fits the engine's way ---------------
+    def empty_free_map(self) -> list[set[int]]:
+        """Free GPU indices per node of the empty cluster (mutable; for ``choose``/``take``)."""
+        return [set(range(s)) for s in self.size]
+
+    def choose(self, free: list[set[int]], shape: Shape,
+               prefer: tuple[GpuId, ...] = ()) -> tuple[GpuId, ...] | None:
+        """GPUs the engine's rule would pick for ``shape`` in ``free`` (None: no fit)."""
+        return self._choose(free, shape, prefer)
+
+    def take(self, free: list[set[int]], gpus: Iterable[GpuId]) -> None:
+        self._take(free, gpus)
+
     # ------------------------------------------------------------------------------
     @staticmethod
     def _take(free: list[set[int]], gpus: Iterable[GpuId]) -> None:

@@ -9,6 +9,7 @@ at the moment it stopped (an approximation of frequent checkpointing).
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +39,19 @@ class _Run:
     launch_down_gpu_s: float = 0.0
     reconfig_down_gpu_s: float = 0.0
     downtime_s: float = 0.0
+    gen: int = 0                    # bumped on every launch/stop/reconfigure: stale events are ignored
+    computing: bool = False         # counted in the cluster's sample rate
+    rate: float = 0.0               # samples/s while computing
+
+
+_DOWN_END, _FINISH = 0, 1
 
 
 class SimExecutor:
-    """Event-driven: between events (a completion, the end of a downtime, a launch, stop
-    or reconfiguration) the cluster's sample rate is constant, so advancing over a quiet
-    round costs O(1); per-job progress is brought up to date lazily."""
+    """Event-driven: a heap holds each running job's next event (end of its downtime, or
+    its completion). Between events the cluster's sample rate is constant, so advancing
+    over a quiet round costs O(1) and an event O(log jobs); per-job progress is brought
+    up to date lazily."""
 
     def __init__(self, oracle: Any, reconfig: ReconfigCostModel):
         self.oracle = oracle
@@ -56,8 +64,8 @@ class SimExecutor:
         self.now_s: float = float("-inf")
         self._rate = 0.0                      # samples/s of the jobs computing now
         self._down_gpus = 0                   # GPUs held in reconfiguration downtime now
-        self._next_event_s = math.inf
-        self._dirty = False
+        self._events: list[tuple[float, int, str, int, int]] = []   # (time, seq, job, gen, kind)
+        self._seq = 0
         self._carry: list[JobProgress] = []   # completions found outside ``advance``
 
     # -- truth ---------------------------------------------------------------------
@@ -85,18 +93,16 @@ class SimExecutor:
         if r is None:
             r = _Run(job, None, None)
             self._runs[job.job_id] = r
-        down = self.reconfig.cost_s(job, None, alloc)
-        r.alloc, r.iteration_time_s, r.t_last_s = alloc, it, now_s
-        r.busy_until_s, r.downtime_is_launch = now_s + down, True
+        r.t_last_s = now_s
         self._running[job.job_id] = r
-        self._dirty = True
+        self._start(r, alloc, it, self.reconfig.cost_s(job, None, alloc), True)
 
     def stop(self, job_id: str, now_s: float) -> None:
         self._run_until(now_s)
         r = self._running.pop(job_id)
         self._progress_to(r, now_s)
+        self._detach(r)
         r.alloc, r.iteration_time_s = None, None
-        self._dirty = True
 
     def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
         self._run_until(now_s)
@@ -106,9 +112,8 @@ class SimExecutor:
             raise InfeasibleAllocation(f"job {job_id} cannot run on {alloc.grid.shape}")
         self._progress_to(r, now_s)
         down = self.reconfig.cost_s(r.job, r.alloc, alloc)
-        r.alloc, r.iteration_time_s = alloc, it
-        r.busy_until_s, r.downtime_is_launch = now_s + down, False
-        self._dirty = True
+        self._detach(r)
+        self._start(r, alloc, it, down, False)
 
     def progress(self, job_id: str) -> JobProgress:
         r = self._runs.get(job_id)
@@ -147,26 +152,67 @@ class SimExecutor:
             self._progress_to(r, self.now_s)
         return (r.launch_down_gpu_s, r.reconfig_down_gpu_s)
 
+    def _push(self, t: float, r: _Run, kind: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, r.job.job_id, r.gen, kind))
+
+    def _start(self, r: _Run, alloc: Allocation, it: float, down: float, is_launch: bool) -> None:
+        """Put ``r`` (progress accounted up to now) on ``alloc`` after ``down`` seconds."""
+        now = self.now_s
+        r.gen += 1
+        r.alloc, r.iteration_time_s = alloc, it
+        r.busy_until_s, r.downtime_is_launch = now + down, is_launch
+        r.rate = r.job.global_batch / it
+        if down > 0:
+            r.computing = False
+            if not is_launch:
+                self._down_gpus += alloc.grid.num_gpus
+            self._push(r.busy_until_s, r, _DOWN_END)
+        else:
+            self._begin_computing(r, now)
+
+    def _begin_computing(self, r: _Run, t: float) -> None:
+        r.computing = True
+        self._rate += r.rate
+        self._push(t + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s, r, _FINISH)
+
+    def _detach(self, r: _Run) -> None:
+        """Remove ``r``'s contribution to the cluster's rates; its pending events go stale."""
+        r.gen += 1
+        if r.computing:
+            self._rate -= r.rate
+            r.computing = False
+        elif r.busy_until_s > self.now_s and not r.downtime_is_launch:
+            self._down_gpus -= r.alloc.grid.num_gpus
+        if not self._running:
+            self._rate, self._down_gpus = 0.0, 0        # no drift from repeated += / -=
+
     def _run_until(self, t: float) -> None:
         if t < self.now_s:
             raise RuntimeError(f"executor clock moved backwards: {t} < {self.now_s}")
         if self.now_s == float("-inf"):
             self.now_s = t
-        if self._dirty:
-            self._recompute()
-        while self._next_event_s <= t:
-            te = self._next_event_s
+        ev = self._events
+        while ev and ev[0][0] <= t:
+            te, _, jid, gen, kind = heapq.heappop(ev)
+            r = self._running.get(jid)
+            if r is None or r.gen != gen:
+                continue                                # stale
             self._account(te)
-            for jid in list(self._running):
-                r = self._running[jid]
-                self._progress_to(r, te)
-                if r.finished_at_s is not None:
-                    del self._running[jid]
-                    self._carry.append(JobProgress(jid, r.iterations_done, False, True, r.finished_at_s,
-                                                   last_checkpoint_iteration=r.iterations_done,
-                                                   measured_iteration_time_s=r.iteration_time_s))
-                    r.alloc = None
-            self._recompute()
+            self._progress_to(r, te)
+            if kind == _DOWN_END:
+                if not r.downtime_is_launch:
+                    self._down_gpus -= r.alloc.grid.num_gpus
+                self._begin_computing(r, te)
+            elif r.finished_at_s is not None:
+                del self._running[jid]
+                self._detach(r)
+                self._carry.append(JobProgress(jid, r.iterations_done, False, True, r.finished_at_s,
+                                               last_checkpoint_iteration=r.iterations_done,
+                                               measured_iteration_time_s=r.iteration_time_s))
+                r.alloc = None
+            else:                                       # rounding: not quite done yet
+                self._push(te + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s, r, _FINISH)
         self._account(t)
 
     def _account(self, t: float) -> None:
@@ -175,20 +221,6 @@ class SimExecutor:
             self.samples_done += self._rate * dt
             self.reconfig_lost_gpu_s_total += self._down_gpus * dt
             self.now_s = t
-
-    def _recompute(self) -> None:
-        now = self.now_s
-        rate, down, nxt = 0.0, 0, math.inf
-        for r in self._running.values():
-            if r.busy_until_s > now:
-                if not r.downtime_is_launch:
-                    down += r.alloc.grid.num_gpus
-                nxt = min(nxt, r.busy_until_s)
-            else:
-                rate += r.job.global_batch / r.iteration_time_s
-                work_start = max(r.t_last_s, r.busy_until_s)
-                nxt = min(nxt, work_start + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s)
-        self._rate, self._down_gpus, self._next_event_s, self._dirty = rate, down, nxt, False
 
     def _progress_to(self, r: _Run, t: float) -> None:
         """Bring one job's progress and downtime accounting up to ``t`` (per job only)."""

@@ -74,6 +74,7 @@ class RoundRecord:
     packing_failures: int = 0
     repairs: int = 0
     decision_time_s: float = 0.0
+    decided: bool = False            # the policy was called this round
     # over the interval [time_s, time_s + round_interval_s), filled at the next round:
     throughput_samples_per_s: float = 0.0
     gpu_busy_s: dict = field(default_factory=dict)       # per GPU type, GPU-seconds held
@@ -213,6 +214,7 @@ class _Simulation:
                 t_dec = time.perf_counter()
                 decisions = self.policy.decide(ctx)
                 rec.decision_time_s = time.perf_counter() - t_dec
+                rec.decided = True
                 # 4-6. filter, place, apply
                 self._apply(decisions, now, rec)
                 busy_by_type = st.cluster.used_by_type()
@@ -270,6 +272,7 @@ class _Simulation:
             raise TypeError(f"policy {getattr(self.policy, 'name', self.policy)!r} returned "
                             f"{type(decisions).__name__}, not Decisions")
         requests: dict[str, Grid] = {}
+        dropped: set[str] = set()
         for jid, grid in decisions.grids.items():
             r = st.jobs.get(jid)
             if r is None or r.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
@@ -283,10 +286,11 @@ class _Simulation:
                 r.known_infeasible = r.known_infeasible | {grid.shape}
                 if r.alloc is not None:
                     requests[jid] = r.alloc.grid      # keep running where it is
+                    dropped.add(jid)
                 continue
             requests[jid] = grid
         current = {jid: r.alloc for jid, r in st.running.items()}
-        pinned = {j: g for j, g in decisions.placements.items() if j in requests}
+        pinned = {j: g for j, g in decisions.placements.items() if j in requests and j not in dropped}
         res = self.placer.place(requests, current, pinned)
         rec.packing_failures = len(res.failed)
         rec.repairs = res.repaired

@@ -21,6 +21,7 @@ class Plan:
     stage_layers: tuple[int, ...]
     microbatches: int = 1
     schedule: str = "1f1b"          # "gpipe" or "1f1b"
+    ep: int = 0                     # MoE expert-parallel degree (divides dp); 0 = automatic (inside a node)
 
     def __post_init__(self):
         if min(self.pp, self.dp, self.tp, self.microbatches) < 1:
@@ -29,6 +30,8 @@ class Plan:
             raise ValueError(f"plan needs {self.pp} non-empty stages: {self}")
         if self.schedule not in ("gpipe", "1f1b"):
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}")
+        if self.ep < 0 or (self.ep and self.dp % self.ep):
+            raise ValueError(f"expert-parallel degree must divide dp (0 = automatic): {self}")
 
     @property
     def num_gpus(self) -> int:

@@ -201,13 +201,15 @@ class StageTable:
     exhaustive search relies on this)."""
 
     def __init__(self, arch: ModelArch, *, micro_batch: int, tp: int, dp: int, gpu: GpuType,
-                 gpus_per_node: int, timer, comm, eff: EfficiencyConfig, link_load: float = 0.0):
+                 gpus_per_node: int, timer, comm, eff: EfficiencyConfig, link_load: float = 0.0,
+                 ep: int = 0):
         self.arch, self.mb, self.tp, self.dp, self.gpu = arch, micro_batch, tp, dp, gpu
         self.gpn, self.comm, self.eff, self.link_load = gpus_per_node, comm, eff, link_load
+        self.timer = timer
         self.costs = layer_costs(arch, micro_batch=micro_batch, tp=tp, backward_ratio=eff.backward_flops_ratio)
         tp_link = "intra" if _within_node(tp, gpus_per_node) else "inter"
         self.dp_link = "intra" if _within_node(dp * tp, gpus_per_node) else "inter"
-        self.ep = expert_parallel_degree(arch, dp)
+        self.ep = ep or expert_parallel_degree(arch, dp, max(1, gpus_per_node // tp))
         ep_link = "intra" if _within_node(self.ep * tp, gpus_per_node) else "inter"
         pf, pb, ptf, ptb, pp_, pc = [0.0], [0.0], [0.0], [0.0], [0.0], [0]
         for c in self.costs:
@@ -264,8 +266,7 @@ class StageTable:
             exposed = [max(ar - bw, (1 - eff.dp_overlap_fraction) * ar) for ar, bw in zip(dp_ar, bwd_comp)]
         else:
             exposed = list(dp_ar)
-        opt = max(params) * eff.optimizer_traffic_bytes_per_param / (
-            self.gpu.memory_bw_bytes_per_s * eff.memory_bw_efficiency)
+        opt = self.timer.optimizer_s(max(params), self.gpu, self.arch.dtype)
         total = pipe + max(exposed) + opt
         return Breakdown(total, pipe, tuple(fwd), tuple(bwd), m * comp[slow], m * tpc[slow], m * p2p[slow],
                          max(0.0, pipe - busy), max(dp_ar), max(exposed), opt, self.mb,
@@ -280,5 +281,5 @@ def compose(arch: ModelArch, plan: Plan, *, global_batch: int, gpu: GpuType, gpu
                          f"{len(arch.layers())}")
     mb = micro_batch_size(global_batch, plan.dp, plan.microbatches)
     table = StageTable(arch, micro_batch=mb, tp=plan.tp, dp=plan.dp, gpu=gpu, gpus_per_node=gpus_per_node,
-                       timer=timer, comm=comm, eff=eff, link_load=link_load)
+                       timer=timer, comm=comm, eff=eff, link_load=link_load, ep=plan.ep)
     return table.breakdown(plan.stage_layers, plan.microbatches, plan.schedule)

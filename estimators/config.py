@@ -39,11 +39,11 @@ class EfficiencyConfig:
     achieved fraction of the catalog's intra-/inter-node link bandwidth in collectives.
     """
     kind_compute_efficiency: tuple[tuple[str, float], ...] = (
-        ("embedding", 0.333), ("decoder", 0.333), ("moe_decoder", 0.162), ("head", 0.333),
-        ("conv_stem", 0.474), ("bottleneck", 0.474), ("classifier", 0.474))
+        ("embedding", 0.353), ("decoder", 0.353), ("moe_decoder", 0.177), ("head", 0.353),
+        ("conv_stem", 0.440), ("bottleneck", 0.440), ("classifier", 0.440))
     memory_bw_efficiency: float = 0.70
-    intra_bw_efficiency: float = 0.866
-    inter_bw_efficiency: float = 0.0267    # fitted: the testbed's inter-node links were far below NIC spec
+    intra_bw_efficiency: float = 0.374
+    inter_bw_efficiency: float = 0.0246    # fitted: the testbed's inter-node links were far below NIC spec
     collective_latency_s: float = 30e-6       # per ring step
     layer_overhead_s: float = 40e-6           # kernel launches etc. per layer per micro-batch pass
     backward_flops_ratio: float = 2.0         # backward = 2x forward FLOPs

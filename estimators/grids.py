@@ -12,6 +12,8 @@ other splits could fit where these two do not; the planner searches only these t
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from instances.cluster import ClusterSpec
 from instances.gpus import get_gpu
 from instances.grid import Grid, Shape
@@ -19,6 +21,7 @@ from instances.jobs import Job
 from instances.models import ModelArch
 
 from .config import EstimatorConfig
+from .layers import expert_parallel_degree
 from .planner import Planner
 
 
@@ -49,21 +52,39 @@ def _grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner,
         dp = grid.num_gpus // pp // tp
         m = max(1, -(-global_batch // dp))
         for split in splits:
-            mem = planner.memtable(arch, 1, tp, dp).breakdown(split, m, "1f1b")
+            mem = planner.memtable(arch, 1, tp, dp, grid.shape.gpus_per_node,
+                                   expert_parallel_degree(arch, dp)).breakdown(split, m, "1f1b")
             if mem.fits(gpu, planner.cfg.memory):
                 return True
     return False
 
 
+@lru_cache(maxsize=1)
+def default_planner() -> Planner:
+    """The planner (and its caches) shared by callers that do not pass their own; built
+    from the default EstimatorConfig."""
+    return Planner(EstimatorConfig())
+
+
 def candidate_grids(job: Job, cluster: ClusterSpec, *, max_gpus: int = 16, gpu_counts=None,
                     planner: Planner | None = None, dp_only: bool = False, prune: bool = True) -> list[Grid]:
-    """Every grid of ``job`` on ``cluster`` (see module doc), memory-infeasible ones pruned."""
+    """Every grid of ``job`` on ``cluster`` (see module doc), memory-infeasible ones pruned.
+    Results are cached in the planner per (model, batch, cluster, counts, dp_only, prune)."""
     if max_gpus < 1:
         raise ValueError("max_gpus must be >= 1")
     counts = sorted(set(gpu_counts)) if gpu_counts is not None else _pow2_upto(max_gpus)
     if any((not isinstance(c, int)) or c < 1 for c in counts):
         raise ValueError(f"gpu_counts must be positive integers, got {gpu_counts!r}")
-    planner = planner or Planner(EstimatorConfig())
+    planner = planner or default_planner()
+    key = (job.model, job.global_batch, cluster, tuple(counts), dp_only, prune)
+    hit = planner.grids_cache.get(key)
+    if hit is None:
+        hit = planner.grids_cache[key] = tuple(_candidate_grids(job, cluster, counts, planner, dp_only, prune))
+    return list(hit)
+
+
+def _candidate_grids(job: Job, cluster: ClusterSpec, counts: list[int], planner: Planner, dp_only: bool,
+                     prune: bool) -> list[Grid]:
     arch = job.arch
     n_layers = len(arch.layers())
     # nodes per (type, node size) available

@@ -157,14 +157,16 @@ def layer_costs(arch: ModelArch, *, micro_batch: int = 1, tp: int = 1, seq_len: 
     return tuple(scale(c, micro_batch) for c in units)
 
 
-def expert_parallel_degree(arch: ModelArch, dp: int) -> int:
+def expert_parallel_degree(arch: ModelArch, dp: int, max_ep: int | None = None) -> int:
     """GShard-style expert parallelism along the data-parallel axis: the experts of a MoE
-    layer are spread over the largest power of two dividing ``dp`` and at most the expert
-    count (1 for dense models)."""
+    layer are spread over the largest power of two dividing ``dp``, at most the expert
+    count and at most ``max_ep`` (the composition passes the data-parallel ranks that share
+    a node, so the all-to-alls stay on the intra-node link); 1 for dense models."""
     if arch.num_experts <= 1:
         return 1
+    cap = arch.num_experts if max_ep is None else min(arch.num_experts, max(1, max_ep))
     ep = 1
-    while dp % (ep * 2) == 0 and ep * 2 <= arch.num_experts:
+    while dp % (ep * 2) == 0 and ep * 2 <= cap:
         ep *= 2
     return ep
 

@@ -81,13 +81,16 @@ class MemoryTable:
 
 
 def plan_memory(arch: ModelArch, plan: Plan, *, global_batch: int, cfg: MemoryConfig,
-                eff: EfficiencyConfig | None = None) -> MemoryBreakdown:
-    """Per-rank peak memory of ``plan`` (the largest stage)."""
+                eff: EfficiencyConfig | None = None, gpus_per_node: int | None = None) -> MemoryBreakdown:
+    """Per-rank peak memory of ``plan`` (the largest stage); ``gpus_per_node`` bounds the
+    expert-parallel degree as in the composition (None: unbounded)."""
     eff = eff or EfficiencyConfig()
     if sum(plan.stage_layers) != len(arch.layers()):
         raise ValueError(f"plan covers {sum(plan.stage_layers)} layers, model {arch.name} has "
                          f"{len(arch.layers())}")
     mb = micro_batch_size(global_batch, plan.dp, plan.microbatches)
     costs = layer_costs(arch, micro_batch=mb, tp=plan.tp, backward_ratio=eff.backward_flops_ratio)
-    return MemoryTable(arch, costs, plan.tp, cfg, eff, expert_parallel_degree(arch, plan.dp)).breakdown(plan.stage_layers, plan.microbatches,
+    max_ep = None if gpus_per_node is None else max(1, gpus_per_node // plan.tp)
+    ep = plan.ep or expert_parallel_degree(arch, plan.dp, max_ep)
+    return MemoryTable(arch, costs, plan.tp, cfg, eff, ep).breakdown(plan.stage_layers, plan.microbatches,
                                                                  plan.schedule)

@@ -131,20 +131,32 @@ class Planner:
         self._splits: dict = {}
         self._msplits: dict = {}
         self.fits_cache: dict = {}            # grids.grid_fits results
+        self.grids_cache: dict = {}           # grids.candidate_grids results
 
     # -- building blocks -------------------------------------------------------------
     def table(self, arch: ModelArch, mb: int, tp: int, dp: int, gpu: GpuType, gpn: int,
-              link_load: float) -> StageTable:
-        key = (arch, mb, tp, dp, gpu.name, gpn, link_load)
+              link_load: float, ep: int = 0) -> StageTable:
+        ep = ep or self.auto_ep(arch, dp, tp, gpn)
+        key = (arch, mb, tp, dp, gpu.name, gpn, link_load, ep)
         t = self._tables.get(key)
         if t is None:
             t = StageTable(arch, micro_batch=mb, tp=tp, dp=dp, gpu=gpu, gpus_per_node=gpn, timer=self.timer,
-                           comm=self.comm, eff=self.cfg.efficiency, link_load=link_load)
+                           comm=self.comm, eff=self.cfg.efficiency, link_load=link_load, ep=ep)
             self._tables[key] = t
         return t
 
-    def memtable(self, arch: ModelArch, mb: int, tp: int, dp: int = 1) -> MemoryTable:
-        ep = expert_parallel_degree(arch, dp)
+    @staticmethod
+    def auto_ep(arch: ModelArch, dp: int, tp: int, gpn: int | None) -> int:
+        """Default expert-parallel degree: data-parallel ranks inside one node."""
+        return expert_parallel_degree(arch, dp, None if gpn is None else max(1, gpn // tp))
+
+    def ep_options(self, arch: ModelArch, dp: int, tp: int, gpn: int) -> list[int]:
+        """Inside a node first; across nodes (less memory, all-to-alls on the network) second."""
+        return sorted({self.auto_ep(arch, dp, tp, gpn), expert_parallel_degree(arch, dp)})
+
+    def memtable(self, arch: ModelArch, mb: int, tp: int, dp: int = 1, gpn: int | None = None,
+                 ep: int = 0) -> MemoryTable:
+        ep = ep or self.auto_ep(arch, dp, tp, gpn)
         key = (arch, mb, tp, ep)
         t = self._mem.get(key)
         if t is None:
@@ -173,7 +185,8 @@ class Planner:
         dp = max(1, grid.num_gpus // pp)
         per_replica = max(1, math.ceil(global_batch / dp))
         m = min(per_replica, self.cfg.planner.max_microbatches)
-        t = self.memtable(arch, micro_batch_size(global_batch, dp, m), 1, dp)
+        t = self.memtable(arch, micro_batch_size(global_batch, dp, m), 1, dp, grid.shape.gpus_per_node,
+                          expert_parallel_degree(arch, dp))
         s = minmax_split(len(t.costs), pp, lambda k, i, j: (t.ps[j] - t.ps[i]) + (t.pa[j] - t.pa[i]) * min(m, pp - k))
         self._msplits[key] = s
         return s
@@ -181,9 +194,9 @@ class Planner:
     def evaluate(self, arch: ModelArch, plan: Plan, *, global_batch: int, gpu: GpuType, gpus_per_node: int,
                  link_load: float = 0.0) -> PlanResult:
         mb = micro_batch_size(global_batch, plan.dp, plan.microbatches)
-        bd = self.table(arch, mb, plan.tp, plan.dp, gpu, gpus_per_node, link_load).breakdown(
+        bd = self.table(arch, mb, plan.tp, plan.dp, gpu, gpus_per_node, link_load, plan.ep).breakdown(
             plan.stage_layers, plan.microbatches, plan.schedule)
-        mem = self.memtable(arch, mb, plan.tp, plan.dp).breakdown(plan.stage_layers, plan.microbatches, plan.schedule)
+        mem = self.memtable(arch, mb, plan.tp, plan.dp, gpus_per_node, plan.ep).breakdown(plan.stage_layers, plan.microbatches, plan.schedule)
         return PlanResult(plan, bd, mem, mem.fits(gpu, self.cfg.memory))
 
     def tp_options(self, arch: ModelArch, grid: Grid, *, within_node: bool, dp_only: bool) -> list[int]:
@@ -227,14 +240,19 @@ class Planner:
                     while m0 < pc.proxy_microbatches_per_stage * pp and m0 * 2 <= cap:
                         m0 *= 2
                     starts = [m0 * 2 ** k for k in range(pc.proxy_microbatch_candidates) if m0 * 2 ** k <= cap]
-                for m in starts:
-                    while True:
-                        r = self.evaluate(arch, Plan(pp, dp, tp, split, m, "1f1b"), global_batch=global_batch,
-                                          gpu=gpu, gpus_per_node=gpn, link_load=link_load)
-                        state["n"] += 1
-                        if r.feasible or m * 2 > cap:
+                eps = self.ep_options(arch, dp, tp, gpn)
+                for m0 in starts:
+                    for ep in eps:           # experts across nodes only when inside a node does not fit
+                        m = m0
+                        while True:
+                            r = self.evaluate(arch, Plan(pp, dp, tp, split, m, "1f1b", ep), global_batch=global_batch,
+                                              gpu=gpu, gpus_per_node=gpn, link_load=link_load)
+                            state["n"] += 1
+                            if r.feasible or m * 2 > cap:
+                                break
+                            m *= 2
+                        if r.feasible:
                             break
-                        m *= 2
                     b, f = state["best"], state["fallback"]
                     if r.feasible and (b is None or r.iteration_time_s < b.iteration_time_s):
                         state["best"] = r
@@ -277,10 +295,10 @@ class Planner:
             per_replica = max(1, math.ceil(global_batch / dp))
             ms = sorted(set(_pow2_upto(min(per_replica, pc.max_microbatches)) +
                             ([per_replica] if per_replica <= pc.max_microbatches else [])))
-            for m in ms:
+            for m, ep in itertools.product(ms, self.ep_options(arch, dp, tp, gpn)):
                 mb = micro_batch_size(global_batch, dp, m)
-                table = self.table(arch, mb, tp, dp, gpu, gpn, link_load)
-                mem = self.memtable(arch, mb, tp, dp)
+                table = self.table(arch, mb, tp, dp, gpu, gpn, link_load, ep)
+                mem = self.memtable(arch, mb, tp, dp, gpn, ep)
                 for schedule in ("1f1b", "gpipe"):
                     for split in splits:
                         n += 1
@@ -289,7 +307,7 @@ class Planner:
                             continue
                         bd = table.breakdown(split, m, schedule)
                         if best is None or bd.iteration_time_s < best[1].iteration_time_s - 1e-12:
-                            best = (Plan(pp, dp, tp, split, m, schedule), bd, mbd)
+                            best = (Plan(pp, dp, tp, split, m, schedule, ep), bd, mbd)
         if best is None:
             return None
         return PlanResult(best[0], best[1], best[2], True, n)

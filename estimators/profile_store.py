@@ -4,6 +4,7 @@ Directory (default ``$ARENA_PROFILE_DIR`` or ``~/.cache/arena/profiles``)::
 
     layers/<device>/<dtype>.json     {"schema_version", "device", "dtype", "entries": {key: record}}
     collectives/<device>.json        {"schema_version", "device", "entries": [record, ...]}
+    steps/<device>.json              {"schema_version", "device", "entries": {dtype: optimizer step cost}}
     measured_runs.jsonl              one measured training run per line (the launcher appends)
 
 A layer record is keyed by (kind, signature, tp, micro_batch): every model whose layer
@@ -185,6 +186,22 @@ class ProfileStore:
                 raise InputError(f"bad collective record: {e}", file=str(path), field=f"entries[{i}]") from None
         return out
 
+    # -- optimizer step ----------------------------------------------------------------
+    def _step_path(self, device: str) -> Path:
+        return self.root / "steps" / f"{device}.json"
+
+    def put_step(self, device: str, dtype: str, *, seconds_per_param: float, params: int, seconds: float) -> None:
+        """Measured optimizer step (Adam step + zero_grad) cost on ``device``."""
+        path = self._step_path(device)
+        doc = _read_json(path) if path.exists() else {"schema_version": SCHEMA_VERSION, "device": device,
+                                                      "entries": {}}
+        doc["entries"][dtype] = {"seconds_per_param": seconds_per_param, "params": params, "seconds": seconds}
+        _atomic_write(path, json.dumps(doc, indent=1))
+
+    def steps(self, device: str) -> dict:
+        path = self._step_path(device)
+        return _read_json(path).get("entries", {}) if path.exists() else {}
+
     # -- measured runs (the launcher appends) -----------------------------------------
     @property
     def runs_path(self) -> Path:
@@ -249,7 +266,9 @@ class ProfileStore:
             # keep the largest micro-batch's rate (closest to training micro-batches)
             if key not in rates or r.micro_batch > rates[key][0]:
                 rates[key] = (r.micro_batch, (r.fwd_flops_per_s, r.bwd_flops_per_s))
-        timer = ProfiledTimer(device, {k: v[1] for k, v in rates.items()}, roof)
+        steps = self.steps(device)
+        timer = ProfiledTimer(device, {k: v[1] for k, v in rates.items()}, roof,
+                              step_s_per_param={d: e["seconds_per_param"] for d, e in steps.items()})
         fit = fit_collectives(self.collective_records(device))
         comm = ProfiledComm(eff, device=device, fit=fit)
         return timer, comm

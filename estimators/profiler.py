@@ -311,7 +311,42 @@ def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: P
                                             cfg.repeats, f_s + b_s))
     if store is not None and records:
         store.put_layers([r for r in records if math.isfinite(r.fwd_flops_per_s)])
-    return {"device": dev_name, "records": records, "reused": reused, "device_seconds": spent}
+    step = None
+    if store is None or not reuse or dtype not in store.steps(dev_name):
+        t0 = time.perf_counter()
+        step = _time_optimizer_step(small_arch if _needs_reduction(arch, cfg) else arch, dtype, dev, cfg)
+        spent += time.perf_counter() - t0
+        if store is not None:
+            store.put_step(dev_name, dtype, **step)
+    return {"device": dev_name, "records": records, "reused": reused, "device_seconds": spent, "step": step}
+
+
+def _time_optimizer_step(arch: ModelArch, dtype: str, device: str, cfg: ProfilerConfig) -> dict:
+    """Adam step + zero_grad over the parameters of every layer of ``arch`` (the profiler's
+    own layer modules, tp = 1), the per-iteration work outside the layers."""
+    import torch
+    params = []
+    for i in range(len(arch.layers())):
+        mod, _ = _build(arch, i, 1, dtype)
+        params += list(mod.to(device).parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.Adam(params, lr=1e-4)
+    ts = []
+    for it in range(cfg.warmup + cfg.repeats):
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        t0 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if it >= cfg.warmup:
+            ts.append(time.perf_counter() - t0)
+    n = sum(p.numel() for p in params)
+    t = statistics.median(ts)
+    return {"seconds_per_param": t / n, "params": n, "seconds": t}
 
 
 # -- collectives ---------------------------------------------------------------------

@@ -41,6 +41,11 @@ class RooflineTimer:
     def profiled(self, cost: LayerCost, gpu: GpuType, dtype: str) -> bool:
         return False
 
+    def optimizer_s(self, params: float, gpu: GpuType, dtype: str) -> float:
+        """Optimizer step over ``params`` parameters: memory-bound traffic."""
+        return params * self.eff.optimizer_traffic_bytes_per_param / (
+            gpu.memory_bw_bytes_per_s * self.eff.memory_bw_efficiency)
+
 
 @dataclass(frozen=True)
 class CatalogComm:
@@ -90,6 +95,13 @@ class ProfiledTimer:
     flops_per_s: dict
     fallback: RooflineTimer
     source: str = "profiled"
+    step_s_per_param: dict = field(default_factory=dict)   # dtype -> measured optimizer+step overhead
+    step_fixed_s: dict = field(default_factory=dict)       # dtype -> per-step fixed overhead
+
+    def optimizer_s(self, params: float, gpu: GpuType, dtype: str) -> float:
+        if gpu.name == self.device and dtype in self.step_s_per_param:
+            return self.step_fixed_s.get(dtype, 0.0) + params * self.step_s_per_param[dtype]
+        return self.fallback.optimizer_s(params, gpu, dtype)
 
     def _rate(self, cost: LayerCost, gpu: GpuType, dtype: str):
         if gpu.name != self.device:

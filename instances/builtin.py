@@ -23,7 +23,7 @@ from typing import Callable
 from .cluster import ClusterSpec, NodeGroup, load_cluster
 from .errors import InputError
 from .jobs import Job
-from .oracle import Oracle, TableOracle
+from .oracle import Oracle, TableOracle, make_oracle
 
 
 @dataclass(frozen=True)
@@ -92,24 +92,23 @@ def demo_cluster() -> ClusterSpec:
     return ClusterSpec((NodeGroup("a100-40gb", 4, 8), NodeGroup("a40", 8, 2)), "demo-48")
 
 
-def _arena(trace: str) -> Callable[[int], Instance]:
-    def build(seed: int) -> Instance:
+def _arena(trace: str) -> Callable[[int, Oracle], Instance]:
+    def build(seed: int, oracle: Oracle) -> Instance:
         from .traces import load_bundled_trace
         cluster = arena_cluster()
         jobs = load_bundled_trace(trace, cluster=cluster, iteration_divisor=ARENA_ITERATION_DIVISOR,
                                   deadline_slack_factor=ARENA_DEADLINE_SLACK_FACTOR)
-        return Instance(trace, _DESCRIPTIONS[trace], cluster, jobs, TableOracle(seed=seed),
+        return Instance(trace, _DESCRIPTIONS[trace], cluster, jobs, oracle,
                         ARENA_ROUND_INTERVAL_S, ARENA_HORIZON_ROUNDS)
     return build
 
 
-def _demo(seed: int) -> Instance:
+def _demo(seed: int, oracle: Oracle) -> Instance:
     from .generator import SyntheticJobsConfig, synthetic_jobs
     cluster = demo_cluster()
-    oracle = TableOracle(seed=seed)
     cfg = SyntheticJobsConfig(mean_interarrival_s=90.0, duration_median_s=2400.0, duration_sigma=0.7,
                               max_duration_s=4 * 3600.0)
-    jobs = synthetic_jobs(DEMO_NUM_JOBS, seed, cluster=cluster, oracle=oracle, config=cfg)
+    jobs = synthetic_jobs(DEMO_NUM_JOBS, seed, cluster=cluster, oracle=TableOracle(), config=cfg)
     return Instance("demo", _DESCRIPTIONS["demo"], cluster, jobs, oracle, DEMO_ROUND_INTERVAL_S, DEMO_HORIZON_ROUNDS)
 
 
@@ -117,13 +116,12 @@ def synthetic_num_jobs(num_gpus: int) -> int:
     return num_gpus
 
 
-def _synthetic(num_gpus: int, seed: int) -> Instance:
+def _synthetic(num_gpus: int, seed: int, oracle: Oracle) -> Instance:
     from .generator import SyntheticJobsConfig, synthetic_cluster, synthetic_jobs
     cluster = synthetic_cluster(num_gpus, seed)
-    oracle = TableOracle(seed=seed)
     n = synthetic_num_jobs(num_gpus)
     cfg = SyntheticJobsConfig(mean_interarrival_s=SYNTHETIC_ARRIVAL_WINDOW_S / n)
-    jobs = synthetic_jobs(n, seed, cluster=cluster, oracle=oracle, config=cfg)
+    jobs = synthetic_jobs(n, seed, cluster=cluster, oracle=TableOracle(), config=cfg)
     return Instance(f"synthetic-{num_gpus}", _synthetic_description(num_gpus), cluster, jobs, oracle,
                     SYNTHETIC_ROUND_INTERVAL_S, ARENA_HORIZON_ROUNDS)
 
@@ -134,7 +132,7 @@ _DESCRIPTIONS = {
     "arena-venus": "Arena's 1,280-GPU cluster, Helios Venus-arrival trace (iterations /5, deadline slack x5)",
     "arena-pai": "Arena's 1,280-GPU cluster, Alibaba PAI-arrival trace (iterations /5, deadline slack x5)",
 }
-_BUILDERS: dict[str, Callable[[int], Instance]] = {
+_BUILDERS: dict[str, Callable[[int, Oracle], Instance]] = {
     "demo": _demo,
     "arena-philly": _arena("arena-philly"),
     "arena-venus": _arena("arena-venus"),
@@ -153,18 +151,25 @@ def instance_names() -> list[str]:
 
 
 @lru_cache(maxsize=16)
-def get_instance(name: str, seed: int = 0) -> Instance:
-    """The built-in instance ``name`` (see the module docstring); deterministic by seed."""
+def get_instance(name: str, seed: int = 0, oracle: str = "table", noise_std: float = 0.0) -> Instance:
+    """The built-in instance ``name`` (see the module docstring); deterministic by seed.
+
+    ``oracle`` names the truth oracle (``instances.oracle.ORACLES``: ``table``, ours, or
+    ``arena-rule``, the artifact's extrapolation rule, for faithful replays);
+    ``noise_std`` adds the oracle's seeded multiplicative noise. The jobs of synthetic
+    instances are always generated with the noiseless ``table`` oracle, so they do not
+    depend on these two choices."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise InputError(f"seed must be an integer, got {seed!r}", field="seed")
+    truth = make_oracle(oracle, seed=seed, noise_std=noise_std)
     if name in _BUILDERS:
-        return _BUILDERS[name](seed)
+        return _BUILDERS[name](seed, truth)
     m = _SYNTHETIC.fullmatch(name)
     if m:
         n = int(m.group(1))
         if n > SYNTHETIC_MAX_GPUS:
             raise InputError(f"synthetic-N: N must be at most {SYNTHETIC_MAX_GPUS}, got {n}", field="name")
-        return _synthetic(n, seed)
+        return _synthetic(n, seed, truth)
     if name.startswith("synthetic"):
         raise InputError(f"bad synthetic instance name {name!r}: use synthetic-N with N a positive "
                          f"integer GPU count, e.g. synthetic-1024", field="name")

@@ -62,7 +62,7 @@ from typing import Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
-from .gpus import GPU_TYPES, canonical_gpu_name, get_gpu
+from .gpus import canonical_gpu_name, get_gpu
 from .grid import Shape
 from .jobs import Job
 from .measurements import MeasuredIterTime, load_measured_iter_times
@@ -91,12 +91,12 @@ class OracleConfig:
     # transfer to unmeasured GPU types
     spec_flops_weight: float = 0.5           # exponent of the fp16 FLOP/s ratio; 1-w on bandwidth
     # residual correction (kernel weights)
-    residual_shrinkage: float = 0.5          # pseudo-weight of "no correction"
-    other_type_weight: float = 0.15
-    other_batch_weight: float = 0.3
+    residual_shrinkage: float = 0.1          # pseudo-weight of "no correction"
+    other_type_weight: float = 0.05
+    other_batch_weight: float = 0.8
     other_model_weight: float = 0.03
-    gpus_length: float = 1.0                 # weight decays by e per this many doublings of GPUs
-    locality_length: float = 1.0             # ... and per this many doublings of GPUs per node
+    gpus_length: float = 0.5                 # weight decays by e per this many doublings of GPUs
+    locality_length: float = 0.5             # ... and per this many doublings of GPUs per node
     ridge: float = 1e-3                      # ridge penalty of the prior's least squares
     monotone_max_gpus: int = 4096            # monotone clamp looks up to this many GPUs
     # Arena's rule
@@ -263,6 +263,7 @@ class TableOracle(_TableOracleBase):
     def __init__(self, rows: Iterable[MeasuredIterTime] | None = None,
                  config: OracleConfig | None = None, **overrides):
         super().__init__(rows, config, **overrides)
+        self._mono_cache: dict[Key, float | None] = {}
         feasible = [r for r in self.rows if r.feasible]
         by_family: dict[str, list[MeasuredIterTime]] = {}
         for r in feasible:
@@ -340,18 +341,23 @@ class TableOracle(_TableOracleBase):
         model, batch, gpu_type, nodes, gpn = key
         n = nodes * gpn
         mem = get_gpu(gpu_type).memory_bytes
-        same = [r for r in self._by_model.get(model, ()) if r.global_batch == batch]
-        # An out-of-memory row contradicted by a fit on fewer GPUs of the same type is a
-        # failed plan search, not a memory limit: it is not used as evidence.
-        ooms = [r for r in same if not r.feasible and not any(
-            f.feasible and f.gpu_type == r.gpu_type and f.num_gpus <= r.num_gpus for f in same)]
-        fits = [r for r in same if r.feasible]
-        for same_type_only in (True, False):
-            ok = [r for r in fits if not same_type_only or r.gpu_type == gpu_type]
-            bad = [r for r in ooms if not same_type_only or r.gpu_type == gpu_type]
-            if any(r.num_gpus <= n and get_gpu(r.gpu_type).memory_bytes <= mem for r in ok):
+        rows = self._by_model.get(model, ())
+        # An out-of-memory row contradicted by a fit of the same or a larger batch on fewer
+        # GPUs of the same type is a failed plan search, not a memory limit: not evidence.
+        ooms = [r for r in rows if not r.feasible and not any(
+            f.feasible and f.gpu_type == r.gpu_type and f.num_gpus <= r.num_gpus
+            and f.global_batch >= r.global_batch for f in rows)]
+        fits = [r for r in rows if r.feasible]
+        # Evidence, nearest first: same batch and type; same batch; any batch (a larger
+        # batch needs at least as much memory as a smaller one).
+        for same_type, same_batch in ((True, True), (False, True), (False, False)):
+            def keep(r):
+                return (not same_type or r.gpu_type == gpu_type) and (not same_batch or r.global_batch == batch)
+            if any(keep(r) and r.num_gpus <= n and r.global_batch >= batch
+                   and get_gpu(r.gpu_type).memory_bytes <= mem for r in fits):
                 return True
-            if any(r.num_gpus >= n and get_gpu(r.gpu_type).memory_bytes >= mem for r in bad):
+            if any(keep(r) and r.num_gpus >= n and r.global_batch <= batch
+                   and get_gpu(r.gpu_type).memory_bytes >= mem for r in ooms):
                 return False
         c = self.config
         arch = get_model(model)
@@ -373,10 +379,9 @@ class TableOracle(_TableOracleBase):
 
     def _monotone_time(self, key: Key) -> float | None:
         """Noiseless, uncapped time used by the monotone clamp (cached separately)."""
-        cache = self.__dict__.setdefault("_mono_cache", {})
-        if key not in cache:
-            cache[key] = self._noiseless(key)
-        return cache[key]
+        if key not in self._mono_cache:
+            self._mono_cache[key] = self._noiseless(key)
+        return self._mono_cache[key]
 
 
 # ------------------------------------------------------------------------------------
@@ -428,4 +433,21 @@ class ArenaRuleOracle(_TableOracleBase):
         return None
 
 
-__all__ = ["Oracle", "OracleConfig", "TableOracle", "ArenaRuleOracle", "spec_speed", "GPU_TYPES"]
+ORACLES: dict[str, type] = {"table": TableOracle, "arena-rule": ArenaRuleOracle}
+
+
+def make_oracle(name: str = "table", **config) -> Oracle:
+    """An oracle by registry name (``table``: ours; ``arena-rule``: the artifact's rule),
+    configured with ``OracleConfig`` fields (e.g. ``noise_std=0.05, seed=1``)."""
+    from .errors import InputError
+    if name not in ORACLES:
+        raise InputError(f"unknown oracle {name!r}; known: {', '.join(sorted(ORACLES))}", field="oracle")
+    try:
+        return ORACLES[name](config=OracleConfig(**config))
+    except TypeError as e:
+        raise InputError(f"bad oracle option: {e}", field="oracle") from None
+    except ValueError as e:
+        raise InputError(str(e), field="oracle") from None
+
+
+__all__ = ["Oracle", "OracleConfig", "TableOracle", "ArenaRuleOracle", "ORACLES", "make_oracle", "spec_speed"]

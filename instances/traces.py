@@ -27,7 +27,7 @@ import gzip
 import io
 import math
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -439,7 +439,10 @@ def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
     for line, rec in rows:
         ts = rows.raw(rec, "timestamp").strip()
         try:
-            t = datetime.fromisoformat(ts).timestamp()
+            stamp = datetime.fromisoformat(ts)
+            if stamp.tzinfo is None:            # naive stamps are read as UTC, never local time
+                stamp = stamp.replace(tzinfo=timezone.utc)
+            t = stamp.timestamp()
         except ValueError:
             try:
                 t = rows.float(rec, line, "timestamp")

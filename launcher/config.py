@@ -39,8 +39,11 @@ class ParallelPlan:
             raise InputError(f"unknown pipeline schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}",
                              field="schedule")
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
-        if self.stage_layers and (len(self.stage_layers) != self.pp or min(self.stage_layers) < 1):
-            raise InputError(f"needs {self.pp} positive layer counts, got {self.stage_layers}",
+        sl = self.stage_layers
+        if sl and (len(sl) != self.pp or min(sl) < 0 or (self.pp > 1 and min(sl[1:-1], default=1) < 1)
+                   or (self.pp == 1 and sl[0] < 1)):
+            raise InputError(f"needs {self.pp} decoder-layer counts, positive except on the first "
+                             f"stage (which holds the embeddings) and the last (the head), got {sl}",
                              field="stage_layers")
 
     @property
@@ -177,7 +180,8 @@ class TrainConfig:
 def decoder_stage_layers(model: str, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
     """Accept stage layer counts over decoder layers (sum == num_layers) or over
     ``ModelArch.layers()`` (sum == num_layers + 2: embedding on the first stage, head on
-    the last, as the estimators count them) and return decoder-layer counts."""
+    the last, as the estimators count them) and return decoder-layer counts (the first or
+    last stage may then hold no decoder layer)."""
     from instances.models import get_model
     L = get_model(model).num_layers
     total = sum(stage_layers)
@@ -187,8 +191,8 @@ def decoder_stage_layers(model: str, stage_layers: tuple[int, ...]) -> tuple[int
         out = list(stage_layers)
         out[0] -= 1
         out[-1] -= 1
-        if min(out) < 1 and len(out) > 1:
-            raise InputError(f"stage_layers {stage_layers} leave a stage with no decoder layer",
+        if min(out) < 0 or min(out[1:-1], default=1) < 1:
+            raise InputError(f"stage_layers {stage_layers} leave a stage with nothing to run",
                              field="stage_layers")
         return tuple(out)
     raise InputError(f"stage_layers {stage_layers} sum to {total}; model {model} has {L} decoder "

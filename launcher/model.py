@@ -1,7 +1,8 @@
 """Plain torch model definitions built from the model catalog (no parallelism here).
 
-``GPT`` is a pre-LayerNorm GPT-style decoder (learned positions, GELU MLP, causal
-attention). Parallelism is applied from outside: ``parallelize.py`` shards the
+``Transformer`` is a pre-norm decoder in two flavours: GPT (LayerNorm, learned positions,
+GELU MLP, biases) and Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
+attention, no biases, untied head). Parallelism is applied from outside: ``parallelize.py`` shards the
 attention and MLP projections (tensor) and wraps the model (data); ``pipeline.py``
 keeps one stage's layers. For that:
 
@@ -13,8 +14,8 @@ keeps one stage's layers. For that:
 - ``tok_embeddings``, ``pos_embeddings``, ``norm`` and ``output`` may be ``None`` (a
   pipeline stage that does not hold them passes hidden states through).
 
-Approximation: the output head is *not* tied to the token embedding (the catalog's GPT
-counts tied embeddings). Tying would need a gradient all-reduce between the first and
+Approximation: the GPT output head is *not* tied to the token embedding (the catalog's
+GPT counts tied embeddings). Tying would need a gradient all-reduce between the first and
 last pipeline stage; untied weights add ``vocab_size * hidden_size`` parameters.
 """
 from __future__ import annotations
@@ -26,29 +27,61 @@ from torch import nn
 from instances.errors import InputError
 from instances.models import ModelArch, get_model
 
-SUPPORTED_FAMILIES = ("gpt", "tiny-gpt")
+SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama")
 INIT_STD = 0.02                       # normal init of linear and embedding weights
-LAYER_NORM_EPS = 1e-5
+NORM_EPS = 1e-5
+ROPE_THETA = 10000.0                  # rotary embedding base (Llama)
+
+
+def _rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)       # [seq, head_dim/2]
+    return ang.cos(), ang.sin()
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (even, odd) of ``x`` ``[b, s, heads, head_dim]``."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s_ = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
+    return torch.stack((x1 * c - x2 * s_, x1 * s_ + x2 * c), dim=-1).flatten(-2)
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, num_heads: int):
+    """Causal multi-head attention; grouped-query (fewer key/value heads) and rotary
+    positions for Llama, biases and no rotation for GPT."""
+
+    def __init__(self, arch: ModelArch):
         super().__init__()
-        self.head_dim = hidden // num_heads
-        self.wq = nn.Linear(hidden, hidden)
-        self.wk = nn.Linear(hidden, hidden)
-        self.wv = nn.Linear(hidden, hidden)
-        self.wo = nn.Linear(hidden, hidden)
+        h, llama = arch.hidden_size, arch.base_family == "llama"
+        self.head_dim = h // arch.num_heads
+        kv = arch.kv_heads * self.head_dim
+        self.wq = nn.Linear(h, h, bias=not llama)
+        self.wk = nn.Linear(h, kv, bias=not llama)
+        self.wv = nn.Linear(h, kv, bias=not llama)
+        self.wo = nn.Linear(h, h, bias=not llama)
+        self.rope = llama
+        if llama:
+            cos, sin = _rope_tables(arch.seq_len, self.head_dim)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        # -1: the local head count (num_heads / tensor degree when wq/wk/wv are column-sharded)
-        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        # -1: the local head count (divided by the tensor degree when column-sharded)
+        q, k, v = (w(x).view(b, s, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        if self.rope:
+            q, k = (_apply_rope(t, self.rope_cos, self.rope_sin) for t in (q, k))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if k.shape[1] != q.shape[1]:                       # grouped-query: share kv heads
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Module):
+    """GELU MLP (GPT)."""
+
     def __init__(self, hidden: int, ffn: int):
         super().__init__()
         self.fc1 = nn.Linear(hidden, ffn)
@@ -58,29 +91,51 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-class Block(nn.Module):
-    def __init__(self, hidden: int, num_heads: int, ffn: int):
+class SwiGLU(nn.Module):
+    """Gated SiLU MLP without biases (Llama)."""
+
+    def __init__(self, hidden: int, ffn: int):
         super().__init__()
-        self.ln1 = nn.LayerNorm(hidden, eps=LAYER_NORM_EPS)
-        self.attn = Attention(hidden, num_heads)
-        self.ln2 = nn.LayerNorm(hidden, eps=LAYER_NORM_EPS)
-        self.mlp = MLP(hidden, ffn)
+        self.w1 = nn.Linear(hidden, ffn, bias=False)
+        self.w3 = nn.Linear(hidden, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def _norm(arch: ModelArch) -> nn.Module:
+    if arch.base_family == "llama":
+        return nn.RMSNorm(arch.hidden_size, eps=NORM_EPS)
+    return nn.LayerNorm(arch.hidden_size, eps=NORM_EPS)
+
+
+class Block(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.ln1 = _norm(arch)
+        self.attn = Attention(arch)
+        self.ln2 = _norm(arch)
+        self.mlp = (SwiGLU if arch.base_family == "llama" else MLP)(arch.hidden_size, arch.ffn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nn.Module):
+class Transformer(nn.Module):
+    """Pre-norm decoder: GPT (LayerNorm, learned positions, GELU) or Llama (RMSNorm,
+    rotary positions, SwiGLU, grouped-query attention, untied head)."""
+
     def __init__(self, arch: ModelArch):
         super().__init__()
         self.arch = arch
         h = arch.hidden_size
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(arch.vocab_size, h)
-        self.pos_embeddings: nn.Embedding | None = nn.Embedding(arch.seq_len, h)
-        self.layers = nn.ModuleDict({str(i): Block(h, arch.num_heads, arch.ffn)
-                                     for i in range(arch.num_layers)})
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(h, eps=LAYER_NORM_EPS)
+        self.pos_embeddings: nn.Embedding | None = (
+            None if arch.base_family == "llama" else nn.Embedding(arch.seq_len, h))
+        self.layers = nn.ModuleDict({str(i): Block(arch) for i in range(arch.num_layers)})
+        self.norm: nn.Module | None = _norm(arch)
         self.output: nn.Linear | None = nn.Linear(h, arch.vocab_size, bias=False)
         self.reset_parameters()
 
@@ -95,8 +150,10 @@ class GPT(nn.Module):
         """Token ids ``[batch, seq]`` (first stage) or hidden states ``[batch, seq, hidden]``;
         returns logits ``[batch, seq, vocab]`` (last stage) or hidden states."""
         if self.tok_embeddings is not None:
-            pos = torch.arange(x.shape[1], device=x.device)
-            x = self.tok_embeddings(x) + self.pos_embeddings(pos)
+            tokens = x
+            x = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                x = x + self.pos_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
         for layer in self.layers.values():
             x = layer(x)
         if self.norm is not None:
@@ -108,11 +165,11 @@ class GPT(nn.Module):
 
 def check_supported(arch: ModelArch) -> None:
     if arch.family not in SUPPORTED_FAMILIES:
-        raise InputError(f"the launcher trains the GPT families {', '.join(SUPPORTED_FAMILIES)}; "
+        raise InputError(f"the launcher trains the families {', '.join(SUPPORTED_FAMILIES)}; "
                          f"model {arch.name} is family {arch.family!r}", field="model")
 
 
-def build_model(model: str, seed: int) -> GPT:
+def build_model(model: str, seed: int) -> Transformer:
     """The full model, initialised deterministically from ``seed`` on the CPU in float32
     (every rank builds the same weights; parallelism then keeps each rank's part)."""
     arch = get_model(model)
@@ -120,7 +177,7 @@ def build_model(model: str, seed: int) -> GPT:
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return GPT(arch)
+        return Transformer(arch)
     finally:
         torch.random.set_rng_state(gen_state)
 

@@ -99,7 +99,12 @@ class _Job:
 
 
 class MpiExecutor:
-    def __init__(self, config: MpiExecutorConfig):
+    def __init__(self, config: MpiExecutorConfig | None = None, **kwargs):
+        """``MpiExecutor(MpiExecutorConfig(work_dir=...))`` or ``MpiExecutor(work_dir=...)``."""
+        if config is None:
+            config = MpiExecutorConfig(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either a MpiExecutorConfig or its fields as keywords, not both")
         self.config = config
         self._t0 = time.monotonic()
         self._jobs: dict[str, _Job] = {}

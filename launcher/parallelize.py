@@ -2,8 +2,8 @@
 building blocks.
 
 - Tensor: ``torch.distributed.tensor.parallel.parallelize_module`` with the Megatron
-  split: query/key/value and the first MLP linear column-wise, the attention output and
-  second MLP linear row-wise. Embeddings, norms and the output head stay replicated on
+  split: query/key/value and the MLP's input linears column-wise, the attention output
+  and the MLP's output linear row-wise (``TP_PLANS``, per model family). Embeddings, norms and the output head stay replicated on
   the tensor ranks (their gradients agree because the column-parallel inputs are
   all-reduced in backward).
 - Data: ``DistributedDataParallel`` on the data-parallel group for a plain model
@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from torch import nn
 
-TP_PLAN = {
-    "attn.wq": "colwise",
-    "attn.wk": "colwise",
-    "attn.wv": "colwise",
-    "attn.wo": "rowwise",
-    "mlp.fc1": "colwise",
-    "mlp.fc2": "rowwise",
+TP_PLANS = {
+    "gpt": {"attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise", "attn.wo": "rowwise",
+            "mlp.fc1": "colwise", "mlp.fc2": "rowwise"},
+    "llama": {"attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise", "attn.wo": "rowwise",
+              "mlp.w1": "colwise", "mlp.w3": "colwise", "mlp.w2": "rowwise"},
 }
 
 
@@ -32,8 +30,9 @@ def apply_tp(model: nn.Module, tp_mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = TP_PLANS[model.arch.base_family]
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {name: styles[s]() for name, s in TP_PLAN.items()})
+        parallelize_module(block, tp_mesh, {name: styles[s]() for name, s in plan.items()})
     return model
 
 

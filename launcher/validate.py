@@ -49,7 +49,8 @@ def estimate_memory(cfg: TrainConfig, device_type: str) -> MemoryEstimate:
     plan = cfg.plan
     layers = arch.layers()
     emb, decoders, head = layers[0], layers[1:-1], layers[-1]
-    untied_head = arch.vocab_size * arch.hidden_size     # launcher.model does not tie
+    # launcher.model does not tie the GPT head (the catalog counts it tied); Llama is untied anyway
+    untied_head = arch.vocab_size * arch.hidden_size if arch.tied_embeddings and arch.base_family != "llama" else 0
     micro = cfg.global_batch / (plan.dp * plan.microbatches)
     act_scale = TRAIN_DTYPE_BYTES / arch.dtype_bytes
     worst = (0.0, 0.0, 0.0)
@@ -80,8 +81,8 @@ def validate(cfg: TrainConfig, *, ranks: int | None = None, device_type: str = "
     if ranks is not None and ranks != plan.world_size:
         raise InputError(f"plan {plan} needs dp*tp*pp = {plan.world_size} ranks but {ranks} were "
                          f"requested", field="plan")
-    for what, size in (("num_heads", arch.num_heads), ("hidden_size", arch.hidden_size),
-                       ("ffn", arch.ffn)):
+    for what, size in (("num_heads", arch.num_heads), ("num_kv_heads", arch.kv_heads),
+                       ("hidden_size", arch.hidden_size), ("ffn", arch.ffn)):
         if size % plan.tp:
             raise InputError(f"tensor degree tp={plan.tp} does not divide model {arch.name}'s "
                              f"{what}={size}", field="plan.tp")

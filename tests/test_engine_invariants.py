@@ -60,3 +60,10 @@ def test_engine_methods_refuse_double_booking():
         st.submit("A", 0.0)
     with pytest.raises(StateError):
         st.set_time(-1.0) if st.set_time(10.0) is None else None
+
+
+def test_nonexistent_gpu_trips():
+    st = _state()
+    st.jobs["A"].alloc = Allocation(grid("a100", 1, 2), ((0, 0), (0, 9)))
+    with pytest.raises(InvariantViolation, match="non-existent"):
+        check_invariants(st, 0.0, None)

@@ -22,8 +22,8 @@ def test_decoder_flops_params_and_tp_volume(mb, tp):
     fwd = mb * (24 * S * H * H + 4 * S * S * H)
     assert c.fwd_flops == pytest.approx(fwd / tp)
     assert c.bwd_flops == pytest.approx(2 * fwd / tp)
-    # params: 12 h^2 weights + biases/norms 12 h (the catalog omits the output-projection bias)
-    assert c.params == pytest.approx((12 * H * H + 12 * H) / tp)
+    # params: 12 h^2 weights + 13 h biases and norms (qkv 3h, out h, two norms 4h, MLP 5h)
+    assert c.params == pytest.approx((12 * H * H + 13 * H) / tp)
     if tp == 1:
         assert (c.tp_allreduces_fwd, c.tp_allreduces_bwd, c.tp_comm_bytes_fwd) == (0, 0, 0)
     else:   # Megatron: 2 all-reduces of b*s*h forward, 2 backward
@@ -43,7 +43,7 @@ def test_decoder_activations_follow_korthikanti(tp):
 def test_sequence_length_and_dtype_rederive():
     c = decoder(layer_costs(ARCH, micro_batch=1, seq_len=64, dtype="float16"))[0]
     assert c.fwd_flops == pytest.approx(24 * 64 * H * H + 4 * 64 * 64 * H)
-    assert c.param_bytes == pytest.approx((12 * H * H + 12 * H) * 2)
+    assert c.param_bytes == pytest.approx((12 * H * H + 13 * H) * 2)
     with pytest.raises(ValueError):
         layer_costs(ARCH, micro_batch=0)
 

@@ -107,3 +107,18 @@ def test_generator_scales_to_10k():
     elapsed = time.perf_counter() - t0
     assert len(jobs) == 10000 and cluster.num_gpus == 10240
     assert elapsed < 15.0        # ~2 s on one free core; generous for a shared CI machine
+
+
+def test_oracle_choice_and_noise():
+    from instances.oracle import ArenaRuleOracle
+    base = get_instance("demo")
+    arena = get_instance("demo", oracle="arena-rule")
+    noisy = get_instance("demo", noise_std=0.1)
+    assert isinstance(arena.oracle, ArenaRuleOracle) and arena.jobs == base.jobs == noisy.jobs
+    shape = Shape("a40", 2, 2)
+    j = next(j for j in base.jobs if base.oracle.true_iteration_time(j, shape) is not None)
+    assert noisy.oracle.true_iteration_time(j, shape) != base.oracle.true_iteration_time(j, shape)
+    with pytest.raises(InputError, match="unknown oracle"):
+        get_instance("demo", oracle="psychic")
+    with pytest.raises(InputError):
+        get_instance("demo", noise_std=-1.0)

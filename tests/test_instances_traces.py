@@ -242,3 +242,43 @@ def test_bundled_pollux_philly_subset():
 def test_missing_file():
     with pytest.raises(InputError, match="not found"):
         load_trace("/nonexistent/trace.csv")
+
+
+@st.composite
+def arena_rows(draw):
+    n = draw(st.integers(1, 6))
+    ids = draw(st.lists(st.text(alphabet="abcdef0123456789-", min_size=1, max_size=10), min_size=n, max_size=n,
+                        unique=True))
+    rows = []
+    for jid in ids:
+        sub = draw(st.integers(0, 10**7))
+        rows.append([jid, str(sub), str(draw(st.integers(1, 10**6))),
+                     draw(st.sampled_from(["bert__1.3B", "moe__690M", "wide_resnet__2B", "moe__10B"])),
+                     str(sub + draw(st.integers(0, 10**6))), str(draw(st.sampled_from([128, 256, 512]))),
+                     str(draw(st.sampled_from([1, 2, 4, 8, 16]))), draw(st.sampled_from(["a100", "v100", "a40", "a10"]))])
+    return rows
+
+
+ARENA_CORRUPTIONS = {
+    "submission_time": ["-5", "nan", "x", ""], "num_iteration": ["0", "1.5", "many"],
+    "model_name": ["gpt__1T", ""], "deadline": ["-1", "inf", "?"], "batch_size": ["0", "b"],
+    "num_gpu": ["0", "-1", "four"], "gpu_type": ["k80", ""],
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(arena_rows(), st.integers(1, 7), st.floats(1, 10), st.data())
+def test_arena_fuzz_valid_and_corrupted(rows, divisor, factor, data):
+    text = ARENA_HEAD + "".join(",".join(r) + "\n" for r in rows)
+    jobs = parse_trace(text, "a.csv", iteration_divisor=divisor, deadline_slack_factor=factor)
+    t0 = min(int(r[1]) for r in rows)
+    for r, j in zip(rows, jobs):
+        assert j.job_id == r[0] and j.arrival_s == int(r[1]) - t0
+        assert j.num_iterations == max(1, int(r[2]) // divisor)
+        assert j.deadline_s == pytest.approx(j.arrival_s + (int(r[4]) - int(r[1])) * factor)
+    i = data.draw(st.integers(0, len(rows) - 1))
+    col = data.draw(st.sampled_from(sorted(ARENA_CORRUPTIONS)))
+    rows[i][ARENA_COLUMNS.index(col)] = data.draw(st.sampled_from(ARENA_CORRUPTIONS[col]))
+    with pytest.raises(InputError) as e:
+        parse_trace(ARENA_HEAD + "".join(",".join(r) + "\n" for r in rows), "a.csv")
+    assert (e.value.line, e.value.field) == (i + 2, col)

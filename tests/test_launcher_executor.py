@@ -44,8 +44,12 @@ def test_progress_has_the_engine_fields():
 
 
 def test_refuses_a_plan_that_does_not_match_the_allocation(tmp_path):
-    ex = MpiExecutor(MpiExecutorConfig(work_dir=str(tmp_path)))
+    ex = MpiExecutor(work_dir=str(tmp_path))
     job = Job("j0", MODEL, BATCH, STEPS, 0.0)
+    with pytest.raises(KeyError):
+        ex.progress("j0")                                   # never launched
+    with pytest.raises(InputError, match="families"):
+        ex.launch(Job("j2", "tiny-moe__2L", BATCH, STEPS, 0.0), alloc(1), None, 0.0)
     with pytest.raises(InputError, match="needs dp\\*tp\\*pp = 4 ranks but 2"):
         ex.launch(job, alloc(1), Plan(pp=1, dp=4, tp=1, stage_layers=(4,)), 0.0)
 

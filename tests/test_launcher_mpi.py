@@ -39,6 +39,10 @@ def test_checkpoint_on_dp_resumes_on_tp_and_on_pp(tmp_path, reference):
     assert (ck / "step_00000010" / "meta.json").is_file()
     ck_pp = tmp_path / "ck_pp"
     shutil.copytree(ck, ck_pp)
+    # what a crash mid-save leaves behind: a temporary directory and one without meta.json
+    for partial in (ck / ".tmp-step_00000015", ck / "step_00000018"):
+        partial.mkdir()
+        (partial / "__0_0.distcp").write_bytes(b"torn")
 
     r = run_training(MODEL, 1, 2, 1, steps=20, global_batch=BATCH, checkpoint_dir=ck, timeout_s=TIMEOUT_S,
                      run_dir=tmp_path / "run_tp")
@@ -62,14 +66,17 @@ def test_fresh_tensor_parallel_run_matches(tmp_path, reference):
 
 
 def test_cli_pipeline_run_prints_steps_and_records_telemetry(tmp_path, reference):
-    """`arena train` on pp=2 (GPipe, 4 micro-batches) with --breakdown: one line per step,
-    losses as one process, measured runs in the profile store."""
-    store, tel = tmp_path / "store", tmp_path / "tel.jsonl"
+    """`arena train` on pp=2 (GPipe, 4 micro-batches, MPICH hostfile; stage 0 holds only the
+    embeddings, stage 1 both decoder layers and the head) with --breakdown: one line per
+    step, losses as one process, measured runs in the profile store."""
+    store, tel, hosts = tmp_path / "store", tmp_path / "tel.jsonl", tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
     env = {**os.environ, "ARENA_PROFILE_DIR": str(store)}
     out = subprocess.run(
         [sys.executable, "-m", "engine.cli", "train", "--model", MODEL, "--plan", "dp=1,tp=1,pp=2",
-         "--microbatches", "4", "--schedule", "gpipe", "--steps", "5", "--global-batch", str(BATCH),
-         "--breakdown", "--telemetry", str(tel), "--run-dir", str(tmp_path / "run")],
+         "--microbatches", "4", "--schedule", "gpipe", "--stage-layers", "0,2", "--steps", "5", "--global-batch", str(BATCH),
+         "--breakdown", "--telemetry", str(tel), "--run-dir", str(tmp_path / "run"),
+         "--hostfile", str(hosts)],
         capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [l.split() for l in out.stdout.splitlines() if l.startswith("step ")]
@@ -99,3 +106,13 @@ def test_four_ranks_fsdp2_with_tensor_and_pipeline(tmp_path, reference):
                      timeout_s=TIMEOUT_S, run_dir=tmp_path / "b")
     assert r.ok, r.output_tail
     assert r.steps == (5, 6, 7, 8) and close(r.losses, reference[4:8]), (r.losses, reference[4:8])
+
+
+def test_llama_grouped_query_tensor_parallel_matches(tmp_path):
+    """tiny-llama (RMSNorm, rotary, SwiGLU, 4 query / 2 key-value heads) on tp=2: each
+    tensor rank holds 2 query heads sharing 1 key-value head."""
+    ref = train_reference("tiny-llama__4L", steps=4, global_batch=BATCH, seed=1)
+    r = run_training("tiny-llama__4L", 1, 2, 1, steps=4, global_batch=BATCH, seed=1, timeout_s=TIMEOUT_S,
+                     run_dir=tmp_path)
+    assert r.ok, r.output_tail
+    assert close(r.losses, ref), (r.losses, ref)

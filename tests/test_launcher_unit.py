@@ -34,6 +34,9 @@ def test_config_json_roundtrip_and_estimator_stage_layers():
     assert c.plan.stage_layers == (1, 1)                                       # decoder counting
     assert TrainConfig.from_json(json.loads(json.dumps(c.to_json()))) == c
     assert decoder_stage_layers(MODEL, (1, 1)) == (1, 1)
+    assert decoder_stage_layers(MODEL, (1, 3)) == (0, 2)          # stage 0: embeddings only
+    with pytest.raises(InputError, match="nothing to run"):
+        decoder_stage_layers("tiny-gpt__4L", (2, 0, 4))          # middle stage empty
     with pytest.raises(InputError, match="stage_layers"):
         decoder_stage_layers(MODEL, (3, 3))
     with pytest.raises(InputError, match="unknown keys"):
@@ -47,7 +50,8 @@ def test_config_json_roundtrip_and_estimator_stage_layers():
     (dict(dp=2, global_batch=3), None, "global_batch", "not divisible"),
     (dict(pp=2, microbatches=1), None, "microbatches", "1F1B"),
     (dict(model="gpt__6.7B", global_batch=8), None, "plan", "does not fit in memory on cpu"),
-    (dict(model="tiny-llama__4L"), None, "model", "GPT families"),
+    (dict(model="tiny-moe__2L"), None, "model", "the launcher trains the families"),
+    (dict(model="tiny-llama__4L", tp=4), None, "plan.tp", "num_kv_heads=2"),
 ])
 def test_bad_plans_are_refused_before_launch(kwargs, ranks, field, match):
     with pytest.raises(InputError, match=match) as e:
@@ -93,7 +97,7 @@ def test_pipeline_stages_compose_to_the_full_model_with_global_names():
     import torch
 
     from launcher.model import build_model
-    from launcher.parallelize import TP_PLAN
+    from launcher.parallelize import TP_PLANS
     from launcher.pipeline import split_stage
 
     assert stage_ranges(5, 2) == [(0, 3), (3, 5)] and stage_ranges(4, 2, (1, 3)) == [(0, 1), (1, 4)]
@@ -110,8 +114,13 @@ def test_pipeline_stages_compose_to_the_full_model_with_global_names():
     for s in stages:
         h = s(h)
     assert torch.allclose(h, full(x), atol=1e-6)
-    for sub in TP_PLAN:                                           # the TP plan names real modules
+    for sub in TP_PLANS["gpt"]:                                   # the TP plan names real modules
         full.layers["0"].get_submodule(sub)
+    llama = build_model("tiny-llama__4L", seed=0)
+    for sub in TP_PLANS["llama"]:
+        llama.layers["0"].get_submodule(sub)
+    from instances.models import get_model
+    assert sum(p.numel() for p in llama.parameters()) == get_model("tiny-llama__4L").param_count
 
 
 def test_reference_training_learns():

@@ -133,7 +133,10 @@ class ProgressLine:
         if now - self.last < (self.min_interval_s if self.tty else 5.0):
             return
         self.last = now
-        if p.round_index <= p.horizon_rounds or not p.run_out:
+        from ..simulator import SimConfig
+        if p.horizon_rounds >= SimConfig.max_rounds:
+            where = f"round {p.round_index} (no horizon: until every job is done)"
+        elif p.round_index <= p.horizon_rounds or not p.run_out:
             frac = min(1.0, p.round_index / max(1, p.horizon_rounds))
             bar = "#" * int(frac * 20)
             where = f"[{bar:<20}] round {p.round_index}/{p.horizon_rounds}"

@@ -15,8 +15,9 @@
 - A job the engine has seen to be infeasible on its requested shape
   (``JobView.known_infeasible_shapes``) is skipped, and neither blocks nor holds GPUs.
 
-The fit test uses the same placement rule as the engine (``engine.placement``), so a
-job it admits is placed.
+The fit test uses the engine's placement rule (``engine.placement``) in FCFS order; the
+engine then places larger shapes first, and its repair step covers the rare case where
+that order matters (0 packing failures on the Arena traces).
 """
 from __future__ import annotations
 
@@ -81,13 +82,13 @@ class FcfsPolicy:
 
     def decide(self, ctx: RoundContext) -> Decisions:
         placer = self._placer(ctx.cluster)
-        free = [set(range(s)) for s in placer.size]
+        free = placer.empty_free_map()
         grids: dict[str, Grid] = {}
         free_of_type = dict(ctx.cluster.gpus_by_type())
         for v in ctx.jobs:
             if v.current is not None:
                 grids[v.job_id] = v.current.grid
-                Placer._take(free, v.current.gpus)
+                placer.take(free, v.current.gpus)
                 free_of_type[v.current.grid.gpu_type] -= v.current.grid.num_gpus
         blocked: set[str] = set()
         shapes: dict = {}
@@ -105,7 +106,7 @@ class FcfsPolicy:
                 continue                      # can never run as requested: never placed
             if blocked_all or gtype in blocked:
                 continue
-            gpus = placer._choose(free, shape, ()) if free_of_type[gtype] >= shape.num_gpus else None
+            gpus = placer.choose(free, shape) if free_of_type[gtype] >= shape.num_gpus else None
             if gpus is None:
                 if not self.backfill:
                     if self.block_scope == "cluster":
@@ -113,7 +114,7 @@ class FcfsPolicy:
                     else:
                         blocked.add(gtype)
                 continue
-            Placer._take(free, gpus)
+            placer.take(free, gpus)
             free_of_type[gtype] -= shape.num_gpus
             grids[v.job_id] = Grid(shape, 1)
         return Decisions(grids)
