@@ -9,8 +9,6 @@
 """
 from __future__ import annotations
 
-from collections import Counter
-
 from .state import JobStatus, SimState
 
 
@@ -41,7 +39,8 @@ def _check_gpus(state: SimState) -> None:
             raise InvariantViolation(f"job {jid} in the running set with status {r.status.value}")
         a = r.alloc
         gpus = a.gpus
-        per_node = Counter(n for n, _ in gpus)
+        on = [n for n, _ in gpus]
+        per_node = {n: on.count(n) for n in set(on)}
         for n in per_node:
             if not 0 <= n < len(nodes):
                 raise InvariantViolation(f"job {jid} holds a GPU on non-existent node {n}")

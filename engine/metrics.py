@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .state import JobStatus
 
 TIMING_KEYS = ("decision_time_median_s", "decision_time_p99_s", "decision_time_total_s", "wall_time_s")
 
@@ -109,7 +108,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         "policy": getattr(sim.policy, "name", type(sim.policy).__name__),
         "seed": cfg.seed,
         "round_interval_s": I,
-        "horizon_rounds": cfg.rounds,
+        "horizon_rounds": cfg.rounds if cfg.rounds < cfg.max_rounds else None,   # None: no horizon
         "rounds_simulated": len(sim.rounds),
         "run_out": cfg.run_out,
         "jobs_total": len(jobs),

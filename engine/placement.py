@@ -149,12 +149,16 @@ class Placer:
         pref: dict[int, set[int]] = {}
         for n, i in prefer:
             pref.setdefault(n, set()).add(i)
-        cands = []
-        for n in self.nodes_by_type.get(shape.gpu_type, ()):
-            f = len(free[n])
-            if f >= m:
-                ov = min(m, len(pref[n] & free[n])) if n in pref else 0
-                cands.append((-ov, f, n))
+        nodes = self.nodes_by_type.get(shape.gpu_type, ())
+        if pref:
+            cands = []
+            for n in nodes:
+                f = len(free[n])
+                if f >= m:
+                    ov = min(m, len(pref[n] & free[n])) if n in pref else 0
+                    cands.append((-ov, f, n))
+        else:                                           # fast path: no overlap to score
+            cands = [(0, f, n) for n, f in zip(nodes, map(len, map(free.__getitem__, nodes))) if f >= m]
         if len(cands) < k:
             return None
         if k == 1:

@@ -12,7 +12,8 @@ Time starts at the first job's arrival ``t0``; round ``k`` happens at
 4. decisions on shapes the oracle calls infeasible are dropped (a running job keeps
    its current allocation, a queued one waits) and counted; the shape is then shown to
    policies in ``JobView.known_infeasible_shapes``;
-5. placement maps grids to GPUs; jobs it cannot place are packing failures;
+5. placement maps grids to GPUs; jobs it cannot place are packing failures (a running
+   job then keeps its current GPUs when they are still free, else it is stopped);
 6. the executor stops, reconfigures and launches; reconfiguration downtime is charged
    by the one ``ReconfigCostModel`` shared by all policies;
 7. invariants are asserted and the round recorded.
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from instances.grid import Grid
 
-from .context import Allocation, Decisions, JobView, RoundContext
+from .context import Decisions, JobView, RoundContext
 from .invariants import check_invariants
 from .placement import Placer
 from .reconfig import ReconfigCostModel
@@ -209,7 +210,7 @@ class _Simulation:
             if need_decide or not event_driven:
                 # 3. decide
                 for jid in st.running:
-                    st.set_progress(jid, ex.progress(jid).iterations_done)
+                    st.set_progress(jid, ex.iterations_done(jid))
                 ctx = self._context(now, k)
                 t_dec = time.perf_counter()
                 decisions = self.policy.decide(ctx)
@@ -280,7 +281,8 @@ class _Simulation:
                                  f"{'unknown' if r is None else r.status.value}")
             if not isinstance(grid, Grid):
                 raise TypeError(f"policy decision for job {jid!r} is {grid!r}, not a Grid")
-            if ex.true_iteration_time(r.job, grid.shape) is None:
+            if (r.alloc is None or r.alloc.grid.shape != grid.shape) and \
+                    ex.true_iteration_time(r.job, grid.shape) is None:
                 rec.infeasible_drops += 1
                 r.infeasible_drops += 1
                 r.known_infeasible = r.known_infeasible | {grid.shape}
@@ -296,7 +298,15 @@ class _Simulation:
         rec.repairs = res.repaired
         for jid in res.failed:
             st.jobs[jid].packing_failures += 1
-        allocs = res.allocations
+        allocs = dict(res.allocations)
+        # a running job whose new grid did not fit stays where it is, if its GPUs are still free
+        stuck = [j for j in res.failed if j in current]
+        if stuck:
+            taken = {g for a in allocs.values() for g in a.gpus}
+            for jid in stuck:
+                if taken.isdisjoint(current[jid].gpus):
+                    allocs[jid] = current[jid]
+                    taken.update(current[jid].gpus)
         # stops: running jobs with no allocation this round
         for jid in [j for j in st.running if j not in allocs]:
             ex.stop(jid, now)

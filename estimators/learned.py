@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,15 @@ def records_from_runs(runs, analytic: AnalyticModel) -> list[TrainingRecord]:
     return out
 
 
+@lru_cache(maxsize=4)
+def _arena_records(cfg) -> tuple[TrainingRecord, ...]:
+    """Training records from the Arena measured table under one estimator config (cached
+    per process: every learned model built with that config trains on the same rows)."""
+    from .reference import load_measured
+    return tuple(records_from_table(load_measured(), AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory,
+                                                                   planner=cfg.planner)))
+
+
 def leave_one_group_out(records: list[TrainingRecord]):
     """Yield (group, train, test) with every record of ``group`` in test and none in train."""
     for g in sorted({r.group for r in records}):
@@ -154,8 +164,7 @@ class LearnedModel:
         if artifact is not None:
             self._load_into(Path(artifact))
         elif train_on == "arena-measured":
-            from .reference import load_measured
-            self.fit(records_from_table(load_measured(), self.analytic))
+            self.fit(list(_arena_records(self.analytic.cfg)))
 
     # -- training --------------------------------------------------------------------
     def fit(self, records: list[TrainingRecord]) -> "LearnedModel":

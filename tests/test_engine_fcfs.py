@@ -8,7 +8,7 @@ from engine.policy import make_policy
 from engine.reconfig import ReconfigCostModel
 from engine.simulator import simulate
 from instances.grid import Shape
-from tests.engine_helpers import Inst, LinearOracle, cluster, job
+from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
 
 NO_COST = ReconfigCostModel(charge_launch=False)
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from engine.context import Decisions
 from engine.simulator import simulate
 from instances.grid import Grid, Shape
-from tests.engine_helpers import Inst, LinearOracle, cluster, job
+from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
 
 
 class RandomPolicy:

@@ -6,7 +6,7 @@ import pytest
 from engine.context import Allocation
 from engine.invariants import InvariantViolation, check_invariants
 from engine.state import JobStatus, SimState, StateError
-from tests.engine_helpers import cluster, grid, job
+from tests.test_engine_helpers import cluster, grid, job
 
 
 def _state():

@@ -9,7 +9,7 @@ import pytest
 from engine.context import Allocation
 from engine.reconfig import ReconfigCostModel
 from engine.sim_executor import InfeasibleAllocation, SimExecutor
-from tests.engine_helpers import LinearOracle, grid, job
+from tests.test_engine_helpers import LinearOracle, grid, job
 
 
 class Reference:

@@ -10,7 +10,7 @@ from engine.metrics import TIMING_KEYS
 from engine.policy import make_policy
 from engine.reconfig import ReconfigCostModel
 from engine.simulator import simulate
-from tests.engine_helpers import Inst, LinearOracle, ScriptedPolicy, cluster, grid, job
+from tests.test_engine_helpers import Inst, LinearOracle, ScriptedPolicy, cluster, grid, job
 
 A100 = "a100-40gb"
 
@@ -183,3 +183,22 @@ def test_reconfig_cost_model_terms():
     assert math.isfinite(sm.cost_s(j, a, c))
     with pytest.raises(ValueError, match="unknown"):
         ReconfigCostModel.from_options({"nope": 1})
+
+
+def test_running_job_whose_new_grid_does_not_fit_keeps_its_gpus():
+    # A runs on 2 of 4 GPUs; B takes the other 2; in round 2 A asks for 4 GPUs, which do
+    # not fit: a packing failure, and A keeps running on its 2 GPUs (not preempted).
+    def rule(ctx):
+        out = {}
+        for v in ctx.jobs:
+            if v.job_id == "A":
+                out["A"] = grid("a100", 1, 4) if ctx.round_index >= 2 else grid("a100", 1, 2)
+            else:
+                out[v.job_id] = grid("a100", 1, 2)
+        return out
+    inst = Inst("stuck", cluster(("a100", 1, 4)), (job("A", 0.0, 1000), job("B", 0.0, 1000)), LinearOracle(10.0))
+    res = simulate(inst, ScriptedPolicy(rule), rounds=4, reconfig=ReconfigCostModel(charge_launch=False))
+    assert res.rounds[2].packing_failures == 1 and res.rounds[2].preemptions == 0
+    a = next(j for j in res.jobs if j.job_id == "A")
+    assert a.preemptions == 0 and a.reconfigurations == 0 and a.packing_failures == 2
+    assert a.iterations_done == pytest.approx(4 * 300 / 5.0)

@@ -107,3 +107,16 @@ def test_learned_fit_predict_save_load_update(records, tmp_path):
     n = len(m2.records)
     m2.update([run])
     assert len(m2.records) == n + 1 and m2.records[-1].group == "cpu"
+
+
+def test_cli_estimate_grids(capsys):
+    import json as _json
+    from engine.cli import main
+    assert main(["estimate", "--model", "gpt__760M", "--gpu-type", "a40", "--gpus", "4", "--batch", "128",
+                 "--json"]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    assert out["gpu_type"] == "a40" and out["grids"]
+    assert all(g["grid"].startswith("a40:") for g in out["grids"])
+    assert any(g["feasible"] and g["plan"]["dp"] * g["plan"]["tp"] * g["plan"]["pp"] == 4 for g in out["grids"])
+    assert main(["estimate", "--model", "gpt__760M", "--gpu-type", "a40"]) == 2      # --gpus missing
+    assert main(["estimate", "--model", "nope__1B", "--gpu-type", "a40", "--gpus", "2"]) == 2
