@@ -12,7 +12,6 @@ throughput as a fraction of the grid's exhaustive best (same cost model).
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -122,3 +121,29 @@ def proxy_quality(*, models=None, max_gpus: int = 16, batches=(256,), max_exhaus
             "fraction_within_5pct": float(np.mean([q >= 0.95 for q in ratios])) if ratios else None,
             "plans_evaluated": n_plans, "seconds": time.perf_counter() - t0,
             "worst": [{"fraction": q, "model": m, "batch": b, "grid": g} for q, m, b, g in worst[:5]]}
+
+
+def dp_memory_check(*, gpu_type: str = "a100-40gb") -> dict:
+    """Feasibility under pure data parallelism against Arena's DP memory table
+    (dp_mem.json; -1 = out of memory). For each (model, batch, n GPUs) the dp-only proxy
+    plan (pp = tp = 1, the fewest micro-batches that fit) is computed on ``gpu_type`` (the
+    table does not name its GPU; its largest fitting entries are just under 40 GB, as on
+    an A100-40GB). Reported: agreement on fits / does not fit. The table's GB figures are
+    not compared: its micro-batch count is not recorded."""
+    from instances.grid import Grid
+    from instances.models import get_model
+    from .reference import load_dp_memory
+    planner = AnalyticModel(dp_only=True).planner
+    fit_rows = fit_hit = oom = oom_hit = 0
+    for r in load_dp_memory():
+        arch = get_model(r.model)
+        res = planner.proxy(arch, r.global_batch, Grid(Shape(gpu_type, 1, r.num_gpus), 1), dp_only=True)
+        ok = res is not None and res.feasible
+        if r.memory_bytes is None:
+            oom += 1
+            oom_hit += not ok
+        else:
+            fit_rows += 1
+            fit_hit += ok
+    return {"fit_rows": fit_rows, "fit_rows_called_feasible": fit_hit, "oom_rows": oom,
+            "oom_rows_called_infeasible": oom_hit, "gpu_type": gpu_type}

@@ -3,8 +3,11 @@
 Hardware specs (peak FLOP/s, memory, bandwidths) live in ``instances/gpus.py``; model
 shapes in ``instances/models.py``. What lives here is how much of those specs a real
 training step achieves (efficiency factors), the memory accounting rules, and the
-planner's search limits. The defaults of the efficiency factors were set by
-``estimators.calibrate.fit_efficiency`` on the Arena measured table (all four GPU types);
+planner's search limits. The defaults of ``kind_compute_efficiency`` (three values:
+transformer layers, MoE layers, convolutions) and of ``intra_bw_efficiency`` /
+``inter_bw_efficiency`` were set by ``estimators.calibrate.fit_efficiency`` on the Arena
+measured table (all four GPU types); the memory-bandwidth efficiency, latencies and
+overheads are typical values, not fitted;
 ``arena estimate accuracy`` also reports the leave-one-GPU-type-out refit, so that the
 in-sample effect of these few global constants is visible.
 """
@@ -46,6 +49,8 @@ class EfficiencyConfig:
     inter_bw_efficiency: float = 0.0246    # fitted: the testbed's inter-node links were far below NIC spec
     collective_latency_s: float = 30e-6       # per ring step
     layer_overhead_s: float = 40e-6           # kernel launches etc. per layer per micro-batch pass
+    half_efficiency_flops: float = 0.0        # a layer pass of this many FLOPs reaches half its kind's
+                                              # efficiency (small GEMMs run slower); 0: size-independent
     backward_flops_ratio: float = 2.0         # backward = 2x forward FLOPs
     recompute_activations: bool = False       # True: backward re-runs the forward (adds 1x fwd)
     dp_overlap: bool = True                   # gradient all-reduce overlapped with backward
@@ -67,7 +72,8 @@ class EfficiencyConfig:
         for n in ("memory_bw_efficiency", "intra_bw_efficiency", "inter_bw_efficiency"):
             _check_fraction(n, getattr(self, n))
         _check_fraction("dp_overlap_fraction", self.dp_overlap_fraction)
-        for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param"):
+        for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param",
+                  "half_efficiency_flops"):
             _check_nonneg(n, getattr(self, n))
         if not self.backward_flops_ratio > 0:
             raise InputError("must be > 0", field="backward_flops_ratio")

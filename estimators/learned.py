@@ -13,7 +13,8 @@ holds the authors' best plan). Regressor: scikit-learn gradient boosting. Featur
 - ``link_load``: other jobs' traffic through the same node or switch, as a fraction of
   link capacity (callers supply it; 0 when unknown).
 
-Trained from the Arena measured table and the profile store's measured runs; updated
+Trained from the Arena measured table plus, when a ``profile_store`` is given, the
+store's measured runs (launcher telemetry); updated
 online with ``update(records)`` (records accumulate; the regressor is refitted); saved
 and loaded with a versioned joblib artifact. ``leave_one_group_out`` yields train/test
 splits whose row ids never overlap (used for the leave-one-GPU-type-out evaluation).
@@ -164,7 +165,13 @@ class LearnedModel:
         if artifact is not None:
             self._load_into(Path(artifact))
         elif train_on == "arena-measured":
-            self.fit(list(_arena_records(self.analytic.cfg)))
+            recs = list(_arena_records(self.analytic.cfg))
+            store = analytic_config.get("profile_store")
+            if store is not None:           # telemetry the launcher appended to the store
+                from .profile_store import ProfileStore
+                st = store if isinstance(store, ProfileStore) else ProfileStore(store)
+                recs += records_from_runs(st.read_measured_runs(), self.analytic)
+            self.fit(recs)
 
     # -- training --------------------------------------------------------------------
     def fit(self, records: list[TrainingRecord]) -> "LearnedModel":

@@ -18,7 +18,6 @@ re-asks the same few hundred (model, batch) x grid pairs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from instances.errors import InputError

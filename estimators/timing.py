@@ -32,6 +32,9 @@ class RooflineTimer:
     def times(self, cost: LayerCost, gpu: GpuType, dtype: str) -> tuple[float, float]:
         """(forward, backward) seconds of ``cost`` on one ``gpu``."""
         peak = gpu.peak_flops(dtype) * self.eff.compute_efficiency(cost.kind)
+        w_half = self.eff.half_efficiency_flops
+        if w_half > 0 and cost.fwd_flops > 0:     # saturating efficiency in the work per pass
+            peak *= cost.fwd_flops / (cost.fwd_flops + w_half)
         bw = gpu.memory_bw_bytes_per_s * self.eff.memory_bw_efficiency
         bwd_flops = cost.bwd_flops + (cost.fwd_flops if self.eff.recompute_activations else 0.0)
         f = max(cost.fwd_flops / peak, cost.fwd_bytes / bw) + self.eff.layer_overhead_s

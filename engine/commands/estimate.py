@@ -114,8 +114,9 @@ def _accuracy(args) -> int:
         if errs:
             print(f"MAPE {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs")
         return 0
-    from estimators.accuracy import against_arena
+    from estimators.accuracy import against_arena, dp_memory_check
     out = against_arena(seed=args.seed)
+    out["dp_memory"] = dp_memory_check()
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -129,6 +130,10 @@ def _accuracy(args) -> int:
     o = out["overall"]
     print(f"  {'overall':<12} {out['predicted_rows']:>5} {_fmt(o['analytic_mape']):>9} {_fmt(o['learned_mape']):>9}")
     print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}")
+    d = out["dp_memory"]
+    print(f"pure data parallelism vs Arena's DP memory table (on {d['gpu_type']}): fitting rows called feasible "
+          f"{d['fit_rows_called_feasible']}/{d['fit_rows']}; OOM rows called infeasible "
+          f"{d['oom_rows_called_infeasible']}/{d['oom_rows']}")
     return 0
 
 
