@@ -1,5 +1,8 @@
 """GPU catalog: one place for every accelerator's specs.
 
+TF32 figures are the datasheets' dense tensor-core TF32 peaks (A100 156, H100/H200 494.7,
+A40 74.8, A10 62.5, L20 59.8 TFLOP/s); V100 has no TF32.
+
 Units: FLOP/s (dense, no structured sparsity), bytes, bytes per second. Bandwidths are
 per GPU and per direction: ``intra_node_bw_bytes_per_s`` is one GPU's bandwidth to its
 peers inside a node (NVLink or PCIe), ``inter_node_bw_bytes_per_s`` one GPU's share of
@@ -28,6 +31,7 @@ class GpuType:
     default_gpus_per_node: int
     interconnect: str          # "nvlink", "nvswitch", "pcie" or "host"
     source: str
+    tf32_flops: float = 0.0    # dense TF32 tensor-core peak for fp32 matmuls/convs; 0: none (use fp32)
 
     def peak_flops(self, dtype: str) -> float:
         if dtype in ("float16", "bfloat16", "fp16", "bf16"):
@@ -36,33 +40,45 @@ class GpuType:
             return self.fp32_flops
         raise ValueError(f"unknown dtype {dtype!r} for GPU type {self.name}")
 
+    def fp32_matmul_flops(self, allow_tf32: bool) -> float:
+        """Peak for fp32 matmuls/convs: TF32 tensor cores where allowed and present
+        (JAX/XLA and cuDNN use them by default on Ampere and later)."""
+        return self.tf32_flops if allow_tf32 and self.tf32_flops > 0 else self.fp32_flops
+
 
 _CATALOG: tuple[GpuType, ...] = (
     GpuType("a100-40gb", 312 * TFLOPS, 19.5 * TFLOPS, 40 * GIB, 1555 * GB, 300 * GB, 25 * GB, 8,
             "nvswitch", "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): FP16/BF16 312 TF dense, "
             "FP32 19.5 TF, HBM2 1,555 GB/s, NVLink3 600 GB/s bidirectional; DGX A100: 8 GPUs, "
-            "one 200 Gb/s HDR NIC per GPU"),
+            "one 200 Gb/s HDR NIC per GPU",
+            tf32_flops=156 * TFLOPS),
     GpuType("a100-80gb", 312 * TFLOPS, 19.5 * TFLOPS, 80 * GIB, 2039 * GB, 300 * GB, 25 * GB, 8,
             "nvswitch", "NVIDIA A100 datasheet (SXM4 80GB): 312 TF FP16 dense, 19.5 TF FP32, "
-            "HBM2e 2,039 GB/s, NVLink3 600 GB/s bidirectional; DGX A100 8 GPUs, 200 Gb/s per GPU"),
+            "HBM2e 2,039 GB/s, NVLink3 600 GB/s bidirectional; DGX A100 8 GPUs, 200 Gb/s per GPU",
+            tf32_flops=156 * TFLOPS),
     GpuType("h100-sxm", 989 * TFLOPS, 67 * TFLOPS, 80 * GIB, 3350 * GB, 450 * GB, 50 * GB, 8,
             "nvswitch", "NVIDIA H100 datasheet (SXM5): BF16 989 TF dense, FP32 67 TF, HBM3 3.35 TB/s, "
-            "NVLink4 900 GB/s bidirectional; DGX H100: 8 GPUs, one 400 Gb/s NDR NIC per GPU"),
+            "NVLink4 900 GB/s bidirectional; DGX H100: 8 GPUs, one 400 Gb/s NDR NIC per GPU",
+            tf32_flops=494.7 * TFLOPS),
     GpuType("h200", 989 * TFLOPS, 67 * TFLOPS, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 8,
             "nvswitch", "NVIDIA H200 datasheet (SXM): BF16 989 TF dense, FP32 67 TF, 141 GB HBM3e "
-            "4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 8 GPUs, 400 Gb/s per GPU"),
+            "4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 8 GPUs, 400 Gb/s per GPU",
+            tf32_flops=494.7 * TFLOPS),
     GpuType("v100-32gb", 125 * TFLOPS, 15.7 * TFLOPS, 32 * GIB, 900 * GB, 150 * GB, 12.5 * GB, 8,
             "nvlink", "NVIDIA V100 datasheet (SXM2 32GB): 125 TF tensor FP16, 15.7 TF FP32, HBM2 "
             "900 GB/s, NVLink2 300 GB/s bidirectional; DGX-1: 8 GPUs, 100 Gb/s EDR per GPU"),
     GpuType("a40", 149.7 * TFLOPS, 37.4 * TFLOPS, 48 * GIB, 696 * GB, 32 * GB, 12.5 * GB, 2,
             "pcie", "NVIDIA A40 datasheet: FP16/BF16 tensor 149.7 TF dense, FP32 37.4 TF, 48 GB "
-            "GDDR6 696 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed"),
+            "GDDR6 696 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed",
+            tf32_flops=74.8 * TFLOPS),
     GpuType("a10", 125 * TFLOPS, 31.2 * TFLOPS, 24 * GIB, 600 * GB, 32 * GB, 12.5 * GB, 2,
             "pcie", "NVIDIA A10 datasheet: FP16/BF16 tensor 125 TF dense, FP32 31.2 TF, 24 GB GDDR6 "
-            "600 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed"),
+            "600 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed",
+            tf32_flops=62.5 * TFLOPS),
     GpuType("l20", 119.5 * TFLOPS, 59.8 * TFLOPS, 48 * GIB, 864 * GB, 32 * GB, 25 * GB, 8,
             "pcie", "NVIDIA L20 product brief: FP16 tensor 119.5 TF dense, FP32 59.8 TF, 48 GB GDDR6 "
-            "864 GB/s, PCIe Gen4 x16; 200 Gb/s per GPU assumed"),
+            "864 GB/s, PCIe Gen4 x16; 200 Gb/s per GPU assumed",
+            tf32_flops=59.8 * TFLOPS),
     GpuType("cpu", 0.1 * TFLOPS, 0.1 * TFLOPS, 16 * GIB, 10 * GB, 5 * GB, 1 * GB, 1,
             "host", "nominal figures for a small x86 VM (2 cores with AVX2 FMA, one DDR channel); "
             "`arena profile` measures the real numbers on the local CPU"),

@@ -6,10 +6,11 @@ Families:
 - ``moe``: GShard-style decoder in which every layer's MLP is a mixture of experts
   (top-2 gating). That every layer holds experts is inferred from the artifact's sizes
   (moe 1.3B: 16 layers x (4h^2 + 16 experts x 8h^2) + embeddings = 1.27B).
-- ``wide_resnet``: bottleneck Wide-ResNet (Alpa's definition: stage filters
-  ``num_channels * 2**i``, bottleneck width ``filters * width_factor``, output
-  ``filters * 4``). The artifact's size labels are labels: derived parameter counts
-  differ (500M derives to ~0.85B).
+- ``wide_resnet``: bottleneck Wide-ResNet as Alpa defines it (the artifact's source):
+  stage filters ``num_channels * 2**i``; each bottleneck is 1x1 conv to ``filters``,
+  3x3 conv to ``filters * width_factor`` (the only widened conv), 1x1 conv to
+  ``filters * 4``. The artifact's size labels are labels; derived counts are close
+  (500M derives to 0.50B, 6.8B to 6.73B, 13B to 12.6B).
 - ``llama``: Llama-style decoder (RMSNorm, SwiGLU MLP, grouped-query attention,
   untied head).
 - ``tiny-*``: configurations that train on a CPU in seconds (tests, launcher, profiler).
@@ -196,23 +197,23 @@ def _wide_resnet_layers(m: ModelArch) -> tuple[LayerSpec, ...]:
     cin = c0
     for stage, nblocks in enumerate(_RESNET_BLOCKS[m.depth]):
         filters = c0 * 2 ** stage
-        width, cout = filters * m.width_factor, filters * 4
+        wide, cout = filters * m.width_factor, filters * 4
         for i in range(nblocks):
             stride = 2 if (i == 0 and stage > 0) else 1
             hw_out = hw // stride
-            p1, f1 = _conv(cin, width, 1, hw)
-            p2, f2 = _conv(width, width, 3, hw_out)
-            p3, f3 = _conv(width, cout, 1, hw_out)
-            params = p1 + p2 + p3 + 2 * (2 * width + cout)
+            p1, f1 = _conv(cin, filters, 1, hw)            # 1x1 reduce
+            p2, f2 = _conv(filters, wide, 3, hw_out)       # 3x3, widened, strided
+            p3, f3 = _conv(wide, cout, 1, hw_out)          # 1x1 expand
+            params = p1 + p2 + p3 + 2 * (filters + wide + cout)
             flops = f1 + f2 + f3
             if i == 0:
                 ps, fs = _conv(cin, cout, 1, hw_out)
                 params += ps + 2 * cout
                 flops += fs
             # conv inputs, BN and ReLU outputs kept for backward
-            act = b * (cin * hw * hw + 3 * width * hw_out ** 2 + 3 * width * hw_out ** 2 + 2 * cout * hw_out ** 2)
+            act = b * (cin * hw * hw + 3 * filters * hw * hw + 3 * wide * hw_out ** 2 + 2 * cout * hw_out ** 2)
             layers.append(LayerSpec("bottleneck", params, flops, float(act), float(cout * hw_out ** 2 * b),
-                                    (cin, width, cout, hw, stride, m.dtype)))
+                                    (cin, filters, wide, cout, hw, stride, m.dtype)))
             cin, hw = cout, hw_out
     p = cin * m.num_classes + m.num_classes
     layers.append(LayerSpec("classifier", p, 2.0 * cin * m.num_classes, float(cin * b), 4.0,
