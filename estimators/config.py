@@ -56,6 +56,8 @@ class EfficiencyConfig:
     dp_overlap: bool = True                   # gradient all-reduce overlapped with backward
     dp_overlap_fraction: float = 0.8          # at most this share of the all-reduce hides under backward
     optimizer_traffic_bytes_per_param: float = 32.0   # Adam, mixed precision: read/write of states+master+grad
+    allow_tf32: bool = True                   # fp32 matmuls/convs run on TF32 tensor cores where the GPU has
+                                              # them (JAX/XLA and cuDNN default on Ampere+; the Arena artifact is JAX)
 
     def __post_init__(self):
         kinds = dict(self.kind_compute_efficiency)
@@ -75,11 +77,20 @@ class EfficiencyConfig:
         for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param",
                   "half_efficiency_flops"):
             _check_nonneg(n, getattr(self, n))
+        if not isinstance(self.allow_tf32, bool):
+            raise InputError(f"must be true or false, got {self.allow_tf32!r}", field="allow_tf32")
         if not self.backward_flops_ratio > 0:
             raise InputError("must be > 0", field="backward_flops_ratio")
 
     def compute_efficiency(self, kind: str) -> float:
         return dict(self.kind_compute_efficiency)[kind]
+
+    def compute_peak_flops(self, gpu, dtype: str) -> float:
+        """The compute roof's peak for ``dtype`` on ``gpu``: fp32 matmuls/convs use the TF32
+        tensor-core peak when ``allow_tf32`` and the GPU has one (catalog ``tf32_flops``)."""
+        if dtype in ("float32", "fp32"):
+            return gpu.fp32_matmul_flops(self.allow_tf32)
+        return gpu.peak_flops(dtype)
 
     def with_kind_efficiency(self, **kinds: float) -> "EfficiencyConfig":
         d = dict(self.kind_compute_efficiency)

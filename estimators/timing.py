@@ -31,7 +31,7 @@ class RooflineTimer:
 
     def times(self, cost: LayerCost, gpu: GpuType, dtype: str) -> tuple[float, float]:
         """(forward, backward) seconds of ``cost`` on one ``gpu``."""
-        peak = gpu.peak_flops(dtype) * self.eff.compute_efficiency(cost.kind)
+        peak = self.eff.compute_peak_flops(gpu, dtype) * self.eff.compute_efficiency(cost.kind)
         w_half = self.eff.half_efficiency_flops
         if w_half > 0 and cost.fwd_flops > 0:     # saturating efficiency in the work per pass
             peak *= cost.fwd_flops / (cost.fwd_flops + w_half)

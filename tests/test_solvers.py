@@ -43,10 +43,15 @@ def test_exact_backends_agree_with_a_fairness_term(seed):
     assert max(vals) - min(vals) <= 1e-2 * max(1.0, abs(vals[0])), dict(zip(EXACT, vals))
 
 
-@pytest.mark.parametrize("name", HEURISTIC + ["greedy"])
-def test_heuristics_bound_the_optimum_and_are_feasible(name):
+@pytest.fixture(scope="module")
+def medium():
     model = small_model(4, gpus=256, jobs=80)
-    opt = make_backend("highs").solve(model, 30.0, rel_gap=1e-9)
+    return model, make_backend("highs").solve(model, 30.0, rel_gap=1e-9)
+
+
+@pytest.mark.parametrize("name", HEURISTIC + ["greedy"])
+def test_heuristics_bound_the_optimum_and_are_feasible(name, medium):
+    model, opt = medium
     sol = make_backend(name).solve(model, 30.0, rel_gap=0.01)
     assert model.violation(sol.values) <= 1e-6
     assert sol.objective <= opt.objective + 1e-6

@@ -90,13 +90,9 @@ def register_backend(name: str):
 
 
 def _load() -> None:
-    from . import auto, greedy, highs, lagrangian  # noqa: F401
-    for mod in ("cpsat", "pulp_backend", "scip"):
-        try:
-            __import__(f"engine.solvers.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"engine.solvers.{mod}":
-                raise
+    # importing a backend module registers it; solver packages are imported only inside
+    # ``solve``/``available``, so every backend is listed even where its solver is missing
+    from . import auto, cpsat, greedy, highs, lagrangian, pulp_backend, scip  # noqa: F401
 
 
 def backend_names() -> list[str]:

@@ -1,0 +1,50 @@
+"""`arena bench policies`: side-by-side rows, outputs, and the same rows under MPI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+
+ARGS = ["bench", "policies", "--instance", "demo", "--policy", "fcfs", "--policy", "elasticflow-ls",
+        "--rounds", "15", "--no-run-out", "--quiet", "--json"]
+
+
+def test_policy_bench_writes_rows_table_and_figure(tmp_path, capsys):
+    assert main(ARGS + ["--out", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["fcfs", "elasticflow-ls"]
+    for r in rows:
+        assert r["jobs_finished"] >= 0 and r["packing_failures"] == 0
+    assert (tmp_path / "comparison.png").stat().st_size > 0
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [r["policy"] for r in saved["rows"]] == ["fcfs", "elasticflow-ls"]
+
+
+def test_policy_bench_rejects_options_for_absent_policies():
+    from instances.errors import InputError
+    from engine.commands.bench import _policy_options
+    with pytest.raises(InputError):
+        _policy_options(["arena:w_jct=2"], ["fcfs"])
+    assert _policy_options(["arena:w_jct=2"], ["arena"]) == {"arena": {"w_jct": "2"}}
+
+
+def test_policy_bench_over_mpi_gives_the_same_rows(tmp_path, capsys):
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("no mpiexec in the virtualenv")
+    assert main(ARGS) == 0
+    single = json.loads(capsys.readouterr().out)
+    cmd = [str(mpiexec), "-n", "2", sys.executable, "-m", "engine.cli"] + ARGS
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    start = out.stdout.index("[")
+    multi = json.loads(out.stdout[start:])
+    keys = ("policy", "jobs_finished", "avg_jct_s", "avg_throughput", "reconfigurations")
+    assert [{k: r[k] for k in keys} for r in multi] == [{k: r[k] for k in keys} for r in single]
