@@ -1,5 +1,4 @@
 """Built-in instances and the synthetic generator."""
-import time
 
 import pytest
 
@@ -101,12 +100,11 @@ def test_synthetic_jobs_are_valid_and_deterministic():
 
 
 def test_generator_scales_to_10k():
-    t0 = time.perf_counter()
+    # Speed is measured by bench/bench_oracle.py and `arena instances`, not asserted here.
     cluster = synthetic_cluster(10240, seed=0)
     jobs = synthetic_jobs(10000, seed=0, cluster=cluster)
-    elapsed = time.perf_counter() - t0
     assert len(jobs) == 10000 and cluster.num_gpus == 10240
-    assert elapsed < 15.0        # ~2 s on one free core; generous for a shared CI machine
+    assert len({j.job_id for j in jobs}) == 10000
 
 
 def test_oracle_choice_and_noise():

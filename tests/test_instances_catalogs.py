@@ -59,8 +59,9 @@ def test_model_catalog_names_and_aliases():
         assert name in MODELS and MODELS[name].param_count > 0
     with pytest.raises(UnknownModel):
         canonical_model_name("gpt__1T")
-    # Arena's size labels agree with the derived counts for the transformers (within 15%)
-    for name in ("gpt__760M", "gpt__1.3B", "gpt__2.6B", "gpt__6.7B", "moe__1.3B", "moe__10B"):
+    # Arena's size labels agree with the derived counts (within 15%)
+    for name in ("gpt__760M", "gpt__1.3B", "gpt__2.6B", "gpt__6.7B", "moe__1.3B", "moe__10B",
+                 "wide_resnet__500M", "wide_resnet__6.8B", "wide_resnet__13B"):
         label = float(name.split("__")[1][:-1]) * (1e9 if name.endswith("B") else 1e6)
         assert abs(MODELS[name].param_count / label - 1) < 0.15, name
 

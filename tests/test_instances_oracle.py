@@ -139,11 +139,10 @@ def test_config_is_validated():
         TableOracle(no_such_knob=1)
 
 
-def test_cache_makes_repeated_calls_fast(oracle):
-    import time
+def test_repeated_calls_are_served_from_the_cache(oracle):
     shape = Shape("h100-sxm", 3, 8)
-    oracle.iteration_time("moe__10B", 512, shape)
-    t0 = time.perf_counter()
-    for _ in range(20000):
-        oracle.iteration_time("moe__10B", 512, shape)
-    assert time.perf_counter() - t0 < 1.0
+    first = oracle.iteration_time("moe__10B", 512, shape)
+    size = len(oracle._cache)
+    for _ in range(100):
+        assert oracle.iteration_time("moe__10B", 512, shape) == first
+    assert len(oracle._cache) == size
