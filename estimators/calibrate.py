@@ -1,8 +1,9 @@
 """Fit the global efficiency factors of ``EfficiencyConfig`` to measured iteration times.
 
-One small set of global constants (per layer-kind compute efficiency, link efficiencies)
-is fitted by minimising the squared log error of the analytic model's best-grid estimate
-over the given rows (scipy Powell search in log space). No per-row or per-GPU-type
+One small set of global constants (compute efficiency of transformer, MoE and
+convolution layers; HBM, intra- and inter-node link bandwidth efficiencies) is fitted by
+minimising the squared log error of the analytic model's best-grid estimate over the
+given rows (scipy Powell search in log space). No per-row or per-GPU-type
 factor exists: a GPU type enters only through its catalog specs.
 """
 from __future__ import annotations
@@ -15,12 +16,25 @@ import numpy as np
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 
-from .config import EfficiencyConfig, EstimatorConfig
+from .config import EfficiencyConfig, EstimatorConfig, arena_runtime
 from .planner import Planner, PlanResult
 from .reference import MeasuredRow
 
-# Parameters fitted, in this order; conv kinds and embedding/head share one factor each.
-FIT_PARAMS = ("decoder", "moe_decoder", "conv", "inter_bw_efficiency", "intra_bw_efficiency")
+# Parameters that can be fitted; conv kinds and embedding/head share one factor each.
+FITTABLE = ("decoder", "moe_decoder", "conv", "inter_bw_efficiency", "intra_bw_efficiency",
+            "memory_bw_efficiency")
+FIT_PARAMS = FITTABLE        # fitted by default, in this order
+
+
+# A neutral starting point (typical values, not fitted on any row) for refits that must
+# not start from constants fitted on their own test rows (leave-one-GPU-type-out).
+NEUTRAL_START = {"decoder": 0.5, "moe_decoder": 0.5, "conv": 0.5, "inter_bw_efficiency": 0.1,
+                 "intra_bw_efficiency": 0.5, "memory_bw_efficiency": 0.5}
+
+
+def neutral_start(eff: EfficiencyConfig) -> EfficiencyConfig:
+    """``eff`` with the fitted constants reset to ``NEUTRAL_START``."""
+    return apply_params(eff, [math.log(NEUTRAL_START[p]) for p in FIT_PARAMS], FIT_PARAMS)
 
 
 def best_shape_result(planner: Planner, model: str, global_batch: int, shape: Shape, *,
@@ -42,16 +56,31 @@ def best_shape_result(planner: Planner, model: str, global_batch: int, shape: Sh
     return best
 
 
-def apply_params(base: EfficiencyConfig, theta) -> EfficiencyConfig:
-    d, moe, conv, inter, intra = (float(min(1.0, max(1e-3, math.exp(x)))) for x in theta)
-    eff = base.with_kind_efficiency(decoder=d, embedding=d, head=d, moe_decoder=moe, conv_stem=conv,
-                                    bottleneck=conv, classifier=conv)
-    return replace(eff, inter_bw_efficiency=inter, intra_bw_efficiency=intra)
+def apply_params(base: EfficiencyConfig, theta, params: tuple[str, ...] = FIT_PARAMS) -> EfficiencyConfig:
+    """``base`` with the named ``params`` set to ``exp(theta)`` (clipped to (0.001, 1])."""
+    if len(theta) != len(params):
+        raise ValueError(f"{len(theta)} values for {len(params)} parameters {params}")
+    v = {p: float(min(1.0, max(1e-3, math.exp(x)))) for p, x in zip(params, theta)}
+    kinds = {}
+    if "decoder" in v:
+        kinds.update(decoder=v["decoder"], embedding=v["decoder"], head=v["decoder"])
+    if "moe_decoder" in v:
+        kinds["moe_decoder"] = v["moe_decoder"]
+    if "conv" in v:
+        kinds.update(conv_stem=v["conv"], bottleneck=v["conv"], classifier=v["conv"])
+    eff = base.with_kind_efficiency(**kinds) if kinds else base
+    links = {p: v[p] for p in ("inter_bw_efficiency", "intra_bw_efficiency", "memory_bw_efficiency") if p in v}
+    return replace(eff, **links)
 
 
-def _theta(eff: EfficiencyConfig) -> np.ndarray:
-    return np.log([eff.compute_efficiency("decoder"), eff.compute_efficiency("moe_decoder"),
-                   eff.compute_efficiency("bottleneck"), eff.inter_bw_efficiency, eff.intra_bw_efficiency])
+def _theta(eff: EfficiencyConfig, params: tuple[str, ...] = FIT_PARAMS) -> np.ndarray:
+    get = {"decoder": lambda: eff.compute_efficiency("decoder"),
+           "moe_decoder": lambda: eff.compute_efficiency("moe_decoder"),
+           "conv": lambda: eff.compute_efficiency("bottleneck")}
+    for p in params:
+        if p not in FITTABLE:
+            raise ValueError(f"unknown fit parameter {p!r}; known: {', '.join(FITTABLE)}")
+    return np.log([get[p]() if p in get else getattr(eff, p) for p in params])
 
 
 def log_errors(cfg: EstimatorConfig, rows: list[MeasuredRow]) -> np.ndarray:
@@ -67,15 +96,18 @@ def log_errors(cfg: EstimatorConfig, rows: list[MeasuredRow]) -> np.ndarray:
 
 
 def fit_efficiency(rows: list[MeasuredRow], base: EstimatorConfig | None = None, *,
-                   max_evals: int = 80) -> EfficiencyConfig:
+                   max_evals: int = 80, params: tuple[str, ...] = FIT_PARAMS) -> EfficiencyConfig:
+    """Powell search over the log of ``params`` minimising the mean squared log error of
+    the rows' best-shape estimates; starts from ``base``'s values (default: the defaults
+    under the Arena runtime, ``config.arena_runtime``, which produced the measured table)."""
     from scipy.optimize import minimize
-    base = base or EstimatorConfig()
+    base = base or arena_runtime()
 
     def loss(theta):
-        cfg = replace(base, efficiency=apply_params(base.efficiency, theta))
+        cfg = replace(base, efficiency=apply_params(base.efficiency, theta, params))
         e = log_errors(cfg, rows)
         return float(np.mean(e ** 2))
 
-    res = minimize(loss, _theta(base.efficiency), method="Powell",
+    res = minimize(loss, _theta(base.efficiency, params), method="Powell",
                    options={"maxfev": max_evals, "xtol": 1e-2, "ftol": 1e-4})
-    return apply_params(base.efficiency, res.x)
+    return apply_params(base.efficiency, res.x, params)

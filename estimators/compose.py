@@ -20,7 +20,10 @@ fewer activations). ``simulate_pipeline`` is an independent event simulation of 
 schedules that the tests check these against. Then the data-parallel gradient all-reduce (ring,
 per stage over its ``dp`` replicas; with overlap, up to ``dp_overlap_fraction`` of it
 hides under the last micro-batch's backward) and the optimizer step (memory-bound
-traffic of ``optimizer_traffic_bytes_per_param`` per parameter) are added.
+traffic of ``optimizer_traffic_bytes_per_param`` per parameter) are added. With
+``dp_sharded_optimizer`` (Alpa's prefer_reduce_scatter) the all-reduce becomes a
+reduce-scatter (overlappable as above) + an all-gather of the updated weights after the
+update (exposed), and the update covers 1/dp of the stage's parameters.
 """
 from __future__ import annotations
 
@@ -239,7 +242,7 @@ class StageTable:
     def breakdown(self, stage_layers: tuple[int, ...], microbatches: int, schedule: str) -> Breakdown:
         eff, pp = self.eff, len(stage_layers)
         stage_ranks = self.dp * self.tp
-        fwd, bwd, comp, tpc, p2p, dp_ar, bwd_comp, params = [], [], [], [], [], [], [], []
+        fwd, bwd, comp, tpc, p2p, dp_ar, dp_ag, bwd_comp, params = [], [], [], [], [], [], [], [], []
         a = 0
         for i, n in enumerate(stage_layers):
             b = a + n
@@ -255,8 +258,13 @@ class StageTable:
             p2p.append(send_f + send_b)
             prm = self.pparams[b] - self.pparams[a]
             params.append(prm)
-            dp_ar.append(self.comm.allreduce_s(prm * self.arch.dtype_bytes, self.dp, self.gpu, self.dp_link,
-                                               self.link_load))
+            grad_bytes = prm * self.arch.dtype_bytes
+            if eff.dp_sharded_optimizer:    # reduce-scatter (overlappable) now, all-gather after the update
+                dp_ar.append(self.comm.reducescatter_s(grad_bytes, self.dp, self.gpu, self.dp_link, self.link_load))
+                dp_ag.append(self.comm.allgather_s(grad_bytes, self.dp, self.gpu, self.dp_link, self.link_load))
+            else:
+                dp_ar.append(self.comm.allreduce_s(grad_bytes, self.dp, self.gpu, self.dp_link, self.link_load))
+                dp_ag.append(0.0)
             a = b
         m = microbatches
         pipe = pipeline_time(fwd, bwd, m, schedule)
@@ -266,10 +274,12 @@ class StageTable:
             exposed = [max(ar - bw, (1 - eff.dp_overlap_fraction) * ar) for ar, bw in zip(dp_ar, bwd_comp)]
         else:
             exposed = list(dp_ar)
-        opt = self.timer.optimizer_s(max(params), self.gpu, self.arch.dtype)
+        exposed = [e + ag for e, ag in zip(exposed, dp_ag)]
+        shard = self.dp if eff.dp_sharded_optimizer else 1
+        opt = self.timer.optimizer_s(max(params) / shard, self.gpu, self.arch.dtype)
         total = pipe + max(exposed) + opt
         return Breakdown(total, pipe, tuple(fwd), tuple(bwd), m * comp[slow], m * tpc[slow], m * p2p[slow],
-                         max(0.0, pipe - busy), max(dp_ar), max(exposed), opt, self.mb,
+                         max(0.0, pipe - busy), max(a + g for a, g in zip(dp_ar, dp_ag)), max(exposed), opt, self.mb,
                          self.pprof[-1], len(self.costs))
 
 

@@ -2,14 +2,16 @@
 
 Hardware specs (peak FLOP/s, memory, bandwidths) live in ``instances/gpus.py``; model
 shapes in ``instances/models.py``. What lives here is how much of those specs a real
-training step achieves (efficiency factors), the memory accounting rules, and the
-planner's search limits. The defaults of ``kind_compute_efficiency`` (three values:
-transformer layers, MoE layers, convolutions) and of ``intra_bw_efficiency`` /
-``inter_bw_efficiency`` were set by ``estimators.calibrate.fit_efficiency`` on the Arena
-measured table (all four GPU types); the memory-bandwidth efficiency, latencies and
-overheads are typical values, not fitted;
-``arena estimate accuracy`` also reports the leave-one-GPU-type-out refit, so that the
-in-sample effect of these few global constants is visible.
+training step achieves (efficiency factors), what the training runtime does
+(recomputation, sharded optimizer update, optimizer per family), the memory accounting
+rules, and the planner's search limits. The defaults describe the project's torch
+launcher; ``arena_runtime()`` gives the runtime of the Arena artifact that produced the
+measured table. The six fitted constants (compute efficiency of transformer, MoE and
+convolution layers; memory, intra- and inter-node bandwidth efficiency) were set by
+``estimators.calibrate.fit_efficiency`` on the Arena measured table (all four GPU types)
+under ``arena_runtime()``; latencies and overheads are typical values, not fitted.
+``arena estimate accuracy --refit-analytic`` reports the leave-one-GPU-type-out refit, so
+that the in-sample effect of these few global constants is visible.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field, fields, replace
 from instances.errors import InputError
 
 # Layer kinds of instances.models.LayerSpec.
+ROOFLINE_COMBINES = ("max", "sum")
+OPTIMIZERS = ("adam", "sgd")
 LAYER_KINDS = ("embedding", "decoder", "moe_decoder", "head", "conv_stem", "bottleneck", "classifier")
 
 
@@ -41,23 +45,34 @@ class EfficiencyConfig:
     of HBM bandwidth (memory roof). ``intra_bw_efficiency`` / ``inter_bw_efficiency``:
     achieved fraction of the catalog's intra-/inter-node link bandwidth in collectives.
     """
+    # fitted by calibrate.fit_efficiency on the 318 measured Arena rows under arena_runtime()
+    # (max roofline, no TF32, GA10x fp32 GEMM rate; 150 Powell evaluations, mean squared log
+    # error 0.037)
     kind_compute_efficiency: tuple[tuple[str, float], ...] = (
-        ("embedding", 0.353), ("decoder", 0.353), ("moe_decoder", 0.177), ("head", 0.353),
-        ("conv_stem", 0.440), ("bottleneck", 0.440), ("classifier", 0.440))
-    memory_bw_efficiency: float = 0.70
-    intra_bw_efficiency: float = 0.374
-    inter_bw_efficiency: float = 0.0246    # fitted: the testbed's inter-node links were far below NIC spec
+        ("embedding", 0.495), ("decoder", 0.495), ("moe_decoder", 0.311), ("head", 0.495),
+        ("conv_stem", 0.422), ("bottleneck", 0.422), ("classifier", 0.422))
+    memory_bw_efficiency: float = 0.166
+    intra_bw_efficiency: float = 0.0608
+    inter_bw_efficiency: float = 0.0285    # fitted: the testbed's inter-node links were far below NIC spec
     collective_latency_s: float = 30e-6       # per ring step
     layer_overhead_s: float = 40e-6           # kernel launches etc. per layer per micro-batch pass
     half_efficiency_flops: float = 0.0        # a layer pass of this many FLOPs reaches half its kind's
                                               # efficiency (small GEMMs run slower); 0: size-independent
     backward_flops_ratio: float = 2.0         # backward = 2x forward FLOPs
-    recompute_activations: bool = False       # True: backward re-runs the forward (adds 1x fwd)
+    recompute_activations: bool = False       # backward re-runs the forward (adds 1x fwd); see arena_runtime()
+    dp_sharded_optimizer: bool = False        # the optimizer update is sharded over data-parallel ranks:
+                                              # gradients reduce-scattered, each rank updates 1/dp of the
+                                              # parameters, updated weights all-gathered (Alpa
+                                              # prefer_reduce_scatter, ZeRO-1/2 style); see arena_runtime()
     dp_overlap: bool = True                   # gradient all-reduce overlapped with backward
     dp_overlap_fraction: float = 0.8          # at most this share of the all-reduce hides under backward
     optimizer_traffic_bytes_per_param: float = 32.0   # Adam, mixed precision: read/write of states+master+grad
-    allow_tf32: bool = True                   # fp32 matmuls/convs run on TF32 tensor cores where the GPU has
-                                              # them (JAX/XLA and cuDNN default on Ampere+; the Arena artifact is JAX)
+    roofline_combine: str = "max"             # "max": one fused kernel per layer, max(compute, memory);
+                                              # "sum": matmul/conv kernels and memory-bound elementwise
+                                              # kernels (norms, activations) run one after another
+    allow_tf32: bool = False                  # fp32 matmuls/convs run on TF32 tensor cores where the GPU has
+                                              # them. Off: the Arena table contradicts it (Wide-ResNet fp32 runs
+                                              # only 1.37x faster on A100 than on V100; see docs/estimators.md)
 
     def __post_init__(self):
         kinds = dict(self.kind_compute_efficiency)
@@ -77,8 +92,12 @@ class EfficiencyConfig:
         for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param",
                   "half_efficiency_flops"):
             _check_nonneg(n, getattr(self, n))
-        if not isinstance(self.allow_tf32, bool):
-            raise InputError(f"must be true or false, got {self.allow_tf32!r}", field="allow_tf32")
+        if self.roofline_combine not in ROOFLINE_COMBINES:
+            raise InputError(f"unknown roofline combine {self.roofline_combine!r}; known: "
+                             f"{', '.join(ROOFLINE_COMBINES)}", field="roofline_combine")
+        for n in ("allow_tf32", "recompute_activations", "dp_sharded_optimizer", "dp_overlap"):
+            if not isinstance(getattr(self, n), bool):
+                raise InputError(f"must be true or false, got {getattr(self, n)!r}", field=n)
         if not self.backward_flops_ratio > 0:
             raise InputError("must be > 0", field="backward_flops_ratio")
 
@@ -105,23 +124,31 @@ class MemoryConfig:
     Mixed precision Adam (fp16/bf16 models): weights 2 + grads 2 + fp32 master 4 + Adam
     m 4 + v 4 = 16 bytes/param. Pure fp32 models: weights 4 + grads 4 + m 4 + v 4 = 16.
     """
-    optimizer: str = "adam"                  # "adam" or "sgd" (momentum)
+    optimizer: str = "adam"                  # "adam" or "sgd" (momentum), for families not listed below
+    optimizer_by_family: tuple[tuple[str, str], ...] = ()   # family -> optimizer; see arena_runtime()
     framework_reserve_bytes: float = 1.0 * 2**30   # CUDA context, allocator slack, workspaces
     usable_fraction: float = 0.95            # of the GPU's memory the allocator can hand out
 
     def __post_init__(self):
-        if self.optimizer not in ("adam", "sgd"):
-            raise InputError(f"unknown optimizer {self.optimizer!r}; known: adam, sgd", field="optimizer")
+        for fam, opt in (("*", self.optimizer),) + tuple(self.optimizer_by_family):
+            if opt not in OPTIMIZERS:
+                raise InputError(f"unknown optimizer {opt!r} for {fam}; known: {', '.join(OPTIMIZERS)}",
+                                 field="optimizer_by_family" if fam != "*" else "optimizer")
+        if len(dict(self.optimizer_by_family)) != len(self.optimizer_by_family):
+            raise InputError("duplicate family", field="optimizer_by_family")
         _check_nonneg("framework_reserve_bytes", self.framework_reserve_bytes)
         _check_fraction("usable_fraction", self.usable_fraction)
 
-    def state_bytes_per_param(self, dtype_bytes: int) -> float:
-        """Weights + grads + optimizer state bytes per parameter."""
-        if self.optimizer == "adam":
-            master = 4 if dtype_bytes < 4 else 0
-            return 2 * dtype_bytes + master + 8
+    def optimizer_for(self, family: str | None) -> str:
+        return dict(self.optimizer_by_family).get(family, self.optimizer)
+
+    def state_bytes_per_param(self, dtype_bytes: int, family: str | None = None, shard: int = 1) -> float:
+        """Weights + grads + optimizer state bytes per parameter; the optimizer part (fp32
+        master copy for 16-bit models, Adam m and v or SGD momentum) divided by ``shard``
+        when the update is sharded over that many data-parallel ranks."""
         master = 4 if dtype_bytes < 4 else 0
-        return 2 * dtype_bytes + master + 4
+        opt = 8 if self.optimizer_for(family) == "adam" else 4
+        return 2 * dtype_bytes + (master + opt) / max(1, shard)
 
 
 @dataclass(frozen=True)
@@ -150,6 +177,19 @@ class EstimatorConfig:
     efficiency: EfficiencyConfig = field(default_factory=EfficiencyConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+
+
+def arena_runtime(cfg: EstimatorConfig | None = None) -> EstimatorConfig:
+    """``cfg`` (default: the defaults) with the runtime facts of the Arena artifact, whose
+    Alpa/JAX trainers produced the measured table (read from its trainer code): coarse-grained
+    activation rematerialisation (``use_remat=True``), the optimizer update sharded over
+    data-parallel ranks (``prefer_reduce_scatter=True``), AdamW with an fp32 master copy
+    for GPT/MoE and SGD with Nesterov momentum for Wide-ResNet. The defaults instead
+    describe the project's own torch launcher (Adam, no recomputation, gradient
+    all-reduce). Efficiency factors are hardware properties and are shared by both."""
+    cfg = cfg or EstimatorConfig()
+    return replace(cfg, efficiency=replace(cfg.efficiency, recompute_activations=True, dp_sharded_optimizer=True),
+                   memory=replace(cfg.memory, optimizer_by_family=(("wide_resnet", "sgd"),)))
 
 
 def config_to_dict(cfg) -> dict:

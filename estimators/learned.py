@@ -61,15 +61,18 @@ class TrainingRecord:
 
 
 def features(model: str, gpu_type: str, num_nodes: int, gpus_per_node: int, r: PlanResult,
-             link_load: float = 0.0) -> tuple[float, ...]:
+             link_load: float = 0.0, eff=None) -> tuple[float, ...]:
+    """Feature vector of one planned row; ``eff`` (EfficiencyConfig) decides which compute
+    peak the model's dtype gets (TF32 or not), as in the analytic model."""
     arch, gpu = get_model(model), get_gpu(gpu_type)
+    peak = eff.compute_peak_flops(gpu, arch.dtype) if eff is not None else gpu.peak_flops(arch.dtype)
     bd, p = r.breakdown, r.plan
     sh = bd.shares()
     fam = arch.base_family
     return (math.log(bd.iteration_time_s), sh["compute"], sh["tp_comm"], sh["p2p"], sh["bubble"],
             sh["dp_exposed"], sh["optimizer"], r.memory.peak_bytes / gpu.memory_bytes, p.pp, p.dp, p.tp,
             p.microbatches, math.log(bd.micro_batch), num_nodes * gpus_per_node, num_nodes, gpus_per_node,
-            math.log(gpu.peak_flops(arch.dtype)), math.log(gpu.memory_bw_bytes_per_s),
+            math.log(peak), math.log(gpu.memory_bw_bytes_per_s),
             math.log(gpu.intra_node_bw_bytes_per_s), math.log(gpu.inter_node_bw_bytes_per_s),
             gpu.memory_bytes / 2**30, float(gpu.interconnect == "pcie"), math.log(arch.param_count),
             arch.dtype_bytes, float(link_load)) + tuple(float(fam == f) for f in FAMILIES)
@@ -87,7 +90,8 @@ def records_from_table(rows, analytic: AnalyticModel) -> list[TrainingRecord]:
             continue
         rid = f"arena:{row.model}:{row.global_batch}:{row.gpu_type}:{row.num_nodes}x{row.gpus_per_node}"
         out.append(TrainingRecord(rid, row.gpu_type, features(row.model, row.gpu_type, row.num_nodes,
-                                                              row.gpus_per_node, r),
+                                                              row.gpus_per_node, r,
+                                                              eff=analytic.cfg.efficiency),
                                   r.iteration_time_s, row.iter_time_s))
     return out
 
@@ -116,7 +120,8 @@ def records_from_runs(runs, analytic: AnalyticModel) -> list[TrainingRecord]:
         if not t > 0:
             continue
         rid = f"run:{k}:{run.get('timestamp', '')}"
-        out.append(TrainingRecord(rid, gpu.name, features(arch.name, gpu.name, nodes, gpn, r, load),
+        feats = features(arch.name, gpu.name, nodes, gpn, r, load, analytic.cfg.efficiency)
+        out.append(TrainingRecord(rid, gpu.name, feats,
                                   r.iteration_time_s, t))
     return out
 
@@ -130,13 +135,20 @@ def _arena_records(cfg) -> tuple[TrainingRecord, ...]:
                                                                    planner=cfg.planner)))
 
 
-def leave_one_group_out(records: list[TrainingRecord]):
-    """Yield (group, train, test) with every record of ``group`` in test and none in train."""
-    for g in sorted({r.group for r in records}):
-        train = [r for r in records if r.group != g]
-        test = [r for r in records if r.group == g]
+def leave_one_group_out(records: list[TrainingRecord], key=None):
+    """Yield (group, train, test) with every record of ``group`` in test and none in train;
+    ``key(record)`` names the group (default: ``record.group``, the GPU type)."""
+    key = key or (lambda r: r.group)
+    for g in sorted({key(r) for r in records}):
+        train = [r for r in records if key(r) != g]
+        test = [r for r in records if key(r) == g]
         assert not {r.row_id for r in train} & {r.row_id for r in test}
         yield g, train, test
+
+
+def record_model(rec: TrainingRecord) -> str:
+    """The model name of an Arena-table record (``arena:<model>:<batch>:...``)."""
+    return rec.row_id.split(":")[1]
 
 
 class LearnedModel:
@@ -216,7 +228,8 @@ class LearnedModel:
             else:
                 r = self.analytic.plan_result(job, grid, load)
                 s = grid.shape
-                k = self.correction(features(job.model, s.gpu_type, s.num_nodes, s.gpus_per_node, r, load))
+                k = self.correction(features(job.model, s.gpu_type, s.num_nodes, s.gpus_per_node, r, load,
+                                                     self.analytic.cfg.efficiency))
                 t = base.iteration_time_s * k
                 e = Estimate(t, job.global_batch / t, base.peak_memory_bytes, base.plan, base.feasible,
                              f"{self.name}/{base.source}", base.notes + (f"learned correction x{k:.3f}",))

@@ -4,7 +4,9 @@ Per rank of stage i (stage shapes are uniform, ``tp`` shards each layer):
 
 - model state: the stage's parameters / tp (MoE experts also / the expert-parallel
   degree, layers.expert_parallel_degree) x ``MemoryConfig.state_bytes_per_param``
-  (weights + gradients + optimizer state; Adam with fp32 master copy for fp16/bf16);
+  (weights + gradients + optimizer state; Adam with fp32 master copy for fp16/bf16, or SGD
+  momentum for the families ``MemoryConfig.optimizer_by_family`` names); with
+  ``EfficiencyConfig.dp_sharded_optimizer`` the optimizer part is divided by ``dp``;
 - activations kept for backward: the stage's per-micro-batch activation bytes (layers.py,
   already sharded by tp) x the micro-batches in flight: GPipe keeps all ``m``; 1F1B keeps
   ``min(m, pp - i)``. With activation recomputation only each layer's input is kept, plus
@@ -50,10 +52,11 @@ class MemoryTable:
     many stage splits are checked in O(pp) each."""
 
     def __init__(self, arch: ModelArch, costs: tuple[LayerCost, ...], tp: int, cfg: MemoryConfig,
-                 eff: EfficiencyConfig, ep: int = 1):
+                 eff: EfficiencyConfig, ep: int = 1, dp: int = 1):
         self.cfg, self.tp, self.costs = cfg, tp, costs
         self.recompute = eff.recompute_activations
-        per_param = cfg.state_bytes_per_param(arch.dtype_bytes)
+        per_param = cfg.state_bytes_per_param(arch.dtype_bytes, arch.base_family,
+                                              dp if eff.dp_sharded_optimizer else 1)
         ps, pa, pk = [0.0], [0.0], [0.0]
         for c in costs:
             ps.append(ps[-1] + c.rank_params(ep) * per_param)
@@ -92,5 +95,5 @@ def plan_memory(arch: ModelArch, plan: Plan, *, global_batch: int, cfg: MemoryCo
     costs = layer_costs(arch, micro_batch=mb, tp=plan.tp, backward_ratio=eff.backward_flops_ratio)
     max_ep = None if gpus_per_node is None else max(1, gpus_per_node // plan.tp)
     ep = plan.ep or expert_parallel_degree(arch, plan.dp, max_ep)
-    return MemoryTable(arch, costs, plan.tp, cfg, eff, ep).breakdown(plan.stage_layers, plan.microbatches,
+    return MemoryTable(arch, costs, plan.tp, cfg, eff, ep, plan.dp).breakdown(plan.stage_layers, plan.microbatches,
                                                                  plan.schedule)

@@ -157,11 +157,11 @@ class Planner:
     def memtable(self, arch: ModelArch, mb: int, tp: int, dp: int = 1, gpn: int | None = None,
                  ep: int = 0) -> MemoryTable:
         ep = ep or self.auto_ep(arch, dp, tp, gpn)
-        key = (arch, mb, tp, ep)
+        key = (arch, mb, tp, ep, dp if self.cfg.efficiency.dp_sharded_optimizer else 1)
         t = self._mem.get(key)
         if t is None:
             costs = layer_costs(arch, micro_batch=mb, tp=tp, backward_ratio=self.cfg.efficiency.backward_flops_ratio)
-            t = MemoryTable(arch, costs, tp, self.cfg.memory, self.cfg.efficiency, ep)
+            t = MemoryTable(arch, costs, tp, self.cfg.memory, self.cfg.efficiency, ep, key[-1])
             self._mem[key] = t
         return t
 

@@ -4,7 +4,9 @@ Two sources, one interface:
 
 - ``RooflineTimer`` / ``CatalogComm``: from catalog specs (instances/gpus.py) and the
   efficiency factors of ``EfficiencyConfig`` -- a roofline: a layer takes
-  ``max(flops / (peak * eff_kind), bytes / (mem_bw * eff_mem)) + overhead``; a ring
+  ``max(flops / (peak * eff_kind), bytes / (mem_bw * eff_mem)) + overhead`` (or the sum
+  of the two terms, ``EfficiencyConfig.roofline_combine="sum"``: the layer's GEMM/conv
+  kernels and its memory-bound elementwise kernels run one after another); a ring
   collective takes ``steps * latency + volume / (link_bw * eff_link)``. This is the
   "roofline transfer" used for every GPU type that was not profiled.
 - ``ProfiledTimer`` / ``ProfiledComm``: from a profile store (estimators/profile_store.py):
@@ -37,8 +39,9 @@ class RooflineTimer:
             peak *= cost.fwd_flops / (cost.fwd_flops + w_half)
         bw = gpu.memory_bw_bytes_per_s * self.eff.memory_bw_efficiency
         bwd_flops = cost.bwd_flops + (cost.fwd_flops if self.eff.recompute_activations else 0.0)
-        f = max(cost.fwd_flops / peak, cost.fwd_bytes / bw) + self.eff.layer_overhead_s
-        b = max(bwd_flops / peak, cost.bwd_bytes / bw) + self.eff.layer_overhead_s
+        combine = max if self.eff.roofline_combine == "max" else (lambda c, m: c + m)
+        f = combine(cost.fwd_flops / peak, cost.fwd_bytes / bw) + self.eff.layer_overhead_s
+        b = combine(bwd_flops / peak, cost.bwd_bytes / bw) + self.eff.layer_overhead_s
         return f, b
 
     def profiled(self, cost: LayerCost, gpu: GpuType, dtype: str) -> bool:

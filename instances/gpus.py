@@ -1,7 +1,10 @@
 """GPU catalog: one place for every accelerator's specs.
 
 TF32 figures are the datasheets' dense tensor-core TF32 peaks (A100 156, H100/H200 494.7,
-A40 74.8, A10 62.5, L20 59.8 TFLOP/s); V100 has no TF32.
+A40 74.8, A10 62.5, L20 59.8 TFLOP/s); V100 has no TF32. ``fp32_gemm_flops`` (A40 18.7,
+A10 15.6, L20 29.9): half the datasheet FP32 figure, which counts the second FP32 datapath of
+GA10x/AD10x SMs that GEMM/convolution kernels cannot keep busy (the Arena table's fp32
+Wide-ResNet runs agree: A40 is 13% slower than A100, not 1.9x faster).
 
 Units: FLOP/s (dense, no structured sparsity), bytes, bytes per second. Bandwidths are
 per GPU and per direction: ``intra_node_bw_bytes_per_s`` is one GPU's bandwidth to its
@@ -32,6 +35,10 @@ class GpuType:
     interconnect: str          # "nvlink", "nvswitch", "pcie" or "host"
     source: str
     tf32_flops: float = 0.0    # dense TF32 tensor-core peak for fp32 matmuls/convs; 0: none (use fp32)
+    fp32_gemm_flops: float = 0.0   # fp32 peak reachable by GEMM/convolution kernels without tensor
+                                   # cores; 0: = fp32_flops. GA10x/AD10x (A40, A10, L20) datasheets count a
+                                   # second FP32 datapath per SM partition that is shared with INT32;
+                                   # GEMM/conv inner loops keep only one busy: half the datasheet figure
 
     def peak_flops(self, dtype: str) -> float:
         if dtype in ("float16", "bfloat16", "fp16", "bf16"):
@@ -43,7 +50,9 @@ class GpuType:
     def fp32_matmul_flops(self, allow_tf32: bool) -> float:
         """Peak for fp32 matmuls/convs: TF32 tensor cores where allowed and present
         (JAX/XLA and cuDNN use them by default on Ampere and later)."""
-        return self.tf32_flops if allow_tf32 and self.tf32_flops > 0 else self.fp32_flops
+        if allow_tf32 and self.tf32_flops > 0:
+            return self.tf32_flops
+        return self.fp32_gemm_flops or self.fp32_flops
 
 
 _CATALOG: tuple[GpuType, ...] = (
@@ -70,15 +79,15 @@ _CATALOG: tuple[GpuType, ...] = (
     GpuType("a40", 149.7 * TFLOPS, 37.4 * TFLOPS, 48 * GIB, 696 * GB, 32 * GB, 12.5 * GB, 2,
             "pcie", "NVIDIA A40 datasheet: FP16/BF16 tensor 149.7 TF dense, FP32 37.4 TF, 48 GB "
             "GDDR6 696 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed",
-            tf32_flops=74.8 * TFLOPS),
+            tf32_flops=74.8 * TFLOPS, fp32_gemm_flops=18.7 * TFLOPS),
     GpuType("a10", 125 * TFLOPS, 31.2 * TFLOPS, 24 * GIB, 600 * GB, 32 * GB, 12.5 * GB, 2,
             "pcie", "NVIDIA A10 datasheet: FP16/BF16 tensor 125 TF dense, FP32 31.2 TF, 24 GB GDDR6 "
             "600 GB/s, PCIe Gen4 x16 64 GB/s bidirectional; 100 Gb/s NIC assumed",
-            tf32_flops=62.5 * TFLOPS),
+            tf32_flops=62.5 * TFLOPS, fp32_gemm_flops=15.6 * TFLOPS),
     GpuType("l20", 119.5 * TFLOPS, 59.8 * TFLOPS, 48 * GIB, 864 * GB, 32 * GB, 25 * GB, 8,
             "pcie", "NVIDIA L20 product brief: FP16 tensor 119.5 TF dense, FP32 59.8 TF, 48 GB GDDR6 "
             "864 GB/s, PCIe Gen4 x16; 200 Gb/s per GPU assumed",
-            tf32_flops=59.8 * TFLOPS),
+            tf32_flops=59.8 * TFLOPS, fp32_gemm_flops=29.9 * TFLOPS),
     GpuType("cpu", 0.1 * TFLOPS, 0.1 * TFLOPS, 16 * GIB, 10 * GB, 5 * GB, 1 * GB, 1,
             "host", "nominal figures for a small x86 VM (2 cores with AVX2 FMA, one DDR channel); "
             "`arena profile` measures the real numbers on the local CPU"),

@@ -1,5 +1,6 @@
 """Pipeline composition against hand-computed cases and an independent event simulation."""
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -9,6 +10,7 @@ from estimators.compose import compose, pipeline_time, simulate_pipeline
 from estimators.config import EfficiencyConfig
 from estimators.layers import layer_costs
 from estimators.timing import CatalogComm, RooflineTimer
+from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import get_model
 
@@ -44,7 +46,8 @@ def test_compose_single_rank_by_hand():
     """pp=1, dp=2, tp=1, no overlap: iteration = sum of layer rooflines + ring all-reduce + optimizer."""
     arch = get_model("tiny-gpt__4L")
     gpu = get_gpu("a100-40gb")
-    eff = EfficiencyConfig(dp_overlap=False)
+    eff = EfficiencyConfig(dp_overlap=False, recompute_activations=False, dp_sharded_optimizer=False,
+                           allow_tf32=False)
     timer, comm = RooflineTimer(eff), CatalogComm(eff)
     n = len(arch.layers())
     plan = Plan(1, 2, 1, (n,), 1, "1f1b")
@@ -63,8 +66,41 @@ def test_compose_single_rank_by_hand():
     assert bd.iteration_time_s == pytest.approx(comp + ar + opt, rel=1e-9)
     assert bd.dp_exposed_s == pytest.approx(ar)
     overlapped = compose(arch, plan, global_batch=8, gpu=gpu, gpus_per_node=8, timer=timer, comm=comm,
-                         eff=EfficiencyConfig(dp_overlap=True))
+                         eff=replace(eff, dp_overlap=True))
     assert overlapped.iteration_time_s < bd.iteration_time_s
+    # sharded optimizer update (Alpa prefer_reduce_scatter): reduce-scatter + all-gather, each
+    # half the all-reduce's volume term, and the update over 1/dp of the parameters
+    sh = replace(eff, dp_sharded_optimizer=True)
+    bd_sh = compose(arch, plan, global_batch=8, gpu=gpu, gpus_per_node=8, timer=RooflineTimer(sh),
+                    comm=CatalogComm(sh), eff=sh)
+    assert bd_sh.dp_exposed_s == pytest.approx(ar, rel=1e-9)
+    assert bd_sh.optimizer_s == pytest.approx(opt / 2, rel=1e-9)
+    # activation recomputation adds one forward to every backward
+    rc = replace(eff, recompute_activations=True)
+    bd_rc = compose(arch, plan, global_batch=8, gpu=gpu, gpus_per_node=8, timer=RooflineTimer(rc),
+                    comm=CatalogComm(rc), eff=rc)
+    assert bd_rc.compute_s > bd.compute_s
+
+
+def test_tf32_compute_roof_and_sum_roofline():
+    """fp32 layers use the TF32 peak only where allowed and present; "sum" adds the roofs."""
+    gpu, v100 = get_gpu("a100-40gb"), get_gpu("v100-32gb")
+    on, off = EfficiencyConfig(allow_tf32=True), EfficiencyConfig(allow_tf32=False)
+    assert on.compute_peak_flops(gpu, "float32") == gpu.tf32_flops
+    assert off.compute_peak_flops(gpu, "float32") == gpu.fp32_flops
+    assert on.compute_peak_flops(v100, "float32") == v100.fp32_flops          # no TF32 on V100
+    assert on.compute_peak_flops(gpu, "float16") == gpu.fp16_flops
+    c = layer_costs(get_model("wide_resnet__500M"), micro_batch=8)[5]
+    f_max, _ = RooflineTimer(off).times(c, gpu, "float32")
+    f_sum, _ = RooflineTimer(replace(off, roofline_combine="sum")).times(c, gpu, "float32")
+    peak = gpu.fp32_flops * off.compute_efficiency(c.kind)
+    mem = c.fwd_bytes / (gpu.memory_bw_bytes_per_s * off.memory_bw_efficiency)
+    assert f_max == pytest.approx(max(c.fwd_flops / peak, mem) + off.layer_overhead_s)
+    assert f_sum == pytest.approx(c.fwd_flops / peak + mem + off.layer_overhead_s)
+    with pytest.raises(InputError):
+        EfficiencyConfig(roofline_combine="min")
+    with pytest.raises(InputError):
+        EfficiencyConfig(allow_tf32="yes")
 
 
 def test_cross_node_links_and_link_load_slow_down():

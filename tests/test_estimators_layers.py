@@ -1,12 +1,16 @@
 """Layer costs and memory against hand calculations for a small model."""
+from dataclasses import replace
+
 import pytest
 
 from estimators.base import Plan
 from estimators.config import EfficiencyConfig, MemoryConfig
 from estimators.layers import layer_costs
 from estimators.memory import plan_memory
+from instances.errors import InputError
 from instances.models import get_model
 
+NO_REMAT = EfficiencyConfig(recompute_activations=False, dp_sharded_optimizer=False)
 ARCH = get_model("tiny-gpt__2L")        # h=64, heads=4, s=32, V=256, fp32, 2 decoder layers
 H, S, A, V, B = 64, 32, 4, 256, 4        # B: bytes per fp32 element
 
@@ -59,7 +63,7 @@ def test_head_and_embedding_sharding():
 def test_memory_single_rank_by_hand():
     plan = Plan(1, 1, 1, (len(ARCH.layers()),), 1, "1f1b")
     cfg = MemoryConfig(framework_reserve_bytes=0)
-    mem = plan_memory(ARCH, plan, global_batch=2, cfg=cfg)
+    mem = plan_memory(ARCH, plan, global_batch=2, cfg=cfg, eff=NO_REMAT)
     costs = layer_costs(ARCH, micro_batch=2)
     # fp32 Adam: weights 4 + grads 4 + m 4 + v 4 = 16 bytes/param
     state = 16 * ARCH.param_count
@@ -67,11 +71,29 @@ def test_memory_single_rank_by_hand():
     assert mem.peak_bytes == pytest.approx(state + act)
 
 
+def test_sharded_optimizer_and_family_optimizer_memory():
+    """dp-sharded update (Alpa prefer_reduce_scatter): weights and grads whole, optimizer
+    state / dp; Wide-ResNet trains with SGD momentum (4 B/param of state, not Adam's 8)."""
+    cfg = MemoryConfig(framework_reserve_bytes=0)
+    n = len(ARCH.layers())
+    sharded = replace(NO_REMAT, dp_sharded_optimizer=True)
+    m4 = plan_memory(ARCH, Plan(1, 4, 1, (n,), 1, "1f1b"), global_batch=8, cfg=cfg, eff=sharded)
+    act = sum(c.activation_bytes for c in layer_costs(ARCH, micro_batch=2))
+    assert m4.peak_bytes == pytest.approx((8 + 8 / 4) * ARCH.param_count + act)
+    sgd_wrn = MemoryConfig(optimizer_by_family=(("wide_resnet", "sgd"),))
+    assert sgd_wrn.state_bytes_per_param(4, "wide_resnet") == 12
+    assert sgd_wrn.state_bytes_per_param(2, "gpt") == 16        # fp16: 2 + 2 + master 4 + m, v 8
+    assert sgd_wrn.state_bytes_per_param(2, "gpt", shard=4) == 4 + 12 / 4
+    assert cfg.state_bytes_per_param(4, "wide_resnet") == 16    # default: Adam for every family
+    with pytest.raises(InputError):
+        MemoryConfig(optimizer_by_family=(("gpt", "lamb"),))
+
+
 def test_memory_inflight_gpipe_vs_1f1b():
     n = len(ARCH.layers())
     cfg = MemoryConfig(framework_reserve_bytes=0)
-    g = plan_memory(ARCH, Plan(2, 1, 1, (2, n - 2), 4, "gpipe"), global_batch=8, cfg=cfg)
-    f = plan_memory(ARCH, Plan(2, 1, 1, (2, n - 2), 4, "1f1b"), global_batch=8, cfg=cfg)
+    g = plan_memory(ARCH, Plan(2, 1, 1, (2, n - 2), 4, "gpipe"), global_batch=8, cfg=cfg, eff=NO_REMAT)
+    f = plan_memory(ARCH, Plan(2, 1, 1, (2, n - 2), 4, "1f1b"), global_batch=8, cfg=cfg, eff=NO_REMAT)
     costs = layer_costs(ARCH, micro_batch=2)
     act0 = sum(c.activation_bytes for c in costs[:2])
     buf0 = 2 * costs[1].output_bytes
@@ -85,7 +107,7 @@ def test_memory_inflight_gpipe_vs_1f1b():
 
 def test_recompute_keeps_less():
     plan = Plan(1, 1, 1, (len(ARCH.layers()),), 1, "1f1b")
-    full = plan_memory(ARCH, plan, global_batch=8, cfg=MemoryConfig())
+    full = plan_memory(ARCH, plan, global_batch=8, cfg=MemoryConfig(), eff=NO_REMAT)
     rc = plan_memory(ARCH, plan, global_batch=8, cfg=MemoryConfig(),
                      eff=EfficiencyConfig(recompute_activations=True))
     assert rc.activation_bytes < full.activation_bytes

@@ -31,6 +31,10 @@ def register(subparsers) -> None:
     p.add_argument("--store", default=None, help="profile store for --against local")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-splits", type=int, default=200, help="proxy-quality: exhaustive split limit per grid")
+    p.add_argument("--refit-analytic", action="store_true",
+                   help="accuracy: also refit the analytic constants in-sample and leave-one-GPU-type-out "
+                        "(slow: minutes)")
+    p.add_argument("--refit-evals", type=int, default=120, help="Powell evaluations per refit")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -117,18 +121,34 @@ def _accuracy(args) -> int:
     from estimators.accuracy import against_arena, dp_memory_check
     out = against_arena(seed=args.seed)
     out["dp_memory"] = dp_memory_check()
+    if args.refit_analytic:
+        from estimators.accuracy import analytic_refit
+        from instances.errors import InputError
+        if args.refit_evals < 1:
+            raise InputError("--refit-evals must be >= 1", field="refit_evals")
+        out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"Arena measured table: {out['measured_rows']} measured rows, {out['predicted_rows']} predicted "
           f"(the others the memory model calls infeasible: {len(out['called_infeasible_but_measured'])})")
-    print("MAPE (analytic: catalog specs + global efficiency factors; learned: leave-one-GPU-type-out)")
+    print("MAPE (analytic: catalog specs + global efficiency factors fitted on all rows, in-sample;\n"
+          "      learned: leave-one-GPU-type-out / leave-one-model-out)")
     for title, key in (("GPUs", "by_gpus"), ("GPU type", "by_gpu_type"), ("family", "by_family")):
-        print(f"  {title:<12} {'rows':>5} {'analytic':>9} {'learned':>9}")
+        print(f"  {title:<12} {'rows':>5} {'analytic':>9} {'learned':>9} {'lrn-LOMO':>9}")
         for k, v in out[key].items():
-            print(f"  {k:<12} {v['rows']:>5} {_fmt(v['analytic_mape']):>9} {_fmt(v['learned_mape']):>9}")
+            print(f"  {k:<12} {v['rows']:>5} {_fmt(v['analytic_mape']):>9} {_fmt(v['learned_mape']):>9} "
+                  f"{_fmt(v['learned_lomo_mape']):>9}")
     o = out["overall"]
-    print(f"  {'overall':<12} {out['predicted_rows']:>5} {_fmt(o['analytic_mape']):>9} {_fmt(o['learned_mape']):>9}")
+    print(f"  {'overall':<12} {out['predicted_rows']:>5} {_fmt(o['analytic_mape']):>9} {_fmt(o['learned_mape']):>9} "
+          f"{_fmt(o['learned_lomo_mape']):>9}")
+    if "analytic_refit" in out:
+        a = out["analytic_refit"]
+        print(f"analytic constants refitted ({a['max_evals']} evaluations per fit, {a['seconds']:.0f} s): "
+              f"in-sample {_fmt(a['in_sample_mape'])}, leave-one-GPU-type-out "
+              f"{_fmt(a['leave_one_gpu_type_out_mape'])}")
+        for g, v in a["by_gpu_type"].items():
+            print(f"  held out {g:<12} {v['test_rows']:>4} rows  {_fmt(v['mape'])}  bias {100 * v['bias']:+.1f}%")
     print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}")
     d = out["dp_memory"]
     print(f"pure data parallelism vs Arena's DP memory table (on {d['gpu_type']}): fitting rows called feasible "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -252,8 +252,3 @@ def find_column(data: RoundData, job_index: int, grid: Grid) -> int:
         if data.grids and data.grids[k] == grid:
             return int(k)
     return -1
-
-
-def iter_selected(data: RoundData, cols: Iterable[int]):
-    for k in cols:
-        yield data.job_ids[data.col_job[k]], data.grids[k], data.plans[k]

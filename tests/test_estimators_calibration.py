@@ -1,0 +1,49 @@
+"""Calibration plumbing: fitted parameters, the Arena runtime preset, and the honesty of
+the leave-one-GPU-type-out analytic refit (no fit ever sees its test rows)."""
+import math
+
+import pytest
+
+from estimators import accuracy, calibrate
+from estimators.calibrate import FIT_PARAMS, NEUTRAL_START, apply_params, neutral_start
+from estimators.config import EfficiencyConfig, EstimatorConfig, arena_runtime
+from estimators.local_accuracy import launcher_runtime
+
+
+def test_apply_params_sets_named_constants_and_clips():
+    base = EfficiencyConfig()
+    eff = apply_params(base, [math.log(0.3), math.log(5.0)], ("conv", "inter_bw_efficiency"))
+    assert eff.compute_efficiency("bottleneck") == eff.compute_efficiency("conv_stem") == pytest.approx(0.3)
+    assert eff.inter_bw_efficiency == 1.0                                   # clipped to a fraction
+    assert eff.compute_efficiency("decoder") == base.compute_efficiency("decoder")
+    with pytest.raises(ValueError):
+        apply_params(base, [0.0], ("decoder", "conv"))
+    n = neutral_start(base)
+    assert n.memory_bw_efficiency == pytest.approx(NEUTRAL_START["memory_bw_efficiency"])
+    assert set(NEUTRAL_START) == set(FIT_PARAMS)
+
+
+def test_arena_runtime_and_launcher_runtime_presets():
+    a = arena_runtime()
+    assert a.efficiency.recompute_activations and a.efficiency.dp_sharded_optimizer
+    assert a.memory.optimizer_for("wide_resnet") == "sgd" and a.memory.optimizer_for("gpt") == "adam"
+    d = EstimatorConfig()
+    assert a.efficiency.kind_compute_efficiency == d.efficiency.kind_compute_efficiency   # hardware constants shared
+    eff, mem = launcher_runtime()
+    assert not eff.recompute_activations and not eff.dp_sharded_optimizer
+    assert mem.optimizer_for("wide_resnet") == "adam"
+
+
+def test_leave_one_type_out_refit_never_fits_on_its_test_rows(monkeypatch):
+    seen = []
+
+    def fake_fit(rows, base, *, max_evals=80, params=FIT_PARAMS):
+        seen.append({r.gpu_type for r in rows})
+        return base.efficiency
+
+    monkeypatch.setattr(calibrate, "fit_efficiency", fake_fit)
+    out = accuracy.analytic_refit(max_evals=1, gpu_types=["a10"], in_sample=False)
+    assert seen == [{"a100-40gb", "a40", "v100-32gb"}]
+    v = out["by_gpu_type"]["a10"]
+    assert v["test_rows"] > 0 and v["train_rows"] > 3 * v["test_rows"] / 2
+    assert out["leave_one_gpu_type_out_rows"] == v["test_rows"]
