@@ -140,23 +140,7 @@ def simulate_pipeline(fwd, bwd, microbatches: int, schedule: str) -> float:
     """Event simulation of a pipeline schedule: each stage runs its operations in the
     schedule's order; F(i, j) needs F(i-1, j); B(i, j) needs B(i+1, j) and F(i, j)."""
     p, m = len(fwd), microbatches
-    orders = []
-    for i in range(p):
-        if schedule == "gpipe":
-            ops = [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
-        elif schedule == "1f1b":
-            warm = min(p - i - 1, m)
-            ops = [("F", j) for j in range(warm)]
-            nf, nb = warm, 0
-            while nb < m:
-                if nf < m:
-                    ops.append(("F", nf))
-                    nf += 1
-                ops.append(("B", nb))
-                nb += 1
-        else:
-            raise ValueError(f"unknown pipeline schedule {schedule!r}")
-        orders.append(ops)
+    orders = _stage_orders(p, m, schedule)
     done: dict[tuple[str, int, int], float] = {}
     pos = [0] * p
     free = [0.0] * p

@@ -22,15 +22,7 @@ from instances.models import ModelArch
 
 from .config import EstimatorConfig
 from .layers import expert_parallel_degree
-from .planner import Planner
-
-
-def _pow2_upto(x: int) -> list[int]:
-    out, v = [], 1
-    while v <= x:
-        out.append(v)
-        v *= 2
-    return out
+from .planner import Planner, pow2_upto
 
 
 def grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, *, dp_only: bool = False) -> bool:
@@ -72,7 +64,7 @@ def candidate_grids(job: Job, cluster: ClusterSpec, *, max_gpus: int = 16, gpu_c
     Results are cached in the planner per (model, batch, cluster, counts, dp_only, prune)."""
     if max_gpus < 1:
         raise ValueError("max_gpus must be >= 1")
-    counts = sorted(set(gpu_counts)) if gpu_counts is not None else _pow2_upto(max_gpus)
+    counts = sorted(set(gpu_counts)) if gpu_counts is not None else pow2_upto(max_gpus)
     if any((not isinstance(c, int)) or c < 1 for c in counts):
         raise ValueError(f"gpu_counts must be positive integers, got {gpu_counts!r}")
     planner = planner or default_planner()
@@ -97,7 +89,7 @@ def _candidate_grids(job: Job, cluster: ClusterSpec, counts: list[int], planner:
         sizes = avail[gtype]
         node_size = max(sizes)
         for count in counts:
-            for gpn in _pow2_upto(node_size):
+            for gpn in pow2_upto(node_size):
                 if count % gpn:
                     continue
                 nodes = count // gpn

@@ -107,7 +107,7 @@ def enumerate_splits(n: int, parts: int, base: tuple[int, ...], limit: int, pert
                 yield sizes
 
 
-def _pow2_upto(x: int) -> list[int]:
+def pow2_upto(x: int) -> list[int]:
     out, v = [], 1
     while v <= x:
         out.append(v)
@@ -293,7 +293,7 @@ class Planner:
         for tp in self.tp_options(arch, grid, within_node=False, dp_only=dp_only):
             dp = grid.num_gpus // pp // tp
             per_replica = max(1, math.ceil(global_batch / dp))
-            ms = sorted(set(_pow2_upto(min(per_replica, pc.max_microbatches)) +
+            ms = sorted(set(pow2_upto(min(per_replica, pc.max_microbatches)) +
                             ([per_replica] if per_replica <= pc.max_microbatches else [])))
             for m, ep in itertools.product(ms, self.ep_options(arch, dp, tp, gpn)):
                 mb = micro_batch_size(global_batch, dp, m)
