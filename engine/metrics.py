@@ -133,6 +133,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         "rounds_decided": len(dec),
         "packing_failures": sum(r.packing_failures for r in hrounds),
         "packing_repairs": sum(r.repairs for r in hrounds),
+        "displaced_by_drops": sum(r.displaced for r in hrounds),
         "infeasible_drops": sum(r.infeasible_drops for r in hrounds),
         "wall_time_s": sim.wall_s,
     }

@@ -13,7 +13,10 @@ Time starts at the first job's arrival ``t0``; round ``k`` happens at
    its current allocation, a queued one waits) and counted; the shape is then shown to
    policies in ``JobView.known_infeasible_shapes``;
 5. placement maps grids to GPUs; jobs it cannot place are packing failures (a running
-   job then keeps its current GPUs when they are still free, else it is stopped);
+   job then keeps its current GPUs when they are still free, else it is stopped).
+   Packing failures measure the decision as the policy made it: when step 4 kept a
+   running job in place, the GPUs the policy had freed may be missing for others; jobs
+   that fail only for that reason are counted as ``displaced``, not as packing failures;
 6. the executor stops, reconfigures and launches; reconfiguration downtime is charged
    by the one ``ReconfigCostModel`` shared by all policies;
 7. invariants are asserted and the round recorded.
@@ -72,7 +75,8 @@ class RoundRecord:
     reconfigurations: int = 0        # moves of running jobs and resumes of preempted ones
     preemptions: int = 0
     infeasible_drops: int = 0
-    packing_failures: int = 0
+    packing_failures: int = 0        # chosen grids placement could not map to GPUs, as decided
+    displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
     repairs: int = 0
     decision_time_s: float = 0.0
     decided: bool = False            # the policy was called this round
@@ -221,7 +225,7 @@ class _Simulation:
                 busy_by_type = st.cluster.used_by_type()
                 # an event-driven policy is asked again only after an event, or when this
                 # round's decisions were not all carried out
-                need_decide = bool(rec.infeasible_drops or rec.packing_failures)
+                need_decide = bool(rec.infeasible_drops or rec.packing_failures or rec.displaced)
             elif finished:
                 busy_by_type = st.cluster.used_by_type()
             rec.queued, rec.running, rec.finished_total = len(st.queued), len(st.running), len(st.finished_ids)
@@ -273,7 +277,7 @@ class _Simulation:
             raise TypeError(f"policy {getattr(self.policy, 'name', self.policy)!r} returned "
                             f"{type(decisions).__name__}, not Decisions")
         requests: dict[str, Grid] = {}
-        dropped: set[str] = set()
+        dropped: dict[str, Grid] = {}     # running jobs whose decided move was rejected at truth
         for jid, grid in decisions.grids.items():
             r = st.jobs.get(jid)
             if r is None or r.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
@@ -288,15 +292,24 @@ class _Simulation:
                 r.known_infeasible = r.known_infeasible | {grid.shape}
                 if r.alloc is not None:
                     requests[jid] = r.alloc.grid      # keep running where it is
-                    dropped.add(jid)
+                    dropped[jid] = grid
                 continue
             requests[jid] = grid
         current = {jid: r.alloc for jid, r in st.running.items()}
         pinned = {j: g for j, g in decisions.placements.items() if j in requests and j not in dropped}
         res = self.placer.place(requests, current, pinned)
-        rec.packing_failures = len(res.failed)
+        failed = set(res.failed)
+        if dropped and failed:
+            # which failures are the decision's own: place it as decided (dropped moves included)
+            as_decided = self.placer.place({**requests, **dropped}, current,
+                                           {j: g for j, g in decisions.placements.items() if j in requests})
+            own = failed & set(as_decided.failed)
+        else:
+            own = failed
+        rec.packing_failures = len(own)
+        rec.displaced = len(failed - own)
         rec.repairs = res.repaired
-        for jid in res.failed:
+        for jid in own:
             st.jobs[jid].packing_failures += 1
         allocs = dict(res.allocations)
         # a running job whose new grid did not fit stays where it is, if its GPUs are still free

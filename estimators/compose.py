@@ -6,7 +6,9 @@ all sit in one node uses the intra-node link; otherwise the inter-node link (the
 catalog's per-GPU share of the node's network).
 
 Per micro-batch, stage i takes ``f_i`` forward and ``b_i`` backward: its layers'
-roofline/profiled times + its tensor-parallel all-reduces + the pipeline send to the
+roofline/profiled times + its tensor-parallel all-reduces (+ the measured per-layer
+tensor-parallel runtime overhead ``tp_layer_overhead_*_s``; embeddings and head whole on
+every tensor rank with ``tp_replicated_embedding_head``) + the pipeline send to the
 next stage (forward) or the previous one (backward). The pipeline time of ``m``
 micro-batches over ``p`` stages (no interleaving):
 
@@ -36,7 +38,9 @@ from instances.models import ModelArch
 
 from .base import Plan
 from .config import EfficiencyConfig
-from .layers import expert_parallel_degree, layer_costs
+from .layers import TRANSFORMER_KINDS, expert_parallel_degree, layer_costs
+
+REPLICATED_UNDER_TP = ("embedding", "head")     # with EfficiencyConfig.tp_replicated_embedding_head
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,9 @@ class StageTable:
         self.gpn, self.comm, self.eff, self.link_load = gpus_per_node, comm, eff, link_load
         self.timer = timer
         self.costs = layer_costs(arch, micro_batch=micro_batch, tp=tp, backward_ratio=eff.backward_flops_ratio)
+        if tp > 1 and eff.tp_replicated_embedding_head:     # whole on every tensor rank, no all-reduce
+            whole = layer_costs(arch, micro_batch=micro_batch, tp=1, backward_ratio=eff.backward_flops_ratio)
+            self.costs = tuple(w if c.kind in REPLICATED_UNDER_TP else c for c, w in zip(self.costs, whole))
         tp_link = "intra" if _within_node(tp, gpus_per_node) else "inter"
         self.dp_link = "intra" if _within_node(dp * tp, gpus_per_node) else "inter"
         self.ep = ep or expert_parallel_degree(arch, dp, max(1, gpus_per_node // tp))
@@ -211,6 +218,9 @@ class StageTable:
                 tf += ar * c.tp_allreduces_fwd + comm.allreduce_s(c.tp_small_allreduce_bytes, tp, gpu,
                                                                   tp_link, link_load)
                 tb += ar * c.tp_allreduces_bwd
+                if c.kind in TRANSFORMER_KINDS:
+                    tf += eff.tp_layer_overhead_fwd_s
+                    tb += eff.tp_layer_overhead_bwd_s
             pf.append(pf[-1] + lf)
             pb.append(pb[-1] + lb)
             ptf.append(ptf[-1] + tf)

@@ -70,6 +70,12 @@ class EfficiencyConfig:
     roofline_combine: str = "max"             # "max": one fused kernel per layer, max(compute, memory);
                                               # "sum": matmul/conv kernels and memory-bound elementwise
                                               # kernels (norms, activations) run one after another
+    tp_replicated_embedding_head: bool = False  # under tensor parallelism the embeddings and output head stay
+                                              # whole on every tensor rank (the torch launcher,
+                                              # launcher/parallelize.py) instead of vocabulary-parallel
+    tp_layer_overhead_fwd_s: float = 0.0      # extra time per decoder layer pass under tp > 1 beyond its
+    tp_layer_overhead_bwd_s: float = 0.0      # sharded compute and modelled all-reduces (DTensor dispatch);
+                                              # measured by local_accuracy.profile_tp_layer_overhead
     allow_tf32: bool = False                  # fp32 matmuls/convs run on TF32 tensor cores where the GPU has
                                               # them. Off: the Arena table contradicts it (Wide-ResNet fp32 runs
                                               # only 1.37x faster on A100 than on V100; see docs/estimators.md)
@@ -90,12 +96,13 @@ class EfficiencyConfig:
             _check_fraction(n, getattr(self, n))
         _check_fraction("dp_overlap_fraction", self.dp_overlap_fraction)
         for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param",
-                  "half_efficiency_flops"):
+                  "half_efficiency_flops", "tp_layer_overhead_fwd_s", "tp_layer_overhead_bwd_s"):
             _check_nonneg(n, getattr(self, n))
         if self.roofline_combine not in ROOFLINE_COMBINES:
             raise InputError(f"unknown roofline combine {self.roofline_combine!r}; known: "
                              f"{', '.join(ROOFLINE_COMBINES)}", field="roofline_combine")
-        for n in ("allow_tf32", "recompute_activations", "dp_sharded_optimizer", "dp_overlap"):
+        for n in ("allow_tf32", "recompute_activations", "dp_sharded_optimizer", "dp_overlap",
+                  "tp_replicated_embedding_head"):
             if not isinstance(getattr(self, n), bool):
                 raise InputError(f"must be true or false, got {getattr(self, n)!r}", field=n)
         if not self.backward_flops_ratio > 0:

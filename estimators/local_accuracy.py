@@ -5,9 +5,20 @@ mpiexec, gloo on CPU) under data, tensor and pipeline splits at world sizes 1 an
 measured iteration time (median over the steps after ``skip`` warm-up steps) is compared
 with the analytic estimate of the same plan, whose layer and link costs come from the
 profile store (the model is profiled first if the store lacks it). The estimate models
-the launcher's runtime, not the Arena runtime of the defaults: no activation
-recomputation, a plain gradient all-reduce (no sharded optimizer update), Adam for every
-family (``launcher_runtime``).
+the launcher's runtime, not the Arena runtime of the defaults (``launcher_runtime``): no
+activation recomputation, a plain gradient all-reduce (no sharded optimizer update), Adam
+for every family, embeddings and output head whole on every tensor rank.
+
+Measured runtime terms (``profile_runtime_terms``, separate micro-benchmarks, never the
+reported runs): with the job's rank count of gloo processes, one decoder layer of the
+launcher's own model under torch ``parallelize_module`` (DTensor) against the profiler's
+plain sharded layer, alone and with every rank computing at once. From them:
+``tp_layer_overhead_*_s`` (DTensor time beyond the sharded compute and the modelled
+all-reduces) and the per-rank contention of concurrent ranks (``ContendedTimer``).
+Not modelled: the host's speed drift between profiling and the runs (this 2-core host is
+shared; use a store profiled just before, ``--store <fresh dir>``). Re-timing a reference
+layer before each run to correct for it was tried and dropped: a few-millisecond probe
+on this host swung by up to 4.6x and made the estimates worse.
 """
 from __future__ import annotations
 
@@ -20,6 +31,7 @@ from instances.models import get_model
 from .base import Plan
 from .config import EfficiencyConfig, MemoryConfig
 from .perf import AnalyticModel
+from .planner import Planner
 from .profile_store import ProfileStore
 
 DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # dp, tp, pp, microbatches
@@ -29,9 +41,33 @@ def launcher_runtime(eff: EfficiencyConfig | None = None,
                      mem: MemoryConfig | None = None) -> tuple[EfficiencyConfig, MemoryConfig]:
     """The estimator config of the torch launcher (launcher/worker.py): torch.optim.Adam on
     every family, no activation recomputation, DDP-style gradient all-reduce."""
-    eff = replace(eff or EfficiencyConfig(), recompute_activations=False, dp_sharded_optimizer=False)
+    eff = replace(eff or EfficiencyConfig(), recompute_activations=False, dp_sharded_optimizer=False,
+                  tp_replicated_embedding_head=True)
     mem = replace(mem or MemoryConfig(), optimizer="adam", optimizer_by_family=())
     return eff, mem
+
+
+@dataclass(frozen=True)
+class ContendedTimer:
+    """``inner``'s layer and optimizer times stretched by ``factor``: the measured per-rank
+    compute slowdown when all of a job's ranks compute at once on this host
+    (``RuntimeTerms.contention``; 1 where every rank has its own core or GPU)."""
+    inner: object
+    factor: float
+
+    @property
+    def source(self) -> str:
+        return self.inner.source
+
+    def times(self, cost, gpu, dtype):
+        f, b = self.inner.times(cost, gpu, dtype)
+        return f * self.factor, b * self.factor
+
+    def profiled(self, cost, gpu, dtype) -> bool:
+        return self.inner.profiled(cost, gpu, dtype)
+
+    def optimizer_s(self, params, gpu, dtype) -> float:
+        return self.inner.optimizer_s(params, gpu, dtype) * self.factor
 
 
 @dataclass(frozen=True)
@@ -50,7 +86,8 @@ class LocalResult:
 
 
 def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: int = 8, skip: int = 2,
-                  plans=DEFAULT_PLANS, store: ProfileStore | None = None, timeout_s: float = 180) -> list[LocalResult]:
+                  plans=DEFAULT_PLANS, store: ProfileStore | None = None,
+                  timeout_s: float = 180) -> list[LocalResult]:
     from launcher.api import run_training
     from .profiler import local_device, profile_collectives, profile_layers
     store = store or ProfileStore()
@@ -60,14 +97,24 @@ def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: 
         profile_collectives(group_sizes=(2,), store=store)
     profile_layers(arch, store=store)           # reuses what the store already holds
     eff, mem = launcher_runtime()
-    perf = AnalyticModel(profile_store=store, profile_device=device, efficiency=eff, memory=mem)
     gpu = get_gpu(device)
+    base = AnalyticModel(profile_store=store, profile_device=device, efficiency=eff, memory=mem).planner
+    terms = {}
+    for ranks in sorted({dp * tp * pp for dp, tp, pp, _ in plans} - {1}):
+        terms[ranks] = profile_runtime_terms(model, ranks=ranks, micro_batch=global_batch, comm=base.comm, gpu=gpu)
     out = []
     for dp, tp, pp, m in plans:
-        split = perf.planner.split(arch, gpu, pp)
+        planner = base
+        t = terms.get(dp * tp * pp)
+        if t is not None:
+            e = eff if tp != dp * tp * pp or tp == 1 else replace(eff,   # measured at tp = ranks only
+                                                                tp_layer_overhead_fwd_s=t.tp_overhead_s[0],
+                                            tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
+            planner = Planner(replace(base.cfg, efficiency=e), ContendedTimer(base.timer, t.contention), base.comm)
+        split = planner.split(arch, gpu, pp)
         plan = Plan(pp, dp, tp, split, m, "1f1b")
-        est = perf.planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
-                                    gpus_per_node=dp * tp * pp).iteration_time_s
+        est = planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
+                               gpus_per_node=dp * tp * pp).iteration_time_s
         r = run_training(model, dp, tp, pp, steps=steps, microbatches=m, global_batch=global_batch,
                          timeout_s=timeout_s, stage_layers=split)
         times = list(r.iteration_times_s)[skip:]
@@ -77,3 +124,113 @@ def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: 
             continue
         out.append(LocalResult(dp, tp, pp, m, statistics.median(times), est))
     return out
+
+
+# -- measured runtime terms of the launcher on this host --------------------------------
+def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: int, warmup: int,
+                    repeats: int, queue):
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from launcher.model import build_model
+    from launcher.parallelize import apply_tp
+    from .profiler import _build
+
+    torch.set_num_threads(1)                    # as launcher/worker.py
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    arch = get_model(model)
+    full = build_model(model, 0)
+    apply_tp(full, init_device_mesh("cpu", (world,)))
+    dtensor_layer = next(iter(full.layers.values()))
+    index = next(i for i, spec in enumerate(arch.layers()) if spec.kind == "decoder")
+    plain_layer, _ = _build(arch, index, world, "float32")     # the profiler's sharded layer
+    shape = (micro_batch, arch.seq_len, arch.hidden_size)
+
+    def timed(mod):
+        x = torch.randn(shape, requires_grad=True)
+        t0 = time.perf_counter()
+        y = mod(x)
+        t1 = time.perf_counter()
+        y.sum().backward()
+        t2 = time.perf_counter()
+        mod.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1
+
+    samples = {"solo": [], "plain": [], "dtensor": []}
+    for it in range(warmup + repeats):
+        dist.barrier()
+        if rank == 0:                           # alone: the other ranks wait in the barrier
+            solo = timed(plain_layer)
+        dist.barrier()
+        plain = timed(plain_layer)              # every rank at once
+        dist.barrier()
+        dt = timed(dtensor_layer)               # the launcher's layer (its all-reduces included)
+        if it >= warmup:
+            samples["plain"].append(plain)
+            samples["dtensor"].append(dt)
+            if rank == 0:
+                samples["solo"].append(solo)
+    if rank == 0:
+        queue.put({k: (statistics.median(f for f, _ in v), statistics.median(b for _, b in v))
+                   for k, v in samples.items()})
+    dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class RuntimeTerms:
+    """Measured per decoder-layer pass (forward, backward) at ``ranks`` processes and
+    ``micro_batch`` samples: the profiler's plain sharded layer alone (``solo_s``) and
+    with every rank computing at once (``concurrent_s``), the launcher's DTensor layer
+    (``dtensor_s``, all ranks at once), and the all-reduce time the composition already
+    charges for it (``modelled_allreduce_s``, from the profiled gloo fit)."""
+    ranks: int
+    micro_batch: int
+    solo_s: tuple[float, float]
+    concurrent_s: tuple[float, float]
+    dtensor_s: tuple[float, float]
+    modelled_allreduce_s: tuple[float, float]
+
+    @property
+    def contention(self) -> float:
+        """Per-rank compute slowdown when ``ranks`` processes compute at once on this host
+        (1 on a host with a free core per rank; about ``ranks`` when they time-share one)."""
+        return max(1.0, sum(self.concurrent_s) / sum(self.solo_s))
+
+    @property
+    def tp_overhead_s(self) -> tuple[float, float]:
+        """DTensor runtime overhead per layer pass beyond the sharded compute (at the same
+        contention) and the modelled all-reduces."""
+        return tuple(max(0.0, d - p - a) for d, p, a in
+                     zip(self.dtensor_s, self.concurrent_s, self.modelled_allreduce_s))
+
+
+def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu, warmup: int = 3,
+                          repeats: int = 15, timeout_s: float = 120.0) -> RuntimeTerms:
+    """Measure ``RuntimeTerms`` with ``ranks`` gloo processes (torch.multiprocessing spawn):
+    one decoder layer of ``model`` as the launcher runs it under tensor parallelism (torch
+    ``parallelize_module``) and the plain sharded layer the layer profiler times, alone
+    and concurrently, interleaved so that all see the same host load."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    from .layers import layer_costs
+    from .profiler import _free_port
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    pc = mp.start_processes(_runtime_worker, args=(ranks, _free_port(), model, micro_batch, warmup, repeats, q),
+                            nprocs=ranks, join=False, start_method="spawn")
+    deadline = time.time() + timeout_s
+    while not pc.join(timeout=1.0):
+        if time.time() > deadline:
+            for p in pc.processes:
+                p.kill()
+            raise TimeoutError(f"runtime-term profiling with {ranks} ranks exceeded {timeout_s} s")
+    res = q.get()
+    cost = next(c for c in layer_costs(get_model(model), micro_batch=micro_batch, tp=ranks) if c.kind == "decoder")
+    ar = comm.allreduce_s(cost.tp_allreduce_bytes, ranks, gpu, "intra")
+    return RuntimeTerms(ranks, micro_batch, res["solo"], res["plain"], res["dtensor"],
+                        (ar * cost.tp_allreduces_fwd, ar * cost.tp_allreduces_bwd))

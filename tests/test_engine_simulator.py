@@ -202,3 +202,31 @@ def test_running_job_whose_new_grid_does_not_fit_keeps_its_gpus():
     a = next(j for j in res.jobs if j.job_id == "A")
     assert a.preemptions == 0 and a.reconfigurations == 0 and a.packing_failures == 2
     assert a.iterations_done == pytest.approx(4 * 300 / 5.0)
+
+
+def test_jobs_displaced_by_a_truth_rejected_move_are_not_packing_failures():
+    # A runs on the 4 A100s; when B arrives the policy moves A to the 2 A10s (which the
+    # truth rejects for A) and gives B the A100s. As decided, everything packs; after
+    # the drop A keeps its A100s, so B waits: displaced, not a packing failure.
+    a10 = grid("a10", 1, 2)
+    oracle = LinearOracle(10.0, infeasible={("A", a10.shape)})
+
+    def rule(ctx):
+        ids = {v.job_id for v in ctx.jobs}
+        a = next((v for v in ctx.jobs if v.job_id == "A"), None)
+        if "B" not in ids:
+            return {"A": grid("a100", 1, 4)} if a is not None else {}
+        if a is None:
+            return {"B": grid("a100", 1, 4)}
+        if a10.shape in a.known_infeasible_shapes:
+            return {"A": a.current.grid, "B": a10}
+        return {"A": a10, "B": grid("a100", 1, 4)}
+
+    inst = Inst("displaced", cluster(("a100", 1, 4), ("a10", 1, 2)),
+                (job("A", 0.0, 10_000), job("B", 10.0, 100)), oracle)
+    res = simulate(inst, ScriptedPolicy(rule), rounds=4, reconfig=ReconfigCostModel(charge_launch=False))
+    r1 = res.rounds[1]
+    assert r1.infeasible_drops == 1
+    assert r1.displaced == 1 and r1.packing_failures == 0
+    assert res.summary["packing_failures"] == 0 and res.summary["displaced_by_drops"] == 1
+    assert res.rounds[2].launches == 1          # B starts on the A10s next round

@@ -1,0 +1,70 @@
+"""The launcher-runtime terms of the composition: embeddings and head whole on every
+tensor rank, the measured per-layer tensor-parallel overhead, and the contention timer."""
+import pytest
+
+from estimators.base import Plan
+from estimators.compose import compose
+from estimators.config import EfficiencyConfig
+from estimators.layers import layer_costs
+from estimators.local_accuracy import ContendedTimer, RuntimeTerms, launcher_runtime
+from estimators.timing import CatalogComm, RooflineTimer
+from instances.errors import InputError
+from instances.gpus import get_gpu
+from instances.models import get_model
+
+ARCH = get_model("tiny-gpt__4L")
+GPU = get_gpu("a100-40gb")
+
+
+def _bd(eff, tp=2, timer=None):
+    n = len(ARCH.layers())
+    return compose(ARCH, Plan(1, 1, tp, (n,), 1, "1f1b"), global_batch=8, gpu=GPU, gpus_per_node=8,
+                   timer=timer or RooflineTimer(eff), comm=CatalogComm(eff), eff=eff)
+
+
+def test_replicated_embedding_head_costs_the_unsharded_layers_and_no_allreduce():
+    eff = EfficiencyConfig(dp_overlap=False)
+    rep = EfficiencyConfig(dp_overlap=False, tp_replicated_embedding_head=True)
+    timer = RooflineTimer(eff)
+    whole, shard = layer_costs(ARCH, micro_batch=8, tp=1), layer_costs(ARCH, micro_batch=8, tp=2)
+    delta = 0.0
+    comm = CatalogComm(eff)
+    for w, s in zip(whole, shard):
+        if w.kind in ("embedding", "head"):
+            delta += sum(timer.times(w, GPU, ARCH.dtype)) - sum(timer.times(s, GPU, ARCH.dtype))
+            ar = comm.allreduce_s(s.tp_allreduce_bytes, 2, GPU, "intra")
+            delta -= ar * (s.tp_allreduces_fwd + s.tp_allreduces_bwd)
+            delta -= comm.allreduce_s(s.tp_small_allreduce_bytes, 2, GPU, "intra")
+    a, b = _bd(eff), _bd(rep)
+    assert b.pipeline_s - a.pipeline_s == pytest.approx(delta, rel=1e-9)
+    assert b.optimizer_s > a.optimizer_s            # whole embedding/head parameters on the rank
+    assert _bd(rep, tp=1).iteration_time_s == pytest.approx(_bd(eff, tp=1).iteration_time_s)
+
+
+def test_tp_layer_overhead_is_charged_per_decoder_pass_only_under_tp():
+    eff = EfficiencyConfig(dp_overlap=False)
+    ov = EfficiencyConfig(dp_overlap=False, tp_layer_overhead_fwd_s=1e-3, tp_layer_overhead_bwd_s=2e-3)
+    decoders = sum(1 for s in ARCH.layers() if s.kind == "decoder")
+    assert _bd(ov).stage_fwd_s[0] - _bd(eff).stage_fwd_s[0] == pytest.approx(decoders * 1e-3)
+    assert _bd(ov).stage_bwd_s[0] - _bd(eff).stage_bwd_s[0] == pytest.approx(decoders * 2e-3)
+    assert _bd(ov, tp=1).iteration_time_s == pytest.approx(_bd(eff, tp=1).iteration_time_s)
+    with pytest.raises(InputError):
+        EfficiencyConfig(tp_layer_overhead_fwd_s=-1.0)
+    with pytest.raises(InputError):
+        EfficiencyConfig(tp_replicated_embedding_head=1)
+
+
+def test_contended_timer_and_runtime_terms():
+    eff = EfficiencyConfig(dp_overlap=False)
+    base = RooflineTimer(eff)
+    slow = ContendedTimer(base, 2.0)
+    c = layer_costs(ARCH, micro_batch=8)[1]
+    assert slow.times(c, GPU, ARCH.dtype) == pytest.approx(tuple(2 * t for t in base.times(c, GPU, ARCH.dtype)))
+    assert slow.optimizer_s(1e6, GPU, ARCH.dtype) == pytest.approx(2 * base.optimizer_s(1e6, GPU, ARCH.dtype))
+    t = RuntimeTerms(2, 8, solo_s=(1.0, 2.0), concurrent_s=(1.5, 3.0), dtensor_s=(2.0, 3.0),
+                     modelled_allreduce_s=(0.25, 0.5))
+    assert t.contention == pytest.approx(1.5)
+    assert t.tp_overhead_s == pytest.approx((0.25, 0.0))              # clipped at 0
+    assert RuntimeTerms(2, 8, (1.0, 1.0), (0.5, 0.5), (1, 1), (0, 0)).contention == 1.0
+    eff, _ = launcher_runtime()
+    assert eff.tp_replicated_embedding_head
