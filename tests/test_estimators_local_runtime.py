@@ -68,3 +68,20 @@ def test_contended_timer_and_runtime_terms():
     assert RuntimeTerms(2, 8, (1.0, 1.0), (0.5, 0.5), (1, 1), (0, 0)).contention == 1.0
     eff, _ = launcher_runtime()
     assert eff.tp_replicated_embedding_head
+
+
+def test_micro_batch_timer_uses_the_nearest_profiled_size():
+    from estimators.local_accuracy import MicroBatchTimer
+    from estimators.timing import ProfiledTimer
+    eff = EfficiencyConfig(layer_overhead_s=0.0)
+    dec = next(c for c in layer_costs(ARCH, micro_batch=1) if c.kind == "decoder")
+    key = (dec.kind, tuple(dec.signature), ARCH.dtype, 1)
+    inner = ProfiledTimer(GPU.name, {key: (1e9, 1e9)}, RooflineTimer(eff))     # the largest size's rate
+    t = MicroBatchTimer(inner, {key: {2: (1e8, 2e8), 8: (1e9, 1e9)}})
+    c2, c8 = (next(c for c in layer_costs(ARCH, micro_batch=m) if c.kind == "decoder") for m in (2, 8))
+    assert t.times(c2, GPU, ARCH.dtype) == pytest.approx((c2.fwd_flops / 1e8, c2.bwd_flops / 2e8))
+    assert t.times(c8, GPU, ARCH.dtype) == pytest.approx(inner.times(c8, GPU, ARCH.dtype))
+    c3 = next(c for c in layer_costs(ARCH, micro_batch=3) if c.kind == "decoder")   # nearer 2 than 8
+    assert t.times(c3, GPU, ARCH.dtype)[0] == pytest.approx(c3.fwd_flops / 1e8)
+    head = next(c for c in layer_costs(ARCH, micro_batch=2) if c.kind == "head")  # not profiled: inner
+    assert t.times(head, GPU, ARCH.dtype) == inner.times(head, GPU, ARCH.dtype)
