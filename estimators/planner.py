@@ -6,12 +6,15 @@ Proxy plan (what the scheduler sees for a grid):
    (exact dynamic programme over prefix sums);
 2. per-stage shape: tensor-parallel degrees that keep a tensor group inside one node
    (``PlannerConfig.tp_within_node_only``) are composed and the fastest that fits memory
-   is kept (at most log2(GPUs per node) + 1 compositions);
+   is kept (at most log2(GPUs per node) + 1 compositions); a degree that does not fit
+   with the time-balanced split tries ``Planner.fallback_splits`` (memory-balanced split,
+   the split half-way, single-boundary moves; bounded) and keeps the first that fits;
 3. micro-batches: pp = 1: 1 (more only when memory needs gradient accumulation);
    pp > 1: the power of two m0 >= ``proxy_microbatches_per_stage`` x pp and the next
    ``proxy_microbatch_candidates - 1`` doublings, capped by the per-replica batch; each
    doubled until the plan fits. Schedule: 1F1B. Tensor groups that cross nodes are tried
-   only when no in-node shape fits.
+   only when no in-node shape fits with any of those splits. ``dp_only`` (pure data
+   parallelism) replicates MoE experts (ep = 1).
 
 Exhaustive search: every stage split (all compositions when there are at most
 ``max_exhaustive_splits``; otherwise the balanced split and every single-boundary move by
@@ -130,6 +133,7 @@ class Planner:
         self._mem: dict = {}
         self._splits: dict = {}
         self._msplits: dict = {}
+        self._fsplits: dict = {}
         self.fits_cache: dict = {}            # grids.grid_fits results
         self.grids_cache: dict = {}           # grids.candidate_grids results
 
@@ -165,13 +169,16 @@ class Planner:
             self._mem[key] = t
         return t
 
+    def layer_loads(self, arch: ModelArch, gpu: GpuType) -> list[float]:
+        """Per-layer forward + backward time at micro-batch 1, tp = 1 (the split's load)."""
+        t = self.table(arch, 1, 1, 1, gpu, 1, 0.0)
+        return [(t.pf[i + 1] - t.pf[i]) + (t.pb[i + 1] - t.pb[i]) for i in range(len(t.costs))]
+
     def split(self, arch: ModelArch, gpu: GpuType, pp: int) -> tuple[int, ...]:
         key = (arch, gpu.name, pp)
         s = self._splits.get(key)
         if s is None:
-            t = self.table(arch, 1, 1, 1, gpu, 1, 0.0)
-            loads = [(t.pf[i + 1] - t.pf[i]) + (t.pb[i + 1] - t.pb[i]) for i in range(len(t.costs))]
-            s = balanced_split(loads, pp)
+            s = balanced_split(self.layer_loads(arch, gpu), pp)
             self._splits[key] = s
         return s
 
@@ -213,6 +220,38 @@ class Planner:
             out.append(d)
         return out
 
+    def fallback_splits(self, arch: ModelArch, global_batch: int, grid: Grid,
+                        split: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Stage splits the proxy tries when a shape does not fit with the time-balanced
+        ``split``: the memory-balanced split, the split half-way between the two (boundaries
+        averaged), and every single-boundary move of ``split`` by up to
+        ``split_perturbation`` layers; without duplicates or ``split``, ordered by their
+        largest stage's compute load (the quantity ``split`` minimises), so that the first
+        one that fits is the one closest to time-balanced. At most
+        2 + 2 x perturbation x (pp - 1) splits."""
+        key = (arch, global_batch, grid, split)
+        cached = self._fsplits.get(key)
+        if cached is not None:
+            return cached
+        n = sum(split)
+        msplit = self.memory_split(arch, global_batch, grid)
+        bt = list(itertools.accumulate(split))[:-1]
+        bm = list(itertools.accumulate(msplit))[:-1]
+        edges = [0] + [(x + y) // 2 for x, y in zip(bt, bm)] + [n]
+        mid = tuple(edges[i + 1] - edges[i] for i in range(len(split)))
+        cands = [msplit] + ([mid] if min(mid) >= 1 else [])
+        cands += list(enumerate_splits(n, len(split), split, 0, self.cfg.planner.split_perturbation))
+        loads = self.layer_loads(arch, get_gpu(grid.gpu_type))
+        pre = [0.0] + list(itertools.accumulate(loads))
+
+        def bottleneck(sp):
+            ends = list(itertools.accumulate(sp))
+            return max(pre[e] - pre[e - k] for e, k in zip(ends, sp))
+
+        out = sorted(set(cands) - {split}, key=lambda sp: (bottleneck(sp), sp))
+        self._fsplits[key] = out
+        return out
+
     # -- the proxy plan --------------------------------------------------------------
     def proxy(self, arch: ModelArch, global_batch: int, grid: Grid, *, link_load: float = 0.0,
               dp_only: bool = False) -> PlanResult | None:
@@ -228,47 +267,52 @@ class Planner:
         wider = [t for t in self.tp_options(arch, grid, within_node=False, dp_only=dp_only) if t not in options]
         state = {"best": None, "fallback": None, "n": 0}
 
-        def try_shapes(split, tps):
-            for tp in tps:
-                dp = grid.num_gpus // pp // tp
-                per_replica = max(1, math.ceil(global_batch / dp))
-                cap = min(per_replica, pc.max_microbatches)
-                if pp == 1:
-                    starts = [1]
-                else:
-                    m0 = 1
-                    while m0 < pc.proxy_microbatches_per_stage * pp and m0 * 2 <= cap:
-                        m0 *= 2
-                    starts = [m0 * 2 ** k for k in range(pc.proxy_microbatch_candidates) if m0 * 2 ** k <= cap]
-                eps = self.ep_options(arch, dp, tp, gpn)
-                for m0 in starts:
-                    for ep in eps:           # experts across nodes only when inside a node does not fit
-                        m = m0
-                        while True:
-                            r = self.evaluate(arch, Plan(pp, dp, tp, split, m, "1f1b", ep), global_batch=global_batch,
-                                              gpu=gpu, gpus_per_node=gpn, link_load=link_load)
-                            state["n"] += 1
-                            if r.feasible or m * 2 > cap:
-                                break
-                            m *= 2
-                        if r.feasible:
+        def try_shape(split, tp, first_start_only=False) -> bool:
+            dp = grid.num_gpus // pp // tp
+            per_replica = max(1, math.ceil(global_batch / dp))
+            cap = min(per_replica, pc.max_microbatches)
+            if pp == 1:
+                starts = [1]
+            else:
+                m0 = 1
+                while m0 < pc.proxy_microbatches_per_stage * pp and m0 * 2 <= cap:
+                    m0 *= 2
+                starts = [m0 * 2 ** k for k in range(pc.proxy_microbatch_candidates) if m0 * 2 ** k <= cap]
+                if first_start_only:          # fallback splits: one count, doubled until it fits
+                    starts = starts[:1]
+            fits = False
+            eps = [1] if dp_only else self.ep_options(arch, dp, tp, gpn)   # pure DP replicates experts
+            for m0 in starts:
+                for ep in eps:           # experts across nodes only when inside a node does not fit
+                    m = m0
+                    while True:
+                        r = self.evaluate(arch, Plan(pp, dp, tp, split, m, "1f1b", ep), global_batch=global_batch,
+                                          gpu=gpu, gpus_per_node=gpn, link_load=link_load)
+                        state["n"] += 1
+                        if r.feasible or m * 2 > cap:
                             break
-                    b, f = state["best"], state["fallback"]
-                    if r.feasible and (b is None or r.iteration_time_s < b.iteration_time_s):
-                        state["best"] = r
-                    if f is None or r.memory.peak_bytes < f.memory.peak_bytes:
-                        state["fallback"] = r
+                        m *= 2
+                    if r.feasible:
+                        break
+                b, f = state["best"], state["fallback"]
+                if r.feasible and (b is None or r.iteration_time_s < b.iteration_time_s):
+                    state["best"] = r
+                if f is None or r.memory.peak_bytes < f.memory.peak_bytes:
+                    state["fallback"] = r
+                fits = fits or r.feasible
+            return fits
 
-        splits = [split]
-        for sp in splits:
-            for tps in (options, wider):      # cross-node tensor groups only when nothing else fits
-                try_shapes(sp, tps)
-                if state["best"] is not None:
-                    break
-            if state["best"] is None and len(splits) == 1 and pp > 1:
-                msplit = self.memory_split(arch, global_batch, grid)   # balance memory instead of time
-                if msplit != split:
-                    splits.append(msplit)
+        for tps in (options, wider):      # cross-node tensor groups only when nothing else fits
+            if not tps:
+                continue
+            for tp in tps:
+                if not try_shape(split, tp) and pp > 1:
+                    # this shape does not fit with the time-balanced split: other splits
+                    for sp in self.fallback_splits(arch, global_batch, grid, split):
+                        if try_shape(sp, tp, True):   # the first split that fits, in fallback_splits' order
+                            break
+            if state["best"] is not None:
+                break
         best, fallback, n = state["best"], state["fallback"], state["n"]
         chosen = best or fallback
         if chosen is None:
@@ -295,7 +339,8 @@ class Planner:
             per_replica = max(1, math.ceil(global_batch / dp))
             ms = sorted(set(pow2_upto(min(per_replica, pc.max_microbatches)) +
                             ([per_replica] if per_replica <= pc.max_microbatches else [])))
-            for m, ep in itertools.product(ms, self.ep_options(arch, dp, tp, gpn)):
+            eps = [1] if dp_only else self.ep_options(arch, dp, tp, gpn)   # pure DP replicates experts
+            for m, ep in itertools.product(ms, eps):
                 mb = micro_batch_size(global_batch, dp, m)
                 table = self.table(arch, mb, tp, dp, gpu, gpn, link_load, ep)
                 mem = self.memtable(arch, mb, tp, dp, gpn, ep)

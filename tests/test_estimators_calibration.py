@@ -47,3 +47,14 @@ def test_leave_one_type_out_refit_never_fits_on_its_test_rows(monkeypatch):
     v = out["by_gpu_type"]["a10"]
     assert v["test_rows"] > 0 and v["train_rows"] > 3 * v["test_rows"] / 2
     assert out["leave_one_gpu_type_out_rows"] == v["test_rows"]
+
+
+def test_arena_runtime_memory_limit_against_the_dp_memory_table():
+    from estimators.accuracy import dp_memory_check
+    from estimators.config import ARENA_USABLE_MEMORY_FRACTION
+    assert arena_runtime().memory.usable_fraction == ARENA_USABLE_MEMORY_FRACTION
+    assert ARENA_USABLE_MEMORY_FRACTION < EstimatorConfig().memory.usable_fraction   # launcher default unchanged
+    d = dp_memory_check()
+    assert d["fit_rows"] == 90 and d["oom_rows"] == 90
+    assert d["fit_rows_called_feasible"] == 90          # no fitting run called infeasible
+    assert d["oom_rows_called_infeasible"] >= 40        # was 24/90 before the limit and expert replication
