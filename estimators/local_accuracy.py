@@ -269,22 +269,14 @@ def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu
     one decoder layer of ``model`` as the launcher runs it under tensor parallelism (torch
     ``parallelize_module``) and the plain sharded layer the layer profiler times, alone
     and concurrently, interleaved so that all see the same host load."""
-    import time
-
     import torch.multiprocessing as mp
 
     from .layers import layer_costs
-    from .profiler import _free_port
+    from .profiler import _free_port, run_spawned
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    pc = mp.start_processes(_runtime_worker, args=(ranks, _free_port(), model, micro_batch, warmup, repeats, q),
-                            nprocs=ranks, join=False, start_method="spawn")
-    deadline = time.time() + timeout_s
-    while not pc.join(timeout=1.0):
-        if time.time() > deadline:
-            for p in pc.processes:
-                p.kill()
-            raise TimeoutError(f"runtime-term profiling with {ranks} ranks exceeded {timeout_s} s")
+    run_spawned(_runtime_worker, (ranks, _free_port(), model, micro_batch, warmup, repeats, q), ranks,
+                timeout_s, "runtime-term profiling")
     res = q.get()
     cost = next(c for c in layer_costs(get_model(model), micro_batch=micro_batch, tp=ranks) if c.kind == "decoder")
     ar = comm.allreduce_s(cost.tp_allreduce_bytes, ranks, gpu, "intra")

@@ -395,6 +395,19 @@ def _coll_worker(rank: int, world: int, port: int, sizes, ops, repeats: int, bac
     dist.destroy_process_group()
 
 
+def run_spawned(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> None:
+    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes; kill them all and raise
+    TimeoutError naming ``what`` if they take longer than ``timeout_s``."""
+    import torch.multiprocessing as mp
+    pc = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.time() + timeout_s
+    while not pc.join(timeout=1.0):
+        if time.time() > deadline:
+            for p in pc.processes:
+                p.kill()
+            raise TimeoutError(f"{what} with {nprocs} ranks exceeded {timeout_s} s")
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -418,14 +431,8 @@ def profile_collectives(*, group_sizes=(2,), sizes=(4096, 65536, 1 << 20, 4 << 2
             continue
         q = ctx.SimpleQueue()
         t0 = time.perf_counter()
-        pc = mp.start_processes(_coll_worker, args=(n, _free_port(), tuple(sizes), tuple(ops), repeats, backend, q),
-                                nprocs=n, join=False, start_method="spawn")
-        deadline = time.time() + timeout_s
-        while not pc.join(timeout=1.0):
-            if time.time() > deadline:
-                for p in pc.processes:
-                    p.kill()
-                raise TimeoutError(f"collective profiling with {n} ranks exceeded {timeout_s} s")
+        run_spawned(_coll_worker, (n, _free_port(), tuple(sizes), tuple(ops), repeats, backend, q), n,
+                    timeout_s, "collective profiling")
         wall = time.perf_counter() - t0
         spent += wall * n
         results = q.get()
