@@ -162,27 +162,26 @@ class SimState:
     def release_for_move(self, job_id: str) -> None:
         self.cluster.release(job_id)
 
-    def stop(self, job_id: str, t: float) -> None:
+
+    def _leave_running(self, job_id: str, t: float, what: str) -> JobRecord:
+        """Release a running job's GPUs and book the GPU-seconds it held."""
         r = self.jobs[job_id]
         if r.status is not JobStatus.RUNNING:
-            raise StateError(f"job {job_id} stopped while {r.status.value}")
+            raise StateError(f"job {job_id} {what} while {r.status.value}")
         self.cluster.release(job_id)
         r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
+        del self.running[job_id]
+        return r
+
+    def stop(self, job_id: str, t: float) -> None:
+        r = self._leave_running(job_id, t, "stopped")
         r.status, r.alloc, r._since_s = JobStatus.QUEUED, None, t
         r.preemptions += 1
-        del self.running[job_id]
         self.queued[job_id] = r
 
     def finish(self, job_id: str, t: float) -> None:
-        r = self.jobs[job_id]
-        if r.status is not JobStatus.RUNNING:
-            raise StateError(f"job {job_id} finished while {r.status.value}")
-        self.cluster.release(job_id)
-        r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
+        r = self._leave_running(job_id, t, "finished")
         r.status, r.finish_s, r._since_s = JobStatus.FINISHED, t, t
-        del self.running[job_id]
-        if r.status is not JobStatus.FINISHED:
-            raise StateError(f"job {job_id} not marked finished")
         self.finished_ids.append(job_id)
 
     def set_progress(self, job_id: str, iterations_done: float) -> None:
