@@ -94,11 +94,62 @@ def against_arena(*, seed: int = 0, efficiency=None) -> dict:
                       "learned_mape": _mape(list(learned_err.values())),
                       "learned_rows": len(learned_err),
                       "learned_lomo_mape": _mape(list(lomo_err.values()))}
+    out["oom"] = oom_boundary(rows, analytic.planner)
     out["notes"] = ["analytic: efficiency constants fitted on all rows (in-sample); "
                     "--refit-analytic reports the leave-one-GPU-type-out refit",
                     "learned: leave-one-GPU-type-out (learned_mape) and leave-one-model-out "
                     "(learned_lomo_mape) corrections of the default analytic model"]
     return out
+
+
+def oom_boundary(rows, planner) -> dict:
+    """How the memory model sees the table's out-of-memory rows.
+
+    An OOM row is *contradicted by the table* when the same model ran at the same shape
+    with a larger global batch (which needs at least as much memory under any plan): no
+    memory model that grows with the batch can call such a row infeasible, so it is a
+    failure of the authors' plan search or runtime, not a memory limit. For every row the
+    lowest-memory plan over the shape's pipeline depths (``grids.lowest_memory_bytes``) is
+    taken as a fraction of GPU memory; ``ranking_auc`` is the probability that an
+    uncontradicted OOM row needs more of its GPU's memory than a measured row (1: the
+    model orders them perfectly; 0.5: no better than chance), a threshold-free check of
+    the memory model that does not depend on the usable-memory fraction."""
+    from instances.gpus import get_gpu
+    from instances.grid import Grid
+    from instances.models import get_model
+    from .grids import lowest_memory_bytes
+
+    ran = {}
+    for r in rows:
+        if r.iter_time_s is not None:
+            ran.setdefault((r.model, r.gpu_type, r.num_nodes, r.gpus_per_node), []).append(r.global_batch)
+
+    def lowest_fraction(r) -> float:
+        arch, shape = get_model(r.model), Shape(r.gpu_type, r.num_nodes, r.gpus_per_node)
+        n = shape.num_gpus
+        peaks = [lowest_memory_bytes(arch, r.global_batch, Grid(shape, pp), planner)
+                 for pp in range(1, n + 1) if n % pp == 0 and pp <= len(arch.layers())]
+        return min(p for p in peaks if p is not None) / get_gpu(r.gpu_type).memory_bytes
+
+    def name(r) -> str:
+        return f"{r.model} b{r.global_batch} {r.gpu_type} {r.num_nodes}x{r.gpus_per_node}"
+
+    measured_frac = [lowest_fraction(r) for r in rows if r.iter_time_s is not None]
+    oom = []
+    for r in rows:
+        if r.iter_time_s is not None:
+            continue
+        larger = sorted(b for b in ran.get((r.model, r.gpu_type, r.num_nodes, r.gpus_per_node), ())
+                        if b > r.global_batch)
+        oom.append({"row": name(r), "lowest_memory_fraction": lowest_fraction(r),
+                    "contradicted_by_batches": larger})
+    clean = [o["lowest_memory_fraction"] for o in oom if not o["contradicted_by_batches"]]
+    pairs = [(a > m) + 0.5 * (a == m) for a in clean for m in measured_frac]
+    return {"rows": oom, "contradicted_by_table": sum(bool(o["contradicted_by_batches"]) for o in oom),
+            "uncontradicted": len(clean),
+            "ranking_auc": float(np.mean(pairs)) if pairs else None,
+            "measured_max_lowest_fraction": max(measured_frac) if measured_frac else None,
+            "measured_rows_above_lowest_oom": (sum(m >= min(clean) for m in measured_frac) if clean else None)}
 
 
 def analytic_refit(*, efficiency=None, max_evals: int = 120, gpu_types=None, in_sample: bool = True) -> dict:

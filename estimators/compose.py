@@ -59,12 +59,13 @@ class Breakdown:
     micro_batch: int
     profiled_layers: int = 0                # layers timed from the profile store
     total_layers: int = 0
+    step_overhead_s: float = 0.0            # EfficiencyConfig.step_overhead_s
 
     def shares(self) -> dict[str, float]:
         t = self.iteration_time_s
         return {"compute": self.compute_s / t, "tp_comm": self.tp_comm_s / t, "p2p": self.p2p_s / t,
                 "bubble": self.bubble_s / t, "dp_exposed": self.dp_exposed_s / t,
-                "optimizer": self.optimizer_s / t}
+                "optimizer": self.optimizer_s / t, "step_overhead": self.step_overhead_s / t}
 
 
 def pipeline_time(fwd: list[float] | tuple[float, ...], bwd: list[float] | tuple[float, ...],
@@ -271,10 +272,10 @@ class StageTable:
         exposed = [e + ag for e, ag in zip(exposed, dp_ag)]
         shard = self.dp if eff.dp_sharded_optimizer else 1
         opt = self.timer.optimizer_s(max(params) / shard, self.gpu, self.arch.dtype)
-        total = pipe + max(exposed) + opt
+        total = pipe + max(exposed) + opt + eff.step_overhead_s
         return Breakdown(total, pipe, tuple(fwd), tuple(bwd), m * comp[slow], m * tpc[slow], m * p2p[slow],
                          max(0.0, pipe - busy), max(a + g for a, g in zip(dp_ar, dp_ag)), max(exposed), opt, self.mb,
-                         self.pprof[-1], len(self.costs))
+                         self.pprof[-1], len(self.costs), eff.step_overhead_s)
 
 
 def compose(arch: ModelArch, plan: Plan, *, global_batch: int, gpu: GpuType, gpus_per_node: int,

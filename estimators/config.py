@@ -73,6 +73,9 @@ class EfficiencyConfig:
     tp_replicated_embedding_head: bool = False  # under tensor parallelism the embeddings and output head stay
                                               # whole on every tensor rank (the torch launcher,
                                               # launcher/parallelize.py) instead of vocabulary-parallel
+    step_overhead_s: float = 0.0              # fixed time per iteration outside the layers and the optimizer
+                                              # (input pipeline, zero_grad, control all-reduce); measured
+                                              # for the launcher by local_accuracy.profile_runtime_terms
     tp_layer_overhead_fwd_s: float = 0.0      # extra time per decoder layer pass under tp > 1 beyond its
     tp_layer_overhead_bwd_s: float = 0.0      # sharded compute and modelled all-reduces (DTensor dispatch);
                                               # measured by local_accuracy.profile_tp_layer_overhead
@@ -96,7 +99,7 @@ class EfficiencyConfig:
             _check_fraction(n, getattr(self, n))
         _check_fraction("dp_overlap_fraction", self.dp_overlap_fraction)
         for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param",
-                  "half_efficiency_flops", "tp_layer_overhead_fwd_s", "tp_layer_overhead_bwd_s"):
+                  "half_efficiency_flops", "step_overhead_s", "tp_layer_overhead_fwd_s", "tp_layer_overhead_bwd_s"):
             _check_nonneg(n, getattr(self, n))
         if self.roofline_combine not in ROOFLINE_COMBINES:
             raise InputError(f"unknown roofline combine {self.roofline_combine!r}; known: "

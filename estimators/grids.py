@@ -35,20 +35,32 @@ def grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, 
 
 
 def _grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, dp_only: bool) -> bool:
+    gpu = get_gpu(grid.gpu_type)
+    return any(mem.fits(gpu, planner.cfg.memory)
+               for mem in _low_memory_plans(arch, global_batch, grid, planner, dp_only))
+
+
+def lowest_memory_bytes(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, *,
+                        dp_only: bool = False) -> float | None:
+    """Per-rank peak memory of the grid's lowest-memory plan (the plans ``grid_fits``
+    checks); None when the grid has no plan at all (pipeline deeper than the model)."""
+    peaks = [mem.peak_bytes for mem in _low_memory_plans(arch, global_batch, grid, planner, dp_only)]
+    return min(peaks) if peaks else None
+
+
+def _low_memory_plans(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, dp_only: bool):
+    """Memory of the low-memory plans of a grid (module doc), lazily."""
     pp = grid.pp
     if pp > len(arch.layers()) or (dp_only and pp > 1):
-        return False
+        return
     gpu = get_gpu(grid.gpu_type)
     splits = {planner.split(arch, gpu, pp), planner.memory_split(arch, global_batch, grid)}
     for tp in planner.tp_options(arch, grid, within_node=False, dp_only=dp_only):
         dp = grid.num_gpus // pp // tp
         m = max(1, -(-global_batch // dp))
         for split in splits:
-            mem = planner.memtable(arch, 1, tp, dp, grid.shape.gpus_per_node,
+            yield planner.memtable(arch, 1, tp, dp, grid.shape.gpus_per_node,
                                    expert_parallel_degree(arch, dp)).breakdown(split, m, "1f1b")
-            if mem.fits(gpu, planner.cfg.memory):
-                return True
-    return False
 
 
 @lru_cache(maxsize=1)

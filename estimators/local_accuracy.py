@@ -38,12 +38,15 @@ from .profile_store import ProfileStore
 DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # dp, tp, pp, microbatches
 
 
-def launcher_runtime(eff: EfficiencyConfig | None = None,
-                     mem: MemoryConfig | None = None) -> tuple[EfficiencyConfig, MemoryConfig]:
+def launcher_runtime(eff: EfficiencyConfig | None = None, mem: MemoryConfig | None = None, *,
+                     cpu: bool = False) -> tuple[EfficiencyConfig, MemoryConfig]:
     """The estimator config of the torch launcher (launcher/worker.py): torch.optim.Adam on
-    every family, no activation recomputation, DDP-style gradient all-reduce."""
+    every family, no activation recomputation, DDP-style gradient all-reduce. With ``cpu``
+    (gloo on CPU ranks, one compute thread per rank) the all-reduce is not overlapped with
+    backward: gloo sums the gradients on the same cores the ranks compute on, so there is
+    no idle engine to hide it on (on GPUs NCCL runs beside the compute kernels)."""
     eff = replace(eff or EfficiencyConfig(), recompute_activations=False, dp_sharded_optimizer=False,
-                  tp_replicated_embedding_head=True)
+                  tp_replicated_embedding_head=True, dp_overlap=(eff or EfficiencyConfig()).dp_overlap and not cpu)
     mem = replace(mem or MemoryConfig(), optimizer="adam", optimizer_by_family=())
     return eff, mem
 
@@ -124,13 +127,20 @@ class LocalResult:
         return None if self.measured_s is None else self.estimated_s / self.measured_s - 1
 
 
-def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: int = 8, skip: int = 2,
+def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: int = 12, skip: int = 2,
                   plans=DEFAULT_PLANS, store: ProfileStore | None = None,
                   timeout_s: float = 180, profile_repeats: int = 9) -> list[LocalResult]:
+    """Profile (what ``store`` lacks), measure the runtime terms, then run every plan and
+    compare. ``store`` None: a temporary store, so that the profiles are taken just before
+    the runs (this host's speed drifts with its load; an old store's rates are stale)."""
+    if store is None:
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="arena-local-profile-") as tmp:
+            return against_local(model=model, global_batch=global_batch, steps=steps, skip=skip, plans=plans,
+                                 store=ProfileStore(tmp), timeout_s=timeout_s, profile_repeats=profile_repeats)
     from launcher.api import run_training
     from .compose import micro_batch_size
     from .profiler import ProfilerConfig, local_device, profile_collectives, profile_layers
-    store = store or ProfileStore()
     arch = get_model(model)
     device, _ = local_device()
     if not store.collective_records(device):
@@ -138,23 +148,21 @@ def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: 
     micro_batches = sorted({1} | {micro_batch_size(global_batch, dp, m) for dp, _, _, m in plans})
     profile_layers(arch, store=store,            # reuses what the store already holds
                    cfg=ProfilerConfig(micro_batches=tuple(micro_batches), repeats=profile_repeats))
-    eff, mem = launcher_runtime()
+    eff, mem = launcher_runtime(cpu=device == "cpu")
     gpu = get_gpu(device)
     base = AnalyticModel(profile_store=store, profile_device=device, efficiency=eff, memory=mem).planner
     if hasattr(base.timer, "flops_per_s"):       # a ProfiledTimer: rates per micro-batch size
         base = Planner(base.cfg, MicroBatchTimer.from_store(base.timer, store, device), base.comm)
     terms = {}
-    for ranks in sorted({dp * tp * pp for dp, tp, pp, _ in plans} - {1}):
+    for ranks in sorted({dp * tp * pp for dp, tp, pp, _ in plans}):
         terms[ranks] = profile_runtime_terms(model, ranks=ranks, micro_batch=global_batch, comm=base.comm, gpu=gpu)
     out = []
     for dp, tp, pp, m in plans:
-        planner = base
-        t = terms.get(dp * tp * pp)
-        if t is not None:
-            e = eff if tp != dp * tp * pp or tp == 1 else replace(eff,   # measured at tp = ranks only
-                                                                tp_layer_overhead_fwd_s=t.tp_overhead_s[0],
-                                            tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
-            planner = Planner(replace(base.cfg, efficiency=e), ContendedTimer(base.timer, t.contention), base.comm)
+        t = terms[dp * tp * pp]
+        e = replace(eff, step_overhead_s=t.step_overhead_s)
+        if tp > 1 and tp == dp * tp * pp:       # the DTensor overhead is measured at tp = ranks only
+            e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
+        planner = Planner(replace(base.cfg, efficiency=e), ContendedTimer(base.timer, t.contention), base.comm)
         split = planner.split(arch, gpu, pp)
         plan = Plan(pp, dp, tp, split, m, "1f1b")
         est = planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
@@ -170,6 +178,30 @@ def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: 
     return out
 
 
+def summarize_passes(passes: list[list[LocalResult]]) -> dict:
+    """Per plan: the signed errors of every pass and their median; ``mape``: the mean over
+    plans of the absolute median error; ``pass_mape``: each pass's own MAPE. Several passes
+    (each profiling afresh) because this host's speed drifts between a pass's profiling
+    and its runs: one pass's errors move together by up to ~15%."""
+    plans: dict = {}
+    for res in passes:
+        for r in res:
+            plans.setdefault((r.dp, r.tp, r.pp, r.microbatches), []).append(r.rel_error)
+    rows, meds = [], []
+    for (dp, tp, pp, m), errs in plans.items():
+        ok = [e for e in errs if e is not None]
+        med = statistics.median(ok) if ok else None
+        rows.append({"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "errors": errs, "median_error": med})
+        if med is not None:
+            meds.append(abs(med))
+    pass_mape = []
+    for res in passes:
+        e = [abs(r.rel_error) for r in res if r.rel_error is not None]
+        pass_mape.append(sum(e) / len(e) if e else None)
+    return {"plans": rows, "mape": sum(meds) / len(meds) if meds else None, "pass_mape": pass_mape,
+            "passes": len(passes)}
+
+
 # -- measured runtime terms of the launcher on this host --------------------------------
 def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: int, warmup: int,
                     repeats: int, queue):
@@ -179,6 +211,7 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from launcher.data import dp_shard, make_source, split
     from launcher.model import build_model
     from launcher.parallelize import apply_tp
     from .profiler import _build
@@ -187,6 +220,22 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     arch = get_model(model)
     full = build_model(model, 0)
+    source = make_source(arch.vocab_size, arch.seq_len, 0, None)
+
+    def step_overhead(step: int) -> float:
+        # the launcher's per-step work outside the model: its input pipeline, zero_grad and
+        # the control all-reduce (loss and flags), as in launcher/worker.py
+        t0 = time.perf_counter()
+        split(dp_shard(source.global_batch(step, micro_batch), 1, 0))
+        full.zero_grad(set_to_none=True)
+        dist.all_reduce(torch.zeros(3))
+        return time.perf_counter() - t0
+
+    if world == 1:
+        over = [step_overhead(i) for i in range(warmup + repeats)][warmup:]
+        queue.put({"step_overhead": statistics.median(over)})
+        dist.destroy_process_group()
+        return
     apply_tp(full, init_device_mesh("cpu", (world,)))
     dtensor_layer = next(iter(full.layers.values()))
     index = next(i for i, spec in enumerate(arch.layers()) if spec.kind == "decoder")
@@ -209,9 +258,10 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
             fs, bs = fs + t1 - t0, bs + t2 - t1
         return fs / passes, bs / passes
 
-    samples = {"solo": [], "plain": [], "dtensor": []}
+    samples = {"solo": [], "plain": [], "dtensor": [], "step_overhead": []}
     for it in range(warmup + repeats):
         dist.barrier()
+        over = step_overhead(it)
         if rank == 0:                           # alone: the other ranks wait in the barrier
             solo = timed(plain_layer)
         dist.barrier()
@@ -219,13 +269,16 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
         dist.barrier()
         dt = timed(dtensor_layer)               # the launcher's layer (its all-reduces included)
         if it >= warmup:
+            samples["step_overhead"].append((over, 0.0))
             samples["plain"].append(plain)
             samples["dtensor"].append(dt)
             if rank == 0:
                 samples["solo"].append(solo)
     if rank == 0:
-        queue.put({k: (statistics.median(f for f, _ in v), statistics.median(b for _, b in v))
-                   for k, v in samples.items()})
+        out = {k: (statistics.median(f for f, _ in v), statistics.median(b for _, b in v))
+               for k, v in samples.items()}
+        out["step_overhead"] = out["step_overhead"][0]
+        queue.put(out)
     dist.barrier()                              # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
     import os
@@ -237,17 +290,20 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
 
 @dataclass(frozen=True)
 class RuntimeTerms:
-    """Measured per decoder-layer pass (forward, backward) at ``ranks`` processes and
-    ``micro_batch`` samples: the profiler's plain sharded layer alone (``solo_s``) and
+    """Measured at ``ranks`` processes: the launcher's per-step work outside the model
+    (``step_overhead_s``: input pipeline for ``micro_batch`` samples, zero_grad, the control
+    all-reduce); and per decoder-layer pass (forward, backward) at ``micro_batch`` samples
+    (ranks > 1 only): the profiler's plain sharded layer alone (``solo_s``) and
     with every rank computing at once (``concurrent_s``), the launcher's DTensor layer
     (``dtensor_s``, all ranks at once), and the all-reduce time the composition already
     charges for it (``modelled_allreduce_s``, from the profiled gloo fit)."""
     ranks: int
     micro_batch: int
-    solo_s: tuple[float, float]
-    concurrent_s: tuple[float, float]
-    dtensor_s: tuple[float, float]
-    modelled_allreduce_s: tuple[float, float]
+    step_overhead_s: float
+    solo_s: tuple[float, float] = (1.0, 1.0)              # ranks = 1: only the step overhead is measured
+    concurrent_s: tuple[float, float] = (1.0, 1.0)
+    dtensor_s: tuple[float, float] = (0.0, 0.0)
+    modelled_allreduce_s: tuple[float, float] = (0.0, 0.0)
 
     @property
     def contention(self) -> float:
@@ -278,7 +334,9 @@ def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu
     run_spawned(_runtime_worker, (ranks, _free_port(), model, micro_batch, warmup, repeats, q), ranks,
                 timeout_s, "runtime-term profiling")
     res = q.get()
+    if ranks == 1:
+        return RuntimeTerms(1, micro_batch, res["step_overhead"])
     cost = next(c for c in layer_costs(get_model(model), micro_batch=micro_batch, tp=ranks) if c.kind == "decoder")
     ar = comm.allreduce_s(cost.tp_allreduce_bytes, ranks, gpu, "intra")
-    return RuntimeTerms(ranks, micro_batch, res["solo"], res["plain"], res["dtensor"],
+    return RuntimeTerms(ranks, micro_batch, res["step_overhead"], res["solo"], res["plain"], res["dtensor"],
                         (ar * cost.tp_allreduces_fwd, ar * cost.tp_allreduces_bwd))

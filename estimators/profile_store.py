@@ -269,9 +269,26 @@ class ProfileStore:
         steps = self.steps(device)
         timer = ProfiledTimer(device, {k: v[1] for k, v in rates.items()}, roof,
                               step_s_per_param={d: e["seconds_per_param"] for d, e in steps.items()})
-        fit = fit_collectives(self.collective_records(device))
-        comm = ProfiledComm(eff, device=device, fit=fit)
+        records = self.collective_records(device)
+        comm = ProfiledComm(eff, device=device, fit=fit_collectives(records), tables=collective_tables(records))
         return timer, comm
+
+
+def collective_tables(records: list[CollectiveProfile]) -> dict:
+    """(op, group size) -> measured (message bytes, seconds) sorted by size, made
+    non-decreasing in size (a running maximum: a larger message never takes less time;
+    small-message timings on a shared host are noisy)."""
+    by: dict = {}
+    for r in records:
+        by.setdefault((r.op, r.group_size), {})[r.message_bytes] = r.time_s
+    out = {}
+    for key, pts in by.items():
+        rows, top = [], 0.0
+        for b in sorted(pts):
+            top = max(top, pts[b])
+            rows.append((float(b), top))
+        out[key] = tuple(rows)
+    return out
 
 
 def fit_collectives(records: list[CollectiveProfile]) -> dict:

@@ -48,14 +48,20 @@ class ProfilerConfig:
     max_experts: int = 4
     max_channels: int = 256          # Wide-ResNet: last stage's output channels cap (32 x base channels)
     threads: int = 1                 # torch intra-op threads on CPU (reproducible timings)
+    flush_cache_mib: int = 8         # written before each timed forward and backward so that a
+                                     # layer does not find its weights and activations in cache from
+                                     # its previous repetition (in a training step other layers ran
+                                     # in between); 0: off. Default: twice this host's per-core L2;
+                                     # triton.testing.do_bench clears the GPU's L2 the same way
 
     def __post_init__(self):
         for n in ("micro_batches", "tp_degrees"):
             v = getattr(self, n)
             if not v or any((not isinstance(x, int)) or x < 1 for x in v):
                 raise InputError(f"must be a non-empty list of positive integers, got {v!r}", field=n)
-        for n in ("warmup", "max_hidden", "max_seq", "max_vocab", "max_experts", "max_channels", "threads"):
-            if getattr(self, n) < 0 or (n != "warmup" and getattr(self, n) < 1):
+        for n in ("warmup", "max_hidden", "max_seq", "max_vocab", "max_experts", "max_channels", "threads",
+                  "flush_cache_mib"):
+            if getattr(self, n) < 0 or (n not in ("warmup", "flush_cache_mib") and getattr(self, n) < 1):
                 raise InputError("must be a positive integer", field=n)
         if self.repeats < 1:
             raise InputError("must be >= 1", field="repeats")
@@ -238,22 +244,32 @@ def _time_layer(mod, make, mb: int, cfg: ProfilerConfig, device: str) -> tuple[f
         if device == "cuda":
             torch.cuda.synchronize()
 
+    flush_buf = torch.empty(cfg.flush_cache_mib * 2**20 // 4, device=device) if cfg.flush_cache_mib else None
+
+    def flush():
+        if flush_buf is not None:
+            flush_buf.fill_(1.0)
+        sync()
+
     fw, bw = [], []
     for it in range(cfg.warmup + cfg.repeats):
         x = make(mb)
         x = x.to(device) if not x.requires_grad else x.detach().to(device).requires_grad_(True)
-        sync()
+        flush()
         t0 = time.perf_counter()
         y = mod(x)
         sync()
-        t1 = time.perf_counter()
-        y.float().sum().backward()
+        f_s = time.perf_counter() - t0
+        loss = y.float().sum()
+        flush()
+        t0 = time.perf_counter()
+        loss.backward()
         sync()
-        t2 = time.perf_counter()
+        b_s = time.perf_counter() - t0
         mod.zero_grad(set_to_none=True)
         if it >= cfg.warmup:
-            fw.append(t1 - t0)
-            bw.append(t2 - t1)
+            fw.append(f_s)
+            bw.append(b_s)
     return statistics.median(fw), statistics.median(bw)
 
 

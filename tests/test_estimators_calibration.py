@@ -58,3 +58,22 @@ def test_arena_runtime_memory_limit_against_the_dp_memory_table():
     assert d["fit_rows"] == 90 and d["oom_rows"] == 90
     assert d["fit_rows_called_feasible"] == 90          # no fitting run called infeasible
     assert d["oom_rows_called_infeasible"] >= 40        # was 24/90 before the limit and expert replication
+
+
+def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
+    from estimators.accuracy import oom_boundary
+    from estimators.perf import AnalyticModel
+    from estimators.reference import MeasuredRow, load_measured
+    cfg = arena_runtime()
+    planner = AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory).planner
+    rows = [MeasuredRow("gpt__760M", 256, "a100-40gb", 1, 2, 5.0),
+            MeasuredRow("gpt__760M", 128, "a100-40gb", 1, 2, None),    # a larger batch ran: contradicted
+            MeasuredRow("gpt__760M", 512, "a100-40gb", 1, 2, None),    # only smaller batches ran
+            MeasuredRow("gpt__760M", 64, "a100-40gb", 1, 4, None)]     # another shape: not contradicted
+    out = oom_boundary(rows, planner)
+    assert [r["contradicted_by_batches"] for r in out["rows"]] == [[256], [], []]
+    assert out["contradicted_by_table"] == 1 and out["uncontradicted"] == 2
+    assert 0.0 <= out["ranking_auc"] <= 1.0
+    full = oom_boundary(load_measured(), planner)        # the real table (figures in docs/estimators.md)
+    assert full["contradicted_by_table"] == 3 and full["uncontradicted"] == 8
+    assert full["ranking_auc"] > 0.9      # the memory model orders the real OOM rows above most measured ones

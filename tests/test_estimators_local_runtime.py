@@ -61,13 +61,27 @@ def test_contended_timer_and_runtime_terms():
     c = layer_costs(ARCH, micro_batch=8)[1]
     assert slow.times(c, GPU, ARCH.dtype) == pytest.approx(tuple(2 * t for t in base.times(c, GPU, ARCH.dtype)))
     assert slow.optimizer_s(1e6, GPU, ARCH.dtype) == pytest.approx(2 * base.optimizer_s(1e6, GPU, ARCH.dtype))
-    t = RuntimeTerms(2, 8, solo_s=(1.0, 2.0), concurrent_s=(1.5, 3.0), dtensor_s=(2.0, 3.0),
+    t = RuntimeTerms(2, 8, 1e-3, solo_s=(1.0, 2.0), concurrent_s=(1.5, 3.0), dtensor_s=(2.0, 3.0),
                      modelled_allreduce_s=(0.25, 0.5))
     assert t.contention == pytest.approx(1.5)
     assert t.tp_overhead_s == pytest.approx((0.25, 0.0))              # clipped at 0
-    assert RuntimeTerms(2, 8, (1.0, 1.0), (0.5, 0.5), (1, 1), (0, 0)).contention == 1.0
+    assert RuntimeTerms(2, 8, 0.0, (1.0, 1.0), (0.5, 0.5), (1, 1), (0, 0)).contention == 1.0
+    one = RuntimeTerms(1, 8, 2e-3)                   # one rank: only the step overhead is measured
+    assert one.contention == 1.0 and one.tp_overhead_s == (0.0, 0.0)
     eff, _ = launcher_runtime()
-    assert eff.tp_replicated_embedding_head
+    assert eff.tp_replicated_embedding_head and eff.dp_overlap
+    assert not launcher_runtime(cpu=True)[0].dp_overlap     # gloo sums on the compute cores
+
+
+def test_step_overhead_is_added_once_per_iteration():
+    eff = EfficiencyConfig(dp_overlap=False)
+    over = EfficiencyConfig(dp_overlap=False, step_overhead_s=0.01)
+    for tp in (1, 2):
+        a, b = _bd(eff, tp=tp), _bd(over, tp=tp)
+        assert b.iteration_time_s - a.iteration_time_s == pytest.approx(0.01)
+        assert b.shares()["step_overhead"] == pytest.approx(0.01 / b.iteration_time_s)
+    with pytest.raises(InputError):
+        EfficiencyConfig(step_overhead_s=-1e-3)
 
 
 def test_micro_batch_timer_uses_the_nearest_profiled_size():
@@ -85,3 +99,17 @@ def test_micro_batch_timer_uses_the_nearest_profiled_size():
     assert t.times(c3, GPU, ARCH.dtype)[0] == pytest.approx(c3.fwd_flops / 1e8)
     head = next(c for c in layer_costs(ARCH, micro_batch=2) if c.kind == "head")  # not profiled: inner
     assert t.times(head, GPU, ARCH.dtype) == inner.times(head, GPU, ARCH.dtype)
+
+
+def test_summarize_passes_takes_the_median_per_plan():
+    from estimators.local_accuracy import LocalResult, summarize_passes
+    passes = [[LocalResult(1, 1, 1, 1, 1.0, e1), LocalResult(2, 1, 1, 1, 1.0, e2)]
+              for e1, e2 in ((1.1, 0.8), (0.9, 0.7), (1.05, 1.5))]
+    passes[1].append(LocalResult(1, 2, 1, 1, None, 1.0, "run failed"))
+    s = summarize_passes(passes)
+    by = {(p["dp"], p["tp"]): p for p in s["plans"]}
+    assert by[(1, 1)]["median_error"] == pytest.approx(0.05)
+    assert by[(2, 1)]["median_error"] == pytest.approx(-0.2)
+    assert by[(1, 2)]["median_error"] is None and by[(1, 2)]["errors"] == [None]
+    assert s["mape"] == pytest.approx((0.05 + 0.2) / 2)
+    assert s["pass_mape"][0] == pytest.approx((0.1 + 0.2) / 2) and s["passes"] == 3

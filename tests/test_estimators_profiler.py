@@ -2,6 +2,7 @@
 import pytest
 
 from estimators.perf import AnalyticModel
+from instances.errors import InputError
 from estimators.profile_store import ProfileStore
 from estimators.profiler import ProfilerConfig, profile_collectives, profile_layers, reduced_arch
 from instances.grid import Grid, Shape
@@ -29,6 +30,9 @@ def test_profile_tiny_model_and_reuse(tmp_path):
 
 def test_reduced_shapes_keep_layer_kinds():
     cfg = ProfilerConfig()
+    assert ProfilerConfig(flush_cache_mib=0).flush_cache_mib == 0       # 0 turns the cache flush off
+    with pytest.raises(InputError):
+        ProfilerConfig(flush_cache_mib=-1)
     for name in ("gpt__1.3B", "moe__690M", "wide_resnet__500M", "llama__7B"):
         arch = get_model(name)
         small = reduced_arch(arch, cfg, 2)

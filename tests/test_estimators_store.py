@@ -82,3 +82,32 @@ def test_collectives_fit_and_profiled_timers(tmp_path):
     f, _ = timer.times(c, get_gpu("cpu"), "float32")
     assert f == pytest.approx(c.fwd_flops / 1e9 + EfficiencyConfig().layer_overhead_s)
     assert comm.bandwidth(get_gpu("cpu"), "intra") == pytest.approx(bw, rel=1e-6)
+
+
+def test_collective_tables_interpolate_per_operation():
+    from estimators.profile_store import collective_tables
+    from estimators.timing import ProfiledComm
+    from instances.gpus import get_gpu
+    recs = [CollectiveProfile("cpu", "gloo", "all_reduce", 2, n, t, 3, 0.0)
+            for n, t in ((4096, 7e-4), (65536, 4e-4), (1 << 20, 1e-3), (1 << 22, 5e-3))]
+    recs += [CollectiveProfile("cpu", "gloo", "send_recv", 2, n, t, 3, 0.0) for n, t in ((4096, 1e-4), (1 << 22, 1e-3))]
+    tables = collective_tables(recs)
+    assert [t for _, t in tables[("all_reduce", 2)]] == [7e-4, 7e-4, 1e-3, 5e-3]   # never faster when larger
+    comm = ProfiledComm(EfficiencyConfig(), device="cpu", fit=fit_collectives(recs), tables=tables)
+    cpu, n1, n4 = get_gpu("cpu"), 1 << 20, 1 << 22
+    assert comm.allreduce_s(n1, 2, cpu, "intra") == pytest.approx(1e-3)
+    assert comm.allreduce_s((n1 + n4) / 2, 2, cpu, "intra") == pytest.approx(3e-3)      # linear between points
+    assert comm.allreduce_s(2 * n4, 2, cpu, "intra") == pytest.approx(1e-2)           # proportional above
+    assert comm.allreduce_s(100, 2, cpu, "intra") == pytest.approx(7e-4)              # the smallest's time below
+    assert comm.p2p_s(n4, cpu, "intra") == pytest.approx(1e-3)                        # its own table, not the fit
+    # not measured: another group size, another link, another device -> the latency + bandwidth fit
+    assert comm.allreduce_s(n1, 4, cpu, "intra") == pytest.approx(
+        super(ProfiledComm, comm).allreduce_s(n1, 4, cpu, "intra"))
+    assert comm.allreduce_s(n1, 2, cpu, "inter") == pytest.approx(
+        super(ProfiledComm, comm).allreduce_s(n1, 2, cpu, "inter"))
+    a100 = get_gpu("a100")
+    assert comm.allreduce_s(n1, 2, a100, "intra") == pytest.approx(
+        super(ProfiledComm, comm).allreduce_s(n1, 2, a100, "intra"))
+    assert comm.allgather_s(n1, 2, cpu, "intra") == pytest.approx(
+        super(ProfiledComm, comm).allgather_s(n1, 2, cpu, "intra"))                   # no all-gather records
+    assert comm.allreduce_s(n1, 1, cpu, "intra") == 0.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 ACTIONS = ("grids", "accuracy", "proxy-quality")
 
@@ -28,7 +29,10 @@ def register(subparsers) -> None:
     p.add_argument("--dp-only", action="store_true", help="pure data parallelism (baselines' view)")
     p.add_argument("--link-load", type=float, default=0.0, help="other jobs' load on shared links (fraction)")
     p.add_argument("--against", choices=("arena-measured", "local"), default="arena-measured")
-    p.add_argument("--store", default=None, help="profile store for --against local")
+    p.add_argument("--store", default=None, help="profile store for --against local (default: a temporary "
+                   "one, profiled just before the runs)")
+    p.add_argument("--passes", type=int, default=3,
+                   help="--against local: passes, each profiling afresh and running every plan")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-splits", type=int, default=200, help="proxy-quality: exhaustive split limit per grid")
     p.add_argument("--refit-analytic", action="store_true",
@@ -101,23 +105,7 @@ def _fmt(x) -> str:
 
 def _accuracy(args) -> int:
     if args.against == "local":
-        from estimators.local_accuracy import against_local
-        from estimators.profile_store import ProfileStore
-        res = against_local(store=ProfileStore(args.store))
-        errs = [abs(r.rel_error) for r in res if r.rel_error is not None]
-        if args.json:
-            print(json.dumps({"runs": [dict(vars(r), rel_error=r.rel_error) for r in res],
-                              "mape": sum(errs) / len(errs) if errs else None}, indent=1))
-            return 0
-        print("local torch runs (launcher, gloo on CPU) vs analytic estimate from the profile store")
-        print(f"{'dp':>3} {'tp':>3} {'pp':>3} {'m':>3} {'measured s':>11} {'estimated s':>12} {'error':>7}")
-        for r in res:
-            meas = "failed" if r.measured_s is None else f"{r.measured_s:.4f}"
-            print(f"{r.dp:>3} {r.tp:>3} {r.pp:>3} {r.microbatches:>3} {meas:>11} {r.estimated_s:>12.4f} "
-                  f"{_fmt(r.rel_error)}  {r.error}")
-        if errs:
-            print(f"MAPE {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs")
-        return 0
+        return _accuracy_local(args)
     from estimators.accuracy import against_arena, dp_memory_check
     out = against_arena(seed=args.seed)
     out["dp_memory"] = dp_memory_check()
@@ -149,11 +137,52 @@ def _accuracy(args) -> int:
               f"{_fmt(a['leave_one_gpu_type_out_mape'])}")
         for g, v in a["by_gpu_type"].items():
             print(f"  held out {g:<12} {v['test_rows']:>4} rows  {_fmt(v['mape'])}  bias {100 * v['bias']:+.1f}%")
-    print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}")
+    m = out["oom"]
+    print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}; "
+          f"contradicted by the table itself (same model and shape ran with a larger batch): "
+          f"{m['contradicted_by_table']}")
+    if m["ranking_auc"] is not None:
+        print(f"  memory ranking: the {m['uncontradicted']} other OOM rows need more of their GPU's memory "
+              f"(lowest-memory plan) than a measured row with probability {m['ranking_auc']:.3f} (AUC); "
+              f"measured rows peak at <= {100 * m['measured_max_lowest_fraction']:.0f}% of GPU memory")
     d = out["dp_memory"]
     print(f"pure data parallelism vs Arena's DP memory table (on {d['gpu_type']}): fitting rows called feasible "
           f"{d['fit_rows_called_feasible']}/{d['fit_rows']}; OOM rows called infeasible "
           f"{d['oom_rows_called_infeasible']}/{d['oom_rows']}")
+    return 0
+
+
+def _accuracy_local(args) -> int:
+    from estimators.local_accuracy import against_local, summarize_passes
+    from estimators.profile_store import ProfileStore
+    from instances.errors import InputError
+    if args.passes < 1:
+        raise InputError("--passes must be >= 1", field="passes")
+    passes = []
+    for k in range(args.passes):
+        print(f"pass {k + 1}/{args.passes}: profiling, then the runs ...", file=sys.stderr, flush=True)
+        passes.append(against_local(store=None if args.store is None else ProfileStore(args.store)))
+    summary = summarize_passes(passes)
+    if args.json:
+        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error) for r in res] for res in passes],
+                          **summary}, indent=1))
+        return 0
+    print("local torch runs (launcher, gloo on CPU) vs analytic estimate from the profile store")
+    for k, res in enumerate(passes):
+        print(f"pass {k + 1}")
+        print(f"{'dp':>3} {'tp':>3} {'pp':>3} {'m':>3} {'measured s':>11} {'estimated s':>12} {'error':>7}")
+        for r in res:
+            meas = "failed" if r.measured_s is None else f"{r.measured_s:.4f}"
+            print(f"{r.dp:>3} {r.tp:>3} {r.pp:>3} {r.microbatches:>3} {meas:>11} {r.estimated_s:>12.4f} "
+                  f"{_fmt(r.rel_error)}  {r.error}")
+    print("per plan, median error over the passes:")
+    for p in summary["plans"]:
+        errs = " ".join(_fmt(e).strip() for e in p["errors"])
+        print(f"  dp {p['dp']} tp {p['tp']} pp {p['pp']} m {p['microbatches']}: {_fmt(p['median_error'])}  ({errs})")
+    if summary["mape"] is not None:
+        per = ", ".join(_fmt(m).strip() for m in summary["pass_mape"])
+        print(f"MAPE of the per-plan medians {100 * summary['mape']:.1f}% over {summary['passes']} passes "
+              f"(each pass alone: {per})")
     return 0
 
 
