@@ -3,10 +3,12 @@
 ``against_arena``: every row of the Arena measured table (real A100/V100/A40/A10 runs,
 1-16 GPUs) is predicted from architecture and catalog specs: the analytic model's best
 plan over the row's pipeline depths, under the Arena artifact's runtime facts
-(``config.arena_runtime``: rematerialisation, sharded optimizer update, SGD for Wide-ResNet). The learned model is evaluated leave-one-GPU-type-
-out: trained on the rows of three types, tested on the fourth; its training rows never
-include a test row. Rows the table marks out of memory are checked against the memory
-model (does it also call every pipeline depth of that shape infeasible?).
+(``config.arena_runtime``: rematerialisation, sharded optimizer update, SGD for
+Wide-ResNet). The learned model is evaluated on rows it never trained on, in three
+regimes (``learned_cv``): a GPU type never seen (leave-one-GPU-type-out), models never
+seen, rows never seen; its correction is chosen inside each fold on the training rows
+only. Rows the table marks out of memory are checked against the memory model
+(``oom_boundary``: called infeasible, contradicted by the table itself, memory ranking).
 
 ``proxy_quality``: for catalog models x grids up to 16 GPUs, the proxy plan's estimated
 throughput as a fraction of the grid's exhaustive best (same cost model).
@@ -25,7 +27,7 @@ from instances.jobs import Job
 
 from .calibrate import best_shape_result
 from .config import EstimatorConfig, arena_runtime
-from .learned import LearnedModel, leave_one_group_out, record_model, records_from_table
+from .learned import SELECT_BY, LearnedModel, cv_folds, record_model, records_from_table
 from .perf import AnalyticModel
 from .reference import load_measured
 
@@ -58,48 +60,59 @@ def against_arena(*, seed: int = 0, efficiency=None) -> dict:
         by_id[rid] = (row, r.iteration_time_s / row.iter_time_s - 1)
     analytic_s = time.perf_counter() - t0
     records = records_from_table(rows, analytic)
-    learned_err = {}
-    per_type = {}
-    for gtype, train, test in leave_one_group_out(records):
-        model = LearnedModel(train_on=None, seed=seed, efficiency=cfg.efficiency, memory=cfg.memory).fit(train)
-        pred = model.predict_records(test)
-        for rec, p in zip(test, pred):
-            learned_err[rec.row_id] = p / rec.measured_s - 1
-        per_type[gtype] = {"train_rows": len(train), "test_rows": len(test)}
-    lomo_err = {}
-    for _, train, test in leave_one_group_out(records, key=record_model):
-        model = LearnedModel(train_on=None, seed=seed, efficiency=cfg.efficiency, memory=cfg.memory).fit(train)
-        for rec, p in zip(test, model.predict_records(test)):
-            lomo_err[rec.row_id] = p / rec.measured_s - 1
+    learned = {by: learned_cv(records, by, seed=seed, cfg=cfg) for by in SELECT_BY}
     out = {"rows": len(rows), "measured_rows": len(rows) - oom_rows, "predicted_rows": len(by_id),
            "called_infeasible_but_measured": missed, "oom_rows": oom_rows,
            "oom_rows_called_infeasible": oom_hit, "analytic_seconds": analytic_s, "by_gpus": {},
-           "by_gpu_type": {}, "by_family": {}, "split": per_type}
+           "by_gpu_type": {}, "by_family": {},
+           "learned_folds": {by: v["folds"] for by, v in learned.items()}}
     groups = {"by_gpus": lambda row: str(row.num_gpus), "by_gpu_type": lambda row: row.gpu_type,
               "by_family": lambda row: row.model.split("__")[0]}
     for gname, key in groups.items():
-        bucket_a, bucket_l, bucket_m = defaultdict(list), defaultdict(list), defaultdict(list)
+        buckets = defaultdict(lambda: {"analytic": [], **{by: [] for by in SELECT_BY}})
         for rid, (row, err) in by_id.items():
-            bucket_a[key(row)].append(err)
-            if rid in lomo_err:
-                bucket_m[key(row)].append(lomo_err[rid])
-            if rid in learned_err:
-                bucket_l[key(row)].append(learned_err[rid])
-        for k in sorted(bucket_a, key=lambda x: (len(x), x)):
-            out[gname][k] = {"rows": len(bucket_a[k]), "analytic_mape": _mape(bucket_a[k]),
-                             "learned_mape": _mape(bucket_l[k]),
-                             "learned_lomo_mape": _mape(bucket_m[k])}
+            b = buckets[key(row)]
+            b["analytic"].append(err)
+            for by in SELECT_BY:
+                if rid in learned[by]["errors"]:
+                    b[by].append(learned[by]["errors"][rid])
+        for k in sorted(buckets, key=lambda x: (len(x), x)):
+            b = buckets[k]
+            out[gname][k] = {"rows": len(b["analytic"]), "analytic_mape": _mape(b["analytic"]),
+                             "learned_mape": {by: _mape(b[by]) for by in SELECT_BY}}
     out["overall"] = {"analytic_mape": _mape([e for _, e in by_id.values()]),
                       "analytic_bias": float(np.mean([e for _, e in by_id.values()])),
-                      "learned_mape": _mape(list(learned_err.values())),
-                      "learned_rows": len(learned_err),
-                      "learned_lomo_mape": _mape(list(lomo_err.values()))}
+                      "learned_mape": {by: _mape(list(learned[by]["errors"].values())) for by in SELECT_BY},
+                      "learned_rows": {by: len(learned[by]["errors"]) for by in SELECT_BY}}
     out["oom"] = oom_boundary(rows, analytic.planner)
     out["notes"] = ["analytic: efficiency constants fitted on all rows (in-sample); "
                     "--refit-analytic reports the leave-one-GPU-type-out refit",
-                    "learned: leave-one-GPU-type-out (learned_mape) and leave-one-model-out "
-                    "(learned_lomo_mape) corrections of the default analytic model"]
+                    "learned: the analytic estimate x a learned correction, evaluated on rows it never trained on: "
+                    "gpu_type = a GPU type never seen (one fold per type), model = models never seen (5 folds), "
+                    "row = rows never seen (5 folds); inside each fold the correction (none, squared or absolute "
+                    "log error) is chosen by cross-validation of the same kind on the training rows only"]
     return out
+
+
+def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
+    """Errors of the learned model on rows it never trained on, with folds of kind ``by``
+    (``learned.cv_folds``); inside each fold ``LearnedModel`` chooses its correction by a
+    cross-validation of the same kind over that fold's training rows (nested selection)."""
+    cfg = cfg or arena_runtime()
+    errors, folds = {}, []
+    for train_idx, test_idx in cv_folds(records, by, seed=seed):
+        train = [records[i] for i in train_idx]
+        test = [records[i] for i in test_idx]
+        assert not {r.row_id for r in train} & {r.row_id for r in test}
+        model = LearnedModel(train_on=None, seed=seed, select_by=by, efficiency=cfg.efficiency,
+                             memory=cfg.memory).fit(train)
+        for rec, p in zip(test, model.predict_records(test)):
+            errors[rec.row_id] = p / rec.measured_s - 1
+        folds.append({"train_rows": len(train), "test_rows": len(test), "chosen": model.chosen,
+                      "selection_mape": model.selection,
+                      "test_groups": sorted({rec.group if by == "gpu_type" else record_model(rec) for rec in test})
+                      if by != "row" else []})
+    return {"errors": errors, "folds": folds}
 
 
 def oom_boundary(rows, planner) -> dict:
@@ -156,7 +169,9 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, gpu_types=None, in_
     """The analytic model with its global efficiency constants refitted
     (``calibrate.fit_efficiency``, every fit from ``calibrate.NEUTRAL_START``): in-sample on
     all measured rows, and leave-one-GPU-type-out (fitted on three types' rows, tested on
-    the fourth's), so that the in-sample effect of the constants is visible. Slow: one
+    the fourth's), so that the in-sample effect of the constants is visible; on each held-out
+    type also the learned model on top of that fold's constants, trained on the other
+    types' rows (the fully out-of-sample chain for a GPU type never measured). Slow: one
     Powell fit per GPU type (minutes); ``gpu_types`` limits the held-out types."""
     from .calibrate import fit_efficiency, neutral_start
     rows = [r for r in load_measured() if r.iter_time_s is not None]
@@ -175,17 +190,27 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, gpu_types=None, in_
 
     t0 = time.perf_counter()
     in_sample_err = errors(fit_efficiency(rows, base, max_evals=max_evals), rows) if in_sample else []
-    by_type, logo = {}, []
+    by_type, logo, logo_learned = {}, [], []
     for g in sorted({r.gpu_type for r in rows} if gpu_types is None else set(gpu_types)):
         train = [r for r in rows if r.gpu_type != g]
         test = [r for r in rows if r.gpu_type == g]
         eff = fit_efficiency(train, base, max_evals=max_evals)
         e = errors(eff, test)
         logo += e
+        # the whole chain on an unseen type: the learned correction on top of these constants,
+        # trained (and its correction chosen, by GPU type) on the three other types' rows only
+        records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory))
+        rec_train = [r for r in records if r.group != g]
+        rec_test = [r for r in records if r.group == g]
+        lm = LearnedModel(train_on=None, select_by="gpu_type", efficiency=eff, memory=base.memory).fit(rec_train)
+        le = [p / r.measured_s - 1 for r, p in zip(rec_test, lm.predict_records(rec_test))]
+        logo_learned += le
         by_type[g] = {"train_rows": len(train), "test_rows": len(e), "mape": _mape(e),
-                      "bias": float(np.mean(e)) if e else None, "errors": e}
+                      "bias": float(np.mean(e)) if e else None, "errors": e,
+                      "learned_mape": _mape(le), "learned_correction": lm.chosen}
     return {"in_sample_mape": _mape(in_sample_err), "in_sample_rows": len(in_sample_err),
             "leave_one_gpu_type_out_mape": _mape(logo), "leave_one_gpu_type_out_rows": len(logo),
+            "leave_one_gpu_type_out_learned_mape": _mape(logo_learned),
             "by_gpu_type": by_type, "max_evals": max_evals, "seconds": time.perf_counter() - t0}
 
 

@@ -13,6 +13,14 @@ holds the authors' best plan). Regressor: scikit-learn gradient boosting. Featur
 - ``link_load``: other jobs' traffic through the same node or switch, as a fraction of
   link capacity (callers supply it; 0 when unknown).
 
+Model selection: the correction is one of ``CORRECTIONS`` — ``none`` (the analytic
+estimate as it is) or boosted trees with a squared or an absolute log error — chosen, when
+``correction="auto"``, by cross-validation over the training records only, with folds
+that hold out what the deployment will meet unseen (``select_by``): ``row`` (new plans of
+jobs and GPU types the cluster already ran; 5 folds), ``model`` (new models; 5 folds of
+models) or ``gpu_type`` (a new GPU type; one fold per type). The accuracy report nests
+this selection inside each outer fold, so no test row ever influences the choice.
+
 Trained from the Arena measured table plus, when a ``profile_store`` is given, the
 store's measured runs (launcher telemetry); updated
 online with ``update(records)`` (records accumulate; the regressor is refitted); saved
@@ -39,7 +47,9 @@ from .calibrate import best_shape_result
 from .perf import AnalyticModel
 from .planner import PlanResult
 
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2
+CORRECTIONS = ("none", "squared_error", "absolute_error")     # "none": the analytic estimate unchanged
+SELECT_BY = ("row", "model", "gpu_type")
 FAMILIES = ("gpt", "moe", "wide_resnet", "llama")
 FEATURES = ("log_analytic_s", "share_compute", "share_tp", "share_p2p", "share_bubble", "share_dp",
             "share_opt", "mem_util", "pp", "dp", "tp", "microbatches", "log_micro_batch", "num_gpus",
@@ -135,6 +145,31 @@ def _arena_records(cfg) -> tuple[TrainingRecord, ...]:
                                                                    planner=cfg.planner)))
 
 
+def cv_folds(records: list[TrainingRecord], by: str, *, n_splits: int = 5, seed: int = 0):
+    """Yield (train, test) index lists over ``records`` whose test side is unseen in the
+    sense of ``by`` (``SELECT_BY``): ``gpu_type`` one fold per GPU type (record group);
+    ``model`` ``n_splits`` folds of whole models; ``row`` ``n_splits`` shuffled folds of rows."""
+    if by not in SELECT_BY:
+        raise InputError(f"unknown fold kind {by!r}; known: {', '.join(SELECT_BY)}", field="select_by")
+    rng = np.random.default_rng(seed)
+    if by == "row":
+        fold = rng.permutation(len(records)) % n_splits
+    else:
+        key = [r.group if by == "gpu_type" else record_model(r) for r in records]
+        groups = sorted(set(key))
+        if by == "model":
+            order = rng.permutation(len(groups))
+            gfold = {groups[i]: k % n_splits for k, i in enumerate(order)}
+        else:
+            gfold = {g: k for k, g in enumerate(groups)}
+        fold = np.array([gfold[k] for k in key])
+    for f in sorted(set(fold.tolist())):
+        test = [i for i in range(len(records)) if fold[i] == f]
+        train = [i for i in range(len(records)) if fold[i] != f]
+        if test and train:
+            yield train, test
+
+
 def leave_one_group_out(records: list[TrainingRecord], key=None):
     """Yield (group, train, test) with every record of ``group`` in test and none in train;
     ``key(record)`` names the group (default: ``record.group``, the GPU type)."""
@@ -147,8 +182,37 @@ def leave_one_group_out(records: list[TrainingRecord], key=None):
 
 
 def record_model(rec: TrainingRecord) -> str:
-    """The model name of an Arena-table record (``arena:<model>:<batch>:...``)."""
-    return rec.row_id.split(":")[1]
+    """The model name of a record: ``arena:<model>:<batch>:...`` for table rows; measured
+    runs (``run:...``) count by their row id (each its own group)."""
+    parts = rec.row_id.split(":")
+    return parts[1] if parts[0] == "arena" else rec.row_id
+
+
+def _regressor(correction: str, params: dict):
+    from sklearn.ensemble import GradientBoostingRegressor
+    return None if correction == "none" else GradientBoostingRegressor(loss=correction, **params)
+
+
+def _abs_pct_errors(records, regressor) -> np.ndarray:
+    corr = np.zeros(len(records)) if regressor is None else regressor.predict(np.array([r.features for r in records]))
+    return np.abs(np.array([r.analytic_s for r in records]) * np.exp(corr)
+                  / np.array([r.measured_s for r in records]) - 1)
+
+
+def select_correction(records: list[TrainingRecord], params: dict, by: str, *, seed: int = 0) -> dict[str, float]:
+    """Cross-validated mean absolute percentage error of every ``CORRECTIONS`` entry on
+    ``records`` with folds of kind ``by`` (``cv_folds``)."""
+    X = np.array([r.features for r in records])
+    y = np.array([r.target for r in records])
+    errs: dict[str, list] = {c: [] for c in CORRECTIONS}
+    for train, test in cv_folds(records, by, seed=seed):
+        held = [records[i] for i in test]
+        for c in CORRECTIONS:
+            reg = _regressor(c, params)
+            if reg is not None:
+                reg.fit(X[train], y[train])
+            errs[c].extend(_abs_pct_errors(held, reg))
+    return {c: float(np.mean(e)) for c, e in errs.items() if e}
 
 
 class LearnedModel:
@@ -156,10 +220,19 @@ class LearnedModel:
     name = "learned"
 
     def __init__(self, *, dp_only: bool = False, artifact: str | Path | None = None,
-                 train_on: str | None = "arena-measured", n_estimators: int = 300, max_depth: int = 3,
+                 train_on: str | None = "arena-measured", correction: str = "auto", select_by: str = "row",
+                 n_estimators: int = 300, max_depth: int = 3,
                  learning_rate: float = 0.05, seed: int = 0, link_load: float = 0.0, **analytic_config):
         if train_on not in (None, "arena-measured"):
             raise InputError(f"train_on must be 'arena-measured' or None, got {train_on!r}", field="train_on")
+        if correction not in CORRECTIONS + ("auto",):
+            raise InputError(f"unknown correction {correction!r}; known: auto, {', '.join(CORRECTIONS)}",
+                             field="correction")
+        if select_by not in SELECT_BY:
+            raise InputError(f"unknown select_by {select_by!r}; known: {', '.join(SELECT_BY)}", field="select_by")
+        self.correction_kind, self.select_by, self.seed = correction, select_by, seed
+        self.chosen: str | None = None          # the correction in use after fit
+        self.selection: dict[str, float] = {}   # cross-validated MAPE per candidate (auto)
         for n, v in (("n_estimators", n_estimators), ("max_depth", max_depth)):
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"must be a positive integer, got {v!r}", field=n)
@@ -187,13 +260,19 @@ class LearnedModel:
 
     # -- training --------------------------------------------------------------------
     def fit(self, records: list[TrainingRecord]) -> "LearnedModel":
-        from sklearn.ensemble import GradientBoostingRegressor
+        """Train on ``records``; with ``correction="auto"`` first choose the correction by
+        cross-validation on these records alone (``select_correction``)."""
         if len(records) < 5:
             raise ValueError(f"need at least 5 training records, got {len(records)}")
         self.records = list(records)
-        X = np.array([r.features for r in self.records])
-        y = np.array([r.target for r in self.records])
-        self.regressor = GradientBoostingRegressor(**self.params).fit(X, y)
+        if self.correction_kind == "auto":
+            self.selection = select_correction(self.records, self.params, self.select_by, seed=self.seed)
+            self.chosen = min(self.selection, key=self.selection.get)
+        else:
+            self.selection, self.chosen = {}, self.correction_kind
+        self.regressor = _regressor(self.chosen, self.params)
+        if self.regressor is not None:
+            self.regressor.fit(np.array([r.features for r in self.records]), np.array([r.target for r in self.records]))
         self._cache.clear()
         return self
 
@@ -212,8 +291,10 @@ class LearnedModel:
         return float(math.exp(self.regressor.predict(np.array([feats]))[0]))
 
     def predict_records(self, records: list[TrainingRecord]) -> np.ndarray:
-        X = np.array([r.features for r in records])
-        return np.array([r.analytic_s for r in records]) * np.exp(self.regressor.predict(X))
+        analytic = np.array([r.analytic_s for r in records])
+        if self.regressor is None:
+            return analytic
+        return analytic * np.exp(self.regressor.predict(np.array([r.features for r in records])))
 
     # -- PerformanceModel --------------------------------------------------------------
     def estimate(self, job: Job, grid: Grid, *, link_load: float | None = None) -> Estimate:
@@ -232,7 +313,8 @@ class LearnedModel:
                                                      self.analytic.cfg.efficiency))
                 t = base.iteration_time_s * k
                 e = Estimate(t, job.global_batch / t, base.peak_memory_bytes, base.plan, base.feasible,
-                             f"{self.name}/{base.source}", base.notes + (f"learned correction x{k:.3f}",))
+                             f"{self.name}/{base.source}",
+                             base.notes + (f"learned correction x{k:.3f} ({self.chosen})",))
             self._cache[key] = e
         return e
 
@@ -242,6 +324,7 @@ class LearnedModel:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         joblib.dump({"artifact_version": ARTIFACT_VERSION, "features": FEATURES, "params": self.params,
+                     "correction": self.chosen, "selection": self.selection, "select_by": self.select_by,
                      "regressor": self.regressor, "records": self.records}, path)
         return path
 
@@ -256,6 +339,7 @@ class LearnedModel:
         if tuple(blob["features"]) != FEATURES:
             raise InputError("artifact built with another feature list", file=str(path), field="features")
         self.params, self.regressor, self.records = blob["params"], blob["regressor"], list(blob["records"])
+        self.chosen, self.selection, self.select_by = blob["correction"], blob["selection"], blob["select_by"]
         self._cache.clear()
 
     @classmethod

@@ -47,6 +47,8 @@ def test_leave_one_type_out_refit_never_fits_on_its_test_rows(monkeypatch):
     v = out["by_gpu_type"]["a10"]
     assert v["test_rows"] > 0 and v["train_rows"] > 3 * v["test_rows"] / 2
     assert out["leave_one_gpu_type_out_rows"] == v["test_rows"]
+    assert v["learned_correction"] in ("none", "squared_error", "absolute_error")
+    assert out["leave_one_gpu_type_out_learned_mape"] == v["learned_mape"] > 0
 
 
 def test_arena_runtime_memory_limit_against_the_dp_memory_table():

@@ -5,7 +5,8 @@ import pytest
 
 from estimators import make_performance_model
 from estimators.base import PerformanceModel
-from estimators.learned import ARTIFACT_VERSION, LearnedModel, leave_one_group_out, records_from_table
+from estimators.learned import (ARTIFACT_VERSION, CORRECTIONS, LearnedModel, cv_folds, leave_one_group_out,
+                                record_model, records_from_table, select_correction)
 from estimators.perf import AnalyticModel
 from estimators.reference import load_measured
 from instances.errors import InputError
@@ -81,7 +82,8 @@ def test_leave_one_gpu_type_out_never_overlaps(records):
 def test_learned_fit_predict_save_load_update(records, tmp_path):
     train = [r for r in records if r.group != "a10"]
     test = [r for r in records if r.group == "a10"]
-    m = LearnedModel(train_on=None).fit(train)
+    m = LearnedModel(train_on=None, correction="squared_error").fit(train)
+    assert m.chosen == "squared_error" and m.selection == {}
     pred = m.predict_records(test)
     assert len(pred) == len(test) and all(p > 0 for p in pred)
     # trained on three types, it must beat a constant-zero correction on its training rows
@@ -95,6 +97,7 @@ def test_learned_fit_predict_save_load_update(records, tmp_path):
     g = Grid(Shape("a40", 1, 2), 1)
     e = m2.estimate(JOB, g)
     assert e.feasible and e.source.startswith("learned/") and any("learned correction" in n for n in e.notes)
+    assert m2.chosen == "squared_error"
     import joblib
     blob = joblib.load(path)
     blob["artifact_version"] = ARTIFACT_VERSION + 1
@@ -120,3 +123,46 @@ def test_cli_estimate_grids(capsys):
     assert any(g["feasible"] and g["plan"]["dp"] * g["plan"]["tp"] * g["plan"]["pp"] == 4 for g in out["grids"])
     assert main(["estimate", "--model", "gpt__760M", "--gpu-type", "a40"]) == 2      # --gpus missing
     assert main(["estimate", "--model", "nope__1B", "--gpu-type", "a40", "--gpus", "2"]) == 2
+
+
+def test_cv_folds_hold_out_what_they_name(records):
+    n = len(records)
+    for by in ("row", "model", "gpu_type"):
+        folds = list(cv_folds(records, by, seed=3))
+        tests = [i for _, test in folds for i in test]
+        assert sorted(tests) == list(range(n))                  # every record tested exactly once
+        for train, test in folds:
+            assert not set(train) & set(test) and len(train) + len(test) == n
+            if by != "row":
+                key = (lambda r: r.group) if by == "gpu_type" else record_model
+                assert not {key(records[i]) for i in train} & {key(records[i]) for i in test}
+    assert len(list(cv_folds(records, "gpu_type"))) == 4
+    assert len(list(cv_folds(records, "model"))) == 5
+    with pytest.raises(InputError):
+        list(cv_folds(records, "nope"))
+
+
+def test_auto_correction_is_chosen_on_training_rows_only(records, monkeypatch):
+    import estimators.learned as learned
+    train = [r for r in records if r.group != "a10"]
+    seen = []
+    real = learned.select_correction
+
+    def spy(recs, params, by, *, seed=0):
+        seen.append({r.row_id for r in recs})
+        return real(recs, params, by, seed=seed)
+
+    monkeypatch.setattr(learned, "select_correction", spy)
+    m = LearnedModel(train_on=None, select_by="gpu_type", n_estimators=30).fit(train)
+    assert seen == [{r.row_id for r in train}]
+    assert set(m.selection) == set(CORRECTIONS) and m.chosen == min(m.selection, key=m.selection.get)
+    if m.chosen == "none":                                      # the analytic estimate unchanged
+        test = [r for r in records if r.group == "a10"]
+        assert list(m.predict_records(test)) == [r.analytic_s for r in test]
+    # the "none" candidate's cross-validated error is the analytic model's own error
+    sel = select_correction(train, dict(n_estimators=10, max_depth=2, learning_rate=0.1, subsample=0.8,
+                                        random_state=0), "row")
+    assert sel["none"] == pytest.approx(sum(abs(r.analytic_s / r.measured_s - 1) for r in train) / len(train))
+    for bad in ({"correction": "nope"}, {"select_by": "nope"}):
+        with pytest.raises(InputError):
+            LearnedModel(train_on=None, **bad)

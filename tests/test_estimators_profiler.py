@@ -2,9 +2,9 @@
 import pytest
 
 from estimators.perf import AnalyticModel
-from instances.errors import InputError
 from estimators.profile_store import ProfileStore
 from estimators.profiler import ProfilerConfig, profile_collectives, profile_layers, reduced_arch
+from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.models import get_model
