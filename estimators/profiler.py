@@ -463,20 +463,43 @@ def profile_collectives(*, group_sizes=(2,), sizes=(4096, 65536, 1 << 20, 4 << 2
             "device_seconds": spent}
 
 
-def measure_startup_s() -> float:
-    """Wall seconds to start one torch worker process here (``import torch.distributed``);
-    the per-launch cost charged to running a grid directly."""
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, torch.distributed"], check=True,
-                   capture_output=True, timeout=300)
-    return time.perf_counter() - t0
+STARTUP_STAND_IN = "tiny-gpt__2L"
+STARTUP_MAX_PARAMS = 50e6          # larger models are not launched here just to time a start-up
+
+
+def startup_model(model: str) -> str:
+    """The model whose launch is timed for ``model``'s start-up: itself when the launcher
+    trains it and it is small (at most ``STARTUP_MAX_PARAMS``), else ``STARTUP_STAND_IN``."""
+    from instances.models import get_model
+    from launcher.api import make_config
+    arch = get_model(model)
+    if arch.param_count > STARTUP_MAX_PARAMS:
+        return STARTUP_STAND_IN
+    try:
+        make_config(model, 1, 1, 1, steps=1)
+    except InputError:              # a family the launcher does not train (MoE, Wide-ResNet)
+        return STARTUP_STAND_IN
+    return model
+
+
+def measure_startup_s(model: str, global_batch: int) -> float:
+    """Seconds a launch of ``model`` costs beyond its training steps: one rank, one step
+    through the launcher (mpiexec, process start, torch import, rendezvous, model build,
+    teardown) minus that step's time. The per-launch cost charged to running a grid
+    directly. Pass ``startup_model(m)`` for models that cannot be launched here."""
+    from launcher.api import run_training
+    r = run_training(model, 1, 1, 1, steps=1, global_batch=global_batch, timeout_s=300)
+    if not r.ok:
+        raise RuntimeError(f"start-up measurement: the one-step launch of {model} failed "
+                           f"(rc {r.returncode}): {r.output_tail[-300:]}")
+    return max(0.0, r.wall_time_s - sum(r.iteration_times_s))
 
 
 @dataclass(frozen=True)
 class RunCostConfig:
     """How the "run every grid directly" side of the profiling-cost comparison is charged:
-    each grid's proxy plan is launched once (``startup_s`` per launch, measured with
-    ``measure_startup_s`` when None) and runs ``warmup_iters + measured_iters`` iterations
+    each grid's proxy plan is launched once (``startup_s`` per launch, as
+    ``measure_startup_s`` measures it) and runs ``warmup_iters + measured_iters`` iterations
     at its estimated iteration time, on all of the grid's devices."""
     warmup_iters: int = 3
     measured_iters: int = 10
@@ -503,3 +526,38 @@ def run_every_grid_cost(model: str, global_batch: int, perf, cluster, *, max_gpu
         n += 1
         total += grid.num_gpus * (startup_s + (cfg.warmup_iters + cfg.measured_iters) * e.iteration_time_s)
     return {"grids": n, "device_seconds": total}
+
+
+def run_grids_measured(model: str, global_batch: int, perf, cluster, *, max_ranks: int, cfg: RunCostConfig,
+                       timeout_s: float = 300) -> dict:
+    """Measured side of the comparison for the grids of at most ``max_ranks`` devices: each
+    grid's proxy plan is launched for real (``launcher.api.run_training``, one process per
+    device, ``warmup_iters + measured_iters`` steps); device-seconds = launch wall time
+    (start-up included) x ranks. A run that fails is reported, not counted."""
+    from instances.jobs import Job
+    from launcher.api import run_training
+    from .grids import candidate_grids
+    job = Job("profile-cost", model, global_batch, 1, 0.0)
+    runs, total, per_grid_estimate = [], 0.0, 0.0
+    for grid in candidate_grids(job, cluster, max_gpus=max_ranks, planner=perf.planner):
+        e = perf.estimate(job, grid)
+        if not e.feasible or e.plan is None:
+            continue
+        p = e.plan
+        try:
+            r = run_training(model, p.dp, p.tp, p.pp, steps=cfg.warmup_iters + cfg.measured_iters,
+                             microbatches=p.microbatches, schedule=p.schedule, global_batch=global_batch,
+                             stage_layers=p.stage_layers, timeout_s=timeout_s)
+        except InputError as err:       # refused before launch (a family or plan the launcher lacks)
+            runs.append({"grid": str(grid), "plan": f"dp{p.dp} tp{p.tp} pp{p.pp} m{p.microbatches}", "ok": False,
+                         "wall_s": 0.0, "device_seconds": 0.0, "error": str(err)})
+            continue
+        runs.append({"grid": str(grid), "plan": f"dp{p.dp} tp{p.tp} pp{p.pp} m{p.microbatches}", "ok": r.ok,
+                     "wall_s": r.wall_time_s, "device_seconds": r.wall_time_s * grid.num_gpus,
+                     "error": "" if r.ok else r.output_tail[-200:]})
+        if r.ok:
+            total += r.wall_time_s * grid.num_gpus
+            per_grid_estimate += grid.num_gpus * (cfg.startup_s or 0.0) + grid.num_gpus * (
+                cfg.warmup_iters + cfg.measured_iters) * e.iteration_time_s
+    return {"grids": sum(r["ok"] for r in runs), "device_seconds": total, "runs": runs,
+            "estimated_device_seconds_same_grids": per_grid_estimate}

@@ -48,3 +48,20 @@ def test_profile_collectives_two_ranks(tmp_path):
     assert {x.op for x in r["records"]} == {"all_reduce", "send_recv"}
     assert all(x.time_s > 0 for x in r["records"]) and r["device_seconds"] > 0
     assert len(store.collective_records(r["device"])) == 4
+
+
+def test_measured_run_side_of_the_profiling_cost():
+    from estimators.profiler import RunCostConfig, measure_startup_s, run_grids_measured, startup_model
+    from instances.cluster import ClusterSpec, NodeGroup
+    assert startup_model("tiny-gpt__2L") == "tiny-gpt__2L"
+    assert startup_model("moe__690M") == "tiny-gpt__2L"          # the launcher does not train MoE
+    assert startup_model("gpt__1.3B") == "tiny-gpt__2L"          # too large to launch for a timing
+    startup = measure_startup_s("tiny-gpt__2L", 4)
+    assert startup > 0
+    perf = AnalyticModel()
+    out = run_grids_measured("tiny-gpt__2L", 4, perf, ClusterSpec((NodeGroup("cpu", 1, 2),)), max_ranks=1,
+                             cfg=RunCostConfig(1, 2, startup))
+    assert out["grids"] == 1 and len(out["runs"]) == 1 and out["runs"][0]["ok"]
+    run = out["runs"][0]
+    assert run["device_seconds"] == run["wall_s"] > startup / 2     # one device: wall time x 1
+    assert out["estimated_device_seconds_same_grids"] > startup

@@ -22,6 +22,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-gpus", type=int, default=16, help="largest grid in the cost comparison")
     p.add_argument("--warmup-iters", type=int, default=3)
     p.add_argument("--measured-iters", type=int, default=10)
+    p.add_argument("--run-grids", type=int, default=0, metavar="N",
+                   help="also run, for real, every grid of at most N devices with its proxy plan (launcher, one "
+                        "process per device) and compare measured device-seconds (0: off)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -33,7 +36,7 @@ def run(args) -> int:
     from estimators.perf import AnalyticModel
     from estimators.profile_store import ProfileStore
     from estimators.profiler import (ProfilerConfig, RunCostConfig, measure_startup_s, profile_collectives,
-                                     profile_layers, run_every_grid_cost)
+                                     profile_layers, run_every_grid_cost, run_grids_measured, startup_model)
     store = ProfileStore(args.store)
     cfg = ProfilerConfig(micro_batches=tuple(args.micro_batches), tp_degrees=tuple(args.tp), repeats=args.repeats)
     out = {"store": str(store.root), "models": {}}
@@ -43,11 +46,11 @@ def run(args) -> int:
         coll_s = c["device_seconds"]
         out["collectives"] = {"device": c["device"], "backend": c["backend"], "records": len(c["records"]),
                               "unsupported": c["unsupported"], "device_seconds": coll_s}
-    startup = measure_startup_s()
-    out["startup_s"] = startup
-    run_cfg = RunCostConfig(args.warmup_iters, args.measured_iters, startup)
     for name in args.model:
         arch = get_model(name)
+        timed = startup_model(arch.name)
+        startup = measure_startup_s(timed, args.batch)
+        run_cfg = RunCostConfig(args.warmup_iters, args.measured_iters, startup)
         r = profile_layers(arch, store=store, cfg=cfg, reuse=not args.no_reuse)
         device = r["device"]
         perf = AnalyticModel(profile_store=store, profile_device=device)
@@ -57,11 +60,17 @@ def run(args) -> int:
         grid_cost = run_every_grid_cost(arch.name, args.batch, perf, cluster, max_gpus=args.max_gpus, cfg=run_cfg,
                                         startup_s=startup)
         prof_s = r["device_seconds"] + coll_s
+        measured = None
+        if args.run_grids:
+            measured = run_grids_measured(arch.name, args.batch, perf, cluster, max_ranks=args.run_grids,
+                                          cfg=run_cfg)
         out["models"][arch.name] = {
-            "device": device, "layer_records": len(r["records"]), "reused_records": r["reused"],
+            "device": device, "startup_s": startup, "startup_timed_with": timed, "layer_records": len(r["records"]), "reused_records": r["reused"],
             "layer_device_seconds": r["device_seconds"], "profile_device_seconds": prof_s,
             "run_every_grid": grid_cost,
             "cost_ratio": (grid_cost["device_seconds"] / prof_s) if prof_s > 0 else None,
+            "run_grids_measured": measured,
+            "measured_cost_ratio": (measured["device_seconds"] / prof_s) if measured and prof_s > 0 else None,
             "scaled": sorted({f"{x.kind}: x{x.scale:.3g}" for x in r["records"] if x.scale != 1.0})}
     if args.json:
         print(json.dumps(out, indent=1))
@@ -71,14 +80,24 @@ def run(args) -> int:
         c = out["collectives"]
         print(f"collectives on {c['device']} ({c['backend']}): {c['records']} measurements, "
               f"{c['device_seconds']:.1f} device-s; unsupported by the backend: {', '.join(c['unsupported']) or '-'}")
-    print(f"worker start-up (measured): {startup:.2f} s")
     for name, m in out["models"].items():
         g = m["run_every_grid"]
         ratio = f"{m['cost_ratio']:.1f}x" if m["cost_ratio"] else "n/a"
+        print(f"{name}: one launch costs {m['startup_s']:.2f} s beyond its steps (measured: one rank, one step"
+              f"{'' if m['startup_timed_with'] == name else ' of ' + m['startup_timed_with'] + ' as a stand-in'})")
         print(f"{name} on {m['device']}: {m['layer_records']} layer measurements ({m['reused_records']} reused), "
               f"{m['profile_device_seconds']:.1f} device-s incl. collectives; running each of {g['grids']} grids "
               f"({args.warmup_iters}+{args.measured_iters} iterations + start-up) ~ {g['device_seconds']:.1f} "
               f"device-s (estimated) -> profiling is {ratio} cheaper")
+        mg = m["run_grids_measured"]
+        if mg is not None:
+            print(f"  measured: running the {mg['grids']} grids of at most {args.run_grids} devices took "
+                  f"{mg['device_seconds']:.1f} device-s (estimate for them: "
+                  f"{mg['estimated_device_seconds_same_grids']:.1f}) -> profiling every grid is "
+                  f"{m['measured_cost_ratio']:.1f}x cheaper than running just these")
+            for run in mg["runs"]:
+                status = f"{run['device_seconds']:.1f} device-s" if run["ok"] else f"failed: {run['error']}"
+                print(f"    {run['grid']:<14} {run['plan']:<18} {status}")
         if m["scaled"]:
             print(f"  measured at reduced shape and scaled by FLOP ratio: {'; '.join(m['scaled'][:4])}")
     return 0
