@@ -27,7 +27,7 @@ from instances.jobs import Job
 
 from .calibrate import best_shape_result
 from .config import EstimatorConfig, arena_runtime
-from .learned import SELECT_BY, LearnedModel, cv_folds, record_model, records_from_table
+from .learned import SELECT_BY, LearnedModel, cv_folds, record_model, records_from_table, table_row_id
 from .perf import AnalyticModel
 from .reference import load_measured
 
@@ -56,8 +56,7 @@ def against_arena(*, seed: int = 0, efficiency=None) -> dict:
         if r is None:
             missed.append(f"{row.model} b{row.global_batch} {row.gpu_type} {row.num_nodes}x{row.gpus_per_node}")
             continue
-        rid = f"arena:{row.model}:{row.global_batch}:{row.gpu_type}:{row.num_nodes}x{row.gpus_per_node}"
-        by_id[rid] = (row, r.iteration_time_s / row.iter_time_s - 1)
+        by_id[table_row_id(row)] = (row, r.iteration_time_s / row.iter_time_s - 1)
     analytic_s = time.perf_counter() - t0
     records = records_from_table(rows, analytic)
     learned = {by: learned_cv(records, by, seed=seed, cfg=cfg) for by in SELECT_BY}
@@ -165,14 +164,21 @@ def oom_boundary(rows, planner) -> dict:
             "measured_rows_above_lowest_oom": (sum(m >= min(clean) for m in measured_frac) if clean else None)}
 
 
-def analytic_refit(*, efficiency=None, max_evals: int = 120, gpu_types=None, in_sample: bool = True) -> dict:
+def _row_key(row, by: str) -> str:
+    return row.gpu_type if by == "gpu_type" else row.model
+
+
+def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type",), gpu_types=None,
+                   in_sample: bool = True, seed: int = 0) -> dict:
     """The analytic model with its global efficiency constants refitted
     (``calibrate.fit_efficiency``, every fit from ``calibrate.NEUTRAL_START``): in-sample on
-    all measured rows, and leave-one-GPU-type-out (fitted on three types' rows, tested on
-    the fourth's), so that the in-sample effect of the constants is visible; on each held-out
-    type also the learned model on top of that fold's constants, trained on the other
-    types' rows (the fully out-of-sample chain for a GPU type never measured). Slow: one
-    Powell fit per GPU type (minutes); ``gpu_types`` limits the held-out types."""
+    all measured rows, and out of sample for each of ``regimes`` (``learned.SELECT_BY``:
+    ``gpu_type`` fits on three types' rows and tests on the fourth's; ``model`` / ``row``
+    on 4 of 5 folds of models / rows), so that the in-sample effect of the constants is
+    visible. In every fold the learned model is then trained on top of that fold's
+    constants on the fold's training rows only (its correction chosen by folds of the same
+    kind): the fully out-of-sample chain. Slow: one Powell fit per fold (minutes each);
+    ``gpu_types`` limits the held-out types of the ``gpu_type`` regime."""
     from .calibrate import fit_efficiency, neutral_start
     rows = [r for r in load_measured() if r.iter_time_s is not None]
     base = arena_runtime(None if efficiency is None else EstimatorConfig(efficiency=efficiency))
@@ -190,28 +196,33 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, gpu_types=None, in_
 
     t0 = time.perf_counter()
     in_sample_err = errors(fit_efficiency(rows, base, max_evals=max_evals), rows) if in_sample else []
-    by_type, logo, logo_learned = {}, [], []
-    for g in sorted({r.gpu_type for r in rows} if gpu_types is None else set(gpu_types)):
-        train = [r for r in rows if r.gpu_type != g]
-        test = [r for r in rows if r.gpu_type == g]
-        eff = fit_efficiency(train, base, max_evals=max_evals)
-        e = errors(eff, test)
-        logo += e
-        # the whole chain on an unseen type: the learned correction on top of these constants,
-        # trained (and its correction chosen, by GPU type) on the three other types' rows only
-        records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory))
-        rec_train = [r for r in records if r.group != g]
-        rec_test = [r for r in records if r.group == g]
-        lm = LearnedModel(train_on=None, select_by="gpu_type", efficiency=eff, memory=base.memory).fit(rec_train)
-        le = [p / r.measured_s - 1 for r, p in zip(rec_test, lm.predict_records(rec_test))]
-        logo_learned += le
-        by_type[g] = {"train_rows": len(train), "test_rows": len(e), "mape": _mape(e),
-                      "bias": float(np.mean(e)) if e else None, "errors": e,
-                      "learned_mape": _mape(le), "learned_correction": lm.chosen}
-    return {"in_sample_mape": _mape(in_sample_err), "in_sample_rows": len(in_sample_err),
-            "leave_one_gpu_type_out_mape": _mape(logo), "leave_one_gpu_type_out_rows": len(logo),
-            "leave_one_gpu_type_out_learned_mape": _mape(logo_learned),
-            "by_gpu_type": by_type, "max_evals": max_evals, "seconds": time.perf_counter() - t0}
+    out = {"in_sample_mape": _mape(in_sample_err), "in_sample_rows": len(in_sample_err), "max_evals": max_evals,
+           "regimes": {}}
+    for by in regimes:
+        errs, learned_errs, folds = [], [], []
+        for train_idx, test_idx in cv_folds(rows, by, seed=seed, key=_row_key):
+            test = [rows[i] for i in test_idx]
+            if by == "gpu_type" and gpu_types is not None and test[0].gpu_type not in gpu_types:
+                continue
+            train = [rows[i] for i in train_idx]
+            eff = fit_efficiency(train, base, max_evals=max_evals)
+            e = errors(eff, test)
+            records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory))
+            held = {table_row_id(r) for r in test}
+            lm = LearnedModel(train_on=None, select_by=by, seed=seed, efficiency=eff,
+                              memory=base.memory).fit([r for r in records if r.row_id not in held])
+            rec_test = [r for r in records if r.row_id in held]
+            le = [p / r.measured_s - 1 for r, p in zip(rec_test, lm.predict_records(rec_test))]
+            errs += e
+            learned_errs += le
+            folds.append({"held_out": test[0].gpu_type if by == "gpu_type" else f"{len(test)} rows",
+                          "train_rows": len(train), "test_rows": len(e), "mape": _mape(e),
+                          "bias": float(np.mean(e)) if e else None, "learned_mape": _mape(le),
+                          "learned_correction": lm.chosen})
+        out["regimes"][by] = {"mape": _mape(errs), "learned_mape": _mape(learned_errs), "rows": len(errs),
+                              "folds": folds}
+    out["seconds"] = time.perf_counter() - t0
+    return out
 
 
 def proxy_quality(*, models=None, max_gpus: int = 16, batches=(256,), max_exhaustive_splits: int = 200) -> dict:

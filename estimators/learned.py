@@ -88,6 +88,11 @@ def features(model: str, gpu_type: str, num_nodes: int, gpus_per_node: int, r: P
             arch.dtype_bytes, float(link_load)) + tuple(float(fam == f) for f in FAMILIES)
 
 
+def table_row_id(row) -> str:
+    """The record id of an Arena-table row (``arena:<model>:<batch>:<type>:<nodes>x<gpus>``)."""
+    return f"arena:{row.model}:{row.global_batch}:{row.gpu_type}:{row.num_nodes}x{row.gpus_per_node}"
+
+
 def records_from_table(rows, analytic: AnalyticModel) -> list[TrainingRecord]:
     """One record per measured (non-OOM) table row that the analytic model can plan."""
     out = []
@@ -98,8 +103,7 @@ def records_from_table(rows, analytic: AnalyticModel) -> list[TrainingRecord]:
                               Shape(row.gpu_type, row.num_nodes, row.gpus_per_node))
         if r is None:
             continue
-        rid = f"arena:{row.model}:{row.global_batch}:{row.gpu_type}:{row.num_nodes}x{row.gpus_per_node}"
-        out.append(TrainingRecord(rid, row.gpu_type, features(row.model, row.gpu_type, row.num_nodes,
+        out.append(TrainingRecord(table_row_id(row), row.gpu_type, features(row.model, row.gpu_type, row.num_nodes,
                                                               row.gpus_per_node, r,
                                                               eff=analytic.cfg.efficiency),
                                   r.iteration_time_s, row.iter_time_s))
@@ -145,17 +149,24 @@ def _arena_records(cfg) -> tuple[TrainingRecord, ...]:
                                                                    planner=cfg.planner)))
 
 
-def cv_folds(records: list[TrainingRecord], by: str, *, n_splits: int = 5, seed: int = 0):
+def record_key(rec: TrainingRecord, by: str) -> str:
+    """What a ``cv_folds`` fold of kind ``by`` groups a training record by."""
+    return rec.group if by == "gpu_type" else record_model(rec)
+
+
+def cv_folds(records: list, by: str, *, n_splits: int = 5, seed: int = 0, key=record_key):
     """Yield (train, test) index lists over ``records`` whose test side is unseen in the
-    sense of ``by`` (``SELECT_BY``): ``gpu_type`` one fold per GPU type (record group);
-    ``model`` ``n_splits`` folds of whole models; ``row`` ``n_splits`` shuffled folds of rows."""
+    sense of ``by`` (``SELECT_BY``): ``gpu_type`` one fold per GPU type; ``model``
+    ``n_splits`` folds of whole models; ``row`` ``n_splits`` shuffled folds of rows.
+    ``key(record, by)`` names a record's GPU type or model (default: ``record_key`` for
+    ``TrainingRecord``s); the same ``seed`` gives the same folds for the same keys."""
     if by not in SELECT_BY:
         raise InputError(f"unknown fold kind {by!r}; known: {', '.join(SELECT_BY)}", field="select_by")
     rng = np.random.default_rng(seed)
     if by == "row":
         fold = rng.permutation(len(records)) % n_splits
     else:
-        key = [r.group if by == "gpu_type" else record_model(r) for r in records]
+        key = [key(r, by) for r in records]
         groups = sorted(set(key))
         if by == "model":
             order = rng.permutation(len(groups))

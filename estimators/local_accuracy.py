@@ -10,15 +10,22 @@ activation recomputation, a plain gradient all-reduce (no sharded optimizer upda
 for every family, embeddings and output head whole on every tensor rank.
 
 Measured runtime terms (``profile_runtime_terms``, separate micro-benchmarks, never the
-reported runs): with the job's rank count of gloo processes, one decoder layer of the
-launcher's own model under torch ``parallelize_module`` (DTensor) against the profiler's
-plain sharded layer, alone and with every rank computing at once. From them:
-``tp_layer_overhead_*_s`` (DTensor time beyond the sharded compute and the modelled
-all-reduces) and the per-rank contention of concurrent ranks (``ContendedTimer``).
-Not modelled: the host's speed drift between profiling and the runs (this 2-core host is
-shared; use a store profiled just before, ``--store <fresh dir>``). Re-timing a reference
-layer before each run to correct for it was tried and dropped: a few-millisecond probe
-on this host swung by up to 4.6x and made the estimates worse.
+reported runs), with the job's rank count of gloo processes: the launcher's per-step work
+outside the model (input pipeline, zero_grad, control all-reduce: ``step_overhead_s``);
+for tensor parallelism one decoder layer of the launcher's own model under torch
+``parallelize_module`` (DTensor) against the profiler's plain sharded layer, alone and
+with every rank computing at once. From them: ``tp_layer_overhead_*_s`` (DTensor time
+beyond the sharded compute and the modelled all-reduces) and the per-rank contention of
+concurrent ranks (``ContendedTimer``). Collectives come from the store's per-operation
+tables (``timing.ProfiledComm``), and on CPU the gradient all-reduce is not overlapped
+(``launcher_runtime(cpu=True)``).
+
+The host's speed drifts between profiling and the runs (this 2-core host is shared):
+``against_local`` profiles into a fresh temporary store by default, and the CLI repeats
+the whole pass (``--passes``) and reports each plan's median error
+(``summarize_passes``). Re-timing a reference layer before each run to correct for the
+drift was tried and dropped: a few-millisecond probe on this host swung by up to 4.6x
+and made the estimates worse.
 """
 from __future__ import annotations
 
@@ -45,8 +52,9 @@ def launcher_runtime(eff: EfficiencyConfig | None = None, mem: MemoryConfig | No
     (gloo on CPU ranks, one compute thread per rank) the all-reduce is not overlapped with
     backward: gloo sums the gradients on the same cores the ranks compute on, so there is
     no idle engine to hide it on (on GPUs NCCL runs beside the compute kernels)."""
-    eff = replace(eff or EfficiencyConfig(), recompute_activations=False, dp_sharded_optimizer=False,
-                  tp_replicated_embedding_head=True, dp_overlap=(eff or EfficiencyConfig()).dp_overlap and not cpu)
+    base = eff or EfficiencyConfig()
+    eff = replace(base, recompute_activations=False, dp_sharded_optimizer=False, tp_replicated_embedding_head=True,
+                  dp_overlap=base.dp_overlap and not cpu)
     mem = replace(mem or MemoryConfig(), optimizer="adam", optimizer_by_family=())
     return eff, mem
 

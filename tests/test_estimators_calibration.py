@@ -44,11 +44,29 @@ def test_leave_one_type_out_refit_never_fits_on_its_test_rows(monkeypatch):
     monkeypatch.setattr(calibrate, "fit_efficiency", fake_fit)
     out = accuracy.analytic_refit(max_evals=1, gpu_types=["a10"], in_sample=False)
     assert seen == [{"a100-40gb", "a40", "v100-32gb"}]
-    v = out["by_gpu_type"]["a10"]
-    assert v["test_rows"] > 0 and v["train_rows"] > 3 * v["test_rows"] / 2
-    assert out["leave_one_gpu_type_out_rows"] == v["test_rows"]
+    r = out["regimes"]["gpu_type"]
+    (v,) = r["folds"]
+    assert v["held_out"] == "a10" and v["test_rows"] > 0 and v["train_rows"] > 3 * v["test_rows"] / 2
+    assert r["rows"] == v["test_rows"]
     assert v["learned_correction"] in ("none", "squared_error", "absolute_error")
-    assert out["leave_one_gpu_type_out_learned_mape"] == v["learned_mape"] > 0
+    assert r["learned_mape"] == v["learned_mape"] > 0
+
+
+def test_row_folds_of_the_refit_never_fit_on_their_test_rows(monkeypatch):
+    fits = []
+
+    def fake_fit(rows, base, *, max_evals=80, params=FIT_PARAMS):
+        fits.append({accuracy.table_row_id(r) for r in rows})
+        return base.efficiency
+
+    monkeypatch.setattr(calibrate, "fit_efficiency", fake_fit)
+    out = accuracy.analytic_refit(max_evals=1, regimes=("row",), in_sample=False)
+    folds = out["regimes"]["row"]["folds"]
+    assert len(fits) == len(folds) == 5
+    measured = {accuracy.table_row_id(r) for r in accuracy.load_measured() if r.iter_time_s is not None}
+    for train in fits:                       # each fold trains on 4/5 of the rows, never all
+        assert train < measured and len(train) > 0.7 * len(measured)
+    assert sum(f["test_rows"] for f in folds) == out["regimes"]["row"]["rows"] == len(measured)
 
 
 def test_arena_runtime_memory_limit_against_the_dp_memory_table():

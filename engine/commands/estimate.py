@@ -36,8 +36,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-splits", type=int, default=200, help="proxy-quality: exhaustive split limit per grid")
     p.add_argument("--refit-analytic", action="store_true",
-                   help="accuracy: also refit the analytic constants in-sample and leave-one-GPU-type-out "
-                        "(slow: minutes)")
+                   help="accuracy: also refit the analytic constants in-sample and out of sample, with the "
+                        "learned model on top of each fold's constants (slow: minutes per fold)")
+    p.add_argument("--refit-regimes", nargs="+", choices=("gpu_type", "model", "row"), default=["gpu_type"],
+                   help="folds of the refit: new GPU type (4 folds), new models or new rows (5 folds each)")
     p.add_argument("--refit-evals", type=int, default=120, help="Powell evaluations per refit")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -114,7 +116,8 @@ def _accuracy(args) -> int:
         from instances.errors import InputError
         if args.refit_evals < 1:
             raise InputError("--refit-evals must be >= 1", field="refit_evals")
-        out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals)
+        out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals, regimes=tuple(args.refit_regimes),
+                                               seed=args.seed)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -140,12 +143,13 @@ def _accuracy(args) -> int:
     if "analytic_refit" in out:
         a = out["analytic_refit"]
         print(f"analytic constants refitted ({a['max_evals']} evaluations per fit, {a['seconds']:.0f} s): "
-              f"in-sample {_fmt(a['in_sample_mape'])}, leave-one-GPU-type-out "
-              f"{_fmt(a['leave_one_gpu_type_out_mape'])}; with the learned correction trained on the other "
-              f"types too: {_fmt(a['leave_one_gpu_type_out_learned_mape'])}")
-        for g, v in a["by_gpu_type"].items():
-            print(f"  held out {g:<12} {v['test_rows']:>4} rows  {_fmt(v['mape'])}  bias {100 * v['bias']:+.1f}%  "
-                  f"learned {_fmt(v['learned_mape'])} ({v['learned_correction']})")
+              f"in-sample {_fmt(a['in_sample_mape'])}")
+        for by, r in a["regimes"].items():
+            print(f"  out of sample ({by}): analytic {_fmt(r['mape'])}, with the learned correction trained on "
+                  f"the same fold's rows {_fmt(r['learned_mape'])} over {r['rows']} rows")
+            for f in r["folds"]:
+                print(f"    held out {f['held_out']:<12} {f['test_rows']:>4} rows  {_fmt(f['mape'])}  "
+                      f"bias {100 * f['bias']:+.1f}%  learned {_fmt(f['learned_mape'])} ({f['learned_correction']})")
     m = out["oom"]
     print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}; "
           f"contradicted by the table itself (same model and shape ran with a larger batch): "
