@@ -41,7 +41,7 @@ def _mape(errs) -> float | None:
 def against_arena(*, seed: int = 0, efficiency=None) -> dict:
     rows = load_measured()
     cfg = arena_runtime(None if efficiency is None else EstimatorConfig(efficiency=efficiency))
-    analytic = AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory)
+    analytic = AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner)
     t0 = time.perf_counter()
     by_id = {}
     oom_rows = oom_hit = 0
@@ -104,7 +104,7 @@ def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
         test = [records[i] for i in test_idx]
         assert not {r.row_id for r in train} & {r.row_id for r in test}
         model = LearnedModel(train_on=None, seed=seed, select_by=by, efficiency=cfg.efficiency,
-                             memory=cfg.memory).fit(train)
+                             memory=cfg.memory, planner=cfg.planner).fit(train)
         for rec, p in zip(test, model.predict_records(test)):
             errors[rec.row_id] = p / rec.measured_s - 1
         folds.append({"train_rows": len(train), "test_rows": len(test), "chosen": model.chosen,
@@ -185,7 +185,7 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
     base = replace(base, efficiency=neutral_start(base.efficiency))     # no start fitted on test rows
 
     def errors(eff, test):
-        planner = AnalyticModel(efficiency=eff, memory=base.memory).planner
+        planner = AnalyticModel(efficiency=eff, memory=base.memory, planner=base.planner).planner
         out = []
         for row in test:
             r = best_shape_result(planner, row.model, row.global_batch,
@@ -207,10 +207,11 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
             train = [rows[i] for i in train_idx]
             eff = fit_efficiency(train, base, max_evals=max_evals)
             e = errors(eff, test)
-            records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory))
+            records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory,
+                                                             planner=base.planner))
             held = {table_row_id(r) for r in test}
-            lm = LearnedModel(train_on=None, select_by=by, seed=seed, efficiency=eff,
-                              memory=base.memory).fit([r for r in records if r.row_id not in held])
+            lm = LearnedModel(train_on=None, select_by=by, seed=seed, efficiency=eff, memory=base.memory,
+                              planner=base.planner).fit([r for r in records if r.row_id not in held])
             rec_test = [r for r in records if r.row_id in held]
             le = [p / r.measured_s - 1 for r, p in zip(rec_test, lm.predict_records(rec_test))]
             errs += e
@@ -273,7 +274,7 @@ def dp_memory_check(*, gpu_type: str = "a100-40gb") -> dict:
     from instances.models import get_model
     from .reference import load_dp_memory
     cfg = arena_runtime()
-    planner = AnalyticModel(dp_only=True, efficiency=cfg.efficiency, memory=cfg.memory).planner
+    planner = AnalyticModel(dp_only=True, efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner).planner
     fit_rows = fit_hit = oom = oom_hit = 0
     for r in load_dp_memory():
         arch = get_model(r.model)

@@ -6,7 +6,9 @@ cluster; GPUs per node are powers of two up to that type's node size, with
 ``count / gpus_per_node`` nodes (which must exist); pipeline depths are the divisors of
 the count, at most the model's layer count. A grid is pruned when even its
 lowest-memory plan does not fit: every tensor degree dividing a stage, micro-batch
-count equal to the per-replica batch (one sample per micro-batch), 1F1B, the
+count equal to the per-replica batch (one sample per micro-batch; pure data parallelism
+without gradient accumulation, ``PlannerConfig.dp_only_grad_accumulation``: the whole
+per-replica batch in one), 1F1B, the
 time-balanced or the memory-balanced stage split. (An approximation of "lowest memory":
 other splits could fit where these two do not; the planner searches only these too.)
 """
@@ -57,9 +59,11 @@ def _low_memory_plans(arch: ModelArch, global_batch: int, grid: Grid, planner: P
     splits = {planner.split(arch, gpu, pp), planner.memory_split(arch, global_batch, grid)}
     for tp in planner.tp_options(arch, grid, within_node=False, dp_only=dp_only):
         dp = grid.num_gpus // pp // tp
-        m = max(1, -(-global_batch // dp))
+        per_replica = max(1, -(-global_batch // dp))
+        # one sample per micro-batch; pure DP without gradient accumulation: the whole batch at once
+        mb, m = (per_replica, 1) if dp_only and not planner.cfg.planner.dp_only_grad_accumulation else (1, per_replica)
         for split in splits:
-            yield planner.memtable(arch, 1, tp, dp, grid.shape.gpus_per_node,
+            yield planner.memtable(arch, mb, tp, dp, grid.shape.gpus_per_node,
                                    expert_parallel_degree(arch, dp)).breakdown(split, m, "1f1b")
 
 

@@ -71,7 +71,8 @@ class MemoryTable:
             b = a + n
             state = self.ps[b] - self.ps[a]
             act_mb = self.pa[b] - self.pa[a]
-            extra = max(c.activation_bytes for c in self.costs[a:b]) if self.recompute else 0.0
+            extra = (max(c.activation_bytes for c in self.costs[a:b])
+                     if self.recompute and self.cfg.recompute_layer_peak else 0.0)
             k = in_flight(schedule, microbatches, pp, i)
             buffers = 2 * self.costs[b - 1].output_bytes / self.tp * k if pp > 1 else 0.0
             act = act_mb * k + extra + buffers

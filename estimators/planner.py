@@ -270,7 +270,7 @@ class Planner:
         def try_shape(split, tp, first_start_only=False) -> bool:
             dp = grid.num_gpus // pp // tp
             per_replica = max(1, math.ceil(global_batch / dp))
-            cap = min(per_replica, pc.max_microbatches)
+            cap = min(per_replica, pc.max_microbatches) if pc.dp_only_grad_accumulation or not dp_only else 1
             if pp == 1:
                 starts = [1]
             else:
@@ -339,6 +339,8 @@ class Planner:
             per_replica = max(1, math.ceil(global_batch / dp))
             ms = sorted(set(pow2_upto(min(per_replica, pc.max_microbatches)) +
                             ([per_replica] if per_replica <= pc.max_microbatches else [])))
+            if dp_only and not pc.dp_only_grad_accumulation:
+                ms = [1]
             eps = [1] if dp_only else self.ep_options(arch, dp, tp, gpn)   # pure DP replicates experts
             for m, ep in itertools.product(ms, eps):
                 mb = micro_batch_size(global_batch, dp, m)

@@ -69,15 +69,38 @@ def test_row_folds_of_the_refit_never_fit_on_their_test_rows(monkeypatch):
     assert sum(f["test_rows"] for f in folds) == out["regimes"]["row"]["rows"] == len(measured)
 
 
-def test_arena_runtime_memory_limit_against_the_dp_memory_table():
+def test_arena_runtime_memory_facts_against_the_dp_memory_table():
     from estimators.accuracy import dp_memory_check
-    from estimators.config import ARENA_USABLE_MEMORY_FRACTION
-    assert arena_runtime().memory.usable_fraction == ARENA_USABLE_MEMORY_FRACTION
-    assert ARENA_USABLE_MEMORY_FRACTION < EstimatorConfig().memory.usable_fraction   # launcher default unchanged
-    d = dp_memory_check()
-    assert d["fit_rows"] == 90 and d["oom_rows"] == 90
-    assert d["fit_rows_called_feasible"] == 90          # no fitting run called infeasible
-    assert d["oom_rows_called_infeasible"] >= 40        # was 24/90 before the limit and expert replication
+    a, d = arena_runtime(), EstimatorConfig()
+    assert not a.memory.recompute_layer_peak and not a.planner.dp_only_grad_accumulation
+    assert d.memory.recompute_layer_peak and d.planner.dp_only_grad_accumulation     # launcher defaults
+    assert a.memory.usable_fraction == d.memory.usable_fraction                      # no tuned limit
+    out = dp_memory_check()
+    assert out["fit_rows"] == 90 and out["oom_rows"] == 90
+    # regression guard on the figures the two facts were chosen on (docs/estimators.md): 157/180
+    assert out["fit_rows_called_feasible"] >= 88 and out["oom_rows_called_infeasible"] >= 69
+
+
+def test_dp_only_without_grad_accumulation_runs_one_micro_batch():
+    from dataclasses import replace as _r
+    from estimators.grids import grid_fits
+    from estimators.perf import AnalyticModel
+    from instances.grid import Grid, Shape
+    from instances.models import get_model
+    arch, grid = get_model("gpt__760M"), Grid(Shape("a100-40gb", 1, 2), 1)
+    base = arena_runtime()
+    acc = _r(base, planner=_r(base.planner, dp_only_grad_accumulation=True))
+    planners = [AnalyticModel(dp_only=True, efficiency=c.efficiency, memory=c.memory, planner=c.planner).planner
+                for c in (base, acc)]
+    one, many = (p.proxy(arch, 2048, grid, dp_only=True) for p in planners)
+    assert one.plan.microbatches == 1 and not one.feasible          # 1,024 samples per GPU at once
+    assert planners[0].exhaustive(arch, 2048, grid, dp_only=True) is None
+    assert not grid_fits(arch, 2048, grid, planners[0], dp_only=True)
+    assert many.feasible and many.plan.microbatches > 1               # accumulating gradients, it fits
+    assert grid_fits(arch, 2048, grid, planners[1], dp_only=True)
+    # plans that are not pure DP keep their micro-batches under the same config
+    planner = AnalyticModel(efficiency=base.efficiency, memory=base.memory, planner=base.planner).planner
+    assert planner.proxy(arch, 2048, Grid(Shape("a100-40gb", 1, 2), 2)).plan.microbatches > 1
 
 
 def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
