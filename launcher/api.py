@@ -27,7 +27,7 @@ class TrainResult:
     start_step: int                         # the step resumed from (0: fresh start)
     run_dir: str
     events: tuple[dict, ...] = ()
-    output_tail: str = ""                   # end of the ranks' stderr
+    output_tail: str = ""                   # end of the ranks' stderr (failed: + exit status, stdout)
 
     @property
     def ok(self) -> bool:
@@ -63,6 +63,15 @@ def _stop(proc: subprocess.Popen, run_dir: str) -> None:
         pass
 
 
+def _output_tail(run_dir, rc: int) -> str:
+    """The ranks' stderr tail; for a failed launch also the exit status and stdout's tail
+    (mpiexec reports a rank's bad termination there)."""
+    err = tail(Path(run_dir) / "stderr.log")
+    if rc == 0:
+        return err
+    return f"{err}\n[mpiexec exit status {rc}; stdout tail:]\n{tail(Path(run_dir) / 'stdout.log', 1000)}"
+
+
 def run_config(cfg: TrainConfig, *, timeout_s: float = 120, hostfile: str | None = None,
                echo: bool = False, device_type: str = "cpu") -> TrainResult:
     """Validate, launch, wait (SIGTERM at the timeout, SIGKILL after a grace period)."""
@@ -84,7 +93,7 @@ def run_config(cfg: TrainConfig, *, timeout_s: float = 120, hostfile: str | None
                        iteration_times_s=tuple(r["iteration_time_s"] for r in results),
                        wall_time_s=wall, returncode=rc, start_step=first, run_dir=str(cfg.run_dir),
                        events=tuple(read_events(cfg.run_dir)),
-                       output_tail=tail(Path(cfg.run_dir) / "stderr.log"))
+                       output_tail=_output_tail(cfg.run_dir, rc))
 
 
 def run_training(model: str, dp: int, tp: int, pp: int, *, steps: int, microbatches: int = 1,
