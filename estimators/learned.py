@@ -24,8 +24,8 @@ this selection inside each outer fold, so no test row ever influences the choice
 Trained from the Arena measured table plus, when a ``profile_store`` is given, the
 store's measured runs (launcher telemetry); updated
 online with ``update(records)`` (records accumulate; the regressor is refitted); saved
-and loaded with a versioned joblib artifact. ``leave_one_group_out`` yields train/test
-splits whose row ids never overlap (used for the leave-one-GPU-type-out evaluation).
+and loaded with a versioned joblib artifact. ``cv_folds`` yields the train/test splits of
+the selection and of the accuracy report (their rows never overlap).
 """
 from __future__ import annotations
 
@@ -179,17 +179,6 @@ def cv_folds(records: list, by: str, *, n_splits: int = 5, seed: int = 0, key=re
         train = [i for i in range(len(records)) if fold[i] != f]
         if test and train:
             yield train, test
-
-
-def leave_one_group_out(records: list[TrainingRecord], key=None):
-    """Yield (group, train, test) with every record of ``group`` in test and none in train;
-    ``key(record)`` names the group (default: ``record.group``, the GPU type)."""
-    key = key or (lambda r: r.group)
-    for g in sorted({key(r) for r in records}):
-        train = [r for r in records if key(r) != g]
-        test = [r for r in records if key(r) == g]
-        assert not {r.row_id for r in train} & {r.row_id for r in test}
-        yield g, train, test
 
 
 def record_model(rec: TrainingRecord) -> str:
