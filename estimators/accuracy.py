@@ -27,7 +27,7 @@ from instances.jobs import Job
 
 from .calibrate import best_shape_result
 from .config import EstimatorConfig, arena_runtime
-from .learned import SELECT_BY, LearnedModel, cv_folds, record_model, records_from_table, table_row_id
+from .learned import SELECT_BY, LearnedModel, cv_folds, record_key, records_from_table, table_row_id
 from .perf import AnalyticModel
 from .reference import load_measured
 
@@ -109,8 +109,7 @@ def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
             errors[rec.row_id] = p / rec.measured_s - 1
         folds.append({"train_rows": len(train), "test_rows": len(test), "chosen": model.chosen,
                       "selection_mape": model.selection,
-                      "test_groups": sorted({rec.group if by == "gpu_type" else record_model(rec) for rec in test})
-                      if by != "row" else []})
+                      "test_groups": sorted({record_key(rec, by) for rec in test}) if by != "row" else []})
     return {"errors": errors, "folds": folds}
 
 
