@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, replace
 
