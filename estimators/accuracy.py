@@ -168,7 +168,7 @@ def _row_key(row, by: str) -> str:
 
 
 def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type",), gpu_types=None,
-                   in_sample: bool = True, seed: int = 0) -> dict:
+                   in_sample: bool = True, seed: int = 0, starts: int = 2) -> dict:
     """The analytic model with its global efficiency constants refitted
     (``calibrate.fit_efficiency``, every fit from ``calibrate.NEUTRAL_START``): in-sample on
     all measured rows, and out of sample for each of ``regimes`` (``learned.SELECT_BY``:
@@ -176,7 +176,8 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
     on 4 of 5 folds of models / rows), so that the in-sample effect of the constants is
     visible. In every fold the learned model is then trained on top of that fold's
     constants on the fold's training rows only (its correction chosen by folds of the same
-    kind): the fully out-of-sample chain. Slow: one Powell fit per fold (minutes each);
+    kind): the fully out-of-sample chain. Every fit is a multi-start from data-independent
+    points (``calibrate.fit_efficiency`` with ``starts``). Slow: minutes per fold;
     ``gpu_types`` limits the held-out types of the ``gpu_type`` regime."""
     from .calibrate import fit_efficiency, neutral_start
     rows = [r for r in load_measured() if r.iter_time_s is not None]
@@ -194,9 +195,9 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
         return out
 
     t0 = time.perf_counter()
-    in_sample_err = errors(fit_efficiency(rows, base, max_evals=max_evals), rows) if in_sample else []
+    in_sample_err = errors(fit_efficiency(rows, base, max_evals=max_evals, starts=starts), rows) if in_sample else []
     out = {"in_sample_mape": _mape(in_sample_err), "in_sample_rows": len(in_sample_err), "max_evals": max_evals,
-           "regimes": {}}
+           "starts": starts, "regimes": {}}
     for by in regimes:
         errs, learned_errs, folds = [], [], []
         for train_idx, test_idx in cv_folds(rows, by, seed=seed, key=_row_key):
@@ -204,7 +205,7 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
             if by == "gpu_type" and gpu_types is not None and test[0].gpu_type not in gpu_types:
                 continue
             train = [rows[i] for i in train_idx]
-            eff = fit_efficiency(train, base, max_evals=max_evals)
+            eff = fit_efficiency(train, base, max_evals=max_evals, starts=starts)
             e = errors(eff, test)
             records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory,
                                                              planner=base.planner))

@@ -37,7 +37,7 @@ def test_arena_runtime_and_launcher_runtime_presets():
 def test_leave_one_type_out_refit_never_fits_on_its_test_rows(monkeypatch):
     seen = []
 
-    def fake_fit(rows, base, *, max_evals=80, params=FIT_PARAMS):
+    def fake_fit(rows, base, *, max_evals=80, params=FIT_PARAMS, starts=1):
         seen.append({r.gpu_type for r in rows})
         return base.efficiency
 
@@ -55,7 +55,7 @@ def test_leave_one_type_out_refit_never_fits_on_its_test_rows(monkeypatch):
 def test_row_folds_of_the_refit_never_fit_on_their_test_rows(monkeypatch):
     fits = []
 
-    def fake_fit(rows, base, *, max_evals=80, params=FIT_PARAMS):
+    def fake_fit(rows, base, *, max_evals=80, params=FIT_PARAMS, starts=1):
         fits.append({accuracy.table_row_id(r) for r in rows})
         return base.efficiency
 
@@ -120,3 +120,26 @@ def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
     full = oom_boundary(load_measured(), planner)        # the real table (figures in docs/estimators.md)
     assert full["contradicted_by_table"] == 3 and full["uncontradicted"] == 8
     assert full["ranking_auc"] > 0.9      # the memory model orders the real OOM rows above most measured ones
+
+
+def test_multi_start_fit_is_never_worse_than_its_single_start():
+    from dataclasses import replace as _r
+    from estimators.calibrate import CORNER_VALUES, corner_starts, fit_efficiency, log_errors
+    base = arena_runtime()
+    base = _r(base, efficiency=neutral_start(base.efficiency))
+    corners = corner_starts(base.efficiency)
+    assert len(corners) == 8
+    assert {tuple(round(v, 9) for v in (c.intra_bw_efficiency, c.inter_bw_efficiency, c.memory_bw_efficiency))
+            for c in corners} == {
+        (a, b, c) for a in CORNER_VALUES["intra_bw_efficiency"] for b in CORNER_VALUES["inter_bw_efficiency"]
+        for c in CORNER_VALUES["memory_bw_efficiency"]}
+    assert all(c.compute_efficiency("decoder") == base.efficiency.compute_efficiency("decoder") for c in corners)
+    rows = [r for r in accuracy.load_measured() if r.iter_time_s is not None][:8]
+
+    def msle(eff):
+        return float((log_errors(_r(base, efficiency=eff), rows) ** 2).mean())
+
+    one = fit_efficiency(rows, base, max_evals=20, starts=1)
+    many = fit_efficiency(rows, base, max_evals=20, starts=3)
+    assert msle(one) <= msle(base.efficiency) + 1e-12
+    assert msle(many) <= min(msle(c) for c in corners + [base.efficiency]) + 1e-12

@@ -40,7 +40,9 @@ def register(subparsers) -> None:
                         "learned model on top of each fold's constants (slow: minutes per fold)")
     p.add_argument("--refit-regimes", nargs="+", choices=("gpu_type", "model", "row"), default=["gpu_type"],
                    help="folds of the refit: new GPU type (4 folds), new models or new rows (5 folds each)")
-    p.add_argument("--refit-evals", type=int, default=120, help="Powell evaluations per refit")
+    p.add_argument("--refit-evals", type=int, default=120, help="Powell evaluations per refit start")
+    p.add_argument("--refit-starts", type=int, default=2,
+                   help="Powell runs per refit, from the best of the neutral and the corner starts")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -116,8 +118,10 @@ def _accuracy(args) -> int:
         from instances.errors import InputError
         if args.refit_evals < 1:
             raise InputError("--refit-evals must be >= 1", field="refit_evals")
+        if args.refit_starts < 1:
+            raise InputError("--refit-starts must be >= 1", field="refit_starts")
         out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals, regimes=tuple(args.refit_regimes),
-                                               seed=args.seed)
+                                               seed=args.seed, starts=args.refit_starts)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -142,7 +146,8 @@ def _accuracy(args) -> int:
         print(f"  learned correction chosen per fold ({by}): {chosen}")
     if "analytic_refit" in out:
         a = out["analytic_refit"]
-        print(f"analytic constants refitted ({a['max_evals']} evaluations per fit, {a['seconds']:.0f} s): "
+        print(f"analytic constants refitted ({a['starts']} start(s) x {a['max_evals']} evaluations per fit, "
+              f"{a['seconds']:.0f} s): "
               f"in-sample {_fmt(a['in_sample_mape'])}")
         for by, r in a["regimes"].items():
             print(f"  out of sample ({by}): analytic {_fmt(r['mape'])}, with the learned correction trained on "
