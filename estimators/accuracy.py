@@ -93,6 +93,14 @@ def against_arena(*, seed: int = 0, efficiency=None) -> dict:
     return out
 
 
+def _learned_on(train, test, by: str, seed: int, cfg) -> tuple[LearnedModel, list[float]]:
+    """``LearnedModel`` (correction chosen by folds of kind ``by``) fitted on ``train`` with
+    the analytic model of ``cfg``; its relative errors on ``test``."""
+    model = LearnedModel(train_on=None, seed=seed, select_by=by, efficiency=cfg.efficiency, memory=cfg.memory,
+                         planner=cfg.planner).fit(train)
+    return model, [p / rec.measured_s - 1 for rec, p in zip(test, model.predict_records(test))]
+
+
 def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
     """Errors of the learned model on rows it never trained on, with folds of kind ``by``
     (``learned.cv_folds``); inside each fold ``LearnedModel`` chooses its correction by a
@@ -103,10 +111,8 @@ def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
         train = [records[i] for i in train_idx]
         test = [records[i] for i in test_idx]
         assert not {r.row_id for r in train} & {r.row_id for r in test}
-        model = LearnedModel(train_on=None, seed=seed, select_by=by, efficiency=cfg.efficiency,
-                             memory=cfg.memory, planner=cfg.planner).fit(train)
-        for rec, p in zip(test, model.predict_records(test)):
-            errors[rec.row_id] = p / rec.measured_s - 1
+        model, errs = _learned_on(train, test, by, seed, cfg)
+        errors.update(zip((rec.row_id for rec in test), errs))
         folds.append({"train_rows": len(train), "test_rows": len(test), "chosen": model.chosen,
                       "selection_mape": model.selection,
                       "test_groups": sorted({record_key(rec, by) for rec in test}) if by != "row" else []})
@@ -179,20 +185,13 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
     kind): the fully out-of-sample chain. Every fit is a multi-start from data-independent
     points (``calibrate.fit_efficiency`` with ``starts``). Slow: minutes per fold;
     ``gpu_types`` limits the held-out types of the ``gpu_type`` regime."""
-    from .calibrate import fit_efficiency, neutral_start
+    from .calibrate import fit_efficiency, neutral_start, ratios
     rows = [r for r in load_measured() if r.iter_time_s is not None]
     base = arena_runtime(None if efficiency is None else EstimatorConfig(efficiency=efficiency))
     base = replace(base, efficiency=neutral_start(base.efficiency))     # no start fitted on test rows
 
     def errors(eff, test):
-        planner = AnalyticModel(efficiency=eff, memory=base.memory, planner=base.planner).planner
-        out = []
-        for row in test:
-            r = best_shape_result(planner, row.model, row.global_batch,
-                                  Shape(row.gpu_type, row.num_nodes, row.gpus_per_node))
-            if r is not None:
-                out.append(r.iteration_time_s / row.iter_time_s - 1)
-        return out
+        return [q - 1 for q in ratios(replace(base, efficiency=eff), test) if q is not None]
 
     t0 = time.perf_counter()
     in_sample_err = errors(fit_efficiency(rows, base, max_evals=max_evals, starts=starts), rows) if in_sample else []
@@ -210,10 +209,8 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
             records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory,
                                                              planner=base.planner))
             held = {table_row_id(r) for r in test}
-            lm = LearnedModel(train_on=None, select_by=by, seed=seed, efficiency=eff, memory=base.memory,
-                              planner=base.planner).fit([r for r in records if r.row_id not in held])
-            rec_test = [r for r in records if r.row_id in held]
-            le = [p / r.measured_s - 1 for r, p in zip(rec_test, lm.predict_records(rec_test))]
+            lm, le = _learned_on([r for r in records if r.row_id not in held],
+                                 [r for r in records if r.row_id in held], by, seed, replace(base, efficiency=eff))
             errs += e
             learned_errs += le
             folds.append({"held_out": test[0].gpu_type if by == "gpu_type" else f"{len(test)} rows",

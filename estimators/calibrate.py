@@ -84,16 +84,22 @@ def _theta(eff: EfficiencyConfig, params: tuple[str, ...] = FIT_PARAMS) -> np.nd
     return np.log([get[p]() if p in get else getattr(eff, p) for p in params])
 
 
-def log_errors(cfg: EstimatorConfig, rows: list[MeasuredRow]) -> np.ndarray:
+def ratios(cfg: EstimatorConfig, rows: list[MeasuredRow]) -> list[float | None]:
+    """Best-shape estimate / measured time of every measured (non-OOM) row; None where the
+    estimator finds no feasible plan."""
     planner = Planner(cfg)
     out = []
     for r in rows:
         if r.iter_time_s is None:
             continue
         res = best_shape_result(planner, r.model, r.global_batch, Shape(r.gpu_type, r.num_nodes, r.gpus_per_node))
-        # an infeasible prediction of a measured row counts as a factor-2 miss
-        out.append(math.log(res.iteration_time_s / r.iter_time_s) if res else math.log(2.0))
-    return np.asarray(out)
+        out.append(res.iteration_time_s / r.iter_time_s if res else None)
+    return out
+
+
+def log_errors(cfg: EstimatorConfig, rows: list[MeasuredRow]) -> np.ndarray:
+    # an infeasible prediction of a measured row counts as a factor-2 miss
+    return np.asarray([math.log(q) if q is not None else math.log(2.0) for q in ratios(cfg, rows)])
 
 
 # Data-independent corner starts of the link and memory efficiencies for multi-start

@@ -61,7 +61,7 @@ def _low_memory_plans(arch: ModelArch, global_batch: int, grid: Grid, planner: P
         dp = grid.num_gpus // pp // tp
         per_replica = max(1, -(-global_batch // dp))
         # one sample per micro-batch; pure DP without gradient accumulation: the whole batch at once
-        mb, m = (per_replica, 1) if dp_only and not planner.cfg.planner.dp_only_grad_accumulation else (1, per_replica)
+        mb, m = (1, per_replica) if planner.accumulates(dp_only) else (per_replica, 1)
         for split in splits:
             yield planner.memtable(arch, mb, tp, dp, grid.shape.gpus_per_node,
                                    expert_parallel_degree(arch, dp)).breakdown(split, m, "1f1b")

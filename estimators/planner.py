@@ -149,6 +149,11 @@ class Planner:
             self._tables[key] = t
         return t
 
+    def accumulates(self, dp_only: bool) -> bool:
+        """Whether a plan may accumulate gradients over micro-batches (``PlannerConfig.
+        dp_only_grad_accumulation`` restricts pure data-parallel plans to one)."""
+        return self.cfg.planner.dp_only_grad_accumulation or not dp_only
+
     @staticmethod
     def auto_ep(arch: ModelArch, dp: int, tp: int, gpn: int | None) -> int:
         """Default expert-parallel degree: data-parallel ranks inside one node."""
@@ -270,7 +275,7 @@ class Planner:
         def try_shape(split, tp, first_start_only=False) -> bool:
             dp = grid.num_gpus // pp // tp
             per_replica = max(1, math.ceil(global_batch / dp))
-            cap = min(per_replica, pc.max_microbatches) if pc.dp_only_grad_accumulation or not dp_only else 1
+            cap = min(per_replica, pc.max_microbatches) if self.accumulates(dp_only) else 1
             if pp == 1:
                 starts = [1]
             else:
@@ -338,9 +343,8 @@ class Planner:
             dp = grid.num_gpus // pp // tp
             per_replica = max(1, math.ceil(global_batch / dp))
             ms = sorted(set(pow2_upto(min(per_replica, pc.max_microbatches)) +
-                            ([per_replica] if per_replica <= pc.max_microbatches else [])))
-            if dp_only and not pc.dp_only_grad_accumulation:
-                ms = [1]
+                            ([per_replica] if per_replica <= pc.max_microbatches else []))) \
+                if self.accumulates(dp_only) else [1]
             eps = [1] if dp_only else self.ep_options(arch, dp, tp, gpn)   # pure DP replicates experts
             for m, ep in itertools.product(ms, eps):
                 mb = micro_batch_size(global_batch, dp, m)

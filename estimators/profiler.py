@@ -501,17 +501,21 @@ class RunCostConfig:
     at its estimated iteration time, on all of the grid's devices."""
     warmup_iters: int = 3
     measured_iters: int = 10
-    startup_s: float | None = None
+    startup_s: float = 0.0
 
     def __post_init__(self):
         if self.warmup_iters < 0 or self.measured_iters < 1:
             raise InputError("warmup_iters must be >= 0 and measured_iters >= 1", field="measured_iters")
-        if self.startup_s is not None and not self.startup_s >= 0:
+        if not self.startup_s >= 0:
             raise InputError("must be >= 0", field="startup_s")
+
+    def device_seconds(self, num_gpus: int, iteration_time_s: float) -> float:
+        """Charged device-seconds of running one grid of ``num_gpus`` directly."""
+        return num_gpus * (self.startup_s + (self.warmup_iters + self.measured_iters) * iteration_time_s)
 
 
 def run_every_grid_cost(model: str, global_batch: int, perf, cluster, *, max_gpus: int,
-                        cfg: RunCostConfig, startup_s: float) -> dict:
+                        cfg: RunCostConfig) -> dict:
     """Estimated device-seconds of running each candidate grid's plan directly."""
     from instances.jobs import Job
     from .grids import candidate_grids
@@ -522,7 +526,7 @@ def run_every_grid_cost(model: str, global_batch: int, perf, cluster, *, max_gpu
         if not e.feasible or not math.isfinite(e.iteration_time_s):
             continue
         n += 1
-        total += grid.num_gpus * (startup_s + (cfg.warmup_iters + cfg.measured_iters) * e.iteration_time_s)
+        total += cfg.device_seconds(grid.num_gpus, e.iteration_time_s)
     return {"grids": n, "device_seconds": total}
 
 
@@ -555,7 +559,6 @@ def run_grids_measured(model: str, global_batch: int, perf, cluster, *, max_rank
                      "error": "" if r.ok else r.output_tail[-200:]})
         if r.ok:
             total += r.wall_time_s * grid.num_gpus
-            per_grid_estimate += grid.num_gpus * (cfg.startup_s or 0.0) + grid.num_gpus * (
-                cfg.warmup_iters + cfg.measured_iters) * e.iteration_time_s
+            per_grid_estimate += cfg.device_seconds(grid.num_gpus, e.iteration_time_s)
     return {"grids": sum(r["ok"] for r in runs), "device_seconds": total, "runs": runs,
             "estimated_device_seconds_same_grids": per_grid_estimate}

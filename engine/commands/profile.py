@@ -57,8 +57,7 @@ def run(args) -> int:
         gpu = get_gpu(device) if device else None
         cluster = ClusterSpec((NodeGroup(gpu.name, max(1, args.max_gpus // gpu.default_gpus_per_node),
                                          gpu.default_gpus_per_node),))
-        grid_cost = run_every_grid_cost(arch.name, args.batch, perf, cluster, max_gpus=args.max_gpus, cfg=run_cfg,
-                                        startup_s=startup)
+        grid_cost = run_every_grid_cost(arch.name, args.batch, perf, cluster, max_gpus=args.max_gpus, cfg=run_cfg)
         prof_s = r["device_seconds"] + coll_s
         measured = None
         if args.run_grids:
