@@ -92,8 +92,8 @@ def run(args) -> int:
         if mg is not None:
             print(f"  measured: running the {mg['grids']} grids of at most {args.run_grids} devices took "
                   f"{mg['device_seconds']:.1f} device-s (estimate for them: "
-                  f"{mg['estimated_device_seconds_same_grids']:.1f}) -> profiling every grid is "
-                  f"{m['measured_cost_ratio']:.1f}x cheaper than running just these")
+                  f"{mg['estimated_device_seconds_same_grids']:.1f}) -> running just these costs "
+                  f"{m['measured_cost_ratio']:.1f}x the device-seconds of profiling every grid")
             for run in mg["runs"]:
                 status = f"{run['device_seconds']:.1f} device-s" if run["ok"] else f"failed: {run['error']}"
                 print(f"    {run['grid']:<14} {run['plan']:<18} {status}")
