@@ -83,6 +83,15 @@ def against_arena(*, seed: int = 0, efficiency=None) -> dict:
                       "analytic_bias": float(np.mean([e for _, e in by_id.values()])),
                       "learned_mape": {by: _mape(list(learned[by]["errors"].values())) for by in SELECT_BY},
                       "learned_rows": {by: len(learned[by]["errors"]) for by in SELECT_BY}}
+    out["row_errors"] = [{"row": rid, "model": row.model, "gpu_type": row.gpu_type, "num_nodes": row.num_nodes,
+                          "gpus_per_node": row.gpus_per_node, "global_batch": row.global_batch,
+                          "measured_s": row.iter_time_s, "analytic": err,
+                          "learned": {by: learned[by]["errors"].get(rid) for by in SELECT_BY}}
+                         for rid, (row, err) in by_id.items()]
+    rows_by_id = {rid: row for rid, (row, _) in by_id.items()}
+    out["scale_oracle"] = {"analytic": scale_oracle(by_id.values()),
+                           "learned (new GPU type)": scale_oracle(
+                               [(rows_by_id[rid], e) for rid, e in learned["gpu_type"]["errors"].items()])}
     out["oom"] = oom_boundary(rows, analytic.planner)
     out["notes"] = ["analytic: efficiency constants fitted on all rows (in-sample); "
                     "--refit-analytic reports the leave-one-GPU-type-out refit",
@@ -90,6 +99,51 @@ def against_arena(*, seed: int = 0, efficiency=None) -> dict:
                     "gpu_type = a GPU type never seen (one fold per type), model = models never seen (5 folds), "
                     "row = rows never seen (5 folds); inside each fold the correction (none, squared or absolute "
                     "log error) is chosen by cross-validation of the same kind on the training rows only"]
+    return out
+
+
+# Groupings of the scale oracle, coarse to fine: what one factor per group can absorb.
+SCALE_GROUPS = (
+    ("gpu_type", lambda row: (row.gpu_type,)),
+    ("gpu_type x family", lambda row: (row.gpu_type, row.model.split("__")[0])),
+    ("gpu_type x shape", lambda row: (row.gpu_type, row.num_nodes, row.gpus_per_node)),
+    ("model x gpu_type x shape", lambda row: (row.model, row.gpu_type, row.num_nodes, row.gpus_per_node)),
+)
+
+
+def best_scale(ratios) -> float:
+    """The factor k minimising mean |k * r - 1| over estimate/measured ratios ``r``:
+    sum r_i |k - 1/r_i| is minimised by the median of 1/r_i weighted by r_i (exact)."""
+    r = np.asarray(ratios, dtype=float)
+    if not len(r) or np.any(r <= 0):
+        raise ValueError("need positive estimate/measured ratios")
+    inv = 1.0 / r
+    order = np.argsort(inv)
+    cum = np.cumsum(r[order])
+    return float(inv[order][np.searchsorted(cum, 0.5 * cum[-1])])
+
+
+def scale_oracle(pairs, groups=None) -> dict[str, dict]:
+    """How much of the error one scale factor per group could remove, in-sample.
+
+    ``pairs``: (row, estimate/measured - 1) for each predicted row. For each (name, key)
+    grouping of ``groups`` (default ``SCALE_GROUPS``) every group gets its own best factor
+    (``best_scale``) and the MAPE left over is reported. It is an oracle — the factors are
+    chosen on the very rows they are scored on — so it is a lower bound for any
+    recalibration of these estimates by such factors, not an achievable figure: with a
+    factor per GPU type it bounds what a per-testbed calibration could do; per
+    (model, GPU type, shape) only the batch varies inside a group, so what is left is
+    roughly the table's own batch-to-batch noise."""
+    out = {}
+    for name, key in groups or SCALE_GROUPS:
+        by_group = defaultdict(list)
+        for row, err in pairs:
+            by_group[key(row)].append(1.0 + err)
+        errs = []
+        for ratios in by_group.values():
+            k = best_scale(ratios)
+            errs.extend(abs(k * r - 1.0) for r in ratios)
+        out[name] = {"groups": len(by_group), "mape": _mape(errs)}
     return out
 
 

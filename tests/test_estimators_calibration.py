@@ -2,7 +2,10 @@
 the leave-one-GPU-type-out analytic refit (no fit ever sees its test rows)."""
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from estimators import accuracy, calibrate
 from estimators.calibrate import FIT_PARAMS, NEUTRAL_START, apply_params, neutral_start
@@ -143,3 +146,53 @@ def test_multi_start_fit_is_never_worse_than_its_single_start():
     many = fit_efficiency(rows, base, max_evals=20, starts=3)
     assert msle(one) <= msle(base.efficiency) + 1e-12
     assert msle(many) <= min(msle(c) for c in corners + [base.efficiency]) + 1e-12
+
+
+def test_best_scale_hand_cases():
+    from estimators.accuracy import best_scale
+    assert best_scale([2.0]) == 0.5                     # one row: the factor that makes it exact
+    # minimise 2|k - 1| + |4k - 1|: k = 0.25 costs 1.5, k = 1 costs 3
+    assert best_scale([1.0, 1.0, 4.0]) == 0.25
+    with pytest.raises(ValueError):
+        best_scale([1.0, -0.5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.2, 5.0), min_size=1, max_size=12))
+def test_best_scale_is_the_minimum_of_the_absolute_percentage_error(ratios):
+    from estimators.accuracy import best_scale
+    r = np.array(ratios)
+    cost = lambda k: float(np.mean(np.abs(k * r - 1)))
+    k = best_scale(r)
+    grid = np.exp(np.linspace(-3, 3, 601))
+    assert cost(k) <= min(cost(g) for g in grid) + 1e-9
+    assert cost(k) <= cost(1.0) + 1e-12
+
+
+def test_scale_oracle_removes_a_per_group_factor_and_keeps_the_rest():
+    from estimators.accuracy import scale_oracle
+    from estimators.reference import MeasuredRow
+    rows = [MeasuredRow("gpt__760M", b, t, 1, g, 1.0) for t in ("a100-40gb", "v100-32gb")
+            for g in (1, 2) for b in (128, 256)]
+    # a pure per-type factor (+20% on A100, -10% on V100) is fully absorbed per type
+    pairs = [(r, 0.2 if r.gpu_type == "a100-40gb" else -0.1) for r in rows]
+    out = scale_oracle(pairs)
+    assert all(v["mape"] < 1e-12 for v in out.values())
+    assert out["gpu_type"]["groups"] == 2 and out["model x gpu_type x shape"]["groups"] == 4
+    # errors that only vary with the batch survive every grouping but the batch itself
+    pairs = [(r, 0.1 if r.global_batch == 128 else -0.1) for r in rows]
+    out = scale_oracle(pairs)
+    assert out["gpu_type"]["mape"] == pytest.approx(out["model x gpu_type x shape"]["mape"])
+    assert out["gpu_type"]["mape"] > 0.05
+
+
+def test_accuracy_plots_are_written_from_the_report_rows(tmp_path):
+    from engine.accuracy_plots import ACCURACY_PLOT_FILES, write_accuracy_plots
+    rows = [{"row": f"r{k}", "model": "gpt__760M", "gpu_type": t, "num_nodes": 1, "gpus_per_node": g,
+             "global_batch": 256, "measured_s": 2.0 + k, "analytic": 0.1 * (-1) ** k,
+             "learned": {"gpu_type": 0.05, "model": None, "row": -0.02}}
+            for k, (t, g) in enumerate([("a100-40gb", 1), ("a100-40gb", 2), ("v100-32gb", 4)])]
+    paths = write_accuracy_plots({"row_errors": rows}, tmp_path / "plots")
+    assert [p.name for p in paths] == list(ACCURACY_PLOT_FILES)
+    for p in paths:
+        assert p.stat().st_size > 5000 and p.read_bytes()[:4] == b"\x89PNG"

@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--refit-evals", type=int, default=120, help="Powell evaluations per refit start")
     p.add_argument("--refit-starts", type=int, default=2,
                    help="Powell runs per refit, from the best of the neutral and the corner starts")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help="accuracy --against arena-measured: write estimated-vs-measured and per-GPU-count "
+                        "error plots (PNG) to DIR")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -122,9 +125,15 @@ def _accuracy(args) -> int:
             raise InputError("--refit-starts must be >= 1", field="refit_starts")
         out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals, regimes=tuple(args.refit_regimes),
                                                seed=args.seed, starts=args.refit_starts)
+    plots = []
+    if args.plot:
+        from ..accuracy_plots import write_accuracy_plots
+        plots = write_accuracy_plots(out, args.plot)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
+    for p in plots:
+        print(f"wrote {p}")
     print(f"Arena measured table: {out['measured_rows']} measured rows, {out['predicted_rows']} predicted "
           f"(the others the memory model calls infeasible: {len(out['called_infeasible_but_measured'])})")
     print("MAPE. analytic: catalog specs + six global efficiency factors fitted on all rows (in-sample).\n"
@@ -144,6 +153,11 @@ def _accuracy(args) -> int:
         chosen = ", ".join(f"{f['test_groups'][0] if by == 'gpu_type' else k + 1}: {f['chosen']}"
                            for k, f in enumerate(folds))
         print(f"  learned correction chosen per fold ({by}): {chosen}")
+    print("error left after the best scale factor per group (an in-sample oracle: a bound on what such a\n"
+          "recalibration could reach; per model x type x shape only the batch varies, i.e. the table's noise)")
+    for kind, groups in out["scale_oracle"].items():
+        print(f"  {kind:<24} " + ", ".join(f"{g} ({v['groups']}) {_fmt(v['mape']).strip()}"
+                                          for g, v in groups.items()))
     if "analytic_refit" in out:
         a = out["analytic_refit"]
         print(f"analytic constants refitted ({a['starts']} start(s) x {a['max_evals']} evaluations per fit, "
@@ -176,6 +190,8 @@ def _accuracy_local(args) -> int:
     from instances.errors import InputError
     if args.passes < 1:
         raise InputError("--passes must be >= 1", field="passes")
+    if args.plot:
+        raise InputError("--plot is for --against arena-measured", field="plot")
     passes = []
     for k in range(args.passes):
         print(f"pass {k + 1}/{args.passes}: profiling, then the runs ...", file=sys.stderr, flush=True)
