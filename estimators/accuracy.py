@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from instances.cluster import ClusterSpec, NodeGroup
+from instances.errors import InputError
 from instances.grid import Shape
 from instances.jobs import Job
 
@@ -38,7 +39,7 @@ def _mape(errs) -> float | None:
     return float(np.mean(np.abs(errs))) if len(errs) else None
 
 
-def against_arena(*, seed: int = 0, efficiency=None) -> dict:
+def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False) -> dict:
     rows = load_measured()
     cfg = arena_runtime(None if efficiency is None else EstimatorConfig(efficiency=efficiency))
     analytic = AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner)
@@ -92,6 +93,8 @@ def against_arena(*, seed: int = 0, efficiency=None) -> dict:
     out["scale_oracle"] = {"analytic": scale_oracle(by_id.values()),
                            "learned (new GPU type)": scale_oracle(
                                [(rows_by_id[rid], e) for rid, e in learned["gpu_type"]["errors"].items()])}
+    if few_shot:
+        out["few_shot"] = learned_few_shot(records, cfg=cfg)
     out["oom"] = oom_boundary(rows, analytic.planner)
     out["notes"] = ["analytic: efficiency constants fitted on all rows (in-sample); "
                     "--refit-analytic reports the leave-one-GPU-type-out refit",
@@ -171,6 +174,50 @@ def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
                       "selection_mape": model.selection,
                       "test_groups": sorted({record_key(rec, by) for rec in test}) if by != "row" else []})
     return {"errors": errors, "folds": folds}
+
+
+FEW_SHOTS = (0, 8, 16, 32)
+
+
+def learned_few_shot(records, *, shots=FEW_SHOTS, seeds=(0, 1, 2), cfg=None,
+                     correction: str = "absolute_error") -> dict:
+    """A new GPU type with a little telemetry: for each GPU type and seed, a random pool of
+    ``max(shots)`` of its rows is set aside and the rest of its rows are the test set (the
+    same for every shot count); the learned model (fixed ``correction``, so that the curve
+    shows what the telemetry buys) trains on every other type's rows plus the first ``k``
+    rows of the pool. ``shots=0`` is leave-one-GPU-type-out with that correction forced on.
+    Returns the MAPE on the test rows per shot count, overall and per type, next to the
+    analytic model's on the same rows."""
+    cfg = cfg or arena_runtime()
+    shots = tuple(sorted(set(shots)))
+    if not shots or shots[0] < 0:
+        raise InputError(f"shot counts must be >= 0, got {shots!r}", field="shots")
+    pool_size = shots[-1]
+    learned = {k: [] for k in shots}
+    per_type = {}
+    analytic, skipped = [], []
+    for gtype in sorted({r.group for r in records}):
+        mine = [r for r in records if r.group == gtype]
+        others = [r for r in records if r.group != gtype]
+        if len(mine) <= pool_size:
+            skipped.append(gtype)
+            continue
+        per_type[gtype] = {k: [] for k in shots}
+        for seed in seeds:
+            perm = np.random.default_rng(seed).permutation(len(mine))
+            pool = [mine[i] for i in perm[:pool_size]]
+            test = [mine[i] for i in perm[pool_size:]]
+            analytic.extend(abs(r.analytic_s / r.measured_s - 1) for r in test)
+            for k in shots:
+                model = LearnedModel(train_on=None, correction=correction, seed=seed, efficiency=cfg.efficiency,
+                                     memory=cfg.memory, planner=cfg.planner).fit(others + pool[:k])
+                errs = [abs(p / r.measured_s - 1) for r, p in zip(test, model.predict_records(test))]
+                learned[k].extend(errs)
+                per_type[gtype][k].extend(errs)
+    return {"shots": list(shots), "seeds": list(seeds), "correction": correction,
+            "test_rows": len(analytic), "skipped_types": skipped, "analytic_mape": _mape(analytic),
+            "learned_mape": {k: _mape(v) for k, v in learned.items()},
+            "by_gpu_type": {t: {k: _mape(v) for k, v in d.items()} for t, d in per_type.items()}}
 
 
 def oom_boundary(rows, planner) -> dict:

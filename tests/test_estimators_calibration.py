@@ -196,3 +196,30 @@ def test_accuracy_plots_are_written_from_the_report_rows(tmp_path):
     assert [p.name for p in paths] == list(ACCURACY_PLOT_FILES)
     for p in paths:
         assert p.stat().st_size > 5000 and p.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_few_shot_curve_learns_a_new_type_from_its_telemetry():
+    """Synthetic rows: each GPU type's measured time is its estimate times a factor that only
+    that type has (feature 0 names the type). Without rows of the held-out type the learned
+    correction cannot know its factor; with its telemetry in training it must learn it."""
+    from estimators.accuracy import learned_few_shot
+    from estimators.learned import TrainingRecord
+    rng = np.random.default_rng(0)
+    factor = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.6}
+    recs = []
+    for code, t in enumerate(sorted(factor)):
+        for i in range(60):
+            est = float(rng.uniform(1, 10))
+            recs.append(TrainingRecord(f"{t}:{i}", t, (float(code), est, float(rng.normal())), est,
+                                       est * factor[t] * float(np.exp(rng.normal(0, 0.01)))))
+    recs.append(TrainingRecord("tiny:0", "tiny", (9.0, 1.0, 0.0), 1.0, 1.0))   # too few rows: skipped
+    out = learned_few_shot(recs, shots=(0, 16), seeds=(0,))
+    assert out["skipped_types"] == ["tiny"]
+    assert out["test_rows"] == 4 * (60 - 16)
+    d = out["by_gpu_type"]["d"]
+    assert d[0] > 0.3                  # unseen: the 1.6x factor is unknown (error ~ 1 - 1/1.6)
+    assert d[16] < 0.1                 # 16 rows of telemetry teach it
+    assert out["by_gpu_type"]["a"][0] < 0.1
+    from instances.errors import InputError
+    with pytest.raises(InputError):
+        learned_few_shot(recs, shots=(-1,))

@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--refit-evals", type=int, default=120, help="Powell evaluations per refit start")
     p.add_argument("--refit-starts", type=int, default=2,
                    help="Powell runs per refit, from the best of the neutral and the corner starts")
+    p.add_argument("--few-shot", action="store_true",
+                   help="accuracy --against arena-measured: also the new-GPU-type curve with 0/8/16/32 rows of "
+                        "that type's telemetry in training (~30 s more)")
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="accuracy --against arena-measured: write estimated-vs-measured and per-GPU-count "
                         "error plots (PNG) to DIR")
@@ -114,7 +117,7 @@ def _accuracy(args) -> int:
     if args.against == "local":
         return _accuracy_local(args)
     from estimators.accuracy import against_arena, dp_memory_check
-    out = against_arena(seed=args.seed)
+    out = against_arena(seed=args.seed, few_shot=args.few_shot)
     out["dp_memory"] = dp_memory_check()
     if args.refit_analytic:
         from estimators.accuracy import analytic_refit
@@ -158,6 +161,14 @@ def _accuracy(args) -> int:
     for kind, groups in out["scale_oracle"].items():
         print(f"  {kind:<24} " + ", ".join(f"{g} ({v['groups']}) {_fmt(v['mape']).strip()}"
                                           for g, v in groups.items()))
+    if "few_shot" in out:
+        f = out["few_shot"]
+        print(f"new GPU type with k of its rows as telemetry (learned, {f['correction']} trees forced on; "
+              f"{f['test_rows']} test rows over {len(f['seeds'])} seeds, the same for every k; analytic on them "
+              f"{_fmt(f['analytic_mape']).strip()}):")
+        print("  " + ", ".join(f"k={k}: {_fmt(v).strip()}" for k, v in f["learned_mape"].items()))
+        for t, d in f["by_gpu_type"].items():
+            print(f"    {t:<12} " + ", ".join(f"k={k}: {_fmt(v).strip()}" for k, v in d.items()))
     if "analytic_refit" in out:
         a = out["analytic_refit"]
         print(f"analytic constants refitted ({a['starts']} start(s) x {a['max_evals']} evaluations per fit, "
@@ -190,8 +201,9 @@ def _accuracy_local(args) -> int:
     from instances.errors import InputError
     if args.passes < 1:
         raise InputError("--passes must be >= 1", field="passes")
-    if args.plot:
-        raise InputError("--plot is for --against arena-measured", field="plot")
+    for flag in ("plot", "few_shot"):
+        if getattr(args, flag):
+            raise InputError(f"--{flag.replace('_', '-')} is for --against arena-measured", field=flag)
     passes = []
     for k in range(args.passes):
         print(f"pass {k + 1}/{args.passes}: profiling, then the runs ...", file=sys.stderr, flush=True)
