@@ -1,8 +1,9 @@
 """Plain torch model definitions built from the model catalog (no parallelism here).
 
-``Transformer`` is a pre-norm decoder in two flavours: GPT (LayerNorm, learned positions,
-GELU MLP, biases) and Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
-attention, no biases, untied head). Parallelism is applied from outside: ``parallelize.py`` shards the
+``Transformer`` is a pre-norm decoder in three flavours: GPT (LayerNorm, learned positions,
+GELU MLP, biases), Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
+attention, no biases, untied head) and MoE (GPT with a top-k mixture of GELU experts in
+every layer, ``MoE``). Parallelism is applied from outside: ``parallelize.py`` shards the
 attention and MLP projections (tensor) and wraps the model (data); ``pipeline.py``
 keeps one stage's layers. For that:
 
@@ -27,7 +28,7 @@ from torch import nn
 from instances.errors import InputError
 from instances.models import ModelArch, get_model
 
-SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama")
+SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe")
 INIT_STD = 0.02                       # normal init of linear and embedding weights
 NORM_EPS = 1e-5
 ROPE_THETA = 10000.0                  # rotary embedding base (Llama)
@@ -104,6 +105,38 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class MoE(nn.Module):
+    """GShard-style mixture of GELU experts (the catalog's ``moe`` family): a linear router
+    without bias, softmax over the experts, each token sent to its ``top_k`` experts with
+    the top-k probabilities renormalised to sum to one as weights.
+
+    Approximations, stated: *dropless* routing (no expert capacity, no dropped tokens —
+    GShard caps each expert at a capacity factor) and no auxiliary load-balancing loss.
+    Every expert runs on every step, on the (possibly empty) set of tokens routed to it, so
+    that every parameter takes part in every backward pass: data-parallel wrappers see no
+    unused parameters and tensor-parallel ranks, which route identically, call the same
+    collectives. Experts are replicated over data-parallel ranks (no expert parallelism)."""
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise InputError(f"top_k={top_k} must be in [1, num_experts={num_experts}]", field="top_k")
+        self.top_k = top_k
+        self.router = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(hidden, ffn) for _ in range(num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        probs = F.softmax(self.router(tokens).float(), dim=-1)
+        weight, chosen = probs.topk(self.top_k, dim=-1)
+        weight = (weight / weight.sum(dim=-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (chosen == e).nonzero(as_tuple=True)
+            out = out.index_add(0, rows, expert(tokens[rows]) * weight[rows, slot, None])
+        return out.view_as(x)
+
+
 def _norm(arch: ModelArch) -> nn.Module:
     if arch.base_family == "llama":
         return nn.RMSNorm(arch.hidden_size, eps=NORM_EPS)
@@ -116,7 +149,10 @@ class Block(nn.Module):
         self.ln1 = _norm(arch)
         self.attn = Attention(arch)
         self.ln2 = _norm(arch)
-        self.mlp = (SwiGLU if arch.base_family == "llama" else MLP)(arch.hidden_size, arch.ffn)
+        if arch.base_family == "moe":
+            self.mlp = MoE(arch.hidden_size, arch.ffn, arch.num_experts, arch.top_k)
+        else:
+            self.mlp = (SwiGLU if arch.base_family == "llama" else MLP)(arch.hidden_size, arch.ffn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

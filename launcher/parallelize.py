@@ -3,7 +3,8 @@ building blocks.
 
 - Tensor: ``torch.distributed.tensor.parallel.parallelize_module`` with the Megatron
   split: query/key/value and the MLP's input linears column-wise, the attention output
-  and the MLP's output linear row-wise (``TP_PLANS``, per model family). Embeddings, norms and the output head stay replicated on
+  and the MLP's output linear row-wise (``tp_plan``, per model family; MoE experts each
+  split like the dense MLP). Embeddings, norms and the output head stay replicated on
   the tensor ranks (their gradients agree because the column-parallel inputs are
   all-reduced in backward).
 - Data: ``DistributedDataParallel`` on the data-parallel group for a plain model
@@ -17,12 +18,21 @@ from __future__ import annotations
 
 from torch import nn
 
-TP_PLANS = {
-    "gpt": {"attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise", "attn.wo": "rowwise",
-            "mlp.fc1": "colwise", "mlp.fc2": "rowwise"},
-    "llama": {"attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise", "attn.wo": "rowwise",
-              "mlp.w1": "colwise", "mlp.w3": "colwise", "mlp.w2": "rowwise"},
-}
+ATTENTION_TP = {"attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise", "attn.wo": "rowwise"}
+MLP_TP = {"gpt": {"fc1": "colwise", "fc2": "rowwise"},           # names inside the MLP module
+          "llama": {"w1": "colwise", "w3": "colwise", "w2": "rowwise"}}
+
+
+def tp_plan(arch) -> dict[str, str]:
+    """Submodule name -> "colwise"/"rowwise" for one decoder layer of ``arch``. MoE: every
+    expert's MLP is split like the dense GELU MLP (each tensor rank holds a slice of every
+    expert); the router stays replicated."""
+    fam = arch.base_family
+    if fam == "moe":
+        mlps = [(f"mlp.experts.{e}", MLP_TP["gpt"]) for e in range(arch.num_experts)]
+    else:
+        mlps = [("mlp", MLP_TP[fam])]
+    return {**ATTENTION_TP, **{f"{prefix}.{name}": style for prefix, plan in mlps for name, style in plan.items()}}
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> nn.Module:
@@ -30,7 +40,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = TP_PLANS[model.arch.base_family]
+    plan = tp_plan(model.arch)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, {name: styles[s]() for name, s in plan.items()})
     return model

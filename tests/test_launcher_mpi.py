@@ -116,3 +116,18 @@ def test_llama_grouped_query_tensor_parallel_matches(tmp_path):
                      run_dir=tmp_path)
     assert r.ok, r.output_tail
     assert close(r.losses, ref), (r.losses, ref)
+
+
+def test_moe_trains_on_data_tensor_and_pipeline_splits_and_reshards(tmp_path):
+    """tiny-moe (top-2 of 4 experts in every layer): data-parallel steps checkpoint and
+    resume with every expert split over two tensor ranks, then over two pipeline stages,
+    on the one-process losses."""
+    model = "tiny-moe__2L"
+    ref = train_reference(model, steps=6, global_batch=BATCH, seed=1)
+    ck = tmp_path / "ck"
+    for (dp, tp, pp, mb), steps, want in (((2, 1, 1, 1), 2, (1, 2)), ((1, 2, 1, 1), 4, (3, 4)),
+                                          ((1, 1, 2, 2), 6, (5, 6))):
+        r = run_training(model, dp, tp, pp, steps=steps, microbatches=mb, global_batch=BATCH, seed=1,
+                         checkpoint_dir=ck, timeout_s=TIMEOUT_S, run_dir=tmp_path / f"{dp}{tp}{pp}")
+        assert r.ok, r.output_tail
+        assert r.steps == want and close(r.losses, ref[want[0] - 1:want[-1]]), (dp, tp, pp, r.losses, ref)

@@ -50,7 +50,7 @@ def test_config_json_roundtrip_and_estimator_stage_layers():
     (dict(dp=2, global_batch=3), None, "global_batch", "not divisible"),
     (dict(pp=2, microbatches=1), None, "microbatches", "1F1B"),
     (dict(model="gpt__6.7B", global_batch=8), None, "plan", "does not fit in memory on cpu"),
-    (dict(model="tiny-moe__2L"), None, "model", "the launcher trains the families"),
+    (dict(model="wide_resnet__500M"), None, "model", "the launcher trains the families"),
     (dict(model="tiny-llama__4L", tp=4), None, "plan.tp", "num_kv_heads=2"),
 ])
 def test_bad_plans_are_refused_before_launch(kwargs, ranks, field, match):
@@ -97,7 +97,7 @@ def test_pipeline_stages_compose_to_the_full_model_with_global_names():
     import torch
 
     from launcher.model import build_model
-    from launcher.parallelize import TP_PLANS
+    from launcher.parallelize import tp_plan
     from launcher.pipeline import split_stage
 
     assert stage_ranges(5, 2) == [(0, 3), (3, 5)] and stage_ranges(4, 2, (1, 3)) == [(0, 1), (1, 4)]
@@ -114,13 +114,38 @@ def test_pipeline_stages_compose_to_the_full_model_with_global_names():
     for s in stages:
         h = s(h)
     assert torch.allclose(h, full(x), atol=1e-6)
-    for sub in TP_PLANS["gpt"]:                                   # the TP plan names real modules
-        full.layers["0"].get_submodule(sub)
-    llama = build_model("tiny-llama__4L", seed=0)
-    for sub in TP_PLANS["llama"]:
-        llama.layers["0"].get_submodule(sub)
     from instances.models import get_model
-    assert sum(p.numel() for p in llama.parameters()) == get_model("tiny-llama__4L").param_count
+    for name in ("tiny-gpt__4L", "tiny-llama__4L", "tiny-moe__2L"):
+        m = build_model(name, seed=0)
+        for sub in tp_plan(m.arch):                                # the TP plan names real linears
+            assert isinstance(m.layers["0"].get_submodule(sub), torch.nn.Linear)
+        a = get_model(name)
+        untied = a.vocab_size * a.hidden_size if a.base_family != "llama" else 0   # GPT/MoE head untied (model.py)
+        assert sum(p.numel() for p in m.parameters()) == a.param_count + untied, name
+    moe = get_model("tiny-moe__2L")
+    assert len(tp_plan(moe)) == 4 + 2 * moe.num_experts
+
+
+def test_moe_layer_routes_each_token_to_its_top_k_experts():
+    """The MoE output is, token by token, the renormalised top-k mixture of the experts'
+    outputs computed one token at a time; every expert gets a gradient every step."""
+    import torch
+
+    from launcher.model import MoE
+    torch.manual_seed(0)
+    moe = MoE(8, 16, num_experts=4, top_k=2)
+    x = torch.randn(3, 5, 8)
+    flat = moe(x).reshape(-1, 8)
+    for n, t in enumerate(x.reshape(-1, 8)):
+        p = torch.softmax(moe.router(t), -1)
+        w, idx = p.topk(2)
+        want = sum(wi / w.sum() * moe.experts[int(i)](t[None])[0] for wi, i in zip(w, idx))
+        assert torch.allclose(flat[n], want, atol=1e-6)
+    # one token: at most two experts are used, yet every expert parameter gets a gradient
+    moe(x[:1, :1]).sum().backward()
+    assert all(p.grad is not None for p in moe.parameters())
+    with pytest.raises(InputError):
+        MoE(8, 16, num_experts=2, top_k=3)
 
 
 def test_reference_training_learns():
