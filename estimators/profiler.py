@@ -203,20 +203,31 @@ def _build(arch: ModelArch, index: int, tp: int, dtype: str):
         mod = Head()
         make = lambda mb: torch.randn(mb, s, h, dtype=dt, requires_grad=True)
     elif spec.kind == "bottleneck":
-        cin, width, cout, hw, stride, _ = spec.signature
-        w, co = max(1, width // tp), max(1, cout // tp)
+        # the catalog's block (instances.models._wide_resnet_layers): 1x1 cin->filters,
+        # 3x3 filters->wide (strided), 1x1 wide->cout, and a 1x1 projection shortcut where
+        # the shape changes; a tensor shard keeps 1/tp of every conv's output channels
+        cin, filters, wide, cout, hw, stride, _ = spec.signature
+        f, w, co = (max(1, c // tp) for c in (filters, wide, cout))
+        shortcut = cin != cout or stride != 1
 
         class Bottleneck(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.c1, self.b1 = nn.Conv2d(cin, w, 1, bias=False), nn.BatchNorm2d(w)
-                self.c2, self.b2 = nn.Conv2d(w, w, 3, stride, 1, bias=False), nn.BatchNorm2d(w)
+                self.c1, self.b1 = nn.Conv2d(cin, f, 1, bias=False), nn.BatchNorm2d(f)
+                self.c2, self.b2 = nn.Conv2d(f, w, 3, stride, 1, bias=False), nn.BatchNorm2d(w)
                 self.c3, self.b3 = nn.Conv2d(w, co, 1, bias=False), nn.BatchNorm2d(co)
+                self.proj = (nn.Sequential(nn.Conv2d(cin, co, 1, stride, bias=False), nn.BatchNorm2d(co))
+                             if shortcut else None)
 
             def forward(self, x):
                 y = F.relu(self.b1(self.c1(x)))
                 y = F.relu(self.b2(self.c2(y)))
-                return F.relu(self.b3(self.c3(y)))
+                y = self.b3(self.c3(y))
+                if self.proj is not None:
+                    y = y + self.proj(x)
+                elif y.shape == x.shape:
+                    y = y + x
+                return F.relu(y)
 
         mod = Bottleneck()
         make = lambda mb: torch.randn(mb, cin, hw, hw, dtype=dt, requires_grad=True)
@@ -475,7 +486,7 @@ def startup_model(model: str) -> str:
         return STARTUP_STAND_IN
     try:
         make_config(model, 1, 1, 1, steps=1)
-    except InputError:              # a family the launcher does not train (MoE, Wide-ResNet)
+    except InputError:              # a family the launcher does not train (Wide-ResNet)
         return STARTUP_STAND_IN
     return model
 

@@ -54,7 +54,8 @@ def test_measured_run_side_of_the_profiling_cost():
     from estimators.profiler import RunCostConfig, measure_startup_s, run_grids_measured, startup_model
     from instances.cluster import ClusterSpec, NodeGroup
     assert startup_model("tiny-gpt__2L") == "tiny-gpt__2L"
-    assert startup_model("moe__690M") == "tiny-gpt__2L"          # the launcher does not train MoE
+    assert startup_model("moe__690M") == "tiny-gpt__2L"          # too large to launch for a timing
+    assert startup_model("tiny-moe__2L") == "tiny-moe__2L"      # the launcher trains MoE
     assert startup_model("gpt__1.3B") == "tiny-gpt__2L"          # too large to launch for a timing
     startup = measure_startup_s("tiny-gpt__2L", 4)
     assert startup > 0
@@ -65,3 +66,17 @@ def test_measured_run_side_of_the_profiling_cost():
     run = out["runs"][0]
     assert run["device_seconds"] == run["wall_s"] > startup / 2     # one device: wall time x 1
     assert out["estimated_device_seconds_same_grids"] > startup
+
+
+def test_every_wide_resnet_layer_builds_and_runs_with_the_catalog_shapes():
+    """The profiler's Wide-ResNet modules follow the catalog's block layout (a bottleneck
+    with the catalog's parameter count at tp = 1) and run forward and backward on every
+    tensor shard width."""
+    from estimators.profiler import _build
+    arch = reduced_arch(get_model("wide_resnet__500M"), ProfilerConfig(), 2)
+    for i, spec in enumerate(arch.layers()):
+        for tp in (1, 2):
+            mod, make = _build(arch, i, tp, "float32")
+            mod(make(2)).float().sum().backward()
+            if tp == 1 and spec.kind in ("bottleneck", "conv_stem", "classifier"):
+                assert sum(p.numel() for p in mod.parameters()) == spec.params, (i, spec.kind)
