@@ -219,7 +219,7 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from launcher.data import dp_shard, make_source, split
+    from launcher.data import dp_shard, make_source
     from launcher.model import build_model
     from launcher.parallelize import apply_tp
     from .profiler import _build
@@ -228,13 +228,13 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     arch = get_model(model)
     full = build_model(model, 0)
-    source = make_source(arch.vocab_size, arch.seq_len, 0, None)
+    source = make_source(arch, 0, None)
 
     def step_overhead(step: int) -> float:
         # the launcher's per-step work outside the model: its input pipeline, zero_grad and
         # the control all-reduce (loss and flags), as in launcher/worker.py
         t0 = time.perf_counter()
-        split(dp_shard(source.global_batch(step, micro_batch), 1, 0))
+        dp_shard(source.global_batch(step, micro_batch), 1, 0)
         full.zero_grad(set_to_none=True)
         dist.all_reduce(torch.zeros(3))
         return time.perf_counter() - t0

@@ -203,33 +203,12 @@ def _build(arch: ModelArch, index: int, tp: int, dtype: str):
         mod = Head()
         make = lambda mb: torch.randn(mb, s, h, dtype=dt, requires_grad=True)
     elif spec.kind == "bottleneck":
-        # the catalog's block (instances.models._wide_resnet_layers): 1x1 cin->filters,
-        # 3x3 filters->wide (strided), 1x1 wide->cout, and a 1x1 projection shortcut where
-        # the shape changes; a tensor shard keeps 1/tp of every conv's output channels
+        # the launcher's block (the catalog's layout), with BatchNorm as the catalog's
+        # runtimes use; a tensor shard keeps 1/tp of every convolution's output channels
+        from launcher.model import Bottleneck, has_shortcut
         cin, filters, wide, cout, hw, stride, _ = spec.signature
         f, w, co = (max(1, c // tp) for c in (filters, wide, cout))
-        shortcut = cin != cout or stride != 1
-
-        class Bottleneck(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.c1, self.b1 = nn.Conv2d(cin, f, 1, bias=False), nn.BatchNorm2d(f)
-                self.c2, self.b2 = nn.Conv2d(f, w, 3, stride, 1, bias=False), nn.BatchNorm2d(w)
-                self.c3, self.b3 = nn.Conv2d(w, co, 1, bias=False), nn.BatchNorm2d(co)
-                self.proj = (nn.Sequential(nn.Conv2d(cin, co, 1, stride, bias=False), nn.BatchNorm2d(co))
-                             if shortcut else None)
-
-            def forward(self, x):
-                y = F.relu(self.b1(self.c1(x)))
-                y = F.relu(self.b2(self.c2(y)))
-                y = self.b3(self.c3(y))
-                if self.proj is not None:
-                    y = y + self.proj(x)
-                elif y.shape == x.shape:
-                    y = y + x
-                return F.relu(y)
-
-        mod = Bottleneck()
+        mod = Bottleneck(cin, f, w, co, stride, shortcut=has_shortcut(cin, cout, stride), norm=nn.BatchNorm2d)
         make = lambda mb: torch.randn(mb, cin, hw, hw, dtype=dt, requires_grad=True)
     elif spec.kind == "conv_stem":
         c0, img, _ = spec.signature

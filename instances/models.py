@@ -75,7 +75,7 @@ class ModelArch:
                     raise ValueError(f"model {self.name}: field {f} must be positive")
             if self.hidden_size % self.num_heads:
                 raise ValueError(f"model {self.name}: hidden_size not divisible by num_heads")
-        elif self.family == "wide_resnet":
+        elif self.base_family == "wide_resnet":
             if self.depth not in _RESNET_BLOCKS:
                 raise ValueError(f"model {self.name}: depth must be one of {sorted(_RESNET_BLOCKS)}")
 
@@ -111,6 +111,12 @@ class ModelArch:
 
     def layers(self) -> tuple[LayerSpec, ...]:
         return self._layers
+
+    @property
+    def num_blocks(self) -> int:
+        """The repeated layers between the first and the last: decoder layers, or
+        Wide-ResNet bottleneck blocks (what pipeline stages split)."""
+        return len(self._layers) - 2
 
     @cached_property
     def param_count(self) -> int:
@@ -258,6 +264,8 @@ _TINY = (
               num_kv_heads=2, ffn_hidden_size=352, seq_len=64, vocab_size=512, tied_embeddings=False),
     ModelArch("tiny-moe", "2L", dtype="float32", num_layers=2, hidden_size=64, num_heads=4,
               seq_len=32, vocab_size=256, num_experts=4),
+    ModelArch("tiny-wide_resnet", "50", dtype="float32", depth=50, width_factor=2, num_channels=4,
+              image_size=32, num_classes=10),
 )
 
 

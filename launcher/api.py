@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import OptimizerConfig, ParallelPlan, TrainConfig
-from .launch import kill_job, read_events, read_results, start, tail
+from .launch import kill_job, ranks_not_done, read_events, read_results, start, tail
 from .validate import validate
 
 STOP_GRACE_S = 10.0          # after the timeout: SIGTERM (checkpoint + exit), then SIGKILL
@@ -69,7 +69,9 @@ def _output_tail(run_dir, rc: int) -> str:
     err = tail(Path(run_dir) / "stderr.log")
     if rc == 0:
         return err
-    return f"{err}\n[mpiexec exit status {rc}; stdout tail:]\n{tail(Path(run_dir) / 'stdout.log', 1000)}"
+    return (f"{err}\n[mpiexec exit status {rc}; ranks that did not reach the end of training: "
+            f"{ranks_not_done(run_dir) or 'none (a rank died while exiting)'}; stdout tail:]\n"
+            f"{tail(Path(run_dir) / 'stdout.log', 1000)}")
 
 
 def run_config(cfg: TrainConfig, *, timeout_s: float = 120, hostfile: str | None = None,

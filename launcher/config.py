@@ -178,12 +178,12 @@ class TrainConfig:
 
 
 def decoder_stage_layers(model: str, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
-    """Accept stage layer counts over decoder layers (sum == num_layers) or over
-    ``ModelArch.layers()`` (sum == num_layers + 2: embedding on the first stage, head on
-    the last, as the estimators count them) and return decoder-layer counts (the first or
-    last stage may then hold no decoder layer)."""
+    """Accept stage layer counts over the repeated layers (sum == ``num_blocks``: decoder
+    layers or Wide-ResNet blocks) or over ``ModelArch.layers()`` (sum == num_blocks + 2:
+    embedding or stem on the first stage, head or classifier on the last, as the estimators
+    count them) and return block counts (the first or last stage may then hold none)."""
     from instances.models import get_model
-    L = get_model(model).num_layers
+    L = get_model(model).num_blocks
     total = sum(stage_layers)
     if total == L:
         return tuple(stage_layers)
@@ -195,5 +195,5 @@ def decoder_stage_layers(model: str, stage_layers: tuple[int, ...]) -> tuple[int
             raise InputError(f"stage_layers {stage_layers} leave a stage with nothing to run",
                              field="stage_layers")
         return tuple(out)
-    raise InputError(f"stage_layers {stage_layers} sum to {total}; model {model} has {L} decoder "
-                     f"layers ({L + 2} counting embedding and head)", field="stage_layers")
+    raise InputError(f"stage_layers {stage_layers} sum to {total}; model {model} has {L} repeated "
+                     f"layers ({L + 2} counting its first and last layer)", field="stage_layers")

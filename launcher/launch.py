@@ -17,7 +17,7 @@ from pathlib import Path
 from instances.errors import InputError
 
 from .config import TrainConfig
-from .worker import CHECKPOINT_FILE, EVENTS_FILE, PIDS_DIR, RESULTS_FILE, STOP_FILE
+from .worker import CHECKPOINT_FILE, EVENTS_FILE, EXITS_DIR, PIDS_DIR, RESULTS_FILE, STOP_FILE
 
 RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -74,7 +74,8 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (STOP_FILE, CHECKPOINT_FILE):
         (run_dir / stale).unlink(missing_ok=True)
-    shutil.rmtree(run_dir / PIDS_DIR, ignore_errors=True)
+    for d in (PIDS_DIR, EXITS_DIR):
+        shutil.rmtree(run_dir / d, ignore_errors=True)
     config_path = run_dir / "config.json"
     cfg.write(config_path)
     env = {**os.environ, **RANK_ENV}
@@ -128,6 +129,13 @@ def rank_pids(run_dir: str | os.PathLike) -> dict[int, tuple[int, str]]:
             except ValueError:
                 continue
     return out
+
+
+def ranks_not_done(run_dir: str | os.PathLike) -> list[int]:
+    """Ranks that recorded their start but never left the training loop's end (killed, or
+    failed before it): for a failed launch, which ranks to look at."""
+    done = {p.name for p in (Path(run_dir) / EXITS_DIR).glob("rank*")}
+    return sorted(r for r in rank_pids(run_dir) if f"rank{r}" not in done)
 
 
 def tail(path: str | os.PathLike, chars: int = 2000) -> str:

@@ -3,7 +3,7 @@
 ``Transformer`` is a pre-norm decoder in three flavours: GPT (LayerNorm, learned positions,
 GELU MLP, biases), Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
 attention, no biases, untied head) and MoE (GPT with a top-k mixture of GELU experts in
-every layer, ``MoE``). Parallelism is applied from outside: ``parallelize.py`` shards the
+every layer, ``MoE``). ``WideResNet`` is the catalog's convolutional family. Parallelism is applied from outside: ``parallelize.py`` shards the
 attention and MLP projections (tensor) and wraps the model (data); ``pipeline.py``
 keeps one stage's layers. For that:
 
@@ -28,10 +28,14 @@ from torch import nn
 from instances.errors import InputError
 from instances.models import ModelArch, get_model
 
-SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe")
+SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe", "wide_resnet",
+                      "tiny-wide_resnet")
 INIT_STD = 0.02                       # normal init of linear and embedding weights
 NORM_EPS = 1e-5
 ROPE_THETA = 10000.0                  # rotary embedding base (Llama)
+GROUP_NORM_GROUPS = 32                # Wide-ResNet: at most this many groups per GroupNorm,
+GROUP_NORM_MIN_CHANNELS = 8           # with at least this many channels per group (one channel per
+                                      # group is instance norm: it erases a 1x1 map and channel means)
 
 
 def _rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,6 +166,8 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """Pre-norm decoder: GPT (LayerNorm, learned positions, GELU) or Llama (RMSNorm,
     rotary positions, SwiGLU, grouped-query attention, untied head)."""
+    FIRST_STAGE = ("tok_embeddings", "pos_embeddings")     # held by the first pipeline stage only
+    LAST_STAGE = ("norm", "output")                        # held by the last pipeline stage only
 
     def __init__(self, arch: ModelArch):
         super().__init__()
@@ -199,13 +205,89 @@ class Transformer(nn.Module):
         return x
 
 
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with the largest group count <= ``GROUP_NORM_GROUPS`` that divides ``channels``
+    and leaves at least ``GROUP_NORM_MIN_CHANNELS`` channels per group (else one group)."""
+    groups = max(g for g in range(1, GROUP_NORM_GROUPS + 1)
+                 if channels % g == 0 and (g == 1 or channels // g >= GROUP_NORM_MIN_CHANNELS))
+    return nn.GroupNorm(groups, channels, eps=NORM_EPS)
+
+
+class Bottleneck(nn.Module):
+    """The catalog's Wide-ResNet block (``instances.models._wide_resnet_layers``): 1x1
+    ``cin -> filters``, 3x3 ``filters -> wide`` (strided), 1x1 ``wide -> cout``, each
+    followed by ``norm``; a 1x1 projection shortcut when ``shortcut``, else the identity
+    where the shapes agree. ``norm(channels)`` builds the normalisation layer."""
+
+    def __init__(self, cin: int, filters: int, wide: int, cout: int, stride: int, *, shortcut: bool,
+                 norm=group_norm):
+        super().__init__()
+        self.c1, self.n1 = nn.Conv2d(cin, filters, 1, bias=False), norm(filters)
+        self.c2, self.n2 = nn.Conv2d(filters, wide, 3, stride, 1, bias=False), norm(wide)
+        self.c3, self.n3 = nn.Conv2d(wide, cout, 1, bias=False), norm(cout)
+        self.proj = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout)) if shortcut else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.n1(self.c1(x)))
+        y = F.relu(self.n2(self.c2(y)))
+        y = self.n3(self.c3(y))
+        if self.proj is not None:
+            y = y + self.proj(x)
+        elif y.shape == x.shape:
+            y = y + x
+        return F.relu(y)
+
+
+def has_shortcut(cin: int, cout: int, stride: int) -> bool:
+    """Whether a catalog bottleneck changes shape and so needs a projection shortcut."""
+    return cin != cout or stride != 1
+
+
+class WideResNet(nn.Module):
+    """Wide-ResNet as the catalog describes it: a 7x7 stride-2 convolution + norm + ReLU +
+    3x3 max-pool stem, the bottleneck blocks of ``_wide_resnet_layers`` (ResNet-50/101
+    layout, widened 3x3 convolutions), global average pooling and a linear classifier.
+
+    Approximation, stated: GroupNorm replaces BatchNorm. Batch statistics would make the
+    loss depend on how a step's batch is split (data-parallel shards, micro-batches), so
+    every plan would train a different model; with GroupNorm every plan trains the same
+    one (the parameter count is the catalog's: 2 per channel either way)."""
+    FIRST_STAGE = ("stem",)
+    LAST_STAGE = ("classifier",)
+
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.arch = arch
+        c0 = arch.num_channels
+        self.stem = nn.Sequential(nn.Conv2d(3, c0, 7, 2, 3, bias=False), group_norm(c0), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks = {}
+        for i, spec in enumerate(arch.layers()[1:-1]):
+            cin, filters, wide, cout, _, stride, _ = spec.signature
+            blocks[str(i)] = Bottleneck(cin, filters, wide, cout, stride, shortcut=has_shortcut(cin, cout, stride))
+        self.layers = nn.ModuleDict(blocks)
+        cin, classes, _ = arch.layers()[-1].signature
+        self.classifier: nn.Linear | None = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``[batch, 3, size, size]`` (first stage) or feature maps; returns logits
+        ``[batch, classes]`` (last stage) or feature maps."""
+        if self.stem is not None:
+            x = self.stem(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.classifier is not None:
+            x = self.classifier(x.mean(dim=(2, 3)))
+        return x
+
+
 def check_supported(arch: ModelArch) -> None:
     if arch.family not in SUPPORTED_FAMILIES:
         raise InputError(f"the launcher trains the families {', '.join(SUPPORTED_FAMILIES)}; "
                          f"model {arch.name} is family {arch.family!r}", field="model")
 
 
-def build_model(model: str, seed: int) -> Transformer:
+def build_model(model: str, seed: int) -> Transformer | WideResNet:
     """The full model, initialised deterministically from ``seed`` on the CPU in float32
     (every rank builds the same weights; parallelism then keeps each rank's part)."""
     arch = get_model(model)
@@ -213,11 +295,12 @@ def build_model(model: str, seed: int) -> Transformer:
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return Transformer(arch)
+        return Transformer(arch) if arch.is_transformer else WideResNet(arch)
     finally:
         torch.random.set_rng_state(gen_state)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over a (micro-)batch."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    """Mean cross-entropy over a (micro-)batch: next-token logits ``[batch, seq, vocab]``
+    or class logits ``[batch, classes]``."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())

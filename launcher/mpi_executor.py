@@ -9,7 +9,8 @@ job, so a relaunch on another plan reshards from the last checkpoint), ``progres
 
 - ``launch``: validates the plan against the allocation (rank count, divisibility,
   memory on the allocation's GPU type), then starts mpiexec; ranks resume from the job's
-  last checkpoint.
+  last checkpoint. A Wide-ResNet plan's tensor ranks run as data ranks (the launcher has
+  no tensor-parallel convolution; same ranks, same training).
 - ``stop``: asks the ranks to checkpoint and exit (SIGTERM, which mpiexec forwards, plus a
   ``stop`` file for ranks on other hosts), waits up to ``stop_timeout_s``, then kills the
   process group and every rank it recorded.
@@ -31,11 +32,12 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from instances.errors import InputError
+from instances.models import get_model
 
 from . import launch as _launch
 from .config import OptimizerConfig, ParallelPlan, TrainConfig
@@ -248,7 +250,8 @@ class MpiExecutor:
             return
         err = _launch.tail(Path(st.cfg.run_dir) / "stderr.log", 4000).strip().splitlines()
         last = next((l for l in reversed(err) if "rank failed" in l or "Error" in l), err[-1] if err else "")
-        st.failed = f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}): {last[:300]}"
+        st.failed = (f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}; ranks that did "
+                     f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
         write_progress(st.cfg.progress_path, status="failed",
                        iterations_done=prog.get("last_checkpoint_step") or 0, steps_total=st.cfg.steps,
                        last_checkpoint_step=prog.get("last_checkpoint_step"),
@@ -261,6 +264,10 @@ class MpiExecutor:
             pp = alloc.grid.pp
             plan = ParallelPlan(dp=alloc.grid.num_gpus // pp, tp=1, pp=pp, microbatches=pp)
         pplan = ParallelPlan.from_plan_like(plan)
+        if pplan.tp > 1 and not get_model(job.model).is_transformer:
+            # the launcher splits Wide-ResNet over data and pipeline ranks only: the tensor
+            # ranks of the scheduler's plan become data ranks (same ranks, same training)
+            pplan = replace(pplan, dp=pplan.dp * pplan.tp, tp=1)
         nodes = tuple(sorted({n for n, _ in alloc.gpus}))
         hostfile = None
         if self.config.node_hosts:

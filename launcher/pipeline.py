@@ -2,9 +2,11 @@
 stages (manual split, one stage per pipeline rank) and drive them with torch's
 ``ScheduleGPipe`` or ``Schedule1F1B``.
 
-A stage keeps its decoder layers under their global names (``layers.<i>``), the first
-stage keeps the embeddings, the last the final norm and output head; what a stage does
-not hold is deleted (set to ``None``), so parameter names stay identical across plans.
+A stage keeps its layers (decoder layers, Wide-ResNet blocks) under their global names
+(``layers.<i>``), the first stage keeps the model's ``FIRST_STAGE`` modules (embeddings,
+convolution stem), the last its ``LAST_STAGE`` ones (final norm and output head,
+classifier); what a stage does not hold is deleted (set to ``None``), so parameter names
+stay identical across plans.
 """
 from __future__ import annotations
 
@@ -35,11 +37,11 @@ def split_stage(model, stage_index: int, pp: int, stage_layers: tuple[int, ...] 
         if not lo <= int(name) < hi:
             del model.layers[name]
     if stage_index > 0:
-        model.tok_embeddings = None
-        model.pos_embeddings = None
+        for name in model.FIRST_STAGE:
+            setattr(model, name, None)
     if stage_index < pp - 1:
-        model.norm = None
-        model.output = None
+        for name in model.LAST_STAGE:
+            setattr(model, name, None)
     return model
 
 

@@ -13,7 +13,7 @@ def train_reference(model: str, *, steps: int, global_batch: int, seed: int = 0,
     steps are trained too, their losses are dropped)."""
     import torch
 
-    from .data import make_source, split
+    from .data import make_source
     from .model import build_model, loss_fn
 
     torch.set_num_threads(1)
@@ -21,10 +21,10 @@ def train_reference(model: str, *, steps: int, global_batch: int, seed: int = 0,
     net = build_model(model, seed)
     opt = torch.optim.Adam(net.parameters(), lr=opt_cfg.lr, betas=(opt_cfg.beta1, opt_cfg.beta2),
                            eps=opt_cfg.eps)
-    data = make_source(net.arch.vocab_size, net.arch.seq_len, seed, data_path)
+    data = make_source(net.arch, seed, data_path)
     losses = []
     for step in range(steps):
-        x, y = split(data.global_batch(step, global_batch))
+        x, y = data.global_batch(step, global_batch)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(net(x), y)
         loss.backward()

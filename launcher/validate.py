@@ -49,12 +49,13 @@ def estimate_memory(cfg: TrainConfig, device_type: str) -> MemoryEstimate:
     plan = cfg.plan
     layers = arch.layers()
     emb, decoders, head = layers[0], layers[1:-1], layers[-1]
-    # launcher.model does not tie the GPT head (the catalog counts it tied); Llama is untied anyway
+    # launcher.model does not tie the GPT/MoE head (the catalog counts it tied); Llama is untied
+    # anyway, Wide-ResNet has none (vocab 0)
     untied_head = arch.vocab_size * arch.hidden_size if arch.tied_embeddings and arch.base_family != "llama" else 0
     micro = cfg.global_batch / (plan.dp * plan.microbatches)
     act_scale = TRAIN_DTYPE_BYTES / arch.dtype_bytes
     worst = (0.0, 0.0, 0.0)
-    for i, (lo, hi) in enumerate(stage_ranges(arch.num_layers, plan.pp, plan.stage_layers)):
+    for i, (lo, hi) in enumerate(stage_ranges(arch.num_blocks, plan.pp, plan.stage_layers)):
         params = sum(d.params for d in decoders[lo:hi]) / plan.tp
         act = sum(d.activation_bytes for d in decoders[lo:hi]) / plan.tp
         if i == 0:
@@ -81,16 +82,19 @@ def validate(cfg: TrainConfig, *, ranks: int | None = None, device_type: str = "
     if ranks is not None and ranks != plan.world_size:
         raise InputError(f"plan {plan} needs dp*tp*pp = {plan.world_size} ranks but {ranks} were "
                          f"requested", field="plan")
+    if not arch.is_transformer and plan.tp > 1:
+        raise InputError(f"the launcher splits model {arch.name} (Wide-ResNet) over data and pipeline "
+                         f"ranks only, got tp={plan.tp}", field="plan.tp")
     for what, size in (("num_heads", arch.num_heads), ("num_kv_heads", arch.kv_heads),
                        ("hidden_size", arch.hidden_size), ("ffn", arch.ffn)):
-        if size % plan.tp:
+        if arch.is_transformer and size % plan.tp:
             raise InputError(f"tensor degree tp={plan.tp} does not divide model {arch.name}'s "
                              f"{what}={size}", field="plan.tp")
-    if plan.pp > arch.num_layers:
-        raise InputError(f"pipeline depth pp={plan.pp} exceeds model {arch.name}'s {arch.num_layers} "
+    if plan.pp > arch.num_blocks:
+        raise InputError(f"pipeline depth pp={plan.pp} exceeds model {arch.name}'s {arch.num_blocks} "
                          f"layers", field="plan.pp")
-    if plan.stage_layers and sum(plan.stage_layers) != arch.num_layers:
-        raise InputError(f"stage_layers {plan.stage_layers} do not sum to {arch.num_layers} layers",
+    if plan.stage_layers and sum(plan.stage_layers) != arch.num_blocks:
+        raise InputError(f"stage_layers {plan.stage_layers} do not sum to {arch.num_blocks} layers",
                          field="plan.stage_layers")
     if cfg.global_batch % (plan.dp * plan.microbatches):
         raise InputError(f"global batch {cfg.global_batch} is not divisible by dp*microbatches = "

@@ -17,7 +17,6 @@ import time
 
 _T_START = time.time()          # before importing torch: process start, for the init cost
 
-import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -29,6 +28,7 @@ CHECKPOINT_FILE = "checkpoint"
 RESULTS_FILE = "results.jsonl"
 EVENTS_FILE = "events.jsonl"
 PIDS_DIR = "pids"
+EXITS_DIR = "exits"                   # rank<r>: written when the rank leaves main() (post-mortem)
 
 
 class _Flags:
@@ -69,7 +69,7 @@ def main(config_path: str) -> int:
 
     from . import checkpoint, telemetry
     from .config import TrainConfig
-    from .data import dp_shard, make_source, split
+    from .data import dp_shard, make_source
     from .dist import init_distributed
     from .model import build_model, loss_fn
     from .parallelize import apply_dp, apply_tp
@@ -96,6 +96,11 @@ def main(config_path: str) -> int:
     def event(name: str, **kw):
         if rank == 0:
             telemetry.append_jsonl(run_dir / EVENTS_FILE, [{"event": name, "time": time.time(), **kw}])
+
+    def leave(status: str, done: int) -> int:
+        (run_dir / EXITS_DIR).mkdir(exist_ok=True)
+        (run_dir / EXITS_DIR / f"rank{rank}").write_text(f"{status} {done}")
+        return 0
 
     def progress(status: str, done: int, last_ckpt: int | None, it_s: float | None, **kw):
         if rank == 0 and cfg.progress_path:
@@ -129,14 +134,14 @@ def main(config_path: str) -> int:
     if start_step >= cfg.steps:
         event("nothing_to_do", step=start_step)
         progress("finished", start_step, last_ckpt, None)
-        return 0
+        return leave("finished", start_step)
 
     schedule = None
     if plan.pp > 1:
         schedule = build_schedule(train_module, env.pp_rank, plan.pp, env.device,
                                   env.mesh["pp"].get_group(), microbatches=plan.microbatches,
                                   schedule=plan.schedule, loss_fn=loss_fn)
-    data = make_source(model.arch.vocab_size, model.arch.seq_len, cfg.seed, cfg.data_path)
+    data = make_source(model.arch, cfg.seed, cfg.data_path)
     event("ready", init_s=time.time() - _T_START, import_s=t_imported - _T_START,
           rendezvous_s=t_rendezvous - t_imported, start_step=start_step, plan=str(plan),
           world_size=env.world_size, device=str(env.device))
@@ -159,7 +164,7 @@ def main(config_path: str) -> int:
     if early.item() > 0:
         progress("stopped", start_step, last_ckpt, None)
         event("stopped", step=start_step)
-        return 0
+        return leave("stopped", start_step)
 
     progress("running", start_step, last_ckpt, None)
     it_s = None
@@ -170,8 +175,8 @@ def main(config_path: str) -> int:
             dist.barrier()          # breakdown: every rank's step starts together
             timer.take()
         t0 = time.perf_counter()
-        tokens = dp_shard(data.global_batch(step, cfg.global_batch), plan.dp, env.dp_rank)
-        x, y = (t.to(env.device) for t in split(tokens))
+        x, y = (t.to(env.device) for t in dp_shard(data.global_batch(step, cfg.global_batch), plan.dp,
+                                                   env.dp_rank))
         optimizer.zero_grad(set_to_none=True)
         local_loss = torch.zeros((), device=env.device)
         if schedule is not None:
@@ -247,7 +252,7 @@ def main(config_path: str) -> int:
     # gloo down (with FSDP2/DTensor state alive) at times aborts a rank after a finished
     # run (seen once in CI under load: every step done, mpiexec non-zero, nothing printed).
     # MPI.Finalize in __main__ synchronises the ranks; os._exit then closes the sockets.
-    return 0
+    return leave(status, done)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from estimators.base import Plan
 from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job
-from launcher.launch import rank_pids, read_events, read_results
+from launcher.launch import rank_pids, ranks_not_done, read_events, read_results
 from launcher.mpi_executor import LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
 from launcher.reference import train_reference
 
@@ -48,8 +48,10 @@ def test_refuses_a_plan_that_does_not_match_the_allocation(tmp_path):
     job = Job("j0", MODEL, BATCH, STEPS, 0.0)
     with pytest.raises(KeyError):
         ex.progress("j0")                                   # never launched
-    with pytest.raises(InputError, match="families"):
-        ex.launch(Job("j2", "tiny-moe__2L", BATCH, STEPS, 0.0), alloc(1), None, 0.0)
+    # a Wide-ResNet plan's tensor ranks run as data ranks (the launcher has no conv TP)
+    wrn = Job("j3", "tiny-wide_resnet__50", BATCH, STEPS, 0.0)
+    cfg, _ = ex._config_for(wrn, alloc(1), Plan(pp=1, dp=1, tp=2, stage_layers=(18,)), 0)
+    assert (cfg.plan.dp, cfg.plan.tp, cfg.plan.pp) == (2, 1, 1)
     with pytest.raises(InputError, match="needs dp\\*tp\\*pp = 4 ranks but 2"):
         ex.launch(job, alloc(1), Plan(pp=1, dp=4, tp=1, stage_layers=(4,)), 0.0)
 
@@ -85,6 +87,7 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
         detect_s = time.monotonic() - t_kill
         assert [e.job_id for e in events] == ["j1"] and events[0].failed, events
         assert detect_s < FAILURE_REPORT_S, detect_s
+        assert 1 in ranks_not_done(second_dir) and "did not reach the end" in ex._job("j1").failed
         p = ex.progress("j1")
         assert not p.running and not p.finished and p.iterations_done == p.last_checkpoint_iteration
         ckpt = int(p.last_checkpoint_iteration)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.api import run_training
+from launcher.launch import ranks_not_done
 from launcher.reference import train_reference
 
 MODEL = "tiny-gpt__2L"
@@ -127,6 +128,21 @@ def test_moe_trains_on_data_tensor_and_pipeline_splits_and_reshards(tmp_path):
     ck = tmp_path / "ck"
     for (dp, tp, pp, mb), steps, want in (((2, 1, 1, 1), 2, (1, 2)), ((1, 2, 1, 1), 4, (3, 4)),
                                           ((1, 1, 2, 2), 6, (5, 6))):
+        r = run_training(model, dp, tp, pp, steps=steps, microbatches=mb, global_batch=BATCH, seed=1,
+                         checkpoint_dir=ck, timeout_s=TIMEOUT_S, run_dir=tmp_path / f"{dp}{tp}{pp}")
+        assert r.ok, r.output_tail
+        assert r.steps == want and close(r.losses, ref[want[0] - 1:want[-1]]), (dp, tp, pp, r.losses, ref)
+        assert ranks_not_done(r.run_dir) == []             # every rank left the training loop cleanly
+
+
+def test_wide_resnet_trains_on_data_and_pipeline_splits_and_reshards(tmp_path):
+    """tiny Wide-ResNet (GroupNorm, so the loss does not depend on the batch split): data
+    parallel steps checkpoint and resume on a two-stage 1F1B pipeline, on the one-process
+    losses."""
+    model = "tiny-wide_resnet__50"
+    ref = train_reference(model, steps=4, global_batch=BATCH, seed=1)
+    ck = tmp_path / "ck"
+    for (dp, tp, pp, mb), steps, want in (((2, 1, 1, 1), 2, (1, 2)), ((1, 1, 2, 2), 4, (3, 4))):
         r = run_training(model, dp, tp, pp, steps=steps, microbatches=mb, global_batch=BATCH, seed=1,
                          checkpoint_dir=ck, timeout_s=TIMEOUT_S, run_dir=tmp_path / f"{dp}{tp}{pp}")
         assert r.ok, r.output_tail

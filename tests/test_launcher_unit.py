@@ -50,7 +50,7 @@ def test_config_json_roundtrip_and_estimator_stage_layers():
     (dict(dp=2, global_batch=3), None, "global_batch", "not divisible"),
     (dict(pp=2, microbatches=1), None, "microbatches", "1F1B"),
     (dict(model="gpt__6.7B", global_batch=8), None, "plan", "does not fit in memory on cpu"),
-    (dict(model="wide_resnet__500M"), None, "model", "the launcher trains the families"),
+    (dict(model="tiny-wide_resnet__50", tp=2), None, "plan.tp", "data and pipeline ranks only"),
     (dict(model="tiny-llama__4L", tp=4), None, "plan.tp", "num_kv_heads=2"),
 ])
 def test_bad_plans_are_refused_before_launch(kwargs, ranks, field, match):
@@ -68,18 +68,26 @@ def test_memory_estimate_scales_with_sharding():
 
 
 def test_synthetic_data_is_a_function_of_seed_and_step():
-    from launcher.data import SyntheticTokens, dp_shard, split
+    import torch
+
+    from launcher.data import SyntheticImages, SyntheticTokens, dp_shard
 
     src = SyntheticTokens(256, 32, seed=3)
-    a, b = src.global_batch(5, 8), src.global_batch(5, 8)
-    assert a.shape == (8, 33) and bool((a == b).all())
-    assert not bool((a == src.global_batch(6, 8)).all())
-    assert not bool((a == SyntheticTokens(256, 32, seed=4).global_batch(5, 8)).all())
-    shards = [dp_shard(a, 4, r) for r in range(4)]
-    import torch
-    assert bool((torch.cat(shards) == a).all())
-    x, y = split(a)
-    assert bool((x[:, 1:] == y[:, :-1]).all())
+    (x, y), (x2, y2) = src.global_batch(5, 8), src.global_batch(5, 8)
+    assert x.shape == y.shape == (8, 32) and bool((x == x2).all()) and bool((y == y2).all())
+    assert bool((x[:, 1:] == y[:, :-1]).all())                    # targets: the next tokens
+    assert not bool((x == src.global_batch(6, 8)[0]).all())
+    assert not bool((x == SyntheticTokens(256, 32, seed=4).global_batch(5, 8)[0]).all())
+    shards = [dp_shard((x, y), 4, r) for r in range(4)]
+    assert bool((torch.cat([s[0] for s in shards]) == x).all()) and bool((torch.cat([s[1] for s in shards]) == y).all())
+    img = SyntheticImages(10, 16, seed=3)
+    (a, la), (b, lb) = img.global_batch(2, 6), img.global_batch(2, 6)
+    assert a.shape == (6, 3, 16, 16) and la.shape == (6,) and bool((a == b).all()) and bool((la == lb).all())
+    assert not bool((a == img.global_batch(3, 6)[0]).all())
+    # same label, same template: images of one class are closer to each other than to another's
+    big, lab = SyntheticImages(2, 8, seed=0, noise=0.1).global_batch(0, 64)
+    c0, c1 = big[lab == 0], big[lab == 1]
+    assert (c0[0] - c0[1]).norm() < (c0[0] - c1[0]).norm()
 
 
 def test_text_file_data(tmp_path):
@@ -87,8 +95,8 @@ def test_text_file_data(tmp_path):
 
     f = tmp_path / "corpus.txt"
     f.write_text("hello arena " * 50)
-    b = TextFileTokens(str(f), 256, 16, seed=0).global_batch(0, 4)
-    assert b.shape == (4, 17) and int(b.max()) < 256
+    x, y = TextFileTokens(str(f), 256, 16, seed=0).global_batch(0, 4)
+    assert x.shape == y.shape == (4, 16) and int(x.max()) < 256
     with pytest.raises(InputError, match="not found"):
         TextFileTokens(str(tmp_path / "missing.txt"), 256, 16, seed=0)
 
@@ -216,3 +224,41 @@ def test_cli_refuses_bad_plan_and_dry_runs(capsys):
                  "--dry-run"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ranks"] == 4 and out["command"][1:3] == ["-n", "4"] and "launcher.worker" in out["command"]
+
+
+def test_wide_resnet_stages_compose_and_match_the_catalog():
+    """tiny Wide-ResNet: the catalog's parameter count, pipeline stages (stem on the first,
+    classifier on the last) that compose to the full model, and images as its only data."""
+    import torch
+
+    from instances.models import get_model
+    from launcher.data import make_source
+    from launcher.model import build_model
+    from launcher.pipeline import split_stage
+
+    name = "tiny-wide_resnet__50"
+    arch = get_model(name)
+    full = build_model(name, seed=3)
+    assert sum(p.numel() for p in full.parameters()) == arch.param_count
+    assert len(full.layers) == arch.num_blocks == 16
+    stages = [split_stage(build_model(name, seed=3), i, 3, (6, 5, 5)) for i in range(3)]
+    assert stages[0].classifier is None and stages[1].stem is None and stages[2].stem is None
+    names = set().union(*({n for n, _ in s.named_parameters()} for s in stages))
+    assert names == {n for n, _ in full.named_parameters()}
+    x, y = make_source(arch, 0, None).global_batch(0, 4)
+    h = x
+    for s in stages:
+        h = s(h)
+    assert h.shape == (4, arch.num_classes) and torch.allclose(h, full(x), atol=1e-5)
+    with pytest.raises(InputError) as e:
+        make_source(arch, 0, "corpus.txt")
+    assert e.value.field == "data_path"
+
+
+def test_wide_resnet_reference_training_learns():
+    from launcher.config import OptimizerConfig
+    from launcher.reference import train_reference
+
+    losses = train_reference("tiny-wide_resnet__50", steps=40, global_batch=8, seed=1,
+                             optimizer=OptimizerConfig(lr=1e-3))
+    assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8 - 0.5
