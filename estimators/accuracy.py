@@ -9,6 +9,9 @@ regimes (``learned_cv``): a GPU type never seen (leave-one-GPU-type-out), models
 seen, rows never seen; its correction is chosen inside each fold on the training rows
 only. Rows the table marks out of memory are checked against the memory model
 (``oom_boundary``: called infeasible, contradicted by the table itself, memory ranking).
+``scale_oracle`` reports how much error one factor per group (GPU type, type x family,
+type x shape, ...) could remove, an in-sample bound that shows where the error sits;
+``learned_few_shot`` the new-GPU-type error with k rows of that type's telemetry.
 
 ``proxy_quality``: for catalog models x grids up to 16 GPUs, the proxy plan's estimated
 throughput as a fraction of the grid's exhaustive best (same cost model).
@@ -89,10 +92,9 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False) -> 
                           "measured_s": row.iter_time_s, "analytic": err,
                           "learned": {by: learned[by]["errors"].get(rid) for by in SELECT_BY}}
                          for rid, (row, err) in by_id.items()]
-    rows_by_id = {rid: row for rid, (row, _) in by_id.items()}
     out["scale_oracle"] = {"analytic": scale_oracle(by_id.values()),
                            "learned (new GPU type)": scale_oracle(
-                               [(rows_by_id[rid], e) for rid, e in learned["gpu_type"]["errors"].items()])}
+                               [(by_id[rid][0], e) for rid, e in learned["gpu_type"]["errors"].items()])}
     if few_shot:
         out["few_shot"] = learned_few_shot(records, cfg=cfg)
     out["oom"] = oom_boundary(rows, analytic.planner)

@@ -60,7 +60,8 @@ def hostfile_hosts(path: str | os.PathLike) -> list[tuple[str, int]]:
 
 
 def build_command(cfg: TrainConfig, config_path: str | os.PathLike, hostfile: str | None = None) -> list[str]:
-    cmd = [mpiexec_path(), "-n", str(cfg.plan.world_size)]
+    # -print-all-exitcodes: Hydra prints every rank's exit status (post-mortem of a failure)
+    cmd = [mpiexec_path(), "-print-all-exitcodes", "-n", str(cfg.plan.world_size)]
     if hostfile:
         cmd += ["-f", str(hostfile)]
     return cmd + [sys.executable, "-m", "launcher.worker", str(config_path)]
