@@ -44,7 +44,7 @@ from .planner import Planner
 from .profile_store import ProfileStore
 
 DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # dp, tp, pp, microbatches
-BLOCK_KINDS = ("decoder", "moe_decoder")      # the repeated layers the runtime terms are measured on
+BLOCK_KINDS = ("decoder", "moe_decoder", "bottleneck")   # repeated layers: the runtime terms' probes
 LOCAL_MODEL = "tiny-gpt__4L"                  # the default model of the comparison
 
 
@@ -144,10 +144,10 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
     """Profile (what ``store`` lacks), measure the runtime terms, then run every plan and
     compare. ``store`` None: a temporary store, so that the profiles are taken just before
     the runs (this host's speed drifts with its load; an old store's rates are stale)."""
-    if not get_model(model).is_transformer:
-        raise InputError(f"the local comparison runs transformer models; {model} is a Wide-ResNet, whose "
-                         f"blocks the profiler times with BatchNorm while the launcher trains them with "
-                         f"GroupNorm", field="model")
+    if not get_model(model).is_transformer:      # the launcher has no tensor-parallel convolution
+        plans = tuple(p for p in plans if p[1] == 1)
+    if not plans:
+        raise InputError(f"no plan of {model} to compare", field="plans")
     if store is None:
         import tempfile
         with tempfile.TemporaryDirectory(prefix="arena-local-profile-") as tmp:
@@ -251,11 +251,14 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
         queue.put({"step_overhead": statistics.median(over)})
         dist.destroy_process_group()
         return
-    apply_tp(full, init_device_mesh("cpu", (world,)))
-    dtensor_layer = next(iter(full.layers.values()))
     index = next(i for i, spec in enumerate(arch.layers()) if spec.kind in BLOCK_KINDS)
-    plain_layer, _ = _build(arch, index, world, "float32")     # the profiler's sharded layer
-    shape = (micro_batch, arch.seq_len, arch.hidden_size)
+    if arch.is_transformer:
+        apply_tp(full, init_device_mesh("cpu", (world,)))
+        dtensor_layer = next(iter(full.layers.values()))
+        plain_layer, make = _build(arch, index, world, "float32")     # the profiler's sharded layer
+    else:                                       # no tensor parallelism: contention only
+        plain_layer, make = _build(arch, index, 1, "float32")
+        dtensor_layer = plain_layer
     passes = sum(1 for spec in arch.layers() if spec.kind in BLOCK_KINDS)
 
     def timed(mod):
@@ -265,7 +268,8 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
         for k in range(passes):
             # the same input on every rank, as tensor parallelism has it (an MoE layer routes
             # by its input: different inputs would mean different collective sizes)
-            x = torch.randn(shape, generator=torch.Generator().manual_seed(k)).requires_grad_()
+            torch.manual_seed(k)
+            x = make(micro_batch)
             t0 = time.perf_counter()
             y = mod(x)
             t1 = time.perf_counter()

@@ -194,17 +194,17 @@ def _build(arch: ModelArch, index: int, tp: int, dtype: str):
         mod = Head()
         make = lambda mb: torch.randn(mb, s, h, dtype=dt, requires_grad=True)
     elif spec.kind == "bottleneck":
-        # the launcher's block (the catalog's layout), with BatchNorm as the catalog's
-        # runtimes use; a tensor shard keeps 1/tp of every convolution's output channels
+        # the launcher's block (the catalog's layout, GroupNorm as the launcher trains it);
+        # a tensor shard keeps 1/tp of every convolution's output channels
         from launcher.model import Bottleneck, has_shortcut
         cin, filters, wide, cout, hw, stride, _ = spec.signature
         f, w, co = (max(1, c // tp) for c in (filters, wide, cout))
-        mod = Bottleneck(cin, f, w, co, stride, shortcut=has_shortcut(cin, cout, stride), norm=nn.BatchNorm2d)
+        mod = Bottleneck(cin, f, w, co, stride, shortcut=has_shortcut(cin, cout, stride))
         make = lambda mb: torch.randn(mb, cin, hw, hw, dtype=dt, requires_grad=True)
     elif spec.kind == "conv_stem":
+        from launcher.model import conv_stem
         c0, img, _ = spec.signature
-        mod = nn.Sequential(nn.Conv2d(3, max(1, c0 // tp), 7, 2, 3, bias=False), nn.BatchNorm2d(max(1, c0 // tp)),
-                            nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        mod = conv_stem(max(1, c0 // tp))
         make = lambda mb: torch.randn(mb, 3, img, img, dtype=dt)
     elif spec.kind == "classifier":
         cin, ncls, _ = spec.signature

@@ -227,16 +227,16 @@ def group_norm(channels: int) -> nn.GroupNorm:
 class Bottleneck(nn.Module):
     """The catalog's Wide-ResNet block (``instances.models._wide_resnet_layers``): 1x1
     ``cin -> filters``, 3x3 ``filters -> wide`` (strided), 1x1 ``wide -> cout``, each
-    followed by ``norm``; a 1x1 projection shortcut when ``shortcut``, else the identity
-    where the shapes agree. ``norm(channels)`` builds the normalisation layer."""
+    followed by ``group_norm``; a 1x1 projection shortcut when ``shortcut``, else the
+    identity where the shapes agree (a tensor shard timed by the profiler may not)."""
 
-    def __init__(self, cin: int, filters: int, wide: int, cout: int, stride: int, *, shortcut: bool,
-                 norm=group_norm):
+    def __init__(self, cin: int, filters: int, wide: int, cout: int, stride: int, *, shortcut: bool):
         super().__init__()
-        self.c1, self.n1 = nn.Conv2d(cin, filters, 1, bias=False), norm(filters)
-        self.c2, self.n2 = nn.Conv2d(filters, wide, 3, stride, 1, bias=False), norm(wide)
-        self.c3, self.n3 = nn.Conv2d(wide, cout, 1, bias=False), norm(cout)
-        self.proj = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), norm(cout)) if shortcut else None
+        self.c1, self.n1 = nn.Conv2d(cin, filters, 1, bias=False), group_norm(filters)
+        self.c2, self.n2 = nn.Conv2d(filters, wide, 3, stride, 1, bias=False), group_norm(wide)
+        self.c3, self.n3 = nn.Conv2d(wide, cout, 1, bias=False), group_norm(cout)
+        self.proj = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), group_norm(cout))
+                     if shortcut else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.n1(self.c1(x)))
@@ -247,6 +247,13 @@ class Bottleneck(nn.Module):
         elif y.shape == x.shape:
             y = y + x
         return F.relu(y)
+
+
+def conv_stem(channels: int) -> nn.Sequential:
+    """The catalog's Wide-ResNet stem: 7x7 stride-2 convolution of the RGB image,
+    ``group_norm``, ReLU, 3x3 stride-2 max-pool."""
+    return nn.Sequential(nn.Conv2d(3, channels, 7, 2, 3, bias=False), group_norm(channels), nn.ReLU(),
+                         nn.MaxPool2d(3, 2, 1))
 
 
 def has_shortcut(cin: int, cout: int, stride: int) -> bool:
@@ -270,8 +277,7 @@ class WideResNet(nn.Module):
         super().__init__()
         self.arch = arch
         c0 = arch.num_channels
-        self.stem = nn.Sequential(nn.Conv2d(3, c0, 7, 2, 3, bias=False), group_norm(c0), nn.ReLU(),
-                                  nn.MaxPool2d(3, 2, 1))
+        self.stem: nn.Sequential | None = conv_stem(c0)
         blocks = {}
         for i, spec in enumerate(arch.layers()[1:-1]):
             cin, filters, wide, cout, _, stride, _ = spec.signature
