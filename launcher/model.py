@@ -3,17 +3,20 @@
 ``Transformer`` is a pre-norm decoder in three flavours: GPT (LayerNorm, learned positions,
 GELU MLP, biases), Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
 attention, no biases, untied head) and MoE (GPT with a top-k mixture of GELU experts in
-every layer, ``MoE``). ``WideResNet`` is the catalog's convolutional family. Parallelism is applied from outside: ``parallelize.py`` shards the
-attention and MLP projections (tensor) and wraps the model (data); ``pipeline.py``
-keeps one stage's layers. For that:
+every layer, ``MoE``). ``WideResNet`` is the catalog's convolutional family.
+Parallelism is applied from outside: ``parallelize.py`` shards the attention and MLP
+projections (tensor) and wraps the model (data); ``pipeline.py`` keeps one stage's
+layers. For that:
 
-- decoder layers live in a ``ModuleDict`` keyed by their global index, so a pipeline
-  stage that keeps layers 2..3 still names them ``layers.2`` / ``layers.3``: parameter
-  names are identical across plans and ``torch.distributed.checkpoint`` reshards by name;
+- decoder layers (Wide-ResNet blocks) live in a ``ModuleDict`` keyed by their global
+  index, so a pipeline stage that keeps layers 2..3 still names them ``layers.2`` /
+  ``layers.3``: parameter names are identical across plans and
+  ``torch.distributed.checkpoint`` reshards by name;
 - the query/key/value projections are separate linears, so a column-wise split gives
   every tensor rank whole heads, and attention infers its local head count from shapes;
-- ``tok_embeddings``, ``pos_embeddings``, ``norm`` and ``output`` may be ``None`` (a
-  pipeline stage that does not hold them passes hidden states through).
+- the modules a model names in ``FIRST_STAGE`` / ``LAST_STAGE`` (embeddings / final norm
+  and head; stem / classifier) may be ``None`` (a pipeline stage that does not hold them
+  passes hidden states or feature maps through).
 
 Approximation: the GPT output head is *not* tied to the token embedding (the catalog's
 GPT counts tied embeddings). Tying would need a gradient all-reduce between the first and
