@@ -249,10 +249,9 @@ def main(config_path: str) -> int:
         (run_dir / STOP_FILE).unlink(missing_ok=True)
     progress(status, done, last_ckpt, it_s)
     event(status, step=done)
-    # No dist.destroy_process_group(): every rank has left its last collective, and tearing
-    # gloo down (with FSDP2/DTensor state alive) at times aborts a rank after a finished
-    # run (seen once in CI under load: every step done, mpiexec non-zero, nothing printed).
-    # MPI.Finalize in __main__ synchronises the ranks; os._exit then closes the sockets.
+    # No dist.destroy_process_group(): every rank has left its last collective, and
+    # os._exit in __main__ closes the sockets (a finished run that still ended non-zero was
+    # Hydra SIGKILLing a rank during the exit: see the linger in __main__).
     return leave(status, done)
 
 
@@ -271,8 +270,8 @@ if __name__ == "__main__":
         os._exit(1)
     # Skip the interpreter's slow teardown of torch (about 1.5 s per rank here): finalize
     # MPI explicitly, flush, linger, and leave. Without the linger, about one 4-rank launch
-    # in six here ended with one rank SIGKILLed by Hydra after every rank had finished
-    # training and left MPI_Finalize (exit codes 0,0,9,0; 4 of 25 runs); with it, 0 of 28.
+    # in six here ended with one rank SIGKILLed by Hydra after every rank had recorded
+    # leaving the training loop (exit codes 0,0,9,0; 4 of 25 runs); with it, 0 of 28.
     from mpi4py import MPI
 
     MPI.Finalize()
