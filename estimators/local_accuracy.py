@@ -1,7 +1,9 @@
 """Estimates against real torch runs on this machine.
 
-A tiny model is trained with real multi-rank torch jobs (``launcher.api.run_training``:
-mpiexec, gloo on CPU) under data, tensor and pipeline splits at world sizes 1 and 2; the
+A tiny model (default ``LOCAL_MODEL``; any the launcher trains: GPT, Llama, MoE, and
+Wide-ResNet without tensor plans) is trained with real multi-rank torch jobs
+(``launcher.api.run_training``: mpiexec, gloo on CPU) under data, tensor and pipeline
+splits at world sizes 1 and 2; the
 measured iteration time (median over the steps after ``skip`` warm-up steps) is compared
 with the analytic estimate of the same plan, whose layer and link costs come from the
 profile store (the model is profiled first if the store lacks it). The estimate models
@@ -14,7 +16,8 @@ reported runs), with the job's rank count of gloo processes: the launcher's per-
 outside the model (input pipeline, zero_grad, control all-reduce: ``step_overhead_s``);
 for tensor parallelism one decoder layer of the launcher's own model under torch
 ``parallelize_module`` (DTensor) against the profiler's plain sharded layer, alone and
-with every rank computing at once. From them: ``tp_layer_overhead_*_s`` (DTensor time
+with every rank computing at once (every rank fed the same input, as tensor parallelism
+has it; Wide-ResNet: its first block, without the DTensor part). From them: ``tp_layer_overhead_*_s`` (DTensor time
 beyond the sharded compute and the modelled all-reduces) and the per-rank contention of
 concurrent ranks (``ContendedTimer``). Collectives come from the store's per-operation
 tables (``timing.ProfiledComm``), and on CPU the gradient all-reduce is not overlapped
