@@ -32,9 +32,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from instances.grid import Grid
 from instances.jobs import Job
 
 from .context import Allocation
+
+
+def nominal_allocation(grid: Grid) -> Allocation:
+    """An allocation of ``grid`` on not-yet-chosen GPUs (node id -1): the cost model prices
+    by grid; placement chooses the GPUs after the decision."""
+    return Allocation(grid, tuple((-1, i) for i in range(grid.num_gpus)))
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,13 @@ class ReconfigCostModel:
         if self.state_bw_bytes_per_s is not None:
             cost += self.state_bytes(job) / (self.state_bw_bytes_per_s * new.grid.num_gpus)
         return cost
+
+    def cost_to_grid_s(self, job: Job, old: Allocation | None, grid: Grid) -> float:
+        """Downtime for moving ``job`` to ``grid`` before its GPUs are chosen (what a policy
+        prices): 0 when it keeps its grid, else ``cost_s`` to the grid's nominal allocation."""
+        if old is not None and old.grid == grid:
+            return 0.0
+        return self.cost_s(job, old, nominal_allocation(grid))
 
     @classmethod
     def from_options(cls, opts: dict) -> "ReconfigCostModel":

@@ -217,6 +217,7 @@ def select_correction(records: list[TrainingRecord], params: dict, by: str, *, s
 
 class LearnedModel:
     """PerformanceModel: analytic estimate x exp(learned log-ratio correction)."""
+    kind = "learned"
     name = "learned"
 
     def __init__(self, *, dp_only: bool = False, artifact: str | Path | None = None,

@@ -23,33 +23,38 @@ from typing import Any, Callable
 from instances.errors import InputError
 from instances.grid import Grid
 from instances.jobs import Job
+from instances.registry import Registry
 
 from .base import Estimate, PerformanceModel
 from .config import EfficiencyConfig, EstimatorConfig, MemoryConfig, PlannerConfig
 from .planner import Planner, PlanResult
 
-_KINDS: dict[str, Callable[..., PerformanceModel]] = {}
-
-
-def register_kind(name: str):
-    def wrap(factory):
-        if name in _KINDS:
-            raise ValueError(f"performance model kind {name!r} registered twice")
-        _KINDS[name] = factory
-        return factory
-    return wrap
-
-
-def kind_names() -> list[str]:
-    return sorted(_KINDS)
+KINDS: Registry[Callable[..., PerformanceModel]] = Registry("performance model kind", field="kind")
+register_kind = KINDS.register
+kind_names = KINDS.names
 
 
 def make_performance_model(kind: str, **config: Any) -> PerformanceModel:
     """Build a performance model by kind name (``analytic``, ``learned``, ``table``)."""
-    if kind not in _KINDS:
-        raise InputError(f"unknown performance model kind {kind!r}; known: {', '.join(kind_names())}",
-                         field="kind")
-    return _KINDS[kind](**config)
+    return KINDS.get(kind)(**config)
+
+
+class DpOnlyTwin:
+    """The data-parallel-only twin of a performance model: a model of the same registered
+    ``kind`` with that kind's default configuration and ``dp_only=True`` (what the
+    baselines decide with, as the published comparisons did). A model without a
+    registered kind (or None) gets the ``table`` kind. The twin of the last model asked
+    for is kept, so a policy builds it once per run."""
+
+    def __init__(self) -> None:
+        self._of: object = None
+        self._twin: PerformanceModel | None = None
+
+    def __call__(self, perf: PerformanceModel | None) -> PerformanceModel:
+        if self._twin is None or self._of is not perf:
+            kind = getattr(perf, "kind", None)
+            self._of, self._twin = perf, make_performance_model(kind if kind in KINDS else "table", dp_only=True)
+        return self._twin
 
 
 def _estimator_config(efficiency=None, memory=None, planner=None) -> EstimatorConfig:
@@ -70,6 +75,7 @@ def _estimator_config(efficiency=None, memory=None, planner=None) -> EstimatorCo
 
 class AnalyticModel:
     """Proxy plan + composition over roofline or profiled layer times."""
+    kind = "analytic"
     name = "analytic"
 
     def __init__(self, *, dp_only: bool = False, efficiency=None, memory=None, planner=None,
@@ -135,6 +141,7 @@ register_kind("analytic")(AnalyticModel)
 
 class TableModel:
     """Measured Arena iteration times for exact rows; ``fallback`` for the others."""
+    kind = "table"
     name = "table"
 
     def __init__(self, *, dp_only: bool = False, path=None, fallback: str | None = "analytic",

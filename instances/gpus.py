@@ -13,6 +13,7 @@ the node's network (a typical NIC for that generation of system).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .errors import UnknownGpuType
@@ -105,6 +106,15 @@ ALIASES: dict[str, str] = {
 
 
 def canonical_gpu_name(name: str) -> str:
+    """The catalog name of ``name`` (case-insensitive, aliases resolved);
+    ``UnknownGpuType`` if it is not in the catalog."""
+    if not isinstance(name, str):
+        raise UnknownGpuType(f"GPU type must be a string, got {name!r}", field="gpu_type")
+    return _canonical(name)
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical(name: str) -> str:
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key not in GPU_TYPES:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gpus import canonical_gpu_name
+
 
 @dataclass(frozen=True, order=True)
 class Shape:
-    gpu_type: str
+    gpu_type: str          # canonical catalog name (aliases such as "a100" are resolved)
     num_nodes: int
     gpus_per_node: int
 
     def __post_init__(self):
+        object.__setattr__(self, "gpu_type", canonical_gpu_name(self.gpu_type))
         if self.num_nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"shape needs at least one node and one GPU per node, got {self}")
 

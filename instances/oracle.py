@@ -67,6 +67,7 @@ from .grid import Shape
 from .jobs import Job
 from .measurements import MeasuredIterTime, load_measured_iter_times
 from .models import MODELS, canonical_model_name, get_model
+from .registry import Registry
 
 Key = tuple[str, int, str, int, int]     # (model, global batch, GPU type, nodes, GPUs per node)
 
@@ -433,17 +434,18 @@ class ArenaRuleOracle(_TableOracleBase):
         return None
 
 
-ORACLES: dict[str, type] = {"table": TableOracle, "arena-rule": ArenaRuleOracle}
+ORACLES: Registry[type] = Registry("oracle")
+ORACLES.register("table")(TableOracle)
+ORACLES.register("arena-rule")(ArenaRuleOracle)
 
 
 def make_oracle(name: str = "table", **config) -> Oracle:
     """An oracle by registry name (``table``: ours; ``arena-rule``: the artifact's rule),
     configured with ``OracleConfig`` fields (e.g. ``noise_std=0.05, seed=1``)."""
     from .errors import InputError
-    if name not in ORACLES:
-        raise InputError(f"unknown oracle {name!r}; known: {', '.join(sorted(ORACLES))}", field="oracle")
+    cls = ORACLES.get(name)
     try:
-        return ORACLES[name](config=OracleConfig(**config))
+        return cls(config=OracleConfig(**config))
     except TypeError as e:
         raise InputError(f"bad oracle option: {e}", field="oracle") from None
     except ValueError as e:

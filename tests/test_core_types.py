@@ -1,6 +1,8 @@
 """Shared value objects: shapes, grids, allocations, plans, and the policy registry."""
 import pytest
 
+from instances.errors import InputError
+
 from engine.context import Allocation
 from engine.policy import make_policy, policy_names
 from estimators.base import Plan
@@ -34,6 +36,6 @@ def test_plan_validation():
 
 
 def test_unknown_policy_is_named():
-    with pytest.raises(KeyError, match="unknown policy 'nope'"):
+    with pytest.raises(InputError, match="unknown policy 'nope'; known: .*arena"):
         make_policy("nope")
     assert isinstance(policy_names(), list)

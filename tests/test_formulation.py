@@ -97,7 +97,7 @@ class FakePerf:
     SPEED = {"a100": 3.0, "a40": 1.0}
 
     def estimate(self, job, grid):
-        thr = self.SPEED[grid.gpu_type] * grid.num_gpus ** 0.8 * (1.0 + 0.1 * (grid.pp == 2))
+        thr = self.SPEED[grid.gpu_type.split("-")[0]] * grid.num_gpus ** 0.8 * (1.0 + 0.1 * (grid.pp == 2))
         return Estimate(job.global_batch / thr, thr, 1e9, None, True, "fake")
 
 

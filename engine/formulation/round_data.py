@@ -19,8 +19,9 @@ import numpy as np
 
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
+from instances.jobs import Job
 
-from ..context import RoundContext
+from ..context import JobView, RoundContext
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,27 @@ def default_grids_fn() -> GridsFn:
     return candidate_grids
 
 
-def _reconfig_cost_s(ctx: RoundContext, view, grid: Grid) -> float:
-    if ctx.reconfig is None or (view.current is not None and view.current.grid == grid):
+def _reconfig_cost_s(ctx: RoundContext, view: JobView, grid: Grid) -> float:
+    if ctx.reconfig is None:
         return 0.0
-    from .decide import nominal_allocation
-    return float(ctx.reconfig.cost_s(view.job, view.current, nominal_allocation(grid)))
+    return float(ctx.reconfig.cost_to_grid_s(view.job, view.current, grid))
+
+
+class GridCache:
+    """Candidate grids per (model, global batch, cluster, GPU cap): they depend on the
+    job only through those, so a policy enumerates them once per such key."""
+
+    def __init__(self, dp_only: bool = False):
+        self.dp_only = dp_only
+        self._cache: dict = {}
+
+    def __call__(self, job: Job, cluster: ClusterSpec, max_gpus: int) -> list[Grid]:
+        key = (job.model, job.global_batch, id(cluster), max_gpus)
+        grids = self._cache.get(key)
+        if grids is None:
+            from estimators.grids import candidate_grids
+            grids = self._cache[key] = candidate_grids(job, cluster, max_gpus=max_gpus, dp_only=self.dp_only)
+        return grids
 
 
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,

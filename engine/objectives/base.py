@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 from instances.errors import InputError
+from instances.registry import Registry
 
 
 class ObjectiveTerm(Protocol):
@@ -22,28 +23,20 @@ class ObjectiveTerm(Protocol):
     def apply(self, data, builder, weight: float) -> None: ...
 
 
-_TERMS: dict[str, type] = {}
+TERMS: Registry[type] = Registry("objective term", package="engine.objectives", field="objective")
 
 
 def register_term(name: str):
+    """Register a term class (a dataclass) under ``name``; its ``name`` attribute is set."""
     def wrap(cls):
-        if name in _TERMS:
-            raise ValueError(f"objective term {name!r} registered twice")
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"objective term {name!r} must be a dataclass")
         cls.name = name
-        _TERMS[name] = cls
-        return cls
+        return TERMS.register(name)(cls)
     return wrap
 
 
-def term_names() -> list[str]:
-    _load_builtin()
-    return sorted(_TERMS)
-
-
-def _load_builtin() -> None:
-    from . import builtin  # noqa: F401  (importing registers the built-in terms)
+term_names = TERMS.names
 
 
 def _coerce(value: Any, annotation: str, where: str) -> Any:
@@ -73,11 +66,7 @@ def _coerce(value: Any, annotation: str, where: str) -> Any:
 
 def make_term(name: str, **options: Any):
     """Build a term from keyword options (strings from the command line are converted)."""
-    _load_builtin()
-    if name not in _TERMS:
-        raise InputError(f"unknown objective term {name!r}; known: {', '.join(sorted(_TERMS))}",
-                         field="objective")
-    cls = _TERMS[name]
+    cls = TERMS.get(name)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in options.items():
@@ -115,10 +104,9 @@ class Objective:
 
 def split_objective_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split policy config into objective keys (``w_<term>``, ``<term>.<option>``) and the rest."""
-    _load_builtin()
     obj, rest = {}, {}
     for k, v in config.items():
-        if k.startswith("w_") or ("." in k and k.split(".", 1)[0] in _TERMS):
+        if k.startswith("w_") or ("." in k and k.split(".", 1)[0] in TERMS):
             obj[k] = v
         else:
             rest[k] = v
@@ -128,14 +116,13 @@ def split_objective_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], d
 def parse_objective(config: Mapping[str, Any], defaults: Mapping[str, float]) -> Objective:
     """``w_<term>=weight`` sets a weight (0 switches a term off), ``<term>.<opt>=value`` an
     option; ``defaults`` gives the weights of terms not mentioned."""
-    _load_builtin()
     weights = dict(defaults)
     options: dict[str, dict[str, Any]] = {}
     for k, v in config.items():
         if k.startswith("w_"):
             name = k[2:]
-            if name not in _TERMS:
-                raise InputError(f"unknown objective term {name!r}; known: {', '.join(sorted(_TERMS))}",
+            if name not in TERMS:
+                raise InputError(f"unknown objective term {name!r}; known: {', '.join(term_names())}",
                                  field=k)
             w = float(_coerce(v, "float", k))
             if not math.isfinite(w) or w < 0:
@@ -143,8 +130,9 @@ def parse_objective(config: Mapping[str, Any], defaults: Mapping[str, float]) ->
             weights[name] = w
         elif "." in k:
             name, opt = k.split(".", 1)
-            if name not in _TERMS:
-                raise InputError(f"unknown objective term {name!r}", field=k)
+            if name not in TERMS:
+                raise InputError(f"unknown objective term {name!r}; known: {', '.join(term_names())}",
+                                 field=k)
             options.setdefault(name, {})[opt] = v
         else:
             raise InputError(f"not an objective key: {k!r} (use w_<term> or <term>.<option>)", field=k)

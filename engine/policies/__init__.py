@@ -1,6 +1,2 @@
-"""Built-in policies; importing this package registers them."""
-from . import fcfs  # noqa: F401
-from . import arena  # noqa: F401
-from . import gavel  # noqa: F401
-from . import sia  # noqa: F401
-from . import elasticflow  # noqa: F401
+"""Built-in policies: every module here registers its policies with
+``@register_policy`` and is discovered by the registry (``engine.policy.POLICIES``)."""

@@ -13,23 +13,7 @@ default and switched on by a positive weight.
 """
 from __future__ import annotations
 
-from ..context import Decisions, RoundContext
-from ..formulation.decide import make_decider
-from ..policy import register_policy
+from .milp import MilpPolicySpec, register_milp_policy
 
-DEFAULT_WEIGHTS = {"throughput": 1.0, "jct": 1.0, "queue": 1.0, "reconfig": 1.0}
-
-
-class ArenaPolicy:
-    name = "arena"
-
-    def __init__(self, **config):
-        self.decider, _ = make_decider(self.name, config, DEFAULT_WEIGHTS)
-
-    def decide(self, ctx: RoundContext) -> Decisions:
-        return self.decider.decide(ctx, ctx.perf)
-
-
-@register_policy("arena")
-def make_arena(**config) -> ArenaPolicy:
-    return ArenaPolicy(**config)
+ARENA = MilpPolicySpec(name="arena", weights={"throughput": 1.0, "jct": 1.0, "queue": 1.0, "reconfig": 1.0})
+register_milp_policy(ARENA)

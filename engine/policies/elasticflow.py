@@ -26,9 +26,12 @@ import numpy as np
 
 from instances.errors import InputError
 
-from ..context import Decisions, RoundContext
-from ..formulation.decide import dp_only_performance_model, place_with_repair
-from ..formulation.round_data import build_round_data, columns_of_jobs
+from estimators.perf import DpOnlyTwin
+from instances.grid import Grid
+
+from ..context import Decisions, JobView, RoundContext
+from ..formulation.round_data import GridCache, build_round_data, columns_of_jobs
+from ..placement import Placer, place_with_repair
 from ..policy import register_policy
 
 
@@ -76,23 +79,12 @@ class ElasticFlowLS:
         self.heterogeneous = bool(het)
         if not self.slack_factor >= 1 or self.max_gpus < 1:
             raise InputError("slack_factor must be >= 1 and max_gpus >= 1", field="slack_factor")
-        self._perf_cache: dict = {}
-        self._grid_cache: dict = {}
+        self._dp_only = DpOnlyTwin()
+        self._grids = GridCache(dp_only=True)
         self._est_cache: dict = {}
-        self._placers: dict = {}
+        self._placers: dict[int, Placer] = {}
 
-    def _grids_fn(self):
-        from estimators.grids import candidate_grids
-        cache = self._grid_cache
-
-        def fn(job, cluster, max_gpus):
-            key = (job.model, job.global_batch, id(cluster), max_gpus)
-            if key not in cache:
-                cache[key] = candidate_grids(job, cluster, max_gpus=max_gpus, dp_only=True)
-            return cache[key]
-        return fn
-
-    def _keep(self, view, grid) -> bool:
+    def _keep(self, view: JobView, grid: Grid) -> bool:
         if grid.shape in view.known_infeasible_shapes:
             return False
         want = view.job.requested_gpu_type
@@ -101,8 +93,8 @@ class ElasticFlowLS:
     def decide(self, ctx: RoundContext) -> Decisions:
         import time
         t0 = time.perf_counter()
-        perf = dp_only_performance_model(ctx.perf, self._perf_cache)
-        data = build_round_data(ctx, perf, grids_fn=self._grids_fn(), max_gpus=self.max_gpus,
+        perf = self._dp_only(ctx.perf)
+        data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
                                 grid_filter=self._keep, estimate_cache=self._est_cache)
         cols = columns_of_jobs(data)
         rate = data.col_rate_iters_per_s()

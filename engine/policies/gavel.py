@@ -11,30 +11,17 @@ per job run, and the same reconfiguration cost as every policy. No space sharing
 """
 from __future__ import annotations
 
-from ..context import Decisions, RoundContext
-from ..formulation.decide import dp_only_performance_model, make_decider
-from ..policy import register_policy
+from instances.grid import Grid
 
-DEFAULT_WEIGHTS = {"las": 1.0, "queue": 1.0, "reconfig": 1.0}
+from ..context import JobView
+from .milp import MilpPolicySpec, register_milp_policy
 
 
-def keeps_requested_count(view, grid) -> bool:
+def keeps_requested_count(view: JobView, grid: Grid) -> bool:
     want = view.job.requested_gpus
     return want is None or grid.num_gpus == want
 
 
-class GavelPolicy:
-    name = "gavel"
-
-    def __init__(self, **config):
-        self.decider, _ = make_decider(self.name, config, DEFAULT_WEIGHTS, dp_only=True,
-                                       grid_filter=keeps_requested_count)
-        self._perf_cache: dict = {}
-
-    def decide(self, ctx: RoundContext) -> Decisions:
-        return self.decider.decide(ctx, dp_only_performance_model(ctx.perf, self._perf_cache))
-
-
-@register_policy("gavel")
-def make_gavel(**config) -> GavelPolicy:
-    return GavelPolicy(**config)
+GAVEL = MilpPolicySpec(name="gavel", weights={"las": 1.0, "queue": 1.0, "reconfig": 1.0}, dp_only=True,
+                       grid_filter=keeps_requested_count)
+register_milp_policy(GAVEL)

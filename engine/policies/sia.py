@@ -14,32 +14,8 @@ replaced by the estimator's DP-only estimates.
 """
 from __future__ import annotations
 
-from ..context import Decisions, RoundContext
-from ..formulation.decide import dp_only_performance_model, make_decider
-from ..policy import register_policy
+from .milp import MilpPolicySpec, register_milp_policy
 
-DEFAULT_WEIGHTS = {"throughput": 1.0, "queue": 1.0, "reconfig": 1.0}
-DEFAULT_OPTIONS = {"throughput.reference": "smallest", "reconfig.per_move": 0.25}
-
-
-class SiaPolicy:
-    name = "sia"
-
-    def __init__(self, **config):
-        merged = dict(DEFAULT_OPTIONS)
-        for k, v in config.items():
-            merged[k] = v
-        for k in DEFAULT_OPTIONS:          # defaults of a term switched off by the user go too
-            term = k.split(".", 1)[0]
-            if str(config.get(f"w_{term}", "1")) in ("0", "0.0") and k not in config:
-                merged.pop(k)
-        self.decider, _ = make_decider(self.name, merged, DEFAULT_WEIGHTS, dp_only=True)
-        self._perf_cache: dict = {}
-
-    def decide(self, ctx: RoundContext) -> Decisions:
-        return self.decider.decide(ctx, dp_only_performance_model(ctx.perf, self._perf_cache))
-
-
-@register_policy("sia")
-def make_sia(**config) -> SiaPolicy:
-    return SiaPolicy(**config)
+SIA = MilpPolicySpec(name="sia", weights={"throughput": 1.0, "queue": 1.0, "reconfig": 1.0},
+                     options={"throughput.reference": "smallest", "reconfig.per_move": 0.25}, dp_only=True)
+register_milp_policy(SIA)

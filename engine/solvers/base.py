@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from instances.errors import InputError
+from instances.registry import Registry
 
 STATUSES = ("optimal", "feasible", "fallback", "infeasible", "error")
 
@@ -77,35 +78,17 @@ class SolverOptions:
             raise InputError("threads must be >= 1", field="threads")
 
 
-_BACKENDS: dict[str, Callable[..., SolverBackend]] = {}
-
-
-def register_backend(name: str):
-    def wrap(factory):
-        if name in _BACKENDS:
-            raise ValueError(f"solver backend {name!r} registered twice")
-        _BACKENDS[name] = factory
-        return factory
-    return wrap
-
-
-def _load() -> None:
-    # importing a backend module registers it; solver packages are imported only inside
-    # ``solve``/``available``, so every backend is listed even where its solver is missing
-    from . import auto, cpsat, greedy, highs, lagrangian, pulp_backend, scip  # noqa: F401
-
-
-def backend_names() -> list[str]:
-    _load()
-    return sorted(_BACKENDS)
+BACKENDS: Registry[Callable[..., SolverBackend]] = Registry("solver backend", package="engine.solvers",
+                                                           field="backend")
+register_backend = BACKENDS.register
+backend_names = BACKENDS.names
 
 
 def make_backend(name: str, options: SolverOptions | None = None) -> SolverBackend:
-    _load()
-    if name not in _BACKENDS:
-        raise InputError(f"unknown solver backend {name!r}; known: {', '.join(sorted(_BACKENDS))}",
-                         field="backend")
-    return _BACKENDS[name](options or SolverOptions())
+    """A backend by registered name (every module of engine/solvers is discovered; solver
+    packages are imported only inside ``solve``/``available``, so every backend is listed
+    even where its solver is missing)."""
+    return BACKENDS.get(name)(options or SolverOptions())
 
 
 def available_backends() -> list[str]:

@@ -1,0 +1,190 @@
+"""The one optimizing-policy runner: context -> round data -> model -> solver -> placement.
+
+``arena``, ``sia`` and ``gavel`` are registrations of ``MilpPolicy`` that differ only in
+their ``MilpPolicySpec``: default objective weights and term options, whether they
+decide from data-parallel-only estimates (as the published comparisons configured the
+baselines) and which candidate grids they keep. Every knob they accept is validated
+here, once:
+
+- ``backend`` (solver backend name, default ``auto``), ``time_limit_s`` (10), ``rel_gap``
+  (0.01), ``threads`` (1), ``seed`` (0): the solver;
+- ``max_gpus`` (16): the largest grid a job may get;
+- ``pinned_jobs``: comma-separated job ids that keep their current grid;
+- ``dump_rounds_dir``: write every round's model as MPS and LP files there;
+- ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/objectives).
+
+Candidate grids are cached per (model, global batch); estimates per performance model.
+The solver's hint is what every job runs now. A solver exception becomes a greedy
+decision (status ``error``, with the reason): a round never crashes.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from estimators import PerformanceModel
+from estimators.perf import DpOnlyTwin
+from instances.errors import InputError
+from instances.grid import Grid
+
+from ..context import Decisions, JobView, RoundContext
+from ..formulation import build_model, build_round_data
+from ..formulation.model import MilpModel
+from ..formulation.round_data import GridCache
+from ..objectives import Objective, parse_objective, split_objective_config
+from ..placement import Placer, place_with_repair
+from ..policy import register_policy
+from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
+from ..solvers.greedy import greedy_solution
+
+GridFilter = Callable[[JobView, Grid], bool]
+
+# Knobs every optimizing policy accepts (besides its objective keys w_<term>, <term>.<opt>).
+RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "threads", "seed", "pinned_jobs",
+               "dump_rounds_dir")
+
+
+@dataclass(frozen=True)
+class MilpPolicySpec:
+    """What distinguishes one optimizing policy from another."""
+    name: str
+    weights: Mapping[str, float]                          # default objective weights
+    options: Mapping[str, Any] = field(default_factory=dict)   # default term options
+    dp_only: bool = False                                 # decide from data-parallel-only estimates
+    grid_filter: GridFilter | None = None                 # candidate grids it keeps
+    backend: str = "auto"
+
+
+def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, hint: np.ndarray | None,
+                 rel_gap: float) -> Solution:
+    """The backend's solution; any exception becomes a greedy decision (status "error")."""
+    try:
+        return backend.solve(model, time_limit_s, hint=hint, rel_gap=rel_gap)
+    except BackendUnavailable:
+        raise
+    except Exception as e:          # a round never crashes: decide greedily and say why
+        return greedy_solution(model, backend=getattr(backend, "name", "?"), status="error",
+                               message=f"{type(e).__name__}: {e}; greedy decision")
+
+
+def parse_job_list(value: object) -> frozenset[str]:
+    if value is None or value == "":
+        return frozenset()
+    if isinstance(value, str):
+        return frozenset(p.strip() for p in value.split(",") if p.strip())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return frozenset(str(v) for v in value)
+    raise InputError(f"expected comma-separated job ids, got {value!r}", field="pinned_jobs")
+
+
+def _number(policy: str, rest: Mapping[str, Any], key: str, default: float, cast: type, lo: float) -> Any:
+    v = rest.get(key, default)
+    try:
+        v = cast(v)
+    except (TypeError, ValueError):
+        raise InputError(f"policy {policy!r}: {key} must be a number, got {v!r}", field=key) from None
+    if not (v >= lo and math.isfinite(v)):
+        raise InputError(f"policy {policy!r}: {key} must be a finite number >= {lo}, got {v!r}", field=key)
+    return v
+
+
+def _with_default_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's default term options under the user's config; the defaults of a term the
+    user switched off (``w_<term>=0``) go too."""
+    merged = {**spec.options, **config}
+    for key in spec.options:
+        term = key.split(".", 1)[0]
+        if key in config or f"w_{term}" not in config:
+            continue
+        try:
+            off = float(config[f"w_{term}"]) == 0.0
+        except (TypeError, ValueError):
+            off = False                 # parse_objective reports the bad weight
+        if off:
+            merged.pop(key)
+    return merged
+
+
+class MilpPolicy:
+    """One optimization model per round over every job x candidate grid (see module doc)."""
+
+    def __init__(self, spec: MilpPolicySpec, **config: Any):
+        self.spec = spec
+        self.name = spec.name
+        obj_cfg, rest = split_objective_config(_with_default_options(spec, config))
+        unknown = sorted(set(rest) - set(RUNNER_KEYS))
+        if unknown:
+            raise InputError(f"policy {spec.name!r}: unknown option(s) {unknown}; known: {sorted(RUNNER_KEYS)} "
+                             "and w_<term>, <term>.<option>", field=unknown[0])
+        self.objective: Objective = parse_objective(obj_cfg, spec.weights)
+        options = SolverOptions(threads=_number(spec.name, rest, "threads", 1, int, 1),
+                                seed=_number(spec.name, rest, "seed", 0, int, 0))
+        self.backend: SolverBackend = make_backend(str(rest.get("backend", spec.backend)), options)
+        self.time_limit_s: float = _number(spec.name, rest, "time_limit_s", 10.0, float, 0.01)
+        self.rel_gap: float = _number(spec.name, rest, "rel_gap", 0.01, float, 0.0)
+        self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1)
+        self.pinned = parse_job_list(rest.get("pinned_jobs"))
+        self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
+        self._grids = GridCache(dp_only=spec.dp_only)
+        self._placers: dict[int, Placer] = {}
+        self._dp_only = DpOnlyTwin()
+        self._est_cache: dict = {}
+        self._est_owner: object = None
+
+    # ------------------------------------------------------------------------------
+    def _perf(self, perf: PerformanceModel) -> PerformanceModel:
+        return self._dp_only(perf) if self.spec.dp_only else perf
+
+    def _keep(self, view: JobView, grid: Grid) -> bool:
+        if grid.shape in view.known_infeasible_shapes:
+            return False
+        return self.spec.grid_filter is None or self.spec.grid_filter(view, grid)
+
+    def decide(self, ctx: RoundContext) -> Decisions:
+        t0 = time.perf_counter()
+        perf = self._perf(ctx.perf)
+        if self._est_owner is not perf:        # estimates cached per performance model
+            self._est_cache, self._est_owner = {}, perf
+        data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
+                                grid_filter=self._keep, estimate_cache=self._est_cache)
+        t1 = time.perf_counter()
+        model = build_model(data, self.objective, self.pinned)
+        t2 = time.perf_counter()
+        hint = np.zeros(model.n_x)
+        hint[data.current_col[data.current_col >= 0]] = 1.0
+        sol = solve_safely(self.backend, model, self.time_limit_s, hint, self.rel_gap)
+        t3 = time.perf_counter()
+        chosen = {int(data.col_job[k]): int(k) for k in sol.selected(model.n_x).tolist()}
+        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, model.c[: model.n_x],
+                                                                 chosen)
+        grids, plans = {}, {}
+        for j, k in chosen.items():
+            jid = data.job_ids[j]
+            grids[jid] = data.grids[k]
+            if data.plans[k] is not None:
+                plans[jid] = data.plans[k]
+        if self.dump_rounds_dir:
+            from ..solvers.pulp_backend import export_model
+            d = Path(self.dump_rounds_dir)
+            d.mkdir(parents=True, exist_ok=True)
+            export_model(model, d / f"round_{ctx.round_index:05d}.mps", "mps")
+            export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
+        info = {**sol.stats(), "placement_repairs": repairs, "placement_dropped": dropped, "jobs": data.n_jobs,
+                "columns": data.n_cols, "rows": model.n_rows, "unschedulable": list(data.unschedulable),
+                "estimate_time_s": t1 - t0, "model_build_time_s": t2 - t1, "solve_wall_s": t3 - t2,
+                "decide_time_s": time.perf_counter() - t0}
+        return Decisions(grids=grids, plans=plans, placements=placements, info=info)
+
+
+def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., MilpPolicy]:
+    """Register ``spec`` as a policy: ``make_policy(spec.name, **config)`` builds a MilpPolicy."""
+    def factory(**config: Any) -> MilpPolicy:
+        return MilpPolicy(spec, **config)
+    factory.__name__ = f"make_{spec.name.replace('-', '_')}"
+    factory.__doc__ = f"The {spec.name!r} optimizing policy (engine.policies.milp.MilpPolicy)."
+    return register_policy(spec.name)(factory)
