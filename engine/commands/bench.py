@@ -47,7 +47,9 @@ def register(subparsers) -> None:
 
     q = sub.add_parser("policies", help="all policies on one instance, side by side")
     q.add_argument("--instance", default="demo", help="built-in instance name (default demo)")
-    q.add_argument("--policy", action="append", help=f"policy (repeatable; default {', '.join(DEFAULT_POLICIES)})")
+    from ..policy import policy_names
+    q.add_argument("--policy", action="append", metavar="NAME",
+                   help=f"policy, one of {', '.join(policy_names())} (repeatable; default {', '.join(DEFAULT_POLICIES)})")
     q.add_argument("--policy-opt", action="append", default=[], metavar="POLICY:KEY=VALUE",
                    help="option for one policy, e.g. arena:w_jct=2 (repeatable)")
     q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
@@ -144,15 +146,20 @@ def run_solver_bench(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    hdr = f"{'backend':<12} {'cols':>7} {'cold s':>8} {'median s':>9} {'p99 s':>8} {'build s':>8} {'objective':>11} {'max gap':>8}  statuses"
-    print(hdr)
+    from ..solvers.base import STATUSES
+    seen = [st for st in STATUSES if any(r["statuses"].get(st) for r in rows if not r["note"])]
+    print(f"{'backend':<12} {'cols':>7} {'cold s':>8} {'median s':>9} {'p99 s':>8} {'build s':>8} {'objective':>11} "
+          f"{'max gap':>8}" + "".join(f" {st:>10}" for st in seen))
     for r in rows:
         if r["note"]:
             print(f"{r['backend']:<12} unavailable: {r['note']}")
             continue
         print(f"{r['backend']:<12} {r['columns']:>7} {r['cold_latency_s']:>8.3f} {r['median_latency_s']:>9.3f} "
               f"{r['p99_latency_s']:>8.3f} {r['median_build_s']:>8.3f} {r['objective_mean']:>11.2f} "
-              f"{r['max_gap']:>8.4f}  {r['statuses']}")
+              f"{r['max_gap']:>8.4f}" + "".join(f" {r['statuses'].get(st, 0):>10}" for st in seen))
+    if seen:
+        print(f"(status columns: rounds per solution status out of {args.repeat}; optimal = the gap proved within "
+              f"{args.rel_gap:g})")
     return 0
 
 
@@ -300,8 +307,11 @@ def _fmt(v, width, prec=0):
 
 
 def run_policy_bench(args) -> int:
+    from ..policy import make_policy
     policies = args.policy or list(DEFAULT_POLICIES)
     options = _policy_options(args.policy_opt, policies)
+    for name in policies:           # names and options are checked before any simulation runs
+        make_policy(name, **options[name])
     comm = _mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
     quiet = args.quiet or args.json

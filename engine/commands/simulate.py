@@ -60,7 +60,9 @@ def register(subparsers) -> None:
     src.add_argument("--trace", default=None, help="job trace (ours, Arena's or Philly's CSV; auto-detected)")
     src.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
                      help="trace import option, e.g. iteration_divisor=5 (repeatable)")
-    p.add_argument("--policy", default="fcfs", help="policy name (default fcfs)")
+    from ..policy import policy_names
+    p.add_argument("--policy", default="fcfs", metavar="NAME",
+                   help=f"scheduling policy: {', '.join(policy_names())} (default fcfs)")
     p.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable); values parsed as int/float/bool/str")
     p.add_argument("--perf", default=None, metavar="KIND",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .base import SolverOptions, Solution, register_backend, relative_gap
+from .base import SolverOptions, Solution, register_backend
 from .highs import lp_round_solve, milp_solve
 from .lagrangian import LagrangianBackend, applicable
 
@@ -51,8 +51,7 @@ class AutoBackend:
             return tries[-1]
         best = max(tries, key=lambda s: (s.status != "fallback", s.objective))
         bound = min(s.bound for s in tries)
-        gap = relative_gap(best.objective - model.offset, bound)
-        status = best.status if best.status == "fallback" else ("optimal" if gap <= rel_gap else "feasible")
-        return Solution(status=status, values=best.values, objective=best.objective, bound=bound, gap=gap,
-                        build_time_s=0.0, solve_time_s=time.perf_counter() - t0, backend=self.name,
-                        message="; ".join(steps), extra={"steps": len(tries)})
+        return Solution.of(model, best.values, bound, value=best.objective - model.offset, rel_gap=rel_gap,
+                           status="fallback" if best.status == "fallback" else None,
+                           solve_time_s=time.perf_counter() - t0, backend=self.name,
+                           message="; ".join(steps), extra={"steps": len(tries)})

@@ -12,14 +12,18 @@ variables' coefficients): gap = (bound - value) / max(|bound|, |value|, 1e-9).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
 from instances.errors import InputError
 from instances.registry import Registry
 
+if TYPE_CHECKING:
+    from ..formulation.model import MilpModel
+
 STATUSES = ("optimal", "feasible", "fallback", "infeasible", "error")
+GAP_TOLERANCE = 1e-9            # a gap this far above rel_gap still counts as proved
 
 
 class BackendUnavailable(RuntimeError):
@@ -43,6 +47,26 @@ class Solution:
         if self.status not in STATUSES:
             raise ValueError(f"unknown solution status {self.status!r}")
 
+    @classmethod
+    def of(cls, model: "MilpModel", values: np.ndarray, bound: float, *, backend: str, solve_time_s: float,
+           build_time_s: float = 0.0, rel_gap: float | None = None, proved: bool = False,
+           status: str | None = None, value: float | None = None, message: str = "",
+           extra: dict | None = None) -> "Solution":
+        """The one way a backend reports a solution: ``value`` (offset excluded) defaults to
+        ``c @ values``; the gap follows from value and bound; the status, unless given, is
+        "optimal" when the solver ``proved`` it or the gap is within ``rel_gap`` (1e-9
+        tolerance), else "feasible"."""
+        if value is None:
+            value = float(model.c @ values)
+        gap = relative_gap(value, bound)
+        if status is None:
+            if rel_gap is None:
+                raise ValueError("Solution.of needs a status or rel_gap")
+            status = "optimal" if (proved or gap <= rel_gap + GAP_TOLERANCE) else "feasible"
+        return cls(status=status, values=values, objective=value + model.offset, bound=bound, gap=gap,
+                   build_time_s=build_time_s, solve_time_s=solve_time_s, backend=backend, message=message,
+                   extra=extra or {})
+
     def selected(self, n_x: int) -> np.ndarray:
         return np.flatnonzero(self.values[:n_x] > 0.5)
 
@@ -61,7 +85,7 @@ def relative_gap(value: float, bound: float) -> float:
 class SolverBackend(Protocol):
     name: str
 
-    def solve(self, model, time_limit_s: float, hint: np.ndarray | None = None,
+    def solve(self, model: "MilpModel", time_limit_s: float, hint: np.ndarray | None = None,
               rel_gap: float = 0.01) -> Solution: ...
 
 

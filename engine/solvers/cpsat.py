@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import SolverOptions, Solution, register_backend, relative_gap
+from .base import SolverOptions, Solution, register_backend
 from .greedy import complete, greedy_solution
 
 OBJECTIVE_RESOLUTION = 1e6
@@ -99,10 +99,7 @@ class CpSat:
                                    message=f"CP-SAT: {solver.status_name(st)} without incumbent; greedy decision")
         x = np.array([solver.boolean_value(v) for v in xs], dtype=float)
         v, ok = complete(model, x)
-        val = float(model.c @ v)
         bound = float(solver.best_objective_bound) / K
-        gap = relative_gap(val, bound)
-        status = "optimal" if (st == cp_model.OPTIMAL or gap <= rel_gap + 1e-9) else "feasible"
-        return Solution(status=status, values=v, objective=val + model.offset, bound=bound, gap=gap,
-                        build_time_s=build, solve_time_s=time.perf_counter() - t1, backend=self.name,
-                        message=f"CP-SAT {solver.status_name(st)}")
+        return Solution.of(model, v, bound, rel_gap=rel_gap, proved=st == cp_model.OPTIMAL, build_time_s=build,
+                           solve_time_s=time.perf_counter() - t1, backend=self.name,
+                           message=f"CP-SAT {solver.status_name(st)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import SolverOptions, Solution, register_backend, relative_gap
+from .base import SolverOptions, Solution, register_backend
 
 EPS = 1e-9
 CHUNK = 64
@@ -216,9 +216,8 @@ def greedy_solution(model, *, backend: str = "greedy", status: str = "feasible",
     if status == "feasible" and np.any(act < model.row_lb - 1e-6):
         status = "fallback"
         message = (message + "; " if message else "") + "greedy left lower-bound rows (pinned jobs, hard deadlines) unmet"
-    return Solution(status=status, values=best_v, objective=best_val + model.offset, bound=bound,
-                    gap=relative_gap(best_val, bound), build_time_s=build_time_s,
-                    solve_time_s=time.perf_counter() - t0, backend=backend, message=message)
+    return Solution.of(model, best_v, bound, value=best_val, status=status, build_time_s=build_time_s,
+                       solve_time_s=time.perf_counter() - t0, backend=backend, message=message)
 
 
 @register_backend("greedy")

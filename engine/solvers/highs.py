@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import SolverOptions, Solution, register_backend, relative_gap
+from .base import GAP_TOLERANCE, Solution, SolverOptions, register_backend, relative_gap
 from .greedy import _Structure, complete, greedy_select, greedy_solution, orders
 
 _INF = float("inf")
@@ -50,6 +50,25 @@ def to_highs_lp(model, *, relax: bool = False, col_lb=None, col_ub=None, row_lb=
 _SCHEDULER_THREADS: list = [None]     # thread count HiGHS's global scheduler was started with
 
 
+def _highs_without_banner(highspy):
+    """``highspy.Highs()``, with the copyright banner that HiGHS's C++ code prints on the
+    process's stdout at its first construction sent to stderr instead (stdout carries
+    tables and ``--json`` output)."""
+    import os
+    import sys
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:                 # no stdout file descriptor: nothing to protect
+        return highspy.Highs()
+    try:
+        os.dup2(2, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def new_highs(threads: int = 1):
     """A silent Highs instance. HiGHS runs one global thread scheduler per process and
     refuses a run whose ``threads`` differs from it, so a change of thread count
@@ -58,7 +77,7 @@ def new_highs(threads: int = 1):
     if _SCHEDULER_THREADS[0] not in (None, threads):
         highspy.Highs.resetGlobalScheduler(True)
     _SCHEDULER_THREADS[0] = threads
-    h = highspy.Highs()
+    h = _highs_without_banner(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", int(threads))
     return h
@@ -125,12 +144,9 @@ def lp_round_solve(model, options, time_limit_s, rel_gap, name, build_time_s=0.0
     if v is None:
         return greedy_solution(model, backend=name, status="fallback", bound=bound, build_time_s=build_time_s,
                                message="rounding found no feasible point; greedy decision")
-    val = float(model.c @ v)
-    gap = relative_gap(val, bound)
-    return Solution(status="optimal" if gap <= rel_gap else "feasible", values=v,
-                    objective=val + model.offset, bound=bound, gap=gap, build_time_s=build_time_s,
-                    solve_time_s=time.perf_counter() - t0, backend=name,
-                    message="LP relaxation + rounding + greedy fill")
+    return Solution.of(model, v, bound, rel_gap=rel_gap, build_time_s=build_time_s,
+                       solve_time_s=time.perf_counter() - t0, backend=name,
+                       message="LP relaxation + rounding + greedy fill")
 
 
 def milp_solve(model, options, time_limit_s, rel_gap, hint, name, build_time_s=0.0) -> Solution:
@@ -160,12 +176,9 @@ def milp_solve(model, options, time_limit_s, rel_gap, hint, name, build_time_s=0
                                message=f"no incumbent ({h.modelStatusToString(st)}); greedy decision")
     v = np.array(h.getSolution().col_value)
     v[: model.n_x] = np.round(v[: model.n_x])
-    val = float(model.c @ v)
-    gap = relative_gap(val, bound)
-    status = "optimal" if (st == highspy.HighsModelStatus.kOptimal or gap <= rel_gap + 1e-9) else "feasible"
-    return Solution(status=status, values=v, objective=val + model.offset, bound=bound, gap=gap,
-                    build_time_s=build_time_s, solve_time_s=time.perf_counter() - t0, backend=name,
-                    message=h.modelStatusToString(st), extra={"mip_nodes": int(info.mip_node_count)})
+    return Solution.of(model, v, bound, rel_gap=rel_gap, proved=st == highspy.HighsModelStatus.kOptimal,
+                       build_time_s=build_time_s, solve_time_s=time.perf_counter() - t0, backend=name,
+                       message=h.modelStatusToString(st), extra={"mip_nodes": int(info.mip_node_count)})
 
 
 def _available() -> bool:
@@ -224,8 +237,7 @@ class HighsAuto:
         best = second if second.objective >= first.objective or second.status == "infeasible" else first
         bound = min(first.bound, second.bound)
         val = best.objective - model.offset
-        gap = relative_gap(val, bound)
-        return Solution(status="optimal" if gap <= rel_gap else best.status, values=best.values,
-                        objective=best.objective, bound=bound, gap=gap, build_time_s=0.0,
-                        solve_time_s=time.perf_counter() - t0, backend=self.name,
-                        message=f"LP rounding gap {first.gap:.4f}; then MILP: {second.message}")
+        status = "optimal" if relative_gap(val, bound) <= rel_gap + GAP_TOLERANCE else best.status
+        return Solution.of(model, best.values, bound, value=val, status=status,
+                           solve_time_s=time.perf_counter() - t0, backend=self.name,
+                           message=f"LP rounding gap {first.gap:.4f}; then MILP: {second.message}")

@@ -92,7 +92,6 @@ def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, p
     h.changeColCost(0, 1.0)
     for i in range(R):
         h.addVar(0.0, inf)
-    cuts = [(best_val, g, best_lam.copy())]
 
     def add_cut(val, g, lam):
         # theta - g . lambda >= val - g . lam
@@ -177,8 +176,6 @@ class LagrangianBackend:
         lam, bound, val, x, iters = _kelley(dual, lam0, t0 + time_limit_s, rel_gap, primal_fn,
                                                 self.options.threads)
         self._prices = dict(zip(names, lam.tolist()))
-        gap = relative_gap(val, bound)
-        return Solution(status="optimal" if gap <= rel_gap else "feasible", values=x,
-                        objective=val + model.offset, bound=bound, gap=gap, build_time_s=0.0,
-                        solve_time_s=time.perf_counter() - t0, backend=self.name,
-                        message=f"{iters} price iterations", extra={"price_iterations": iters})
+        return Solution.of(model, x, bound, value=val, rel_gap=rel_gap, solve_time_s=time.perf_counter() - t0,
+                           backend=self.name, message=f"{iters} price iterations",
+                           extra={"price_iterations": iters})

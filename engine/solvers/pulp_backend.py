@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import BackendUnavailable, SolverOptions, Solution, register_backend, relative_gap
+from .base import BackendUnavailable, SolverOptions, Solution, register_backend
 from .greedy import greedy_solution
 
 
@@ -123,11 +123,10 @@ def _solve(name, options, model, time_limit_s, hint, rel_gap) -> Solution:
     # PuLP exposes no dual bound: the gap is proved only when the solver reports optimality
     optimal = status == "Optimal" and getattr(prob, "sol_status", 1) == 1
     bound = val * (1 + rel_gap) if optimal else float("inf")
-    return Solution(status="optimal" if optimal else "feasible", values=v, objective=val + model.offset,
-                    bound=bound, gap=relative_gap(val, bound), build_time_s=build,
-                    solve_time_s=time.perf_counter() - t1, backend=name,
-                    message=f"PuLP {status} (sol_status {getattr(prob, 'sol_status', None)}); "
-                            "bound = value x (1 + rel_gap) when optimal within the gap")
+    return Solution.of(model, v, bound, value=val, status="optimal" if optimal else "feasible", build_time_s=build,
+                       solve_time_s=time.perf_counter() - t1, backend=name,
+                       message=f"PuLP {status} (sol_status {getattr(prob, 'sol_status', None)}); "
+                               "bound = value x (1 + rel_gap) when optimal within the gap")
 
 
 def _register(name: str):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import BackendUnavailable, SolverOptions, Solution, register_backend, relative_gap
+from .base import BackendUnavailable, SolverOptions, Solution, register_backend
 from .greedy import greedy_solution
 
 
@@ -52,13 +52,9 @@ def _solve_pywraplp(solver_id: str, name: str, options, model, time_limit_s, hin
                                message=f"{solver_id}: no incumbent (status {st}); greedy decision")
     v = np.array([x.solution_value() for x in vs])
     v[: model.n_x] = np.round(v[: model.n_x])
-    val = float(model.c @ v)
-    bound = float(obj.BestBound())
-    gap = relative_gap(val, bound)
-    status = "optimal" if (st == pywraplp.Solver.OPTIMAL or gap <= rel_gap + 1e-9) else "feasible"
-    return Solution(status=status, values=v, objective=val + model.offset, bound=bound, gap=gap,
-                    build_time_s=build, solve_time_s=time.perf_counter() - t1, backend=name,
-                    message=f"{solver_id} status {st}")
+    return Solution.of(model, v, float(obj.BestBound()), rel_gap=rel_gap, proved=st == pywraplp.Solver.OPTIMAL,
+                       build_time_s=build, solve_time_s=time.perf_counter() - t1, backend=name,
+                       message=f"{solver_id} status {st}")
 
 
 def _has(solver_id: str) -> bool:
