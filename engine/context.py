@@ -3,11 +3,15 @@ decisions it returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
+from estimators.base import PerformanceModel, Plan
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
+
+if TYPE_CHECKING:
+    from .reconfig import ReconfigCostModel
 
 GpuId = tuple[int, int]          # (node_id, local GPU index on that node)
 
@@ -52,8 +56,8 @@ class RoundContext:
     round_interval_s: float
     cluster: ClusterSpec
     jobs: tuple[JobView, ...]           # every active (arrived, unfinished) job
-    perf: Any                           # estimators.base.PerformanceModel for decisions
-    reconfig: Any                       # engine.reconfig.ReconfigCostModel
+    perf: PerformanceModel | None       # what policies decide with (None: a policy that needs none)
+    reconfig: ReconfigCostModel | None  # prices moves (None: moves are free)
     seed: int = 0
 
     def job(self, job_id: str) -> JobView:
@@ -73,5 +77,5 @@ class Decisions:
     """
     grids: Mapping[str, Grid]
     placements: Mapping[str, tuple[GpuId, ...]] = field(default_factory=dict)
-    plans: Mapping[str, Any] = field(default_factory=dict)
+    plans: Mapping[str, Plan] = field(default_factory=dict)
     info: Mapping[str, Any] = field(default_factory=dict)

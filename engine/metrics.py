@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +68,17 @@ def _mean(xs) -> float:
     return float(sum(xs) / len(xs)) if xs else math.nan
 
 
-def build_result(sim):
-    from .simulator import SimResult
+@dataclass
+class SimResult:
+    summary: dict
+    jobs: list                        # JobResult, one per job
+    rounds: list                      # simulator.RoundRecord, one per simulated round
+    instance_name: str = ""
+    policy_name: str = ""
+    gpus_by_type: dict = field(default_factory=dict)
+
+
+def build_result(sim) -> SimResult:
     st, ex = sim.state, sim.executor
     jobs: list[JobResult] = []
     for j in sim.jobs:

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from instances.grid import Grid
 
+from . import metrics
 from .context import Decisions, JobView, RoundContext
 from .invariants import check_invariants
 from .placement import Placer
@@ -96,23 +97,12 @@ class RoundProgress:
     elapsed_s: float
 
 
-@dataclass
-class SimResult:
-    summary: dict
-    jobs: list                        # metrics.JobResult, one per job
-    rounds: list                      # RoundRecord, one per simulated round
-    instance_name: str = ""
-    policy_name: str = ""
-    gpus_by_type: dict = field(default_factory=dict)
-
-
 def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: ReconfigCostModel | None = None,
              rounds: int | None = None, run_out: bool = False, seed: int = 0,
              progress: Callable[[RoundProgress], None] | None = None, out_dir: str | Path | None = None,
              round_interval_s: float | None = None, stall_rounds: int = 20,
-             check_invariants_every_round: bool = True) -> SimResult:
+             check_invariants_every_round: bool = True) -> metrics.SimResult:
     """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc."""
-    from . import metrics
 
     if rounds is None:
         rounds = getattr(instance, "horizon_rounds", None)

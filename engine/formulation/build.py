@@ -12,10 +12,15 @@ Rows:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .model import MilpModel, ModelBuilder
 from .round_data import RoundData
+
+if TYPE_CHECKING:
+    from ..objectives.base import Objective
 
 
 def add_job_rows(data: RoundData, builder: ModelBuilder, pinned: frozenset[str] = frozenset()) -> None:
@@ -43,7 +48,7 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder) -> None:
                      np.array(ub, dtype=float), names)
 
 
-def build_model(data: RoundData, objective, pinned: frozenset[str] = frozenset()) -> MilpModel:
+def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset()) -> MilpModel:
     """The round's MILP: job rows, node-shape rows, then ``objective.apply``."""
     unknown = set(pinned) - set(data.job_ids)
     builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)

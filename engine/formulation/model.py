@@ -139,7 +139,7 @@ class ModelBuilder:
         return np.arange(start, start + len(lb))
 
     def add_rows(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray,
-                 lb: np.ndarray, ub: np.ndarray, names: list[str]) -> np.ndarray:
+                 lb: np.ndarray | float, ub: np.ndarray | float, names: list[str]) -> np.ndarray:
         """Add ``len(names)`` rows given in COO form with row indices local (0..k-1).
 
         Returns the global indices of the new rows.

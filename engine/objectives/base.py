@@ -11,16 +11,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from instances.errors import InputError
 from instances.registry import Registry
+
+if TYPE_CHECKING:
+    from ..formulation.model import ModelBuilder
+    from ..formulation.round_data import RoundData
 
 
 class ObjectiveTerm(Protocol):
     name: str
 
-    def apply(self, data, builder, weight: float) -> None: ...
+    def apply(self, data: RoundData, builder: ModelBuilder, weight: float) -> None: ...
 
 
 TERMS: Registry[type] = Registry("objective term", package="engine.objectives", field="objective")
@@ -28,10 +32,10 @@ TERMS: Registry[type] = Registry("objective term", package="engine.objectives", 
 
 def register_term(name: str):
     """Register a term class (a dataclass) under ``name``; its ``name`` attribute is set."""
-    def wrap(cls):
-        if not dataclasses.is_dataclass(cls):
+    def wrap(cls: type) -> type:
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise TypeError(f"objective term {name!r} must be a dataclass")
-        cls.name = name
+        setattr(cls, "name", name)
         return TERMS.register(name)(cls)
     return wrap
 
@@ -85,7 +89,7 @@ def make_term(name: str, **options: Any):
 @dataclass(frozen=True)
 class Objective:
     """Weighted objective terms, applied in order."""
-    terms: tuple[tuple[float, Any], ...]
+    terms: tuple[tuple[float, ObjectiveTerm], ...]
 
     def __post_init__(self):
         for w, t in self.terms:
@@ -93,13 +97,13 @@ class Objective:
                 raise InputError(f"weight of term {t.name!r} must be finite and >= 0, got {w}",
                                  field=f"w_{t.name}")
 
-    def apply(self, data, builder) -> None:
+    def apply(self, data: RoundData, builder: ModelBuilder) -> None:
         for w, term in self.terms:
             if w > 0:
                 term.apply(data, builder, w)
 
     def describe(self) -> dict[str, Any]:
-        return {t.name: {"weight": w, **dataclasses.asdict(t)} for w, t in self.terms}
+        return {t.name: {"weight": w, **dataclasses.asdict(t)} for w, t in self.terms}  # type: ignore[call-overload]
 
 
 def split_objective_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

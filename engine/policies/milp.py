@@ -38,7 +38,7 @@ from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache
 from ..objectives import Objective, parse_objective, split_objective_config
 from ..placement import Placer, place_with_repair
-from ..policy import register_policy
+from ..policy import Policy, register_policy
 from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
 from ..solvers.greedy import greedy_solution
 
@@ -137,8 +137,12 @@ class MilpPolicy:
         self._est_owner: object = None
 
     # ------------------------------------------------------------------------------
-    def _perf(self, perf: PerformanceModel) -> PerformanceModel:
-        return self._dp_only(perf) if self.spec.dp_only else perf
+    def _perf(self, perf: PerformanceModel | None) -> PerformanceModel:
+        if self.spec.dp_only:
+            return self._dp_only(perf)
+        if perf is None:
+            raise InputError(f"policy {self.name!r} decides from a performance model; none was given", field="perf")
+        return perf
 
     def _keep(self, view: JobView, grid: Grid) -> bool:
         if grid.shape in view.known_infeasible_shapes:
@@ -162,10 +166,13 @@ class MilpPolicy:
         chosen = {int(data.col_job[k]): int(k) for k in sol.selected(model.n_x).tolist()}
         chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, model.c[: model.n_x],
                                                                  chosen)
-        grids, plans = {}, {}
+        grids: dict[str, Grid] = {}
+        plans = {}
         for j, k in chosen.items():
             jid = data.job_ids[j]
-            grids[jid] = data.grids[k]
+            grid = data.grids[k]
+            assert grid is not None, "a chosen column of a real round has a grid"
+            grids[jid] = grid
             if data.plans[k] is not None:
                 plans[jid] = data.plans[k]
         if self.dump_rounds_dir:
@@ -181,7 +188,7 @@ class MilpPolicy:
         return Decisions(grids=grids, plans=plans, placements=placements, info=info)
 
 
-def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., MilpPolicy]:
+def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., Policy]:
     """Register ``spec`` as a policy: ``make_policy(spec.name, **config)`` builds a MilpPolicy."""
     def factory(**config: Any) -> MilpPolicy:
         return MilpPolicy(spec, **config)
