@@ -32,7 +32,7 @@ from instances.jobs import Job
 from .calibrate import best_shape_result
 from .config import EstimatorConfig, arena_runtime
 from .learned import SELECT_BY, LearnedModel, cv_folds, record_key, records_from_table, table_row_id
-from .perf import AnalyticModel
+from .analytic import AnalyticModel
 from .reference import load_measured
 
 GPU_COUNTS = (1, 2, 4, 8, 16)

@@ -44,7 +44,7 @@ from instances.models import get_model
 
 from .base import Estimate, Plan
 from .calibrate import best_shape_result
-from .perf import AnalyticModel
+from .analytic import AnalyticModel
 from .planner import PlanResult
 
 ARTIFACT_VERSION = 2

@@ -42,7 +42,7 @@ from instances.models import get_model
 
 from .base import Plan
 from .config import EfficiencyConfig, MemoryConfig
-from .perf import AnalyticModel
+from .analytic import AnalyticModel
 from .planner import Planner
 from .profile_store import ProfileStore
 

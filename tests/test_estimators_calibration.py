@@ -87,7 +87,7 @@ def test_arena_runtime_memory_facts_against_the_dp_memory_table():
 def test_dp_only_without_grad_accumulation_runs_one_micro_batch():
     from dataclasses import replace as _r
     from estimators.grids import grid_fits
-    from estimators.perf import AnalyticModel
+    from estimators.analytic import AnalyticModel
     from instances.grid import Grid, Shape
     from instances.models import get_model
     arch, grid = get_model("gpt__760M"), Grid(Shape("a100-40gb", 1, 2), 1)
@@ -108,7 +108,7 @@ def test_dp_only_without_grad_accumulation_runs_one_micro_batch():
 
 def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
     from estimators.accuracy import oom_boundary
-    from estimators.perf import AnalyticModel
+    from estimators.analytic import AnalyticModel
     from estimators.reference import MeasuredRow, load_measured
     cfg = arena_runtime()
     planner = AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory).planner

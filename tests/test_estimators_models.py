@@ -7,7 +7,7 @@ from estimators import make_performance_model
 from estimators.base import PerformanceModel
 from estimators.learned import (ARTIFACT_VERSION, CORRECTIONS, LearnedModel, cv_folds, record_model,
                                 records_from_table, select_correction)
-from estimators.perf import AnalyticModel
+from estimators.analytic import AnalyticModel
 from estimators.reference import load_measured
 from instances.errors import InputError
 from instances.grid import Grid, Shape

@@ -1,7 +1,7 @@
 """Real torch profiling at tiny sizes, into a temporary store, with reuse."""
 import pytest
 
-from estimators.perf import AnalyticModel
+from estimators.analytic import AnalyticModel
 from estimators.profile_store import ProfileStore
 from estimators.profiler import ProfilerConfig, profile_collectives, profile_layers, reduced_arch
 from instances.errors import InputError

@@ -33,7 +33,7 @@ def run(args) -> int:
     from instances.cluster import ClusterSpec, NodeGroup
     from instances.gpus import get_gpu
     from instances.models import get_model
-    from estimators.perf import AnalyticModel
+    from estimators.analytic import AnalyticModel
     from estimators.profile_store import ProfileStore
     from estimators.profiler import (ProfilerConfig, RunCostConfig, measure_startup_s, profile_collectives,
                                      profile_layers, run_every_grid_cost, run_grids_measured, startup_model)

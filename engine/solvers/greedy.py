@@ -167,7 +167,7 @@ def complete(model, x: np.ndarray, threads: int = 1) -> tuple[np.ndarray, bool]:
     if model.n_vars == n_x:
         return v, bool(np.all(model.A @ v <= model.row_ub + 1e-6))
     import highspy
-    from .highs import new_highs, to_highs_lp
+    from .highs_api import new_highs, to_highs_lp
     lb = model.col_lb.copy()
     ub = model.col_ub.copy()
     lb[:n_x] = x

@@ -17,70 +17,9 @@ import numpy as np
 
 from .base import GAP_TOLERANCE, Solution, SolverOptions, register_backend, relative_gap
 from .greedy import _Structure, complete, greedy_select, greedy_solution, orders
+from .highs_api import new_highs, to_highs_lp
 
 _INF = float("inf")
-
-
-def to_highs_lp(model, *, relax: bool = False, col_lb=None, col_ub=None, row_lb=None, with_offset: bool = False):
-    import highspy
-    lp = highspy.HighsLp()
-    A = model.A.tocsc()
-    lp.num_col_ = model.n_vars
-    lp.num_row_ = model.n_rows
-    lp.col_cost_ = np.asarray(model.c, dtype=float)
-    lp.col_lower_ = np.asarray(model.col_lb if col_lb is None else col_lb, dtype=float)
-    lp.col_upper_ = np.asarray(model.col_ub if col_ub is None else col_ub, dtype=float)
-    lp.row_lower_ = np.asarray(model.row_lb if row_lb is None else row_lb, dtype=float)
-    if with_offset:
-        lp.offset_ = float(model.offset)
-    lp.row_upper_ = np.asarray(model.row_ub, dtype=float)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = A.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = A.indices.astype(np.int32)
-    lp.a_matrix_.value_ = A.data.astype(float)
-    lp.a_matrix_.num_col_ = model.n_vars
-    lp.a_matrix_.num_row_ = model.n_rows
-    lp.sense_ = highspy.ObjSense.kMaximize
-    if not relax:
-        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                           for i in model.integral]
-    return lp
-
-
-_SCHEDULER_THREADS: list = [None]     # thread count HiGHS's global scheduler was started with
-
-
-def _highs_without_banner(highspy):
-    """``highspy.Highs()``, with the copyright banner that HiGHS's C++ code prints on the
-    process's stdout at its first construction sent to stderr instead (stdout carries
-    tables and ``--json`` output)."""
-    import os
-    import sys
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:                 # no stdout file descriptor: nothing to protect
-        return highspy.Highs()
-    try:
-        os.dup2(2, 1)
-        return highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def new_highs(threads: int = 1):
-    """A silent Highs instance. HiGHS runs one global thread scheduler per process and
-    refuses a run whose ``threads`` differs from it, so a change of thread count
-    restarts the scheduler first."""
-    import highspy
-    if _SCHEDULER_THREADS[0] not in (None, threads):
-        highspy.Highs.resetGlobalScheduler(True)
-    _SCHEDULER_THREADS[0] = threads
-    h = _highs_without_banner(highspy)
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", int(threads))
-    return h
 
 
 def _new_highs(options: SolverOptions, time_limit_s: float):

@@ -83,7 +83,7 @@ def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, p
     scale = max(1.0, float(np.abs(dual.c).max(initial=1.0)))
     # a warm start begins with a small trust region around the previous prices
     delta = 0.1 * float(lam0.max()) if lam0.max() > 0 else scale
-    from .highs import new_highs
+    from .highs_api import new_highs
     h = new_highs(threads)
     h.setOptionValue("presolve", "off")
     inf = highspy.kHighsInf

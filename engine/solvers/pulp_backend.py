@@ -58,7 +58,7 @@ def export_model(model, path: str | Path, fmt: str = "mps", via: str = "highs") 
         prob, _ = to_pulp(model)
         (prob.writeMPS if fmt == "mps" else prob.writeLP)(str(path))
         return path
-    from .highs import new_highs, to_highs_lp
+    from .highs_api import new_highs, to_highs_lp
     h = new_highs()
     h.passModel(to_highs_lp(model, with_offset=True))
     h.writeModel(str(path))
