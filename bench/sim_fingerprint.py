@@ -16,11 +16,12 @@ import sys
 
 TIMING = {"decision_time_s", "decision_time_median_s", "decision_time_p99_s",
           "decision_time_total_s", "wall_time_s"}
+LIVE_ONLY = {"failures"}        # counters of live runs (always 0 in simulation)
 
 
 def _clean(obj):
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in sorted(obj.items()) if k not in TIMING}
+        return {k: _clean(v) for k, v in sorted(obj.items()) if k not in TIMING and k not in LIVE_ONLY}
     if isinstance(obj, (list, tuple)):
         return [_clean(v) for v in obj]
     if isinstance(obj, float):

@@ -4,19 +4,19 @@
 - capacities: every allocation uses GPUs that exist, of its grid's type, on as many
   distinct nodes as its shape says with the same count on each;
 - the clock is monotone;
-- every submitted job is accounted for: queued, running or finished — none lost;
+- every submitted job is accounted for: queued, running, finished or failed — none lost;
 - iterations never decrease.
 """
 from __future__ import annotations
 
-from .state import JobStatus, SimState
+from .state import JobStatus, EngineState
 
 
 class InvariantViolation(AssertionError):
     pass
 
 
-def check_invariants(state: SimState, now_s: float, prev_now_s: float | None,
+def check_invariants(state: EngineState, now_s: float, prev_now_s: float | None,
                      prev_iterations: dict[str, float] | None = None, *, gpus: bool = True) -> None:
     """Raise ``InvariantViolation`` naming the first broken invariant.
 
@@ -30,7 +30,7 @@ def check_invariants(state: SimState, now_s: float, prev_now_s: float | None,
     _check_accounting(state, prev_iterations, full=gpus)
 
 
-def _check_gpus(state: SimState) -> None:
+def _check_gpus(state: EngineState) -> None:
     cl = state.cluster
     owner, nodes = cl.owner, cl.nodes
     seen: dict[tuple[int, int], str] = {}
@@ -77,11 +77,11 @@ def _check_gpus(state: SimState) -> None:
                                  f"(e.g. GPU {stray} owned by {cl.owner[stray[0]][stray[1]] if stray else '?'})")
 
 
-def _check_accounting(state: SimState, prev_iterations: dict[str, float] | None, full: bool) -> None:
+def _check_accounting(state: EngineState, prev_iterations: dict[str, float] | None, full: bool) -> None:
     submitted = state.submitted_count
-    accounted = len(state.queued) + len(state.running) + len(state.finished_ids)
+    accounted = len(state.queued) + len(state.running) + len(state.finished_ids) + len(state.failed_ids)
     if submitted != accounted:
-        raise InvariantViolation(f"{submitted} jobs submitted but {accounted} queued/running/finished")
+        raise InvariantViolation(f"{submitted} jobs submitted but {accounted} queued/running/finished/failed")
     for jid in (state.queued if full else ()):
         if state.jobs[jid].status is not JobStatus.QUEUED:
             raise InvariantViolation(f"job {jid} in the queue with status {state.jobs[jid].status.value}")

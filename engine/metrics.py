@@ -84,9 +84,8 @@ def build_result(sim) -> SimResult:
     for j in sim.jobs:
         r = st.jobs[j.job_id]
         p = ex.progress(j.job_id)
-        run = ex._runs.get(j.job_id)
-        grid = str(r.alloc.grid) if r.alloc else (str(run.alloc.grid) if run and run.alloc else "")
-        la, rc = ex.lost_gpu_s(j.job_id)
+        grid = str(r.alloc.grid) if r.alloc else ""
+        la, rc = p.launch_lost_gpu_s, p.reconfig_lost_gpu_s
         jobs.append(JobResult(
             j.job_id, j.model, j.global_batch, j.num_iterations, j.arrival_s, j.requested_gpu_type,
             j.requested_gpus, r.status.value, r.submitted_s, r.first_start_s, r.finish_s,

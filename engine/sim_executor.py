@@ -17,7 +17,7 @@ from instances.grid import Shape
 from instances.jobs import Job
 
 from .context import Allocation
-from .executor import JobProgress
+from .executor import ExecutorTotals, JobProgress
 from .reconfig import ReconfigCostModel
 
 
@@ -79,6 +79,12 @@ class SimExecutor:
         return self._iter_cache[key]
 
     # -- Executor protocol ---------------------------------------------------------
+    def runs_on(self, job: Job, shape: Shape) -> bool:
+        return self.true_iteration_time(job, shape) is not None
+
+    def totals(self) -> ExecutorTotals:
+        return ExecutorTotals(self.samples_done, self.reconfig_lost_gpu_s_total)
+
     def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
         self._run_until(now_s)
         r = self._runs.get(job.job_id)
@@ -123,7 +129,8 @@ class SimExecutor:
         return JobProgress(job_id, r.iterations_done, r.alloc is not None,
                            finished=r.finished_at_s is not None, finished_at_s=r.finished_at_s,
                            last_checkpoint_iteration=r.iterations_done,
-                           measured_iteration_time_s=r.iteration_time_s)
+                           measured_iteration_time_s=r.iteration_time_s,
+                           launch_lost_gpu_s=r.launch_down_gpu_s, reconfig_lost_gpu_s=r.reconfig_down_gpu_s)
 
     def advance(self, until_s: float) -> list[JobProgress]:
         if until_s < self.now_s:
@@ -134,32 +141,6 @@ class SimExecutor:
         return done
 
     # -- helpers -------------------------------------------------------------------
-    def iterations_done(self, job_id: str) -> float:
-        """Iterations done by now (cheaper than ``progress``)."""
-        r = self._runs.get(job_id)
-        if r is None:
-            return 0.0
-        if r.alloc is not None:
-            self._progress_to(r, self.now_s)
-        return r.iterations_done
-
-    def iteration_time_s(self, job_id: str) -> float | None:
-        r = self._running.get(job_id)
-        return r.iteration_time_s if r is not None else None
-
-    def in_downtime(self, job_id: str, t: float) -> bool:
-        r = self._running.get(job_id)
-        return r is not None and r.busy_until_s > t
-
-    def lost_gpu_s(self, job_id: str) -> tuple[float, float]:
-        """(GPU-seconds lost to launch downtime, to reconfiguration downtime)."""
-        r = self._runs.get(job_id)
-        if r is None:
-            return (0.0, 0.0)
-        if r.alloc is not None:
-            self._progress_to(r, self.now_s)
-        return (r.launch_down_gpu_s, r.reconfig_down_gpu_s)
-
     def _push(self, t: float, r: _Run, kind: int) -> None:
         self._seq += 1
         heapq.heappush(self._events, (t, self._seq, r.job.job_id, r.gen, kind))

@@ -1,4 +1,5 @@
-"""Round-based, event-driven cluster simulator.
+"""Round-based, event-driven cluster simulator: the round loop (engine/round_loop.py)
+driven by a virtual clock, with ``SimExecutor`` as the executor.
 
 Time starts at the first job's arrival ``t0``; round ``k`` happens at
 ``t0 + k * round_interval_s``. At each round, in order:
@@ -30,19 +31,14 @@ it when nothing runs, nothing is left to arrive and the policy starts nothing fo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from instances.grid import Grid
-
 from . import metrics
-from .context import Decisions, JobView, RoundContext
-from .invariants import check_invariants
-from .placement import Placer
 from .reconfig import ReconfigCostModel
+from .round_loop import RoundLoop, RoundRecord
 from .sim_executor import SimExecutor
-from .state import JobStatus, SimState
 
 
 @dataclass(frozen=True)
@@ -62,29 +58,6 @@ class SimConfig:
             raise ValueError(f"rounds must be an integer >= 0, got {self.rounds!r}")
         if self.stall_rounds < 1 or self.max_rounds < 1:
             raise ValueError("stall_rounds and max_rounds must be >= 1")
-
-
-@dataclass
-class RoundRecord:
-    index: int
-    time_s: float
-    submitted: int = 0               # jobs submitted this round
-    queued: int = 0                  # after the decision
-    running: int = 0
-    finished_total: int = 0
-    launches: int = 0
-    reconfigurations: int = 0        # moves of running jobs and resumes of preempted ones
-    preemptions: int = 0
-    infeasible_drops: int = 0
-    packing_failures: int = 0        # chosen grids placement could not map to GPUs, as decided
-    displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
-    repairs: int = 0
-    decision_time_s: float = 0.0
-    decided: bool = False            # the policy was called this round
-    # over the interval [time_s, time_s + round_interval_s), filled at the next round:
-    throughput_samples_per_s: float = 0.0
-    gpu_busy_s: dict = field(default_factory=dict)       # per GPU type, GPU-seconds held
-    reconfig_lost_gpu_s: float = 0.0
 
 
 @dataclass
@@ -124,61 +97,34 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
 
 
 class _Simulation:
+    """The virtual-clock driver of the round loop: round ``k`` at ``t0 + k x interval``."""
+
     def __init__(self, instance, policy, perf, reconfig: ReconfigCostModel, cfg: SimConfig, progress):
-        self.instance, self.policy, self.perf, self.reconfig, self.cfg = instance, policy, perf, reconfig, cfg
+        self.instance, self.policy, self.cfg = instance, policy, cfg
         self.progress_cb = progress
-        self.cluster = instance.cluster
         self.jobs = sorted(instance.jobs, key=lambda j: (j.arrival_s, j.job_id))
-        self.state = SimState(self.cluster, self.jobs)
         self.executor = SimExecutor(instance.oracle, reconfig)
-        self.placer = Placer(self.cluster)
+        self.loop = RoundLoop(instance.cluster, policy, self.executor, perf=perf, reconfig=reconfig,
+                              round_interval_s=cfg.round_interval_s, jobs=self.jobs, seed=cfg.seed,
+                              check_invariants=cfg.check_invariants)
+        self.state = self.loop.state
+        self.rounds: list[RoundRecord] = self.loop.rounds
         self.t0 = self.jobs[0].arrival_s if self.jobs else 0.0
-        self.rounds: list[RoundRecord] = []
         self.horizon_s = self.t0 + cfg.rounds * cfg.round_interval_s
         self.end_s = self.horizon_s
         self.stopped_by_safety = False
         self.wall_s = 0.0
 
-    # ------------------------------------------------------------------------------
     def run(self) -> None:
-        cfg, st, ex = self.cfg, self.state, self.executor
+        cfg, st, loop = self.cfg, self.state, self.loop
         I = cfg.round_interval_s
         next_arrival = 0
         stall = 0
-        prev_now = None
         start_wall = time.perf_counter()
-        gpu_types = list(st.cluster.gpus_by_type)
-        busy_by_type = {t: 0 for t in gpu_types}      # GPUs held, per type, since the last round
-        samples_prev = 0.0
-        reconfig_lost_prev = 0.0
-        # A policy with ``event_driven = True`` declares that its decisions change only when
-        # the set of jobs changes (arrival, completion) or when its last decisions were not
-        # all carried out; in other rounds it is not called and nothing moves.
-        event_driven = bool(getattr(self.policy, "event_driven", False))
-        need_decide = True
-        checked_version = -1
-        prev_iters: dict[str, float] = {}
         k = 0
         while True:
             now = self.t0 + k * I
-            st.set_time(now)
-            # 1. completions up to now
-            finished = ex.advance(now)
-            freed_after: dict[str, float] = {t: 0.0 for t in gpu_types}
-            for p in finished:
-                r = st.jobs[p.job_id]
-                gt, g = r.alloc.grid.gpu_type, r.alloc.grid.num_gpus
-                freed_after[gt] += (now - p.finished_at_s) * g
-                st.set_progress(p.job_id, p.iterations_done)
-                st.finish(p.job_id, p.finished_at_s)
-            if self.rounds:
-                rec = self.rounds[-1]
-                rec.throughput_samples_per_s = (ex.samples_done - samples_prev) / I
-                rec.gpu_busy_s = {t: busy_by_type[t] * I - freed_after[t] for t in gpu_types}
-                lost = ex.reconfig_lost_gpu_s_total
-                rec.reconfig_lost_gpu_s = lost - reconfig_lost_prev
-                reconfig_lost_prev = lost
-            samples_prev = ex.samples_done
+            loop.collect(now, I)
             # stop?
             if k >= cfg.rounds and not cfg.run_out:
                 self.end_s = now
@@ -192,50 +138,20 @@ class _Simulation:
                     self.stopped_by_safety = True
                     self.end_s = now
                     break
-            # 2. arrivals
             n_sub = 0
             while next_arrival < len(self.jobs) and self.jobs[next_arrival].arrival_s <= now:
-                st.submit(self.jobs[next_arrival].job_id, now)
+                loop.submit(self.jobs[next_arrival].job_id, now)
                 next_arrival += 1
                 n_sub += 1
-            rec = RoundRecord(k, now, submitted=n_sub)
-            if finished or n_sub:
-                need_decide = True
-            if need_decide or not event_driven:
-                # 3. decide
-                for jid in st.running:
-                    st.set_progress(jid, ex.iterations_done(jid))
-                ctx = self._context(now, k)
-                t_dec = time.perf_counter()
-                decisions = self.policy.decide(ctx)
-                rec.decision_time_s = time.perf_counter() - t_dec
-                rec.decided = True
-                # 4-6. filter, place, apply
-                self._apply(decisions, now, rec)
-                busy_by_type = st.cluster.used_by_type()
-                # an event-driven policy is asked again only after an event, or when this
-                # round's decisions were not all carried out
-                need_decide = bool(rec.infeasible_drops or rec.packing_failures or rec.displaced)
-            elif finished:
-                busy_by_type = st.cluster.used_by_type()
-            rec.queued, rec.running, rec.finished_total = len(st.queued), len(st.running), len(st.finished_ids)
-            # 7. invariants
-            if cfg.check_invariants:
-                gpus_changed = st.cluster.version != checked_version
-                check_invariants(st, now, prev_now, prev_iters if gpus_changed else None, gpus=gpus_changed)
-                if gpus_changed:
-                    checked_version = st.cluster.version
-                    prev_iters = {j: r.iterations_done for j, r in st.running.items()}
-            prev_now = now
-            self.rounds.append(rec)
+            rec = loop.round(now, k, submitted=n_sub)
             if cfg.run_out and next_arrival >= len(self.jobs) and not st.running and rec.launches == 0:
                 stall += 1
                 if stall >= cfg.stall_rounds:
                     self.stopped_by_safety = True
                     self.end_s = now + I
-                    ex.advance(now + I)
-                    self.rounds[-1].throughput_samples_per_s = 0.0
-                    self.rounds[-1].gpu_busy_s = {t: 0.0 for t in gpu_types}
+                    self.executor.advance(now + I)
+                    rec.throughput_samples_per_s = 0.0
+                    rec.gpu_busy_s = {t: 0.0 for t in st.cluster.gpus_by_type}
                     break
             else:
                 stall = 0
@@ -244,93 +160,3 @@ class _Simulation:
                 self.progress_cb(RoundProgress(k, cfg.rounds, cfg.run_out, len(st.finished_ids),
                                                len(self.jobs), time.perf_counter() - start_wall))
         self.wall_s = time.perf_counter() - start_wall
-
-    # ------------------------------------------------------------------------------
-    def _context(self, now: float, k: int) -> RoundContext:
-        st, ex = self.state, self.executor
-        views = []
-        for r in st.running.values():
-            views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, r.alloc,
-                                 st.attained_gpu_s_at(r, now), r.queued_s, r.reconfigurations,
-                                 ex.iteration_time_s(r.job_id), r.known_infeasible))
-        for r in st.queued.values():
-            views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, None,
-                                 r.attained_gpu_s, st.queued_s_at(r, now), r.reconfigurations,
-                                 None, r.known_infeasible))
-        views.sort(key=lambda v: (v.job.arrival_s, v.job.job_id))
-        return RoundContext(now, k, self.cfg.round_interval_s, self.cluster, tuple(views), self.perf,
-                            self.reconfig, self.cfg.seed)
-
-    def _apply(self, decisions: Decisions, now: float, rec: RoundRecord) -> None:
-        st, ex = self.state, self.executor
-        if not isinstance(decisions, Decisions):
-            raise TypeError(f"policy {getattr(self.policy, 'name', self.policy)!r} returned "
-                            f"{type(decisions).__name__}, not Decisions")
-        requests: dict[str, Grid] = {}
-        dropped: dict[str, Grid] = {}     # running jobs whose decided move was rejected at truth
-        for jid, grid in decisions.grids.items():
-            r = st.jobs.get(jid)
-            if r is None or r.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
-                raise ValueError(f"policy decided for job {jid!r}, which is "
-                                 f"{'unknown' if r is None else r.status.value}")
-            if not isinstance(grid, Grid):
-                raise TypeError(f"policy decision for job {jid!r} is {grid!r}, not a Grid")
-            if (r.alloc is None or r.alloc.grid.shape != grid.shape) and \
-                    ex.true_iteration_time(r.job, grid.shape) is None:
-                rec.infeasible_drops += 1
-                r.infeasible_drops += 1
-                r.known_infeasible = r.known_infeasible | {grid.shape}
-                if r.alloc is not None:
-                    requests[jid] = r.alloc.grid      # keep running where it is
-                    dropped[jid] = grid
-                continue
-            requests[jid] = grid
-        current = {jid: r.alloc for jid, r in st.running.items()}
-        pinned = {j: g for j, g in decisions.placements.items() if j in requests and j not in dropped}
-        res = self.placer.place(requests, current, pinned)
-        failed = set(res.failed)
-        if dropped and failed:
-            # which failures are the decision's own: place it as decided (dropped moves included)
-            as_decided = self.placer.place({**requests, **dropped}, current,
-                                           {j: g for j, g in decisions.placements.items() if j in requests})
-            own = failed & set(as_decided.failed)
-        else:
-            own = failed
-        rec.packing_failures = len(own)
-        rec.displaced = len(failed - own)
-        rec.repairs = res.repaired
-        for jid in own:
-            st.jobs[jid].packing_failures += 1
-        allocs = dict(res.allocations)
-        # a running job whose new grid did not fit stays where it is, if its GPUs are still free
-        stuck = [j for j in res.failed if j in current]
-        if stuck:
-            taken = {g for a in allocs.values() for g in a.gpus}
-            for jid in stuck:
-                if taken.isdisjoint(current[jid].gpus):
-                    allocs[jid] = current[jid]
-                    taken.update(current[jid].gpus)
-        # stops: running jobs with no allocation this round
-        for jid in [j for j in st.running if j not in allocs]:
-            ex.stop(jid, now)
-            st.stop(jid, now)
-            rec.preemptions += 1
-        # moves: release first, then assign
-        moving = [(jid, a) for jid, a in allocs.items()
-                  if jid in st.running and (a.gpus != st.running[jid].alloc.gpus or a.grid != st.running[jid].alloc.grid)]
-        for jid, _ in moving:
-            st.release_for_move(jid)
-        for jid, a in moving:
-            st.move(jid, a, now)
-            ex.reconfigure(jid, a, decisions.plans.get(jid), now)
-            rec.reconfigurations += 1
-        # launches
-        for jid, a in allocs.items():
-            r = st.jobs[jid]
-            if r.status is JobStatus.QUEUED:
-                resumed = r.first_start_s is not None
-                st.start(jid, a, now)
-                ex.launch(r.job, a, decisions.plans.get(jid), now)
-                rec.launches += 1
-                if resumed:
-                    rec.reconfigurations += 1

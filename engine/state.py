@@ -1,4 +1,4 @@
-"""Cluster and job state of a simulation (or a live service).
+"""Cluster and job state of the engine (simulated or live).
 
 ``ClusterState`` records which GPU ``(node_id, index)`` holds which job; ``JobRecord``
 the lifecycle of one job (pending arrival -> queued -> running <-> queued -> finished).
@@ -25,6 +25,7 @@ class JobStatus(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
     FINISHED = "finished"
+    FAILED = "failed"          # its runs kept failing (live only); the reason is recorded
 
 
 class ClusterState:
@@ -92,6 +93,11 @@ class JobRecord:
     infeasible_drops: int = 0       # policy decisions dropped because the oracle said infeasible
     packing_failures: int = 0
     known_infeasible: frozenset = field(default_factory=frozenset)   # shapes seen infeasible
+    measured_iteration_time_s: float | None = None   # reported by the executor while running
+    failures: int = 0               # runs that failed (live): it resumes from its last checkpoint
+    failure_reason: str | None = None
+    retry_after_s: float = float("-inf")   # after a failed run: not offered to the policy before
+    lost_iterations: float = 0.0    # progress lost to failures and stops past the last checkpoint
     _since_s: float = 0.0           # when the current status (queued/running) began
 
     @property
@@ -103,7 +109,7 @@ class JobRecord:
         return self.first_start_s is not None
 
 
-class SimState:
+class EngineState:
     """All jobs' records plus the cluster; every transition validated."""
 
     def __init__(self, spec: ClusterSpec, jobs: list[Job] | tuple[Job, ...]):
@@ -116,6 +122,7 @@ class SimState:
         self.queued: dict[str, JobRecord] = {}    # insertion order = submission order
         self.running: dict[str, JobRecord] = {}
         self.finished_ids: list[str] = []
+        self.failed_ids: list[str] = []           # failed for good or cancelled (live only)
         self.submitted_count = 0
         self.now_s: float = float("-inf")
 
@@ -173,11 +180,56 @@ class SimState:
         del self.running[job_id]
         return r
 
-    def stop(self, job_id: str, t: float) -> None:
+    def stop(self, job_id: str, t: float, kept_iterations: float | None = None) -> None:
+        """Preempt a running job; it keeps ``kept_iterations`` (what its checkpoint holds;
+        default: all of its progress)."""
         r = self._leave_running(job_id, t, "stopped")
+        self._keep(r, kept_iterations)
         r.status, r.alloc, r._since_s = JobStatus.QUEUED, None, t
+        r.measured_iteration_time_s = None
         r.preemptions += 1
         self.queued[job_id] = r
+
+    def fail_run(self, job_id: str, t: float, kept_iterations: float, reason: str, max_failures: int,
+                 backoff_s: float = 30.0) -> None:
+        """A running job's run failed: back to the queue from its last checkpoint, offered
+        to the policy again after an exponential backoff; after ``max_failures`` failed
+        runs it fails for good with ``reason``."""
+        r = self._leave_running(job_id, t, "failed")
+        self._keep(r, kept_iterations)
+        r.failures += 1
+        r.failure_reason = reason
+        r.alloc, r._since_s, r.measured_iteration_time_s = None, t, None
+        if r.failures >= max_failures:
+            r.status, r.finish_s = JobStatus.FAILED, t
+            self.failed_ids.append(job_id)
+            return
+        r.status = JobStatus.QUEUED
+        r.retry_after_s = t + backoff_s * 2 ** (r.failures - 1)
+        self.queued[job_id] = r
+
+    @staticmethod
+    def _keep(r: JobRecord, kept_iterations: float | None) -> None:
+        if kept_iterations is None or kept_iterations >= r.iterations_done:
+            return
+        r.lost_iterations += r.iterations_done - max(0.0, kept_iterations)
+        r.iterations_done = max(0.0, float(kept_iterations))
+
+    def cancel(self, job_id: str, t: float, reason: str = "cancelled") -> None:
+        """End a queued job for good (a running one is stopped first)."""
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.QUEUED:
+            raise StateError(f"job {job_id} cancelled while {r.status.value}")
+        del self.queued[job_id]
+        r.status, r.finish_s, r.failure_reason = JobStatus.FAILED, t, reason
+        self.failed_ids.append(job_id)
+
+    def add_job(self, job: Job) -> JobRecord:
+        """A job that becomes known while the engine runs (live submissions)."""
+        if job.job_id in self.jobs:
+            raise StateError(f"duplicate job id {job.job_id!r}")
+        r = self.jobs[job.job_id] = JobRecord(job)
+        return r
 
     def finish(self, job_id: str, t: float) -> None:
         r = self._leave_running(job_id, t, "finished")

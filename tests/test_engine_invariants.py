@@ -5,12 +5,12 @@ import pytest
 
 from engine.context import Allocation
 from engine.invariants import InvariantViolation, check_invariants
-from engine.state import JobStatus, SimState, StateError
+from engine.state import JobStatus, EngineState, StateError
 from tests.test_engine_helpers import cluster, grid, job
 
 
 def _state():
-    st = SimState(cluster(("a100", 2, 4)), [job("A", 0.0, 10), job("B", 0.0, 10), job("C", 0.0, 10)])
+    st = EngineState(cluster(("a100", 2, 4)), [job("A", 0.0, 10), job("B", 0.0, 10), job("C", 0.0, 10)])
     for j in ("A", "B", "C"):
         st.submit(j, 0.0)
     st.start("A", Allocation(grid("a100", 1, 2), ((0, 0), (0, 1))), 0.0)

@@ -1,0 +1,259 @@
+"""The round loop, once, for both clocks.
+
+A ``RoundLoop`` holds the engine's state (jobs and GPU ownership), a policy, the
+placement and an ``Executor`` (engine/executor.py). Its drivers decide *when* a round
+happens: the simulator (engine/simulator.py) calls it at ``t0 + k x interval`` of a
+virtual clock with ``SimExecutor``; the live service (engine/service/) calls it on the
+wall clock (a timer, arrivals, completions, failures) with the launcher's
+``MpiExecutor``. Everything between is here and nowhere else:
+
+1. ``collect(now)``: the executor runs (simulated) or is polled (live) up to ``now``;
+   jobs that finished leave at their exact completion time, jobs whose run failed go
+   back to the queue from their last checkpoint (or fail for good after
+   ``max_failures``); the previous round's interval is accounted (samples, GPU-seconds
+   held, GPU-seconds lost to reconfiguration);
+2. ``submit(job_id, now)``: arrivals join the queue;
+3. ``round(now, index)``: the policy reads a ``RoundContext`` of every active job and
+   returns ``Decisions``; decisions on shapes the executor knows the job cannot run on
+   are dropped and shown to the policy next time (``JobView.known_infeasible_shapes``);
+   placement maps grids to GPUs; the executor stops, moves and launches; invariants are
+   asserted; the round is recorded.
+
+A policy with ``event_driven = True`` is asked only after an event (arrival,
+completion, failure) or when its last decisions were not all carried out.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from instances.cluster import ClusterSpec
+from instances.grid import Grid
+from instances.jobs import Job
+
+from .context import Decisions, JobView, RoundContext
+from .executor import Executor, JobProgress
+from .invariants import check_invariants
+from .placement import Placer
+from .policy import Policy
+from .reconfig import ReconfigCostModel
+from .state import JobStatus, EngineState
+
+
+@dataclass
+class RoundRecord:
+    index: int
+    time_s: float
+    submitted: int = 0               # jobs submitted this round
+    queued: int = 0                  # after the decision
+    running: int = 0
+    finished_total: int = 0
+    launches: int = 0
+    reconfigurations: int = 0        # moves of running jobs and resumes of preempted ones
+    preemptions: int = 0
+    infeasible_drops: int = 0
+    packing_failures: int = 0        # chosen grids placement could not map to GPUs, as decided
+    displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
+    repairs: int = 0
+    failures: int = 0                # runs that failed since the previous round (live)
+    decision_time_s: float = 0.0
+    decided: bool = False            # the policy was called this round
+    # over the interval [time_s, next round), filled at the next round:
+    throughput_samples_per_s: float = 0.0
+    gpu_busy_s: dict = field(default_factory=dict)       # per GPU type, GPU-seconds held
+    reconfig_lost_gpu_s: float = 0.0
+
+
+class RoundLoop:
+    def __init__(self, cluster: ClusterSpec, policy: Policy, executor: Executor, *,
+                 perf: object = None, reconfig: ReconfigCostModel | None = None, round_interval_s: float,
+                 jobs: Iterable[Job] = (), seed: int = 0, check_invariants: bool = True,
+                 max_failures: int = 3):
+        self.cluster, self.policy, self.executor = cluster, policy, executor
+        self.perf, self.reconfig = perf, reconfig
+        self.round_interval_s, self.seed = round_interval_s, seed
+        self.check = check_invariants
+        self.max_failures = max_failures
+        self.state = EngineState(cluster, list(jobs))
+        self.placer = Placer(cluster)
+        self.rounds: list[RoundRecord] = []
+        self.event_driven = bool(getattr(policy, "event_driven", False))
+        self._need_decide = True
+        self._ended = False               # jobs finished or failed since the last round
+        self._failed_since = 0
+        self._checked_version = -1
+        self._prev_iters: dict[str, float] = {}
+        self._prev_now: float | None = None
+        self._gpu_types = list(self.state.cluster.gpus_by_type)
+        self._busy_by_type = {t: 0 for t in self._gpu_types}    # GPUs held, per type, since the last round
+        self._samples_prev = 0.0
+        self._lost_prev = 0.0
+
+    # ------------------------------------------------------------------------------
+    def add_job(self, job: Job) -> None:
+        """A job that becomes known while the loop runs (live submissions)."""
+        self.state.add_job(job)
+
+    def submit(self, job_id: str, now: float) -> None:
+        self.state.submit(job_id, now)
+        self._need_decide = True
+
+    def collect(self, now: float, interval_s: float) -> list[JobProgress]:
+        """Bring the executor to ``now``; book completions and failures; account the
+        previous round over its ``interval_s``. Returns what finished or failed."""
+        st, ex = self.state, self.executor
+        st.set_time(now)
+        ended = ex.advance(now)
+        freed_after: dict[str, float] = {t: 0.0 for t in self._gpu_types}
+        for p in ended:
+            r = st.jobs[p.job_id]
+            if r.status is not JobStatus.RUNNING:
+                continue                  # a late report of a run the engine already stopped
+            gt, g = r.alloc.grid.gpu_type, r.alloc.grid.num_gpus
+            at = p.finished_at_s if p.finished_at_s is not None else now
+            freed_after[gt] += (now - at) * g
+            if p.failed:
+                st.fail_run(p.job_id, at, p.last_checkpoint_iteration, p.failed, self.max_failures)
+                self._prev_iters.pop(p.job_id, None)     # it resumes from its last checkpoint
+                self._failed_since += 1
+            else:
+                st.set_progress(p.job_id, p.iterations_done)
+                st.finish(p.job_id, at)
+        if self.rounds:
+            rec = self.rounds[-1]
+            totals = ex.totals()
+            rec.throughput_samples_per_s = (totals.samples_done - self._samples_prev) / interval_s
+            rec.gpu_busy_s = {t: self._busy_by_type[t] * interval_s - freed_after[t] for t in self._gpu_types}
+            rec.reconfig_lost_gpu_s = totals.reconfig_lost_gpu_s - self._lost_prev
+            self._lost_prev = totals.reconfig_lost_gpu_s
+        self._samples_prev = ex.totals().samples_done
+        self._ended = bool(ended)
+        if ended:
+            self._need_decide = True
+        return ended
+
+    def round(self, now: float, index: int, submitted: int = 0) -> RoundRecord:
+        """Decide (when due), place and carry out one round at ``now``."""
+        st, ex = self.state, self.executor
+        rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since)
+        self._failed_since = 0
+        if self._need_decide or not self.event_driven:
+            for jid in st.running:
+                p = ex.progress(jid)
+                st.set_progress(jid, p.iterations_done)
+                st.jobs[jid].measured_iteration_time_s = p.measured_iteration_time_s
+            ctx = self.context(now, index)
+            t_dec = time.perf_counter()
+            decisions = self.policy.decide(ctx)
+            rec.decision_time_s = time.perf_counter() - t_dec
+            rec.decided = True
+            self._apply(decisions, now, rec)
+            self._busy_by_type = st.cluster.used_by_type()
+            # an event-driven policy is asked again only after an event, or when this
+            # round's decisions were not all carried out
+            self._need_decide = bool(rec.infeasible_drops or rec.packing_failures or rec.displaced)
+        elif self._ended:
+            self._busy_by_type = st.cluster.used_by_type()
+        rec.queued, rec.running, rec.finished_total = len(st.queued), len(st.running), len(st.finished_ids)
+        if self.check:
+            gpus_changed = st.cluster.version != self._checked_version
+            check_invariants(st, now, self._prev_now, self._prev_iters if gpus_changed else None, gpus=gpus_changed)
+            if gpus_changed:
+                self._checked_version = st.cluster.version
+                self._prev_iters = {j: r.iterations_done for j, r in st.running.items()}
+        self._prev_now = now
+        self.rounds.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------------------
+    def context(self, now: float, index: int) -> RoundContext:
+        st = self.state
+        views = []
+        for r in st.running.values():
+            views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, r.alloc,
+                                 st.attained_gpu_s_at(r, now), r.queued_s, r.reconfigurations,
+                                 r.measured_iteration_time_s, r.known_infeasible))
+        for r in st.queued.values():
+            if r.retry_after_s > now:
+                continue                  # backing off after a failed run
+            views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, None,
+                                 r.attained_gpu_s, st.queued_s_at(r, now), r.reconfigurations,
+                                 None, r.known_infeasible))
+        views.sort(key=lambda v: (v.job.arrival_s, v.job.job_id))
+        return RoundContext(now, index, self.round_interval_s, self.cluster, tuple(views), self.perf,
+                            self.reconfig, self.seed)
+
+    def _apply(self, decisions: Decisions, now: float, rec: RoundRecord) -> None:
+        st, ex = self.state, self.executor
+        if not isinstance(decisions, Decisions):
+            raise TypeError(f"policy {getattr(self.policy, 'name', self.policy)!r} returned "
+                            f"{type(decisions).__name__}, not Decisions")
+        requests: dict[str, Grid] = {}
+        dropped: dict[str, Grid] = {}     # running jobs whose decided move was rejected at truth
+        for jid, grid in decisions.grids.items():
+            r = st.jobs.get(jid)
+            if r is None or r.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+                raise ValueError(f"policy decided for job {jid!r}, which is "
+                                 f"{'unknown' if r is None else r.status.value}")
+            if not isinstance(grid, Grid):
+                raise TypeError(f"policy decision for job {jid!r} is {grid!r}, not a Grid")
+            if (r.alloc is None or r.alloc.grid.shape != grid.shape) and not ex.runs_on(r.job, grid.shape):
+                rec.infeasible_drops += 1
+                r.infeasible_drops += 1
+                r.known_infeasible = r.known_infeasible | {grid.shape}
+                if r.alloc is not None:
+                    requests[jid] = r.alloc.grid      # keep running where it is
+                    dropped[jid] = grid
+                continue
+            requests[jid] = grid
+        current = {jid: r.alloc for jid, r in st.running.items()}
+        pinned = {j: g for j, g in decisions.placements.items() if j in requests and j not in dropped}
+        res = self.placer.place(requests, current, pinned)
+        failed = set(res.failed)
+        if dropped and failed:
+            # which failures are the decision's own: place it as decided (dropped moves included)
+            as_decided = self.placer.place({**requests, **dropped}, current,
+                                           {j: g for j, g in decisions.placements.items() if j in requests})
+            own = failed & set(as_decided.failed)
+        else:
+            own = failed
+        rec.packing_failures = len(own)
+        rec.displaced = len(failed - own)
+        rec.repairs = res.repaired
+        for jid in own:
+            st.jobs[jid].packing_failures += 1
+        allocs = dict(res.allocations)
+        # a running job whose new grid did not fit stays where it is, if its GPUs are still free
+        stuck = [j for j in res.failed if j in current]
+        if stuck:
+            taken = {g for a in allocs.values() for g in a.gpus}
+            for jid in stuck:
+                if taken.isdisjoint(current[jid].gpus):
+                    allocs[jid] = current[jid]
+                    taken.update(current[jid].gpus)
+        # stops: running jobs with no allocation this round
+        for jid in [j for j in st.running if j not in allocs]:
+            ex.stop(jid, now)
+            st.stop(jid, now, kept_iterations=ex.progress(jid).iterations_done)
+            self._prev_iters.pop(jid, None)
+            rec.preemptions += 1
+        # moves: release first, then assign
+        moving = [(jid, a) for jid, a in allocs.items()
+                  if jid in st.running and (a.gpus != st.running[jid].alloc.gpus or a.grid != st.running[jid].alloc.grid)]
+        for jid, _ in moving:
+            st.release_for_move(jid)
+        for jid, a in moving:
+            st.move(jid, a, now)
+            ex.reconfigure(jid, a, decisions.plans.get(jid), now)
+            rec.reconfigurations += 1
+        # launches
+        for jid, a in allocs.items():
+            r = st.jobs[jid]
+            if r.status is JobStatus.QUEUED:
+                resumed = r.first_start_s is not None
+                st.start(jid, a, now)
+                ex.launch(r.job, a, decisions.plans.get(jid), now)
+                rec.launches += 1
+                if resumed:
+                    rec.reconfigurations += 1
