@@ -12,7 +12,7 @@ Which family the file describes comes from ``model_type`` (else from ``architect
   ``n_embd``, ``n_head``, ``n_positions``, ``vocab_size``, ``n_inner`` (null: 4 x n_embd).
 
 Optional everywhere: ``torch_dtype`` (or ``dtype``; default float32, Hugging Face's
-default), ``tie_word_embeddings``, and ``seq_length``, the training sequence length
+default), ``tie_word_embeddings`` (default as Hugging Face: tied for GPT-2 only), and ``seq_length``, the training sequence length
 (default: the position limit, ``max_position_embeddings`` / ``n_positions``).
 
 Approximations, stated: the model is the catalog family's architecture with the file's
@@ -37,6 +37,9 @@ GPT_TYPES = ("gpt2",)
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "MixtralForCausalLM": "mixtral", "GPT2LMHeadModel": "gpt2"}
 MAX_CONFIG_BYTES = 1 << 20          # a config.json is a few KB; more is not one
+MAX_COUNT = 4096                    # layers or experts: beyond any real model, and every per-layer
+                                    # estimate walks the layers
+MAX_SIZE = 2**31 - 1                # any other size (float arithmetic of the estimates stays in range)
 
 
 def load_hf_config(path: str | Path) -> ModelArch:
@@ -83,6 +86,9 @@ def parse_hf_config(data, *, file: str) -> ModelArch:
             raise InputError(f"must be an integer, got {v!r}", file=file, field=key)
         if v <= 0:
             raise InputError(f"must be positive, got {v}", file=file, field=key)
+        cap = MAX_COUNT if key in ("n_layer", "num_hidden_layers", "num_local_experts", "num_experts") else MAX_SIZE
+        if v > cap:
+            raise InputError(f"{v} is more than {cap}", file=file, field=key)
         return v
 
     if kind in GPT_TYPES:
@@ -121,10 +127,10 @@ def parse_hf_config(data, *, file: str) -> ModelArch:
             raise InputError(f"{top_k} exceeds the number of experts {experts}", file=file,
                              field="num_experts_per_tok")
     dtype = data.get("torch_dtype", data.get("dtype", "float32"))
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise InputError(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPE_BYTES)}", file=file,
                          field="torch_dtype")
-    tied = data.get("tie_word_embeddings", family != "llama")
+    tied = data.get("tie_word_embeddings", kind in GPT_TYPES)          # Hugging Face's defaults
     if not isinstance(tied, bool):
         raise InputError(f"must be true or false, got {tied!r}", file=file, field="tie_word_embeddings")
     return ModelArch(family, Path(file).name, dtype=dtype, num_layers=layers, hidden_size=hidden,

@@ -313,6 +313,8 @@ def canonical_model_name(name: str) -> str:
 def get_model(name: str) -> ModelArch:
     raw = name.strip()
     if raw.lower().endswith(".json"):
+        if "\0" in raw:
+            raise UnknownModel("a file name cannot hold a NUL character", field="model")
         return _file_model(*_file_key(raw))
     return MODELS[canonical_model_name(name)]
 

@@ -89,6 +89,8 @@ BAD = [
     ("no type at all", LLAMA, {"model_type": None}, "model_type"),
     ("no experts", MIXTRAL, {"num_local_experts": None}, "num_local_experts"),
     ("top-k > experts", MIXTRAL, {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ("absurd layer count", LLAMA, {"num_hidden_layers": 10**6}, "num_hidden_layers"),
+    ("dtype not a string", LLAMA, {"torch_dtype": ["float32"]}, "torch_dtype"),
     ("gpt2 n_embd % n_head", GPT2, {"n_embd": 66}, "n_embd"),
     ("gpt2 missing n_positions", GPT2, {"n_positions": None}, "n_positions"),
 ]
@@ -125,7 +127,8 @@ def test_bad_files_are_refused(tmp_path):
     assert e.value.field == "model"
 
 
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 300), st.floats(allow_nan=True),
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 300), st.integers(), st.floats(allow_nan=True),
+                    st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
                     st.text(max_size=4), st.sampled_from(["llama", "mixtral", "gpt2", "mistral", "float16"]))
 KEYS = sorted(set(LLAMA) | set(MIXTRAL) | set(GPT2) | {"num_experts", "head_dim", "seq_length", "architectures",
                                                         "n_ctx", "dtype"})

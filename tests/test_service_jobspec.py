@@ -59,6 +59,7 @@ def test_refusals_name_the_field(tmp_path):
     bad(GOOD | {"gpu_type": "tpu"}, "gpu_type", match="unknown GPU type")
     bad(GOOD | {"priority": 0}, "priority")
     bad(GOOD | {"priority": float("nan")}, "priority")
+    bad(GOOD | {"priority": 10**400}, "priority")
     bad(GOOD | {"deadline_s": -1}, "deadline_s")
     bad(GOOD | {"seed": -1}, "seed")
     bad(GOOD | {"name": "../etc"}, "name")
@@ -96,7 +97,8 @@ def test_toml_errors_name_the_file_and_line(tmp_path):
         JobSpec.from_toml_text("#" * 70000)
 
 
-VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 40), st.floats(allow_nan=True), st.text(max_size=6),
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 40), st.integers(), st.floats(allow_nan=True),
+                   st.text(max_size=6), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
                    st.sampled_from(["tiny-gpt__2L", "a100", "v100", "gpt__1.3B", "x.json"]),
                    st.lists(st.integers(), max_size=2))
 KEYS = st.sampled_from(["name", "model", "global_batch", "steps", "gpu_type", "gpus", "priority", "tenant",

@@ -76,6 +76,8 @@ class JobSpec:
         for f in ("model", "data"):
             v = d.get(f)
             if isinstance(v, str) and (f == "data" or v.strip().lower().endswith(".json")):
+                if "\0" in v:
+                    raise InputError("a path cannot hold a NUL character", file=source, field=f)
                 d[f] = str((base / v.strip()).resolve())
         try:
             spec = cls(**d)
@@ -186,7 +188,11 @@ def _check(spec: JobSpec) -> None:
         v = getattr(spec, field)
         if v is None and optional:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        try:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+        except OverflowError:                       # an integer past float's range
+            ok = False
+        if not ok:
             raise err(field, f"must be a finite number > 0, got {v!r}")
         object.__setattr__(spec, field, float(v))
     if spec.data is not None:

@@ -250,7 +250,11 @@ def _dumps(value, field: str) -> str:
 def _finite(value, field: str, *, optional: bool = False) -> float | None:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:                           # an integer past float's range
+        ok = False
+    if not ok:
         raise InputError(f"must be a finite number, got {value!r}", field=field)
     return float(value)
 
