@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from instances.errors import InputError
 from instances.hf_config import load_hf_config, parse_hf_config
 from instances.jobs import Job
-from instances.models import ModelArch, canonical_model_name, get_model
+from instances.models import MODELS, ModelArch, canonical_model_name, get_model
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
 TINY_LLAMA = EXAMPLES / "tiny-llama-config.json"
@@ -50,7 +50,7 @@ def test_examples_resolve_like_catalog_models(tmp_path, monkeypatch):
         m = get_model(str(path))
         assert (m.family, m.num_experts, m.source) == (family, experts, str(path))
         assert m.name == str(path) and get_model(m.name) is m      # the name resolves back, cached
-        assert m.name not in {n for n in __import__("instances.models").models.MODELS}
+        assert m.name not in MODELS
     monkeypatch.chdir(EXAMPLES.parent)                               # a relative path becomes absolute
     assert canonical_model_name("models/tiny-llama-config.json") == str(TINY_LLAMA)
     job = Job("j", "models/tiny-mixtral-config.json", 8, 10, 0.0)

@@ -93,7 +93,8 @@ class JobSpec:
         if p.is_dir():
             raise InputError("is a folder, not a job file", file=str(p))
         try:
-            raw = p.read_bytes()
+            with p.open("rb") as f:
+                raw = f.read(MAX_TOML_BYTES + 1)     # enough to tell it is too large
         except FileNotFoundError:
             raise InputError("job file not found", file=str(p)) from None
         except OSError as e:
