@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import event, given, settings, strategies as st
 
 from engine.service.jobspec import JobSpec
 from engine.service.store import (MIGRATIONS, SCHEMA_VERSION, StaleGeneration, StateConflict, Store, migrate)
@@ -81,6 +82,9 @@ def test_generations_are_monotonic_and_old_ones_are_refused(store):
     g1 = launch(store, j)
     store.set_status(j, "running", "launched")
     store.record_checkpoint(j, g1, 10, "/ck/step_10")
+    store.record_checkpoint(j, g1, 10, "/ck/step_10")                 # a repeated report: no-op
+    with pytest.raises(StateConflict, match="already saved"):
+        store.record_checkpoint(j, g1, 10, "/elsewhere")
     with pytest.raises(StateConflict, match="still started"):
         store.record_launch_intent(j, {}, ["n0:1"])                  # one active launch per job
     store.mark_launch(j, g1, "finished", reason="moved")              # a move: stop, then relaunch
@@ -280,3 +284,58 @@ def test_sigkill_of_the_writer_mid_write_leaves_a_consistent_database(tmp_path):
     assert mid_op >= 1, "no kill landed inside a change; the test did not test that"
     with Store(path) as s:                                 # and the writer can carry on
         assert s.check() == [] and s.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# Random sequences of changes, valid or not: every change either commits or is refused
+# with StateConflict / InputError and leaves the database exactly as it was; after each,
+# the database is consistent.
+GPUS = st.one_of(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True),
+                st.lists(st.sampled_from("ab"), max_size=3))           # mostly valid; sometimes empty/repeated
+GEN = st.sampled_from(["latest", "latest", "latest", "older", 0, 9])   # resolved against the job's launches
+MARK = st.tuples(st.just("mark"), st.integers(1, 2), GEN,
+                 st.sampled_from(["started", "started", "finished", "failed", "intent", "gone"]))
+STATUS = st.tuples(st.just("status"), st.integers(1, 2), st.sampled_from(["queued", "running", "running", "finished",
+                                                                          "failed", "cancelled", "bogus"]))
+OPS = st.one_of(
+    st.tuples(st.just("submit")),
+    STATUS,
+    st.tuples(st.just("intent"), st.integers(1, 2), GPUS),
+    MARK, MARK, MARK, MARK, STATUS,
+    st.tuples(st.just("ckpt"), st.integers(1, 2), GEN, st.integers(-1, 50)),
+    st.tuples(st.just("measure"), st.integers(1, 2), GEN, st.floats(allow_nan=True)),
+)
+
+
+def _apply(s: Store, op) -> None:
+    kind, *a = op
+    if kind in ("mark", "ckpt", "measure") and isinstance(a[1], str):
+        gens = [l.generation for l in s.launches(a[0])] or [1]
+        a[1] = gens[-1] if a[1] == "latest" else gens[0]
+    if kind == "submit":
+        s.submit(SPEC)
+    elif kind == "status":
+        s.set_status(a[0], a[1], "fuzz")
+    elif kind == "intent":
+        s.record_launch_intent(a[0], {}, a[1])
+    elif kind == "mark":
+        s.mark_launch(a[0], a[1], a[2])
+    elif kind == "ckpt":
+        s.record_checkpoint(a[0], a[1], a[2], "/ck")
+    else:
+        s.record_measurement(a[0], a[1], iteration_time_s=a[2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(OPS, min_size=10, max_size=50))
+def test_fuzz_changes_commit_whole_or_leave_nothing(tmp_path_factory, ops):
+    with Store(tmp_path_factory.mktemp("fz") / "s.db", clock=Clock()) as s:
+        s.conn.execute("PRAGMA synchronous = OFF")         # speed: this tests logic, not durability
+        s.submit(SPEC), s.submit(SPEC)
+        for op in ops:
+            before = list(s.conn.iterdump())
+            try:
+                _apply(s, op)
+                event(f"committed {op[0]}")
+            except (StateConflict, InputError):
+                assert list(s.conn.iterdump()) == before, op
+            assert s.check() == [], op

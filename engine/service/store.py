@@ -447,11 +447,18 @@ class Store:
 
     def record_checkpoint(self, job_id: int, generation: int, step: int, path: str) -> None:
         """A completed checkpoint of the job's latest launch (an older launch's late report
-        is refused: the job may have moved on from it)."""
+        is refused: the job may have moved on from it). Reporting the same one again is a
+        no-op; the same step at another path is refused."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InputError(f"must be an integer >= 0, got {step!r}", field="step")
         with self._tx() as now:
             self._current_launch_state(job_id, generation)
+            have = self.conn.execute("SELECT path FROM checkpoints WHERE job_id = ? AND generation = ? AND step = ?",
+                                     (job_id, generation, step)).fetchone()
+            if have is not None:                 # a repeated report: the same is a no-op
+                if have[0] != str(path):
+                    raise StateConflict(f"job {job_id} launch {generation}: step {step} already saved at {have[0]}")
+                return
             self.conn.execute("INSERT INTO checkpoints(job_id, generation, step, path, at) VALUES (?, ?, ?, ?, ?)",
                               (job_id, generation, step, str(path), now))
 
