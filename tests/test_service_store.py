@@ -325,7 +325,7 @@ def _apply(s: Store, op) -> None:
         s.record_measurement(a[0], a[1], iteration_time_s=a[2])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(OPS, min_size=10, max_size=50))
 def test_fuzz_changes_commit_whole_or_leave_nothing(tmp_path_factory, ops):
     with Store(tmp_path_factory.mktemp("fz") / "s.db", clock=Clock()) as s:
