@@ -8,7 +8,7 @@ A TOML job file holds flat keys::
     global_batch = 8                        # samples per step
     steps = 200                             # training iterations
     gpu_type = "a100"                       # optional: only this GPU type
-    gpus = 4                                # optional: exactly this many GPUs
+    gpus = 4                                # optional: the GPU count asked for (Job.requested_gpus)
     priority = 1.0                          # optional, > 0
     tenant = "team-a"                       # optional
     deadline_s = 3600                       # optional: seconds after submission
