@@ -11,7 +11,7 @@ from .models import ModelArch, canonical_model_name, get_model
 @dataclass(frozen=True)
 class Job:
     job_id: str
-    model: str                      # canonical model catalog name, e.g. "gpt__1.3B"
+    model: str                      # canonical model name: catalog ("gpt__1.3B") or a config.json path
     global_batch: int               # samples per iteration
     num_iterations: int
     arrival_s: float

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from importlib import resources
+from pathlib import Path
 
 from .errors import UnknownModel
 
@@ -65,6 +66,7 @@ class ModelArch:
     image_size: int = 0
     num_classes: int = 0
     depth: int = 0                 # 50 or 101
+    source: str = ""               # absolute path of the config.json it was read from; "" for the catalog
 
     def __post_init__(self):
         if self.dtype not in DTYPE_BYTES:
@@ -81,7 +83,9 @@ class ModelArch:
 
     @property
     def name(self) -> str:
-        return f"{self.family}__{self.size}"
+        """The catalog key ``family__size``, or the path of the file the model was read from:
+        either way ``get_model(arch.name)`` gives the model back."""
+        return self.source or f"{self.family}__{self.size}"
 
     @property
     def is_transformer(self) -> bool:
@@ -288,7 +292,12 @@ FAMILY_ALIASES = {"bert": "gpt", "wresnet": "wide_resnet", "wide-resnet": "wide_
 
 
 def canonical_model_name(name: str) -> str:
+    """The key under which ``get_model`` finds a model: a catalog name (aliases accepted),
+    or, for a name ending in ``.json``, the absolute path of that ``config.json`` file (a
+    user's own model, ``instances.hf_config``). The one resolver of model names."""
     raw = name.strip()
+    if raw.lower().endswith(".json"):
+        return get_model(raw).source             # reads and validates the file: a bad one fails here
     family, sep, size = raw.partition("__")
     if sep:
         family = FAMILY_ALIASES.get(family.lower(), family.lower())
@@ -296,10 +305,31 @@ def canonical_model_name(name: str) -> str:
     else:
         key = raw
     if key not in MODELS:
-        raise UnknownModel(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}",
-                           field="model")
+        raise UnknownModel(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))} "
+                           "(or the path of a Hugging Face-style config.json)", field="model")
     return key
 
 
 def get_model(name: str) -> ModelArch:
+    raw = name.strip()
+    if raw.lower().endswith(".json"):
+        if "\0" in raw:
+            raise UnknownModel("a file name cannot hold a NUL character", field="model")
+        return _file_model(*_file_key(raw))
     return MODELS[canonical_model_name(name)]
+
+
+def _file_key(path: str) -> tuple[str, int, int]:
+    """(absolute path, modification time, size): a changed file is read again."""
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+    except OSError:
+        return str(p), -1, -1                    # load_hf_config names the problem
+    return str(p), st.st_mtime_ns, st.st_size
+
+
+@lru_cache(maxsize=64)
+def _file_model(path: str, mtime_ns: int, size: int) -> ModelArch:
+    from .hf_config import load_hf_config
+    return load_hf_config(path)

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("estimate", help="estimate a job's grids; estimator accuracy; proxy quality",
                               description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("action", nargs="?", default="grids", choices=ACTIONS)
-    p.add_argument("--model", help="catalog model, e.g. gpt__1.3B")
+    p.add_argument("--model", help="catalog model, e.g. gpt__1.3B, or a Hugging Face-style config.json")
     p.add_argument("--gpu-type", help="GPU type, e.g. a100, v100, a40, a10")
     p.add_argument("--gpus", type=int, help="GPU count")
     p.add_argument("--gpus-per-node", type=int, default=None,

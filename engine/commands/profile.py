@@ -9,7 +9,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="profile layers and collectives with torch into the profile store",
                               description=__doc__)
     p.add_argument("--model", action="append", required=True,
-                   help="catalog model (repeatable), e.g. tiny-gpt__4L or gpt__1.3B (reduced shapes on CPU)")
+                   help="catalog model (repeatable), e.g. tiny-gpt__4L or gpt__1.3B (reduced shapes on CPU), or a "
+                        "Hugging Face-style config.json")
     p.add_argument("--store", default=None, help="profile store directory (default $ARENA_PROFILE_DIR or "
                    "~/.cache/arena/profiles)")
     p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2])

@@ -10,7 +10,7 @@ def register(subparsers) -> None:
         description="Launch dp*tp*pp ranks with mpiexec (MPICH), train a catalog model with torch "
                     "data/tensor/pipeline parallelism, checkpoint and resume (resharding to the new "
                     "plan). Each step prints 'step N loss L time_s T'.")
-    p.add_argument("--model", required=True, help="catalog model, e.g. tiny-gpt__2L")
+    p.add_argument("--model", required=True, help="catalog model, e.g. tiny-gpt__2L, or a Hugging Face-style config.json")
     p.add_argument("--plan", required=True, help="parallel degrees, e.g. dp=2,tp=1,pp=1")
     p.add_argument("--microbatches", type=int, default=None,
                    help="micro-batches per step (default: pp)")

@@ -1,0 +1,204 @@
+"""A job submitted to the service: a typed ``JobSpec`` read from a TOML file or from a
+dict (the body an HTTP API would receive), validated completely before anything is stored.
+
+A TOML job file holds flat keys::
+
+    name = "llama-ft"                       # letters, digits, . _ -; at most 64
+    model = "models/my-config.json"         # catalog name, or a config.json (relative: to this file)
+    global_batch = 8                        # samples per step
+    steps = 200                             # training iterations
+    gpu_type = "a100"                       # optional: only this GPU type
+    gpus = 4                                # optional: the GPU count asked for (Job.requested_gpus)
+    priority = 1.0                          # optional, > 0
+    tenant = "team-a"                       # optional
+    deadline_s = 3600                       # optional: seconds after submission
+    seed = 0                                # optional: initialisation and synthetic data
+    data = "corpus.txt"                     # optional: a local text file (relative: to this file)
+
+Any other key is refused. Every refusal is an ``InputError`` naming the source (the TOML
+file, or ``request`` for a dict) and the key.
+"""
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from instances.cluster import ClusterSpec
+from instances.errors import InputError
+from instances.gpus import canonical_gpu_name
+from instances.jobs import Job
+from instances.models import canonical_model_name, get_model
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_SEED = 2**63 - 1
+MAX_TOML_BYTES = 64 * 1024          # a job file is a few lines; more is not one
+REQUEST = "request"                 # the source named in errors for a dict
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    model: str                      # canonical: a catalog name or a config.json's absolute path
+    global_batch: int
+    steps: int
+    gpu_type: str | None = None     # canonical GPU catalog name
+    gpus: int | None = None
+    priority: float = 1.0
+    tenant: str = "default"
+    deadline_s: float | None = None # seconds after submission
+    seed: int = 0
+    data: str | None = None         # absolute path of a local text file; None: synthetic data
+
+    def __post_init__(self):
+        _check(self)
+
+    @classmethod
+    def from_dict(cls, d, *, source: str = REQUEST, base_dir: str | Path | None = None,
+                  cluster: ClusterSpec | None = None) -> "JobSpec":
+        """Validate ``d``; relative paths (a config.json model, ``data``) are taken from
+        ``base_dir`` (default: the working folder); ``cluster``: refuse more GPUs (or a GPU
+        type) than it has."""
+        if not isinstance(d, dict):
+            raise InputError(f"a job is an object of keys, got {type(d).__name__}", file=source)
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known), key=str)
+        if unknown:
+            raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}",
+                             file=source, field=str(unknown[0]))
+        for f in ("name", "model", "global_batch", "steps"):
+            if f not in d:
+                raise InputError("missing", file=source, field=f)
+        d = dict(d)
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        for f in ("model", "data"):
+            v = d.get(f)
+            if isinstance(v, str) and (f == "data" or v.strip().lower().endswith(".json")):
+                if "\0" in v:
+                    raise InputError("a path cannot hold a NUL character", file=source, field=f)
+                d[f] = str((base / v.strip()).resolve())
+        try:
+            spec = cls(**d)
+        except InputError as e:                     # name the source (file or request)
+            raise InputError(e.reason, file=source, line=e.line, field=e.field) from None
+        if cluster is not None:
+            spec.check_cluster(cluster, source=source)
+        return spec
+
+    @classmethod
+    def from_toml(cls, path: str | Path, *, cluster: ClusterSpec | None = None) -> "JobSpec":
+        p = Path(path)
+        if p.is_dir():
+            raise InputError("is a folder, not a job file", file=str(p))
+        try:
+            with p.open("rb") as f:
+                raw = f.read(MAX_TOML_BYTES + 1)     # enough to tell it is too large
+        except FileNotFoundError:
+            raise InputError("job file not found", file=str(p)) from None
+        except OSError as e:
+            raise InputError(f"cannot read the job file: {e.strerror or e}", file=str(p)) from None
+        return cls.from_toml_text(raw, source=str(p), base_dir=p.resolve().parent, cluster=cluster)
+
+    @classmethod
+    def from_toml_text(cls, text: str | bytes, *, source: str = REQUEST, base_dir: str | Path | None = None,
+                       cluster: ClusterSpec | None = None) -> "JobSpec":
+        if len(text) > MAX_TOML_BYTES:
+            raise InputError(f"larger than {MAX_TOML_BYTES} bytes; not a job file", file=source)
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError("not UTF-8 text (expected TOML)", file=source) from None
+        try:
+            d = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            m = re.search(r"\(at line (\d+)", str(e))
+            raise InputError(f"malformed TOML: {e}", file=source, line=int(m.group(1)) if m else None) from None
+        return cls.from_dict(d, source=source, base_dir=base_dir, cluster=cluster)
+
+    def check_cluster(self, cluster: ClusterSpec, *, source: str = REQUEST) -> None:
+        """Refuse a request the cluster can never satisfy: a GPU type it lacks, more GPUs
+        than it has of one type."""
+        by_type = cluster.gpus_by_type()
+        if self.gpu_type is not None and self.gpu_type not in by_type:
+            raise InputError(f"cluster {cluster.name!r} has no {self.gpu_type} GPUs; it has "
+                             f"{', '.join(sorted(by_type))}", file=source, field="gpu_type")
+        if self.gpus is None:
+            return
+        if self.gpu_type is not None:                # a job runs on one GPU type (its grid's)
+            have, what = by_type[self.gpu_type], f"{self.gpu_type} GPUs"
+        else:
+            what, have = max(((f"{t} GPUs (its largest type)", n) for t, n in by_type.items()), key=lambda x: x[1])
+        if self.gpus > have:
+            raise InputError(f"{self.gpus} requested; a job runs on one GPU type and cluster {cluster.name!r} "
+                             f"has {have} {what}", file=source, field="gpus")
+
+    def to_dict(self) -> dict:
+        """JSON-ready; ``from_dict`` of it gives this spec back."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def to_job(self, job_id: str, arrival_s: float) -> Job:
+        """The engine's job, arriving at ``arrival_s`` on the loop's clock. The seed and the
+        data file are the launcher's (``TrainConfig``), not the scheduler's."""
+        return Job(job_id, self.model, self.global_batch, self.steps, arrival_s,
+                   deadline_s=None if self.deadline_s is None else arrival_s + self.deadline_s,
+                   priority=self.priority, tenant=self.tenant, requested_gpu_type=self.gpu_type,
+                   requested_gpus=self.gpus)
+
+
+def _check(spec: JobSpec) -> None:
+    """Validate and canonicalise ``spec`` in place (model and GPU names)."""
+    def err(field: str, msg: str) -> InputError:
+        return InputError(msg, file=REQUEST, field=field)
+
+    def integer(field: str, lo: int, hi: int | None = None, optional: bool = False) -> None:
+        v = getattr(spec, field)
+        if v is None and optional:
+            return
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise err(field, f"must be an integer, got {v!r}")
+        if v < lo or (hi is not None and v > hi):
+            raise err(field, f"must be {'>= ' + str(lo) if hi is None else f'in [{lo}, {hi}]'}, got {v}")
+
+    def text(field: str) -> str:
+        v = getattr(spec, field)
+        if not isinstance(v, str):
+            raise err(field, f"must be a string, got {v!r}")
+        return v
+
+    if not NAME_RE.match(text("name")):
+        raise err("name", f"{spec.name!r}: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    if not NAME_RE.match(text("tenant")):
+        raise err("tenant", f"{spec.tenant!r}: 1-64 letters, digits, '.', '_' or '-'")
+    try:
+        object.__setattr__(spec, "model", canonical_model_name(text("model")))
+    except InputError as e:
+        raise err("model", str(e)) from None
+    integer("global_batch", 1)
+    integer("steps", 1)
+    integer("gpus", 1, optional=True)
+    integer("seed", 0, MAX_SEED)
+    if spec.gpu_type is not None:
+        try:
+            object.__setattr__(spec, "gpu_type", canonical_gpu_name(text("gpu_type")))
+        except InputError as e:
+            raise err("gpu_type", e.reason) from None
+    for field, optional in (("priority", False), ("deadline_s", True)):
+        v = getattr(spec, field)
+        if v is None and optional:
+            continue
+        try:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+        except OverflowError:                       # an integer past float's range
+            ok = False
+        if not ok:
+            raise err(field, f"must be a finite number > 0, got {v!r}")
+        object.__setattr__(spec, field, float(v))
+    if spec.data is not None:
+        p = Path(text("data"))
+        if not p.is_file():
+            raise err("data", f"{spec.data}: not a file")
+        if not get_model(spec.model).is_transformer:
+            raise err("data", f"model {spec.model} trains on synthetic images; a data file is for token models")

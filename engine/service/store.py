@@ -1,0 +1,556 @@
+"""The service's state in SQLite (stdlib ``sqlite3``): jobs and their status history,
+launches (one generation number per launch of a job), rounds and their decisions,
+measured iteration and reconfiguration times, checkpoints.
+
+Crash safety rests on three rules:
+
+- every method that changes state is one transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``,
+  ``synchronous=FULL``), committed before it returns: the caller writes the intent, then
+  acts, then records the outcome, so after a crash the database tells what was decided
+  and what is known to have happened (a launch in state ``intent`` may or may not have
+  started; its pids say which);
+- the rules of the state machine are checked inside that transaction (job status
+  transitions; one active launch per job; only a job's latest launch generation may
+  change launch state or record checkpoints: a late message from an old launch is
+  refused with ``StaleGeneration``);
+- a GPU can be in only one active launch: a partial unique index enforces it in the
+  database itself.
+
+Concurrency: WAL journal; one writer process (the service), any number of readers in
+other processes (``Store(path, readonly=True)``, e.g. the CLI) that see only committed
+state and do not block the writer.
+
+Schema versions live in ``PRAGMA user_version``; ``MIGRATIONS[i]`` takes a database from
+version ``i`` to ``i + 1``, and a new database is built by running all of them, so the
+path from any older version is the code that builds every database.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from instances.errors import InputError
+
+from .jobspec import JobSpec
+
+JOB_STATUSES = ("queued", "running", "finished", "failed", "cancelled")
+TERMINAL = frozenset({"finished", "failed", "cancelled"})
+TRANSITIONS = {
+    "queued": frozenset({"running", "cancelled", "failed"}),
+    "running": frozenset({"queued", "finished", "failed", "cancelled"}),   # queued: preempted
+    "finished": frozenset(), "failed": frozenset(), "cancelled": frozenset(),
+}
+LAUNCH_STATES = ("intent", "started", "finished", "failed")
+ACTIVE_LAUNCH = frozenset({"intent", "started"})
+LAUNCH_TRANSITIONS = {
+    "intent": frozenset({"started", "failed"}),        # failed: it never started
+    "started": frozenset({"finished", "failed"}),
+    "finished": frozenset(), "failed": frozenset(),
+}
+BUSY_TIMEOUT_MS = 10_000
+
+
+class StateConflict(ValueError):
+    """A change the state machine does not allow now (e.g. cancelling a finished job)."""
+
+
+class StaleGeneration(StateConflict):
+    """A message from a launch that is no longer the job's latest."""
+
+
+MIGRATIONS: tuple[str, ...] = (
+    # v0 -> v1: jobs, their status history, launches
+    """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        spec TEXT NOT NULL,                       -- JobSpec.to_dict() as JSON
+        status TEXT NOT NULL,
+        submitted_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE job_history (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL REFERENCES jobs(id),
+        from_status TEXT,                         -- NULL: submitted
+        to_status TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX job_history_job ON job_history(job_id, id);
+    CREATE TABLE launches (
+        job_id INTEGER NOT NULL REFERENCES jobs(id),
+        generation INTEGER NOT NULL,
+        plan TEXT NOT NULL,                       -- allocation and parallel plan, JSON
+        state TEXT NOT NULL,
+        pid_info TEXT,                            -- JSON: mpiexec pid, host, run dir ...
+        reason TEXT NOT NULL DEFAULT '',
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (job_id, generation)
+    );
+    """,
+    # v1 -> v2: the GPUs of each launch (one active launch per GPU), rounds, measurements,
+    # checkpoints
+    """
+    CREATE TABLE launch_gpus (
+        job_id INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        gpu TEXT NOT NULL,
+        active INTEGER NOT NULL,
+        FOREIGN KEY (job_id, generation) REFERENCES launches(job_id, generation)
+    );
+    CREATE UNIQUE INDEX launch_gpus_one_active ON launch_gpus(gpu) WHERE active = 1;
+    CREATE TABLE rounds (
+        idx INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        policy TEXT NOT NULL,
+        trigger TEXT NOT NULL,
+        objective REAL,
+        gap REAL,
+        solve_time_s REAL NOT NULL,
+        decisions TEXT NOT NULL                   -- JSON
+    );
+    CREATE TABLE measurements (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        at REAL NOT NULL,
+        step INTEGER,
+        iteration_time_s REAL,
+        reconfig TEXT NOT NULL,                   -- JSON {part: seconds}, e.g. stop, start, load
+        FOREIGN KEY (job_id, generation) REFERENCES launches(job_id, generation)
+    );
+    CREATE INDEX measurements_job ON measurements(job_id, id);
+    CREATE TABLE checkpoints (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        path TEXT NOT NULL,
+        at REAL NOT NULL,
+        UNIQUE (job_id, generation, step),
+        FOREIGN KEY (job_id, generation) REFERENCES launches(job_id, generation)
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    name: str
+    spec: dict                  # JobSpec.to_dict(); JobSpec.from_dict(spec) re-validates it
+    status: str
+    submitted_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    job_id: int
+    from_status: str | None
+    to_status: str
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
+class LaunchRow:
+    job_id: int
+    generation: int
+    plan: dict
+    gpus: tuple[str, ...]
+    state: str
+    pid_info: dict | None
+    reason: str
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    idx: int
+    at: float
+    policy: str
+    trigger: str
+    objective: float | None
+    gap: float | None
+    solve_time_s: float
+    decisions: dict
+
+
+@dataclass(frozen=True)
+class MeasurementRow:
+    job_id: int
+    generation: int
+    at: float
+    step: int | None
+    iteration_time_s: float | None
+    reconfig: dict
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    job_id: int
+    generation: int
+    step: int
+    path: str
+    at: float
+
+
+def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Bring the database to ``target``, one migration per transaction; returns the
+    version found. Refuses a database newer than this code."""
+    found = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise InputError(f"database schema version {found} is newer than this code's {SCHEMA_VERSION}",
+                         field="user_version")
+    for v in range(found, target):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _statements(MIGRATIONS[v]):
+                conn.execute(stmt)
+            conn.execute(f"PRAGMA user_version = {v + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return found
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements (``executescript`` would commit on its own)."""
+    out, buf = [], []
+    for line in script.splitlines():
+        buf.append(line.split("--", 1)[0])
+        stmt = "\n".join(buf).strip()
+        if stmt.endswith(";") and sqlite3.complete_statement(stmt):
+            out.append(stmt)
+            buf = []
+    if "\n".join(buf).strip():
+        raise ValueError("migration ends inside a statement")
+    return out
+
+
+def _dumps(value, field: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"not storable as JSON: {e}", field=field) from None
+
+
+def _finite(value, field: str, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:                           # an integer past float's range
+        ok = False
+    if not ok:
+        raise InputError(f"must be a finite number, got {value!r}", field=field)
+    return float(value)
+
+
+class Store:
+    """One connection to the state database. ``readonly``: a reader in another process."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False, clock: Callable[[], float] = time.time):
+        self.path, self.readonly, self.clock = Path(path), readonly, clock
+        if self.path.is_dir():
+            raise InputError("is a folder, not a database file", file=str(self.path))
+        if readonly and not self.path.is_file():
+            raise InputError("no state database here (has the service run?)", file=str(self.path))
+        uri = f"file:{self.path.resolve()}{'?mode=ro' if readonly else ''}"
+        self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            if readonly:
+                v = self.conn.execute("PRAGMA user_version").fetchone()[0]
+                if v != SCHEMA_VERSION:
+                    raise InputError(f"schema version {v}; this code reads {SCHEMA_VERSION} (start the service "
+                                     "once to migrate)", file=str(self.path), field="user_version")
+            else:
+                self.conn.execute("PRAGMA journal_mode = WAL")
+                self.conn.execute("PRAGMA synchronous = FULL")
+                self.conn.execute("PRAGMA foreign_keys = ON")
+                migrate(self.conn)
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            raise InputError(f"not a usable SQLite database: {e}", file=str(self.path)) from None
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[float]:
+        """One write transaction holding the write lock; yields the time of the change
+        (taken under the lock, so times are in commit order for one clock)."""
+        if self.readonly:
+            raise StateConflict("this store was opened read-only")
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.clock()
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    # ---- jobs -------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec, reason: str = "submitted") -> int:
+        """Store a validated job as ``queued``; returns its id."""
+        if not isinstance(spec, JobSpec):
+            raise InputError("submit takes a JobSpec (validated)", field="spec")
+        with self._tx() as now:
+            cur = self.conn.execute(
+                "INSERT INTO jobs(name, spec, status, submitted_at, updated_at) VALUES (?, ?, 'queued', ?, ?)",
+                (spec.name, _dumps(spec.to_dict(), "spec"), now, now))
+            job_id = cur.lastrowid
+            self._history(job_id, None, "queued", reason, now)
+        return job_id
+
+    def set_status(self, job_id: int, status: str, reason: str) -> None:
+        """Move a job along an allowed transition (``TRANSITIONS``). Leaving ``running`` for
+        another status needs the job's launch ended first (``mark_launch``); entering
+        ``running`` needs its latest launch ``started``."""
+        if status not in JOB_STATUSES:
+            raise InputError(f"unknown status {status!r}; known: {', '.join(JOB_STATUSES)}", field="status")
+        with self._tx() as now:
+            cur = self._job_status(job_id)
+            if status not in TRANSITIONS[cur]:
+                raise StateConflict(f"job {job_id}: {cur} -> {status} is not allowed")
+            latest = self._latest_launch(job_id)
+            if status == "running" and (latest is None or latest[1] != "started"):
+                raise StateConflict(f"job {job_id}: running needs a started launch")
+            if status != "running" and latest is not None and latest[1] in ACTIVE_LAUNCH:
+                raise StateConflict(f"job {job_id}: launch {latest[0]} is still {latest[1]}; end it first")
+            self.conn.execute("UPDATE jobs SET status = ?, updated_at = ? WHERE id = ?", (status, now, job_id))
+            self._history(job_id, cur, status, reason, now)
+
+    def _history(self, job_id: int, frm: str | None, to: str, reason: str, now: float) -> None:
+        self.conn.execute("INSERT INTO job_history(job_id, from_status, to_status, reason, at) VALUES (?, ?, ?, ?, ?)",
+                          (job_id, frm, to, str(reason), now))
+
+    def _job_status(self, job_id: int) -> str:
+        row = self.conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise InputError(f"no job {job_id!r}", field="job_id")
+        return row[0]
+
+    def _latest_launch(self, job_id: int) -> tuple[int, str] | None:
+        return self.conn.execute("SELECT generation, state FROM launches WHERE job_id = ? "
+                                 "ORDER BY generation DESC LIMIT 1", (job_id,)).fetchone()
+
+    # ---- launches ---------------------------------------------------------------------
+
+    def record_launch_intent(self, job_id: int, plan: dict, gpus: list[str] | tuple[str, ...]) -> int:
+        """Before starting a launch: its plan and GPUs, state ``intent``. Returns the job's
+        next generation number (1, 2, ...). Refused for a finished job, while the job has
+        another active launch, or when a GPU is in another job's active launch."""
+        gpus = tuple(gpus)
+        if not gpus or not all(isinstance(g, str) and g for g in gpus) or len(set(gpus)) != len(gpus):
+            raise InputError(f"a launch needs distinct GPU names, got {list(gpus)!r}", field="gpus")
+        plan_json = _dumps(plan, "plan")
+        with self._tx() as now:
+            status = self._job_status(job_id)
+            if status in TERMINAL:
+                raise StateConflict(f"job {job_id} is {status}")
+            latest = self._latest_launch(job_id)
+            if latest is not None and latest[1] in ACTIVE_LAUNCH:
+                raise StateConflict(f"job {job_id}: launch {latest[0]} is still {latest[1]}")
+            gen = 1 if latest is None else latest[0] + 1
+            self.conn.execute("INSERT INTO launches(job_id, generation, plan, state, created_at, updated_at) "
+                              "VALUES (?, ?, ?, 'intent', ?, ?)", (job_id, gen, plan_json, now, now))
+            try:
+                self.conn.executemany("INSERT INTO launch_gpus(job_id, generation, gpu, active) VALUES (?, ?, ?, 1)",
+                                      [(job_id, gen, g) for g in gpus])
+            except sqlite3.IntegrityError:
+                busy = self.conn.execute(
+                    f"SELECT gpu, job_id FROM launch_gpus WHERE active = 1 AND gpu IN ({','.join('?' * len(gpus))})",
+                    gpus).fetchall()
+                raise StateConflict(f"job {job_id}: GPUs in another active launch: "
+                                    f"{', '.join(f'{g} (job {j})' for g, j in busy)}") from None
+        return gen
+
+    def mark_launch(self, job_id: int, generation: int, state: str, *, pid_info: dict | None = None,
+                    reason: str = "") -> None:
+        """Record what happened to a launch (``LAUNCH_TRANSITIONS``); only the job's latest
+        generation may. An ended launch frees its GPUs."""
+        if state not in LAUNCH_STATES:
+            raise InputError(f"unknown launch state {state!r}; known: {', '.join(LAUNCH_STATES)}", field="state")
+        pid_json = None if pid_info is None else _dumps(pid_info, "pid_info")
+        with self._tx() as now:
+            cur = self._current_launch_state(job_id, generation)
+            if state not in LAUNCH_TRANSITIONS[cur]:
+                raise StateConflict(f"job {job_id} launch {generation}: {cur} -> {state} is not allowed")
+            self.conn.execute("UPDATE launches SET state = ?, pid_info = COALESCE(?, pid_info), reason = ?, "
+                              "updated_at = ? WHERE job_id = ? AND generation = ?",
+                              (state, pid_json, str(reason), now, job_id, generation))
+            if state not in ACTIVE_LAUNCH:
+                self.conn.execute("UPDATE launch_gpus SET active = 0 WHERE job_id = ? AND generation = ?",
+                                  (job_id, generation))
+
+    def _current_launch_state(self, job_id: int, generation: int) -> str:
+        """The state of ``generation`` if it is the job's latest launch, else ``StaleGeneration``."""
+        latest = self._latest_launch(job_id)
+        if latest is None or not isinstance(generation, int) or generation > latest[0] or generation < 1:
+            self._job_status(job_id)                      # an unknown job says so
+            raise InputError(f"job {job_id} has no launch {generation!r}", field="generation")
+        if generation != latest[0]:
+            raise StaleGeneration(f"job {job_id}: launch {generation} is not the latest ({latest[0]})")
+        return latest[1]
+
+    # ---- rounds, measurements, checkpoints --------------------------------------------
+
+    def record_round(self, *, policy: str, trigger: str, solve_time_s: float, decisions: dict,
+                     objective: float | None = None, gap: float | None = None) -> int:
+        """One scheduling round's decision; returns its index (1, 2, ...)."""
+        args = (str(policy), str(trigger), _finite(objective, "objective", optional=True),
+                _finite(gap, "gap", optional=True), _finite(solve_time_s, "solve_time_s"),
+                _dumps(decisions, "decisions"))
+        with self._tx() as now:
+            cur = self.conn.execute("INSERT INTO rounds(at, policy, trigger, objective, gap, solve_time_s, decisions) "
+                                    "VALUES (?, ?, ?, ?, ?, ?, ?)", (now, *args))
+        return cur.lastrowid
+
+    def record_measurement(self, job_id: int, generation: int, *, iteration_time_s: float | None = None,
+                           reconfig: dict[str, float] | None = None, step: int | None = None) -> None:
+        """A measured iteration time and/or reconfiguration time parts (seconds) of one
+        launch. Any launch of the job may report (a measurement names its launch)."""
+        parts = {str(k): _finite(v, f"reconfig.{k}") for k, v in (reconfig or {}).items()}
+        it = _finite(iteration_time_s, "iteration_time_s", optional=True)
+        if it is None and not parts:
+            raise InputError("a measurement needs an iteration time or reconfiguration parts", field="iteration_time_s")
+        with self._tx() as now:
+            if self.conn.execute("SELECT 1 FROM launches WHERE job_id = ? AND generation = ?",
+                                 (job_id, generation)).fetchone() is None:
+                raise InputError(f"job {job_id} has no launch {generation!r}", field="generation")
+            self.conn.execute("INSERT INTO measurements(job_id, generation, at, step, iteration_time_s, reconfig) "
+                              "VALUES (?, ?, ?, ?, ?, ?)", (job_id, generation, now, step, it, _dumps(parts, "reconfig")))
+
+    def record_checkpoint(self, job_id: int, generation: int, step: int, path: str) -> None:
+        """A completed checkpoint of the job's latest launch (an older launch's late report
+        is refused: the job may have moved on from it). Reporting the same one again is a
+        no-op; the same step at another path is refused."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InputError(f"must be an integer >= 0, got {step!r}", field="step")
+        with self._tx() as now:
+            self._current_launch_state(job_id, generation)
+            have = self.conn.execute("SELECT path FROM checkpoints WHERE job_id = ? AND generation = ? AND step = ?",
+                                     (job_id, generation, step)).fetchone()
+            if have is not None:                 # a repeated report: the same is a no-op
+                if have[0] != str(path):
+                    raise StateConflict(f"job {job_id} launch {generation}: step {step} already saved at {have[0]}")
+                return
+            self.conn.execute("INSERT INTO checkpoints(job_id, generation, step, path, at) VALUES (?, ?, ?, ?, ?)",
+                              (job_id, generation, step, str(path), now))
+
+    # ---- reads ------------------------------------------------------------------------
+
+    def jobs(self, status: str | None = None) -> list[JobRow]:
+        q = "SELECT id, name, spec, status, submitted_at, updated_at FROM jobs"
+        rows = self.conn.execute(q + (" WHERE status = ? ORDER BY id" if status else " ORDER BY id"),
+                                 (status,) if status else ()).fetchall()
+        return [JobRow(i, n, json.loads(s), st, sub, up) for i, n, s, st, sub, up in rows]
+
+    def job(self, job_id: int) -> JobRow:
+        row = self.conn.execute("SELECT id, name, spec, status, submitted_at, updated_at FROM jobs WHERE id = ?",
+                                (job_id,)).fetchone()
+        if row is None:
+            raise InputError(f"no job {job_id!r}", field="job_id")
+        i, n, s, st, sub, up = row
+        return JobRow(i, n, json.loads(s), st, sub, up)
+
+    def history(self, job_id: int) -> list[HistoryRow]:
+        return [HistoryRow(*r) for r in self.conn.execute(
+            "SELECT job_id, from_status, to_status, reason, at FROM job_history WHERE job_id = ? ORDER BY id",
+            (job_id,))]
+
+    def launches(self, job_id: int | None = None, *, active_only: bool = False) -> list[LaunchRow]:
+        where, args = [], []
+        if job_id is not None:
+            where.append("l.job_id = ?")
+            args.append(job_id)
+        if active_only:
+            where.append("l.state IN ('intent', 'started')")
+        q = ("SELECT l.job_id, l.generation, l.plan, l.state, l.pid_info, l.reason, l.created_at, l.updated_at, "
+             "(SELECT json_group_array(gpu) FROM (SELECT gpu FROM launch_gpus g WHERE g.job_id = l.job_id AND "
+             "g.generation = l.generation ORDER BY rowid)) FROM launches l"
+             + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY l.job_id, l.generation")
+        return [LaunchRow(j, g, json.loads(p), tuple(json.loads(gp)), st, None if pi is None else json.loads(pi),
+                          r, c, u) for j, g, p, st, pi, r, c, u, gp in self.conn.execute(q, args)]
+
+    def running_launches(self) -> list[LaunchRow]:
+        """Launches in state ``intent`` or ``started``: what a restarted service must look
+        at (re-adopt if its processes live, else mark failed and relaunch)."""
+        return self.launches(active_only=True)
+
+    def rounds(self, last: int | None = None) -> list[RoundRow]:
+        q = "SELECT idx, at, policy, trigger, objective, gap, solve_time_s, decisions FROM rounds ORDER BY idx DESC"
+        rows = self.conn.execute(q + (" LIMIT ?" if last else ""), (last,) if last else ()).fetchall()
+        return [RoundRow(*r[:7], json.loads(r[7])) for r in reversed(rows)]
+
+    def measurements(self, job_id: int) -> list[MeasurementRow]:
+        return [MeasurementRow(j, g, a, s, it, json.loads(rc)) for j, g, a, s, it, rc in self.conn.execute(
+            "SELECT job_id, generation, at, step, iteration_time_s, reconfig FROM measurements WHERE job_id = ? "
+            "ORDER BY id", (job_id,))]
+
+    def checkpoints(self, job_id: int) -> list[CheckpointRow]:
+        return [CheckpointRow(*r) for r in self.conn.execute(
+            "SELECT job_id, generation, step, path, at FROM checkpoints WHERE job_id = ? ORDER BY step, id",
+            (job_id,))]
+
+    def latest_checkpoint(self, job_id: int) -> CheckpointRow | None:
+        cps = self.checkpoints(job_id)
+        return cps[-1] if cps else None
+
+    def check(self) -> list[str]:
+        """Inconsistencies (empty: none): SQLite's integrity check, and this schema's rules:
+        each job's history is a chain of allowed transitions ending at its status; launch
+        generations are 1..n with at most one active, none for an ended job; a GPU is
+        active in one launch at most, exactly in the active launches."""
+        out = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
+        out += [f"foreign key: {r}" for r in self.conn.execute("PRAGMA foreign_key_check")]
+        for job in self.jobs():
+            hist = self.history(job.id)
+            prev = None
+            for h in hist:
+                ok = (h.from_status is None and prev is None and h.to_status == "queued") or (
+                    prev is not None and h.from_status == prev and h.to_status in TRANSITIONS[prev])
+                if not ok:
+                    out.append(f"job {job.id}: history step {h.from_status} -> {h.to_status} after {prev}")
+                prev = h.to_status
+            if prev != job.status:
+                out.append(f"job {job.id}: status {job.status} but history ends at {prev}")
+            launches = self.launches(job.id)
+            if [l.generation for l in launches] != list(range(1, len(launches) + 1)):
+                out.append(f"job {job.id}: generations {[l.generation for l in launches]}")
+            active = [l for l in launches if l.state in ACTIVE_LAUNCH]
+            if len(active) > 1 or (active and active[0] is not launches[-1]):
+                out.append(f"job {job.id}: active launches {[l.generation for l in active]}")
+            if active and job.status in TERMINAL:
+                out.append(f"job {job.id}: {job.status} with launch {active[0].generation} {active[0].state}")
+            if job.status == "running" and not launches:
+                out.append(f"job {job.id}: running without a launch")
+        bad_gpus = self.conn.execute(
+            "SELECT g.job_id, g.generation, g.gpu, g.active, l.state FROM launch_gpus g JOIN launches l "
+            "USING (job_id, generation) WHERE (g.active = 1) != (l.state IN ('intent', 'started'))").fetchall()
+        out += [f"job {j} launch {g}: gpu {gpu} active={a} in state {s}" for j, g, gpu, a, s in bad_gpus]
+        return out

@@ -1,0 +1,341 @@
+"""The service's SQLite state store: status transitions, launch generations, one active
+launch per GPU, schema migration from v1, readers in another process, and a writer
+process killed by SIGKILL mid-write leaving a consistent database."""
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import event, given, settings, strategies as st
+
+from engine.service.jobspec import JobSpec
+from engine.service.store import (MIGRATIONS, SCHEMA_VERSION, StaleGeneration, StateConflict, Store, migrate)
+from instances.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = JobSpec("j", "tiny-gpt__2L", 8, 20)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "state.db", clock=Clock()) as s:
+        yield s
+
+
+def launch(store, job, gpus=("n0:0",)):
+    g = store.record_launch_intent(job, {"plan": "dp=1,tp=1,pp=1"}, list(gpus))
+    store.mark_launch(job, g, "started", pid_info={"mpiexec_pid": 123, "host": "h"})
+    return g
+
+
+def test_fresh_database_is_wal_and_current(store):
+    assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == len(MIGRATIONS)
+
+
+def test_job_lifecycle_and_history(store):
+    j = store.submit(SPEC)
+    assert store.job(j).status == "queued" and store.job(j).spec == SPEC.to_dict()
+    assert JobSpec.from_dict(store.job(j).spec) == SPEC
+    with pytest.raises(StateConflict, match="started launch"):
+        store.set_status(j, "running", "no launch yet")
+    g = launch(store, j)
+    store.set_status(j, "running", "launched")
+    with pytest.raises(StateConflict, match="still started"):
+        store.set_status(j, "finished", "launch not ended")
+    store.mark_launch(j, g, "finished", reason="exit 0")
+    store.set_status(j, "finished", "all steps done")
+    for bad in ("running", "queued", "cancelled"):
+        with pytest.raises(StateConflict, match="not allowed"):
+            store.set_status(j, bad, "after the end")
+    with pytest.raises(StateConflict):
+        store.record_launch_intent(j, {}, ["n0:0"])
+    assert [(h.from_status, h.to_status, h.reason) for h in store.history(j)] == [
+        (None, "queued", "submitted"), ("queued", "running", "launched"), ("running", "finished", "all steps done")]
+    ats = [h.at for h in store.history(j)]
+    assert ats == sorted(ats)
+    with pytest.raises(InputError, match="unknown status"):
+        store.set_status(j, "paused", "x")
+    with pytest.raises(InputError, match="no job"):
+        store.set_status(99, "cancelled", "x")
+    assert store.check() == []
+
+
+def test_generations_are_monotonic_and_old_ones_are_refused(store):
+    j = store.submit(SPEC)
+    g1 = launch(store, j)
+    store.set_status(j, "running", "launched")
+    store.record_checkpoint(j, g1, 10, "/ck/step_10")
+    store.record_checkpoint(j, g1, 10, "/ck/step_10")                 # a repeated report: no-op
+    with pytest.raises(StateConflict, match="already saved"):
+        store.record_checkpoint(j, g1, 10, "/elsewhere")
+    with pytest.raises(StateConflict, match="still started"):
+        store.record_launch_intent(j, {}, ["n0:1"])                  # one active launch per job
+    store.mark_launch(j, g1, "finished", reason="moved")              # a move: stop, then relaunch
+    g2 = launch(store, j, ["n0:0", "n0:1"])
+    assert (g1, g2) == (1, 2)
+    with pytest.raises(StaleGeneration):
+        store.mark_launch(j, g1, "failed", reason="late exit message")
+    with pytest.raises(StaleGeneration):
+        store.record_checkpoint(j, g1, 12, "/ck/step_12")
+    with pytest.raises(InputError, match="no launch 3"):
+        store.mark_launch(j, 3, "started")
+    store.record_measurement(j, g1, reconfig={"stop_s": 1.5, "checkpoint_s": 0.5})   # a launch's own figure
+    store.record_measurement(j, g2, iteration_time_s=0.25, step=11)
+    with pytest.raises(StateConflict, match="not allowed"):
+        store.mark_launch(j, g2, "intent")
+    store.mark_launch(j, g2, "failed", reason="rank 1 killed")
+    g3 = store.record_launch_intent(j, {}, ["n0:2"])
+    store.mark_launch(j, g3, "failed", reason="never started")
+    assert [(l.generation, l.state) for l in store.launches(j)] == [(1, "finished"), (2, "failed"), (3, "failed")]
+    assert [m.generation for m in store.measurements(j)] == [1, 2]
+    assert store.latest_checkpoint(j).step == 10 and store.job(j).status == "running"
+    store.set_status(j, "queued", "waiting for GPUs")
+    assert store.check() == []
+
+
+def test_a_gpu_is_in_one_active_launch_and_a_refused_intent_leaves_nothing(store):
+    a, b = store.submit(SPEC), store.submit(SPEC)
+    ga = launch(store, a, ["n0:0", "n0:1"])
+    with pytest.raises(StateConflict, match=r"n0:1 \(job 1\)"):
+        store.record_launch_intent(b, {}, ["n0:1", "n0:2"])
+    assert store.launches(b) == [] and store.running_launches()[0].gpus == ("n0:0", "n0:1")
+    store.mark_launch(a, ga, "finished")
+    assert store.record_launch_intent(b, {}, ["n0:1", "n0:2"]) == 1    # freed, and generation 1 unused before
+    with pytest.raises(InputError, match="distinct"):
+        store.record_launch_intent(a, {}, ["n1:0", "n1:0"])
+    assert [(l.job_id, l.state) for l in store.running_launches()] == [(b, "intent")]
+    assert store.check() == []
+
+
+def test_rounds_and_bad_values(store):
+    i1 = store.record_round(policy="arena", trigger="arrival", solve_time_s=0.12, objective=3.5, gap=0.0,
+                            decisions={"1": {"grid": "a100:1x2:pp1"}})
+    i2 = store.record_round(policy="arena", trigger="timer", solve_time_s=0.05, decisions={})
+    assert (i1, i2) == (1, 2)
+    assert [r.trigger for r in store.rounds()] == ["arrival", "timer"] and store.rounds(last=1)[0].idx == 2
+    with pytest.raises(InputError, match="finite"):
+        store.record_round(policy="arena", trigger="t", solve_time_s=float("nan"), decisions={})
+    with pytest.raises(InputError, match="JSON"):
+        store.record_round(policy="arena", trigger="t", solve_time_s=1.0, decisions={"x": object()})
+    assert len(store.rounds()) == 2
+
+
+def test_migration_from_v1_keeps_the_data(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, target=1)                               # what version 1 of the code created
+    conn.execute("INSERT INTO jobs(name, spec, status, submitted_at, updated_at) VALUES ('old', ?, 'running', 1, 2)",
+                 (json.dumps(SPEC.to_dict()),))
+    conn.execute("INSERT INTO job_history(job_id, from_status, to_status, reason, at) VALUES "
+                 "(1, NULL, 'queued', 'submitted', 1), (1, 'queued', 'running', 'launched', 2)")
+    conn.execute("INSERT INTO launches(job_id, generation, plan, state, created_at, updated_at) "
+                 "VALUES (1, 1, '{}', 'started', 1, 2)")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    conn.close()
+    with Store(path) as s:
+        assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert s.job(1).status == "running" and s.running_launches()[0].generation == 1
+        s.record_checkpoint(1, 1, 5, "/ck/5")             # v2 tables work on the migrated data
+        s.mark_launch(1, 1, "finished")
+        assert s.check() == []
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(InputError, match="newer"):
+        Store(path)
+
+
+def test_not_a_database(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(InputError, match="not a usable SQLite"):
+        Store(junk)
+    with pytest.raises(InputError, match="folder"):
+        Store(tmp_path)
+    with pytest.raises(InputError, match="no state database"):
+        Store(tmp_path / "absent.db", readonly=True)
+
+
+READER = textwrap.dedent("""
+    import json, sys
+    from engine.service.store import Store
+    with Store(sys.argv[1], readonly=True) as s:
+        print(json.dumps([[j.id, j.status] for j in s.jobs()]))
+""")
+
+
+def test_a_reader_in_another_process_sees_committed_state_while_the_writer_holds_a_transaction(store):
+    j = store.submit(SPEC)
+    store.conn.execute("BEGIN IMMEDIATE")                 # the writer is mid-transaction ...
+    store.conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = ?", (j,))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", READER, str(store.path)], capture_output=True, text=True,
+                         env=env, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [[j, "queued"]]      # ... the reader is not blocked, sees the committed
+    assert time.perf_counter() - t0 < 30
+    store.conn.execute("ROLLBACK")
+    reader = Store(store.path, readonly=True)
+    with pytest.raises(StateConflict, match="read-only"):
+        reader.submit(SPEC)
+    store.set_status(j, "cancelled", "by user")
+    assert reader.job(j).status == "cancelled"            # a second connection sees each commit
+    reader.close()
+
+
+# The writer: a workload of every kind of change, slowed inside SQLite (a progress handler
+# that sleeps) so that a kill lands mid-transaction. "begin" before each change, "ok" with
+# what it changed after its commit. On start it recovers like a restarted service: active
+# launches are marked failed, running jobs requeued.
+WRITER = textwrap.dedent("""
+    import json, sys, time
+    from engine.service.jobspec import JobSpec
+    from engine.service.store import Store
+    s = Store(sys.argv[1])
+    s.conn.set_progress_handler(lambda: time.sleep(0.0005), 20)
+    def op(kind, fn, *args, **kw):
+        print("begin", kind, flush=True)
+        out = fn(*args, **kw)
+        print("ok", json.dumps([kind, *args, out], default=lambda o: o.name), flush=True)
+        return out
+    for l in s.running_launches():
+        op("mark", s.mark_launch, l.job_id, l.generation, "failed", reason="service restarted")
+    for j in s.jobs("running"):
+        op("status", s.set_status, j.id, "queued", "service restarted")
+    print("ready", flush=True)
+    for n in range(10**6):
+        j = op("submit", s.submit, JobSpec(f"j{n}", "tiny-gpt__2L", 8, 20))
+        g = op("intent", s.record_launch_intent, j, {"n": n}, [f"n0:{n % 4}", f"n1:{n % 4}"])
+        op("mark", s.mark_launch, j, g, "started", pid_info={"pid": n})
+        op("status", s.set_status, j, "running", "launched")
+        op("measure", s.record_measurement, j, g, iteration_time_s=0.1, step=1)
+        op("ckpt", s.record_checkpoint, j, g, 1, f"/ck/{j}")
+        op("round", s.record_round, policy="arena", trigger="timer", solve_time_s=0.01, decisions={"j": j})
+        op("mark", s.mark_launch, j, g, "finished")
+        op("status", s.set_status, j, "finished", "done")
+""")
+LAUNCH_ORDER = ("intent", "started", "finished", "failed")
+
+
+def committed_present(s: Store, kind, *args) -> bool:
+    if kind == "submit":
+        return s.job(args[-1]).name.startswith("j")
+    if kind == "intent":
+        return any(l.generation == args[-1] for l in s.launches(args[0]))
+    if kind == "mark":
+        job, gen, state = args[:3]
+        have = next(l.state for l in s.launches(job) if l.generation == gen)
+        return have == state or (state != "failed" and LAUNCH_ORDER.index(have) > LAUNCH_ORDER.index(state))
+    if kind == "status":
+        return any(h.to_status == args[1] and h.reason == args[2] for h in s.history(args[0]))
+    if kind == "measure":
+        return any(m.generation == args[1] for m in s.measurements(args[0]))
+    if kind == "ckpt":
+        return any(c.generation == args[1] and c.step == args[2] for c in s.checkpoints(args[0]))
+    if kind == "round":
+        return any(r.idx == args[-1] for r in s.rounds())
+    raise AssertionError(kind)
+
+
+def test_sigkill_of_the_writer_mid_write_leaves_a_consistent_database(tmp_path):
+    path = tmp_path / "state.db"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rng = random.Random(7)
+    committed, mid_op = [], 0
+    for run in range(4):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True,
+                                env=env, cwd=REPO)
+        lines = []
+        while not lines or lines[-1] != "ready":
+            line = proc.stdout.readline()
+            assert line, f"writer exited early ({proc.wait()})"
+            lines.append(line.strip())
+        time.sleep(rng.uniform(0.2, 0.8))
+        os.kill(proc.pid, signal.SIGKILL)
+        rest, _ = proc.communicate()
+        lines += rest.splitlines()
+        mid_op += lines[-1].startswith("begin")
+        committed += [json.loads(l[3:]) for l in lines if l.startswith("ok ")]
+        with Store(path, readonly=True) as s:
+            assert s.check() == [], f"after kill {run + 1}"
+            missing = [c for c in committed if not committed_present(s, *c)]
+            assert not missing, f"after kill {run + 1}: committed changes missing: {missing[:5]}"
+    print(f"committed {len(committed)} changes, {mid_op} of 4 kills inside a change")
+    assert len(committed) > 20
+    assert mid_op >= 1, "no kill landed inside a change; the test did not test that"
+    with Store(path) as s:                                 # and the writer can carry on
+        assert s.check() == [] and s.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# Random sequences of changes, valid or not: every change either commits or is refused
+# with StateConflict / InputError and leaves the database exactly as it was; after each,
+# the database is consistent.
+GPUS = st.one_of(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True),
+                st.lists(st.sampled_from("ab"), max_size=3))           # mostly valid; sometimes empty/repeated
+GEN = st.sampled_from(["latest", "latest", "latest", "older", 0, 9])   # resolved against the job's launches
+MARK = st.tuples(st.just("mark"), st.integers(1, 2), GEN,
+                 st.sampled_from(["started", "started", "finished", "failed", "intent", "gone"]))
+STATUS = st.tuples(st.just("status"), st.integers(1, 2), st.sampled_from(["queued", "running", "running", "finished",
+                                                                          "failed", "cancelled", "bogus"]))
+OPS = st.one_of(
+    st.tuples(st.just("submit")),
+    STATUS,
+    st.tuples(st.just("intent"), st.integers(1, 2), GPUS),
+    MARK, MARK, MARK, MARK, STATUS,
+    st.tuples(st.just("ckpt"), st.integers(1, 2), GEN, st.integers(-1, 50)),
+    st.tuples(st.just("measure"), st.integers(1, 2), GEN, st.floats(allow_nan=True)),
+)
+
+
+def _apply(s: Store, op) -> None:
+    kind, *a = op
+    if kind in ("mark", "ckpt", "measure") and isinstance(a[1], str):
+        gens = [l.generation for l in s.launches(a[0])] or [1]
+        a[1] = gens[-1] if a[1] == "latest" else gens[0]
+    if kind == "submit":
+        s.submit(SPEC)
+    elif kind == "status":
+        s.set_status(a[0], a[1], "fuzz")
+    elif kind == "intent":
+        s.record_launch_intent(a[0], {}, a[1])
+    elif kind == "mark":
+        s.mark_launch(a[0], a[1], a[2])
+    elif kind == "ckpt":
+        s.record_checkpoint(a[0], a[1], a[2], "/ck")
+    else:
+        s.record_measurement(a[0], a[1], iteration_time_s=a[2])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(OPS, min_size=10, max_size=50))
+def test_fuzz_changes_commit_whole_or_leave_nothing(tmp_path_factory, ops):
+    with Store(tmp_path_factory.mktemp("fz") / "s.db", clock=Clock()) as s:
+        s.conn.execute("PRAGMA synchronous = OFF")         # speed: this tests logic, not durability
+        s.submit(SPEC), s.submit(SPEC)
+        for op in ops:
+            before = list(s.conn.iterdump())
+            try:
+                _apply(s, op)
+                event(f"committed {op[0]}")
+            except (StateConflict, InputError):
+                assert list(s.conn.iterdump()) == before, op
+            assert s.check() == [], op
