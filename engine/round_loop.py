@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
@@ -69,12 +69,14 @@ class RoundLoop:
     def __init__(self, cluster: ClusterSpec, policy: Policy, executor: Executor, *,
                  perf: object = None, reconfig: ReconfigCostModel | None = None, round_interval_s: float,
                  jobs: Iterable[Job] = (), seed: int = 0, check_invariants: bool = True,
-                 max_failures: int = 3):
+                 max_failures: int = 3, failure_backoff_s: float = 30.0,
+                 on_decided: Callable[[RoundContext, Decisions, RoundRecord], None] | None = None):
         self.cluster, self.policy, self.executor = cluster, policy, executor
         self.perf, self.reconfig = perf, reconfig
         self.round_interval_s, self.seed = round_interval_s, seed
         self.check = check_invariants
-        self.max_failures = max_failures
+        self.max_failures, self.failure_backoff_s = max_failures, failure_backoff_s
+        self.on_decided = on_decided          # called with each decision before it is carried out
         self.state = EngineState(cluster, list(jobs))
         self.placer = Placer(cluster)
         self.rounds: list[RoundRecord] = []
@@ -99,6 +101,17 @@ class RoundLoop:
         self.state.submit(job_id, now)
         self._need_decide = True
 
+    def cancel(self, job_id: str, now: float) -> None:
+        """End a job for good at the user's request; a running one is stopped first (its
+        checkpoint is kept)."""
+        st = self.state
+        if st.jobs[job_id].status is JobStatus.RUNNING:
+            self.executor.stop(job_id, now)
+            st.stop(job_id, now, kept_iterations=self.executor.progress(job_id).iterations_done)
+            self._prev_iters.pop(job_id, None)
+        st.cancel(job_id, now)
+        self._need_decide = True
+
     def collect(self, now: float, interval_s: float) -> list[JobProgress]:
         """Bring the executor to ``now``; book completions and failures; account the
         previous round over its ``interval_s``. Returns what finished or failed."""
@@ -114,7 +127,8 @@ class RoundLoop:
             at = p.finished_at_s if p.finished_at_s is not None else now
             freed_after[gt] += (now - at) * g
             if p.failed:
-                st.fail_run(p.job_id, at, p.last_checkpoint_iteration, p.failed, self.max_failures)
+                st.fail_run(p.job_id, at, p.last_checkpoint_iteration, p.failed, self.max_failures,
+                            self.failure_backoff_s)
                 self._prev_iters.pop(p.job_id, None)     # it resumes from its last checkpoint
                 self._failed_since += 1
             else:
@@ -148,6 +162,8 @@ class RoundLoop:
             decisions = self.policy.decide(ctx)
             rec.decision_time_s = time.perf_counter() - t_dec
             rec.decided = True
+            if self.on_decided is not None:
+                self.on_decided(ctx, decisions, rec)
             self._apply(decisions, now, rec)
             self._busy_by_type = st.cluster.used_by_type()
             # an event-driven policy is asked again only after an event, or when this

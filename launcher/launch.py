@@ -162,3 +162,48 @@ def kill_job(proc: subprocess.Popen, run_dir: str | os.PathLike, sig: int) -> No
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:                                        # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stop_detached(run_dir: str | os.PathLike, mpiexec_pid: int | None, timeout_s: float) -> bool:
+    """Stop a launch that this process did not start (a service restarted after a crash
+    finds its ranks still training): ask them to checkpoint and exit (the ``stop`` file
+    and SIGTERM), wait up to ``timeout_s`` for mpiexec and every rank recorded on this
+    host, then SIGKILL what is left. True when everything exited on request."""
+    import signal
+    import socket
+    import time
+
+    run_dir = Path(run_dir)
+    (run_dir / STOP_FILE).write_text("stop requested after a service restart\n")
+    here = socket.gethostname()
+    pids = [pid for pid, host in rank_pids(run_dir).values() if host == here]
+    if mpiexec_pid:
+        pids.append(int(mpiexec_pid))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    left = [p for p in pids if _alive(p)]
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return not left

@@ -81,6 +81,15 @@ class LaunchedJobProgress:
     failed: str | None = None
     last_checkpoint_iteration: float = 0.0
     measured_iteration_time_s: float | None = None
+    launch_lost_gpu_s: float = 0.0
+    reconfig_lost_gpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LaunchedTotals:
+    """Same fields as ``engine.executor.ExecutorTotals``."""
+    samples_done: float
+    reconfig_lost_gpu_s: float
 
 
 @dataclass
@@ -98,6 +107,12 @@ class _Job:
     reconfig_started: float | None = None       # wall time (time.time()) of the pending reconfiguration
     reconfig_launch_dir: str | None = None
     reconfiguration_s: list[float] = field(default_factory=list)
+    gpus: int = 0                               # of the current (or last) launch
+    launch_started: float | None = None         # wall time of a launch from the queue, until its first step
+    launch_lost_gpu_s: float = 0.0              # GPU-seconds from a launch to its first step
+    reconfig_lost_gpu_s: float = 0.0            # GPU-seconds from a move's stop request to its first step
+    steps_seen: float = 0.0                     # the last progress read (to count steps trained)
+    steps_trained: float = 0.0                  # steps computed over all launches (lost ones included)
 
 
 class MpiExecutor:
@@ -117,11 +132,16 @@ class MpiExecutor:
         return self.config.epoch_s + time.monotonic() - self._t0
 
     # --- protocol ------------------------------------------------------------------------
-    def launch(self, job, alloc, plan, now_s: float) -> None:
+    def launch(self, job, alloc, plan, now_s: float, *, launch_index: int | None = None) -> None:
+        """Start ``job``; ``launch_index`` names its run directory (``launch_<n>``; default:
+        the next one after those already in the job's folder, so a new executor over an
+        old work folder never reuses one)."""
         st = self._jobs.get(job.job_id)
         if st is not None and st.proc is not None and st.proc.poll() is None:
             raise RuntimeError(f"job {job.job_id} is already running")
-        cfg, hostfile = self._config_for(job, alloc, plan, launch_index=(st.launches if st else 0))
+        if launch_index is None:
+            launch_index = self.next_launch_index(job.job_id)
+        cfg, hostfile = self._config_for(job, alloc, plan, launch_index=launch_index)
         device_type = self.config.memory_device or alloc.grid.gpu_type
         validate(cfg, ranks=alloc.grid.num_gpus, device_type=device_type)
         if st is None:
@@ -132,6 +152,8 @@ class MpiExecutor:
                        last_checkpoint_step=prev.get("last_checkpoint_step"), iteration_time_s=None)
         st.cfg, st.hostfile = cfg, hostfile
         st.stopping, st.finished, st.failed, st.ended_at_s, st.reported = False, False, None, None, False
+        st.gpus, st.launch_started, st.steps_seen = alloc.grid.num_gpus, time.time(), float(prev.get(
+            "last_checkpoint_step") or 0)
         st.proc = _launch.start(cfg, hostfile)
         st.launches += 1
 
@@ -164,7 +186,14 @@ class MpiExecutor:
         t0 = time.time()
         self.stop(job_id, now_s)
         self.launch(st.job, alloc, plan, now_s)
-        st.reconfig_started, st.reconfig_launch_dir = t0, st.cfg.run_dir
+        self.count_as_move(job_id, t0)
+
+    def count_as_move(self, job_id: str, stop_requested_at: float) -> None:
+        """The job's current launch continues a move whose stop was requested at
+        ``stop_requested_at`` (wall time): its time to the first step is a reconfiguration."""
+        st = self._job(job_id)
+        st.reconfig_started, st.reconfig_launch_dir = stop_requested_at, st.cfg.run_dir
+        st.launch_started = None
 
     def progress(self, job_id: str) -> LaunchedJobProgress:
         st = self._job(job_id)
@@ -178,7 +207,30 @@ class MpiExecutor:
             job_id=job_id, iterations_done=float(done), running=running, finished=st.finished,
             finished_at_s=st.ended_at_s if (st.finished or st.failed) else None, failed=st.failed,
             last_checkpoint_iteration=float(prog.get("last_checkpoint_step") or 0),
-            measured_iteration_time_s=prog.get("iteration_time_s"))
+            measured_iteration_time_s=prog.get("iteration_time_s"),
+            launch_lost_gpu_s=st.launch_lost_gpu_s, reconfig_lost_gpu_s=st.reconfig_lost_gpu_s)
+
+    def runs_on(self, job, shape) -> bool:
+        """Every shape may run until a launch there fails (the caller records that)."""
+        return True
+
+    def totals(self) -> LaunchedTotals:
+        """Samples computed by every launch so far (from the jobs' progress files, lost
+        steps included) and GPU-seconds spent in measured moves."""
+        samples = lost = 0.0
+        for st in self._jobs.values():
+            self._poll(st)
+            samples += st.steps_trained * st.job.global_batch
+            lost += st.reconfig_lost_gpu_s
+        return LaunchedTotals(samples, lost)
+
+    def next_launch_index(self, job_id: str) -> int:
+        """One past the highest ``launch_<n>`` folder of the job (0 for a new job)."""
+        job_dir = Path(self.config.work_dir) / job_id
+        used = [int(p.name.removeprefix("launch_")) for p in job_dir.glob("launch_*")
+                if p.name.removeprefix("launch_").isdigit()] if job_dir.is_dir() else []
+        st = self._jobs.get(job_id)
+        return max([st.launches if st else 0] + [n + 1 for n in used])
 
     def advance(self, until_s: float) -> list[LaunchedJobProgress]:
         out: list[LaunchedJobProgress] = []
@@ -198,6 +250,14 @@ class MpiExecutor:
         st = self._job(job_id)
         self._poll(st)
         return list(st.reconfiguration_s)
+
+    def job(self, job_id: str):
+        """The job as it was launched."""
+        return self._job(job_id).job
+
+    def process(self, job_id: str) -> subprocess.Popen | None:
+        """mpiexec of the job's current launch (None before any)."""
+        return self._job(job_id).proc
 
     def run_dir(self, job_id: str) -> str:
         return self._job(job_id).cfg.run_dir
@@ -237,7 +297,18 @@ class MpiExecutor:
             res = _launch.read_results(st.reconfig_launch_dir)
             if res:
                 st.reconfiguration_s.append(res[0]["time"] - st.reconfig_started)
+                st.reconfig_lost_gpu_s += st.reconfiguration_s[-1] * st.gpus
                 st.reconfig_started = st.reconfig_launch_dir = None
+        if st.launch_started is not None:
+            res = _launch.read_results(st.cfg.run_dir)
+            if res:
+                st.launch_lost_gpu_s += max(0.0, res[0]["time"] - st.launch_started) * st.gpus
+                st.launch_started = None
+        prog = read_progress(st.cfg.progress_path) or {}
+        seen = float(prog.get("iterations_done") or 0)
+        if seen > st.steps_seen:
+            st.steps_trained += seen - st.steps_seen
+        st.steps_seen = seen
         if st.proc is None or st.stopping or st.finished or st.failed:
             return
         rc = st.proc.poll()

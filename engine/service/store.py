@@ -139,6 +139,11 @@ MIGRATIONS: tuple[str, ...] = (
         FOREIGN KEY (job_id, generation) REFERENCES launches(job_id, generation)
     );
     """,
+    # v2 -> v3: a cancel request is stored (the API commits it; the scheduler carries it out,
+    # also after a restart)
+    """
+    ALTER TABLE jobs ADD COLUMN cancel_requested_at REAL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -343,6 +348,22 @@ class Store:
                 raise StateConflict(f"job {job_id}: launch {latest[0]} is still {latest[1]}; end it first")
             self.conn.execute("UPDATE jobs SET status = ?, updated_at = ? WHERE id = ?", (status, now, job_id))
             self._history(job_id, cur, status, reason, now)
+
+    def request_cancel(self, job_id: int) -> bool:
+        """Record that the user asked to cancel the job (the scheduler stops it, with a
+        checkpoint, and marks it cancelled). False if it has already ended."""
+        with self._tx() as now:
+            if self._job_status(job_id) in TERMINAL:
+                return False
+            self.conn.execute("UPDATE jobs SET cancel_requested_at = COALESCE(cancel_requested_at, ?), "
+                              "updated_at = ? WHERE id = ?", (now, now, job_id))
+        return True
+
+    def cancel_requests(self) -> list[int]:
+        """Jobs whose cancel was requested and that have not ended yet."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT id FROM jobs WHERE cancel_requested_at IS NOT NULL AND status NOT IN "
+            "('finished', 'failed', 'cancelled') ORDER BY id")]
 
     def _history(self, job_id: int, frm: str | None, to: str, reason: str, now: float) -> None:
         self.conn.execute("INSERT INTO job_history(job_id, from_status, to_status, reason, at) VALUES (?, ?, ?, ?, ?)",

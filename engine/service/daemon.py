@@ -1,0 +1,280 @@
+"""The live rescheduling service: the round loop (engine/round_loop.py) on the wall clock,
+with the launcher's ``MpiExecutor`` journaled in the SQLite state store.
+
+A round happens on a timer (``round_interval_s``), when a job is submitted or cancelled,
+and when a run finishes or fails (never closer together than ``min_round_gap_s``). Each
+round: the executor is polled (completions, failed runs), cancel requests and new
+submissions are taken from the store, the policy decides, the decision is recorded in
+the store (``rounds``) *before* it is carried out, then the journaled executor stops,
+moves and launches (see journal.py).
+
+Crash safety. Everything the service knows is in the store, committed before its effect
+starts. On start (``recover``) every launch the store still calls active (``intent`` or
+``started``) belongs to a service that died: its ranks, if they still run, are asked to
+checkpoint and exit (then killed after ``stop_timeout_s``); a job whose training had
+finished meanwhile is marked finished, any other goes back to the queue and resumes
+from its last checkpoint. Queued jobs are read back with their progress (the step of
+that checkpoint). So a ``kill -9`` at any moment loses no job, gives no GPU to two jobs
+(the store refuses it, the loop's invariants assert it) and loses no step past a job's
+last checkpoint. ``SIGTERM`` (``shutdown``) stops every running job with a checkpoint.
+
+A run that fails goes back to the queue from its last checkpoint and is offered to the
+policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
+``max_failures`` failed runs the job fails for good with the reason.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from instances.cluster import ClusterSpec
+from instances.errors import InputError
+from launcher.launch import stop_detached
+from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
+from launcher.telemetry import read_progress
+
+from ..context import Decisions, RoundContext
+from ..policy import Policy
+from ..reconfig import ReconfigCostModel
+from ..round_loop import RoundLoop, RoundRecord
+from ..state import JobStatus
+from .jobspec import JobSpec
+from .journal import JournaledExecutor
+from .store import Store
+
+# Named points where a test may kill the service (``ARENA_FAULT=point[:n]``: SIGKILL at the
+# n-th time the point is reached; test use only).
+FAULT_POINTS = ("after-round-recorded", "after-launch-intent", "mid-move")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    db_path: str
+    work_dir: str
+    round_interval_s: float = 60.0
+    min_round_gap_s: float = 2.0
+    poll_interval_s: float = 0.5
+    max_failures: int = 3
+    failure_backoff_s: float = 30.0
+    stop_timeout_s: float = 60.0
+    checkpoint_interval_s: float = 60.0      # every launch checkpoints at least this often
+    checkpoint_every: int = 0                # and every this many steps (0: time-based only)
+    step_delay_s: float = 0.0                # tests and demos: slow tiny jobs down
+    stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
+        for name in ("min_round_gap_s", "failure_backoff_s", "checkpoint_interval_s", "step_delay_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
+        if not isinstance(self.max_failures, int) or self.max_failures < 1:
+            raise InputError(f"must be an integer >= 1, got {self.max_failures!r}", field="max_failures")
+        if self.stop_after_s is not None and not self.stop_after_s > 0:
+            raise InputError(f"must be > 0, got {self.stop_after_s!r}", field="stop_after_s")
+
+
+def fault_from_env(log: Callable[[str], None]) -> Callable[[str], None]:
+    """The test hook named by ``ARENA_FAULT`` (``point`` or ``point:n``): SIGKILL this
+    process the n-th time that point is reached."""
+    spec = os.environ.get("ARENA_FAULT", "")
+    if not spec:
+        return lambda point: None
+    point, _, n = spec.partition(":")
+    if point not in FAULT_POINTS:
+        raise InputError(f"unknown fault point {point!r}; known: {', '.join(FAULT_POINTS)}", field="ARENA_FAULT")
+    left = [int(n or 1)]
+
+    def hit(p: str) -> None:
+        if p == point:
+            left[0] -= 1
+            if left[0] == 0:
+                log(f"ARENA_FAULT: killing the service at {p}")
+                os.kill(os.getpid(), signal.SIGKILL)
+    return hit
+
+
+def _stderr(msg: str) -> None:
+    print(f"[arena serve {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Service:
+    def __init__(self, cluster: ClusterSpec, policy: Policy, perf: object, reconfig: ReconfigCostModel,
+                 cfg: ServiceConfig, *, log: Callable[[str], None] = _stderr,
+                 fault: Callable[[str], None] | None = None):
+        self.cluster, self.cfg, self.log = cluster, cfg, log
+        self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self.fault = fault or (lambda point: None)
+        Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
+        self.store = Store(cfg.db_path)
+        self.mpi = MpiExecutor(MpiExecutorConfig(
+            work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
+            checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
+            poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
+            seed=cfg.seed))
+        self.executor = JournaledExecutor(self.mpi, self.store, self.fault)
+        self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
+                              round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
+                              failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round)
+        self.wake = threading.Event()          # set by the API on a submission or cancel
+        self._trigger = "start"
+        self._last_round = -math.inf
+        self._round_index = 0
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Take over from a service that stopped (cleanly or not); see the module doc."""
+        st = self.store
+        for launch in st.running_launches():
+            jid, gen = launch.job_id, launch.generation
+            info = launch.pid_info or {}
+            run_dir = info.get("run_dir") or str(Path(self.cfg.work_dir) / str(jid) / f"launch_{gen}")
+            if Path(run_dir).is_dir():
+                clean = stop_detached(run_dir, info.get("pid"), self.cfg.stop_timeout_s)
+                self.log(f"job {jid}: launch {gen} was active at restart; its ranks were "
+                         f"{'asked to checkpoint and stopped' if clean else 'killed after the grace period'}")
+            prog = read_progress(Path(self.cfg.work_dir) / str(jid) / "progress.json") or {}
+            if prog.get("status") == "finished":
+                st.mark_launch(jid, gen, "finished" if launch.state == "started" else "failed",
+                               reason="finished while the service was down")
+                if st.job(jid).status == "running":
+                    st.set_status(jid, "finished", "finished while the service was down")
+                else:
+                    self._set_status(jid, "running", "finished while the service was down")
+                continue
+            ck = int(prog.get("last_checkpoint_step") or 0)
+            st.mark_launch(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
+            self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
+        for row in st.jobs():
+            if row.status in ("queued", "running"):
+                self._adopt(row.id, row.spec, row.submitted_at)
+        last = st.rounds(last=1)
+        self._round_index = last[0].idx if last else 0
+        problems = st.check()
+        if problems:
+            raise RuntimeError("state database inconsistent after recovery: " + "; ".join(problems[:5]))
+
+    def _adopt(self, jid: int, spec_dict: dict, submitted_at: float) -> None:
+        spec = JobSpec.from_dict(spec_dict, source=f"job {jid} in the state database")
+        job = spec.to_job(str(jid), submitted_at)
+        self.loop.add_job(job)
+        prog = read_progress(Path(self.cfg.work_dir) / str(jid) / "progress.json") or {}
+        done = float(prog.get("last_checkpoint_step") or 0)
+        if done:
+            self.loop.state.set_progress(job.job_id, done)
+        self.loop.submit(job.job_id, max(submitted_at, self.loop.state.now_s))
+
+    def _set_status(self, jid: int, status: str, reason: str) -> None:
+        if self.store.job(jid).status != status:
+            self.store.set_status(jid, status, reason)
+
+    # ------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Rounds until ``stop`` is set (or ``stop_after_s``), then ``shutdown``."""
+        self.recover()
+        self.log(f"scheduling {sum(self.cluster.gpus_by_type().values())} GPUs with {self.policy_name}; "
+                 f"rounds every {self.cfg.round_interval_s:g} s and on events; state in {self.cfg.db_path}")
+        try:
+            while not stop.is_set():
+                now = time.time()
+                if self.cfg.stop_after_s is not None and now - self.started_at >= self.cfg.stop_after_s:
+                    self.log(f"stop-after {self.cfg.stop_after_s:g} s reached")
+                    break
+                if self._due(now):
+                    self.step(now)
+                self.wake.wait(self.cfg.poll_interval_s)
+                self.wake.clear()
+        finally:
+            self.shutdown()
+
+    def _due(self, now: float) -> bool:
+        if now - self._last_round < self.cfg.min_round_gap_s:
+            return False
+        if self.wake.is_set() or self._trigger:
+            self._trigger = self._trigger or "request"
+            return True
+        if self.mpi.has_events() or self.executor.has_refused():
+            self._trigger = "job finished or failed"
+            return True
+        known = set(self.loop.state.jobs)
+        if any(str(r.id) not in known for r in self.store.jobs("queued")) or self.store.cancel_requests():
+            self._trigger = "submission or cancel"
+            return True
+        if now - self._last_round >= self.cfg.round_interval_s:
+            self._trigger = "timer"
+            return True
+        return False
+
+    def step(self, now: float) -> RoundRecord:
+        """One round at ``now`` (wall clock)."""
+        loop, st = self.loop, self.loop.state
+        interval = now - self._last_round if math.isfinite(self._last_round) else self.cfg.round_interval_s
+        now = max(now, st.now_s)
+        ended = loop.collect(now, max(interval, 1e-6))
+        for p in ended:
+            r = st.jobs[p.job_id]
+            if r.status is JobStatus.FINISHED:
+                self._set_status(int(p.job_id), "finished", "training finished")
+                self.log(f"job {p.job_id} finished")
+            elif r.status is JobStatus.FAILED:
+                self._set_status(int(p.job_id), "failed", f"failed {r.failures} times; last: {r.failure_reason}")
+                self.log(f"job {p.job_id} failed for good: {r.failure_reason}")
+            else:
+                self._set_status(int(p.job_id), "queued", f"run failed ({r.failures} of {self.cfg.max_failures}); "
+                                 f"resumes from step {int(r.iterations_done)}: {str(p.failed)[:300]}")
+                self.log(f"job {p.job_id} run failed ({r.failures}/{self.cfg.max_failures}): {str(p.failed)[:200]}")
+        for jid in self.store.cancel_requests():
+            key = str(jid)
+            if key in st.jobs and st.jobs[key].status in (JobStatus.QUEUED, JobStatus.RUNNING):
+                loop.cancel(key, now)
+            self._set_status(jid, "cancelled", "cancelled by the user")
+            self.log(f"job {jid} cancelled")
+        for row in self.store.jobs("queued"):
+            if str(row.id) not in st.jobs:
+                self._adopt(row.id, row.spec, row.submitted_at)
+                self.log(f"job {row.id} ({row.name}) submitted")
+        self._round_index += 1
+        rec = loop.round(now, self._round_index)
+        self._last_round, self._trigger = now, ""
+        return rec
+
+    def _record_round(self, ctx: RoundContext, decisions: Decisions, rec: RoundRecord) -> None:
+        """The decision, committed before it is carried out."""
+        info = dict(decisions.info)
+        grids = {jid: str(g) for jid, g in decisions.grids.items()}
+        plans = {jid: {"dp": p.dp, "tp": p.tp, "pp": p.pp} for jid, p in decisions.plans.items()}
+        current = {v.job_id: str(v.current.grid) for v in ctx.jobs if v.current is not None}
+
+        def finite(x: object) -> float | None:
+            return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+        self.store.record_round(policy=self.policy_name, trigger=self._trigger or "timer",
+                                solve_time_s=float(info.get("solve_wall_s", rec.decision_time_s)),
+                                objective=finite(info.get("objective")), gap=finite(info.get("gap")),
+                                decisions={"grids": grids, "plans": plans, "before": current,
+                                           "status": str(info.get("status", "")), "jobs": len(ctx.jobs)})
+        self.fault("after-round-recorded")
+
+    def shutdown(self) -> None:
+        """Stop every running job with a checkpoint (they resume on the next start)."""
+        now = max(time.time(), self.loop.state.now_s)
+        for jid in list(self.loop.state.running):
+            try:
+                self.executor.stop(jid, now, reason="service shutdown")
+                self.loop.state.stop(jid, now, kept_iterations=self.mpi.progress(jid).iterations_done)
+            except Exception as e:            # keep stopping the others; the next start recovers
+                self.log(f"job {jid}: stop at shutdown failed: {e}")
+        self.mpi.close()
+        self.store.close()
+        self.log("stopped; running jobs were checkpointed")

@@ -1,0 +1,148 @@
+"""The service's executor: the launcher's ``MpiExecutor`` with every effect journaled in
+the state store, so that a restart can tell what happened.
+
+- a launch commits its intent (plan, GPUs, the next generation number) before mpiexec
+  starts, then ``started`` with mpiexec's pid and run folder, then the job ``running``;
+- a stop asks the ranks to checkpoint and exit (grace period, then kill), then records
+  the checkpoint, ends the launch and puts the job back to ``queued``;
+- a move is a journaled stop followed by a journaled launch (a crash between the two
+  leaves a queued job with its checkpoint: nothing half-moved is trained on);
+- a launch the launcher refuses before starting (the plan does not fit the allocation's
+  memory, ...) is journaled as failed and reported to the round loop as a failed run;
+  the job does not get that shape again;
+- checkpoints and measured iteration times are recorded as the loop reads progress.
+
+Job ids in the round loop are the store's job ids as strings. The generation number of a
+launch names its run folder (``<work>/<job>/launch_<generation>``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from estimators.base import Plan
+from instances.errors import InputError
+from instances.grid import Shape
+from instances.jobs import Job
+from launcher.mpi_executor import MpiExecutor
+
+from ..context import Allocation
+from ..executor import ExecutorTotals, JobProgress
+from .store import StateConflict, Store
+
+Fault = Callable[[str], None]            # test hook: called at named points (see daemon.FaultPoints)
+
+
+def gpu_names(alloc: Allocation) -> list[str]:
+    return [f"{n}:{i}" for n, i in alloc.gpus]
+
+
+def plan_record(alloc: Allocation, plan: Plan | None) -> dict:
+    g = alloc.grid
+    rec: dict[str, Any] = {"gpu_type": g.gpu_type, "nodes": g.shape.num_nodes, "gpus_per_node": g.shape.gpus_per_node,
+                           "pp": g.pp, "grid": str(g)}
+    if plan is not None:
+        rec.update(dp=plan.dp, tp=plan.tp, pp=plan.pp, microbatches=plan.microbatches,
+                   stage_layers=list(plan.stage_layers))
+    else:
+        rec.update(dp=g.num_gpus // g.pp, tp=1, microbatches=g.pp)
+    return rec
+
+
+class JournaledExecutor:
+    def __init__(self, mpi: MpiExecutor, store: Store, fault: Fault | None = None):
+        self.mpi, self.store = mpi, store
+        self.fault = fault or (lambda point: None)
+        self.generation: dict[str, int] = {}          # job -> its current launch's generation
+        self._refused: list[JobProgress] = []         # launches refused before starting
+        self._infeasible: set[tuple[str, Shape]] = set()
+        self._checkpoint_seen: dict[str, float] = {}
+        self._measured_at: dict[str, float] = {}
+
+    # -- effects -------------------------------------------------------------------
+    def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
+        jid = int(job.job_id)
+        gen = self.store.record_launch_intent(jid, plan_record(alloc, plan), gpu_names(alloc))
+        self.generation[job.job_id] = gen
+        self.fault("after-launch-intent")
+        try:
+            self.mpi.launch(job, alloc, plan, now_s, launch_index=gen)
+        except InputError as e:                       # refused before anything started
+            self.store.mark_launch(jid, gen, "failed", reason=f"refused before start: {e}")
+            self._infeasible.add((job.job_id, alloc.grid.shape))
+            self._refused.append(JobProgress(job.job_id, self.mpi_iterations(job.job_id), False,
+                                             finished_at_s=now_s, failed=f"launch refused: {e}",
+                                             last_checkpoint_iteration=self.mpi_iterations(job.job_id)))
+            return
+        proc = self.mpi.process(job.job_id)
+        self.store.mark_launch(jid, gen, "started", pid_info={"pid": proc.pid if proc else None,
+                                                               "run_dir": self.mpi.run_dir(job.job_id)})
+        self.store.set_status(jid, "running", f"launch {gen} on {alloc.grid}")
+
+    def stop(self, job_id: str, now_s: float, reason: str = "preempted") -> None:
+        self.mpi.stop(job_id, now_s)
+        p = self.mpi.progress(job_id)
+        jid, gen = int(job_id), self.generation[job_id]
+        self._record_checkpoint(job_id, p)
+        self.store.mark_launch(jid, gen, "finished", reason=f"{reason}: stopped with a checkpoint at step "
+                                                            f"{int(p.last_checkpoint_iteration)}")
+        self.store.set_status(jid, "queued", f"{reason} (resumes from step {int(p.last_checkpoint_iteration)})")
+
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
+        stop_requested = time.time()
+        self.stop(job_id, now_s, reason="moving")
+        self.fault("mid-move")
+        job = self.mpi.job(job_id)
+        self.launch(job, alloc, plan, now_s)
+        if not any(p.job_id == job_id for p in self._refused):
+            self.mpi.count_as_move(job_id, stop_requested)
+
+    # -- observations --------------------------------------------------------------
+    def progress(self, job_id: str) -> JobProgress:
+        p = self.mpi.progress(job_id)
+        self._record_checkpoint(job_id, p)
+        it = p.measured_iteration_time_s
+        if it is not None and p.running and time.monotonic() - self._measured_at.get(job_id, -1e9) >= 5.0:
+            self._measured_at[job_id] = time.monotonic()
+            self.store.record_measurement(int(job_id), self.generation[job_id], iteration_time_s=float(it),
+                                          step=int(p.iterations_done))
+        return JobProgress(**p.__dict__)
+
+    def advance(self, until_s: float) -> list[JobProgress]:
+        out = [JobProgress(**p.__dict__) for p in self.mpi.advance(until_s)]
+        for p in out:
+            jid, gen = int(p.job_id), self.generation[p.job_id]
+            self._record_checkpoint(p.job_id, p)
+            moves = self.mpi.reconfiguration_times_s(p.job_id)
+            if p.finished:
+                self.store.mark_launch(jid, gen, "finished", reason="training finished")
+            else:
+                self.store.mark_launch(jid, gen, "failed", reason=str(p.failed)[:2000])
+            if moves:
+                self.store.record_measurement(jid, gen, reconfig={"move_total_s": moves[-1]})
+        refused, self._refused = self._refused, []
+        return out + refused
+
+    def runs_on(self, job: Job, shape: Shape) -> bool:
+        return (job.job_id, shape) not in self._infeasible
+
+    def totals(self) -> ExecutorTotals:
+        t = self.mpi.totals()
+        return ExecutorTotals(t.samples_done, t.reconfig_lost_gpu_s)
+
+    # -- helpers -------------------------------------------------------------------
+    def mpi_iterations(self, job_id: str) -> float:
+        try:
+            return self.mpi.progress(job_id).last_checkpoint_iteration
+        except KeyError:
+            return 0.0
+
+    def _record_checkpoint(self, job_id: str, p: Any) -> None:
+        step = float(p.last_checkpoint_iteration or 0)
+        if step > self._checkpoint_seen.get(job_id, 0.0) and job_id in self.generation:
+            self._checkpoint_seen[job_id] = step
+            try:
+                self.store.record_checkpoint(int(job_id), self.generation[job_id], int(step),
+                                             self.mpi.checkpoint_dir(job_id))
+            except (InputError, StateConflict):
+                pass                              # a checkpoint of an older launch: already on record
