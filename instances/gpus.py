@@ -105,6 +105,8 @@ ALIASES: dict[str, str] = {
 
 
 def canonical_gpu_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise UnknownGpuType(f"GPU type must be a name (a string), got {name!r}", field="gpu_type")
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key not in GPU_TYPES:

@@ -288,6 +288,8 @@ FAMILY_ALIASES = {"bert": "gpt", "wresnet": "wide_resnet", "wide-resnet": "wide_
 
 
 def canonical_model_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise UnknownModel(f"model must be a name (a string), got {name!r}", field="model")
     raw = name.strip()
     family, sep, size = raw.partition("__")
     if sep:
