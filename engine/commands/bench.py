@@ -22,7 +22,8 @@ DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
 DEFAULT_POLICIES = ("arena", "sia", "gavel", "elasticflow-ls", "fcfs")
 POLICY_COLUMNS = ("policy", "jobs_finished", "avg_jct_s", "avg_jct_runout_s", "makespan_runout_s",
                   "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s", "jobs_common",
-                  "avg_throughput", "peak_throughput", "reconfigurations", "packing_failures",
+                  "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
+                  "active_span_s", "reconfigurations", "packing_failures",
                   "decision_time_median_s", "wall_time_s")
 
 
@@ -205,6 +206,8 @@ def run_one_policy(instance_name: str, policy: str, options: dict, rounds, run_o
     t0 = time.perf_counter()
     res = simulate(inst, pol, perf=perf, reconfig=ReconfigCostModel(), rounds=rounds, run_out=run_out,
                    seed=seed, progress=progress, out_dir=out_dir)
+    from .simulate import report_incomplete
+    report_incomplete(res, f"arena bench policies [{policy}]")
     row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k != "policy"}
     row["policy"] = policy
     row["_jct_by_job"] = {j.job_id: j.jct_s for j in res.jobs if j.jct_s is not None}
@@ -302,6 +305,9 @@ def _fmt(v, width, prec=0):
 def run_policy_bench(args) -> int:
     policies = args.policy or list(DEFAULT_POLICIES)
     options = _policy_options(args.policy_opt, policies)
+    if args.out:
+        from instances.paths import check_output_dir
+        check_output_dir(args.out, "--out")
     comm = _mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
     quiet = args.quiet or args.json
@@ -319,16 +325,19 @@ def run_policy_bench(args) -> int:
         print(json.dumps(rows, indent=2, default=str))
         return 0
     print(f"{'policy':<16} {'finished':>8} {'avg JCT s':>10} {'JCT runout s':>12} {'makespan s':>11} "
-          f"{'never fin':>9} {'JCT common s':>12} {'avg thr':>9} {'peak thr':>9} {'reconf':>7} {'pack fail':>9} {'decide s':>9}")
+          f"{'never fin':>9} {'JCT common s':>12} {'avg thr':>9} {'peak thr':>9} {'util':>5} {'reconf':>7} "
+          f"{'pack fail':>9} {'decide s':>9}")
     for r in rows:
         print(f"{r['policy']:<16} {_fmt(r['jobs_finished'], 8)} {_fmt(r['avg_jct_s'], 10)} "
               f"{_fmt(r['avg_jct_runout_s'], 12)} {_fmt(r['makespan_runout_s'], 11)} "
               f"{_fmt(r['jobs_unfinished_runout'], 9)} {_fmt(r['avg_jct_common_s'], 12)} "
-              f"{_fmt(r['avg_throughput'], 9, 1)} {_fmt(r['peak_throughput'], 9, 1)} "
+              f"{_fmt(r['avg_throughput'], 9, 1)} {_fmt(r['peak_throughput'], 9, 1)} {_fmt(r['gpu_util'], 5, 3)} "
               f"{_fmt(r['reconfigurations'], 7)} {_fmt(r['packing_failures'], 9)} "
               f"{_fmt(r['decision_time_median_s'], 9, 3)}")
     if rows:
-        print(f"JCT common: average over the {rows[0]['jobs_common']} jobs every policy finished")
+        print(f"JCT common: average over the {rows[0]['jobs_common']} jobs every policy finished; "
+              f"avg thr and util: over the active span (first arrival to the last completion, horizon "
+              f"included), as in `arena simulate` (docs/simulator.md)")
     if args.out:
         print(f"wrote {args.out}/results.json, results.csv, comparison.png")
     return 0
