@@ -68,6 +68,7 @@ def _grids(args) -> int:
     from instances.jobs import Job
     from estimators import make_performance_model
     from estimators.grids import candidate_grids
+    from estimators.layers import max_useful_tp
     for f in ("model", "gpu_type", "gpus"):
         if getattr(args, f) is None:
             raise InputError(f"--{f.replace('_', '-')} is required", field=f)
@@ -92,6 +93,12 @@ def _grids(args) -> int:
                                                      "stage_layers": list(p.stage_layers),
                                                      "microbatches": p.microbatches, "schedule": p.schedule},
                      "source": e.source, "notes": list(e.notes)})
+    if not rows and not args.json:
+        tp_cap = min(perf.planner.cfg.planner.max_tp, max_useful_tp(job.arch)) if hasattr(perf, "planner") else None
+        print(f"arena estimate: no grid: every plan on {args.gpus} GPUs would have more data-parallel "
+              f"replicas than the batch's {args.batch} samples (the planner keeps dp <= batch"
+              + (f"; tensor degree at most {tp_cap}" if tp_cap else "") + ")", file=sys.stderr)
+        return 0
     if args.json:
         print(json.dumps({"model": job.model, "batch": args.batch, "gpu_type": gpu.name, "gpus": args.gpus,
                           "perf": perf.name, "grids": rows}, indent=1, default=str))
