@@ -114,8 +114,8 @@ def _candidate_grids(job: Job, cluster: ClusterSpec, counts: list[int], planner:
                 if sum(n for size, n in sizes.items() if size >= gpn) < nodes:
                     continue
                 shape = Shape(gtype, nodes, gpn)
-                for pp in range(1, count + 1):
-                    if count % pp or pp > n_layers or (dp_only and pp > 1):
+                for pp in range(1, min(count, n_layers) + 1):
+                    if count % pp or (dp_only and pp > 1):
                         continue
                     grid = Grid(shape, pp)
                     if not planner.tp_options(arch, grid, within_node=False, dp_only=dp_only,

@@ -225,8 +225,8 @@ class Planner:
             return [1] if global_batch is None or stage <= global_batch else []
         cap = min(self.cfg.planner.max_tp, max_useful_tp(arch))
         out = []
-        for d in range(1, stage + 1):
-            if stage % d or d > cap or (global_batch is not None and stage // d > global_batch):
+        for d in range(1, min(stage, cap) + 1):
+            if stage % d or (global_batch is not None and stage // d > global_batch):
                 continue
             if within_node and (d > grid.shape.gpus_per_node or grid.shape.gpus_per_node % d):
                 continue

@@ -102,7 +102,7 @@ class PhillyImportOptions:
         if not isinstance(self.max_gpus, int) or self.max_gpus < 1 or self.max_gpus & (self.max_gpus - 1):
             raise InputError(f"must be a power of two >= 1, got {self.max_gpus!r}", field="max_gpus")
         if self.gpu_types is not None:
-            if isinstance(self.gpu_types, str) or not self.gpu_types:
+            if not isinstance(self.gpu_types, (list, tuple)) or not self.gpu_types:
                 raise InputError("must be a non-empty sequence of GPU type names", field="gpu_types")
             object.__setattr__(self, "gpu_types", tuple(canonical_gpu_name(t) for t in self.gpu_types))
 

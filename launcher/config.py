@@ -185,21 +185,42 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainConfig":
+        """Build from ``to_json``'s dict; any wrong key or type is an ``InputError``."""
+        if not isinstance(d, dict):
+            raise InputError(f"must be an object, got {type(d).__name__}", field="config")
         d = dict(d)
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise InputError(f"unknown keys {sorted(unknown)}", field="config")
-        d["plan"] = ParallelPlan(**{**d["plan"], "stage_layers": tuple(d["plan"].get("stage_layers", ()))})
-        d["optimizer"] = OptimizerConfig(**d.get("optimizer", {}))
-        return cls(**d)
+        _check_keys(d, cls, "config")
+        for key, sub in (("plan", ParallelPlan), ("optimizer", OptimizerConfig)):
+            part = d.get(key, {})
+            if not isinstance(part, dict):
+                raise InputError(f"must be an object, got {part!r}", field=key)
+            _check_keys(part, sub, key)
+        plan = d.get("plan", {})
+        try:
+            stage_layers = tuple(plan.get("stage_layers", ()))
+            d["plan"] = ParallelPlan(**{**plan, "stage_layers": stage_layers})
+            d["optimizer"] = OptimizerConfig(**d.get("optimizer", {}))
+            return cls(**d)
+        except TypeError as e:          # a value of the wrong JSON type (compared, iterated...)
+            raise InputError(f"a value has the wrong type: {e}", field="config") from None
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def read(cls, path: str | Path) -> "TrainConfig":
-        return cls.from_json(json.loads(Path(path).read_text()))
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as e:
+            raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
+        except InputError as e:
+            raise InputError(e.reason, file=str(path), field=e.field) from None
+
+
+def _check_keys(d: dict, cls, where: str) -> None:
+    unknown = set(d) - {f.name for f in fields(cls)}
+    if unknown:
+        raise InputError(f"unknown keys {sorted(map(str, unknown))}", field=where)
 
 
 def decoder_stage_layers(model: str, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
