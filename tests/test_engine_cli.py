@@ -107,3 +107,35 @@ def test_run_out_safety_limit_is_reported(tmp_path, capsys):
                  "--max-rounds", "30"]) == 0
     err = capsys.readouterr().err
     assert "reached the safety limit of 30 rounds" in err and "1 job(s) unfinished" in err
+
+
+def test_help_describes_the_tool_and_every_command_and_flag():
+    import argparse
+
+    from engine.cli import build_parser
+    parser = build_parser()
+    assert parser.description.startswith("arena: schedule large-model training jobs")
+    missing = []
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    if not sub.description:
+                        missing.append(" ".join(path + [name]) + ": no description")
+                    walk(sub, path + [name])
+            elif not a.help and a.dest != "help":
+                missing.append(" ".join(path) + f" {a.option_strings or a.dest}: no help")
+    walk(parser, ["arena"])
+    assert not missing, missing
+
+
+def test_models_lists_the_catalog_with_sizes(capsys):
+    from instances.models import MODELS
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == list(MODELS)
+    gpt = next(r for r in rows if r["name"] == "gpt__1.3B")
+    assert 1.2e9 < gpt["parameters"] < 1.4e9 and gpt["layers"] == 24
+    assert main(["models"]) == 0
+    assert "gpt__1.3B" in capsys.readouterr().out

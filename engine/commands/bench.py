@@ -32,21 +32,26 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
-    s = sub.add_parser("solver", help="round latency and gap per solver backend on synthetic rounds")
+    s = sub.add_parser("solver", help="round latency and gap per solver backend on synthetic rounds",
+                       description="Round latency (model build + solve), objective and proved gap per solver "
+                                   "backend on a sequence of synthetic scheduling rounds.")
     s.add_argument("--gpus", type=int, default=1280, help="cluster size (default 1280)")
     s.add_argument("--jobs", type=int, default=500, help="active jobs per round (default 500)")
     s.add_argument("--backend", action="append", help=f"backend (repeatable; default {', '.join(DEFAULT_BENCH_BACKENDS)})")
     s.add_argument("--repeat", type=int, default=5, help="rounds in the sequence (default 5)")
     s.add_argument("--time-limit", type=float, default=30.0, help="per-round solver time limit, s")
     s.add_argument("--rel-gap", type=float, default=0.01, help="relative gap to prove (default 0.01)")
-    s.add_argument("--threads", type=int, default=1)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int, default=1, help="solver threads (default 1)")
+    s.add_argument("--seed", type=int, default=0, help="synthetic rounds' seed (default 0)")
     s.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
                    help="term=weight list (default: arena's)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=run_solver_bench)
 
-    q = sub.add_parser("policies", help="all policies on one instance, side by side")
+    q = sub.add_parser("policies", help="all policies on one instance, side by side",
+                       description="Every policy on the same instance, truth oracle and reconfiguration cost "
+                                   "model, side by side (run out by default), plus a comparison figure; spreads "
+                                   "over MPI ranks under mpiexec -n K.")
     q.add_argument("--instance", default="demo", help="built-in instance name (default demo)")
     q.add_argument("--policy", action="append", help=f"policy (repeatable; default {', '.join(DEFAULT_POLICIES)})")
     q.add_argument("--policy-opt", action="append", default=[], metavar="POLICY:KEY=VALUE",
@@ -54,7 +59,7 @@ def register(subparsers) -> None:
     q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
     q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
     q.add_argument("--perf", default="table", help="estimator kind for decisions (default table)")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
