@@ -1,6 +1,8 @@
-"""`arena` command line: one module per subcommand under ``engine/commands``.
+"""arena: schedule large-model training jobs on shared heterogeneous GPU clusters -- simulate
+policies on traces, estimate jobs' parallel plans, benchmark solvers and policies, and train
+real torch jobs under MPI (run `arena COMMAND --help`; `arena` alone simulates the demo).
 
-Each command module defines ``register(subparsers)``, which adds its parser and sets
+One module per subcommand under ``engine/commands``. Each command module defines ``register(subparsers)``, which adds its parser and sets
 ``func`` (called with the parsed args; returns an exit code). Modules import heavy
 dependencies (torch, solvers) inside their handlers, so ``arena --help`` stays fast.
 """
@@ -19,11 +21,14 @@ COMMAND_MODULES = (
     "engine.commands.profile",
     "engine.commands.bench",
     "engine.commands.train",
+    "engine.commands.models",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="arena", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="arena", description=__doc__.split("\n\n")[0],
+                                     epilog="Documentation: README.md and docs/ (docs/architecture.md "
+                                            "for the layout).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in COMMAND_MODULES:
         try:

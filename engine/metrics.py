@@ -6,15 +6,23 @@ Definitions (all times in seconds; "by the horizon" = up to ``t0 + rounds x inte
   ``avg/median/p95/p99_jct_s`` over the jobs finished by the horizon.
 - queueing delay = first start - arrival, averaged over jobs started by the horizon.
 - ``makespan_s`` = last completion by the horizon - first arrival.
+- active span = the rounds by the horizon up to the end of the round in which the last
+  job finished (an idle tail after every job is done is not averaged in, so a run with
+  and without run-out, ``arena simulate`` and ``arena bench policies``, report the same
+  figures); ``active_span_s`` is its length.
 - throughput = samples per second (global batch / true iteration time, summed over jobs
   while they compute; reconfiguration downtime produces nothing), averaged exactly over
-  each round interval; ``avg_throughput`` is the mean over the horizon's rounds,
+  each round interval; ``avg_throughput`` is the mean over the active span's rounds,
   ``peak_throughput`` the largest round.
-- GPU utilization of a type = GPU-seconds held by jobs / (GPUs x time), over the horizon.
+- GPU utilization of a type = GPU-seconds held by jobs / (GPUs x active span).
 - ``reconfigurations``: moves of running jobs plus resumes of preempted jobs, by the
   horizon; ``reconfig_gpu_hours_lost``: GPU-hours held during their downtime.
 - ``jobs_never_placed``: submitted jobs that never ran (within the simulated span; with
-  run-out: jobs that never ran at all).
+  run-out: jobs that never ran at all); ``never_placed_reasons`` counts them by reason
+  and ``jobs.csv``'s ``never_placed_reason`` says why for each (``never_placed_reason``).
+- ``end_reason``: horizon, all jobs finished, stalled (run-out: nothing ran or started
+  for ``stall_rounds`` rounds) or safety limit (run-out reached ``max_rounds``, reported
+  as ``safety_limit_rounds``).
 - run-out only: ``avg_jct_runout_s`` over every finished job, ``makespan_runout_s`` =
   completion of the last job - first arrival.
 """
@@ -57,6 +65,7 @@ class JobResult:
     infeasible_drops: int
     packing_failures: int
     last_grid: str
+    never_placed_reason: str = ""      # submitted, never ran: why (see never_placed_reason)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -78,6 +87,47 @@ class SimResult:
     gpus_by_type: dict = field(default_factory=dict)
 
 
+NEVER_PLACED_KINDS = {          # short label in the summary -> what it means
+    "gpu type missing": "requests a GPU type the cluster lacks",
+    "too many gpus": "requests more GPUs of its type than the cluster has",
+    "infeasible": "every grid the policy chose for it was infeasible at truth",
+    "no room": "placement never found free GPUs for the grid the policy chose",
+    "never chosen": "the policy never chose a grid for it",
+}
+
+
+def never_placed_reason(job, infeasible_drops: int, packing_failures: int,
+                        gpus_by_type: dict[str, int]) -> tuple[str, str]:
+    """(kind, sentence) for a submitted job that never ran; kinds are NEVER_PLACED_KINDS."""
+    t, n = job.requested_gpu_type, job.requested_gpus
+    if t is not None and t not in gpus_by_type:
+        return "gpu type missing", (f"requests GPU type {t}, which the cluster lacks (it has "
+                                    f"{', '.join(sorted(gpus_by_type))})")
+    cap = gpus_by_type.get(t, 0) if t is not None else sum(gpus_by_type.values())
+    if n is not None and n > cap:
+        return "too many gpus", f"requests {n} GPUs{f' of type {t}' if t else ''}; the cluster has {cap}"
+    if infeasible_drops:
+        return "infeasible", (f"the oracle refused every grid the policy chose for it ({infeasible_drops} "
+                              f"times: out of memory or not runnable on that shape)")
+    if packing_failures:
+        return "no room", (f"placement found no free GPUs for the grid the policy chose "
+                           f"({packing_failures} packing failures)")
+    return "never chosen", ("the policy never chose a grid for it (for fcfs: no node layout of the "
+                            "cluster holds its request, or it waited behind other jobs until the end)")
+
+
+def never_placed_lines(result, limit: int = 20) -> list[str]:
+    """Lines for stderr naming each never-placed job and why (at most ``limit`` jobs)."""
+    never = [j for j in result.jobs if j.never_placed_reason]
+    if not never:
+        return []
+    out = [f"{len(never)} job(s) never placed under {result.policy_name} ({result.summary.get('never_placed_reasons')}):"]
+    out += [f"  job {j.job_id} ({j.model}, batch {j.global_batch}): {j.never_placed_reason}" for j in never[:limit]]
+    if len(never) > limit:
+        out.append(f"  ... and {len(never) - limit} more (jobs.csv, column never_placed_reason)")
+    return out
+
+
 def build_result(sim) -> SimResult:
     st, ex = sim.state, sim.executor
     jobs: list[JobResult] = []
@@ -86,13 +136,15 @@ def build_result(sim) -> SimResult:
         p = ex.progress(j.job_id)
         grid = str(r.alloc.grid) if r.alloc else ""
         la, rc = p.launch_lost_gpu_s, p.reconfig_lost_gpu_s
+        why = never_placed_reason(j, r.infeasible_drops, r.packing_failures, dict(st.cluster.gpus_by_type))[1] \
+            if r.submitted_s is not None and r.first_start_s is None else ""
         jobs.append(JobResult(
             j.job_id, j.model, j.global_batch, j.num_iterations, j.arrival_s, j.requested_gpu_type,
             j.requested_gpus, r.status.value, r.submitted_s, r.first_start_s, r.finish_s,
             (r.finish_s - j.arrival_s) if r.finish_s is not None else None,
             (r.first_start_s - j.arrival_s) if r.first_start_s is not None else None,
             max(r.iterations_done, p.iterations_done), r.launches, r.reconfigurations, r.preemptions,
-            st.attained_gpu_s_at(r, sim.end_s), la, rc, r.infeasible_drops, r.packing_failures, grid))
+            st.attained_gpu_s_at(r, sim.end_s), la, rc, r.infeasible_drops, r.packing_failures, grid, why))
     summary = summarize(sim, jobs)
     return SimResult(summary, jobs, sim.rounds, getattr(sim.instance, "name", ""),
                      getattr(sim.policy, "name", type(sim.policy).__name__), dict(st.cluster.gpus_by_type))
@@ -104,12 +156,19 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
     t0 = sim.t0
     I = cfg.round_interval_s
     hrounds = [r for r in sim.rounds if r.index < cfg.rounds]
+    # the active span: up to the round in which every job had finished (no idle tail)
+    all_done = next((r.index for r in sim.rounds if r.finished_total == len(jobs)), None)
+    active = [r for r in hrounds if all_done is None or r.index < all_done]
     fin_h = [j for j in jobs if j.finish_s is not None and j.finish_s <= H + 1e-9]
     jct_h = [j.jct_s for j in fin_h]
     started_h = [j.queueing_delay_s for j in jobs if j.first_start_s is not None and j.first_start_s <= H + 1e-9]
     submitted = [j for j in jobs if j.submitted_s is not None]
     never = [j for j in submitted if j.first_start_s is None]
-    thr = [r.throughput_samples_per_s for r in hrounds]
+    kinds: dict[str, int] = {}
+    for j in never:
+        kind = never_placed_reason(j, j.infeasible_drops, j.packing_failures, dict(sim.state.cluster.gpus_by_type))[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    thr = [r.throughput_samples_per_s for r in active]
     dec = [r.decision_time_s for r in sim.rounds if r.decided]
     s: dict = {
         "instance": getattr(sim.instance, "name", ""),
@@ -123,6 +182,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         "jobs_submitted": sum(1 for j in jobs if j.submitted_s is not None and j.submitted_s <= H + 1e-9),
         "jobs_finished": len(fin_h),
         "jobs_never_placed": len(never),
+        "never_placed_reasons": "; ".join(f"{k}: {n}" for k, n in kinds.items()),
         "avg_jct_s": _mean(jct_h),
         "median_jct_s": _pct(jct_h, 50),
         "p95_jct_s": _pct(jct_h, 95),
@@ -143,15 +203,17 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         "packing_repairs": sum(r.repairs for r in hrounds),
         "displaced_by_drops": sum(r.displaced for r in hrounds),
         "infeasible_drops": sum(r.infeasible_drops for r in hrounds),
+        "end_reason": sim.end_reason,
         "wall_time_s": sim.wall_s,
     }
     caps = sim.state.cluster.gpus_by_type
-    span = len(hrounds) * I
+    span = len(active) * I
+    s["active_span_s"] = span
     for t, n in sorted(caps.items()):
-        busy = sum(r.gpu_busy_s.get(t, 0.0) for r in hrounds)
+        busy = sum(r.gpu_busy_s.get(t, 0.0) for r in active)
         s[f"gpu_util_{t}"] = busy / (n * span) if span > 0 else math.nan
     total = sum(caps.values())
-    s["gpu_util"] = (sum(sum(r.gpu_busy_s.values()) for r in hrounds) / (total * span)) if span > 0 else math.nan
+    s["gpu_util"] = (sum(sum(r.gpu_busy_s.values()) for r in active) / (total * span)) if span > 0 else math.nan
     if cfg.run_out:
         fin = [j for j in jobs if j.finish_s is not None]
         s["jobs_finished_runout"] = len(fin)
@@ -162,6 +224,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         s["makespan_runout_s"] = (max(j.finish_s for j in fin) - t0) if fin else math.nan
         s["avg_queueing_delay_runout_s"] = _mean(j.queueing_delay_s for j in jobs if j.queueing_delay_s is not None)
         s["stopped_by_safety"] = sim.stopped_by_safety
+        s["safety_limit_rounds"] = cfg.max_rounds
     return s
 
 

@@ -24,9 +24,12 @@ Time starts at the first job's arrival ``t0``; round ``k`` happens at
 
 The horizon is ``rounds`` (default: the instance's ``horizon_rounds``); everything up to
 ``t0 + rounds * round_interval_s`` is "by the horizon". With ``run_out`` the simulation
-continues, submitting every remaining arrival, until all jobs finish; a safety stop ends
-it when nothing runs, nothing is left to arrive and the policy starts nothing for
-``stall_rounds`` rounds: the remaining jobs are reported as never placed.
+continues, submitting every remaining arrival, until all jobs finish. Two safety stops
+end a run-out early, and the summary says which (``end_reason``): a stall (nothing runs,
+nothing is left to arrive and the policy starts nothing for ``stall_rounds`` rounds) and
+the safety limit of ``max_rounds`` rounds, which also bounds memory (every round keeps a
+``RoundRecord`` of about 0.5 kB). The jobs left are reported as never placed or
+unfinished, never dropped.
 """
 from __future__ import annotations
 
@@ -48,7 +51,9 @@ class SimConfig:
     run_out: bool = False
     seed: int = 0
     stall_rounds: int = 20              # run-out safety stop
-    max_rounds: int = 10_000_000        # absolute safety stop (run-out)
+    # run-out safety limit: ~9.5 simulated years at 300 s, ~0.5 GB of round records
+    # (arena-philly's run-out, the longest bundled one, takes 86,411 rounds)
+    max_rounds: int = 1_000_000
     check_invariants: bool = True
 
     def __post_init__(self):
@@ -58,6 +63,8 @@ class SimConfig:
             raise ValueError(f"rounds must be an integer >= 0, got {self.rounds!r}")
         if self.stall_rounds < 1 or self.max_rounds < 1:
             raise ValueError("stall_rounds and max_rounds must be >= 1")
+        if self.rounds > self.max_rounds:
+            raise ValueError(f"rounds ({self.rounds}) exceeds the safety limit max_rounds ({self.max_rounds})")
 
 
 @dataclass
@@ -68,23 +75,26 @@ class RoundProgress:
     jobs_finished: int
     jobs_total: int
     elapsed_s: float
+    max_rounds: int = SimConfig.max_rounds     # the safety limit (horizon_rounds == it: no horizon)
 
 
 def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: ReconfigCostModel | None = None,
              rounds: int | None = None, run_out: bool = False, seed: int = 0,
              progress: Callable[[RoundProgress], None] | None = None, out_dir: str | Path | None = None,
              round_interval_s: float | None = None, stall_rounds: int = 20,
-             check_invariants_every_round: bool = True) -> metrics.SimResult:
-    """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc."""
+             check_invariants_every_round: bool = True, max_rounds: int | None = None) -> metrics.SimResult:
+    """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc.
+    ``max_rounds``: the run-out safety limit (default ``SimConfig.max_rounds``)."""
 
+    max_rounds = SimConfig.max_rounds if max_rounds is None else max_rounds
     if rounds is None:
         rounds = getattr(instance, "horizon_rounds", None)
     if rounds is None:                  # no horizon: run until every job is done
-        rounds, run_out = SimConfig.max_rounds, True
+        rounds, run_out = max_rounds, True
     cfg = SimConfig(round_interval_s=float(round_interval_s if round_interval_s is not None
                                            else getattr(instance, "round_interval_s", 300.0)),
                     rounds=int(rounds), run_out=run_out, seed=seed, stall_rounds=stall_rounds,
-                    check_invariants=check_invariants_every_round)
+                    max_rounds=max_rounds, check_invariants=check_invariants_every_round)
     reconfig = reconfig or ReconfigCostModel()
     sim = _Simulation(instance, policy, perf, reconfig, cfg, progress)
     sim.run()
@@ -113,6 +123,7 @@ class _Simulation:
         self.horizon_s = self.t0 + cfg.rounds * cfg.round_interval_s
         self.end_s = self.horizon_s
         self.stopped_by_safety = False
+        self.end_reason = ""            # horizon | all jobs finished | stalled | safety limit
         self.wall_s = 0.0
 
     def run(self) -> None:
@@ -127,16 +138,16 @@ class _Simulation:
             loop.collect(now, I)
             # stop?
             if k >= cfg.rounds and not cfg.run_out:
-                self.end_s = now
+                self.end_s, self.end_reason = now, "horizon"
                 break
             if cfg.run_out:
                 all_in = next_arrival >= len(self.jobs)
                 if all_in and not st.running and not st.queued:
-                    self.end_s = now
+                    self.end_s, self.end_reason = now, "all jobs finished"
                     break
                 if k >= cfg.max_rounds:
                     self.stopped_by_safety = True
-                    self.end_s = now
+                    self.end_s, self.end_reason = now, "safety limit"
                     break
             n_sub = 0
             while next_arrival < len(self.jobs) and self.jobs[next_arrival].arrival_s <= now:
@@ -148,7 +159,7 @@ class _Simulation:
                 stall += 1
                 if stall >= cfg.stall_rounds:
                     self.stopped_by_safety = True
-                    self.end_s = now + I
+                    self.end_s, self.end_reason = now + I, "stalled"
                     self.executor.advance(now + I)
                     rec.throughput_samples_per_s = 0.0
                     rec.gpu_busy_s = {t: 0.0 for t in st.cluster.gpus_by_type}
@@ -158,5 +169,6 @@ class _Simulation:
             k += 1
             if self.progress_cb is not None:
                 self.progress_cb(RoundProgress(k, cfg.rounds, cfg.run_out, len(st.finished_ids),
-                                               len(self.jobs), time.perf_counter() - start_wall))
+                                               len(self.jobs), time.perf_counter() - start_wall,
+                                               cfg.max_rounds))
         self.wall_s = time.perf_counter() - start_wall

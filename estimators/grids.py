@@ -4,7 +4,9 @@ For each GPU type present in the cluster: GPU counts are powers of two up to
 ``max_gpus`` (or the explicit ``gpu_counts``) and at most the GPUs of that type in the
 cluster; GPUs per node are powers of two up to that type's node size, with
 ``count / gpus_per_node`` nodes (which must exist); pipeline depths are the divisors of
-the count, at most the model's layer count. A grid is pruned when even its
+the count, at most the model's layer count. A grid is dropped when no tensor degree
+keeps its data-parallel degree at most the global batch (``planner`` module doc: no
+replica without a sample), even with ``prune=False``. A grid is pruned when even its
 lowest-memory plan does not fit: every tensor degree dividing a stage, micro-batch
 count equal to the per-replica batch (one sample per micro-batch; pure data parallelism
 without gradient accumulation, ``PlannerConfig.dp_only_grad_accumulation``: the whole
@@ -57,7 +59,7 @@ def _low_memory_plans(arch: ModelArch, global_batch: int, grid: Grid, planner: P
         return
     gpu = get_gpu(grid.gpu_type)
     splits = {planner.split(arch, gpu, pp), planner.memory_split(arch, global_batch, grid)}
-    for tp in planner.tp_options(arch, grid, within_node=False, dp_only=dp_only):
+    for tp in planner.tp_options(arch, grid, within_node=False, dp_only=dp_only, global_batch=global_batch):
         dp = grid.num_gpus // pp // tp
         per_replica = max(1, -(-global_batch // dp))
         # one sample per micro-batch; pure DP without gradient accumulation: the whole batch at once
@@ -112,10 +114,13 @@ def _candidate_grids(job: Job, cluster: ClusterSpec, counts: list[int], planner:
                 if sum(n for size, n in sizes.items() if size >= gpn) < nodes:
                     continue
                 shape = Shape(gtype, nodes, gpn)
-                for pp in range(1, count + 1):
-                    if count % pp or pp > n_layers or (dp_only and pp > 1):
+                for pp in range(1, min(count, n_layers) + 1):
+                    if count % pp or (dp_only and pp > 1):
                         continue
                     grid = Grid(shape, pp)
+                    if not planner.tp_options(arch, grid, within_node=False, dp_only=dp_only,
+                                              global_batch=job.global_batch):
+                        continue            # every plan would have more replicas than samples
                     if prune and not grid_fits(arch, job.global_batch, grid, planner, dp_only=dp_only):
                         continue
                     out.append(grid)

@@ -16,6 +16,11 @@ Proxy plan (what the scheduler sees for a grid):
    only when no in-node shape fits with any of those splits. ``dp_only`` (pure data
    parallelism) replicates MoE experts (ep = 1).
 
+Data-parallel rule (both searches, and ``grids.candidate_grids``): a plan's
+data-parallel degree never exceeds the global batch (every replica gets at least one
+sample per step), so a tensor degree is offered only when ``stage GPUs / tp <= batch``;
+a grid with no such degree has no plan.
+
 Exhaustive search: every stage split (all compositions when there are at most
 ``max_exhaustive_splits``; otherwise the balanced split and every single-boundary move by
 up to ``split_perturbation`` layers), every tensor degree dividing the stage (also across
@@ -211,14 +216,17 @@ class Planner:
         mem = self.memtable(arch, mb, plan.tp, plan.dp, gpus_per_node, plan.ep).breakdown(plan.stage_layers, plan.microbatches, plan.schedule)
         return PlanResult(plan, bd, mem, mem.fits(gpu, self.cfg.memory))
 
-    def tp_options(self, arch: ModelArch, grid: Grid, *, within_node: bool, dp_only: bool) -> list[int]:
-        if dp_only:
-            return [1]
+    def tp_options(self, arch: ModelArch, grid: Grid, *, within_node: bool, dp_only: bool,
+                   global_batch: int | None = None) -> list[int]:
+        """Tensor degrees of a grid's stages; with ``global_batch``, only those whose
+        data-parallel degree (stage GPUs / tp) is at most the batch (module doc)."""
         stage = grid.num_gpus // grid.pp
+        if dp_only:
+            return [1] if global_batch is None or stage <= global_batch else []
         cap = min(self.cfg.planner.max_tp, max_useful_tp(arch))
         out = []
-        for d in range(1, stage + 1):
-            if stage % d or d > cap:
+        for d in range(1, min(stage, cap) + 1):
+            if stage % d or (global_batch is not None and stage // d > global_batch):
                 continue
             if within_node and (d > grid.shape.gpus_per_node or grid.shape.gpus_per_node % d):
                 continue
@@ -268,8 +276,10 @@ class Planner:
         gpn = grid.shape.gpus_per_node
         split = self.split(arch, gpu, pp)
         pc = self.cfg.planner
-        options = self.tp_options(arch, grid, within_node=pc.tp_within_node_only, dp_only=dp_only)
-        wider = [t for t in self.tp_options(arch, grid, within_node=False, dp_only=dp_only) if t not in options]
+        options = self.tp_options(arch, grid, within_node=pc.tp_within_node_only, dp_only=dp_only,
+                                  global_batch=global_batch)
+        wider = [t for t in self.tp_options(arch, grid, within_node=False, dp_only=dp_only,
+                                            global_batch=global_batch) if t not in options]
         state = {"best": None, "fallback": None, "n": 0}
 
         def try_shape(split, tp, first_start_only=False) -> bool:
@@ -339,7 +349,7 @@ class Planner:
         splits = list(enumerate_splits(n_layers, pp, self.split(arch, gpu, pp), pc.max_exhaustive_splits,
                                        pc.split_perturbation))
         best, n = None, 0
-        for tp in self.tp_options(arch, grid, within_node=False, dp_only=dp_only):
+        for tp in self.tp_options(arch, grid, within_node=False, dp_only=dp_only, global_batch=global_batch):
             dp = grid.num_gpus // pp // tp
             per_replica = max(1, math.ceil(global_batch / dp))
             ms = sorted(set(pow2_upto(min(per_replica, pc.max_microbatches)) +

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,14 @@ class NodeGroup:
     def __post_init__(self):
         object.__setattr__(self, "gpu_type", canonical_gpu_name(self.gpu_type))
         if self.num_nodes < 1 or self.gpus_per_node < 1:
-            raise ValueError(f"node group {self.gpu_type}: num_nodes and gpus_per_node must be >= 1")
+            raise InputError(f"node group {self.gpu_type}: num_nodes and gpus_per_node must be >= 1",
+                             field="num_nodes")
         if self.nodes_per_switch is not None and self.nodes_per_switch < 1:
-            raise ValueError(f"node group {self.gpu_type}: nodes_per_switch must be >= 1")
+            raise InputError(f"node group {self.gpu_type}: nodes_per_switch must be >= 1", field="nodes_per_switch")
+        bw = self.inter_node_bw_bytes_per_s
+        if bw is not None and not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+            raise InputError(f"node group {self.gpu_type}: must be a finite number > 0, got {bw!r}",
+                             field="inter_node_bw_bytes_per_s")
 
     @property
     def inter_bw_bytes_per_s(self) -> float:
@@ -47,7 +53,7 @@ class ClusterSpec:
 
     def __post_init__(self):
         if not self.groups:
-            raise ValueError("a cluster needs at least one node group")
+            raise InputError("a cluster needs at least one node group", field="node_groups")
 
     def nodes(self) -> tuple[Node, ...]:
         out, nid, sw = [], 0, 0
@@ -81,15 +87,36 @@ class ClusterSpec:
 ARENA_GPUS_PER_NODE = {"a100": 4, "v100": 16, "a40": 2, "a10": 2}
 
 
-def load_cluster(path: str | Path) -> ClusterSpec:
-    """Load our cluster JSON or Arena's ``sim_cluster_spec.json`` (detected from content)."""
+GROUP_KEYS = ("gpu_type", "num_nodes", "gpus_per_node", "nodes_per_switch", "inter_node_bw_bytes_per_s")
+
+
+def read_json_file(path: str | Path, what: str):
+    """Parse a JSON file, with an ``InputError`` naming the file for every way it can be
+    unreadable (missing, a folder, binary, not JSON)."""
     path = Path(path)
     try:
-        raw = json.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise InputError("cluster file not found", file=str(path)) from None
+        raise InputError(f"{what} not found", file=str(path)) from None
+    except IsADirectoryError:
+        raise InputError(f"is a directory, not a {what}", file=str(path)) from None
+    except PermissionError:
+        raise InputError(f"{what} is not readable (permission denied)", file=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (byte {e.start}); expected a JSON {what}", file=str(path)) from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
+    except RecursionError:
+        raise InputError("JSON nested too deeply", file=str(path)) from None
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Load our cluster JSON or Arena's ``sim_cluster_spec.json`` (detected from content).
+    The formats are described in docs/instances.md."""
+    path = Path(path)
+    raw = read_json_file(path, "cluster file")
     if isinstance(raw, list) and raw and isinstance(raw[0], dict) and "node_groups" not in raw[0]:
         return _from_arena(raw[0], path)
     if isinstance(raw, dict) and "node_groups" in raw:
@@ -98,36 +125,63 @@ def load_cluster(path: str | Path) -> ClusterSpec:
                      "(a list holding {gpu_type: {node_num}})", file=str(path))
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _from_ours(raw: dict, path: Path) -> ClusterSpec:
     ver = raw.get("schema_version", SCHEMA_VERSION)
     if ver != SCHEMA_VERSION:
-        raise InputError(f"unsupported schema_version {ver}", file=str(path), field="schema_version")
+        raise InputError(f"unsupported schema_version {ver!r}; supported: {SCHEMA_VERSION}", file=str(path),
+                         field="schema_version")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"must be a non-empty string, got {name!r}", file=str(path), field="name")
+    if not isinstance(raw["node_groups"], list) or not raw["node_groups"]:
+        raise InputError("must be a non-empty list of node groups (a cluster needs at least one)",
+                         file=str(path), field="node_groups")
     groups = []
     for i, g in enumerate(raw["node_groups"]):
         where = f"node_groups[{i}]"
         if not isinstance(g, dict):
             raise InputError("must be an object", file=str(path), field=where)
+        unknown = sorted(set(g) - set(GROUP_KEYS))
+        if unknown:
+            raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(GROUP_KEYS)}",
+                             file=str(path), field=f"{where}.{unknown[0]}")
         for f in ("gpu_type", "num_nodes", "gpus_per_node"):
             if f not in g:
                 raise InputError("missing", file=str(path), field=f"{where}.{f}")
+        if not isinstance(g["gpu_type"], str):
+            raise InputError(f"must be a GPU type name (a string), got {g['gpu_type']!r}", file=str(path),
+                             field=f"{where}.gpu_type")
         for f in ("num_nodes", "gpus_per_node", "nodes_per_switch"):
-            if f in g and (not isinstance(g[f], int) or isinstance(g[f], bool) or g[f] < 1):
+            if f in g and (not _is_int(g[f]) or g[f] < 1):
                 raise InputError(f"must be a positive integer, got {g[f]!r}", file=str(path), field=f"{where}.{f}")
+        bw = g.get("inter_node_bw_bytes_per_s")
+        if bw is not None and (not isinstance(bw, (int, float)) or isinstance(bw, bool)
+                               or not math.isfinite(bw) or bw <= 0):
+            raise InputError(f"must be a finite number of bytes/s > 0 (or absent for the GPU catalog's "
+                             f"figure), got {bw!r}", file=str(path), field=f"{where}.inter_node_bw_bytes_per_s")
         try:
             groups.append(NodeGroup(g["gpu_type"], g["num_nodes"], g["gpus_per_node"],
-                                    g.get("nodes_per_switch"), g.get("inter_node_bw_bytes_per_s")))
+                                    g.get("nodes_per_switch"), None if bw is None else float(bw)))
         except InputError as e:
             raise InputError(e.reason, file=str(path), field=f"{where}.gpu_type") from None
-    return ClusterSpec(tuple(groups), raw.get("name", path.stem))
+    return ClusterSpec(tuple(groups), name)
 
 
 def _from_arena(raw: dict, path: Path) -> ClusterSpec:
     groups = []
     for t, v in raw.items():
-        if not isinstance(v, dict) or not isinstance(v.get("node_num"), int) or v["node_num"] < 0:
+        if not isinstance(v, dict) or not _is_int(v.get("node_num")) or v["node_num"] < 0:
             raise InputError("expected {'node_num': non-negative integer}", file=str(path), field=t)
         if t.lower() not in ARENA_GPUS_PER_NODE:
-            raise InputError(f"unknown GPU type {t!r} in Arena cluster spec", file=str(path), field=t)
+            raise InputError(f"unknown GPU type {t!r} in Arena cluster spec; known: "
+                             f"{', '.join(ARENA_GPUS_PER_NODE)}", file=str(path), field=t)
         if v["node_num"]:
             groups.append(NodeGroup(t, v["node_num"], ARENA_GPUS_PER_NODE[t.lower()]))
+    if not groups:
+        raise InputError("every GPU type has node_num 0: the cluster has no GPU", file=str(path),
+                         field="node_num")
     return ClusterSpec(tuple(groups), path.stem)

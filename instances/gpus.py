@@ -109,7 +109,7 @@ def canonical_gpu_name(name: str) -> str:
     """The catalog name of ``name`` (case-insensitive, aliases resolved);
     ``UnknownGpuType`` if it is not in the catalog."""
     if not isinstance(name, str):
-        raise UnknownGpuType(f"GPU type must be a string, got {name!r}", field="gpu_type")
+        raise UnknownGpuType(f"GPU type must be a name (a string), got {name!r}", field="gpu_type")
     return _canonical(name)
 
 

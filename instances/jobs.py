@@ -4,8 +4,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import InputError
 from .gpus import canonical_gpu_name
 from .models import ModelArch, canonical_model_name, get_model
+
+
+# Refused above this: the largest bundled trace job has 15.3 M iterations (Philly, before
+# the /5), and 1e9 iterations at 0.1 s each is already 3 simulated years on one grid.
+MAX_ITERATIONS = 10**9
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,10 @@ class Job:
             raise ValueError(f"job {self.job_id}: global_batch must be >= 1")
         if self.num_iterations < 1:
             raise ValueError(f"job {self.job_id}: num_iterations must be >= 1")
+        if self.num_iterations > MAX_ITERATIONS:
+            raise InputError(f"job {self.job_id}: {self.num_iterations:.3g} iterations is above the limit of "
+                             f"{MAX_ITERATIONS:.0e} (at 0.1 s per iteration that is 3 simulated years)",
+                             field="num_iterations")
         if not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             raise ValueError(f"job {self.job_id}: arrival_s must be a finite time >= 0")
         if self.deadline_s is not None and not self.deadline_s >= self.arrival_s:

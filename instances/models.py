@@ -295,6 +295,8 @@ def canonical_model_name(name: str) -> str:
     """The key under which ``get_model`` finds a model: a catalog name (aliases accepted),
     or, for a name ending in ``.json``, the absolute path of that ``config.json`` file (a
     user's own model, ``instances.hf_config``). The one resolver of model names."""
+    if not isinstance(name, str):
+        raise UnknownModel(f"model must be a name (a string), got {name!r}", field="model")
     raw = name.strip()
     if raw.lower().endswith(".json"):
         return get_model(raw).source             # reads and validates the file: a bad one fails here

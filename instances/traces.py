@@ -34,7 +34,7 @@ from typing import Any, Iterable
 from .cluster import ClusterSpec
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
-from .jobs import Job
+from .jobs import MAX_ITERATIONS, Job
 from .models import canonical_model_name
 
 OUR_MAGIC = "# arena-trace v1"
@@ -102,7 +102,7 @@ class PhillyImportOptions:
         if not isinstance(self.max_gpus, int) or self.max_gpus < 1 or self.max_gpus & (self.max_gpus - 1):
             raise InputError(f"must be a power of two >= 1, got {self.max_gpus!r}", field="max_gpus")
         if self.gpu_types is not None:
-            if isinstance(self.gpu_types, str) or not self.gpu_types:
+            if not isinstance(self.gpu_types, (list, tuple)) or not self.gpu_types:
                 raise InputError("must be a non-empty sequence of GPU type names", field="gpu_types")
             object.__setattr__(self, "gpu_types", tuple(canonical_gpu_name(t) for t in self.gpu_types))
 
@@ -256,7 +256,8 @@ class _Rows:
     def raw(self, rec, c):
         return rec[self.idx[c]]
 
-    def int(self, rec, line, c, minimum: int = 1, optional: bool = False) -> int | None:
+    def int(self, rec, line, c, minimum: int = 1, optional: bool = False,
+            maximum: int | None = None) -> int | None:
         s = rec[self.idx[c]].strip()
         if not s and optional:
             return None
@@ -272,6 +273,9 @@ class _Rows:
             v = int(f)
         if v < minimum:
             raise self.err(line, c, f"must be >= {minimum}, got {v}")
+        if maximum is not None and v > maximum:
+            raise self.err(line, c, f"must be <= {maximum:.3g}, got {s} (an absurd value would make the "
+                                    f"simulated span endless)")
         return v
 
     def float(self, rec, line, c, minimum: float | None = 0.0, optional: bool = False,
@@ -343,7 +347,7 @@ def _parse_ours(text: str, label: str) -> tuple[tuple[Job, ...], dict[str, int]]
             raise rows.err(line, "deadline_s", f"deadline {deadline} before arrival {arrival}")
         jobs.append(_job(label, line, job_id=job_id, model=rows.model(rec, line, "model"),
                          global_batch=rows.int(rec, line, "global_batch"),
-                         num_iterations=rows.int(rec, line, "num_iterations"),
+                         num_iterations=rows.int(rec, line, "num_iterations", maximum=MAX_ITERATIONS),
                          arrival_s=arrival, deadline_s=deadline,
                          priority=rows.float(rec, line, "priority", strict_min=True),
                          tenant=tenant,
@@ -391,7 +395,7 @@ def _parse_arena(text: str, label: str, opt: ArenaImportOptions) -> tuple[tuple[
         dl = rows.float(rec, line, "deadline")
         if dl < sub:
             raise rows.err(line, "deadline", f"deadline {dl} before submission {sub}")
-        parsed.append((line, job_id, sub, dl, rows.int(rec, line, "num_iteration"),
+        parsed.append((line, job_id, sub, dl, rows.int(rec, line, "num_iteration", maximum=MAX_ITERATIONS * opt.iteration_divisor),
                        rows.model(rec, line, "model_name"), rows.int(rec, line, "batch_size"),
                        rows.int(rec, line, "num_gpu"), rows.gpu(rec, line, "gpu_type")))
     if not parsed:

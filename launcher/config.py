@@ -14,6 +14,14 @@ from instances.errors import InputError
 
 SCHEDULES = ("gpipe", "1f1b")
 DEVICES = ("auto", "cpu", "cuda")
+# Periodic checkpoints whenever a checkpoint folder is given (a killed run loses at most
+# one interval): about this many per run, and at least one per this many seconds.
+DEFAULT_CHECKPOINTS_PER_RUN = 10
+DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
+# A job with no finished step for this long is reported as stalled and stopped by
+# ``launcher.api.run_config``; the collective timeout is longer, so the stall is seen first.
+DEFAULT_STALL_TIMEOUT_S = 120.0
+DEFAULT_COMM_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -111,7 +119,10 @@ class TrainConfig:
     global_batch: int | None = None             # samples per step; None: dp * microbatches
     seed: int = 0
     checkpoint_dir: str | None = None
-    checkpoint_every: int = 0                   # 0: only on request / SIGTERM / at the end
+    checkpoint_every: int | None = None         # steps; None: steps // DEFAULT_CHECKPOINTS_PER_RUN
+                                                # with a checkpoint_dir; 0: none periodic
+    checkpoint_interval_s: float | None = None  # seconds; None: DEFAULT_CHECKPOINT_INTERVAL_S with a
+                                                # checkpoint_dir; 0: none time-based
     checkpoint_keep: int = 2                    # completed checkpoints kept on disk
     checkpoint_at_end: bool = True
     run_dir: str = ""                           # per-launch scratch: results, pids, progress
@@ -126,7 +137,8 @@ class TrainConfig:
     gpus_per_node: int | None = None            # None: world size / num_nodes
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     step_delay_s: float = 0.0                   # sleep after each step (tests: slow a tiny run down)
-    comm_timeout_s: float = 60.0                # torch.distributed collective timeout
+    comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S   # torch.distributed collective timeout
+    stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S  # no step for this long: stalled (None: off)
 
     def __post_init__(self):
         from instances.models import canonical_model_name
@@ -139,8 +151,21 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"must be a positive integer, got {v!r}", field=name)
-        if self.checkpoint_every < 0:
-            raise InputError(f"must be >= 0, got {self.checkpoint_every}", field="checkpoint_every")
+        every = self.checkpoint_every
+        if every is None:
+            every = max(1, self.steps // DEFAULT_CHECKPOINTS_PER_RUN) if self.checkpoint_dir else 0
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise InputError(f"must be an integer >= 0, got {every!r}", field="checkpoint_every")
+        object.__setattr__(self, "checkpoint_every", every)
+        interval = self.checkpoint_interval_s
+        if interval is None:
+            interval = DEFAULT_CHECKPOINT_INTERVAL_S if self.checkpoint_dir else 0.0
+        if not (isinstance(interval, (int, float)) and interval >= 0):
+            raise InputError(f"must be >= 0 seconds, got {interval!r}", field="checkpoint_interval_s")
+        object.__setattr__(self, "checkpoint_interval_s", float(interval))
+        if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
+            raise InputError(f"must be > 0 seconds (or None: off), got {self.stall_timeout_s!r}",
+                             field="stall_timeout_s")
         if self.checkpoint_keep < 1:
             raise InputError(f"must be >= 1, got {self.checkpoint_keep}", field="checkpoint_keep")
         if self.device not in DEVICES:
@@ -160,21 +185,42 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainConfig":
+        """Build from ``to_json``'s dict; any wrong key or type is an ``InputError``."""
+        if not isinstance(d, dict):
+            raise InputError(f"must be an object, got {type(d).__name__}", field="config")
         d = dict(d)
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise InputError(f"unknown keys {sorted(unknown)}", field="config")
-        d["plan"] = ParallelPlan(**{**d["plan"], "stage_layers": tuple(d["plan"].get("stage_layers", ()))})
-        d["optimizer"] = OptimizerConfig(**d.get("optimizer", {}))
-        return cls(**d)
+        _check_keys(d, cls, "config")
+        for key, sub in (("plan", ParallelPlan), ("optimizer", OptimizerConfig)):
+            part = d.get(key, {})
+            if not isinstance(part, dict):
+                raise InputError(f"must be an object, got {part!r}", field=key)
+            _check_keys(part, sub, key)
+        plan = d.get("plan", {})
+        try:
+            stage_layers = tuple(plan.get("stage_layers", ()))
+            d["plan"] = ParallelPlan(**{**plan, "stage_layers": stage_layers})
+            d["optimizer"] = OptimizerConfig(**d.get("optimizer", {}))
+            return cls(**d)
+        except TypeError as e:          # a value of the wrong JSON type (compared, iterated...)
+            raise InputError(f"a value has the wrong type: {e}", field="config") from None
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def read(cls, path: str | Path) -> "TrainConfig":
-        return cls.from_json(json.loads(Path(path).read_text()))
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as e:
+            raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
+        except InputError as e:
+            raise InputError(e.reason, file=str(path), field=e.field) from None
+
+
+def _check_keys(d: dict, cls, where: str) -> None:
+    unknown = set(d) - {f.name for f in fields(cls)}
+    if unknown:
+        raise InputError(f"unknown keys {sorted(map(str, unknown))}", field=where)
 
 
 def decoder_stage_layers(model: str, stage_layers: tuple[int, ...]) -> tuple[int, ...]:

@@ -4,14 +4,18 @@ the running interpreter) and read back what they wrote.
 A launch has a run directory holding ``config.json`` (the ``TrainConfig`` every rank
 reads), ``stdout.log`` / ``stderr.log`` of mpiexec, and what rank 0 writes: per-step
 ``results.jsonl``, ``events.jsonl`` (ready, load, save, stop...), ``pids/rank<r>``.
+A run directory used again keeps the earlier launch's files under ``previous/<n>/``
+(each launch's results start empty, so its steps are counted right).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from instances.errors import InputError
@@ -20,6 +24,13 @@ from .config import TrainConfig
 from .worker import CHECKPOINT_FILE, EVENTS_FILE, EXITS_DIR, PIDS_DIR, RESULTS_FILE, STOP_FILE
 
 RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+LAUNCH_FILES = ("results.jsonl", "events.jsonl", "progress.json", "stdout.log", "stderr.log")
+PREVIOUS_DIR = "previous"
+# MPICH's (Hydra's) failure banner and exit-code line: the launcher reports a failure in
+# one line of its own, so the echo to the terminal leaves these out (the logs keep them)
+MPICH_NOISE = re.compile(r"^(=+|=   .*|YOUR APPLICATION TERMINATED.*|This typically refers to a problem.*|"
+                         r"Please see the FAQ page.*|\[mpiexec@[^]]*\] Exit codes:.*)$")
+EXIT_CODES = re.compile(r"Exit codes: (.*)$", re.M)
 
 
 def mpiexec_path() -> str:
@@ -73,6 +84,7 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
     run directory's log files."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    archive_previous_launch(run_dir)
     for stale in (STOP_FILE, CHECKPOINT_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     for d in (PIDS_DIR, EXITS_DIR):
@@ -94,6 +106,73 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
         for f in (out, err):
             if f is not None:
                 f.close()
+
+
+def archive_previous_launch(run_dir: str | os.PathLike) -> Path | None:
+    """Move an earlier launch's files into ``previous/<n>/``; the folder moved to, or None."""
+    run_dir = Path(run_dir)
+    found = [run_dir / f for f in LAUNCH_FILES if (run_dir / f).exists()]
+    if not found:
+        return None
+    n = 1 + sum(1 for _ in (run_dir / PREVIOUS_DIR).glob("*")) if (run_dir / PREVIOUS_DIR).is_dir() else 1
+    dest = run_dir / PREVIOUS_DIR / str(n)
+    dest.mkdir(parents=True)
+    for f in found:
+        f.rename(dest / f.name)
+    return dest
+
+
+class LogEcho:
+    """Copy a launch's ``stdout.log`` / ``stderr.log`` to this process's stdout / stderr as
+    they grow, without MPICH's failure banner (``MPICH_NOISE``)."""
+
+    def __init__(self, run_dir: str | os.PathLike, poll_s: float = 0.1):
+        self.paths = ((Path(run_dir) / "stdout.log", sys.stdout), (Path(run_dir) / "stderr.log", sys.stderr))
+        self.offsets = [0, 0]
+        self.poll_s = poll_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "LogEcho":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self._copy(final=True)
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.poll_s):
+            self._copy()
+
+    def _copy(self, final: bool = False) -> None:
+        for i, (path, stream) in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[i])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            end = len(data) if final else data.rfind(b"\n") + 1     # whole lines only, until the end
+            if end <= 0:
+                continue
+            self.offsets[i] += end
+            lines = data[:end].decode(errors="replace").splitlines()
+            text = "".join(line + "\n" for line in lines if not MPICH_NOISE.match(line.strip()))
+            if text:
+                stream.write(text)
+                stream.flush()
+
+
+def rank_exit_codes(run_dir: str | os.PathLike) -> dict[int, int]:
+    """Rank -> exit code from Hydra's ``-print-all-exitcodes`` line in ``stdout.log``
+    (hosts in launch order, ranks numbered across them in that order); {} when absent."""
+    m = EXIT_CODES.findall(tail(Path(run_dir) / "stdout.log", 20000))
+    if not m:
+        return {}
+    codes = [int(c) for c in re.findall(r"-?\d+", re.sub(r"\[[^]]*\]", " ", m[-1]))]
+    return dict(enumerate(codes))
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

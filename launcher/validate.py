@@ -1,6 +1,7 @@
 """Refuse a bad plan before anything is launched, with a message that says why.
 
-Checks: the plan's rank count against the ranks requested; tensor degree dividing heads,
+Checks: the run's paths (checkpoint and run folders writable folders, not files; the
+data file readable), the device (``cuda`` needs a GPU torch can see); the plan's rank count against the ranks requested; tensor degree dividing heads,
 hidden and MLP sizes; pipeline depth against the layer count; the batch split into
 data-parallel shards and micro-batches; the schedule's micro-batch requirement; and a
 memory estimate per rank (weights + gradients + Adam moments + activations in flight)
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import DTYPE_BYTES, get_model
+from instances.paths import check_input_file, check_output_dir, check_output_file
 
 from .config import TrainConfig
 from .model import check_supported
@@ -74,8 +76,36 @@ def estimate_memory(cfg: TrainConfig, device_type: str) -> MemoryEstimate:
     return MemoryEstimate(worst[0], worst[1], worst[2], gpu.memory_bytes, gpu.name)
 
 
+def check_paths(cfg: TrainConfig) -> None:
+    """Folders the ranks write and the file they read, checked here rather than inside the
+    ranks after launch (or, for the checkpoint folder, at the first save)."""
+    if cfg.checkpoint_dir:
+        check_output_dir(cfg.checkpoint_dir, "checkpoint_dir")
+    if cfg.run_dir:
+        check_output_dir(cfg.run_dir, "run_dir")
+    if cfg.telemetry_path:
+        check_output_file(cfg.telemetry_path, "telemetry_path")
+    if cfg.telemetry_store:
+        check_output_dir(cfg.telemetry_store, "telemetry_store")
+    if cfg.data_path:
+        check_input_file(cfg.data_path, "data")
+
+
+def check_device(cfg: TrainConfig) -> None:
+    """``device="cuda"`` needs a CUDA GPU that torch sees here (imports torch only then)."""
+    if cfg.device != "cuda":
+        return
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        raise InputError("device 'cuda' asked for, but torch sees no CUDA GPU on this machine "
+                         f"(torch {torch.__version__}, cuda available: {torch.cuda.is_available()}); "
+                         "use --device cpu or auto", field="device")
+
+
 def validate(cfg: TrainConfig, *, ranks: int | None = None, device_type: str = "cpu") -> MemoryEstimate:
     """Raise ``InputError`` naming the field at fault; return the memory estimate if all is well."""
+    check_paths(cfg)
+    check_device(cfg)
     arch = get_model(cfg.model)
     check_supported(arch)
     plan = cfg.plan

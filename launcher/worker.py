@@ -7,9 +7,11 @@ results, events, telemetry and progress files.
 
 Control: SIGTERM (mpiexec forwards it to every rank) or a ``stop`` file in the run
 directory -> checkpoint at the end of the current step and exit 0 with status
-"stopped"; SIGUSR1 or a ``checkpoint`` file -> checkpoint and continue. All ranks agree
-on these flags through the per-step all-reduce that also carries the loss, so they save
-at the same step.
+"stopped"; SIGUSR1 or a ``checkpoint`` file -> checkpoint and continue. Periodic
+checkpoints: every ``checkpoint_every`` steps and whenever ``checkpoint_interval_s``
+seconds have passed since the last save (rank 0's clock decides). All ranks agree on
+these flags through the per-step all-reduce that also carries the loss, so they save at
+the same step.
 """
 from __future__ import annotations
 
@@ -62,19 +64,253 @@ def _device_names(device) -> tuple[str, str]:
     return "cpu", "cpu"
 
 
+class _Run:
+    """One rank's training run, in parts that read alone: ``setup`` (distributed
+    environment, model, plan, optimizer), ``resume`` (latest checkpoint), ``step`` (one
+    optimizer step, timed), ``agree`` (loss and control flags, all-reduced), ``record``
+    (rank 0: step line, results, telemetry) and ``save``; ``main`` runs the loop."""
+
+    def __init__(self, cfg, env, t_imported: float, t_rendezvous: float):
+        from . import telemetry
+
+        self.cfg, self.env, self.plan, self.rank = cfg, env, cfg.plan, env.rank
+        self.run_dir = Path(cfg.run_dir)
+        self.telemetry = telemetry
+        self.t_imported, self.t_rendezvous = t_imported, t_rendezvous
+        self.is_first, self.is_last = env.pp_rank == 0, env.pp_rank == cfg.plan.pp - 1
+        self.identity = {"model": cfg.model, "seed": cfg.seed, "global_batch": cfg.global_batch}
+        self.last_ckpt: int | None = None
+        self.last_save_time = time.time()
+        (self.run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
+        (self.run_dir / PIDS_DIR / f"rank{self.rank}").write_text(f"{os.getpid()} {env.hostname}")
+
+    # --- files rank 0 keeps ------------------------------------------------------------
+    def event(self, name: str, **kw) -> None:
+        if self.rank == 0:
+            self.telemetry.append_jsonl(self.run_dir / EVENTS_FILE, [{"event": name, "time": time.time(), **kw}])
+
+    def progress(self, status: str, done: int, it_s: float | None, **kw) -> None:
+        if self.rank == 0 and self.cfg.progress_path:
+            self.telemetry.write_progress(self.cfg.progress_path, status=status, iterations_done=done,
+                                          steps_total=self.cfg.steps, last_checkpoint_step=self.last_ckpt,
+                                          iteration_time_s=it_s, mpiexec_ppid=os.getppid(), **kw)
+
+    def leave(self, status: str, done: int) -> int:
+        (self.run_dir / EXITS_DIR).mkdir(exist_ok=True)
+        (self.run_dir / EXITS_DIR / f"rank{self.rank}").write_text(f"{status} {done}")
+        return 0
+
+    # --- set-up ------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Model split to this pipeline stage, tensor sharding, data parallelism, Adam."""
+        import torch
+
+        from .model import build_model
+        from .parallelize import apply_dp, apply_tp
+        from .pipeline import split_stage
+
+        cfg, env, plan = self.cfg, self.env, self.plan
+        self.model = split_stage(build_model(cfg.model, cfg.seed), env.pp_rank, plan.pp, plan.stage_layers)
+        self.model.to(env.device)
+        if plan.tp > 1:
+            apply_tp(self.model, env.mesh["tp"])
+        self.train_module = self.model
+        if plan.dp > 1:
+            self.train_module = apply_dp(self.model, env.mesh["dp"], use_fsdp=plan.tp > 1 or plan.pp > 1,
+                                         device=env.device)
+        o = cfg.optimizer
+        self.optimizer = torch.optim.Adam(self.train_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                          eps=o.eps)
+        self.timer = self.telemetry.ComputeTimer(self.model) if cfg.breakdown else None
+
+    def build_schedule_and_data(self) -> None:
+        from .data import make_source
+        from .model import loss_fn
+        from .pipeline import build_schedule
+
+        env, plan = self.env, self.plan
+        self.schedule = None
+        if plan.pp > 1:
+            self.schedule = build_schedule(self.train_module, env.pp_rank, plan.pp, env.device,
+                                           env.mesh["pp"].get_group(), microbatches=plan.microbatches,
+                                           schedule=plan.schedule, loss_fn=loss_fn)
+        self.data = make_source(self.model.arch, self.cfg.seed, self.cfg.data_path)
+        self.device_desc, gpu_type = _device_names(env.device)
+        self.gpu_type = self.cfg.gpu_type or gpu_type
+
+    # --- resume and save ---------------------------------------------------------------
+    def resume(self) -> int:
+        """Load the latest checkpoint (resharding to this plan); the step to start from."""
+        from . import checkpoint
+
+        found = checkpoint.latest_checkpoint(self.cfg.checkpoint_dir)
+        if found is None:
+            return 0
+        t0 = time.perf_counter()
+        meta = checkpoint.load(found[1], self.train_module, self.optimizer, self.identity)
+        self.last_ckpt = int(meta["step"])
+        self.event("load", step=self.last_ckpt, duration_s=time.perf_counter() - t0, path=str(found[1]),
+                   saved_plan=meta.get("plan"))
+        return self.last_ckpt
+
+    def save(self, step: int, why: str) -> None:
+        import torch.distributed as dist
+
+        from . import checkpoint
+
+        t0 = time.perf_counter()
+        checkpoint.save(self.cfg.checkpoint_dir, step, self.train_module, self.optimizer,
+                        {**self.identity, "plan": str(self.plan)}, rank=self.rank, barrier=dist.barrier,
+                        keep=self.cfg.checkpoint_keep)
+        self.event("save", step=step, why=why, duration_s=time.perf_counter() - t0)
+        self.last_ckpt, self.last_save_time = step, time.time()
+
+    def save_due(self, done: int) -> bool:
+        """Rank 0's periodic rule (steps or seconds since the last save); the result reaches
+        every rank through ``agree``."""
+        cfg = self.cfg
+        if not cfg.checkpoint_dir:
+            return False
+        by_steps = bool(cfg.checkpoint_every) and done % cfg.checkpoint_every == 0
+        by_time = bool(cfg.checkpoint_interval_s) and time.time() - self.last_save_time >= cfg.checkpoint_interval_s
+        return by_steps or by_time
+
+    # --- one step ----------------------------------------------------------------------
+    def step(self, step: int):
+        """Forward, backward and optimizer step; (this rank's loss share, optimizer seconds)."""
+        import torch
+
+        from .data import dp_shard
+        from .model import loss_fn
+
+        env, plan = self.env, self.plan
+        x, y = (t.to(env.device) for t in dp_shard(self.data.global_batch(step, self.cfg.global_batch), plan.dp,
+                                                   env.dp_rank))
+        self.optimizer.zero_grad(set_to_none=True)
+        local_loss = torch.zeros((), device=env.device)
+        if self.schedule is not None:
+            losses: list = []
+            if self.is_first:
+                self.schedule.step(x)
+            elif self.is_last:
+                self.schedule.step(target=y, losses=losses)
+            else:
+                self.schedule.step()
+            if self.is_last:
+                local_loss = torch.stack([v.detach() for v in losses]).mean()
+        else:
+            K = plan.microbatches
+            for i, (xi, yi) in enumerate(zip(x.chunk(K), y.chunk(K))):
+                sync = i == K - 1 or not hasattr(self.train_module, "no_sync")
+                with nullcontext() if sync else self.train_module.no_sync():
+                    loss = loss_fn(self.train_module(xi), yi) / K
+                    loss.backward()
+                local_loss += loss.detach()
+        t_opt = time.perf_counter()
+        self.optimizer.step()
+        return local_loss, time.perf_counter() - t_opt
+
+    def agree(self, local_loss, done: int) -> tuple[float, bool, bool, bool]:
+        """All-reduce the loss (summed over data replicas' last-stage, tensor-rank-0 ranks)
+        with the control flags: (loss, stop, save requested, periodic save due)."""
+        import torch
+        import torch.distributed as dist
+
+        env = self.env
+        if self.rank == 0:
+            if (self.run_dir / STOP_FILE).exists():
+                _Flags.stop = True
+            if (self.run_dir / CHECKPOINT_FILE).exists():
+                (self.run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
+                _Flags.save = True
+        due = self.rank == 0 and self.save_due(done)
+        own = self.is_last and env.tp_rank == 0
+        contrib = local_loss / self.plan.dp if own else torch.zeros_like(local_loss)
+        ctl = torch.stack([contrib.float(), torch.tensor(float(_Flags.stop), device=env.device),
+                           torch.tensor(float(_Flags.save), device=env.device),
+                           torch.tensor(float(due), device=env.device)])
+        dist.all_reduce(ctl)
+        return float(ctl[0]), bool(ctl[1] > 0), bool(ctl[2] > 0), bool(ctl[3] > 0)
+
+    def stage_breakdown(self, it_s: float, opt_s: float):
+        """--breakdown: per-stage compute (slowest rank of the stage) and the rest as communication."""
+        import torch.distributed as dist
+
+        if self.timer is None:
+            return None, None
+        compute = self.timer.take() + opt_s
+        gathered: list = [None] * self.env.world_size
+        dist.all_gather_object(gathered, (self.env.pp_rank, compute))
+        stage_compute = [max(c for p, c in gathered if p == s) for s in range(self.plan.pp)]
+        return stage_compute, [max(0.0, it_s - c) for c in stage_compute]
+
+    def record(self, done: int, loss: float, it_s: float, first: bool, stage_compute, stage_comm) -> None:
+        """Rank 0: the step line, results.jsonl and telemetry (the first step is warm-up for the store)."""
+        if self.rank != 0:
+            return
+        cfg, tel = self.cfg, self.telemetry
+        print(f"step {done} loss {loss:.6f} time_s {it_s:.4f}", flush=True)
+        tel.append_jsonl(self.run_dir / RESULTS_FILE, [{"step": done, "loss": loss, "iteration_time_s": it_s,
+                                                         "time": time.time()}])
+        rec = tel.measured_run(cfg, device=self.device_desc, gpu_type=self.gpu_type, iteration_time_s=it_s,
+                               step=done, stage_compute_s=stage_compute, stage_comm_s=stage_comm)
+        if cfg.telemetry_path:
+            tel.append_jsonl(cfg.telemetry_path, [rec])
+        if cfg.telemetry_store and not first:
+            tel.append_measured_runs(Path(cfg.telemetry_store), [rec])
+
+    # --- the run -----------------------------------------------------------------------
+    def stop_requested_at_start(self) -> bool:
+        """A stop asked for during start-up (file or SIGTERM on any rank)."""
+        import torch
+        import torch.distributed as dist
+
+        if self.rank == 0 and (self.run_dir / STOP_FILE).exists():
+            _Flags.stop = True
+        early = torch.tensor([float(_Flags.stop)], device=self.env.device)
+        dist.all_reduce(early)
+        return early.item() > 0
+
+    def train(self, start_step: int) -> tuple[str, int]:
+        """Steps ``start_step + 1 .. cfg.steps``; (status, steps done)."""
+        import torch.distributed as dist
+
+        cfg = self.cfg
+        it_s, status, done = None, "finished", start_step
+        self.progress("running", start_step, None)
+        for step in range(start_step, cfg.steps):
+            if self.timer is not None:
+                dist.barrier()          # breakdown: every rank's step starts together
+                self.timer.take()
+            t0 = time.perf_counter()
+            local_loss, opt_s = self.step(step)
+            done = step + 1
+            loss, stop, requested, due = self.agree(local_loss, done)
+            it_s = time.perf_counter() - t0
+            stage_compute, stage_comm = self.stage_breakdown(it_s, opt_s)
+            self.record(done, loss, it_s, step == start_step, stage_compute, stage_comm)
+            if cfg.checkpoint_dir and (stop or requested or due):
+                self.save(done, "stop" if stop else "request" if requested else "periodic")
+            _Flags.save = False
+            self.progress("running", done, it_s)
+            if stop:
+                status = "stopped"
+                break
+            if cfg.step_delay_s:
+                time.sleep(cfg.step_delay_s)
+        else:
+            if cfg.checkpoint_dir and cfg.checkpoint_at_end and self.last_ckpt != cfg.steps:
+                self.save(cfg.steps, "end")
+        if self.rank == 0:
+            (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+        self.progress(status, done, it_s)
+        return status, done
+
+
 def main(config_path: str) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGUSR1, _on_sigusr1)
     import torch
-    import torch.distributed as dist
-
-    from . import checkpoint, telemetry
-    from .config import TrainConfig
-    from .data import dp_shard, make_source
-    from .dist import init_distributed
-    from .model import build_model, loss_fn
-    from .parallelize import apply_dp, apply_tp
-    from .pipeline import build_schedule, split_stage
 
     # torch's distributed packages up front, so the "import" part of start-up holds them all
     import torch.distributed.checkpoint  # noqa: F401
@@ -82,177 +318,34 @@ def main(config_path: str) -> int:
     import torch.distributed.pipelining  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
 
+    from .config import TrainConfig
+    from .dist import init_distributed
+
     torch.set_num_threads(1)
     t_imported = time.time()
     cfg = TrainConfig.read(config_path)
-    run_dir = Path(cfg.run_dir)
-
     env = init_distributed(cfg)
-    t_rendezvous = time.time()
-    rank, plan = env.rank, cfg.plan
-    (run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / PIDS_DIR / f"rank{rank}").write_text(f"{os.getpid()} {env.hostname}")
-    is_first, is_last = env.pp_rank == 0, env.pp_rank == plan.pp - 1
-
-    def event(name: str, **kw):
-        if rank == 0:
-            telemetry.append_jsonl(run_dir / EVENTS_FILE, [{"event": name, "time": time.time(), **kw}])
-
-    def leave(status: str, done: int) -> int:
-        (run_dir / EXITS_DIR).mkdir(exist_ok=True)
-        (run_dir / EXITS_DIR / f"rank{rank}").write_text(f"{status} {done}")
-        return 0
-
-    def progress(status: str, done: int, last_ckpt: int | None, it_s: float | None, **kw):
-        if rank == 0 and cfg.progress_path:
-            telemetry.write_progress(cfg.progress_path, status=status, iterations_done=done,
-                                     steps_total=cfg.steps, last_checkpoint_step=last_ckpt,
-                                     iteration_time_s=it_s, mpiexec_ppid=os.getppid(), **kw)
-
-    # --- model and parallelism -------------------------------------------------------
-    model = split_stage(build_model(cfg.model, cfg.seed), env.pp_rank, plan.pp, plan.stage_layers)
-    model.to(env.device)
-    if plan.tp > 1:
-        apply_tp(model, env.mesh["tp"])
-    train_module = model
-    if plan.dp > 1:
-        train_module = apply_dp(model, env.mesh["dp"], use_fsdp=plan.tp > 1 or plan.pp > 1, device=env.device)
-    opt_cfg = cfg.optimizer
-    optimizer = torch.optim.Adam(train_module.parameters(), lr=opt_cfg.lr,
-                                 betas=(opt_cfg.beta1, opt_cfg.beta2), eps=opt_cfg.eps)
-    timer = telemetry.ComputeTimer(model) if cfg.breakdown else None
-    identity = {"model": cfg.model, "seed": cfg.seed, "global_batch": cfg.global_batch}
-
-    # --- resume ------------------------------------------------------------------------
-    start_step, last_ckpt = 0, None
-    found = checkpoint.latest_checkpoint(cfg.checkpoint_dir)
-    if found is not None:
-        t0 = time.perf_counter()
-        meta = checkpoint.load(found[1], train_module, optimizer, identity)
-        start_step = last_ckpt = int(meta["step"])
-        event("load", step=start_step, duration_s=time.perf_counter() - t0, path=str(found[1]),
-              saved_plan=meta.get("plan"))
+    run = _Run(cfg, env, t_imported, time.time())
+    run.setup()
+    start_step = run.resume()
     if start_step >= cfg.steps:
-        event("nothing_to_do", step=start_step)
-        progress("finished", start_step, last_ckpt, None)
-        return leave("finished", start_step)
-
-    schedule = None
-    if plan.pp > 1:
-        schedule = build_schedule(train_module, env.pp_rank, plan.pp, env.device,
-                                  env.mesh["pp"].get_group(), microbatches=plan.microbatches,
-                                  schedule=plan.schedule, loss_fn=loss_fn)
-    data = make_source(model.arch, cfg.seed, cfg.data_path)
-    event("ready", init_s=time.time() - _T_START, import_s=t_imported - _T_START,
-          rendezvous_s=t_rendezvous - t_imported, start_step=start_step, plan=str(plan),
-          world_size=env.world_size, device=str(env.device))
-    device_desc, gpu_type = _device_names(env.device)
-    gpu_type = cfg.gpu_type or gpu_type
-
-    def save(step: int, why: str) -> int:
-        t0 = time.perf_counter()
-        checkpoint.save(cfg.checkpoint_dir, step, train_module, optimizer,
-                        {**identity, "plan": str(plan)}, rank=rank, barrier=dist.barrier,
-                        keep=cfg.checkpoint_keep)
-        event("save", step=step, why=why, duration_s=time.perf_counter() - t0)
-        return step
-
-    # a stop requested during start-up: exit before training (nothing new to save)
-    if rank == 0 and (run_dir / STOP_FILE).exists():
-        _Flags.stop = True
-    early = torch.tensor([float(_Flags.stop)], device=env.device)
-    dist.all_reduce(early)
-    if early.item() > 0:
-        progress("stopped", start_step, last_ckpt, None)
-        event("stopped", step=start_step)
-        return leave("stopped", start_step)
-
-    progress("running", start_step, last_ckpt, None)
-    it_s = None
-    status = "finished"
-    done = start_step
-    for step in range(start_step, cfg.steps):
-        if timer is not None:
-            dist.barrier()          # breakdown: every rank's step starts together
-            timer.take()
-        t0 = time.perf_counter()
-        x, y = (t.to(env.device) for t in dp_shard(data.global_batch(step, cfg.global_batch), plan.dp,
-                                                   env.dp_rank))
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = torch.zeros((), device=env.device)
-        if schedule is not None:
-            losses: list = []
-            if is_first:
-                schedule.step(x)
-            elif is_last:
-                schedule.step(target=y, losses=losses)
-            else:
-                schedule.step()
-            if is_last:
-                local_loss = torch.stack([l.detach() for l in losses]).mean()
-        else:
-            K = plan.microbatches
-            for i, (xi, yi) in enumerate(zip(x.chunk(K), y.chunk(K))):
-                sync = i == K - 1 or not hasattr(train_module, "no_sync")
-                with nullcontext() if sync else train_module.no_sync():
-                    loss = loss_fn(train_module(xi), yi) / K
-                    loss.backward()
-                local_loss += loss.detach()
-        t_opt = time.perf_counter()
-        optimizer.step()
-        opt_s = time.perf_counter() - t_opt
-        # loss (summed over data replicas' last-stage, tensor-rank-0 ranks) + control flags
-        if rank == 0 and (run_dir / STOP_FILE).exists():
-            _Flags.stop = True
-        if rank == 0 and (run_dir / CHECKPOINT_FILE).exists():
-            (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
-            _Flags.save = True
-        contrib = local_loss / plan.dp if (is_last and env.tp_rank == 0) else torch.zeros_like(local_loss)
-        ctl = torch.stack([contrib.float(), torch.tensor(float(_Flags.stop), device=env.device),
-                           torch.tensor(float(_Flags.save), device=env.device)])
-        dist.all_reduce(ctl)
-        it_s = time.perf_counter() - t0
-        loss_val, stop, save_req = float(ctl[0]), bool(ctl[1] > 0), bool(ctl[2] > 0)
-        done = step + 1
-        stage_compute = stage_comm = None
-        if timer is not None:
-            compute = timer.take() + opt_s
-            gathered: list = [None] * env.world_size
-            dist.all_gather_object(gathered, (env.pp_rank, compute))
-            stage_compute = [max(c for p, c in gathered if p == s) for s in range(plan.pp)]
-            stage_comm = [max(0.0, it_s - c) for c in stage_compute]
-        if rank == 0:
-            print(f"step {done} loss {loss_val:.6f} time_s {it_s:.4f}", flush=True)
-            telemetry.append_jsonl(run_dir / RESULTS_FILE, [{"step": done, "loss": loss_val,
-                                                             "iteration_time_s": it_s,
-                                                             "time": time.time()}])
-            rec = telemetry.measured_run(cfg, device=device_desc, gpu_type=gpu_type,
-                                         iteration_time_s=it_s, step=done,
-                                         stage_compute_s=stage_compute, stage_comm_s=stage_comm)
-            if cfg.telemetry_path:
-                telemetry.append_jsonl(cfg.telemetry_path, [rec])
-            if cfg.telemetry_store and step > start_step:          # first step: warm-up
-                telemetry.append_measured_runs(Path(cfg.telemetry_store), [rec])
-        if cfg.checkpoint_dir and (stop or save_req or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
-            last_ckpt = save(done, "stop" if stop else "request" if save_req else "periodic")
-            _Flags.save = False
-        progress("running", done, last_ckpt, it_s)
-        if stop:
-            status = "stopped"
-            break
-        if cfg.step_delay_s:
-            time.sleep(cfg.step_delay_s)
-    else:
-        if cfg.checkpoint_dir and cfg.checkpoint_at_end and last_ckpt != cfg.steps:
-            last_ckpt = save(cfg.steps, "end")
-    if rank == 0:
-        (run_dir / STOP_FILE).unlink(missing_ok=True)
-    progress(status, done, last_ckpt, it_s)
-    event(status, step=done)
+        run.event("nothing_to_do", step=start_step)
+        run.progress("finished", start_step, None)
+        return run.leave("finished", start_step)
+    run.build_schedule_and_data()
+    run.event("ready", init_s=time.time() - _T_START, import_s=t_imported - _T_START,
+              rendezvous_s=run.t_rendezvous - t_imported, start_step=start_step, plan=str(cfg.plan),
+              world_size=env.world_size, device=str(env.device))
+    if run.stop_requested_at_start():       # exit before training (nothing new to save)
+        run.progress("stopped", start_step, None)
+        run.event("stopped", step=start_step)
+        return run.leave("stopped", start_step)
+    status, done = run.train(start_step)
+    run.event(status, step=done)
     # No dist.destroy_process_group(): every rank has left its last collective, and
     # os._exit in __main__ closes the sockets (a finished run that still ended non-zero was
     # Hydra SIGKILLing a rank during the exit: see the linger in __main__).
-    return leave(status, done)
+    return run.leave(status, done)
 
 
 if __name__ == "__main__":

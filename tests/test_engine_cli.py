@@ -60,3 +60,82 @@ def test_parse_value():
     from engine.commands.simulate import parse_value
     assert parse_value("3") == 3 and parse_value("2.5") == 2.5 and parse_value("False") is False
     assert parse_value("cbc") == "cbc" and parse_value("none") is None
+
+
+def _cluster_trace(tmp_path, rows: str) -> list[str]:
+    (tmp_path / "c.json").write_text('[{"a100": {"node_num": 2}}]')
+    (tmp_path / "t.csv").write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,"
+                                    "num_gpu,gpu_type\n" + rows)
+    return ["--cluster", str(tmp_path / "c.json"), "--trace", str(tmp_path / "t.csv")]
+
+
+def test_output_paths_are_checked_before_the_run(tmp_path, capsys):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    for flag in ("--out", "--dump-rounds"):
+        assert main(["simulate", "--instance", "demo", flag, str(a_file)]) == 2
+        err = capsys.readouterr()
+        assert f"field '{flag}'" in err.err and "not a directory" in err.err
+        assert err.out == ""                    # refused before any simulation or summary
+    assert main(["simulate", "--instance", "demo", "--out", str(a_file / "sub")]) == 2
+    assert "cannot be created" in capsys.readouterr().err
+    assert main(["bench", "policies", "--policy", "fcfs", "--out", str(a_file)]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("iters", ["1e30", "99999999999"])
+def test_absurd_iteration_counts_are_refused(tmp_path, capsys, iters):
+    args = _cluster_trace(tmp_path, f"1,0,{iters},gpt__1.3B,100000,32,2,a100\n")
+    assert main(["simulate", *args, "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "field 'num_iteration': must be <= 1e+09" in capsys.readouterr().err
+
+
+def test_never_placed_job_is_named_on_stderr(tmp_path, capsys):
+    args = _cluster_trace(tmp_path, "1,0,100,gpt__1.3B,100000,32,2,a100\n2,0,100,gpt__1.3B,100000,32,2,v100\n")
+    assert main(["simulate", *args, "--out", str(tmp_path / "o"), "--quiet", "--no-plots"]) == 0
+    cap = capsys.readouterr()
+    assert "1 job(s) never placed under fcfs (gpu type missing: 1)" in cap.err
+    assert "job 2 (gpt__1.3B, batch 32): requests GPU type v100-32gb, which the cluster lacks" in cap.err
+    assert "never_placed_reasons" in cap.out and "gpu type missing: 1" in cap.out
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["jobs_never_placed"] == 1 and s["never_placed_reasons"] == "gpu type missing: 1"
+
+
+def test_run_out_safety_limit_is_reported(tmp_path, capsys):
+    args = _cluster_trace(tmp_path, "1,0,1000000,gpt__1.3B,1e9,32,2,a100\n")
+    assert main(["simulate", *args, "--out", str(tmp_path / "o"), "--quiet", "--no-plots",
+                 "--max-rounds", "30"]) == 0
+    err = capsys.readouterr().err
+    assert "reached the safety limit of 30 rounds" in err and "1 job(s) unfinished" in err
+
+
+def test_help_describes_the_tool_and_every_command_and_flag():
+    import argparse
+
+    from engine.cli import build_parser
+    parser = build_parser()
+    assert parser.description.startswith("arena: schedule large-model training jobs")
+    missing = []
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    if not sub.description:
+                        missing.append(" ".join(path + [name]) + ": no description")
+                    walk(sub, path + [name])
+            elif not a.help and a.dest != "help":
+                missing.append(" ".join(path) + f" {a.option_strings or a.dest}: no help")
+    walk(parser, ["arena"])
+    assert not missing, missing
+
+
+def test_models_lists_the_catalog_with_sizes(capsys):
+    from instances.models import MODELS
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == list(MODELS)
+    gpt = next(r for r in rows if r["name"] == "gpt__1.3B")
+    assert 1.2e9 < gpt["parameters"] < 1.4e9 and gpt["layers"] == 24
+    assert main(["models"]) == 0
+    assert "gpt__1.3B" in capsys.readouterr().out

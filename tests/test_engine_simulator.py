@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.metrics import TIMING_KEYS
+from engine.metrics import TIMING_KEYS, never_placed_lines
 from engine.policy import make_policy
 from engine.reconfig import ReconfigCostModel
 from engine.simulator import simulate
@@ -64,9 +64,18 @@ def test_two_jobs_hand_computed_with_round_alignment_and_reconfiguration():
     assert [len(c.jobs) for c in pol.seen[:4]] == [1, 2, 2, 1]
     assert pol.seen[1].job("A").remaining_iterations == pytest.approx(1000 - 56)
     assert pol.seen[1].job("A").measured_iteration_time_s == pytest.approx(5.0)
-    # GPU utilization over the 20-round horizon: GPU-seconds held / (4 GPUs x 6000 s)
+    # GPU utilization over the active span (the last job ends at 3000 s, the end of round 9;
+    # rounds 10-19 are an idle tail): GPU-seconds held / (4 GPUs x 3000 s)
     held = 2 * 900 + 4 * (3000 - 900) + 2 * (820 - 300)
-    assert s[f"gpu_util_{A100}"] == pytest.approx(held / (4 * 6000.0))
+    assert s["active_span_s"] == pytest.approx(3000.0)
+    assert s[f"gpu_util_{A100}"] == pytest.approx(held / (4 * 3000.0))
+    assert s["avg_throughput"] == pytest.approx(sum(r.throughput_samples_per_s for r in res.rounds[:10]) / 10)
+    # the same figures whether or not the run is run out (one definition for simulate and bench)
+    ran_out = simulate(inst, ScriptedPolicy(_grow_when_alone), rounds=20, run_out=True,
+                       reconfig=ReconfigCostModel()).summary
+    for key in ("avg_throughput", "gpu_util", f"gpu_util_{A100}", "active_span_s"):
+        assert ran_out[key] == pytest.approx(s[key])
+    assert s["end_reason"] == "horizon" and ran_out["end_reason"] == "all jobs finished"
 
 
 def test_downtime_longer_than_a_round_carries_over():
@@ -129,6 +138,21 @@ def test_job_requesting_a_missing_gpu_type_is_never_placed():
                 LinearOracle(10.0))
     res = simulate(inst, make_policy("fcfs"), rounds=5)
     assert res.summary["jobs_never_placed"] == 1 and res.summary["jobs_finished"] == 1
+    # named, with the reason, for stderr and jobs.csv; counted by reason in the summary
+    assert res.summary["never_placed_reasons"] == "gpu type missing: 1"
+    v = next(j for j in res.jobs if j.job_id == "V")
+    assert "v100-32gb" in v.never_placed_reason and "lacks" in v.never_placed_reason
+    lines = never_placed_lines(res)
+    assert len(lines) == 2 and lines[1].startswith("  job V ") and "lacks" in lines[1]
+
+
+def test_run_out_safety_limit_stops_and_is_reported():
+    inst = Inst("long", cluster(("a100", 1, 4)), (job("A", 0.0, 10**6, gpus=1),), LinearOracle(10.0))
+    res = simulate(inst, make_policy("fcfs"), rounds=3, run_out=True, max_rounds=50)
+    s = res.summary
+    assert s["stopped_by_safety"] is True and s["end_reason"] == "safety limit"
+    assert s["safety_limit_rounds"] == 50 and len(res.rounds) == 50
+    assert s["jobs_unfinished_runout"] == 1
 
 
 def test_run_out_metrics_cover_jobs_after_the_horizon():

@@ -123,3 +123,35 @@ def test_pure_data_parallelism_replicates_experts():
     free = planner.proxy(job.arch, 256, grid)
     assert dp.plan.ep == 1 and dp.plan.tp == 1 and dp.plan.dp == 8
     assert free.plan.ep > 1 and dp.memory.state_bytes > free.memory.state_bytes
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.sampled_from([1, 2, 3, 8, 16, 48]), gpus=st.sampled_from([8, 16, 32, 64]),
+       dp_only=st.booleans())
+def test_no_plan_has_more_replicas_than_samples(batch, gpus, dp_only):
+    """issue 13: `arena estimate --gpus 64 --batch 16` offered dp=32/64. Every grid the
+    engine is offered (candidate_grids, pruned or not) has a plan, and neither the proxy nor
+    the exhaustive search ever proposes dp above the global batch."""
+    cluster = ClusterSpec((NodeGroup("a100", gpus // 4, 4),))
+    job = Job("j", "gpt__350M", batch, 10, 0.0)
+    planner = Planner()
+    for prune in (True, False):
+        for g in candidate_grids(job, cluster, gpu_counts=[gpus], planner=planner, dp_only=dp_only, prune=prune):
+            assert planner.tp_options(job.arch, g, within_node=False, dp_only=dp_only, global_batch=batch)
+            for res in (planner.proxy(job.arch, batch, g, dp_only=dp_only),
+                        planner.exhaustive(job.arch, batch, g, dp_only=dp_only) if not prune else None):
+                assert res is None or res.plan.dp <= batch, (g, res.plan)
+    if dp_only and gpus > batch:      # pure data parallelism on more GPUs than samples: no grid of that size
+        assert candidate_grids(job, cluster, gpu_counts=[gpus], planner=planner, dp_only=True, prune=False) == []
+
+
+def test_estimate_command_never_lists_dp_above_the_batch(capsys):
+    import json
+
+    from engine.cli import main
+    assert main(["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "64", "--batch", "16",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["grids"]
+    assert rows and all(r["plan"]["dp"] <= 16 for r in rows if r["plan"])
+    assert main(["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "100000", "--batch", "256"]) == 0
+    assert "no grid" in capsys.readouterr().err

@@ -91,6 +91,18 @@ def test_load_cluster_ours_and_arena(tmp_path):
     ('{"node_groups": [{"num_nodes": 1, "gpus_per_node": 8}]}', "node_groups[0].gpu_type"),
     ('[{"a100": {"node_num": -1}}]', "a100"),
     ('[{"tpu": {"node_num": 2}}]', "tpu"),
+    # issue 13: each of these crashed or was silently accepted
+    ('{"node_groups": []}', "node_groups"),
+    ('{"node_groups": {}}', "node_groups"),
+    ('[{"a100": {"node_num": 0}, "a40": {"node_num": 0}}]', "node_num"),
+    ('{"node_groups": [{"gpu_type": 42, "num_nodes": 1, "gpus_per_node": 8}]}', "node_groups[0].gpu_type"),
+    ('{"node_groups": [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 8, '
+     '"inter_node_bw_bytes_per_s": -5}]}', "node_groups[0].inter_node_bw_bytes_per_s"),
+    ('{"node_groups": [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 8, '
+     '"inter_node_bw_bytes_per_s": "fast"}]}', "node_groups[0].inter_node_bw_bytes_per_s"),
+    ('{"node_groups": [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 8, "gpus": 3}]}',
+     "node_groups[0].gpus"),
+    ('{"name": 7, "node_groups": [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 8}]}', "name"),
 ])
 def test_load_cluster_errors_name_the_field(tmp_path, content, field):
     f = tmp_path / "bad.json"
@@ -98,6 +110,15 @@ def test_load_cluster_errors_name_the_field(tmp_path, content, field):
     with pytest.raises(InputError) as e:
         load_cluster(f)
     assert e.value.field == field and e.value.file == str(f)
+
+
+def test_load_cluster_binary_or_folder_is_an_input_error(tmp_path):
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(bytes(range(256)))
+    for path, msg in ((binary, "not UTF-8"), (tmp_path, "is a directory"), (tmp_path / "no.json", "not found")):
+        with pytest.raises(InputError, match=msg) as e:
+            load_cluster(path)
+        assert e.value.file == str(path)
 
 
 def test_load_cluster_bad_json_names_line(tmp_path):

@@ -22,7 +22,8 @@ DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
 DEFAULT_POLICIES = ("arena", "sia", "gavel", "elasticflow-ls", "fcfs")
 POLICY_COLUMNS = ("policy", "jobs_finished", "avg_jct_s", "avg_jct_runout_s", "makespan_runout_s",
                   "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s", "jobs_common",
-                  "avg_throughput", "peak_throughput", "reconfigurations", "packing_failures",
+                  "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
+                  "active_span_s", "reconfigurations", "packing_failures",
                   "decision_time_median_s", "wall_time_s")
 
 
@@ -31,21 +32,26 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
-    s = sub.add_parser("solver", help="round latency and gap per solver backend on synthetic rounds")
+    s = sub.add_parser("solver", help="round latency and gap per solver backend on synthetic rounds",
+                       description="Round latency (model build + solve), objective and proved gap per solver "
+                                   "backend on a sequence of synthetic scheduling rounds.")
     s.add_argument("--gpus", type=int, default=1280, help="cluster size (default 1280)")
     s.add_argument("--jobs", type=int, default=500, help="active jobs per round (default 500)")
     s.add_argument("--backend", action="append", help=f"backend (repeatable; default {', '.join(DEFAULT_BENCH_BACKENDS)})")
     s.add_argument("--repeat", type=int, default=5, help="rounds in the sequence (default 5)")
     s.add_argument("--time-limit", type=float, default=30.0, help="per-round solver time limit, s")
     s.add_argument("--rel-gap", type=float, default=0.01, help="relative gap to prove (default 0.01)")
-    s.add_argument("--threads", type=int, default=1)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int, default=1, help="solver threads (default 1)")
+    s.add_argument("--seed", type=int, default=0, help="synthetic rounds' seed (default 0)")
     s.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
                    help="term=weight list (default: arena's)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=run_solver_bench)
 
-    q = sub.add_parser("policies", help="all policies on one instance, side by side")
+    q = sub.add_parser("policies", help="all policies on one instance, side by side",
+                       description="Every policy on the same instance, truth oracle and reconfiguration cost "
+                                   "model, side by side (run out by default), plus a comparison figure; spreads "
+                                   "over MPI ranks under mpiexec -n K.")
     q.add_argument("--instance", default="demo", help="built-in instance name (default demo)")
     from ..policy import policy_names
     q.add_argument("--policy", action="append", metavar="NAME",
@@ -55,7 +61,7 @@ def register(subparsers) -> None:
     q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
     q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
     q.add_argument("--perf", default="table", help="estimator kind for decisions (default table)")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -212,6 +218,8 @@ def run_one_policy(instance_name: str, policy: str, options: dict, rounds, run_o
     t0 = time.perf_counter()
     res = simulate(inst, pol, perf=perf, reconfig=ReconfigCostModel(), rounds=rounds, run_out=run_out,
                    seed=seed, progress=progress, out_dir=out_dir)
+    from .simulate import report_incomplete
+    report_incomplete(res, f"arena bench policies [{policy}]")
     row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k != "policy"}
     row["policy"] = policy
     row["_jct_by_job"] = {j.job_id: j.jct_s for j in res.jobs if j.jct_s is not None}
@@ -312,6 +320,9 @@ def run_policy_bench(args) -> int:
     options = _policy_options(args.policy_opt, policies)
     for name in policies:           # names and options are checked before any simulation runs
         make_policy(name, **options[name])
+    if args.out:
+        from instances.paths import check_output_dir
+        check_output_dir(args.out, "--out")
     comm = _mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
     quiet = args.quiet or args.json
@@ -329,16 +340,19 @@ def run_policy_bench(args) -> int:
         print(json.dumps(rows, indent=2, default=str))
         return 0
     print(f"{'policy':<16} {'finished':>8} {'avg JCT s':>10} {'JCT runout s':>12} {'makespan s':>11} "
-          f"{'never fin':>9} {'JCT common s':>12} {'avg thr':>9} {'peak thr':>9} {'reconf':>7} {'pack fail':>9} {'decide s':>9}")
+          f"{'never fin':>9} {'JCT common s':>12} {'avg thr':>9} {'peak thr':>9} {'util':>5} {'reconf':>7} "
+          f"{'pack fail':>9} {'decide s':>9}")
     for r in rows:
         print(f"{r['policy']:<16} {_fmt(r['jobs_finished'], 8)} {_fmt(r['avg_jct_s'], 10)} "
               f"{_fmt(r['avg_jct_runout_s'], 12)} {_fmt(r['makespan_runout_s'], 11)} "
               f"{_fmt(r['jobs_unfinished_runout'], 9)} {_fmt(r['avg_jct_common_s'], 12)} "
-              f"{_fmt(r['avg_throughput'], 9, 1)} {_fmt(r['peak_throughput'], 9, 1)} "
+              f"{_fmt(r['avg_throughput'], 9, 1)} {_fmt(r['peak_throughput'], 9, 1)} {_fmt(r['gpu_util'], 5, 3)} "
               f"{_fmt(r['reconfigurations'], 7)} {_fmt(r['packing_failures'], 9)} "
               f"{_fmt(r['decision_time_median_s'], 9, 3)}")
     if rows:
-        print(f"JCT common: average over the {rows[0]['jobs_common']} jobs every policy finished")
+        print(f"JCT common: average over the {rows[0]['jobs_common']} jobs every policy finished; "
+              f"avg thr and util: over the active span (first arrival to the last completion, horizon "
+              f"included), as in `arena simulate` (docs/simulator.md)")
     if args.out:
         print(f"wrote {args.out}/results.json, results.csv, comparison.png")
     return 0

@@ -18,7 +18,9 @@ ACTIONS = ("grids", "accuracy", "proxy-quality")
 def register(subparsers) -> None:
     p = subparsers.add_parser("estimate", help="estimate a job's grids; estimator accuracy; proxy quality",
                               description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("action", nargs="?", default="grids", choices=ACTIONS)
+    p.add_argument("action", nargs="?", default="grids", choices=ACTIONS,
+                   help="grids (default): a job's grids and proxy plans; accuracy: estimator error; "
+                        "proxy-quality: proxy plan vs exhaustive search")
     p.add_argument("--model", help="catalog model, e.g. gpt__1.3B, or a Hugging Face-style config.json")
     p.add_argument("--gpu-type", help="GPU type, e.g. a100, v100, a40, a10")
     p.add_argument("--gpus", type=int, help="GPU count")
@@ -28,12 +30,13 @@ def register(subparsers) -> None:
     p.add_argument("--perf", default="analytic", help="performance model kind: analytic, learned, table")
     p.add_argument("--dp-only", action="store_true", help="pure data parallelism (baselines' view)")
     p.add_argument("--link-load", type=float, default=0.0, help="other jobs' load on shared links (fraction)")
-    p.add_argument("--against", choices=("arena-measured", "local"), default="arena-measured")
+    p.add_argument("--against", choices=("arena-measured", "local"), default="arena-measured",
+                   help="accuracy: Arena's measured GPU table (default) or real torch runs here")
     p.add_argument("--store", default=None, help="profile store for --against local (default: a temporary "
                    "one, profiled just before the runs)")
     p.add_argument("--passes", type=int, default=3,
                    help="--against local: passes, each profiling afresh and running every plan")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="cross-validation folds' seed (default 0)")
     p.add_argument("--max-splits", type=int, default=200, help="proxy-quality: exhaustive split limit per grid")
     p.add_argument("--refit-analytic", action="store_true",
                    help="accuracy: also refit the analytic constants in-sample and out of sample, with the "
@@ -49,7 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="accuracy --against arena-measured: write estimated-vs-measured and per-GPU-count "
                         "error plots (PNG) to DIR")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 
@@ -68,6 +71,7 @@ def _grids(args) -> int:
     from instances.jobs import Job
     from estimators import make_performance_model
     from estimators.grids import candidate_grids
+    from estimators.layers import max_useful_tp
     for f in ("model", "gpu_type", "gpus"):
         if getattr(args, f) is None:
             raise InputError(f"--{f.replace('_', '-')} is required", field=f)
@@ -92,6 +96,12 @@ def _grids(args) -> int:
                                                      "stage_layers": list(p.stage_layers),
                                                      "microbatches": p.microbatches, "schedule": p.schedule},
                      "source": e.source, "notes": list(e.notes)})
+    if not rows and not args.json:
+        tp_cap = min(perf.planner.cfg.planner.max_tp, max_useful_tp(job.arch)) if hasattr(perf, "planner") else None
+        print(f"arena estimate: no grid: every plan on {args.gpus} GPUs would have more data-parallel "
+              f"replicas than the batch's {args.batch} samples (the planner keeps dp <= batch"
+              + (f"; tensor degree at most {tp_cap}" if tp_cap else "") + ")", file=sys.stderr)
+        return 0
     if args.json:
         print(json.dumps({"model": job.model, "batch": args.batch, "gpu_type": gpu.name, "gpus": args.gpus,
                           "perf": perf.name, "grids": rows}, indent=1, default=str))
@@ -117,7 +127,15 @@ def _accuracy(args) -> int:
     if args.against == "local":
         return _accuracy_local(args)
     from estimators.accuracy import against_arena, dp_memory_check
-    out = against_arena(seed=args.seed, few_shot=args.few_shot)
+    import time
+    t0 = time.perf_counter()
+
+    def progress(line: str) -> None:        # stderr, so that --json stays pure JSON on stdout
+        print(f"estimate accuracy [{time.perf_counter() - t0:5.1f} s]: {line} ...", file=sys.stderr, flush=True)
+
+    progress("against Arena's measured table (about a minute in all)")
+    out = against_arena(seed=args.seed, few_shot=args.few_shot, progress=progress)
+    progress("pure data parallelism vs Arena's DP memory table")
     out["dp_memory"] = dp_memory_check()
     if args.refit_analytic:
         from estimators.accuracy import analytic_refit
@@ -126,8 +144,10 @@ def _accuracy(args) -> int:
             raise InputError("--refit-evals must be >= 1", field="refit_evals")
         if args.refit_starts < 1:
             raise InputError("--refit-starts must be >= 1", field="refit_starts")
+        progress("refitting the analytic constants (minutes per fold)")
         out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals, regimes=tuple(args.refit_regimes),
                                                seed=args.seed, starts=args.refit_starts)
+    progress("done")
     plots = []
     if args.plot:
         from ..accuracy_plots import write_accuracy_plots
@@ -243,8 +263,12 @@ def _proxy_quality(args) -> int:
         return 0
     print(f"proxy plan vs exhaustive best over {out['grids']} grids ({out['plans_evaluated']} plans searched, "
           f"{out['seconds']:.1f} s)")
-    print(f"  mean throughput fraction of best: {_fmt(out['mean_fraction_of_best'])}; "
-          f"within 5% of best: {_fmt(out['fraction_within_5pct'])} of grids; worst {_fmt(out['min_fraction_of_best'])}")
+    print(f"  mean proxy / exhaustive-search throughput: {_fmt(out['mean_fraction_of_best'])} (above 100% where "
+          f"the proxy finds a plan the bounded search misses: {out['grids_proxy_beats_search']} grids)")
+    print(f"  mean proxy / best known plan (the better of the two): {_fmt(out['mean_fraction_of_best_known'])} "
+          f"(what the proxy gives up)")
+    print(f"  within 5% of the search's best: {_fmt(out['fraction_within_5pct'])} of grids; worst "
+          f"{_fmt(out['min_fraction_of_best'])}")
     for w in out["worst"]:
         print(f"  worst: {w['model']} batch {w['batch']} {w['grid']}: {_fmt(w['fraction'])}")
     return 0

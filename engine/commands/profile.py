@@ -13,20 +13,22 @@ def register(subparsers) -> None:
                         "Hugging Face-style config.json")
     p.add_argument("--store", default=None, help="profile store directory (default $ARENA_PROFILE_DIR or "
                    "~/.cache/arena/profiles)")
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2],
+                   help="micro-batch sizes to profile each layer at (default 1 2)")
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2], help="tensor-parallel shard widths")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement (default 3)")
     p.add_argument("--no-collectives", action="store_true", help="skip the collective benchmarks")
-    p.add_argument("--group-sizes", type=int, nargs="+", default=[2])
+    p.add_argument("--group-sizes", type=int, nargs="+", default=[2],
+                   help="process-group sizes of the collective benchmarks (default 2)")
     p.add_argument("--no-reuse", action="store_true", help="re-measure layers the store already holds")
     p.add_argument("--batch", type=int, default=8, help="global batch for the cost comparison")
     p.add_argument("--max-gpus", type=int, default=16, help="largest grid in the cost comparison")
-    p.add_argument("--warmup-iters", type=int, default=3)
-    p.add_argument("--measured-iters", type=int, default=10)
+    p.add_argument("--warmup-iters", type=int, default=3, help="untimed iterations before measuring (default 3)")
+    p.add_argument("--measured-iters", type=int, default=10, help="timed iterations per repetition (default 10)")
     p.add_argument("--run-grids", type=int, default=0, metavar="N",
                    help="also run, for real, every grid of at most N devices with its proxy plan (launcher, one "
                         "process per device) and compare measured device-seconds (0: off)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 

@@ -74,9 +74,12 @@ def register(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
     p.add_argument("--run-out", action="store_true",
                    help="after the horizon, keep going until every job finishes (adds *_runout metrics)")
+    p.add_argument("--max-rounds", type=int, default=None, metavar="N",
+                   help="run-out safety limit in rounds (default 1,000,000: about 9.5 simulated years at "
+                        "300 s and 0.5 GB of round records); a run stopped by it says so")
     p.add_argument("--round-interval", type=float, default=None, metavar="S",
                    help="seconds between rounds (default: the instance's, 300)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default results/<instance>-<policy>)")
     p.add_argument("--dump-rounds", default=None, metavar="DIR",
                    help="ask the policy to dump each round's model to DIR (policies that support it)")
@@ -135,8 +138,7 @@ class ProgressLine:
         if now - self.last < (self.min_interval_s if self.tty else 5.0):
             return
         self.last = now
-        from ..simulator import SimConfig
-        if p.horizon_rounds >= SimConfig.max_rounds:
+        if p.horizon_rounds >= p.max_rounds:
             where = f"round {p.round_index} (no horizon: until every job is done)"
         elif p.round_index <= p.horizon_rounds or not p.run_out:
             frac = min(1.0, p.round_index / max(1, p.horizon_rounds))
@@ -154,6 +156,23 @@ class ProgressLine:
             self.stream.flush()
 
 
+def report_incomplete(res, prog: str) -> None:
+    """On stderr: every job never placed, with why, and a run-out that a safety stop ended."""
+    from ..metrics import never_placed_lines
+    for line in never_placed_lines(res):
+        print(f"{prog}: {line}", file=sys.stderr)
+    s = res.summary
+    if s.get("stopped_by_safety"):
+        if s.get("end_reason") == "safety limit":
+            why = (f"reached the safety limit of {s['safety_limit_rounds']:,} rounds "
+                   f"({s['safety_limit_rounds'] * s['round_interval_s'] / 86400 / 365:.1f} simulated years; "
+                   f"raise it with --max-rounds)")
+        else:
+            why = "stalled: nothing ran, nothing was left to arrive and the policy started nothing"
+        print(f"{prog}: warning: the run-out ended before every job finished: {why}; "
+              f"{s.get('jobs_unfinished_runout')} job(s) unfinished", file=sys.stderr)
+
+
 def run(args) -> int:
     from ..metrics import format_summary
     from ..policy import make_policy, policy_names
@@ -164,6 +183,15 @@ def run(args) -> int:
         raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
     if args.round_interval is not None and not args.round_interval > 0:
         raise InputError(f"must be > 0, got {args.round_interval}", field="--round-interval")
+    if args.max_rounds is not None and args.max_rounds < 1:
+        raise InputError(f"must be >= 1, got {args.max_rounds}", field="--max-rounds")
+    if args.rounds and args.max_rounds and args.rounds > args.max_rounds:
+        raise InputError(f"the horizon {args.rounds} exceeds the safety limit {args.max_rounds}", field="--rounds")
+    from instances.paths import check_output_dir
+    if args.out:
+        check_output_dir(args.out, "--out")
+    if args.dump_rounds:
+        check_output_dir(args.dump_rounds, "--dump-rounds")
     opts = parse_options(args.policy_opt, "--policy-opt")
     if args.dump_rounds:
         opts["dump_rounds_dir"] = args.dump_rounds
@@ -181,14 +209,17 @@ def run(args) -> int:
     inst = build_instance(args)
     perf = build_perf(args.perf, args.policy)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
+    check_output_dir(out, "--out")
     bar = None if args.quiet else ProgressLine()
     t0 = time.perf_counter()
     try:
         res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=args.rounds, run_out=args.run_out,
-                       seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval)
+                       seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval,
+                       max_rounds=args.max_rounds)
     finally:
         if bar:
             bar.close()
+    report_incomplete(res, "arena simulate")
     from ..metrics import write_result
     write_result(res, out)
     if not args.no_plots:
