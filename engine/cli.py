@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "engine.commands.bench",
     "engine.commands.train",
     "engine.commands.models",
+    "engine.commands.service",
 )
 
 

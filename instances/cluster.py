@@ -19,9 +19,16 @@ class NodeGroup:
     gpus_per_node: int
     nodes_per_switch: int | None = None # None: one switch for the whole group
     inter_node_bw_bytes_per_s: float | None = None  # None: the GPU catalog's typical figure
+    hosts: tuple[str, ...] | None = None  # the live service: host name of each node (None: simulation)
 
     def __post_init__(self):
         object.__setattr__(self, "gpu_type", canonical_gpu_name(self.gpu_type))
+        if self.hosts is not None:
+            hosts = tuple(self.hosts)
+            if len(hosts) != self.num_nodes or not all(isinstance(h, str) and h.strip() for h in hosts):
+                raise InputError(f"node group {self.gpu_type}: hosts must list one host name per node "
+                                 f"({self.num_nodes}), got {list(hosts)!r}", field="hosts")
+            object.__setattr__(self, "hosts", hosts)
         if self.num_nodes < 1 or self.gpus_per_node < 1:
             raise InputError(f"node group {self.gpu_type}: num_nodes and gpus_per_node must be >= 1",
                              field="num_nodes")
@@ -44,6 +51,7 @@ class Node:
     num_gpus: int
     switch_id: int          # globally unique switch index
     group_index: int
+    host: str | None = None # the live service's host for this node
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,8 @@ class ClusterSpec:
         for gi, g in enumerate(self.groups):
             per = g.nodes_per_switch or g.num_nodes
             for i in range(g.num_nodes):
-                out.append(Node(nid, g.gpu_type, g.gpus_per_node, sw + i // per, gi))
+                out.append(Node(nid, g.gpu_type, g.gpus_per_node, sw + i // per, gi,
+                                None if g.hosts is None else g.hosts[i]))
                 nid += 1
             sw += -(-g.num_nodes // per)
         return tuple(out)
@@ -80,14 +89,15 @@ class ClusterSpec:
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "name": self.name,
-                "node_groups": [{k: v for k, v in vars(g).items() if v is not None} for g in self.groups]}
+                "node_groups": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(g).items()
+                                 if v is not None} for g in self.groups]}
 
 
 # Arena's simulated clusters give only a node count per type; GPUs per node are fixed by type.
 ARENA_GPUS_PER_NODE = {"a100": 4, "v100": 16, "a40": 2, "a10": 2}
 
 
-GROUP_KEYS = ("gpu_type", "num_nodes", "gpus_per_node", "nodes_per_switch", "inter_node_bw_bytes_per_s")
+GROUP_KEYS = ("gpu_type", "num_nodes", "gpus_per_node", "nodes_per_switch", "inter_node_bw_bytes_per_s", "hosts")
 
 
 def read_json_file(path: str | Path, what: str):
@@ -163,11 +173,16 @@ def _from_ours(raw: dict, path: Path) -> ClusterSpec:
                                or not math.isfinite(bw) or bw <= 0):
             raise InputError(f"must be a finite number of bytes/s > 0 (or absent for the GPU catalog's "
                              f"figure), got {bw!r}", file=str(path), field=f"{where}.inter_node_bw_bytes_per_s")
+        hosts = g.get("hosts")
+        if hosts is not None and not (isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)):
+            raise InputError(f"must be a list of host names, one per node, got {hosts!r}", file=str(path),
+                             field=f"{where}.hosts")
         try:
             groups.append(NodeGroup(g["gpu_type"], g["num_nodes"], g["gpus_per_node"],
-                                    g.get("nodes_per_switch"), None if bw is None else float(bw)))
+                                    g.get("nodes_per_switch"), None if bw is None else float(bw),
+                                    None if hosts is None else tuple(hosts)))
         except InputError as e:
-            raise InputError(e.reason, file=str(path), field=f"{where}.gpu_type") from None
+            raise InputError(e.reason, file=str(path), field=f"{where}.{e.field or 'gpu_type'}") from None
     return ClusterSpec(tuple(groups), name)
 
 

@@ -51,6 +51,7 @@ class MpiExecutorConfig:
     work_dir: str
     telemetry_store: str | None = None          # None: measured runs are not recorded
     checkpoint_every: int = 50                  # steps between periodic checkpoints (0: none)
+    checkpoint_interval_s: float = 60.0         # and at least this often, in seconds of training (0: none)
     stop_timeout_s: float = 60.0                # checkpoint-and-exit deadline before SIGKILL
     poll_interval_s: float = 0.2
     return_on_event: bool = True                # advance() returns when a job finishes/fails
@@ -125,6 +126,7 @@ class MpiExecutor:
         self.config = config
         self._t0 = time.monotonic()
         self._jobs: dict[str, _Job] = {}
+        self._job_options: dict[str, dict] = {}
         Path(config.work_dir).mkdir(parents=True, exist_ok=True)
 
     # --- clock -------------------------------------------------------------------------
@@ -232,6 +234,14 @@ class MpiExecutor:
         st = self._jobs.get(job_id)
         return max([st.launches if st else 0] + [n + 1 for n in used])
 
+    def has_events(self) -> bool:
+        """Whether a job finished or failed since ``advance`` last reported (it stays to report)."""
+        for st in self._jobs.values():
+            self._poll(st)
+            if (st.finished or st.failed) and not st.reported:
+                return True
+        return False
+
     def advance(self, until_s: float) -> list[LaunchedJobProgress]:
         out: list[LaunchedJobProgress] = []
         while True:
@@ -250,6 +260,11 @@ class MpiExecutor:
         st = self._job(job_id)
         self._poll(st)
         return list(st.reconfiguration_s)
+
+    def set_job_options(self, job_id: str, *, seed: int | None = None, data_path: str | None = None) -> None:
+        """Training options of one job (its seed and data file) for all its launches;
+        default: the executor's seed and synthetic data."""
+        self._job_options[job_id] = {k: v for k, v in (("seed", seed), ("data_path", data_path)) if v is not None}
 
     def job(self, job_id: str):
         """The job as it was launched."""
@@ -351,8 +366,10 @@ class MpiExecutor:
             Path(hostfile).write_text("".join(f"{self.config.node_hosts[n]}:{per_node[n]}\n" for n in nodes))
         cfg = TrainConfig(
             model=job.model, plan=pplan, steps=int(job.num_iterations), global_batch=int(job.global_batch),
-            seed=self.config.seed, checkpoint_dir=str(job_dir / "checkpoints"),
-            checkpoint_every=self.config.checkpoint_every, run_dir=str(run_dir),
+            seed=self._job_options.get(job.job_id, {}).get("seed", self.config.seed),
+            data_path=self._job_options.get(job.job_id, {}).get("data_path"), checkpoint_dir=str(job_dir / "checkpoints"),
+            checkpoint_every=self.config.checkpoint_every,
+            checkpoint_interval_s=self.config.checkpoint_interval_s, run_dir=str(run_dir),
             progress_path=str(job_dir / "progress.json"), telemetry_store=self.config.telemetry_store,
             device=self.config.device, gpu_type=alloc.grid.gpu_type, num_nodes=len(nodes),
             gpus_per_node=alloc.grid.shape.gpus_per_node, optimizer=self.config.optimizer,

@@ -68,7 +68,6 @@ class ServiceConfig:
     checkpoint_every: int = 0                # and every this many steps (0: time-based only)
     step_delay_s: float = 0.0                # tests and demos: slow tiny jobs down
     stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
-    seed: int = 0
 
     def __post_init__(self):
         for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s"):
@@ -121,8 +120,7 @@ class Service:
         self.mpi = MpiExecutor(MpiExecutorConfig(
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
-            poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
-            seed=cfg.seed))
+            poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s))
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
@@ -169,6 +167,7 @@ class Service:
     def _adopt(self, jid: int, spec_dict: dict, submitted_at: float) -> None:
         spec = JobSpec.from_dict(spec_dict, source=f"job {jid} in the state database")
         job = spec.to_job(str(jid), submitted_at)
+        self.mpi.set_job_options(job.job_id, seed=spec.seed, data_path=spec.data)
         self.loop.add_job(job)
         prog = read_progress(Path(self.cfg.work_dir) / str(jid) / "progress.json") or {}
         done = float(prog.get("last_checkpoint_step") or 0)

@@ -123,6 +123,10 @@ class JournaledExecutor:
         refused, self._refused = self._refused, []
         return out + refused
 
+    def has_refused(self) -> bool:
+        """A launch was refused since the last ``advance`` (a round should follow)."""
+        return bool(self._refused)
+
     def runs_on(self, job: Job, shape: Shape) -> bool:
         return (job.job_id, shape) not in self._infeasible
 

@@ -274,7 +274,9 @@ class Store:
         if readonly and not self.path.is_file():
             raise InputError("no state database here (has the service run?)", file=str(self.path))
         uri = f"file:{self.path.resolve()}{'?mode=ro' if readonly else ''}"
-        self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        # check_same_thread=False: the service builds its store, then its scheduler thread alone uses it
+        self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
+                                    check_same_thread=False)
         try:
             self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             if readonly:

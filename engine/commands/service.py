@@ -1,0 +1,334 @@
+"""`arena serve` and its clients: live rescheduling rounds over real torch jobs.
+
+``arena serve`` runs the scheduler (the same round loop, policies, objectives and
+estimators as the simulator, on the wall clock, with the MPI launcher) and serves a JSON
+HTTP API and a status page (http://127.0.0.1:8765/ by default). State is in SQLite
+(``--db``), crash-safe: a restarted service takes over its jobs. ``SIGTERM`` or Ctrl-C
+stops every running job with a checkpoint.
+
+``arena submit JOB.toml`` (or flags), ``arena status [ID] [--watch]``, ``arena cancel ID``,
+``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``--url``, ``--token``;
+environment ``ARENA_URL``, ``ARENA_TOKEN``).
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from instances.errors import InputError
+
+from ..service.client import DEFAULT_URL, Client
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=os.environ.get("ARENA_URL", DEFAULT_URL),
+                   help=f"the service's address (default $ARENA_URL or {DEFAULT_URL})")
+    p.add_argument("--token", default=os.environ.get("ARENA_TOKEN"),
+                   help="API token, when the service was started with one (default $ARENA_TOKEN)")
+
+
+def register(subparsers) -> None:
+    doc = __doc__.split("\n\n")
+    s = subparsers.add_parser("serve", help="run the live rescheduling service (API, status page, SQLite state)",
+                              description="\n\n".join(doc[:2]), formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = s.add_argument_group("cluster (one of)")
+    where.add_argument("--cluster", metavar="FILE",
+                       help="cluster JSON (as for simulate) with \"hosts\": one host name per node in each group")
+    where.add_argument("--local-slots", type=int, metavar="N",
+                       help="one host (this one) whose CPU ranks stand in for N GPUs (type cpu)")
+    s.add_argument("--policy", default="arena", metavar="NAME", help="scheduling policy (default arena)")
+    s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
+    s.add_argument("--perf", default=None, metavar="KIND",
+                   help="performance model the policy decides with: analytic, learned, table "
+                        "(default: analytic; fcfs needs none)")
+    s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="reconfiguration cost option (repeatable), e.g. restart_s=10")
+    s.add_argument("--db", default=".arena/state.db", metavar="PATH",
+                   help="SQLite state database (default .arena/state.db under the working folder)")
+    s.add_argument("--work-dir", default=".arena/work", metavar="DIR",
+                   help="jobs' checkpoints, logs and progress (default .arena/work)")
+    s.add_argument("--round-interval", type=float, default=60.0, metavar="S",
+                   help="seconds between timer rounds (rounds also run on arrival, completion, failure; "
+                        "default 60)")
+    s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
+                   help="every launch checkpoints at least this often, in seconds of training (default 60)")
+    s.add_argument("--stop-timeout", type=float, default=60.0, metavar="S",
+                   help="grace period for ranks to checkpoint and exit before they are killed (default 60)")
+    s.add_argument("--max-failures", type=int, default=3, metavar="N",
+                   help="failed runs before a job is marked failed (default 3; backoff doubles each time)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs --token)")
+    s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    s.add_argument("--token", default=os.environ.get("ARENA_TOKEN"),
+                   help="API token (default $ARENA_TOKEN); required when --host is not a loopback address")
+    s.add_argument("--stop-after", type=float, default=None, metavar="S",
+                   help="shut down (checkpointing every job) after S seconds: a bound for demos and tests")
+    s.add_argument("--step-delay", type=float, default=0.0, metavar="S",
+                   help="sleep S seconds after every training step (demos: slow tiny jobs to watch them move)")
+    s.set_defaults(func=run_serve)
+
+    sub = subparsers.add_parser("submit", help="submit a job to the service (JOB.toml or flags)",
+                                description="Submit a job: a TOML job file (see docs/service.md) or flags. The "
+                                            "service validates it and answers with its id.")
+    sub.add_argument("file", nargs="?", metavar="JOB.toml", help="job file")
+    sub.add_argument("--name", help="job name (letters, digits, . _ -)")
+    sub.add_argument("--model", help="catalog model or a Hugging Face-style config.json")
+    sub.add_argument("--batch", type=int, dest="global_batch", help="global batch (samples per step)")
+    sub.add_argument("--steps", type=int, help="training steps")
+    sub.add_argument("--gpus", type=int, help="GPU count asked for (optional)")
+    sub.add_argument("--gpu-type", help="GPU type asked for (optional)")
+    sub.add_argument("--json", action="store_true", help="print the answer as JSON")
+    _client_args(sub)
+    sub.set_defaults(func=run_submit)
+
+    st = subparsers.add_parser("status", help="the service's jobs, or one job, as the database has them",
+                               description="Jobs with status, plan, progress and loss (one job: its history).")
+    st.add_argument("id", nargs="?", type=int, help="job id")
+    st.add_argument("--watch", action="store_true", help="refresh every 2 s until every job has ended (Ctrl-C stops)")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    _client_args(st)
+    st.set_defaults(func=run_status)
+
+    c = subparsers.add_parser("cancel", help="cancel a job (stopped with a checkpoint)",
+                              description="Ask the service to cancel a job; a running one is stopped with a checkpoint.")
+    c.add_argument("id", type=int, help="job id")
+    _client_args(c)
+    c.set_defaults(func=run_cancel)
+
+    lg = subparsers.add_parser("logs", help="a job's latest launch output",
+                               description="The stdout and stderr of a job's latest launch.")
+    lg.add_argument("id", type=int, help="job id")
+    lg.add_argument("--chars", type=int, default=20_000, help="characters from the end of each (default 20000)")
+    _client_args(lg)
+    lg.set_defaults(func=run_logs)
+
+    j = subparsers.add_parser("jobs", help="every job of the service", description="Every job of the service.")
+    j.add_argument("--json", action="store_true", help="print JSON")
+    _client_args(j)
+    j.set_defaults(func=run_jobs)
+
+
+# ---------------------------------------------------------------------------------- serve
+def _is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_writable_file(path: str, flag: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise InputError("is a folder, not a file", file=str(p), field=flag)
+    parent = p.parent
+    if parent.exists() and not parent.is_dir():
+        raise InputError(f"{parent} is not a folder", file=str(p), field=flag)
+    parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"cannot write in {parent}", file=str(p), field=flag)
+    return p
+
+
+def build_service_parts(args):
+    """Everything ``arena serve`` needs, validated before anything starts."""
+    from instances.cluster import ClusterSpec, NodeGroup, load_cluster
+
+    from ..policy import make_policy
+    from ..reconfig import ReconfigCostModel
+    from ..service.daemon import ServiceConfig
+    from .simulate import build_perf, parse_options
+
+    if (args.cluster is None) == (args.local_slots is None):
+        raise InputError("give exactly one of --cluster FILE and --local-slots N", field="--cluster")
+    if args.local_slots is not None:
+        if args.local_slots < 1:
+            raise InputError(f"must be >= 1, got {args.local_slots}", field="--local-slots")
+        cluster = ClusterSpec((NodeGroup("cpu", 1, args.local_slots, hosts=(socket.gethostname(),)),),
+                              f"local-{args.local_slots}")
+    else:
+        cluster = load_cluster(args.cluster)
+        missing = [g.gpu_type for g in cluster.groups if g.hosts is None]
+        if missing:
+            raise InputError(f"node groups of {', '.join(missing)} have no \"hosts\" (one host name per node): the "
+                             "service must know where to launch ranks", file=args.cluster, field="hosts")
+    if not 1 <= args.port <= 65535:
+        raise InputError(f"must be in 1..65535, got {args.port}", field="--port")
+    if not _is_loopback(args.host) and not args.token:
+        raise InputError(f"binding to {args.host} (not loopback) needs an API token (--token or ARENA_TOKEN)",
+                         field="--token")
+    opts = parse_options(args.policy_opt, "--policy-opt")
+    policy = make_policy(args.policy, **opts)
+    perf = build_perf(args.perf or ("analytic" if args.policy != "fcfs" else None), args.policy)
+    try:
+        reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
+    except (TypeError, ValueError) as e:
+        raise InputError(str(e), field="--reconfig-opt") from None
+    db = _check_writable_file(args.db, "--db")
+    work = Path(args.work_dir)
+    if work.exists() and not work.is_dir():
+        raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = ServiceConfig(db_path=str(db), work_dir=str(work.resolve()), round_interval_s=args.round_interval,
+                        checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
+                        max_failures=args.max_failures, stop_after_s=args.stop_after,
+                        step_delay_s=args.step_delay)
+    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will
+        try:
+            sock.bind((args.host, args.port))
+        except OSError as e:
+            raise InputError(f"cannot bind {args.host}:{args.port}: {e.strerror or e}", field="--port") from None
+    return cluster, policy, perf, reconfig, cfg
+
+
+def run_serve(args) -> int:
+    import signal
+    import threading
+
+    import uvicorn
+
+    from ..service.api import ApiContext, create_app
+    from ..service.daemon import Service, fault_from_env
+
+    cluster, policy, perf, reconfig, cfg = build_service_parts(args)
+    log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log))
+    app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
+                                wake=service.wake.set))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           access_log=False, lifespan="off"))
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def scheduler() -> None:
+        try:
+            service.run(stop)
+        except BaseException as e:          # the API must not outlive its scheduler
+            failure.append(e)
+            log(f"scheduler stopped on an error: {type(e).__name__}: {e}")
+        finally:
+            server.should_exit = True
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())   # uvicorn re-raises it after its own shutdown
+    thread = threading.Thread(target=scheduler, name="arena-scheduler", daemon=True)
+    thread.start()
+    log(f"API and status page on http://{args.host}:{args.port}/ ({'token required' if args.token else 'no token'})")
+    try:
+        server.run()
+    finally:
+        stop.set()
+        thread.join()
+    if failure:
+        e = failure[0]
+        if isinstance(e, InputError):
+            raise e
+        return 1
+    return 0
+
+
+# -------------------------------------------------------------------------------- clients
+def _client(args) -> Client:
+    return Client(args.url, args.token)
+
+
+def run_submit(args) -> int:
+    flags = {k: getattr(args, k) for k in ("name", "model", "global_batch", "steps", "gpus", "gpu_type")
+             if getattr(args, k) is not None}
+    if args.file:
+        if flags:
+            raise InputError("give a job file or flags, not both", field="file")
+        p = Path(args.file)
+        if not p.is_file():
+            raise InputError("job file not found" if not p.exists() else "not a file", file=str(p))
+        from ..service.jobspec import JobSpec
+        spec = JobSpec.from_toml(p)               # checked here too: the error names the file and line
+        body = spec.to_dict()
+    else:
+        missing = [f"--{f.replace('global_batch', 'batch')}" for f in ("name", "model", "global_batch", "steps")
+                   if f not in flags]
+        if missing:
+            raise InputError(f"missing {', '.join(missing)} (or give a JOB.toml)", field=missing[0])
+        if str(flags["model"]).lower().endswith(".json"):
+            flags["model"] = str(Path(flags["model"]).resolve())
+        body = flags
+    ans = _client(args).post("/api/jobs", body)
+    print(json.dumps(ans) if args.json else f"submitted job {ans['id']} ({ans['name']})")
+    return 0
+
+
+def _plan(p: dict | None) -> str:
+    if not p:
+        return "-"
+    return f"dp{p.get('dp')}xtp{p.get('tp')}xpp{p.get('pp')} {p.get('gpu_type')} {p.get('nodes')}x{p.get('gpus_per_node')}"
+
+
+def _table(jobs: list[dict]) -> str:
+    rows = [f"{'id':>4} {'name':<16} {'status':<10} {'plan':<28} {'steps':>11} {'samples/s':>10} {'loss':>8} "
+            f"{'launches':>8} {'moves':>5}"]
+    for j in jobs:
+        pr = j["progress"]
+        thr = pr.get("throughput_samples_per_s")
+        thr_s = f"{thr:.1f}" if thr else "-"
+        loss_s = f"{j['loss']:.4f}" if j.get("loss") is not None else "-"
+        steps = f"{pr.get('iterations_done') or 0}/{j['steps']}"
+        rows.append(f"{j['id']:>4} {j['name'][:16]:<16} {j['status']:<10} {_plan(j['plan'])[:28]:<28} "
+                    f"{steps:>11} {thr_s:>10} {loss_s:>8} {j['launches']:>8} {j['moves']:>5}")
+    return "\n".join(rows)
+
+
+def run_status(args) -> int:
+    cl = _client(args)
+    while True:
+        if args.id is not None:
+            job = cl.get(f"/api/jobs/{args.id}")
+            if args.json:
+                print(json.dumps(job, indent=1))
+            else:
+                print(_table([job]))
+                print("history:")
+                for h in job["history"]:
+                    print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "
+                          f"{h['reason']}")
+            ended = job["status"] in ("finished", "failed", "cancelled")
+        else:
+            jobs = cl.get("/api/jobs")
+            print(json.dumps(jobs, indent=1) if args.json else _table(jobs))
+            ended = all(j["status"] in ("finished", "failed", "cancelled") for j in jobs)
+        if not args.watch or ended:
+            return 0
+        sys.stdout.flush()
+        time.sleep(2.0)
+        print()
+
+
+def run_cancel(args) -> int:
+    ans = _client(args).post(f"/api/jobs/{args.id}/cancel")
+    print(f"cancel of job {ans['id']} requested (it was {ans['status']})")
+    return 0
+
+
+def run_logs(args) -> int:
+    ans = _client(args).get(f"/api/jobs/{args.id}/logs?chars={max(0, args.chars)}")
+    if ans["launch"] is None:
+        print(f"job {args.id} has not been launched yet")
+        return 0
+    print(f"== job {args.id}, launch {ans['launch']}: stdout ==")
+    print(ans["stdout"].rstrip())
+    print(f"== job {args.id}, launch {ans['launch']}: stderr ==")
+    print(ans["stderr"].rstrip())
+    return 0
+
+
+def run_jobs(args) -> int:
+    jobs = _client(args).get("/api/jobs")
+    print(json.dumps(jobs, indent=1) if args.json else _table(jobs))
+    return 0

@@ -1,0 +1,190 @@
+"""The service's JSON HTTP API (FastAPI) and status page, served by the ``arena serve``
+process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
+
+| method | path | what |
+|---|---|---|
+| GET | /api/health | the service is up; policy, cluster size |
+| POST | /api/jobs | submit: a JobSpec as JSON, or ``{"toml": "..."}``; 201 with the job's id |
+| GET | /api/jobs | every job (status, plan, GPUs, progress, loss) |
+| GET | /api/jobs/{id} | one job, with its history and loss curve |
+| POST | /api/jobs/{id}/cancel | ask the scheduler to cancel it (stopped with a checkpoint) |
+| GET | /api/jobs/{id}/logs | the latest launch's output |
+| GET | /api/cluster | every GPU and the job holding it |
+| GET | /api/rounds | the last rounds' decisions, solve time and gap |
+| GET | /api/state | cluster, jobs, queue and rounds in one (what the page polls) |
+| GET | / | the status page |
+
+Bad input is a 4xx with ``{"error": ..., "field": ..., "file": ...}`` and nothing stored.
+A request body over ``MAX_BODY_BYTES`` is refused (413) before it is read whole. When a
+token is set (required off loopback), every request needs ``Authorization: Bearer
+<token>`` (the page: ``?token=``).
+"""
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from instances.cluster import ClusterSpec
+from instances.errors import InputError
+
+from .jobspec import JobSpec
+from .store import StateConflict, Store
+from .views import cluster_view, job_logs, job_view, rounds_view, state_view
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    db_path: str
+    work_dir: str
+    cluster: ClusterSpec
+    policy: str
+    token: str | None = None
+    wake: Callable[[], None] = lambda: None       # tell the scheduler a request arrived
+
+
+class _BodyLimit:
+    """ASGI middleware: refuse a body larger than ``limit`` bytes (declared or streamed)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await _too_large(send, self.limit)
+        seen = [0]
+
+        async def limited():
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen[0] += len(msg.get("body", b""))
+                if seen[0] > self.limit:
+                    raise _TooLarge()
+            return msg
+        try:
+            return await self.app(scope, limited, send)
+        except _TooLarge:
+            return await _too_large(send, self.limit)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send, limit: int) -> None:
+    body = json.dumps({"error": f"request body larger than {limit} bytes", "field": "body"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error(status: int, message: str, field: str | None = None, file: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field, "file": file}, status_code=status)
+
+
+def create_app(ctx: ApiContext):
+    app = FastAPI(title="arena serve", description=__doc__.split("\n\n")[0], docs_url="/api/docs",
+                  openapi_url="/api/openapi.json", redoc_url=None)
+
+    def store() -> Store:
+        return Store(ctx.db_path)
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next):
+        if ctx.token is not None:
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip() \
+                or request.query_params.get("token", "")
+            if not hmac.compare_digest(given.encode(), ctx.token.encode()):
+                return _error(401, "missing or wrong token (Authorization: Bearer <token>)", field="token")
+        return await call_next(request)
+
+    @app.exception_handler(InputError)
+    async def input_error(_request: Request, e: InputError):
+        status = 404 if e.field == "job_id" else 400
+        return _error(status, e.reason, e.field, e.file)
+
+    @app.exception_handler(StateConflict)
+    async def conflict(_request: Request, e: StateConflict):
+        return _error(409, str(e))
+
+    @app.get("/api/health")
+    def health() -> dict:
+        return {"ok": True, "policy": ctx.policy, "cluster": ctx.cluster.name,
+                "gpus": sum(ctx.cluster.gpus_by_type().values())}
+
+    @app.post("/api/jobs", status_code=201)
+    async def submit(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            body = json.loads(raw or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"body is not JSON: {e}", field="body")
+        if isinstance(body, dict) and set(body) == {"toml"}:
+            if not isinstance(body["toml"], str):
+                return _error(400, "toml must be a string", field="toml")
+            spec = JobSpec.from_toml_text(body["toml"], source="request", cluster=ctx.cluster)
+        else:
+            spec = JobSpec.from_dict(body, source="request", cluster=ctx.cluster)
+        with store() as s:
+            job_id = s.submit(spec)
+        ctx.wake()
+        return JSONResponse({"id": job_id, "name": spec.name, "status": "queued"}, status_code=201)
+
+    @app.get("/api/jobs")
+    def jobs() -> list:
+        with store() as s:
+            return [job_view(s, ctx.work_dir, r.id, curve=False) for r in s.jobs()]
+
+    @app.get("/api/jobs/{job_id}")
+    def job(job_id: int) -> dict:
+        with store() as s:
+            return job_view(s, ctx.work_dir, job_id)
+
+    @app.post("/api/jobs/{job_id}/cancel")
+    def cancel(job_id: int) -> Any:
+        with store() as s:
+            ok = s.request_cancel(job_id)
+            status = s.job(job_id).status
+        if not ok:
+            return _error(409, f"job {job_id} has already ended ({status})", field="job_id")
+        ctx.wake()
+        return {"id": job_id, "cancel_requested": True, "status": status}
+
+    @app.get("/api/jobs/{job_id}/logs")
+    def logs(job_id: int, chars: int = 20_000) -> dict:
+        with store() as s:
+            s.job(job_id)
+            return job_logs(s, ctx.work_dir, job_id, max(0, min(chars, 1_000_000)))
+
+    @app.get("/api/cluster")
+    def cluster() -> dict:
+        with store() as s:
+            return cluster_view(s, ctx.cluster)
+
+    @app.get("/api/rounds")
+    def rounds(last: int = 20) -> list:
+        with store() as s:
+            return rounds_view(s, max(1, min(last, 1000)))
+
+    @app.get("/api/state")
+    def state() -> dict:
+        with store() as s:
+            return {**state_view(s, ctx.work_dir, ctx.cluster), "policy": ctx.policy}
+
+    page = resources.files("engine.service").joinpath("page.html").read_text()
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> str:
+        return page
+
+    return _BodyLimit(app, MAX_BODY_BYTES)

@@ -1,0 +1,113 @@
+"""What the API, ``arena status`` and the status page show, read from the state store
+(and, for live progress and losses, from the files the ranks write in the work folder).
+
+Every status, plan and GPU shown comes from the database; progress (steps, iteration
+time, loss) from the job's ``progress.json`` and each launch's ``results.jsonl``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from instances.cluster import ClusterSpec
+from launcher.launch import read_results, tail
+from launcher.telemetry import read_progress
+
+from .store import Store
+
+LOSS_POINTS = 200                 # at most this many points of a loss curve in a job view
+
+
+def _launch_dir(work_dir: str, job_id: int, generation: int) -> Path:
+    return Path(work_dir) / str(job_id) / f"launch_{generation}"
+
+
+def loss_curve(work_dir: str, job_id: int, generations: list[int]) -> list[dict]:
+    """(step, loss, time) of every step trained, over all launches in order; a step
+    trained again after a restart from an earlier checkpoint replaces the lost one."""
+    by_step: dict[int, dict] = {}
+    for g in generations:
+        for r in read_results(_launch_dir(work_dir, job_id, g)):
+            if "step" in r and "loss" in r:
+                by_step[int(r["step"])] = {"step": int(r["step"]), "loss": float(r["loss"]),
+                                           "time": r.get("time"), "launch": g}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def _thin(points: list[dict], n: int) -> list[dict]:
+    if len(points) <= n:
+        return points
+    stride = math.ceil(len(points) / n)
+    return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+
+
+def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) -> dict:
+    row = store.job(job_id)
+    launches = store.launches(job_id)
+    history = store.history(job_id)
+    prog = read_progress(Path(work_dir) / str(job_id) / "progress.json") or {}
+    current = next((lch for lch in reversed(launches) if lch.state in ("intent", "started")), None)
+    last = launches[-1] if launches else None
+    spec = row.spec
+    it = prog.get("iteration_time_s")
+    points = loss_curve(work_dir, job_id, [lch.generation for lch in launches])
+    # time in each status, from the history (the current status up to its last change: now)
+    in_state: dict[str, float] = {}
+    for a, b in zip(history, history[1:]):
+        in_state[a.to_status] = in_state.get(a.to_status, 0.0) + (b.at - a.at)
+    moves = sum(1 for lch in launches if "moving" in lch.reason)
+    failures = sum(1 for lch in launches if lch.state == "failed")
+    return {
+        "id": row.id, "name": row.name, "status": row.status, "model": spec["model"],
+        "global_batch": spec["global_batch"], "steps": spec["steps"],
+        "submitted_at": row.submitted_at, "updated_at": row.updated_at,
+        "progress": {"iterations_done": prog.get("iterations_done"), "status": prog.get("status"),
+                     "last_checkpoint_step": prog.get("last_checkpoint_step"), "iteration_time_s": it,
+                     "throughput_samples_per_s": (spec["global_batch"] / it) if it else None},
+        "plan": (current or last).plan if (current or last) else None,
+        "gpus": list(current.gpus) if current else [],
+        "launch": {"generation": last.generation, "state": last.state, "reason": last.reason} if last else None,
+        "launches": len(launches), "moves": moves, "failed_launches": failures,
+        "time_in_status_s": in_state,
+        "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
+        "loss": points[-1]["loss"] if points else None,
+        "loss_curve": _thin(points, LOSS_POINTS) if curve else [],
+        "cancel_requested": row.id in set(store.cancel_requests()),
+    }
+
+
+def cluster_view(store: Store, cluster: ClusterSpec) -> dict:
+    """Every GPU of the cluster with the job whose active launch holds it (database)."""
+    owner: dict[str, int] = {}
+    for lch in store.running_launches():
+        for g in lch.gpus:
+            owner[g] = lch.job_id
+    nodes = []
+    for n in cluster.nodes():
+        nodes.append({"node": n.node_id, "gpu_type": n.gpu_type,
+                      "gpus": [{"gpu": f"{n.node_id}:{i}", "job": owner.get(f"{n.node_id}:{i}")}
+                               for i in range(n.num_gpus)]})
+    return {"name": cluster.name, "nodes": nodes, "gpus_by_type": cluster.gpus_by_type()}
+
+
+def rounds_view(store: Store, last: int = 20) -> list[dict]:
+    return [{"index": r.idx, "at": r.at, "policy": r.policy, "trigger": r.trigger, "objective": r.objective,
+             "gap": r.gap, "solve_time_s": r.solve_time_s, "decisions": r.decisions}
+            for r in store.rounds(last=last)]
+
+
+def state_view(store: Store, work_dir: str, cluster: ClusterSpec) -> dict:
+    jobs = [job_view(store, work_dir, r.id) for r in store.jobs()]
+    return {"cluster": cluster_view(store, cluster), "jobs": jobs,
+            "queue": [j["id"] for j in jobs if j["status"] == "queued"],
+            "rounds": rounds_view(store, 10)}
+
+
+def job_logs(store: Store, work_dir: str, job_id: int, chars: int = 20_000) -> dict:
+    """The latest launch's mpiexec output (stdout and stderr tails)."""
+    launches = store.launches(job_id)
+    if not launches:
+        return {"id": job_id, "launch": None, "stdout": "", "stderr": ""}
+    d = _launch_dir(work_dir, job_id, launches[-1].generation)
+    return {"id": job_id, "launch": launches[-1].generation, "stdout": tail(d / "stdout.log", chars),
+            "stderr": tail(d / "stderr.log", chars)}
