@@ -46,8 +46,14 @@ class Executor(Protocol):
     def stop(self, job_id: str, now_s: float) -> None:
         """Stop a running job, checkpointing first; its progress is kept."""
 
+    def release(self, job_id: str, now_s: float) -> None:
+        """A running job is about to move: free its GPUs now (live: stop it with a
+        checkpoint), so that jobs moving onto them in the same round find them free.
+        ``reconfigure`` follows for the same job in the same round."""
+
     def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
-        """Move a running job to another allocation/plan (stop, reshard, relaunch)."""
+        """Move a running job to another allocation/plan (stop unless released, reshard,
+        relaunch)."""
 
     def progress(self, job_id: str) -> JobProgress:
         """Iterations done, last checkpoint, liveness, measured speed, time lost."""

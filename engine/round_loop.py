@@ -257,8 +257,9 @@ class RoundLoop:
         # moves: release first, then assign
         moving = [(jid, a) for jid, a in allocs.items()
                   if jid in st.running and (a.gpus != st.running[jid].alloc.gpus or a.grid != st.running[jid].alloc.grid)]
-        for jid, _ in moving:
+        for jid, _ in moving:          # every mover leaves its GPUs before any takes new ones
             st.release_for_move(jid)
+            ex.release(jid, now)
         for jid, a in moving:
             st.move(jid, a, now)
             ex.reconfigure(jid, a, decisions.plans.get(jid), now)

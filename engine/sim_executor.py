@@ -109,6 +109,9 @@ class SimExecutor:
         self._detach(r)
         r.alloc, r.iteration_time_s = None, None
 
+    def release(self, job_id: str, now_s: float) -> None:
+        """Nothing to do: a simulated move takes effect at once (``reconfigure``)."""
+
     def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
         self._run_until(now_s)
         r = self._running[job_id]

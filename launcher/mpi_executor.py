@@ -106,6 +106,7 @@ class _Job:
     ended_at_s: float | None = None
     reported: bool = False
     reconfig_started: float | None = None       # wall time (time.time()) of the pending reconfiguration
+    released_at: float | None = None            # wall time a move's stop was requested (``release``)
     reconfig_launch_dir: str | None = None
     reconfiguration_s: list[float] = field(default_factory=list)
     gpus: int = 0                               # of the current (or last) launch
@@ -183,10 +184,18 @@ class MpiExecutor:
                            steps_total=st.cfg.steps, last_checkpoint_step=prog.get("last_checkpoint_step"),
                            iteration_time_s=prog.get("iteration_time_s"))
 
-    def reconfigure(self, job_id: str, alloc, plan, now_s: float) -> None:
+    def release(self, job_id: str, now_s: float) -> None:
+        """First half of a move: stop with a checkpoint (frees the GPUs for other movers)."""
         st = self._job(job_id)
         t0 = time.time()
         self.stop(job_id, now_s)
+        st.released_at = t0
+
+    def reconfigure(self, job_id: str, alloc, plan, now_s: float) -> None:
+        st = self._job(job_id)
+        if st.released_at is None:
+            self.release(job_id, now_s)
+        t0, st.released_at = st.released_at, None
         self.launch(st.job, alloc, plan, now_s)
         self.count_as_move(job_id, t0)
 

@@ -58,6 +58,7 @@ class JournaledExecutor:
         self._infeasible: set[tuple[str, Shape]] = set()
         self._checkpoint_seen: dict[str, float] = {}
         self._measured_at: dict[str, float] = {}
+        self._move_started: dict[str, float] = {}     # job -> when its move's stop was requested
 
     # -- effects -------------------------------------------------------------------
     def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
@@ -84,16 +85,24 @@ class JournaledExecutor:
         p = self.mpi.progress(job_id)
         jid, gen = int(job_id), self.generation[job_id]
         self._record_checkpoint(job_id, p)
-        self.store.mark_launch(jid, gen, "finished", reason=f"{reason}: stopped with a checkpoint at step "
-                                                            f"{int(p.last_checkpoint_iteration)}")
-        self.store.set_status(jid, "queued", f"{reason} (resumes from step {int(p.last_checkpoint_iteration)})")
+        ck = int(p.last_checkpoint_iteration)
+        if self.store.launches(jid)[-1].state in ("intent", "started"):
+            self.store.mark_launch(jid, gen, "finished", reason=f"{reason}: stopped with a checkpoint at step {ck}")
+        if self.store.job(jid).status == "running":
+            self.store.set_status(jid, "queued", f"{reason} (resumes from step {ck})")
 
-    def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
-        stop_requested = time.time()
+    def release(self, job_id: str, now_s: float) -> None:
+        """First half of a move: stop with a checkpoint, journaled (a crash before the
+        relaunch leaves a queued job with its checkpoint)."""
+        self._move_started[job_id] = time.time()
         self.stop(job_id, now_s, reason="moving")
         self.fault("mid-move")
-        job = self.mpi.job(job_id)
-        self.launch(job, alloc, plan, now_s)
+
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
+        if job_id not in self._move_started:
+            self.release(job_id, now_s)
+        stop_requested = self._move_started.pop(job_id)
+        self.launch(self.mpi.job(job_id), alloc, plan, now_s)
         if not any(p.job_id == job_id for p in self._refused):
             self.mpi.count_as_move(job_id, stop_requested)
 

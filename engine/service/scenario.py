@@ -1,0 +1,264 @@
+"""A scripted end-to-end run of ``arena serve``: start the service as its own process,
+submit jobs at given times through the HTTP API, optionally kill the service (SIGKILL)
+at named fault points or random moments and start it again, wait until every job has
+ended, and report per job what happened. The end-to-end and crash tests use it, and
+``bench/service_e2e.py`` prints its report for the docs.
+
+Everything is bounded: every wait has a deadline, the service is started with
+``--stop-after`` and killed if it outlives the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from instances.errors import InputError
+from launcher.launch import read_events, read_results
+
+from .client import Client
+from .store import Store
+
+TERMINAL = ("finished", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Submission:
+    at_s: float                     # seconds after the run starts
+    job: dict                       # JobSpec fields
+
+
+@dataclass
+class ServiceProcess:
+    """``arena serve`` in a child process (its own session, so a kill reaches it alone)."""
+    args: list[str]
+    log_path: Path
+    url: str
+    fault: str | None = None
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("ARENA_FAULT", None)
+        if self.fault:
+            env["ARENA_FAULT"] = self.fault
+        repo = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== start (fault {self.fault}) at {time.strftime('%H:%M:%S')} ===\n".encode())
+            self.proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", *self.args],
+                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        client = Client(self.url, timeout_s=2.0)
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"arena serve exited ({self.proc.returncode}) before answering; "
+                                   f"log: {self.log_path}")
+            try:
+                client.get("/api/health")
+                return
+            except InputError:
+                time.sleep(0.3)
+        raise TimeoutError(f"arena serve did not answer within {timeout_s} s; log: {self.log_path}")
+
+    def kill(self) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def terminate(self, timeout_s: float = 120.0) -> int:
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode if self.proc else 0
+
+
+@dataclass
+class RunResult:
+    ids: dict[str, int]                               # job name -> id
+    kills: list[str] = field(default_factory=list)    # what each kill interrupted
+    unfired: list[str] = field(default_factory=list)  # faults and kills the run ended before
+    starts: int = 0
+    wall_s: float = 0.0
+
+
+def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: list[Submission], *,
+                 faults: tuple[str, ...] = (), random_kills: int = 0, seed: int = 0,
+                 timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
+                 progress=None) -> RunResult:
+    """Run the scenario to the end (every job ended) or raise ``TimeoutError``.
+
+    ``faults``: ``ARENA_FAULT`` values for the successive starts of the service (a start
+    whose fault fires is followed by a new start). ``random_kills``: after the faults,
+    this many SIGKILLs at random moments (2-12 s after a start, seeded)."""
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    say = progress or (lambda m: None)
+    pending = sorted(submissions, key=lambda s: s.at_s)
+    ids: dict[str, int] = {}
+    result = RunResult(ids)
+    faults_left = list(faults)
+    kills_left = random_kills
+    client = Client(url, timeout_s=10.0)
+
+    def start() -> ServiceProcess:
+        fault = faults_left.pop(0) if faults_left else None
+        sp = ServiceProcess(serve_args, log_path, url, fault)
+        sp.start()
+        sp.wait_healthy(startup_timeout_s)
+        result.starts += 1
+        say(f"service started ({'fault ' + fault if fault else 'no fault'})")
+        return sp
+
+    sp = start()
+    kill_at = None
+    try:
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"scenario not finished within {timeout_s} s; log: {log_path}")
+            if not sp.alive():
+                result.kills.append(sp.fault or "unexpected exit")
+                say(f"service died ({sp.fault or 'exit ' + str(sp.proc.returncode)}); starting it again")
+                if sp.fault is None:
+                    raise RuntimeError(f"arena serve exited on its own ({sp.proc.returncode}); log: {log_path}")
+                sp = start()
+                kill_at = None
+                continue
+            if kill_at is None and not faults_left and not sp.fault and kills_left > 0:
+                kill_at = now + rng.uniform(2.0, 12.0)
+            if kill_at is not None and now >= kill_at:
+                sp.kill()
+                kills_left -= 1
+                result.kills.append("random")
+                say("service killed at a random moment; starting it again")
+                sp = start()
+                kill_at = None
+                continue
+            while pending and now - t0 >= pending[0].at_s:
+                sub = pending[0]
+                try:
+                    ans = client.post("/api/jobs", sub.job)
+                except InputError as e:
+                    if "no service answers" in str(e):
+                        break                          # down: submit after the restart
+                    raise
+                ids[sub.job["name"]] = int(ans["id"])
+                pending.pop(0)
+                say(f"submitted {sub.job['name']} as job {ans['id']}")
+            if not pending:
+                try:
+                    jobs = client.get("/api/jobs")
+                except InputError:
+                    jobs = None
+                if jobs is not None and len(jobs) == len(ids) and all(j["status"] in TERMINAL for j in jobs):
+                    result.unfired = ([sp.fault] if sp.fault else []) + faults_left + ["random"] * kills_left
+                    break
+            time.sleep(0.5)
+    finally:
+        sp.terminate()
+    result.wall_s = time.monotonic() - t0
+    return result
+
+
+# ------------------------------------------------------------------------------ reports
+def _launch_dirs(work_dir: str, job_id: int, store: Store) -> list[Path]:
+    return [Path(work_dir) / str(job_id) / f"launch_{lch.generation}" for lch in store.launches(job_id)]
+
+
+def step_losses(work_dir: str, job_id: int, store: Store) -> dict[int, float]:
+    """Each step's loss as last trained (a step trained again after a restart replaces it)."""
+    out: dict[int, float] = {}
+    for d in _launch_dirs(work_dir, job_id, store):
+        for r in read_results(d):
+            out[int(r["step"])] = float(r["loss"])
+    return out
+
+
+def resumes(work_dir: str, job_id: int, store: Store) -> list[tuple[int, int, int]]:
+    """Per launch after the first that trained: (launch, step it resumed from, highest step
+    saved by the earlier launches). Equal numbers: nothing lost past the last checkpoint."""
+    out, saved = [], 0
+    for d in _launch_dirs(work_dir, job_id, store):
+        ev = read_events(d)
+        ready = next((e for e in ev if e.get("event") == "ready"), None)
+        if ready is not None and (saved or out or ready.get("start_step")):
+            out.append((int(d.name.removeprefix("launch_")), int(ready.get("start_step", 0)), saved))
+        saved = max([saved] + [int(e["step"]) for e in ev if e.get("event") == "save"])
+    return out
+
+
+def steps_lost(work_dir: str, job_id: int, store: Store) -> int:
+    """Steps trained that a later launch trained again (lost to stops and failures)."""
+    lost, last = 0, None
+    for d in _launch_dirs(work_dir, job_id, store):
+        res = read_results(d)
+        if not res:
+            continue
+        if last is not None:
+            lost += max(0, last - (int(res[0]["step"]) - 1))
+        last = int(res[-1]["step"])
+    return lost
+
+
+def job_report(db_path: str, work_dir: str) -> list[dict]:
+    """Per job: status, launches, moves, failed launches, steps lost, seconds in each
+    status, final loss."""
+    with Store(db_path, readonly=True) as st:
+        out = []
+        for row in st.jobs():
+            launches = st.launches(row.id)
+            hist = st.history(row.id)
+            in_state: dict[str, float] = {}
+            for a, b in zip(hist, hist[1:]):
+                in_state[a.to_status] = in_state.get(a.to_status, 0.0) + b.at - a.at
+            losses = step_losses(work_dir, row.id, st)
+            out.append({"id": row.id, "name": row.name, "model": Path(row.spec["model"]).name,
+                        "status": row.status, "steps": row.spec["steps"], "launches": len(launches),
+                        "moves": sum(1 for lch in launches if "moving" in lch.reason),
+                        "failed_launches": sum(1 for lch in launches if lch.state == "failed"),
+                        "plans": [f"dp{lch.plan.get('dp')}tp{lch.plan.get('tp')}pp{lch.plan.get('pp')}"
+                                  for lch in launches],
+                        "steps_lost": steps_lost(work_dir, row.id, st),
+                        "seconds_in": {k: round(v, 1) for k, v in in_state.items()},
+                        "final_loss": losses[max(losses)] if losses else None})
+        return out
+
+
+def format_report(rows: list[dict]) -> str:
+    lines = [f"{'job':<10} {'model':<26} {'status':<9} {'launches':>8} {'moves':>5} {'lost':>5}  "
+             f"{'queued s':>8} {'running s':>9}  plans"]
+    for r in rows:
+        s = r["seconds_in"]
+        lines.append(f"{r['name']:<10} {r['model'][:26]:<26} {r['status']:<9} {r['launches']:>8} {r['moves']:>5} "
+                     f"{r['steps_lost']:>5}  {s.get('queued', 0.0):>8.1f} {s.get('running', 0.0):>9.1f}  "
+                     f"{' -> '.join(r['plans'])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:           # pragma: no cover - a thin CLI over job_report
+    import argparse
+    p = argparse.ArgumentParser(description="Report per job of a service's state database.")
+    p.add_argument("--db", required=True)
+    p.add_argument("--work-dir", required=True)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    rows = job_report(a.db, a.work_dir)
+    print(json.dumps(rows, indent=1) if a.json else format_report(rows))
+    return 0

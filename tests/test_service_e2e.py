@@ -1,0 +1,156 @@
+"""End to end: ``arena serve --local-slots 4`` with the ``arena`` policy runs five real
+torch jobs of three model families (one given as a Hugging Face-style config.json),
+submitted at different times; the policy moves running jobs as others arrive and
+finish (really executed: stop, checkpoint, relaunch on another plan, reshard); every
+job finishes with the loss trajectory of the same job trained uninterrupted in one
+process; ``arena status`` and the status page (in a real headless Chromium) agree with
+the database.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.service.scenario import Submission, format_report, job_report, resumes, run_scenario, step_losses
+from engine.service.store import Store
+from launcher.reference import train_reference
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_JSON = str(REPO / "examples" / "models" / "tiny-llama-config.json")
+LOSS_TOL = 1e-4          # max |loss - uninterrupted loss| over every step (resharding reorders float sums)
+JOBS = [
+    Submission(0, {"name": "gpt-a", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 120}),
+    Submission(6, {"name": "llama-cfg", "model": CONFIG_JSON, "global_batch": 8, "steps": 60}),
+    Submission(12, {"name": "moe-a", "model": "tiny-moe__2L", "global_batch": 8, "steps": 40}),
+    Submission(18, {"name": "gpt-b", "model": "tiny-gpt__2L", "global_batch": 16, "steps": 50}),
+    Submission(24, {"name": "llama-b", "model": CONFIG_JSON, "global_batch": 8, "steps": 40, "seed": 3}),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_args(tmp: Path, port: int) -> list[str]:
+    return ["--local-slots", "4", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir", str(tmp / "work"),
+            "--port", str(port), "--round-interval", "60", "--checkpoint-interval", "5", "--stop-timeout", "60",
+            "--reconfig-opt", "replan_per_gpu_s=2", "--reconfig-opt", "replan_cap_s=8", "--stop-after", "900"]
+
+
+def check_losses(db: str, work: str, ids: dict[str, int]) -> dict[str, float]:
+    """Max deviation from the uninterrupted one-process run, per job."""
+    out = {}
+    with Store(db, readonly=True) as st:
+        for sub in JOBS:
+            spec = sub.job
+            got = step_losses(work, ids[spec["name"]], st)
+            ref = train_reference(st.job(ids[spec["name"]]).spec["model"], steps=spec["steps"],
+                                  global_batch=spec["global_batch"], seed=spec.get("seed", 0))
+            assert sorted(got) == list(range(1, spec["steps"] + 1)), f"{spec['name']}: steps {sorted(got)[:5]}..."
+            out[spec["name"]] = max(abs(got[i + 1] - ref[i]) for i in range(spec["steps"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    result = run_scenario(serve_args(tmp, port), url, tmp / "serve.log", JOBS, timeout_s=900,
+                          progress=lambda m: print(m, file=sys.stderr))
+    rows = job_report(str(tmp / "state.db"), str(tmp / "work"))
+    print("\n" + format_report(rows), file=sys.stderr)
+    return {"tmp": tmp, "url": url, "port": port, "ids": result.ids, "rows": rows, "result": result}
+
+
+def test_every_job_finishes_and_running_jobs_are_moved(run):
+    rows = run["rows"]
+    assert len(rows) == 5 and all(r["status"] == "finished" for r in rows), format_report(rows)
+    moved = [r for r in rows if r["moves"] > 0]
+    assert moved, "the policy never moved a running job:\n" + format_report(rows)
+    # a move really changed the plan (a reshard, not a restart on the same layout)
+    assert any(len(set(r["plans"])) > 1 for r in moved), format_report(rows)
+    with Store(str(run["tmp"] / "state.db"), readonly=True) as st:
+        assert st.check() == []
+        assert not st.running_launches()
+
+
+def test_losses_equal_the_uninterrupted_run(run):
+    dev = check_losses(str(run["tmp"] / "state.db"), str(run["tmp"] / "work"), run["ids"])
+    assert max(dev.values()) <= LOSS_TOL, dev
+
+
+def test_no_step_is_lost_past_a_checkpoint(run):
+    with Store(str(run["tmp"] / "state.db"), readonly=True) as st:
+        for jid in run["ids"].values():
+            for launch, start, saved in resumes(str(run["tmp"] / "work"), jid, st):
+                assert start == saved, f"job {jid} launch {launch} resumed at {start}, last checkpoint {saved}"
+
+
+def test_status_agrees_with_the_database(run, tmp_path):
+    # the service has shut down; start it again over the same state (recovery of a
+    # finished run: nothing to do) and read it through the CLI and a real browser
+    tmp, port = run["tmp"], run["port"]
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", *serve_args(tmp, port)],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "serve2.log", "wb"),
+                            start_new_session=True)
+    try:
+        from engine.service.scenario import ServiceProcess
+        ServiceProcess([], tmp / "unused.log", run["url"], proc=proc).wait_healthy(120)
+        out = subprocess.run([sys.executable, "-m", "engine.cli", "jobs", "--json", "--url", run["url"]],
+                             capture_output=True, text=True, timeout=60, check=True)
+        shown = {j["id"]: j for j in json.loads(out.stdout)}
+        with Store(str(tmp / "state.db"), readonly=True) as st:
+            for row in st.jobs():
+                last = st.launches(row.id)[-1]
+                assert shown[row.id]["status"] == row.status
+                assert shown[row.id]["plan"] == last.plan
+                assert shown[row.id]["launches"] == len(st.launches(row.id))
+        check_page(run["url"], shown, tmp_path)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
+def check_page(url: str, shown: dict, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
+        pytest.skip("no chromium here (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, timeout=60_000,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                                          "--disable-background-networking", "--disable-component-update",
+                                          "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(url + "/", timeout=60_000)
+            page.wait_for_selector("body[data-loaded='1']", timeout=60_000)
+            rows = page.query_selector_all("#jobs tbody tr")
+            assert len(rows) == len(shown)
+            for row in rows:
+                jid = int(row.get_attribute("data-job"))
+                status = row.query_selector("td.status").inner_text().split()[0]
+                assert status == shown[jid]["status"]
+            assert len(page.query_selector_all("#cluster .gpu")) == 4
+            assert page.query_selector_all("#jobs svg.curve"), "no loss curve drawn"
+            shot = tmp_path / "status-page.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+            if os.environ.get("ARENA_DOCS_SCREENSHOT"):
+                shutil.copy(shot, os.environ["ARENA_DOCS_SCREENSHOT"])
+        finally:
+            browser.close()
