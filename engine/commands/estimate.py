@@ -126,8 +126,9 @@ def _fmt(x) -> str:
 def _accuracy(args) -> int:
     if args.against == "local":
         return _accuracy_local(args)
-    from estimators.accuracy import against_arena, dp_memory_check
     import time
+
+    from estimators.accuracy import against_arena, dp_memory_check
     t0 = time.perf_counter()
 
     def progress(line: str) -> None:        # stderr, so that --json stays pure JSON on stdout
