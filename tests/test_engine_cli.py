@@ -139,3 +139,18 @@ def test_models_lists_the_catalog_with_sizes(capsys):
     assert 1.2e9 < gpt["parameters"] < 1.4e9 and gpt["layers"] == 24
     assert main(["models"]) == 0
     assert "gpt__1.3B" in capsys.readouterr().out
+
+
+def test_other_output_paths_fail_before_work(tmp_path, capsys):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert main(["estimate", "accuracy", "--plot", str(a_file)]) == 2
+    assert "field '--plot': exists and is not a directory" in capsys.readouterr().err
+    assert main(["profile", "--model", "tiny-gpt__2L", "--store", str(a_file)]) == 2
+    assert "field '--store': exists and is not a directory" in capsys.readouterr().err
+    assert main(["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--timeout", "0",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert "field '--timeout'" in capsys.readouterr().err
+    assert main(["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--global-batch", "0",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert "field 'global_batch'" in capsys.readouterr().err

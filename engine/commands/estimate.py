@@ -124,6 +124,9 @@ def _fmt(x) -> str:
 
 
 def _accuracy(args) -> int:
+    if args.plot:
+        from instances.paths import check_output_dir
+        check_output_dir(args.plot, "--plot")                   # before a minute of work
     if args.against == "local":
         return _accuracy_local(args)
     import time
