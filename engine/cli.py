@@ -2,7 +2,8 @@
 policies on traces, estimate jobs' parallel plans, benchmark solvers and policies, and train
 real torch jobs under MPI (run `arena COMMAND --help`; `arena` alone simulates the demo).
 
-One module per subcommand under ``engine/commands``. Each command module defines ``register(subparsers)``, which adds its parser and sets
+One module per subcommand under ``engine/commands``. Each command module defines
+``register(subparsers)``, which adds its parser and sets
 ``func`` (called with the parsed args; returns an exit code). Modules import heavy
 dependencies (torch, solvers) inside their handlers, so ``arena --help`` stays fast.
 """

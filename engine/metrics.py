@@ -121,7 +121,8 @@ def never_placed_lines(result, limit: int = 20) -> list[str]:
     never = [j for j in result.jobs if j.never_placed_reason]
     if not never:
         return []
-    out = [f"{len(never)} job(s) never placed under {result.policy_name} ({result.summary.get('never_placed_reasons')}):"]
+    reasons = result.summary.get("never_placed_reasons")
+    out = [f"{len(never)} job(s) never placed under {result.policy_name} ({reasons}):"]
     out += [f"  job {j.job_id} ({j.model}, batch {j.global_batch}): {j.never_placed_reason}" for j in never[:limit]]
     if len(never) > limit:
         out.append(f"  ... and {len(never) - limit} more (jobs.csv, column never_placed_reason)")

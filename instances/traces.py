@@ -395,7 +395,8 @@ def _parse_arena(text: str, label: str, opt: ArenaImportOptions) -> tuple[tuple[
         dl = rows.float(rec, line, "deadline")
         if dl < sub:
             raise rows.err(line, "deadline", f"deadline {dl} before submission {sub}")
-        parsed.append((line, job_id, sub, dl, rows.int(rec, line, "num_iteration", maximum=MAX_ITERATIONS * opt.iteration_divisor),
+        iters = rows.int(rec, line, "num_iteration", maximum=MAX_ITERATIONS * opt.iteration_divisor)
+        parsed.append((line, job_id, sub, dl, iters,
                        rows.model(rec, line, "model_name"), rows.int(rec, line, "batch_size"),
                        rows.int(rec, line, "num_gpu"), rows.gpu(rec, line, "gpu_type")))
     if not parsed:

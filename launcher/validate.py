@@ -1,7 +1,8 @@
 """Refuse a bad plan before anything is launched, with a message that says why.
 
 Checks: the run's paths (checkpoint and run folders writable folders, not files; the
-data file readable), the device (``cuda`` needs a GPU torch can see); the plan's rank count against the ranks requested; tensor degree dividing heads,
+data file readable), the device (``cuda`` needs a GPU torch can see); the plan's rank
+count against the ranks requested; tensor degree dividing heads,
 hidden and MLP sizes; pipeline depth against the layer count; the batch split into
 data-parallel shards and micro-batches; the schedule's micro-batch requirement; and a
 memory estimate per rank (weights + gradients + Adam moments + activations in flight)

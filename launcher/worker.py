@@ -123,6 +123,12 @@ class _Run:
                                           eps=o.eps)
         self.timer = self.telemetry.ComputeTimer(self.model) if cfg.breakdown else None
 
+    def bound_telemetry_log(self) -> None:
+        """Rank 0, once per launch: keep the store's measured-runs log bounded (logbound)."""
+        if self.rank == 0 and self.cfg.telemetry_store:
+            from .logbound import bound_jsonl
+            bound_jsonl(Path(self.cfg.telemetry_store) / self.telemetry.MEASURED_RUNS_FILE)
+
     def build_schedule_and_data(self) -> None:
         from .data import make_source
         from .model import loss_fn
@@ -333,6 +339,7 @@ def main(config_path: str) -> int:
         run.progress("finished", start_step, None)
         return run.leave("finished", start_step)
     run.build_schedule_and_data()
+    run.bound_telemetry_log()
     run.event("ready", init_s=time.time() - _T_START, import_s=t_imported - _T_START,
               rendezvous_s=run.t_rendezvous - t_imported, start_step=start_step, plan=str(cfg.plan),
               world_size=env.world_size, device=str(env.device))

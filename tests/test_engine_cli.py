@@ -139,3 +139,46 @@ def test_models_lists_the_catalog_with_sizes(capsys):
     assert 1.2e9 < gpt["parameters"] < 1.4e9 and gpt["layers"] == 24
     assert main(["models"]) == 0
     assert "gpt__1.3B" in capsys.readouterr().out
+
+
+def test_other_output_paths_fail_before_work(tmp_path, capsys):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert main(["estimate", "accuracy", "--plot", str(a_file)]) == 2
+    assert "field '--plot': exists and is not a directory" in capsys.readouterr().err
+    assert main(["profile", "--model", "tiny-gpt__2L", "--store", str(a_file)]) == 2
+    assert "field '--store': exists and is not a directory" in capsys.readouterr().err
+    assert main(["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--timeout", "0",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert "field '--timeout'" in capsys.readouterr().err
+    assert main(["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--global-batch", "0",
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert "field 'global_batch'" in capsys.readouterr().err
+
+
+def test_proxy_quality_prints_both_figures_with_their_meaning(capsys):
+    assert main(["estimate", "proxy-quality", "--model", "moe__690M", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["grids"] > 0 and 0 < out["mean_fraction_of_best_known"] <= 1.0
+    assert out["mean_fraction_of_best_known"] <= out["mean_fraction_of_best"] + 1e-12
+    assert main(["estimate", "proxy-quality", "--model", "moe__690M"]) == 0
+    text = capsys.readouterr().out
+    assert "mean proxy / exhaustive-search throughput" in text and "mean proxy / best known plan" in text
+
+
+def test_accuracy_progress_goes_to_stderr_and_json_stays_pure(monkeypatch, capsys):
+    """The CLI layer's wiring only (the real comparison takes about a minute): each phase the
+    comparison announces through ``progress`` is a stderr line; stdout is one JSON document."""
+    import estimators.accuracy as acc
+
+    def fake_against_arena(*, seed, few_shot, progress):
+        progress("phase one")
+        progress("phase two")
+        return {"overall": {}}
+    monkeypatch.setattr(acc, "against_arena", fake_against_arena)
+    monkeypatch.setattr(acc, "dp_memory_check", lambda: {})
+    assert main(["estimate", "accuracy", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out) == {"overall": {}, "dp_memory": {}}
+    lines = [line.split("]: ", 1)[1] for line in cap.err.splitlines()]
+    assert lines[1:3] == ["phase one ...", "phase two ..."] and lines[-1] == "done"

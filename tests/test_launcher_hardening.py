@@ -215,3 +215,17 @@ def test_a_frozen_rank_is_reported_as_a_stall(tmp_path):
     assert r.failure.startswith("the job stalled: no step finished for 4 s after step ")
     ckpt = re.search(r"; last checkpoint: step (\d+) in ", r.failure)
     assert ckpt and int(ckpt.group(1)) >= 4 and int(ckpt.group(1)) % 2 == 0 and "\n" not in r.failure
+
+
+def test_measured_runs_log_is_bounded(tmp_path):
+    from launcher.logbound import bound_jsonl
+    log = tmp_path / "measured_runs.jsonl"
+    lines = [json.dumps({"step": i, "pad": "x" * 50}) + "\n" for i in range(1000)]
+    log.write_text("".join(lines))
+    size = log.stat().st_size
+    assert bound_jsonl(log, max_bytes=size) == 0                 # under the bound: untouched
+    dropped = bound_jsonl(log, max_bytes=size // 4)
+    kept = log.read_text().splitlines()
+    assert dropped == 1000 - len(kept) and 0 < log.stat().st_size <= size // 8
+    assert [json.loads(k)["step"] for k in kept] == list(range(1000 - len(kept), 1000))   # the newest
+    assert bound_jsonl(tmp_path / "missing.jsonl", 10) == 0

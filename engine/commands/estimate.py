@@ -124,16 +124,20 @@ def _fmt(x) -> str:
 
 
 def _accuracy(args) -> int:
+    if args.plot:
+        from instances.paths import check_output_dir
+        check_output_dir(args.plot, "--plot")                   # before a minute of work
     if args.against == "local":
         return _accuracy_local(args)
-    from estimators.accuracy import against_arena, dp_memory_check
     import time
+
+    from estimators.accuracy import against_arena, dp_memory_check
     t0 = time.perf_counter()
 
-    def progress(line: str) -> None:        # stderr, so that --json stays pure JSON on stdout
-        print(f"estimate accuracy [{time.perf_counter() - t0:5.1f} s]: {line} ...", file=sys.stderr, flush=True)
+    def progress(line: str, end: str = " ...") -> None:   # stderr: --json stays pure JSON on stdout
+        print(f"estimate accuracy [{time.perf_counter() - t0:5.1f} s]: {line}{end}", file=sys.stderr, flush=True)
 
-    progress("against Arena's measured table (about a minute in all)")
+    progress("against Arena's measured table (about a minute on a quiet machine)")
     out = against_arena(seed=args.seed, few_shot=args.few_shot, progress=progress)
     progress("pure data parallelism vs Arena's DP memory table")
     out["dp_memory"] = dp_memory_check()
@@ -147,7 +151,7 @@ def _accuracy(args) -> int:
         progress("refitting the analytic constants (minutes per fold)")
         out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals, regimes=tuple(args.refit_regimes),
                                                seed=args.seed, starts=args.refit_starts)
-    progress("done")
+    progress("done", "")
     plots = []
     if args.plot:
         from ..accuracy_plots import write_accuracy_plots

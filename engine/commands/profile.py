@@ -40,7 +40,11 @@ def run(args) -> int:
     from estimators.profile_store import ProfileStore
     from estimators.profiler import (ProfilerConfig, RunCostConfig, measure_startup_s, profile_collectives,
                                      profile_layers, run_every_grid_cost, run_grids_measured, startup_model)
+    from instances.paths import check_output_dir
     store = ProfileStore(args.store)
+    check_output_dir(store.root, "--store")                     # before any profiling
+    for name in args.model:
+        get_model(name)                                         # an unknown model fails now, not later
     cfg = ProfilerConfig(micro_batches=tuple(args.micro_batches), tp_degrees=tuple(args.tp), repeats=args.repeats)
     out = {"store": str(store.root), "models": {}}
     coll_s = 0.0

@@ -73,13 +73,17 @@ def _build_config(args, run_dir: str):
         raise InputError(f"expected comma-separated integers, got {args.stage_layers!r}",
                          field="--stage-layers") from None
     plan = ParallelPlan(dp=degrees.dp, tp=degrees.tp, pp=degrees.pp,
-                        microbatches=args.microbatches or degrees.pp, schedule=args.schedule,
+                        microbatches=degrees.pp if args.microbatches is None else args.microbatches,
+                        schedule=args.schedule,
                         stage_layers=stage_layers)
     num_nodes = args.num_nodes or (len(hostfile_hosts(args.hostfile)) if args.hostfile else 1)
     if args.checkpoint_dir:
         from instances.paths import check_output_dir
         check_output_dir(args.checkpoint_dir, "--checkpoint-dir")       # before reading it
-    global_batch = args.global_batch or checkpoint_global_batch(args.checkpoint_dir)
+    global_batch = args.global_batch if args.global_batch is not None else \
+        checkpoint_global_batch(args.checkpoint_dir)
+    if not args.timeout > 0:
+        raise InputError(f"must be > 0 seconds, got {args.timeout}", field="--timeout")
     return TrainConfig(
         model=args.model, plan=plan, steps=args.steps, global_batch=global_batch, seed=args.seed,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
