@@ -1,0 +1,132 @@
+"""The service's HTTP API and its command line on bad input: every case is a 4xx naming
+the field (or a clear CLI error), and nothing is stored. The API is the real FastAPI
+application over a real SQLite store, called in-process (no scheduler thread needed to
+validate and store submissions)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.cli import main as cli_main
+from engine.service.api import MAX_BODY_BYTES, ApiContext, create_app
+from engine.service.store import Store
+from instances.cluster import ClusterSpec, NodeGroup
+from instances.errors import InputError
+
+CLUSTER = ClusterSpec((NodeGroup("cpu", 1, 4),), "local-4")
+GOOD = {"name": "ok", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 10}
+
+
+@pytest.fixture()
+def api(tmp_path):
+    db = tmp_path / "state.db"
+    Store(db).close()
+    woken = []
+    app = create_app(ApiContext(str(db), str(tmp_path / "work"), CLUSTER, "arena", wake=lambda: woken.append(1)))
+    return TestClient(app), db, woken
+
+
+def stored(db: Path) -> int:
+    with Store(db, readonly=True) as st:
+        return len(st.jobs())
+
+
+def test_a_good_job_is_stored_and_wakes_the_scheduler(api):
+    client, db, woken = api
+    r = client.post("/api/jobs", json=GOOD)
+    assert r.status_code == 201 and r.json()["id"] == 1 and woken
+    assert stored(db) == 1
+    assert client.get("/api/jobs/1").json()["status"] == "queued"
+    assert client.post("/api/jobs/1/cancel").json()["cancel_requested"] is True
+    with Store(db, readonly=True) as st:
+        assert st.cancel_requests() == [1]
+
+
+def heads_config(tmp_path: Path) -> str:
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 6,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
+    p = tmp_path / "bad-config.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+@pytest.mark.parametrize("case", ["toml", "model", "heads", "gpus", "steps", "unknown", "not-json", "type"])
+def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_path, case):
+    client, db, _ = api
+    body, field = {
+        "toml": ({"toml": "name = \"x\"\nsteps = = 3\n"}, None),
+        "model": ({**GOOD, "model": "nosuch__1B"}, "model"),
+        "heads": ({**GOOD, "model": heads_config(tmp_path)}, "model"),
+        "gpus": ({**GOOD, "gpus": 64}, "gpus"),
+        "steps": ({**GOOD, "steps": -5}, "steps"),
+        "unknown": ({**GOOD, "bogus": 1}, "bogus"),
+        "not-json": (b"{not json", "body"),
+        "type": ([1, 2], None),
+    }[case]
+    r = client.post("/api/jobs", content=body) if isinstance(body, bytes) else client.post("/api/jobs", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    err = r.json()
+    assert err["error"]
+    if field is not None:
+        assert err["field"] == field, err
+    if case == "toml":
+        assert "malformed TOML" in err["error"]
+    assert stored(db) == 0
+
+
+def test_a_huge_body_is_refused_before_it_is_read(api):
+    client, db, _ = api
+    r = client.post("/api/jobs", content=b"x" * (MAX_BODY_BYTES + 1), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["field"] == "body"
+    assert stored(db) == 0
+
+
+def test_unknown_job_is_404_and_cancelling_an_ended_job_is_409(api):
+    client, db, _ = api
+    assert client.get("/api/jobs/99").status_code == 404
+    client.post("/api/jobs", json=GOOD)
+    with Store(db) as st:
+        st.request_cancel(1)
+        st.set_status(1, "cancelled", "test")
+    assert client.post("/api/jobs/1/cancel").status_code == 409
+
+
+def test_a_token_is_required_when_set(tmp_path):
+    db = tmp_path / "state.db"
+    Store(db).close()
+    client = TestClient(create_app(ApiContext(str(db), str(tmp_path), CLUSTER, "arena", token="s3cret")))
+    assert client.get("/api/health").status_code == 401
+    assert client.get("/api/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/api/health", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/?token=s3cret").status_code == 200
+
+
+def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ARENA_TOKEN", raising=False)
+    base = ["serve", "--db", str(tmp_path / "s.db"), "--work-dir", str(tmp_path / "w")]
+    for argv, field in [(["--local-slots", "4", "--host", "0.0.0.0"], "--token"),
+                        ([], "--cluster"),
+                        (["--local-slots", "0"], "--local-slots"),
+                        (["--local-slots", "2", "--policy", "nosuch"], "policy"),
+                        (["--local-slots", "2", "--round-interval", "0"], "round_interval_s")]:
+        assert cli_main(base + argv) == 2
+        assert f"field '{field}'" in capsys.readouterr().err
+    (tmp_path / "dir.db").mkdir()
+    assert cli_main(["serve", "--local-slots", "2", "--db", str(tmp_path / "dir.db")]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_cli_clients_name_a_missing_service_and_a_bad_job_file(tmp_path, capsys):
+    assert cli_main(["jobs", "--url", "http://127.0.0.1:9"]) == 2
+    assert "no service answers" in capsys.readouterr().err
+    bad = tmp_path / "job.toml"
+    bad.write_text("name = 'x'\nmodel = 'tiny-gpt__2L'\nglobal_batch = 8\nsteps = -1\n")
+    assert cli_main(["submit", str(bad), "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "field 'steps'" in err
+    with pytest.raises(InputError):
+        from engine.service.client import Client
+        Client("ftp://x")
