@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (if needed) and run the whole test suite.
+# Set up a virtual environment (if needed), the browser the status-page test drives
+# (Debian's chromium, when running as root and it is missing), then lint (ruff),
+# type-check the seams (mypy, files listed in pyproject.toml) and run the whole test suite.
 # Fails when no test ran (pytest exit code 5), so CI never passes on an empty run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +10,17 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || exit 1
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[torch,test]' || exit 1
+.venv/bin/python -m pip install -q -e '.[torch,service,test]' || exit 1
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing Debian's chromium for the status-page test" >&2
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null || exit 1
+  else
+    echo "scripts/test.sh: no chromium (apt-get install chromium): the status-page test will be skipped" >&2
+  fi
+fi
+.venv/bin/ruff check . || exit 1
+.venv/bin/mypy || exit 1
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

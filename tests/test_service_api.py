@@ -130,3 +130,17 @@ def test_cli_clients_name_a_missing_service_and_a_bad_job_file(tmp_path, capsys)
     with pytest.raises(InputError):
         from engine.service.client import Client
         Client("ftp://x")
+
+
+def test_a_config_json_model_is_copied_at_submission(api, tmp_path):
+    client, db, _ = api
+    src = Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny-llama-config.json"
+    mine = tmp_path / "mine.json"
+    mine.write_text(src.read_text())
+    r = client.post("/api/jobs", json={**GOOD, "model": str(mine)})
+    assert r.status_code == 201, r.text
+    with Store(db, readonly=True) as st:
+        kept = Path(st.job(1).spec["model"])
+    assert kept.parent == tmp_path / "work" / "models" and kept.read_text() == src.read_text()
+    mine.write_text("{}")                       # the user edits (or breaks) their file later
+    assert kept.read_text() == src.read_text()

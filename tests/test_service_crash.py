@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
-from engine.service.scenario import format_report, job_report, resumes, run_scenario
+from engine.service.scenario import (LOSS_TOL, demo_jobs, demo_serve_args, format_report, job_report, loss_deviation,
+                                     resumes, run_scenario)
 from engine.service.store import Store
-from tests.test_service_e2e import JOBS, LOSS_TOL, check_losses, free_port, serve_args
+from tests.test_service_e2e import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,7 @@ FAULTS = ("after-round-recorded:3", "mid-move:1", "after-launch-intent:2")
 
 def test_killed_service_loses_no_job_and_no_step(tmp_path):
     port = free_port()
-    result = run_scenario(serve_args(tmp_path, port), f"http://127.0.0.1:{port}", tmp_path / "serve.log", JOBS,
+    result = run_scenario(demo_serve_args(tmp_path, port), f"http://127.0.0.1:{port}", tmp_path / "serve.log", demo_jobs(),
                           faults=FAULTS, random_kills=1, seed=7, timeout_s=1200,
                           progress=lambda m: print(m, file=sys.stderr))
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
@@ -33,7 +34,7 @@ def test_killed_service_loses_no_job_and_no_step(tmp_path):
     assert not result.unfired, f"the run ended before these kills: {result.unfired}"
     assert [k.split(":")[0] for k in result.kills] == [f.split(":")[0] for f in FAULTS] + ["random"]
     assert all(r["status"] == "finished" for r in rows), format_report(rows)
-    dev = check_losses(db, work, result.ids)
+    dev = loss_deviation(db, work, demo_jobs(), result.ids)
     assert max(dev.values()) <= LOSS_TOL, dev
     with Store(db, readonly=True) as st:
         assert st.check() == []

@@ -18,22 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.service.scenario import Submission, format_report, job_report, resumes, run_scenario, step_losses
+from engine.service.scenario import (LOSS_TOL, ServiceProcess, demo_jobs, demo_serve_args, format_report, job_report,
+                                     loss_deviation, resumes, run_scenario)
 from engine.service.store import Store
-from launcher.reference import train_reference
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG_JSON = str(REPO / "examples" / "models" / "tiny-llama-config.json")
-LOSS_TOL = 1e-4          # max |loss - uninterrupted loss| over every step (resharding reorders float sums)
-JOBS = [
-    Submission(0, {"name": "gpt-a", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 120}),
-    Submission(6, {"name": "llama-cfg", "model": CONFIG_JSON, "global_batch": 8, "steps": 60}),
-    Submission(12, {"name": "moe-a", "model": "tiny-moe__2L", "global_batch": 8, "steps": 40}),
-    Submission(18, {"name": "gpt-b", "model": "tiny-gpt__2L", "global_batch": 16, "steps": 50}),
-    Submission(24, {"name": "llama-b", "model": CONFIG_JSON, "global_batch": 8, "steps": 40, "seed": 3}),
-]
+JOBS = demo_jobs()
 
 
 def free_port() -> int:
@@ -42,32 +33,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_args(tmp: Path, port: int) -> list[str]:
-    return ["--local-slots", "4", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir", str(tmp / "work"),
-            "--port", str(port), "--round-interval", "60", "--checkpoint-interval", "5", "--stop-timeout", "60",
-            "--reconfig-opt", "replan_per_gpu_s=2", "--reconfig-opt", "replan_cap_s=8", "--stop-after", "900"]
-
-
-def check_losses(db: str, work: str, ids: dict[str, int]) -> dict[str, float]:
-    """Max deviation from the uninterrupted one-process run, per job."""
-    out = {}
-    with Store(db, readonly=True) as st:
-        for sub in JOBS:
-            spec = sub.job
-            got = step_losses(work, ids[spec["name"]], st)
-            ref = train_reference(st.job(ids[spec["name"]]).spec["model"], steps=spec["steps"],
-                                  global_batch=spec["global_batch"], seed=spec.get("seed", 0))
-            assert sorted(got) == list(range(1, spec["steps"] + 1)), f"{spec['name']}: steps {sorted(got)[:5]}..."
-            out[spec["name"]] = max(abs(got[i + 1] - ref[i]) for i in range(spec["steps"]))
-    return out
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    result = run_scenario(serve_args(tmp, port), url, tmp / "serve.log", JOBS, timeout_s=900,
+    result = run_scenario(demo_serve_args(tmp, port), url, tmp / "serve.log", JOBS, timeout_s=900,
                           progress=lambda m: print(m, file=sys.stderr))
     rows = job_report(str(tmp / "state.db"), str(tmp / "work"))
     print("\n" + format_report(rows), file=sys.stderr)
@@ -87,7 +58,7 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
 
 
 def test_losses_equal_the_uninterrupted_run(run):
-    dev = check_losses(str(run["tmp"] / "state.db"), str(run["tmp"] / "work"), run["ids"])
+    dev = loss_deviation(str(run["tmp"] / "state.db"), str(run["tmp"] / "work"), JOBS, run["ids"])
     assert max(dev.values()) <= LOSS_TOL, dev
 
 
@@ -102,11 +73,10 @@ def test_status_agrees_with_the_database(run, tmp_path):
     # the service has shut down; start it again over the same state (recovery of a
     # finished run: nothing to do) and read it through the CLI and a real browser
     tmp, port = run["tmp"], run["port"]
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", *serve_args(tmp, port)],
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", *demo_serve_args(tmp, port)],
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "serve2.log", "wb"),
                             start_new_session=True)
     try:
-        from engine.service.scenario import ServiceProcess
         ServiceProcess([], tmp / "unused.log", run["url"], proc=proc).wait_healthy(120)
         out = subprocess.run([sys.executable, "-m", "engine.cli", "jobs", "--json", "--url", run["url"]],
                              capture_output=True, text=True, timeout=60, check=True)

@@ -25,6 +25,7 @@ import hmac
 import json
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
@@ -135,6 +136,7 @@ def create_app(ctx: ApiContext):
             spec = JobSpec.from_toml_text(body["toml"], source="request", cluster=ctx.cluster)
         else:
             spec = JobSpec.from_dict(body, source="request", cluster=ctx.cluster)
+        spec = spec.with_frozen_model(Path(ctx.work_dir) / "models")
         with store() as s:
             job_id = s.submit(spec)
         ctx.wake()

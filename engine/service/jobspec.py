@@ -139,6 +139,24 @@ class JobSpec:
         """JSON-ready; ``from_dict`` of it gives this spec back."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
+    def with_frozen_model(self, folder: str | Path) -> "JobSpec":
+        """This spec with a ``config.json`` model copied into ``folder`` under its content's
+        SHA-256 (the service keeps its own copy at submission: editing or deleting the
+        user's file later changes nothing for the job, its checkpoints or its telemetry).
+        A catalog model is returned as is."""
+        import hashlib
+        import shutil
+        if not self.model.lower().endswith(".json"):
+            return self
+        data = Path(self.model).read_bytes()
+        dest = Path(folder) / f"{hashlib.sha256(data).hexdigest()[:16]}-{Path(self.model).name}"
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_suffix(".tmp")
+            shutil.copyfile(self.model, tmp)
+            tmp.replace(dest)
+        return JobSpec.from_dict({**self.to_dict(), "model": str(dest)})
+
     def to_job(self, job_id: str, arrival_s: float) -> Job:
         """The engine's job, arriving at ``arrival_s`` on the loop's clock. The seed and the
         data file are the launcher's (``TrainConfig``), not the scheduler's."""

@@ -34,6 +34,49 @@ class Submission:
     job: dict                       # JobSpec fields
 
 
+REPO = Path(__file__).resolve().parents[2]
+LOSS_TOL = 1e-4          # max |loss - uninterrupted loss| over every step (resharding reorders float sums)
+
+
+def demo_jobs() -> list[Submission]:
+    """Five jobs of three families (GPT, the llama config.json example twice, MoE), 6 s
+    apart: the end-to-end and crash tests' workload."""
+    cfg = str(REPO / "examples" / "models" / "tiny-llama-config.json")
+    return [
+        Submission(0, {"name": "gpt-a", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 120}),
+        Submission(6, {"name": "llama-cfg", "model": cfg, "global_batch": 8, "steps": 60}),
+        Submission(12, {"name": "moe-a", "model": "tiny-moe__2L", "global_batch": 8, "steps": 40}),
+        Submission(18, {"name": "gpt-b", "model": "tiny-gpt__2L", "global_batch": 16, "steps": 50}),
+        Submission(24, {"name": "llama-b", "model": cfg, "global_batch": 8, "steps": 40, "seed": 3}),
+    ]
+
+
+def demo_serve_args(tmp: Path, port: int) -> list[str]:
+    """``arena serve`` options of the demo run (state and work under ``tmp``)."""
+    return ["--local-slots", "4", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir",
+            str(tmp / "work"), "--port", str(port), "--round-interval", "60", "--checkpoint-interval", "5",
+            "--stop-timeout", "60", "--reconfig-opt", "replan_per_gpu_s=2", "--reconfig-opt", "replan_cap_s=8",
+            "--stop-after", "900"]
+
+
+def loss_deviation(db_path: str, work_dir: str, submissions: list[Submission], ids: dict[str, int]) -> dict:
+    """Per job: the largest |loss - loss of the same job trained uninterrupted in one
+    process| over every step (``launcher.reference.train_reference``)."""
+    from launcher.reference import train_reference
+    out = {}
+    with Store(db_path, readonly=True) as st:
+        for sub in submissions:
+            spec = sub.job
+            jid = ids[spec["name"]]
+            got = step_losses(work_dir, jid, st)
+            if sorted(got) != list(range(1, spec["steps"] + 1)):
+                raise AssertionError(f"{spec['name']}: trained steps {sorted(got)[:3]}...{sorted(got)[-3:]}")
+            ref = train_reference(st.job(jid).spec["model"], steps=spec["steps"],
+                                  global_batch=spec["global_batch"], seed=spec.get("seed", 0))
+            out[spec["name"]] = max(abs(got[i + 1] - ref[i]) for i in range(spec["steps"]))
+    return out
+
+
 @dataclass
 class ServiceProcess:
     """``arena serve`` in a child process (its own session, so a kill reaches it alone)."""
