@@ -163,3 +163,20 @@ def test_dp_memory():
     with pytest.raises(InputError) as e:
         parse_dp_memory('{"bert_760M_128": [1, 2, 3]}', "d.json")
     assert e.value.field == "bert_760M_128"
+
+
+def test_cluster_hosts_one_per_node(tmp_path):
+    import json
+
+    from instances.cluster import load_cluster
+    from instances.errors import InputError
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4,
+                                              "hosts": ["gpu-a", "gpu-b"]}]}))
+    c = load_cluster(p)
+    assert [n.host for n in c.nodes()] == ["gpu-a", "gpu-b"]
+    assert load_cluster(p).to_json()["node_groups"][0]["hosts"] == ["gpu-a", "gpu-b"]
+    p.write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4,
+                                              "hosts": ["gpu-a"]}]}))
+    with pytest.raises(InputError, match="hosts"):
+        load_cluster(p)

@@ -152,8 +152,8 @@ def build_service_parts(args):
     if args.local_slots is not None:
         if args.local_slots < 1:
             raise InputError(f"must be >= 1, got {args.local_slots}", field="--local-slots")
-        cluster = ClusterSpec((NodeGroup("cpu", 1, args.local_slots, hosts=(socket.gethostname(),)),),
-                              f"local-{args.local_slots}")
+        # no host names: every rank runs here, started by mpiexec without a hostfile
+        cluster = ClusterSpec((NodeGroup("cpu", 1, args.local_slots),), f"local-{args.local_slots}")
     else:
         cluster = load_cluster(args.cluster)
         missing = [g.gpu_type for g in cluster.groups if g.hosts is None]

@@ -120,7 +120,8 @@ class Service:
         self.mpi = MpiExecutor(MpiExecutorConfig(
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
-            poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s))
+            poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
+            node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
