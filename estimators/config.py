@@ -8,7 +8,7 @@ rules, and the planner's search limits. The defaults describe the project's torc
 launcher; ``arena_runtime()`` gives the runtime of the Arena artifact that produced the
 measured table. The six fitted constants (compute efficiency of transformer, MoE and
 convolution layers; memory, intra- and inter-node bandwidth efficiency) were set by
-``estimators.calibrate.fit_efficiency`` on the Arena measured table (all four GPU types)
+``estimators.evaluation.calibrate.fit_efficiency`` on the Arena measured table (all four GPU types)
 under ``arena_runtime()``; latencies and overheads are typical values, not fitted.
 ``arena estimate accuracy --refit-analytic`` reports the leave-one-GPU-type-out refit, so
 that the in-sample effect of these few global constants is visible.

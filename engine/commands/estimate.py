@@ -116,11 +116,11 @@ def _fmt(x) -> str:
 def _accuracy(args) -> int:
     if args.against == "local":
         return _accuracy_local(args)
-    from estimators.accuracy import against_arena, dp_memory_check
+    from estimators.evaluation.accuracy import against_arena, dp_memory_check
     out = against_arena(seed=args.seed, few_shot=args.few_shot)
     out["dp_memory"] = dp_memory_check()
     if args.refit_analytic:
-        from estimators.accuracy import analytic_refit
+        from estimators.evaluation.accuracy import analytic_refit
         from instances.errors import InputError
         if args.refit_evals < 1:
             raise InputError("--refit-evals must be >= 1", field="refit_evals")
@@ -196,7 +196,7 @@ def _accuracy(args) -> int:
 
 
 def _accuracy_local(args) -> int:
-    from estimators.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
+    from estimators.evaluation.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
     from estimators.profile_store import ProfileStore
     from instances.errors import InputError
     if args.passes < 1:
@@ -235,7 +235,7 @@ def _accuracy_local(args) -> int:
 
 
 def _proxy_quality(args) -> int:
-    from estimators.accuracy import proxy_quality
+    from estimators.evaluation.accuracy import proxy_quality
     models = [args.model] if args.model else None
     out = proxy_quality(models=models, batches=(args.batch,), max_exhaustive_splits=args.max_splits)
     if args.json:

@@ -8,6 +8,7 @@ Compares our rule (instances.oracle.TableOracle) with the Arena artifact's rule
 that a too-slow prediction still counts as a (bad) prediction.
 
 Run:  .venv/bin/python bench/bench_oracle.py [--json out.json]
+(or ``python -m estimators.evaluation.oracle_loo``).
 """
 from __future__ import annotations
 
