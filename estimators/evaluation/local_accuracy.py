@@ -232,7 +232,7 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     from launcher.data import dp_shard, make_source
     from launcher.model import build_model
     from launcher.parallelize import apply_tp
-    from ..profiler import _build
+    from ..profiler import build_layer
 
     torch.set_num_threads(1)                    # as launcher/worker.py
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -258,9 +258,9 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     if arch.is_transformer:
         apply_tp(full, init_device_mesh("cpu", (world,)))
         dtensor_layer = next(iter(full.layers.values()))
-        plain_layer, make = _build(arch, index, world, "float32")     # the profiler's sharded layer
+        plain_layer, make = build_layer(arch, index, world, "float32")     # the profiler's sharded layer
     else:                                       # no tensor parallelism: contention only
-        plain_layer, make = _build(arch, index, 1, "float32")
+        plain_layer, make = build_layer(arch, index, 1, "float32")
         dtensor_layer = plain_layer
     passes = sum(1 for spec in arch.layers() if spec.kind in BLOCK_KINDS)
 
