@@ -177,6 +177,18 @@ def test_latest_checkpoint_ignores_partial_saves(tmp_path):
     assert step == 8 and path.name == "step_00000008"
 
 
+def test_launcher_imports_nothing_from_the_estimators():
+    """Dependencies point one way: instances <- launcher <- estimators."""
+    import ast
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "launcher").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not any(n.split(".")[0] in ("estimators", "engine") for n in names), (path.name, names)
+
+
 def test_measured_run_record_matches_the_profile_store_schema(tmp_path):
     from estimators.profile_store import MEASURED_RUN_KEYS, ProfileStore
     from launcher import telemetry
@@ -185,6 +197,7 @@ def test_measured_run_record_matches_the_profile_store_schema(tmp_path):
     rec = telemetry.measured_run(c, device="cpu", gpu_type="cpu", iteration_time_s=0.5, step=3,
                                  stage_compute_s=[0.1, 0.2], stage_comm_s=[0.4, 0.3])
     assert set(MEASURED_RUN_KEYS) <= set(rec) and set(telemetry.RECORD_KEYS) == set(MEASURED_RUN_KEYS)
+    assert set(rec) == set(telemetry.RECORD_KEYS) | set(telemetry.BREAKDOWN_KEYS)     # nothing undocumented
     telemetry.append_measured_runs(tmp_path, [rec, rec])
     back = ProfileStore(tmp_path).read_measured_runs()
     assert len(back) == 2 and back[0]["pp"] == 2 and back[0]["stage_comm_s"] == [0.4, 0.3]
