@@ -66,6 +66,7 @@ from .gpus import canonical_gpu_name, get_gpu
 from .grid import Shape
 from .jobs import Job
 from .measurements import MeasuredIterTime, load_measured_iter_times
+from .memory_rule import ADAM_STATE_BYTES_PER_PARAM
 from .models import MODELS, canonical_model_name, get_model
 
 Key = tuple[str, int, str, int, int]     # (model, global batch, GPU type, nodes, GPUs per node)
@@ -85,7 +86,7 @@ class OracleConfig:
     noise_std: float = 0.0                   # std of log of the multiplicative noise
     seed: int = 0
     # memory rule for unmeasured keys
-    model_state_bytes_per_param: float = 16.0
+    model_state_bytes_per_param: float = ADAM_STATE_BYTES_PER_PARAM   # 16 (memory_rule)
     activation_memory_fraction: float = 0.01 # share of a full batch's activations held at once
     usable_memory_fraction: float = 1.0
     # transfer to unmeasured GPU types
