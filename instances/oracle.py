@@ -46,7 +46,8 @@ locality") times 0.9 per halving of GPUs per node (and, in the other direction, 
 by 0.9), else a measured smaller model of the family times 1.8 per size step; else
 infeasible.
 
-``estimators.evaluation.oracle_loo`` (``bench/bench_oracle.py``) measures both rules by leave-one-out over the measured rows.
+``estimators.evaluation.oracle_loo`` (``bench/bench_oracle.py``) measures both rules by
+leave-one-out over the measured rows.
 
 Values are cached per key and deterministic; optional multiplicative log-normal noise
 (``noise_std``, mean 1) is seeded per (seed, key), so the same key always gets the same
