@@ -1,5 +1,5 @@
 """PNG plots of the estimator accuracy report against the Arena measured table
-(``estimators.accuracy.against_arena``): estimated vs measured per row, and the error
+(``estimators.evaluation.accuracy.against_arena``): estimated vs measured per row, and the error
 per GPU count for the analytic model and the three learned regimes."""
 from __future__ import annotations
 

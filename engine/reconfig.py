@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from instances.grid import Grid
 from instances.jobs import Job
+from instances.memory_rule import ADAM_STATE_BYTES_PER_PARAM
 
 from .context import Allocation
 
@@ -50,7 +51,7 @@ class ReconfigCostModel:
     replan_cap_s: float = 40.0
     restart_s: float = 0.0
     state_bw_bytes_per_s: float | None = None
-    state_bytes_per_param: float = 16.0
+    state_bytes_per_param: float = ADAM_STATE_BYTES_PER_PARAM      # 16: instances.memory_rule
     charge_launch: bool = True
 
     def __post_init__(self):

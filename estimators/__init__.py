@@ -1,5 +1,6 @@
 """How fast and how big a job is on a grid: layer costs, profiler, profile store,
-analytic composition, memory model, planner, learned load-aware regressor."""
+analytic composition, memory model, planner, learned load-aware regressor; how good the
+estimates are lives apart, in ``estimators.evaluation``."""
 from .base import Estimate, PerformanceModel, Plan
 from .perf import kind_names, make_performance_model
 

@@ -8,7 +8,7 @@ rules, and the planner's search limits. The defaults describe the project's torc
 launcher; ``arena_runtime()`` gives the runtime of the Arena artifact that produced the
 measured table. The six fitted constants (compute efficiency of transformer, MoE and
 convolution layers; memory, intra- and inter-node bandwidth efficiency) were set by
-``estimators.calibrate.fit_efficiency`` on the Arena measured table (all four GPU types)
+``estimators.evaluation.calibrate.fit_efficiency`` on the Arena measured table (all four GPU types)
 under ``arena_runtime()``; latencies and overheads are typical values, not fitted.
 ``arena estimate accuracy --refit-analytic`` reports the leave-one-GPU-type-out refit, so
 that the in-sample effect of these few global constants is visible.
@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 from instances.errors import InputError
+from instances.memory_rule import OPTIMIZERS, RUNTIME_RESERVE_BYTES, USABLE_MEMORY_FRACTION, state_bytes_per_param
 
 # Layer kinds of instances.models.LayerSpec.
 ROOFLINE_COMBINES = ("max", "sum")
-OPTIMIZERS = ("adam", "sgd")
 LAYER_KINDS = ("embedding", "decoder", "moe_decoder", "head", "conv_stem", "bottleneck", "classifier")
 
 
@@ -129,15 +129,15 @@ class EfficiencyConfig:
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """Per-rank memory accounting (bytes per parameter by role; reserves).
-
-    Mixed precision Adam (fp16/bf16 models): weights 2 + grads 2 + fp32 master 4 + Adam
-    m 4 + v 4 = 16 bytes/param. Pure fp32 models: weights 4 + grads 4 + m 4 + v 4 = 16.
+    """Per-rank memory accounting (bytes per parameter by role; reserves). The defaults and
+    the bytes per parameter are the project's one memory rule (``instances.memory_rule``):
+    mixed precision Adam (fp16/bf16 models): weights 2 + grads 2 + fp32 master 4 + Adam
+    m 4 + v 4 = 16 bytes/param; pure fp32 models: weights 4 + grads 4 + m 4 + v 4 = 16.
     """
     optimizer: str = "adam"                  # "adam" or "sgd" (momentum), for families not listed below
     optimizer_by_family: tuple[tuple[str, str], ...] = ()   # family -> optimizer; see arena_runtime()
-    framework_reserve_bytes: float = 1.0 * 2**30   # CUDA context, allocator slack, workspaces
-    usable_fraction: float = 0.95            # of the GPU's memory the allocator can hand out
+    framework_reserve_bytes: float = RUNTIME_RESERVE_BYTES   # CUDA context, allocator slack, workspaces
+    usable_fraction: float = USABLE_MEMORY_FRACTION         # of the GPU's memory a plan may fill
     recompute_layer_peak: bool = True        # with activation recomputation, a layer's backward holds
                                               # that layer's full activations (Korthikanti et al.); False:
                                               # only the kept layer inputs (see arena_runtime())
@@ -158,12 +158,11 @@ class MemoryConfig:
         return dict(self.optimizer_by_family).get(family, self.optimizer)
 
     def state_bytes_per_param(self, dtype_bytes: int, family: str | None = None, shard: int = 1) -> float:
-        """Weights + grads + optimizer state bytes per parameter; the optimizer part (fp32
-        master copy for 16-bit models, Adam m and v or SGD momentum) divided by ``shard``
-        when the update is sharded over that many data-parallel ranks."""
-        master = 4 if dtype_bytes < 4 else 0
-        opt = 8 if self.optimizer_for(family) == "adam" else 4
-        return 2 * dtype_bytes + (master + opt) / max(1, shard)
+        """Weights + grads + optimizer state bytes per parameter (``instances.memory_rule``);
+        the optimizer part (fp32 master copy for 16-bit models, Adam m and v or SGD
+        momentum) divided by ``shard`` when the update is sharded over that many
+        data-parallel ranks."""
+        return state_bytes_per_param(dtype_bytes, self.optimizer_for(family), shard)
 
 
 @dataclass(frozen=True)

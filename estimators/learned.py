@@ -43,9 +43,8 @@ from instances.jobs import Job
 from instances.models import get_model
 
 from .base import Estimate, Plan
-from .calibrate import best_shape_result
 from .analytic import AnalyticModel
-from .planner import PlanResult
+from .planner import PlanResult, best_shape_result
 
 ARTIFACT_VERSION = 2
 CORRECTIONS = ("none", "squared_error", "absolute_error")     # "none": the analytic estimate unchanged

@@ -35,8 +35,8 @@ import math
 from dataclasses import dataclass, field
 
 from instances.gpus import GpuType, get_gpu
-from instances.grid import Grid
-from instances.models import ModelArch
+from instances.grid import Grid, Shape
+from instances.models import ModelArch, get_model
 
 from .base import Plan
 from .compose import Breakdown, StageTable, micro_batch_size
@@ -372,3 +372,21 @@ class Planner:
         if best is None:
             return None
         return PlanResult(best[0], best[1], best[2], True, n)
+
+
+def best_shape_result(planner: Planner, model: str, global_batch: int, shape: Shape, *,
+                      dp_only: bool = False) -> PlanResult | None:
+    """The fastest feasible proxy plan over the pipeline depths of one resource shape
+    (the measured table holds the best plan the authors' search found for that shape)."""
+    arch = get_model(model)
+    best = None
+    n = shape.num_gpus
+    for pp in range(1, n + 1):
+        if n % pp or pp > len(arch.layers()):
+            continue
+        r = planner.proxy(arch, global_batch, Grid(shape, pp), dp_only=dp_only)
+        if r is None or not r.feasible:
+            continue
+        if best is None or r.iteration_time_s < best.iteration_time_s:
+            best = r
+    return best

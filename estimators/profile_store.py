@@ -5,7 +5,8 @@ Directory (default ``$ARENA_PROFILE_DIR`` or ``~/.cache/arena/profiles``)::
     layers/<device>/<dtype>.json     {"schema_version", "device", "dtype", "entries": {key: record}}
     collectives/<device>.json        {"schema_version", "device", "entries": [record, ...]}
     steps/<device>.json              {"schema_version", "device", "entries": {dtype: optimizer step cost}}
-    measured_runs.jsonl              one measured training run per line (the launcher appends)
+    measured_runs.jsonl              one measured training run per line (the launcher's telemetry
+                                     appends plain records; validated here when read)
 
 A layer record is keyed by (kind, signature, tp, micro_batch): every model whose layer
 has the same signature (instances.models.LayerSpec.signature) reuses it. Files carry
@@ -18,22 +19,49 @@ import json
 import math
 import os
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from instances.errors import InputError
+from launcher.telemetry import BREAKDOWN_KEYS, MEASURED_RUNS_FILE, RECORD_KEYS, store_dir
 
 SCHEMA_VERSION = 1
-MEASURED_RUN_KEYS = ("kind", "model", "device", "gpu_type", "dtype", "dp", "tp", "pp", "microbatches",
-                     "schedule", "global_batch", "num_nodes", "gpus_per_node", "iteration_time_s", "step",
-                     "timestamp")
-OPTIONAL_RUN_KEYS = ("stage_compute_s", "stage_comm_s", "link_load")
+# The measured-run schema is the launcher's (its telemetry writes plain JSON lines); the
+# store validates each record when it reads them (``validate_measured_run``).
+MEASURED_RUN_KEYS = RECORD_KEYS
+OPTIONAL_RUN_KEYS = BREAKDOWN_KEYS + ("link_load",)   # link_load: other jobs' load on shared links (learned.py)
 
 
 def default_root() -> Path:
-    env = os.environ.get("ARENA_PROFILE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "arena" / "profiles"
+    """``$ARENA_PROFILE_DIR``, else ``~/.cache/arena/profiles`` (the launcher's telemetry store)."""
+    return store_dir()
+
+
+def validate_measured_run(rec, *, file: str | None = None, line: int | None = None) -> dict:
+    """``rec`` if it is a measured run of the launcher's schema (``launcher.telemetry``):
+    every key of ``MEASURED_RUN_KEYS``, ``kind`` "measured_run", a positive finite
+    ``iteration_time_s``, positive integer degrees and, when present, a ``link_load`` >= 0
+    and one breakdown entry per pipeline stage; otherwise ``InputError`` naming the file, line and field."""
+    if not isinstance(rec, dict) or rec.get("kind") != "measured_run":
+        raise InputError("expected an object with kind 'measured_run'", file=file, line=line, field="kind")
+    missing = [k for k in MEASURED_RUN_KEYS if k not in rec]
+    if missing:
+        raise InputError(f"measured run lacks {', '.join(missing)}", file=file, line=line, field=missing[0])
+    t = rec["iteration_time_s"]
+    if isinstance(t, bool) or not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+        raise InputError(f"must be a positive number, got {t!r}", file=file, line=line, field="iteration_time_s")
+    for k in ("dp", "tp", "pp", "microbatches", "global_batch"):
+        v = rec[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"must be a positive integer, got {v!r}", file=file, line=line, field=k)
+    load = rec.get("link_load", 0.0)
+    if isinstance(load, bool) or not (isinstance(load, (int, float)) and math.isfinite(load) and load >= 0):
+        raise InputError(f"must be a number >= 0, got {load!r}", file=file, line=line, field="link_load")
+    for k in BREAKDOWN_KEYS:
+        if k in rec and (not isinstance(rec[k], list) or len(rec[k]) != rec["pp"]):
+            raise InputError(f"must be a list of one number per pipeline stage (pp={rec['pp']}), got {rec[k]!r}",
+                             file=file, line=line, field=k)
+    return rec
 
 
 @dataclass(frozen=True)
@@ -202,29 +230,14 @@ class ProfileStore:
         path = self._step_path(device)
         return _read_json(path).get("entries", {}) if path.exists() else {}
 
-    # -- measured runs (the launcher appends) -----------------------------------------
+    # -- measured runs (the launcher's telemetry appends them as plain JSON lines) -----
     @property
     def runs_path(self) -> Path:
-        return self.root / "measured_runs.jsonl"
-
-    def append_measured_run(self, record: dict) -> None:
-        """Append one measured run (keys: MEASURED_RUN_KEYS, optional OPTIONAL_RUN_KEYS)."""
-        rec = dict(record)
-        rec.setdefault("kind", "measured_run")
-        rec.setdefault("timestamp", time.time())
-        missing = [k for k in MEASURED_RUN_KEYS if k not in rec]
-        if missing:
-            raise InputError(f"measured run lacks {', '.join(missing)}", field=missing[0])
-        if rec["kind"] != "measured_run":
-            raise InputError(f"kind must be 'measured_run', got {rec['kind']!r}", field="kind")
-        t = rec["iteration_time_s"]
-        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-            raise InputError(f"must be a positive number, got {t!r}", field="iteration_time_s")
-        self.runs_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.runs_path.open("a") as f:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+        return self.root / MEASURED_RUNS_FILE
 
     def read_measured_runs(self) -> list[dict]:
+        """Every measured run of the store, each validated (``validate_measured_run``); a
+        bad line is an ``InputError`` naming the file and line."""
         path = self.runs_path
         if not path.exists():
             return []
@@ -237,13 +250,7 @@ class ProfileStore:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=line_no) from None
-                if not isinstance(rec, dict) or rec.get("kind") != "measured_run":
-                    raise InputError("expected an object with kind 'measured_run'", file=str(path), line=line_no,
-                                     field="kind")
-                missing = [k for k in ("model", "dp", "tp", "pp", "iteration_time_s") if k not in rec]
-                if missing:
-                    raise InputError(f"missing {', '.join(missing)}", file=str(path), line=line_no, field=missing[0])
-                out.append(rec)
+                out.append(validate_measured_run(rec, file=str(path), line=line_no))
         return out
 
     # -- timers for the analytic model ------------------------------------------------

@@ -2,8 +2,10 @@
 
 What is measured and what is scaled:
 
-- Layers. Each distinct (kind, signature) of a model is built as a torch module of one
-  tensor-parallel shard (heads, MLP columns, vocabulary rows or conv channels / tp) and run
+- Layers. Each distinct (kind, signature) of a model is built from the launcher's own
+  modules (``build_layer``: ``launcher.model``'s blocks and pipeline stages, cut to one
+  tensor-parallel shard by ``launcher.parallelize.tp_shard`` with the launcher's
+  ``tp_plan``; vocabulary rows or conv channels / tp where the launcher has no split) and run
   forward and backward on the local device (CUDA when present, else CPU) at each
   micro-batch size, median of ``repeats`` timed runs after ``warmup`` runs. When the layer
   is larger than ``ProfilerConfig`` allows (the CPU cannot run a 2048-wide, 1024-token
@@ -119,96 +121,91 @@ def run_dtype(arch: ModelArch, device: str) -> str:
     return arch.dtype if device == "cuda" else "float32"
 
 
-def _build(arch: ModelArch, index: int, tp: int, dtype: str):
+def _end_stage(arch: ModelArch, kind: str, tp: int):
+    """The launcher's ``Transformer`` as a pipeline stage holding only its embeddings
+    (``kind`` "embedding": ``FIRST_STAGE``) or only its final norm and output head ("head":
+    ``LAST_STAGE``), no decoder layer. At ``tp`` > 1 the token embedding's rows / the
+    head's output columns are cut to a 1/tp vocabulary slice: the vocabulary-parallel
+    layout ``layers.py`` charges for the Arena runtime. The launcher itself keeps both whole
+    on every tensor rank, and its estimate times them with the tp = 1 records
+    (``EfficiencyConfig.tp_replicated_embedding_head``)."""
     import torch
     from torch import nn
-    import torch.nn.functional as F
+
+    from launcher.model import Transformer, loss_fn
+    from launcher.parallelize import tp_shard
+    stage = Transformer(replace(arch, num_layers=1))
+    del stage.layers["0"]
+    for name in stage.LAST_STAGE if kind == "embedding" else stage.FIRST_STAGE:
+        setattr(stage, name, None)
+    if kind == "embedding":
+        if tp > 1:
+            stage.tok_embeddings = nn.Embedding.from_pretrained(
+                stage.tok_embeddings.weight.detach().chunk(tp)[0].clone(), freeze=False)
+        return stage
+
+    if tp > 1:
+        tp_shard(stage, {"output": "colwise"}, tp)
+
+    class LastStage(nn.Module):
+        """The last stage and the launcher's loss, as its pipeline schedule runs them."""
+
+        def __init__(self):
+            super().__init__()
+            self.stage = stage
+
+        def forward(self, x):
+            logits = self.stage(x)
+            return loss_fn(logits, torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device))
+
+    return LastStage()
+
+
+def build_layer(arch: ModelArch, index: int, tp: int, dtype: str):
+    """``(module, make_input)``: layer ``index`` of ``arch`` as one of ``tp`` tensor ranks
+    computes it, built from the launcher's own modules (``launcher.model``), so that what
+    is timed is what the launcher trains:
+
+    - decoder / moe_decoder: ``launcher.model.Block`` (GPT: LayerNorm, GELU; Llama:
+      RMSNorm, rotary positions, SwiGLU, grouped-query attention; MoE: the launcher's
+      experts), sharded by ``launcher.parallelize.tp_shard`` with the same ``tp_plan`` that
+      ``apply_tp`` uses;
+    - embedding / head: the launcher's first / last pipeline stage (``_end_stage``), the
+      head with the launcher's loss;
+    - Wide-ResNet: ``Bottleneck`` and ``conv_stem`` (GroupNorm, as the launcher trains
+      them) and the classifier linear. The launcher has no tensor-parallel convolution; a
+      tp > 1 shard keeps 1/tp of every convolution's output channels (the estimators'
+      Alpa-style channel sharding, an approximation).
+    """
+    import torch
+    from torch import nn
+
+    from launcher.model import Block, Bottleneck, conv_stem, has_shortcut
+    from launcher.parallelize import tp_plan, tp_shard
     spec = arch.layers()[index]
     dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-
     if spec.kind in ("decoder", "moe_decoder"):
-        h, a, s = arch.hidden_size, arch.num_heads // tp, arch.seq_len
-        hd = arch.hidden_size // arch.num_heads
-        kv = max(1, arch.kv_heads // tp)
-        ffn = arch.ffn // tp
-        llama = arch.base_family == "llama"
-
-        class Block(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.n1, self.n2 = nn.LayerNorm(h), nn.LayerNorm(h)
-                self.qkv = nn.Linear(h, (a + 2 * kv) * hd)
-                self.out = nn.Linear(a * hd, h)
-                if spec.kind == "moe_decoder":           # the launcher's experts, each ffn / tp wide
-                    from launcher.model import MoE
-                    self.moe = MoE(h, ffn, arch.num_experts, arch.top_k)
-                elif llama:
-                    self.up = nn.Linear(h, 2 * ffn, bias=False)
-                    self.down = nn.Linear(ffn, h, bias=False)
-                else:
-                    self.up, self.down = nn.Linear(h, ffn), nn.Linear(ffn, h)
-
-            def forward(self, x):
-                b = x.shape[0]
-                q, k, v = self.qkv(self.n1(x)).split([a * hd, kv * hd, kv * hd], dim=-1)
-                q = q.view(b, s, a, hd).transpose(1, 2)
-                k = k.view(b, s, kv, hd).transpose(1, 2).repeat_interleave(a // kv, dim=1)
-                v = v.view(b, s, kv, hd).transpose(1, 2).repeat_interleave(a // kv, dim=1)
-                att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                x = x + self.out(att.transpose(1, 2).reshape(b, s, a * hd))
-                y = self.n2(x)
-                if spec.kind == "moe_decoder":
-                    return x + self.moe(y)
-                if llama:
-                    g, u = self.up(y).chunk(2, dim=-1)
-                    return x + self.down(F.silu(g) * u)
-                return x + self.down(F.gelu(self.up(y)))
-
-        mod = Block()
-        make = lambda mb: torch.randn(mb, s, h, dtype=dt, requires_grad=True)
+        mod = tp_shard(Block(arch), tp_plan(arch), tp)
+        make = lambda mb: torch.randn(mb, arch.seq_len, arch.hidden_size, dtype=dt, requires_grad=True)
     elif spec.kind == "embedding":
-        V, h, s = arch.vocab_size // tp, arch.hidden_size, arch.seq_len
-
-        class Emb(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.tok, self.pos = nn.Embedding(V, h), nn.Embedding(s, h)
-
-            def forward(self, ids):
-                return self.tok(ids) + self.pos.weight[None]
-
-        mod = Emb()
-        make = lambda mb: torch.randint(0, V, (mb, s))
+        mod = _end_stage(arch, "embedding", tp)
+        vocab = mod.tok_embeddings.num_embeddings
+        make = lambda mb: torch.randint(0, vocab, (mb, arch.seq_len))
     elif spec.kind == "head":
-        V, h, s = arch.vocab_size // tp, arch.hidden_size, arch.seq_len
-
-        class Head(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.norm, self.proj = nn.LayerNorm(h), nn.Linear(h, V, bias=False)
-
-            def forward(self, x):
-                logits = self.proj(self.norm(x)).float()
-                return F.cross_entropy(logits.view(-1, V), torch.zeros(logits.shape[0] * s, dtype=torch.long))
-
-        mod = Head()
-        make = lambda mb: torch.randn(mb, s, h, dtype=dt, requires_grad=True)
+        mod = _end_stage(arch, "head", tp)
+        make = lambda mb: torch.randn(mb, arch.seq_len, arch.hidden_size, dtype=dt, requires_grad=True)
     elif spec.kind == "bottleneck":
-        # the launcher's block (the catalog's layout, GroupNorm as the launcher trains it);
-        # a tensor shard keeps 1/tp of every convolution's output channels
-        from launcher.model import Bottleneck, has_shortcut
         cin, filters, wide, cout, hw, stride, _ = spec.signature
         f, w, co = (max(1, c // tp) for c in (filters, wide, cout))
         mod = Bottleneck(cin, f, w, co, stride, shortcut=has_shortcut(cin, cout, stride))
         make = lambda mb: torch.randn(mb, cin, hw, hw, dtype=dt, requires_grad=True)
     elif spec.kind == "conv_stem":
-        from launcher.model import conv_stem
         c0, img, _ = spec.signature
         mod = conv_stem(max(1, c0 // tp))
         make = lambda mb: torch.randn(mb, 3, img, img, dtype=dt)
     elif spec.kind == "classifier":
         cin, ncls, _ = spec.signature
-        mod = nn.Linear(cin, max(1, ncls // tp))
+        mod = nn.Linear(cin, max(1, ncls // tp))          # launcher.model.WideResNet.classifier
         make = lambda mb: torch.randn(mb, cin, dtype=dt, requires_grad=True)
     else:
         raise ValueError(f"no profiler module for layer kind {spec.kind!r}")
@@ -285,7 +282,7 @@ def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: P
                     reused += 1
                     continue
                 if mod is None:
-                    mod, make = _build(small_arch, i, tp, dtype)
+                    mod, make = build_layer(small_arch, i, tp, dtype)
                 t0 = time.perf_counter()
                 f_s, b_s = _time_layer(mod, make, mb, cfg, dev)
                 spent += time.perf_counter() - t0
@@ -317,12 +314,12 @@ def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: P
 
 
 def _time_optimizer_step(arch: ModelArch, dtype: str, device: str, cfg: ProfilerConfig) -> dict:
-    """Adam step + zero_grad over the parameters of every layer of ``arch`` (the profiler's
-    own layer modules, tp = 1), the per-iteration work outside the layers."""
+    """Adam step + zero_grad over the parameters of every layer of ``arch`` (the launcher's
+    modules, ``build_layer`` at tp = 1), the per-iteration work outside the layers."""
     import torch
     params = []
     for i in range(len(arch.layers())):
-        mod, _ = _build(arch, i, 1, dtype)
+        mod, _ = build_layer(arch, i, 1, dtype)
         params += list(mod.to(device).parameters())
     for p in params:
         p.grad = torch.zeros_like(p)

@@ -46,7 +46,8 @@ locality") times 0.9 per halving of GPUs per node (and, in the other direction, 
 by 0.9), else a measured smaller model of the family times 1.8 per size step; else
 infeasible.
 
-``bench/bench_oracle.py`` measures both rules by leave-one-out over the measured rows.
+``estimators.evaluation.oracle_loo`` (``bench/bench_oracle.py``) measures both rules by
+leave-one-out over the measured rows.
 
 Values are cached per key and deterministic; optional multiplicative log-normal noise
 (``noise_std``, mean 1) is seeded per (seed, key), so the same key always gets the same
@@ -66,6 +67,7 @@ from .gpus import canonical_gpu_name, get_gpu
 from .grid import Shape
 from .jobs import Job
 from .measurements import MeasuredIterTime, load_measured_iter_times
+from .memory_rule import ADAM_STATE_BYTES_PER_PARAM
 from .models import MODELS, canonical_model_name, get_model
 from .registry import Registry
 
@@ -86,7 +88,7 @@ class OracleConfig:
     noise_std: float = 0.0                   # std of log of the multiplicative noise
     seed: int = 0
     # memory rule for unmeasured keys
-    model_state_bytes_per_param: float = 16.0
+    model_state_bytes_per_param: float = ADAM_STATE_BYTES_PER_PARAM   # 16 (memory_rule)
     activation_memory_fraction: float = 0.01 # share of a full batch's activations held at once
     usable_memory_fraction: float = 1.0
     # transfer to unmeasured GPU types

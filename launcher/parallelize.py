@@ -13,6 +13,10 @@ building blocks.
   fails in its bucket rebuilding with several micro-batches (an internal assert in
   reducer.cpp on torch 2.13), while FSDP2 is what the pipeline stage supports. Both
   average gradients over the data ranks.
+- One rank's part, without a process group: ``tp_shard`` keeps, as plain linears, the
+  slice of every projection that one tensor rank holds under ``apply_tp``. The estimators'
+  profiler times that (the compute of one rank of the layer the launcher trains; the
+  all-reduces ``apply_tp`` adds are profiled separately).
 """
 from __future__ import annotations
 
@@ -44,6 +48,32 @@ def apply_tp(model: nn.Module, tp_mesh) -> nn.Module:
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, {name: styles[s]() for name, s in plan.items()})
     return model
+
+
+def tp_shard(module: nn.Module, plan: dict[str, str], tp: int, rank: int = 0) -> nn.Module:
+    """Replace (in place) every linear that ``plan`` names (``tp_plan``) by the part tensor
+    rank ``rank`` of ``tp`` holds under ``apply_tp``: column-wise, its rows of the weight
+    and of the bias (output features); row-wise, its columns of the weight (input
+    features) and the whole bias. Plain ``nn.Linear`` modules with the same weights, no
+    DTensor and no collectives: one rank's compute of the sharded layer."""
+    import torch
+
+    for name, style in plan.items():
+        parent_name, _, attr = name.rpartition(".")
+        parent = module.get_submodule(parent_name)
+        old = getattr(parent, attr)
+        weight = old.weight.detach().chunk(tp, dim=0 if style == "colwise" else 1)[rank]
+        bias = None if old.bias is None else old.bias.detach()
+        if bias is not None and style == "colwise":
+            bias = bias.chunk(tp)[rank]
+        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
+                        dtype=weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(weight)
+            if bias is not None:
+                new.bias.copy_(bias)
+        setattr(parent, attr, new)
+    return module
 
 
 def apply_dp(model: nn.Module, dp_mesh, *, use_fsdp: bool, device) -> nn.Module:

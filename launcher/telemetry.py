@@ -1,11 +1,27 @@
 """Telemetry of launched jobs: measured runs for the estimators' profile store, a per-run
 telemetry file, and a progress file the engine polls while a job runs.
 
-Measured-run records (one JSON line each, appended to ``<store>/measured_runs.jsonl``)::
+Measured-run records are plain JSON objects, one per line, appended to
+``<store>/measured_runs.jsonl`` (and to ``--telemetry FILE``). This module is the
+schema's one definition; the launcher imports nothing from the estimators, and the
+estimators' profile store validates each record when it reads the file
+(``estimators.profile_store.validate_measured_run``). Keys (``RECORD_KEYS``, all
+required)::
 
-    kind="measured_run", model, device, gpu_type, dtype, dp, tp, pp, microbatches,
-    schedule, global_batch, num_nodes, gpus_per_node, iteration_time_s, step, timestamp,
-    [stage_compute_s, stage_comm_s]   (lists, one entry per pipeline stage, with --breakdown)
+    kind             "measured_run"
+    model            catalog model name
+    device           device description (torch.cuda.get_device_name, or "cpu")
+    gpu_type         catalog GPU type name
+    dtype            dtype that trained ("float32": the launcher trains in float32)
+    dp, tp, pp       parallel degrees (positive integers)
+    microbatches     micro-batches per step; schedule  "gpipe" or "1f1b"
+    global_batch     samples per step
+    num_nodes, gpus_per_node
+    iteration_time_s measured seconds of this step (> 0)
+    step             step index; timestamp  seconds since the epoch
+
+and with ``--breakdown`` (``BREAKDOWN_KEYS``): ``stage_compute_s``, ``stage_comm_s``,
+lists with one entry per pipeline stage.
 
 The store directory is, in order: the explicit ``telemetry_store``, ``$ARENA_PROFILE_DIR``,
 ``~/.cache/arena/profiles``. The first step of every launch (warm-up: allocator, lazy
@@ -70,20 +86,10 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
         os.close(fd)
 
 
-def append_measured_runs(store: Path, records: list[dict]) -> None:
-    """Append to the profile store through ``estimators.profile_store.ProfileStore``
-    (which validates each record) when it is importable, otherwise directly as JSON lines
-    with the schema above."""
-    try:
-        from estimators.profile_store import ProfileStore
-    except ImportError:
-        ProfileStore = None
-    if ProfileStore is not None and hasattr(ProfileStore, "append_measured_run"):
-        ps = ProfileStore(store)
-        for r in records:
-            ps.append_measured_run(r)
-    else:
-        append_jsonl(Path(store) / MEASURED_RUNS_FILE, records)
+def append_measured_runs(store: str | os.PathLike, records: list[dict]) -> None:
+    """Append measured-run records (the schema above) to the store's ``MEASURED_RUNS_FILE``
+    as plain JSON lines; the profile store validates them when it reads."""
+    append_jsonl(Path(store) / MEASURED_RUNS_FILE, records)
 
 
 def write_progress(path: str | os.PathLike, **fields) -> None:

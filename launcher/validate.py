@@ -13,7 +13,10 @@ parameters, tensor-sharded parts divided by the tensor degree, everything in flo
 the launcher trains (4 B weight + 4 B gradient + 8 B Adam moments per parameter), plus the
 catalog's per-layer activation bytes (scaled to float32) for every micro-batch a stage
 holds at once (GPipe: all of them; 1F1B: ``pp - stage`` at most), plus a fixed runtime
-overhead. It ignores allocator fragmentation and temporary buffers, hence the headroom.
+reserve, against a usable fraction of the device's memory. Bytes per parameter, reserve
+and usable fraction are the project's one memory rule (``instances.memory_rule``), the
+one the estimators and the scheduler use. It ignores allocator fragmentation and
+temporary buffers beyond that reserve.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from instances.errors import InputError
 from instances.gpus import get_gpu
+from instances.memory_rule import RUNTIME_RESERVE_BYTES, USABLE_MEMORY_FRACTION, state_bytes_per_param
 from instances.models import DTYPE_BYTES, get_model
 from instances.paths import check_input_file, check_output_dir, check_output_file
 
@@ -29,9 +33,7 @@ from .model import check_supported
 from .pipeline import stage_ranges
 
 TRAIN_DTYPE_BYTES = DTYPE_BYTES["float32"]
-BYTES_PER_PARAM = 4 * TRAIN_DTYPE_BYTES        # weight + gradient + two Adam moments
-RUNTIME_OVERHEAD_BYTES = 512 * 2**20           # interpreter, torch, communication buffers
-MEMORY_HEADROOM = 0.9                          # usable fraction of device memory
+BYTES_PER_PARAM = state_bytes_per_param(TRAIN_DTYPE_BYTES, "adam")   # weight + gradient + two Adam moments
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.per_rank_bytes <= MEMORY_HEADROOM * self.device_memory_bytes
+        return self.per_rank_bytes <= USABLE_MEMORY_FRACTION * self.device_memory_bytes
 
 
 def estimate_memory(cfg: TrainConfig, device_type: str) -> MemoryEstimate:
@@ -70,7 +72,7 @@ def estimate_memory(cfg: TrainConfig, device_type: str) -> MemoryEstimate:
             min(plan.microbatches, plan.pp - i)
         state = params * BYTES_PER_PARAM
         acts = act * act_scale * micro * in_flight
-        total = state + acts + RUNTIME_OVERHEAD_BYTES
+        total = state + acts + RUNTIME_RESERVE_BYTES
         if total > worst[0]:
             worst = (total, state, acts)
     gpu = get_gpu(device_type)
@@ -144,5 +146,5 @@ def validate(cfg: TrainConfig, *, ranks: int | None = None, device_type: str = "
                          f"{mem.weights_and_optimizer_bytes / 2**30:.1f} GiB, activations "
                          f"{mem.activation_bytes / 2**30:.1f} GiB), device has "
                          f"{mem.device_memory_bytes / 2**30:.1f} GiB "
-                         f"(usable fraction {MEMORY_HEADROOM})", field="plan")
+                         f"(usable fraction {USABLE_MEMORY_FRACTION})", field="plan")
     return mem

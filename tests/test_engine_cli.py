@@ -169,7 +169,7 @@ def test_proxy_quality_prints_both_figures_with_their_meaning(capsys):
 def test_accuracy_progress_goes_to_stderr_and_json_stays_pure(monkeypatch, capsys):
     """The CLI layer's wiring only (the real comparison takes about a minute): each phase the
     comparison announces through ``progress`` is a stderr line; stdout is one JSON document."""
-    import estimators.accuracy as acc
+    import estimators.evaluation.accuracy as acc
 
     def fake_against_arena(*, seed, few_shot, progress):
         progress("phase one")

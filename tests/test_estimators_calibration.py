@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estimators import accuracy, calibrate
-from estimators.calibrate import FIT_PARAMS, NEUTRAL_START, apply_params, neutral_start
+from estimators.evaluation import accuracy, calibrate
+from estimators.evaluation.calibrate import FIT_PARAMS, NEUTRAL_START, apply_params, neutral_start
 from estimators.config import EfficiencyConfig, EstimatorConfig, arena_runtime
-from estimators.local_accuracy import launcher_runtime
+from estimators.evaluation.local_accuracy import launcher_runtime
 
 
 def test_apply_params_sets_named_constants_and_clips():
@@ -73,7 +73,7 @@ def test_row_folds_of_the_refit_never_fit_on_their_test_rows(monkeypatch):
 
 
 def test_arena_runtime_memory_facts_against_the_dp_memory_table():
-    from estimators.accuracy import dp_memory_check
+    from estimators.evaluation.accuracy import dp_memory_check
     a, d = arena_runtime(), EstimatorConfig()
     assert not a.memory.recompute_layer_peak and not a.planner.dp_only_grad_accumulation
     assert d.memory.recompute_layer_peak and d.planner.dp_only_grad_accumulation     # launcher defaults
@@ -107,7 +107,7 @@ def test_dp_only_without_grad_accumulation_runs_one_micro_batch():
 
 
 def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
-    from estimators.accuracy import oom_boundary
+    from estimators.evaluation.accuracy import oom_boundary
     from estimators.analytic import AnalyticModel
     from estimators.reference import MeasuredRow, load_measured
     cfg = arena_runtime()
@@ -127,7 +127,7 @@ def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
 
 def test_multi_start_fit_is_never_worse_than_its_single_start():
     from dataclasses import replace as _r
-    from estimators.calibrate import CORNER_VALUES, corner_starts, fit_efficiency, log_errors
+    from estimators.evaluation.calibrate import CORNER_VALUES, corner_starts, fit_efficiency, log_errors
     base = arena_runtime()
     base = _r(base, efficiency=neutral_start(base.efficiency))
     corners = corner_starts(base.efficiency)
@@ -149,7 +149,7 @@ def test_multi_start_fit_is_never_worse_than_its_single_start():
 
 
 def test_best_scale_hand_cases():
-    from estimators.accuracy import best_scale
+    from estimators.evaluation.accuracy import best_scale
     assert best_scale([2.0]) == 0.5                     # one row: the factor that makes it exact
     # minimise 2|k - 1| + |4k - 1|: k = 0.25 costs 1.5, k = 1 costs 3
     assert best_scale([1.0, 1.0, 4.0]) == 0.25
@@ -160,7 +160,7 @@ def test_best_scale_hand_cases():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.2, 5.0), min_size=1, max_size=12))
 def test_best_scale_is_the_minimum_of_the_absolute_percentage_error(ratios):
-    from estimators.accuracy import best_scale
+    from estimators.evaluation.accuracy import best_scale
     r = np.array(ratios)
     cost = lambda k: float(np.mean(np.abs(k * r - 1)))
     k = best_scale(r)
@@ -170,7 +170,7 @@ def test_best_scale_is_the_minimum_of_the_absolute_percentage_error(ratios):
 
 
 def test_scale_oracle_removes_a_per_group_factor_and_keeps_the_rest():
-    from estimators.accuracy import scale_oracle
+    from estimators.evaluation.accuracy import scale_oracle
     from estimators.reference import MeasuredRow
     rows = [MeasuredRow("gpt__760M", b, t, 1, g, 1.0) for t in ("a100-40gb", "v100-32gb")
             for g in (1, 2) for b in (128, 256)]
@@ -202,7 +202,7 @@ def test_few_shot_curve_learns_a_new_type_from_its_telemetry():
     """Synthetic rows: each GPU type's measured time is its estimate times a factor that only
     that type has (feature 0 names the type). Without rows of the held-out type the learned
     correction cannot know its factor; with its telemetry in training it must learn it."""
-    from estimators.accuracy import learned_few_shot
+    from estimators.evaluation.accuracy import learned_few_shot
     from estimators.learned import TrainingRecord
     rng = np.random.default_rng(0)
     factor = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.6}

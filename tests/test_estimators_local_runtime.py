@@ -6,7 +6,7 @@ from estimators.base import Plan
 from estimators.compose import compose
 from estimators.config import EfficiencyConfig
 from estimators.layers import layer_costs
-from estimators.local_accuracy import ContendedTimer, RuntimeTerms, launcher_runtime
+from estimators.evaluation.local_accuracy import ContendedTimer, RuntimeTerms, launcher_runtime
 from estimators.timing import CatalogComm, RooflineTimer
 from instances.errors import InputError
 from instances.gpus import get_gpu
@@ -85,7 +85,7 @@ def test_step_overhead_is_added_once_per_iteration():
 
 
 def test_micro_batch_timer_uses_the_nearest_profiled_size():
-    from estimators.local_accuracy import MicroBatchTimer
+    from estimators.evaluation.local_accuracy import MicroBatchTimer
     from estimators.timing import ProfiledTimer
     eff = EfficiencyConfig(layer_overhead_s=0.0)
     dec = next(c for c in layer_costs(ARCH, micro_batch=1) if c.kind == "decoder")
@@ -102,7 +102,7 @@ def test_micro_batch_timer_uses_the_nearest_profiled_size():
 
 
 def test_summarize_passes_takes_the_median_per_plan():
-    from estimators.local_accuracy import LocalResult, summarize_passes
+    from estimators.evaluation.local_accuracy import LocalResult, summarize_passes
     passes = [[LocalResult(1, 1, 1, 1, 1.0, e1), LocalResult(2, 1, 1, 1, 1.0, e2)]
               for e1, e2 in ((1.1, 0.8), (0.9, 0.7), (1.05, 1.5))]
     passes[1].append(LocalResult(1, 2, 1, 1, None, 1.0, "run failed"))
@@ -116,7 +116,7 @@ def test_summarize_passes_takes_the_median_per_plan():
 
 
 def test_local_comparison_of_wide_resnet_has_no_tensor_parallel_plan():
-    from estimators.local_accuracy import against_local
+    from estimators.evaluation.local_accuracy import against_local
     with pytest.raises(InputError) as e:                 # checked before anything is profiled
         against_local(model="tiny-wide_resnet__50", plans=((1, 2, 1, 1),))
     assert e.value.field == "plans"

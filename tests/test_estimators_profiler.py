@@ -72,11 +72,40 @@ def test_every_wide_resnet_layer_builds_and_runs_with_the_catalog_shapes():
     """The profiler's Wide-ResNet modules follow the catalog's block layout (a bottleneck
     with the catalog's parameter count at tp = 1) and run forward and backward on every
     tensor shard width."""
-    from estimators.profiler import _build
+    from estimators.profiler import build_layer
     arch = reduced_arch(get_model("wide_resnet__500M"), ProfilerConfig(), 2)
     for i, spec in enumerate(arch.layers()):
         for tp in (1, 2):
-            mod, make = _build(arch, i, tp, "float32")
+            mod, make = build_layer(arch, i, tp, "float32")
             mod(make(2)).float().sum().backward()
             if tp == 1 and spec.kind in ("bottleneck", "conv_stem", "classifier"):
                 assert sum(p.numel() for p in mod.parameters()) == spec.params, (i, spec.kind)
+
+
+def test_profiled_llama_layers_are_the_launchers_modules():
+    """The profiler times the launcher's own Llama block (RMSNorm, rotary positions, SwiGLU,
+    grouped-query attention), with the parameter count of the layer the launcher trains;
+    a tensor shard holds 1/tp of the sharded projections, the norms whole."""
+    import torch
+    from torch import nn
+
+    from estimators.profiler import build_layer
+    from launcher.model import Block, build_model
+    trained = build_model("tiny-llama__4L", 0)
+    arch = trained.arch
+    i = next(i for i, spec in enumerate(arch.layers()) if spec.kind == "decoder")
+    layer, make = build_layer(arch, i, 1, "float32")
+    assert type(layer) is Block and layer.attn.rope
+    assert isinstance(layer.ln1, nn.RMSNorm) and not any(isinstance(m, nn.LayerNorm) for m in layer.modules())
+    n_trained = sum(p.numel() for p in trained.layers["0"].parameters())
+    assert sum(p.numel() for p in layer.parameters()) == n_trained == arch.layers()[i].params
+    shard, _ = build_layer(arch, i, 2, "float32")
+    norms = sum(p.numel() for n, p in shard.named_parameters() if n.startswith(("ln1", "ln2")))
+    assert sum(p.numel() for p in shard.parameters()) == (n_trained - norms) / 2 + norms
+    y = shard(make(2))
+    assert y.shape == (2, arch.seq_len, arch.hidden_size) and torch.isfinite(y).all()
+    # the first stage has no learned positions (rotary instead); the head ends in the loss
+    emb, _ = build_layer(arch, 0, 1, "float32")
+    assert emb.pos_embeddings is None and emb.norm is None and emb.output is None
+    head, hmake = build_layer(arch, len(arch.layers()) - 1, 1, "float32")
+    assert isinstance(head.stage.norm, nn.RMSNorm) and head(hmake(2)).dim() == 0

@@ -41,24 +41,32 @@ def test_schema_version_is_checked(tmp_path):
     assert "float32.json" in str(e.value) and "schema_version" in str(e.value)
 
 
-def test_measured_runs_append_and_read(tmp_path):
+def test_measured_runs_written_plain_and_validated_on_read(tmp_path):
+    """The launcher's telemetry appends plain records; the store validates them when it
+    reads, naming the line and field of a bad one."""
+    import json
+
+    from launcher.telemetry import append_measured_runs
     st = ProfileStore(tmp_path)
-    run = {"model": "tiny-gpt__2L", "device": "cpu", "gpu_type": "cpu", "dtype": "float32", "dp": 2, "tp": 1,
-           "pp": 1, "microbatches": 1, "schedule": "1f1b", "global_batch": 8, "num_nodes": 1, "gpus_per_node": 2,
-           "iteration_time_s": 0.1, "step": 3, "timestamp": 1.0}
-    st.append_measured_run(run)
-    st.append_measured_run(dict(run, step=4, stage_compute_s=[0.05], stage_comm_s=[0.01]))
+    run = {"kind": "measured_run", "model": "tiny-gpt__2L", "device": "cpu", "gpu_type": "cpu", "dtype": "float32",
+           "dp": 2, "tp": 1, "pp": 1, "microbatches": 1, "schedule": "1f1b", "global_batch": 8, "num_nodes": 1,
+           "gpus_per_node": 2, "iteration_time_s": 0.1, "step": 3, "timestamp": 1.0}
+    append_measured_runs(tmp_path, [run, dict(run, step=4, stage_compute_s=[0.05], stage_comm_s=[0.01])])
     got = st.read_measured_runs()
     assert [r["step"] for r in got] == [3, 4] and got[0]["kind"] == "measured_run"
-    with pytest.raises(InputError):
-        st.append_measured_run({k: v for k, v in run.items() if k != "dp"})
-    with pytest.raises(InputError):
-        st.append_measured_run(dict(run, iteration_time_s=-1))
-    with st.runs_path.open("a") as f:
-        f.write("{not json\n")
+    for bad, field in (({k: v for k, v in run.items() if k != "dp"}, "dp"),
+                       (dict(run, iteration_time_s=-1), "iteration_time_s"),
+                       (dict(run, tp=0), "tp"),
+                       (dict(run, kind="other"), "kind"),
+                       (dict(run, stage_compute_s=[0.1, 0.2], stage_comm_s=[0.0, 0.0]), "stage_compute_s")):
+        st.runs_path.write_text(json.dumps(run) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(InputError) as e:
+            st.read_measured_runs()
+        assert e.value.line == 2 and e.value.field == field, (field, str(e.value))
+    st.runs_path.write_text(json.dumps(run) + "\n{not json\n")
     with pytest.raises(InputError) as e:
         st.read_measured_runs()
-    assert "line 3" in str(e.value)
+    assert "line 2" in str(e.value)
 
 
 def test_collectives_fit_and_profiled_timers(tmp_path):

@@ -89,10 +89,7 @@ def test_extrapolation_reasonable_against_neighbours(oracle):
 
 
 def test_leave_one_out_beats_arena_rule():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from bench_oracle import common_mape, leave_one_out
+    from estimators.evaluation.oracle_loo import common_mape, leave_one_out
     ours, arena = leave_one_out("ours"), leave_one_out("arena")
     assert ours["coverage"] > 0.95 > arena["coverage"]
     n, m_ours, m_arena = common_mape(ours, arena)

@@ -177,6 +177,18 @@ def test_latest_checkpoint_ignores_partial_saves(tmp_path):
     assert step == 8 and path.name == "step_00000008"
 
 
+def test_launcher_imports_nothing_from_the_estimators():
+    """Dependencies point one way: instances <- launcher <- estimators."""
+    import ast
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "launcher").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not any(n.split(".")[0] in ("estimators", "engine") for n in names), (path.name, names)
+
+
 def test_measured_run_record_matches_the_profile_store_schema(tmp_path):
     from estimators.profile_store import MEASURED_RUN_KEYS, ProfileStore
     from launcher import telemetry
@@ -185,6 +197,7 @@ def test_measured_run_record_matches_the_profile_store_schema(tmp_path):
     rec = telemetry.measured_run(c, device="cpu", gpu_type="cpu", iteration_time_s=0.5, step=3,
                                  stage_compute_s=[0.1, 0.2], stage_comm_s=[0.4, 0.3])
     assert set(MEASURED_RUN_KEYS) <= set(rec) and set(telemetry.RECORD_KEYS) == set(MEASURED_RUN_KEYS)
+    assert set(rec) == set(telemetry.RECORD_KEYS) | set(telemetry.BREAKDOWN_KEYS)     # nothing undocumented
     telemetry.append_measured_runs(tmp_path, [rec, rec])
     back = ProfileStore(tmp_path).read_measured_runs()
     assert len(back) == 2 and back[0]["pp"] == 2 and back[0]["stage_comm_s"] == [0.4, 0.3]
@@ -262,3 +275,47 @@ def test_wide_resnet_reference_training_learns():
     losses = train_reference("tiny-wide_resnet__50", steps=40, global_batch=8, seed=1,
                              optimizer=OptimizerConfig(lr=1e-3))
     assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8 - 0.5
+
+
+def _tp_shard_worker(rank: int, world: int, port: int, models: tuple[str, ...]):
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from launcher.model import build_model
+    from launcher.parallelize import apply_tp, tp_plan, tp_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        for model in models:
+            full = build_model(model, 0)
+            plain = tp_shard(copy.deepcopy(full.layers["0"]), tp_plan(full.arch), world, rank)
+            apply_tp(full, mesh)
+            dtensor = full.layers["0"]
+            for name in tp_plan(full.arch):
+                for attr in ("weight", "bias"):
+                    d, p = getattr(dtensor.get_submodule(name), attr), getattr(plain.get_submodule(name), attr)
+                    assert (d is None) == (p is None), (model, name, attr)
+                    if d is not None:
+                        local = d.to_local() if hasattr(d, "to_local") else d
+                        assert torch.equal(local.detach(), p.detach()), (model, name, attr, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_tp_shard_holds_what_apply_tp_gives_each_rank():
+    """The plain shard the profiler times (``tp_shard``) holds exactly the weights each
+    rank holds under ``apply_tp`` (DTensor), for every projection of ``tp_plan`` (Llama:
+    grouped-query attention and SwiGLU; MoE: every expert). Two gloo ranks."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_tp_shard_worker, args=(2, port, ("tiny-llama__4L", "tiny-moe__2L")), nprocs=2, join=True)

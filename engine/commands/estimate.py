@@ -131,7 +131,7 @@ def _accuracy(args) -> int:
         return _accuracy_local(args)
     import time
 
-    from estimators.accuracy import against_arena, dp_memory_check
+    from estimators.evaluation.accuracy import against_arena, dp_memory_check
     t0 = time.perf_counter()
 
     def progress(line: str, end: str = " ...") -> None:   # stderr: --json stays pure JSON on stdout
@@ -142,7 +142,7 @@ def _accuracy(args) -> int:
     progress("pure data parallelism vs Arena's DP memory table")
     out["dp_memory"] = dp_memory_check()
     if args.refit_analytic:
-        from estimators.accuracy import analytic_refit
+        from estimators.evaluation.accuracy import analytic_refit
         from instances.errors import InputError
         if args.refit_evals < 1:
             raise InputError("--refit-evals must be >= 1", field="refit_evals")
@@ -220,7 +220,7 @@ def _accuracy(args) -> int:
 
 
 def _accuracy_local(args) -> int:
-    from estimators.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
+    from estimators.evaluation.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
     from estimators.profile_store import ProfileStore
     from instances.errors import InputError
     if args.passes < 1:
@@ -259,7 +259,7 @@ def _accuracy_local(args) -> int:
 
 
 def _proxy_quality(args) -> int:
-    from estimators.accuracy import proxy_quality
+    from estimators.evaluation.accuracy import proxy_quality
     models = [args.model] if args.model else None
     out = proxy_quality(models=models, batches=(args.batch,), max_exhaustive_splits=args.max_splits)
     if args.json:

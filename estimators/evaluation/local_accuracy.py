@@ -40,11 +40,11 @@ from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import get_model
 
-from .base import Plan
-from .config import EfficiencyConfig, MemoryConfig
-from .analytic import AnalyticModel
-from .planner import Planner
-from .profile_store import ProfileStore
+from ..base import Plan
+from ..config import EfficiencyConfig, MemoryConfig
+from ..analytic import AnalyticModel
+from ..planner import Planner
+from ..profile_store import ProfileStore
 
 DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # dp, tp, pp, microbatches
 BLOCK_KINDS = ("decoder", "moe_decoder", "bottleneck")   # repeated layers: the runtime terms' probes
@@ -157,8 +157,8 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
             return against_local(model=model, global_batch=global_batch, steps=steps, skip=skip, plans=plans,
                                  store=ProfileStore(tmp), timeout_s=timeout_s, profile_repeats=profile_repeats)
     from launcher.api import run_training
-    from .compose import micro_batch_size
-    from .profiler import ProfilerConfig, local_device, profile_collectives, profile_layers
+    from ..compose import micro_batch_size
+    from ..profiler import ProfilerConfig, local_device, profile_collectives, profile_layers
     arch = get_model(model)
     device, _ = local_device()
     if not store.collective_records(device):
@@ -232,7 +232,7 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     from launcher.data import dp_shard, make_source
     from launcher.model import build_model
     from launcher.parallelize import apply_tp
-    from .profiler import _build
+    from ..profiler import build_layer
 
     torch.set_num_threads(1)                    # as launcher/worker.py
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -258,9 +258,9 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     if arch.is_transformer:
         apply_tp(full, init_device_mesh("cpu", (world,)))
         dtensor_layer = next(iter(full.layers.values()))
-        plain_layer, make = _build(arch, index, world, "float32")     # the profiler's sharded layer
+        plain_layer, make = build_layer(arch, index, world, "float32")     # the profiler's sharded layer
     else:                                       # no tensor parallelism: contention only
-        plain_layer, make = _build(arch, index, 1, "float32")
+        plain_layer, make = build_layer(arch, index, 1, "float32")
         dtensor_layer = plain_layer
     passes = sum(1 for spec in arch.layers() if spec.kind in BLOCK_KINDS)
 
@@ -351,8 +351,8 @@ def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu
     and concurrently, interleaved so that all see the same host load."""
     import torch.multiprocessing as mp
 
-    from .layers import layer_costs
-    from .profiler import _free_port, run_spawned
+    from ..layers import layer_costs
+    from ..profiler import _free_port, run_spawned
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     run_spawned(_runtime_worker, (ranks, _free_port(), model, micro_batch, warmup, repeats, q), ranks,

@@ -29,11 +29,11 @@ from instances.errors import InputError
 from instances.grid import Shape
 from instances.jobs import Job
 
-from .calibrate import best_shape_result
-from .config import EstimatorConfig, arena_runtime
-from .learned import SELECT_BY, LearnedModel, cv_folds, record_key, records_from_table, table_row_id
-from .analytic import AnalyticModel
-from .reference import load_measured
+from ..config import EstimatorConfig, arena_runtime
+from ..learned import SELECT_BY, LearnedModel, cv_folds, record_key, records_from_table, table_row_id
+from ..analytic import AnalyticModel
+from ..planner import best_shape_result
+from ..reference import load_measured
 
 GPU_COUNTS = (1, 2, 4, 8, 16)
 
@@ -245,7 +245,7 @@ def oom_boundary(rows, planner) -> dict:
     from instances.gpus import get_gpu
     from instances.grid import Grid
     from instances.models import get_model
-    from .grids import lowest_memory_bytes
+    from ..grids import lowest_memory_bytes
 
     ran = {}
     for r in rows:
@@ -337,7 +337,7 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
 def proxy_quality(*, models=None, max_gpus: int = 16, batches=(256,), max_exhaustive_splits: int = 200) -> dict:
     """Proxy throughput / exhaustive-best throughput over models x grids (catalog GPU types
     of the Arena cluster, node sizes as there)."""
-    from .grids import candidate_grids
+    from ..grids import candidate_grids
     cfg = EstimatorConfig()
     cfg = replace(cfg, planner=replace(cfg.planner, max_exhaustive_splits=max_exhaustive_splits))
     model = AnalyticModel(planner=cfg.planner)
@@ -383,7 +383,7 @@ def dp_memory_check(*, gpu_type: str = "a100-40gb") -> dict:
     not compared: its micro-batch count is not recorded."""
     from instances.grid import Grid
     from instances.models import get_model
-    from .reference import load_dp_memory
+    from ..reference import load_dp_memory
     cfg = arena_runtime()
     planner = AnalyticModel(dp_only=True, efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner).planner
     fit_rows = fit_hit = oom = oom_hit = 0

@@ -14,12 +14,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from instances.grid import Grid, Shape
-from instances.jobs import Job
+from instances.grid import Shape
 
-from .config import EfficiencyConfig, EstimatorConfig, arena_runtime
-from .planner import Planner, PlanResult
-from .reference import MeasuredRow
+from ..config import EfficiencyConfig, EstimatorConfig, arena_runtime
+from ..planner import Planner, best_shape_result
+from ..reference import MeasuredRow
 
 # Parameters that can be fitted; conv kinds and embedding/head share one factor each.
 FITTABLE = ("decoder", "moe_decoder", "conv", "inter_bw_efficiency", "intra_bw_efficiency",
@@ -36,25 +35,6 @@ NEUTRAL_START = {"decoder": 0.5, "moe_decoder": 0.5, "conv": 0.5, "inter_bw_effi
 def neutral_start(eff: EfficiencyConfig) -> EfficiencyConfig:
     """``eff`` with the fitted constants reset to ``NEUTRAL_START``."""
     return apply_params(eff, [math.log(NEUTRAL_START[p]) for p in FIT_PARAMS], FIT_PARAMS)
-
-
-def best_shape_result(planner: Planner, model: str, global_batch: int, shape: Shape, *,
-                      dp_only: bool = False) -> PlanResult | None:
-    """The fastest feasible proxy plan over the pipeline depths of one resource shape
-    (the measured table holds the best plan the authors' search found for that shape)."""
-    job = Job("row", model, global_batch, 1, 0.0)
-    arch = job.arch
-    best = None
-    n = shape.num_gpus
-    for pp in range(1, n + 1):
-        if n % pp or pp > len(arch.layers()):
-            continue
-        r = planner.proxy(arch, global_batch, Grid(shape, pp), dp_only=dp_only)
-        if r is None or not r.feasible:
-            continue
-        if best is None or r.iteration_time_s < best.iteration_time_s:
-            best = r
-    return best
 
 
 def apply_params(base: EfficiencyConfig, theta, params: tuple[str, ...] = FIT_PARAMS) -> EfficiencyConfig:

@@ -1,0 +1,5 @@
+"""How good the estimates are: accuracy against the Arena measured table
+(``accuracy``), against real torch runs on this machine (``local_accuracy``), the
+calibration of the efficiency constants (``calibrate``) and the truth oracle's
+leave-one-out evaluation (``oracle_loo``). Nothing outside tests, benches and the
+engine's ``estimate`` command imports this package; the estimators themselves do not."""
