@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from instances.gpus import GpuType
-from instances.models import ModelArch
+from instances.arch import ModelArch
 
 from .base import Plan
 from .config import EfficiencyConfig

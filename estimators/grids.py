@@ -22,7 +22,7 @@ from instances.cluster import ClusterSpec
 from instances.gpus import get_gpu
 from instances.grid import Grid, Shape
 from instances.jobs import Job
-from instances.models import ModelArch
+from instances.arch import ModelArch
 
 from .config import EstimatorConfig
 from .layers import expert_parallel_degree

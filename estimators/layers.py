@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from instances.models import DTYPE_BYTES, LayerSpec, ModelArch
+from instances.arch import DTYPE_BYTES, LayerSpec, ModelArch
 
 TRANSFORMER_KINDS = ("decoder", "moe_decoder")
 CONV_KINDS = ("conv_stem", "bottleneck", "classifier")

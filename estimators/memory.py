@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from instances.gpus import GpuType
-from instances.models import ModelArch
+from instances.arch import ModelArch
 
 from .base import Plan
 from .compose import micro_batch_size

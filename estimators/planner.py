@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 from instances.gpus import GpuType, get_gpu
 from instances.grid import Grid, Shape
-from instances.models import ModelArch, get_model
+from instances.arch import ModelArch
+from instances.models import get_model
 
 from .base import Plan
 from .compose import Breakdown, StageTable, micro_batch_size

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 
 from instances.errors import InputError
-from instances.models import ModelArch
+from instances.arch import ModelArch
 
 from .layers import layer_costs
 from .profile_store import CollectiveProfile, LayerProfile, ProfileStore

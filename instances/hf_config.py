@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 from .errors import InputError
-from .models import DTYPE_BYTES, ModelArch
+from .arch import DTYPE_BYTES, ModelArch
 
 LLAMA_TYPES = ("llama", "mistral")
 MOE_TYPES = ("mixtral",)

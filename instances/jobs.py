@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .gpus import canonical_gpu_name
-from .models import ModelArch, canonical_model_name, get_model
+from .arch import ModelArch
+from .models import canonical_model_name, get_model
 
 # Refused above this: the largest bundled trace job has 15.3 M iterations (Philly, before
 # the /5), and 1e9 iterations at 0.1 s each is already 3 simulated years on one grid.

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from instances.errors import InputError
-from instances.models import ModelArch, get_model
+from instances.arch import ModelArch
+from instances.models import get_model
 
 SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe", "wide_resnet",
                       "tiny-wide_resnet")

@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 from instances.errors import InputError
 from instances.hf_config import load_hf_config, parse_hf_config
 from instances.jobs import Job
-from instances.models import MODELS, ModelArch, canonical_model_name, get_model
+from instances.arch import ModelArch
+from instances.models import MODELS, canonical_model_name, get_model
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
 TINY_LLAMA = EXAMPLES / "tiny-llama-config.json"
