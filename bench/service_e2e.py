@@ -58,8 +58,14 @@ def main(argv=None) -> int:
         print("no chromium (apt-get install chromium)", file=sys.stderr)
         return 2
 
-    from engine.service.scenario import (demo_jobs, demo_serve_args, format_report, job_report, loss_deviation,
-                                         run_scenario)
+    from engine.service.scenario import (
+        demo_jobs,
+        demo_serve_args,
+        format_report,
+        job_report,
+        loss_deviation,
+        run_scenario,
+    )
     with tempfile.TemporaryDirectory(prefix="arena-service-e2e-") as tmp:
         tmp_p, port = Path(tmp), _free_port()
         url = f"http://127.0.0.1:{port}"

@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from .state import JobStatus, EngineState
+from .state import EngineState, JobStatus
 
 
 class InvariantViolation(AssertionError):

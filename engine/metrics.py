@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 TIMING_KEYS = ("decision_time_median_s", "decision_time_p99_s", "decision_time_total_s", "wall_time_s")
 
 

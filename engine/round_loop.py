@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from estimators.base import PerformanceModel
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
@@ -38,7 +39,7 @@ from .invariants import check_invariants
 from .placement import Placer
 from .policy import Policy
 from .reconfig import ReconfigCostModel
-from .state import JobStatus, EngineState
+from .state import EngineState, JobStatus
 
 
 @dataclass
@@ -67,7 +68,8 @@ class RoundRecord:
 
 class RoundLoop:
     def __init__(self, cluster: ClusterSpec, policy: Policy, executor: Executor, *,
-                 perf: object = None, reconfig: ReconfigCostModel | None = None, round_interval_s: float,
+                 perf: PerformanceModel | None = None, reconfig: ReconfigCostModel | None = None,
+                 round_interval_s: float,
                  jobs: Iterable[Job] = (), seed: int = 0, check_invariants: bool = True,
                  max_failures: int = 3, failure_backoff_s: float = 30.0,
                  on_decided: Callable[[RoundContext, Decisions, RoundRecord], None] | None = None):
@@ -121,7 +123,7 @@ class RoundLoop:
         freed_after: dict[str, float] = {t: 0.0 for t in self._gpu_types}
         for p in ended:
             r = st.jobs[p.job_id]
-            if r.status is not JobStatus.RUNNING:
+            if r.status is not JobStatus.RUNNING or r.alloc is None:
                 continue                  # a late report of a run the engine already stopped
             gt, g = r.alloc.grid.gpu_type, r.alloc.grid.num_gpus
             at = p.finished_at_s if p.finished_at_s is not None else now
@@ -223,7 +225,7 @@ class RoundLoop:
                     dropped[jid] = grid
                 continue
             requests[jid] = grid
-        current = {jid: r.alloc for jid, r in st.running.items()}
+        current = st.running_allocations()
         pinned = {j: g for j, g in decisions.placements.items() if j in requests and j not in dropped}
         res = self.placer.place(requests, current, pinned)
         failed = set(res.failed)
@@ -255,8 +257,8 @@ class RoundLoop:
             self._prev_iters.pop(jid, None)
             rec.preemptions += 1
         # moves: release first, then assign
-        moving = [(jid, a) for jid, a in allocs.items()
-                  if jid in st.running and (a.gpus != st.running[jid].alloc.gpus or a.grid != st.running[jid].alloc.grid)]
+        moving = [(jid, a) for jid, a in allocs.items() if jid in current
+                  and (a.gpus != current[jid].gpus or a.grid != current[jid].grid)]
         for jid, _ in moving:          # every mover leaves its GPUs before any takes new ones
             st.release_for_move(jid)
             ex.release(jid, now)

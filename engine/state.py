@@ -243,6 +243,15 @@ class EngineState:
         r.iterations_done = min(float(r.job.num_iterations), iterations_done)
 
     # -- views ---------------------------------------------------------------------
+    def running_allocations(self) -> dict[str, Allocation]:
+        """Every running job's allocation."""
+        out = {}
+        for jid, r in self.running.items():
+            if r.alloc is None:
+                raise StateError(f"job {jid} is running without an allocation")
+            out[jid] = r.alloc
+        return out
+
     def attained_gpu_s_at(self, r: JobRecord, t: float) -> float:
         if r.status is JobStatus.RUNNING:
             return r.attained_gpu_s + (t - r._since_s) * r.alloc.grid.num_gpus

@@ -33,8 +33,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from instances.gpus import GpuType
 from instances.arch import ModelArch
+from instances.gpus import GpuType
 
 from .base import Plan
 from .config import EfficiencyConfig

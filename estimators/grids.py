@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from instances.arch import ModelArch
 from instances.cluster import ClusterSpec
 from instances.gpus import get_gpu
 from instances.grid import Grid, Shape
 from instances.jobs import Job
-from instances.arch import ModelArch
 
 from .config import EstimatorConfig
 from .layers import expert_parallel_degree

@@ -42,8 +42,8 @@ from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.models import get_model
 
-from .base import Estimate, Plan
 from .analytic import AnalyticModel
+from .base import Estimate, Plan
 from .planner import PlanResult, best_shape_result
 
 ARTIFACT_VERSION = 2
@@ -334,7 +334,8 @@ class LearnedModel:
             raise InputError("learned model artifact not found", file=str(path))
         blob = joblib.load(path)
         if not isinstance(blob, dict) or blob.get("artifact_version") != ARTIFACT_VERSION:
-            raise InputError(f"unsupported artifact version {blob.get('artifact_version') if isinstance(blob, dict) else None!r}, "
+            version = blob.get('artifact_version') if isinstance(blob, dict) else None
+            raise InputError(f"unsupported artifact version {version!r}, "
                              f"expected {ARTIFACT_VERSION}", file=str(path), field="artifact_version")
         if tuple(blob["features"]) != FEATURES:
             raise InputError("artifact built with another feature list", file=str(path), field="features")

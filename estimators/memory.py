@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from instances.gpus import GpuType
 from instances.arch import ModelArch
+from instances.gpus import GpuType
 
 from .base import Plan
 from .compose import micro_batch_size

@@ -26,8 +26,8 @@ from instances.grid import Grid
 from instances.jobs import Job
 from instances.registry import Registry
 
-from .base import Estimate, PerformanceModel
 from .analytic import AnalyticModel
+from .base import Estimate, PerformanceModel
 
 KINDS: Registry[Callable[..., PerformanceModel]] = Registry("performance model kind", field="kind")
 register_kind = KINDS.register

@@ -34,9 +34,9 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from instances.arch import ModelArch
 from instances.gpus import GpuType, get_gpu
 from instances.grid import Grid, Shape
-from instances.arch import ModelArch
 from instances.models import get_model
 
 from .base import Plan
@@ -214,7 +214,8 @@ class Planner:
         mb = micro_batch_size(global_batch, plan.dp, plan.microbatches)
         bd = self.table(arch, mb, plan.tp, plan.dp, gpu, gpus_per_node, link_load, plan.ep).breakdown(
             plan.stage_layers, plan.microbatches, plan.schedule)
-        mem = self.memtable(arch, mb, plan.tp, plan.dp, gpus_per_node, plan.ep).breakdown(plan.stage_layers, plan.microbatches, plan.schedule)
+        mem = self.memtable(arch, mb, plan.tp, plan.dp, gpus_per_node, plan.ep).breakdown(
+            plan.stage_layers, plan.microbatches, plan.schedule)
         return PlanResult(plan, bd, mem, mem.fits(gpu, self.cfg.memory))
 
     def tp_options(self, arch: ModelArch, grid: Grid, *, within_node: bool, dp_only: bool,

@@ -29,8 +29,8 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
-from instances.errors import InputError
 from instances.arch import ModelArch
+from instances.errors import InputError
 
 from .layers import layer_costs
 from .profile_store import CollectiveProfile, LayerProfile, ProfileStore
@@ -496,6 +496,7 @@ def run_every_grid_cost(model: str, global_batch: int, perf, cluster, *, max_gpu
                         cfg: RunCostConfig) -> dict:
     """Estimated device-seconds of running each candidate grid's plan directly."""
     from instances.jobs import Job
+
     from .grids import candidate_grids
     job = Job("profile-cost", model, global_batch, 1, 0.0)
     total, n = 0.0, 0
@@ -516,6 +517,7 @@ def run_grids_measured(model: str, global_batch: int, perf, cluster, *, max_rank
     (start-up included) x ranks. A run that fails is reported, not counted."""
     from instances.jobs import Job
     from launcher.api import run_training
+
     from .grids import candidate_grids
     job = Job("profile-cost", model, global_batch, 1, 0.0)
     runs, total, per_grid_estimate = [], 0.0, 0.0

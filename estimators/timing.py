@@ -17,7 +17,6 @@ Two sources, one interface:
 from __future__ import annotations
 
 import bisect
-
 from dataclasses import dataclass, field
 
 from instances.gpus import GpuType

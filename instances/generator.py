@@ -117,7 +117,8 @@ class SyntheticJobsConfig:
             raise InputError("must be >= 0", field="duration_sigma")
         if not self.gpu_count_weights or any(n < 1 or w < 0 for n, w in self.gpu_count_weights) \
                 or sum(w for _, w in self.gpu_count_weights) <= 0:
-            raise InputError("need (GPU count >= 1, weight >= 0) pairs with a positive total", field="gpu_count_weights")
+            raise InputError("need (GPU count >= 1, weight >= 0) pairs with a positive total",
+                             field="gpu_count_weights")
         if not 0 <= self.deadline_fraction <= 1:
             raise InputError("must be in [0, 1]", field="deadline_fraction")
         lo, hi = self.deadline_slack_range

@@ -12,7 +12,8 @@ Which family the file describes comes from ``model_type`` (else from ``architect
   ``n_embd``, ``n_head``, ``n_positions``, ``vocab_size``, ``n_inner`` (null: 4 x n_embd).
 
 Optional everywhere: ``torch_dtype`` (or ``dtype``; default float32, Hugging Face's
-default), ``tie_word_embeddings`` (default as Hugging Face: tied for GPT-2 only), and ``seq_length``, the training sequence length
+default), ``tie_word_embeddings`` (default as Hugging Face: tied for GPT-2 only), and
+``seq_length``, the training sequence length
 (default: the position limit, ``max_position_embeddings`` / ``n_positions``).
 
 Approximations, stated: the model is the catalog family's architecture with the file's
@@ -28,8 +29,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import InputError
 from .arch import DTYPE_BYTES, ModelArch
+from .errors import InputError
 
 LLAMA_TYPES = ("llama", "mistral")
 MOE_TYPES = ("mixtral",)

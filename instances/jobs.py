@@ -4,9 +4,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .arch import ModelArch
 from .errors import InputError
 from .gpus import canonical_gpu_name
-from .arch import ModelArch
 from .models import canonical_model_name, get_model
 
 # Refused above this: the largest bundled trace job has 15.3 M iterations (Philly, before

@@ -15,6 +15,7 @@ from pathlib import Path
 from .arch import ModelArch
 from .errors import UnknownModel
 
+
 def _load_arena_models() -> dict[str, ModelArch]:
     raw = json.loads(resources.files("instances").joinpath("data/arena/models.json").read_text())
     out = {}

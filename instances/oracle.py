@@ -111,7 +111,8 @@ class OracleConfig:
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"OracleConfig.{f} must be a positive finite number, got {v!r}")
-        for f in ("noise_std", "activation_memory_fraction", "residual_shrinkage", "other_type_weight", "other_batch_weight",
+        for f in ("noise_std", "activation_memory_fraction", "residual_shrinkage", "other_type_weight",
+                  "other_batch_weight",
                   "other_model_weight", "ridge"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):

@@ -111,7 +111,8 @@ def _make_options(cls, options: dict, label: str):
     known = {f.name for f in fields(cls)}
     for k in options:
         if k not in known:
-            raise InputError(f"unknown import option {k!r} for this format; known: {', '.join(sorted(known)) or 'none'}",
+            raise InputError(f"unknown import option {k!r} for this format; known: "
+                             f"{', '.join(sorted(known)) or 'none'}",
                              file=label, field=k)
     try:
         return cls(**options)
@@ -436,6 +437,7 @@ def compact_shape(gpu_type: str, num_gpus: int, gpus_per_node: int):
 def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
                   opt: PhillyImportOptions) -> tuple[tuple[Job, ...], dict[str, int]]:
     import numpy as np
+
     from .measurements import load_measured_iter_times
     from .oracle import TableOracle
 

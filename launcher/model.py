@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from instances.errors import InputError
 from instances.arch import ModelArch
+from instances.errors import InputError
 from instances.models import get_model
 
 SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe", "wide_resnet",

@@ -376,7 +376,8 @@ class MpiExecutor:
         cfg = TrainConfig(
             model=job.model, plan=pplan, steps=int(job.num_iterations), global_batch=int(job.global_batch),
             seed=self._job_options.get(job.job_id, {}).get("seed", self.config.seed),
-            data_path=self._job_options.get(job.job_id, {}).get("data_path"), checkpoint_dir=str(job_dir / "checkpoints"),
+            data_path=self._job_options.get(job.job_id, {}).get("data_path"),
+            checkpoint_dir=str(job_dir / "checkpoints"),
             checkpoint_every=self.config.checkpoint_every,
             checkpoint_interval_s=self.config.checkpoint_interval_s, run_dir=str(run_dir),
             progress_path=str(job_dir / "progress.json"), telemetry_store=self.config.telemetry_store,

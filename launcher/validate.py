@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from instances.arch import DTYPE_BYTES
 from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.memory_rule import RUNTIME_RESERVE_BYTES, USABLE_MEMORY_FRACTION, state_bytes_per_param
-from instances.arch import DTYPE_BYTES
 from instances.models import get_model
 from instances.paths import check_input_file, check_output_dir, check_output_file
 

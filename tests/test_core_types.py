@@ -1,11 +1,10 @@
 """Shared value objects: shapes, grids, allocations, plans, and the policy registry."""
 import pytest
 
-from instances.errors import InputError
-
 from engine.context import Allocation
 from engine.policy import make_policy, policy_names
 from estimators.base import Plan
+from instances.errors import InputError
 from instances.grid import Grid, Shape
 
 

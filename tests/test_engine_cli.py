@@ -41,7 +41,8 @@ def test_simulate_bad_options_are_input_errors(tmp_path, capsys):
 def test_simulate_cluster_and_trace_files(tmp_path):
     from instances.traces import write_trace
     from tests.test_engine_helpers import job
-    (tmp_path / "c.json").write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4}]}))
+    (tmp_path / "c.json").write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 2,
+                                                                  "gpus_per_node": 4}]}))
     write_trace([job("A", 0.0, 50, gpus=4), job("B", 100.0, 50, gpus=8)], tmp_path / "t.csv")
     out = tmp_path / "o"
     assert main(["simulate", "--cluster", str(tmp_path / "c.json"), "--trace", str(tmp_path / "t.csv"),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import asdict
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.context import Decisions
 from engine.simulator import simulate

@@ -5,7 +5,7 @@ import pytest
 
 from engine.context import Allocation
 from engine.invariants import InvariantViolation, check_invariants
-from engine.state import JobStatus, EngineState, StateError
+from engine.state import EngineState, JobStatus, StateError
 from tests.test_engine_helpers import cluster, grid, job
 
 

@@ -134,7 +134,8 @@ def test_never_placed_jobs_are_reported_not_dropped():
 
 
 def test_job_requesting_a_missing_gpu_type_is_never_placed():
-    inst = Inst("missing", cluster(("a100", 1, 4)), (job("A", 0.0, 10, gpus=1), job("V", 0.0, 10, gpus=1, gtype="v100")),
+    inst = Inst("missing", cluster(("a100", 1, 4)),
+                (job("A", 0.0, 10, gpus=1), job("V", 0.0, 10, gpus=1, gtype="v100")),
                 LinearOracle(10.0))
     res = simulate(inst, make_policy("fcfs"), rounds=5)
     assert res.summary["jobs_never_placed"] == 1 and res.summary["jobs_finished"] == 1

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from estimators.config import EfficiencyConfig, EstimatorConfig, arena_runtime
 from estimators.evaluation import accuracy, calibrate
 from estimators.evaluation.calibrate import FIT_PARAMS, NEUTRAL_START, apply_params, neutral_start
-from estimators.config import EfficiencyConfig, EstimatorConfig, arena_runtime
 from estimators.evaluation.local_accuracy import launcher_runtime
 
 
@@ -86,8 +86,9 @@ def test_arena_runtime_memory_facts_against_the_dp_memory_table():
 
 def test_dp_only_without_grad_accumulation_runs_one_micro_batch():
     from dataclasses import replace as _r
-    from estimators.grids import grid_fits
+
     from estimators.analytic import AnalyticModel
+    from estimators.grids import grid_fits
     from instances.grid import Grid, Shape
     from instances.models import get_model
     arch, grid = get_model("gpt__760M"), Grid(Shape("a100-40gb", 1, 2), 1)
@@ -107,8 +108,8 @@ def test_dp_only_without_grad_accumulation_runs_one_micro_batch():
 
 
 def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
-    from estimators.evaluation.accuracy import oom_boundary
     from estimators.analytic import AnalyticModel
+    from estimators.evaluation.accuracy import oom_boundary
     from estimators.reference import MeasuredRow, load_measured
     cfg = arena_runtime()
     planner = AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory).planner
@@ -127,6 +128,7 @@ def test_oom_rows_contradicted_by_the_table_and_memory_ranking():
 
 def test_multi_start_fit_is_never_worse_than_its_single_start():
     from dataclasses import replace as _r
+
     from estimators.evaluation.calibrate import CORNER_VALUES, corner_starts, fit_efficiency, log_errors
     base = arena_runtime()
     base = _r(base, efficiency=neutral_start(base.efficiency))

@@ -3,7 +3,8 @@ import math
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from estimators.base import Plan
 from estimators.compose import compose, pipeline_time, simulate_pipeline
@@ -62,7 +63,8 @@ def test_compose_single_rank_by_hand():
         comp += 2 * eff.layer_overhead_s
     grad = arch.param_count * 4
     ar = 2 * eff.collective_latency_s + grad / (gpu.intra_node_bw_bytes_per_s * eff.intra_bw_efficiency)
-    opt = arch.param_count * eff.optimizer_traffic_bytes_per_param / (gpu.memory_bw_bytes_per_s * eff.memory_bw_efficiency)
+    opt = (arch.param_count * eff.optimizer_traffic_bytes_per_param
+           / (gpu.memory_bw_bytes_per_s * eff.memory_bw_efficiency))
     assert bd.iteration_time_s == pytest.approx(comp + ar + opt, rel=1e-9)
     assert bd.dp_exposed_s == pytest.approx(ar)
     overlapped = compose(arch, plan, global_batch=8, gpu=gpu, gpus_per_node=8, timer=timer, comm=comm,

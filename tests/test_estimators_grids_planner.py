@@ -2,7 +2,8 @@
 import itertools
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from estimators.config import EstimatorConfig, PlannerConfig
 from estimators.grids import candidate_grids

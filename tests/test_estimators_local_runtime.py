@@ -5,8 +5,8 @@ import pytest
 from estimators.base import Plan
 from estimators.compose import compose
 from estimators.config import EfficiencyConfig
-from estimators.layers import layer_costs
 from estimators.evaluation.local_accuracy import ContendedTimer, RuntimeTerms, launcher_runtime
+from estimators.layers import layer_costs
 from estimators.timing import CatalogComm, RooflineTimer
 from instances.errors import InputError
 from instances.gpus import get_gpu

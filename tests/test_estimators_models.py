@@ -4,10 +4,17 @@ import math
 import pytest
 
 from estimators import make_performance_model
-from estimators.base import PerformanceModel
-from estimators.learned import (ARTIFACT_VERSION, CORRECTIONS, LearnedModel, cv_folds, record_model,
-                                records_from_table, select_correction)
 from estimators.analytic import AnalyticModel
+from estimators.base import PerformanceModel
+from estimators.learned import (
+    ARTIFACT_VERSION,
+    CORRECTIONS,
+    LearnedModel,
+    cv_folds,
+    record_model,
+    records_from_table,
+    select_correction,
+)
 from estimators.reference import load_measured
 from instances.errors import InputError
 from instances.grid import Grid, Shape
@@ -102,6 +109,7 @@ def test_learned_fit_predict_save_load_update(records, tmp_path):
 
 def test_cli_estimate_grids(capsys):
     import json as _json
+
     from engine.cli import main
     assert main(["estimate", "--model", "gpt__760M", "--gpu-type", "a40", "--gpus", "4", "--batch", "128",
                  "--json"]) == 0

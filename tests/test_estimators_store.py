@@ -4,8 +4,7 @@ import json
 import pytest
 
 from estimators.config import EfficiencyConfig
-from estimators.profile_store import (SCHEMA_VERSION, CollectiveProfile, LayerProfile, ProfileStore,
-                                      fit_collectives)
+from estimators.profile_store import SCHEMA_VERSION, CollectiveProfile, LayerProfile, ProfileStore, fit_collectives
 from instances.errors import InputError
 from instances.models import get_model
 

@@ -135,6 +135,7 @@ def test_round_data_keeps_the_best_depth_per_shape_and_the_current_grid():
 
 def test_model_building_is_fast_at_scale():
     import time
+
     from engine.formulation import synthetic_round_data
     data = synthetic_round_data(2048, 1000, 0)
     t0 = time.perf_counter()

@@ -19,7 +19,8 @@ def test_list_instances_is_cheap_and_consistent():
     for name in ("demo", "arena-pai", "synthetic-1024"):
         inst = get_instance(name)
         assert (inst.cluster.num_gpus, len(inst.jobs)) == (infos[name].num_gpus, infos[name].num_jobs)
-        assert (inst.round_interval_s, inst.horizon_rounds) == (infos[name].round_interval_s, infos[name].horizon_rounds)
+        assert (inst.round_interval_s, inst.horizon_rounds) == \
+            (infos[name].round_interval_s, infos[name].horizon_rounds)
 
 
 def test_arena_philly():

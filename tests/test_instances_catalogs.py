@@ -6,8 +6,7 @@ import pytest
 from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 from instances.errors import InputError, UnknownGpuType, UnknownModel
 from instances.gpus import GPU_TYPES, canonical_gpu_name, get_gpu
-from instances.measurements import (load_dp_memory, load_measured_iter_times, parse_dp_memory,
-                                    parse_measured_iter_times)
+from instances.measurements import load_dp_memory, load_measured_iter_times, parse_dp_memory, parse_measured_iter_times
 from instances.models import MODELS, canonical_model_name, get_model
 
 REQUIRED_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm", "h200", "v100-32gb", "a40", "a10", "l20", "cpu")

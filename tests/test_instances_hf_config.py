@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from instances.arch import ModelArch
 from instances.errors import InputError
 from instances.hf_config import load_hf_config, parse_hf_config
 from instances.jobs import Job
-from instances.arch import ModelArch
 from instances.models import MODELS, canonical_model_name, get_model
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -129,7 +130,8 @@ def test_bad_files_are_refused(tmp_path):
 
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 300), st.integers(), st.floats(allow_nan=True),
-                    st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
+                    st.lists(st.integers(0, 3), max_size=2),
+                    st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
                     st.text(max_size=4), st.sampled_from(["llama", "mixtral", "gpt2", "mistral", "float16"]))
 KEYS = sorted(set(LLAMA) | set(MIXTRAL) | set(GPT2) | {"num_experts", "head_dim", "seq_length", "architectures",
                                                         "n_ctx", "dtype"})

@@ -10,11 +10,19 @@ from hypothesis import strategies as st
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
 from instances.jobs import Job
-from instances.traces import (ARENA_COLUMNS, OUR_MAGIC, format_trace, load_bundled_trace, load_trace,
-                              parse_trace, write_trace)
+from instances.traces import (
+    ARENA_COLUMNS,
+    OUR_MAGIC,
+    format_trace,
+    load_bundled_trace,
+    load_trace,
+    parse_trace,
+    write_trace,
+)
 
 ARENA_HEAD = ",".join(ARENA_COLUMNS) + "\n"
-OURS_HEAD = OUR_MAGIC + "\njob_id,model,global_batch,num_iterations,arrival_s,deadline_s,priority,tenant,requested_gpu_type,requested_gpus\n"
+OURS_HEAD = (OUR_MAGIC + "\njob_id,model,global_batch,num_iterations,arrival_s,deadline_s,priority,tenant,"
+             "requested_gpu_type,requested_gpus\n")
 MODELS = ("gpt__1.3B", "moe__690M", "wide_resnet__2B", "llama__7B", "tiny-gpt__2L")
 GPUS = ("a100-40gb", "h100-sxm", "a40", "v100-32gb")
 
@@ -207,12 +215,13 @@ def test_gzip_and_philly_import(tmp_path):
     assert [j.arrival_s for j in jobs] == [0.0, 3600.0, 3 * 3600.0]
     assert [j.requested_gpus for j in jobs] == [4, 1, 16]                          # pow2, capped
     assert [j.tenant for j in jobs] == ["vc2", "vc1", "vc1"]
+    from instances.gpus import get_gpu
     from instances.oracle import TableOracle
     from instances.traces import compact_shape
-    from instances.gpus import get_gpu
     o = TableOracle()
     for j, dur in zip(jobs, (7200.0, 3600.0, 60.0)):
-        shape = compact_shape(j.requested_gpu_type, j.requested_gpus, get_gpu(j.requested_gpu_type).default_gpus_per_node)
+        shape = compact_shape(j.requested_gpu_type, j.requested_gpus,
+                              get_gpu(j.requested_gpu_type).default_gpus_per_node)
         t = o.true_iteration_time(j, shape)
         assert t is not None and abs(j.num_iterations * t - dur) <= max(t / 2 + 1e-9, 0) or j.num_iterations == 1
     assert load_trace(p, seed=1, max_gpus=16) == jobs                              # deterministic
@@ -255,7 +264,8 @@ def arena_rows(draw):
         rows.append([jid, str(sub), str(draw(st.integers(1, 10**6))),
                      draw(st.sampled_from(["bert__1.3B", "moe__690M", "wide_resnet__2B", "moe__10B"])),
                      str(sub + draw(st.integers(0, 10**6))), str(draw(st.sampled_from([128, 256, 512]))),
-                     str(draw(st.sampled_from([1, 2, 4, 8, 16]))), draw(st.sampled_from(["a100", "v100", "a40", "a10"]))])
+                     str(draw(st.sampled_from([1, 2, 4, 8, 16]))),
+                     draw(st.sampled_from(["a100", "v100", "a40", "a10"]))])
     return rows
 
 

@@ -75,7 +75,8 @@ def test_cli_pipeline_run_prints_steps_and_records_telemetry(tmp_path, reference
     env = {**os.environ, "ARENA_PROFILE_DIR": str(store)}
     out = subprocess.run(
         [sys.executable, "-m", "engine.cli", "train", "--model", MODEL, "--plan", "dp=1,tp=1,pp=2",
-         "--microbatches", "4", "--schedule", "gpipe", "--stage-layers", "0,2", "--steps", "5", "--global-batch", str(BATCH),
+         "--microbatches", "4", "--schedule", "gpipe", "--stage-layers", "0,2", "--steps", "5",
+         "--global-batch", str(BATCH),
          "--breakdown", "--telemetry", str(tel), "--run-dir", str(tmp_path / "run"),
          "--hostfile", str(hosts)],
         capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=Path(__file__).parent.parent)

@@ -1,7 +1,8 @@
 """Placement: property-based (hypothesis) and hand-made cases."""
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.context import Allocation
 from engine.placement import Placer

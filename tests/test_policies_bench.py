@@ -27,8 +27,8 @@ def test_policy_bench_writes_rows_table_and_figure(tmp_path, capsys):
 
 
 def test_policy_bench_rejects_options_for_absent_policies():
-    from instances.errors import InputError
     from engine.commands.bench import _policy_options
+    from instances.errors import InputError
     with pytest.raises(InputError):
         _policy_options(["arena:w_jct=2"], ["fcfs"])
     assert _policy_options(["arena:w_jct=2"], ["arena"]) == {"arena": {"w_jct": "2"}}

@@ -13,8 +13,16 @@ import sys
 
 import pytest
 
-from engine.service.scenario import (LOSS_TOL, demo_jobs, demo_serve_args, format_report, job_report, loss_deviation,
-                                     resumes, run_scenario)
+from engine.service.scenario import (
+    LOSS_TOL,
+    demo_jobs,
+    demo_serve_args,
+    format_report,
+    job_report,
+    loss_deviation,
+    resumes,
+    run_scenario,
+)
 from engine.service.store import Store
 from tests.test_service_e2e import free_port
 
@@ -25,7 +33,8 @@ FAULTS = ("after-round-recorded:3", "mid-move:1", "after-launch-intent:2")
 
 def test_killed_service_loses_no_job_and_no_step(tmp_path):
     port = free_port()
-    result = run_scenario(demo_serve_args(tmp_path, port), f"http://127.0.0.1:{port}", tmp_path / "serve.log", demo_jobs(),
+    result = run_scenario(demo_serve_args(tmp_path, port), f"http://127.0.0.1:{port}", tmp_path / "serve.log",
+                          demo_jobs(),
                           faults=FAULTS, random_kills=1, seed=7, timeout_s=1200,
                           progress=lambda m: print(m, file=sys.stderr))
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")

@@ -18,8 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from engine.service.scenario import (LOSS_TOL, ServiceProcess, demo_jobs, demo_serve_args, format_report, job_report,
-                                     loss_deviation, resumes, run_scenario)
+from engine.service.scenario import (
+    LOSS_TOL,
+    ServiceProcess,
+    demo_jobs,
+    demo_serve_args,
+    format_report,
+    job_report,
+    loss_deviation,
+    resumes,
+    run_scenario,
+)
 from engine.service.store import Store
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.service.jobspec import JobSpec
 from instances.cluster import ClusterSpec, NodeGroup

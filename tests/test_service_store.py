@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import event, given, settings, strategies as st
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from engine.service.jobspec import JobSpec
-from engine.service.store import (MIGRATIONS, SCHEMA_VERSION, StaleGeneration, StateConflict, Store, migrate)
+from engine.service.store import MIGRATIONS, SCHEMA_VERSION, StaleGeneration, StateConflict, Store, migrate
 from instances.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent

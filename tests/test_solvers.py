@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from engine.formulation import build_model, synthetic_round_data, tiny_round_data
-from engine.policies.milp import solve_safely
 from engine.objectives import parse_objective
+from engine.policies.milp import solve_safely
 from engine.solvers import BackendUnavailable, available_backends, make_backend
 from engine.solvers.pulp_backend import export_model
 

@@ -37,7 +37,8 @@ def register(subparsers) -> None:
                                    "backend on a sequence of synthetic scheduling rounds.")
     s.add_argument("--gpus", type=int, default=1280, help="cluster size (default 1280)")
     s.add_argument("--jobs", type=int, default=500, help="active jobs per round (default 500)")
-    s.add_argument("--backend", action="append", help=f"backend (repeatable; default {', '.join(DEFAULT_BENCH_BACKENDS)})")
+    s.add_argument("--backend", action="append",
+                   help=f"backend (repeatable; default {', '.join(DEFAULT_BENCH_BACKENDS)})")
     s.add_argument("--repeat", type=int, default=5, help="rounds in the sequence (default 5)")
     s.add_argument("--time-limit", type=float, default=30.0, help="per-round solver time limit, s")
     s.add_argument("--rel-gap", type=float, default=0.01, help="relative gap to prove (default 0.01)")
@@ -55,7 +56,8 @@ def register(subparsers) -> None:
     q.add_argument("--instance", default="demo", help="built-in instance name (default demo)")
     from ..policy import policy_names
     q.add_argument("--policy", action="append", metavar="NAME",
-                   help=f"policy, one of {', '.join(policy_names())} (repeatable; default {', '.join(DEFAULT_POLICIES)})")
+                   help=f"policy, one of {', '.join(policy_names())} "
+                        f"(repeatable; default {', '.join(DEFAULT_POLICIES)})")
     q.add_argument("--policy-opt", action="append", default=[], metavar="POLICY:KEY=VALUE",
                    help="option for one policy, e.g. arena:w_jct=2 (repeatable)")
     q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")

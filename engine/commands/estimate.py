@@ -65,13 +65,13 @@ def run(args) -> int:
 
 
 def _grids(args) -> int:
+    from estimators import make_performance_model
+    from estimators.grids import candidate_grids
+    from estimators.layers import max_useful_tp
     from instances.cluster import ClusterSpec, NodeGroup
     from instances.errors import InputError
     from instances.gpus import get_gpu
     from instances.jobs import Job
-    from estimators import make_performance_model
-    from estimators.grids import candidate_grids
-    from estimators.layers import max_useful_tp
     for f in ("model", "gpu_type", "gpus"):
         if getattr(args, f) is None:
             raise InputError(f"--{f.replace('_', '-')} is required", field=f)

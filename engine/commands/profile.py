@@ -33,13 +33,21 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from estimators.analytic import AnalyticModel
+    from estimators.profile_store import ProfileStore
+    from estimators.profiler import (
+        ProfilerConfig,
+        RunCostConfig,
+        measure_startup_s,
+        profile_collectives,
+        profile_layers,
+        run_every_grid_cost,
+        run_grids_measured,
+        startup_model,
+    )
     from instances.cluster import ClusterSpec, NodeGroup
     from instances.gpus import get_gpu
     from instances.models import get_model
-    from estimators.analytic import AnalyticModel
-    from estimators.profile_store import ProfileStore
-    from estimators.profiler import (ProfilerConfig, RunCostConfig, measure_startup_s, profile_collectives,
-                                     profile_layers, run_every_grid_cost, run_grids_measured, startup_model)
     from instances.paths import check_output_dir
     store = ProfileStore(args.store)
     check_output_dir(store.root, "--store")                     # before any profiling
@@ -71,7 +79,8 @@ def run(args) -> int:
             measured = run_grids_measured(arch.name, args.batch, perf, cluster, max_ranks=args.run_grids,
                                           cfg=run_cfg)
         out["models"][arch.name] = {
-            "device": device, "startup_s": startup, "startup_timed_with": timed, "layer_records": len(r["records"]), "reused_records": r["reused"],
+            "device": device, "startup_s": startup, "startup_timed_with": timed, "layer_records": len(r["records"]),
+            "reused_records": r["reused"],
             "layer_device_seconds": r["device_seconds"], "profile_device_seconds": prof_s,
             "run_every_grid": grid_cost,
             "cost_ratio": (grid_cost["device_seconds"] / prof_s) if prof_s > 0 else None,

@@ -97,7 +97,8 @@ def register(subparsers) -> None:
     st.set_defaults(func=run_status)
 
     c = subparsers.add_parser("cancel", help="cancel a job (stopped with a checkpoint)",
-                              description="Ask the service to cancel a job; a running one is stopped with a checkpoint.")
+                              description="Ask the service to cancel a job; a running one is stopped with a "
+                                          "checkpoint.")
     c.add_argument("id", type=int, help="job id")
     _client_args(c)
     c.set_defaults(func=run_cancel)
@@ -268,7 +269,8 @@ def run_submit(args) -> int:
 def _plan(p: dict | None) -> str:
     if not p:
         return "-"
-    return f"dp{p.get('dp')}xtp{p.get('tp')}xpp{p.get('pp')} {p.get('gpu_type')} {p.get('nodes')}x{p.get('gpus_per_node')}"
+    return (f"dp{p.get('dp')}xtp{p.get('tp')}xpp{p.get('pp')} {p.get('gpu_type')} "
+            f"{p.get('nodes')}x{p.get('gpus_per_node')}")
 
 
 def _table(jobs: list[dict]) -> str:

@@ -13,7 +13,8 @@ def register(subparsers) -> None:
                     "saves periodically (by default about every tenth of the steps and at least every "
                     "10 minutes) and a rerun of the same command resumes from the latest checkpoint, on "
                     "any plan.")
-    p.add_argument("--model", required=True, help="catalog model, e.g. tiny-gpt__2L (list: arena models), or a Hugging Face-style config.json")
+    p.add_argument("--model", required=True,
+                   help="catalog model, e.g. tiny-gpt__2L (list: arena models), or a Hugging Face-style config.json")
     p.add_argument("--plan", required=True, help="parallel degrees, e.g. dp=2,tp=1,pp=1")
     p.add_argument("--microbatches", type=int, default=None,
                    help="micro-batches per step (default: pp)")

@@ -24,9 +24,8 @@ import math
 
 import numpy as np
 
-from instances.errors import InputError
-
 from estimators.perf import DpOnlyTwin
+from instances.errors import InputError
 from instances.grid import Grid
 
 from ..context import Decisions, JobView, RoundContext

@@ -329,7 +329,7 @@ class Store:
             cur = self.conn.execute(
                 "INSERT INTO jobs(name, spec, status, submitted_at, updated_at) VALUES (?, ?, 'queued', ?, ?)",
                 (spec.name, _dumps(spec.to_dict(), "spec"), now, now))
-            job_id = cur.lastrowid
+            job_id = int(cur.lastrowid or 0)
             self._history(job_id, None, "queued", reason, now)
         return job_id
 
@@ -451,7 +451,7 @@ class Store:
         with self._tx() as now:
             cur = self.conn.execute("INSERT INTO rounds(at, policy, trigger, objective, gap, solve_time_s, decisions) "
                                     "VALUES (?, ?, ?, ?, ?, ?, ?)", (now, *args))
-        return cur.lastrowid
+        return int(cur.lastrowid or 0)
 
     def record_measurement(self, job_id: int, generation: int, *, iteration_time_s: float | None = None,
                            reconfig: dict[str, float] | None = None, step: int | None = None) -> None:
@@ -466,7 +466,8 @@ class Store:
                                  (job_id, generation)).fetchone() is None:
                 raise InputError(f"job {job_id} has no launch {generation!r}", field="generation")
             self.conn.execute("INSERT INTO measurements(job_id, generation, at, step, iteration_time_s, reconfig) "
-                              "VALUES (?, ?, ?, ?, ?, ?)", (job_id, generation, now, step, it, _dumps(parts, "reconfig")))
+                              "VALUES (?, ?, ?, ?, ?, ?)",
+                              (job_id, generation, now, step, it, _dumps(parts, "reconfig")))
 
     def record_checkpoint(self, job_id: int, generation: int, step: int, path: str) -> None:
         """A completed checkpoint of the job's latest launch (an older launch's late report
@@ -528,7 +529,8 @@ class Store:
     def rounds(self, last: int | None = None) -> list[RoundRow]:
         q = "SELECT idx, at, policy, trigger, objective, gap, solve_time_s, decisions FROM rounds ORDER BY idx DESC"
         rows = self.conn.execute(q + (" LIMIT ?" if last else ""), (last,) if last else ()).fetchall()
-        return [RoundRow(*r[:7], json.loads(r[7])) for r in reversed(rows)]
+        return [RoundRow(i, at, pol, trig, obj, gap, t, json.loads(dec))
+                for i, at, pol, trig, obj, gap, t, dec in reversed(rows)]
 
     def measurements(self, job_id: int) -> list[MeasurementRow]:
         return [MeasurementRow(j, g, a, s, it, json.loads(rc)) for j, g, a, s, it, rc in self.conn.execute(

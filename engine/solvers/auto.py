@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .base import SolverOptions, Solution, register_backend
+from .base import Solution, SolverOptions, register_backend
 from .highs import lp_round_solve, milp_solve
 from .lagrangian import LagrangianBackend, applicable
 

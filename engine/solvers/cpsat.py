@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import SolverOptions, Solution, register_backend
+from .base import Solution, SolverOptions, register_backend
 from .greedy import complete, greedy_solution
 
 OBJECTIVE_RESOLUTION = 1e6

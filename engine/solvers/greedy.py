@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import SolverOptions, Solution, register_backend
+from .base import Solution, SolverOptions, register_backend
 
 EPS = 1e-9
 CHUNK = 64
@@ -167,6 +167,7 @@ def complete(model, x: np.ndarray, threads: int = 1) -> tuple[np.ndarray, bool]:
     if model.n_vars == n_x:
         return v, bool(np.all(model.A @ v <= model.row_ub + 1e-6))
     import highspy
+
     from .highs_api import new_highs, to_highs_lp
     lb = model.col_lb.copy()
     ub = model.col_ub.copy()
@@ -215,7 +216,8 @@ def greedy_solution(model, *, backend: str = "greedy", status: str = "feasible",
     act = model.A @ best_v
     if status == "feasible" and np.any(act < model.row_lb - 1e-6):
         status = "fallback"
-        message = (message + "; " if message else "") + "greedy left lower-bound rows (pinned jobs, hard deadlines) unmet"
+        message = ((message + "; " if message else "")
+                   + "greedy left lower-bound rows (pinned jobs, hard deadlines) unmet")
     return Solution.of(model, best_v, bound, value=best_val, status=status, build_time_s=build_time_s,
                        solve_time_s=time.perf_counter() - t0, backend=backend, message=message)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import SolverOptions, Solution, register_backend, relative_gap
+from .base import Solution, SolverOptions, register_backend, relative_gap
 from .greedy import _Structure, greedy_select
 
 MAX_ITERS = 200

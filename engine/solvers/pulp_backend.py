@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import BackendUnavailable, SolverOptions, Solution, register_backend
+from .base import BackendUnavailable, Solution, SolverOptions, register_backend
 from .greedy import greedy_solution
 
 
@@ -34,7 +34,8 @@ def to_pulp(model):
     A = model.A.tocsr()
     for r in range(model.n_rows):
         lo, hi = A.indptr[r], A.indptr[r + 1]
-        expr = pulp.LpAffineExpression([(vs[i], float(a)) for i, a in zip(A.indices[lo:hi].tolist(), A.data[lo:hi].tolist())])
+        expr = pulp.LpAffineExpression([(vs[i], float(a))
+                                        for i, a in zip(A.indices[lo:hi].tolist(), A.data[lo:hi].tolist())])
         lb, ub = model.row_lb[r], model.row_ub[r]
         if math.isfinite(lb) and math.isfinite(ub) and lb == ub:
             prob += (expr == ub), f"r{r}"

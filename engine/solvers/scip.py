@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import BackendUnavailable, SolverOptions, Solution, register_backend
+from .base import BackendUnavailable, Solution, SolverOptions, register_backend
 from .greedy import greedy_solution
 
 

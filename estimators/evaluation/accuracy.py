@@ -29,9 +29,9 @@ from instances.errors import InputError
 from instances.grid import Shape
 from instances.jobs import Job
 
+from ..analytic import AnalyticModel
 from ..config import EstimatorConfig, arena_runtime
 from ..learned import SELECT_BY, LearnedModel, cv_folds, record_key, records_from_table, table_row_id
-from ..analytic import AnalyticModel
 from ..planner import best_shape_result
 from ..reference import load_measured
 
@@ -245,6 +245,7 @@ def oom_boundary(rows, planner) -> dict:
     from instances.gpus import get_gpu
     from instances.grid import Grid
     from instances.models import get_model
+
     from ..grids import lowest_memory_bytes
 
     ran = {}
@@ -383,6 +384,7 @@ def dp_memory_check(*, gpu_type: str = "a100-40gb") -> dict:
     not compared: its micro-batch count is not recorded."""
     from instances.grid import Grid
     from instances.models import get_model
+
     from ..reference import load_dp_memory
     cfg = arena_runtime()
     planner = AnalyticModel(dp_only=True, efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner).planner

@@ -40,9 +40,9 @@ from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import get_model
 
+from ..analytic import AnalyticModel
 from ..base import Plan
 from ..config import EfficiencyConfig, MemoryConfig
-from ..analytic import AnalyticModel
 from ..planner import Planner
 from ..profile_store import ProfileStore
 
@@ -157,6 +157,7 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
             return against_local(model=model, global_batch=global_batch, steps=steps, skip=skip, plans=plans,
                                  store=ProfileStore(tmp), timeout_s=timeout_s, profile_repeats=profile_repeats)
     from launcher.api import run_training
+
     from ..compose import micro_batch_size
     from ..profiler import ProfilerConfig, local_device, profile_collectives, profile_layers
     arch = get_model(model)
@@ -232,6 +233,7 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     from launcher.data import dp_shard, make_source
     from launcher.model import build_model
     from launcher.parallelize import apply_tp
+
     from ..profiler import build_layer
 
     torch.set_num_threads(1)                    # as launcher/worker.py

@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print("leave-one-GPU-type-out (ours; transfer by spec ratio; the Arena rule cannot predict these):")
     lot = leave_one_type_out()
     for gpu, r in lot.items():
-        print(f"  {gpu:10} rows {r['rows']:3}  MAPE {r['mape']:6.1%}  median predicted/measured {r['median_ratio']:.2f}")
+        print(f"  {gpu:10} rows {r['rows']:3}  MAPE {r['mape']:6.1%}  "
+              f"median predicted/measured {r['median_ratio']:.2f}")
     results["leave_one_type_out"] = lot
     if args.json:
         with open(args.json, "w") as f:
