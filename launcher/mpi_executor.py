@@ -178,7 +178,7 @@ class MpiExecutor:
             st.proc.wait()
         st.ended_at_s = self.now_s()
         prog = read_progress(st.cfg.progress_path) or {}
-        if prog.get("status") != "stopped":
+        if prog.get("status") not in ("stopped", "finished"):     # a run that completed stays finished
             ck = prog.get("last_checkpoint_step") or 0
             write_progress(st.cfg.progress_path, status="stopped", iterations_done=ck,
                            steps_total=st.cfg.steps, last_checkpoint_step=prog.get("last_checkpoint_step"),

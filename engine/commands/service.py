@@ -63,7 +63,10 @@ def register(subparsers) -> None:
     s.add_argument("--stop-timeout", type=float, default=60.0, metavar="S",
                    help="grace period for ranks to checkpoint and exit before they are killed (default 60)")
     s.add_argument("--max-failures", type=int, default=3, metavar="N",
-                   help="failed runs before a job is marked failed (default 3; backoff doubles each time)")
+                   help="failed runs before a job is marked failed (default 3)")
+    s.add_argument("--failure-backoff", type=float, default=30.0, metavar="S",
+                   help="a job whose run failed waits S seconds before it is offered again, doubling with every "
+                        "failure (default 30)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs --token)")
     s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     s.add_argument("--token", default=os.environ.get("ARENA_TOKEN"),
@@ -180,7 +183,8 @@ def build_service_parts(args):
     work.mkdir(parents=True, exist_ok=True)
     cfg = ServiceConfig(db_path=str(db), work_dir=str(work.resolve()), round_interval_s=args.round_interval,
                         checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
-                        max_failures=args.max_failures, stop_after_s=args.stop_after,
+                        max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
+                        stop_after_s=args.stop_after,
                         step_delay_s=args.step_delay)
     with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will

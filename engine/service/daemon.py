@@ -147,17 +147,19 @@ class Service:
             prog = read_progress(Path(self.cfg.work_dir) / str(jid) / "progress.json") or {}
             if prog.get("status") == "finished":
                 st.mark_launch(jid, gen, "finished" if launch.state == "started" else "failed",
-                               reason="finished while the service was down")
-                if st.job(jid).status == "running":
-                    st.set_status(jid, "finished", "finished while the service was down")
-                else:
-                    self._set_status(jid, "running", "finished while the service was down")
+                               reason="training had finished while the service was down")
+                self._set_status(jid, "finished", "training finished while the service was down")
                 continue
             ck = int(prog.get("last_checkpoint_step") or 0)
             st.mark_launch(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
             self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
         for row in st.jobs():
-            if row.status in ("queued", "running"):
+            if row.status not in ("queued", "running"):
+                continue
+            prog = read_progress(Path(self.cfg.work_dir) / str(row.id) / "progress.json") or {}
+            if prog.get("status") == "finished":      # its last launch completed as it was being stopped
+                self._set_status(row.id, "finished", "training finished as its last launch was stopped")
+            else:
                 self._adopt(row.id, row.spec, row.submitted_at)
         last = st.rounds(last=1)
         self._round_index = last[0].idx if last else 0
@@ -211,6 +213,9 @@ class Service:
         known = set(self.loop.state.jobs)
         if any(str(r.id) not in known for r in self.store.jobs("queued")) or self.store.cancel_requests():
             self._trigger = "submission or cancel"
+            return True
+        if any(self._last_round < r.retry_after_s <= now for r in self.loop.state.queued.values()):
+            self._trigger = "a failed job's backoff ended"
             return True
         if now - self._last_round >= self.cfg.round_interval_s:
             self._trigger = "timer"

@@ -42,7 +42,9 @@ from .jobspec import JobSpec
 JOB_STATUSES = ("queued", "running", "finished", "failed", "cancelled")
 TERMINAL = frozenset({"finished", "failed", "cancelled"})
 TRANSITIONS = {
-    "queued": frozenset({"running", "cancelled", "failed"}),
+    # queued -> finished: a job whose last launch completed its training as it was being
+    # stopped (a preemption or a move decided at its last step)
+    "queued": frozenset({"running", "cancelled", "failed", "finished"}),
     "running": frozenset({"queued", "finished", "failed", "cancelled"}),   # queued: preempted
     "finished": frozenset(), "failed": frozenset(), "cancelled": frozenset(),
 }

@@ -1,0 +1,118 @@
+"""``arena serve`` when runs fail or the operator acts: a killed rank makes the job resume
+from its last checkpoint in a later round; a job that keeps failing is marked failed with
+the reason (never retried forever); cancel stops a running job with a checkpoint; SIGTERM
+stops the service with every running job checkpointed, and the next start resumes them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.service.client import Client
+from engine.service.scenario import ServiceProcess, resumes
+from engine.service.store import Store
+from launcher.launch import rank_pids
+
+pytestmark = pytest.mark.slow
+
+JOB = {"name": "long", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp: Path, port: int, *extra: str) -> ServiceProcess:
+    args = ["--local-slots", "2", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir", str(tmp / "work"),
+            "--port", str(port), "--round-interval", "2", "--checkpoint-interval", "2", "--failure-backoff", "1",
+            "--stop-timeout", "30", "--stop-after", "600", "--step-delay", "0.05", *extra]
+    sp = ServiceProcess(args, tmp / "serve.log", f"http://127.0.0.1:{port}")
+    sp.start()
+    sp.wait_healthy(120)
+    return sp
+
+
+def _wait(pred, timeout_s: float = 180.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _job(client: Client, jid: int) -> dict:
+    return client.get(f"/api/jobs/{jid}")
+
+
+def _running_step(client: Client, jid: int, at_least: int):
+    j = _job(client, jid)
+    done = j["progress"].get("iterations_done") or 0
+    return j if j["status"] == "running" and j["progress"].get("status") == "running" and done >= at_least else None
+
+
+def _kill_a_rank(work: Path, jid: int, gen: int) -> None:
+    run_dir = work / str(jid) / f"launch_{gen}"
+    pids = _wait(lambda: rank_pids(run_dir), what="rank pids")
+    os.kill(pids[max(pids)][0], signal.SIGKILL)
+
+
+def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_the_job(tmp_path):
+    port = _port()
+    sp = _start(tmp_path, port, "--max-failures", "2")
+    client = Client(sp.url)
+    try:
+        jid = client.post("/api/jobs", JOB)["id"]
+        _wait(lambda: _running_step(client, jid, 20), what="20 steps")
+        first = _job(client, jid)["launch"]["generation"]
+        _kill_a_rank(tmp_path / "work", jid, first)
+        # the run fails, the job waits its backoff, then a new launch resumes from the checkpoint
+        _wait(lambda: (_job(client, jid)["launch"]["generation"] > first
+                       and _running_step(client, jid, 1)), what="the relaunch")
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            assert any(h.to_status == "queued" and "run failed (1 of 2)" in h.reason for h in st.history(jid))
+            (launch, start, saved), = [r for r in resumes(str(tmp_path / "work"), jid, st) if r[0] > first][:1]
+            assert start == saved > 0                 # from the last checkpoint, nothing past it lost
+        second = _job(client, jid)["launch"]["generation"]
+        _kill_a_rank(tmp_path / "work", jid, second)
+        j = _wait(lambda: (lambda j: j if j["status"] == "failed" else None)(_job(client, jid)),
+                  what="the job to fail for good")
+        assert "failed 2 times" in j["history"][-1]["reason"] and "mpiexec exited" in j["history"][-1]["reason"]
+    finally:
+        sp.terminate()
+
+
+def test_cancel_and_sigterm_keep_the_work(tmp_path):
+    port = _port()
+    sp = _start(tmp_path, port)
+    client = Client(sp.url)
+    try:
+        a = client.post("/api/jobs", JOB)["id"]
+        b = client.post("/api/jobs", {**JOB, "name": "other"})["id"]
+        _wait(lambda: _running_step(client, a, 10) and _running_step(client, b, 10), what="both jobs running")
+        client.post(f"/api/jobs/{b}/cancel")
+        jb = _wait(lambda: (lambda j: j if j["status"] == "cancelled" else None)(_job(client, b)), what="cancel")
+        assert "stopped with a checkpoint" in jb["launch"]["reason"] or jb["launch"]["state"] == "finished"
+        _wait(lambda: _running_step(client, a, 30), what="30 steps")
+        assert sp.terminate() == 0                   # SIGTERM: clean exit
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            assert st.job(a).status == "queued" and not st.running_launches() and st.check() == []
+            last = st.launches(a)[-1]
+            assert last.state == "finished" and "service shutdown" in last.reason
+            saved = st.latest_checkpoint(a).step
+        assert saved >= 30
+        sp = _start(tmp_path, port)                  # the next start resumes it from there
+        _wait(lambda: _running_step(client, a, saved + 1), what="the resumed job")
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
+            assert start == before == saved
+    finally:
+        sp.terminate()
