@@ -154,6 +154,8 @@ class RoundLoop:
         st, ex = self.state, self.executor
         rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since)
         self._failed_since = 0
+        if self._prev_now is not None and any(self._prev_now < r.retry_after_s <= now for r in st.queued.values()):
+            self._need_decide = True          # a failed job's backoff ended: it is offered again
         if self._need_decide or not self.event_driven:
             for jid in st.running:
                 p = ex.progress(jid)

@@ -210,10 +210,13 @@ class EngineState:
 
     @staticmethod
     def _keep(r: JobRecord, kept_iterations: float | None) -> None:
-        if kept_iterations is None or kept_iterations >= r.iterations_done:
+        """The job's progress is now what its checkpoint holds (it may be ahead of the
+        last progress the engine read, or behind it: the steps after it are lost)."""
+        if kept_iterations is None:
             return
-        r.lost_iterations += r.iterations_done - max(0.0, kept_iterations)
-        r.iterations_done = max(0.0, float(kept_iterations))
+        kept = min(float(r.job.num_iterations), max(0.0, float(kept_iterations)))
+        r.lost_iterations += max(0.0, r.iterations_done - kept)
+        r.iterations_done = kept
 
     def cancel(self, job_id: str, t: float, reason: str = "cancelled") -> None:
         """End a queued job for good (a running one is stopped first)."""

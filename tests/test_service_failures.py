@@ -20,7 +20,8 @@ from launcher.launch import rank_pids
 
 pytestmark = pytest.mark.slow
 
-JOB = {"name": "long", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400}
+# fcfs keeps a job where it is (this file tests failures, not the policy's moves)
+JOB = {"name": "long", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400, "gpus": 2}
 
 
 def _port() -> int:
@@ -29,8 +30,8 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _start(tmp: Path, port: int, *extra: str) -> ServiceProcess:
-    args = ["--local-slots", "2", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir", str(tmp / "work"),
+def _start(tmp: Path, port: int, *extra: str, slots: int = 2) -> ServiceProcess:
+    args = ["--local-slots", str(slots), "--policy", "fcfs", "--db", str(tmp / "state.db"), "--work-dir", str(tmp / "work"),
             "--port", str(port), "--round-interval", "2", "--checkpoint-interval", "2", "--failure-backoff", "1",
             "--stop-timeout", "30", "--stop-after", "600", "--step-delay", "0.05", *extra]
     sp = ServiceProcess(args, tmp / "serve.log", f"http://127.0.0.1:{port}")
@@ -59,6 +60,11 @@ def _running_step(client: Client, jid: int, at_least: int):
     return j if j["status"] == "running" and j["progress"].get("status") == "running" and done >= at_least else None
 
 
+def _checkpointed(client: Client, jid: int, at_least: int):
+    j = _running_step(client, jid, at_least)
+    return j if j and (j["progress"].get("last_checkpoint_step") or 0) >= at_least else None
+
+
 def _kill_a_rank(work: Path, jid: int, gen: int) -> None:
     run_dir = work / str(jid) / f"launch_{gen}"
     pids = _wait(lambda: rank_pids(run_dir), what="rank pids")
@@ -71,16 +77,17 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
     client = Client(sp.url)
     try:
         jid = client.post("/api/jobs", JOB)["id"]
-        _wait(lambda: _running_step(client, jid, 20), what="20 steps")
+        ck = _wait(lambda: _checkpointed(client, jid, 10), what="a checkpoint")["progress"]["last_checkpoint_step"]
         first = _job(client, jid)["launch"]["generation"]
         _kill_a_rank(tmp_path / "work", jid, first)
         # the run fails, the job waits its backoff, then a new launch resumes from the checkpoint
         _wait(lambda: (_job(client, jid)["launch"]["generation"] > first
-                       and _running_step(client, jid, 1)), what="the relaunch")
+                       and _running_step(client, jid, ck + 1)), what="the relaunch")
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert any(h.to_status == "queued" and "run failed (1 of 2)" in h.reason for h in st.history(jid))
-            (launch, start, saved), = [r for r in resumes(str(tmp_path / "work"), jid, st) if r[0] > first][:1]
-            assert start == saved > 0                 # from the last checkpoint, nothing past it lost
+            rs = resumes(str(tmp_path / "work"), jid, st)
+            assert rs and all(start == saved for _, start, saved in rs), rs   # nothing past a checkpoint lost
+            assert rs[-1][1] >= ck
         second = _job(client, jid)["launch"]["generation"]
         _kill_a_rank(tmp_path / "work", jid, second)
         j = _wait(lambda: (lambda j: j if j["status"] == "failed" else None)(_job(client, jid)),
@@ -92,11 +99,11 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
 
 def test_cancel_and_sigterm_keep_the_work(tmp_path):
     port = _port()
-    sp = _start(tmp_path, port)
+    sp = _start(tmp_path, port, slots=4)
     client = Client(sp.url)
     try:
-        a = client.post("/api/jobs", JOB)["id"]
-        b = client.post("/api/jobs", {**JOB, "name": "other"})["id"]
+        a = client.post("/api/jobs", {**JOB, "steps": 3000})["id"]
+        b = client.post("/api/jobs", {**JOB, "name": "other", "steps": 3000})["id"]
         _wait(lambda: _running_step(client, a, 10) and _running_step(client, b, 10), what="both jobs running")
         client.post(f"/api/jobs/{b}/cancel")
         jb = _wait(lambda: (lambda j: j if j["status"] == "cancelled" else None)(_job(client, b)), what="cancel")
@@ -109,7 +116,7 @@ def test_cancel_and_sigterm_keep_the_work(tmp_path):
             assert last.state == "finished" and "service shutdown" in last.reason
             saved = st.latest_checkpoint(a).step
         assert saved >= 30
-        sp = _start(tmp_path, port)                  # the next start resumes it from there
+        sp = _start(tmp_path, port, slots=4)         # the next start resumes it from there
         _wait(lambda: _running_step(client, a, saved + 1), what="the resumed job")
         with Store(tmp_path / "state.db", readonly=True) as st:
             launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
