@@ -31,8 +31,9 @@ def _port() -> int:
 
 
 def _start(tmp: Path, port: int, *extra: str, slots: int = 2) -> ServiceProcess:
-    args = ["--local-slots", str(slots), "--policy", "fcfs", "--db", str(tmp / "state.db"), "--work-dir", str(tmp / "work"),
-            "--port", str(port), "--round-interval", "2", "--checkpoint-interval", "2", "--failure-backoff", "1",
+    args = ["--local-slots", str(slots), "--policy", "fcfs", "--db", str(tmp / "state.db"),
+            "--work-dir", str(tmp / "work"), "--port", str(port), "--round-interval", "2",
+            "--checkpoint-interval", "2", "--failure-backoff", "1",
             "--stop-timeout", "30", "--stop-after", "600", "--step-delay", "0.05", *extra]
     sp = ServiceProcess(args, tmp / "serve.log", f"http://127.0.0.1:{port}")
     sp.start()
