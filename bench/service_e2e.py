@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -23,12 +22,6 @@ import time
 from pathlib import Path
 
 FAULTS = ("after-round-recorded:3", "mid-move:1", "after-launch-intent:2")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _screenshot(url: str, out: Path, after_s: float) -> None:
@@ -62,12 +55,13 @@ def main(argv=None) -> int:
         demo_jobs,
         demo_serve_args,
         format_report,
+        free_port,
         job_report,
         loss_deviation,
         run_scenario,
     )
     with tempfile.TemporaryDirectory(prefix="arena-service-e2e-") as tmp:
-        tmp_p, port = Path(tmp), _free_port()
+        tmp_p, port = Path(tmp), free_port()
         url = f"http://127.0.0.1:{port}"
         shot = None
         if a.screenshot:

@@ -18,13 +18,13 @@ from engine.service.scenario import (
     demo_jobs,
     demo_serve_args,
     format_report,
+    free_port,
     job_report,
     loss_deviation,
     resumes,
     run_scenario,
 )
 from engine.service.store import Store
-from tests.test_service_e2e import free_port
 
 pytestmark = pytest.mark.slow
 

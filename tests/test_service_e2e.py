@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from engine.service.scenario import (
     demo_jobs,
     demo_serve_args,
     format_report,
+    free_port,
     job_report,
     loss_deviation,
     resumes,
@@ -34,12 +34,6 @@ from engine.service.store import Store
 pytestmark = pytest.mark.slow
 
 JOBS = demo_jobs()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from engine.service.client import Client
-from engine.service.scenario import ServiceProcess, resumes
+from engine.service.scenario import ServiceProcess, free_port, resumes
 from engine.service.store import Store
 from launcher.launch import rank_pids
 
@@ -22,12 +21,6 @@ pytestmark = pytest.mark.slow
 
 # fcfs keeps a job where it is (this file tests failures, not the policy's moves)
 JOB = {"name": "long", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400, "gpus": 2}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(tmp: Path, port: int, *extra: str, slots: int = 2) -> ServiceProcess:
@@ -73,7 +66,7 @@ def _kill_a_rank(work: Path, jid: int, gen: int) -> None:
 
 
 def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_the_job(tmp_path):
-    port = _port()
+    port = free_port()
     sp = _start(tmp_path, port, "--max-failures", "2")
     client = Client(sp.url)
     try:
@@ -99,7 +92,7 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
 
 
 def test_cancel_and_sigterm_keep_the_work(tmp_path):
-    port = _port()
+    port = free_port()
     sp = _start(tmp_path, port, slots=4)
     client = Client(sp.url)
     try:

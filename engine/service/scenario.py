@@ -38,6 +38,14 @@ REPO = Path(__file__).resolve().parents[2]
 LOSS_TOL = 1e-4          # max |loss - uninterrupted loss| over every step (resharding reorders float sums)
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a service started right after)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def demo_jobs() -> list[Submission]:
     """Five jobs of three families (GPT, the llama config.json example twice, MoE), 6 s
     apart: the end-to-end and crash tests' workload."""
