@@ -1,6 +1,7 @@
 """arena: schedule large-model training jobs on shared heterogeneous GPU clusters -- simulate
-policies on traces, estimate jobs' parallel plans, benchmark solvers and policies, and train
-real torch jobs under MPI (run `arena COMMAND --help`; `arena` alone simulates the demo).
+policies on traces, estimate jobs' parallel plans, benchmark solvers and policies, train
+real torch jobs under MPI, and run live rescheduling rounds over them (`arena serve`)
+(run `arena COMMAND --help`; `arena` alone simulates the demo).
 
 One module per subcommand under ``engine/commands``. Each command module defines
 ``register(subparsers)``, which adds its parser and sets
