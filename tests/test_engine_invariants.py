@@ -67,3 +67,19 @@ def test_nonexistent_gpu_trips():
     st.jobs["A"].alloc = Allocation(grid("a100", 1, 2), ((0, 0), (0, 9)))
     with pytest.raises(InvariantViolation, match="non-existent"):
         check_invariants(st, 0.0, None)
+
+
+def test_a_run_refused_on_its_shape_is_not_a_failure():
+    from engine.context import Allocation
+    from instances.grid import Grid, Shape
+    st = EngineState(cluster(("a100", 2, 4)), [job("A", 0.0, 10)])
+    st.submit("A", 0.0)
+    grid = Grid(Shape("a100", 1, 4))
+    st.start("A", Allocation(grid, tuple((0, i) for i in range(4))), 1.0)
+    st.fail_run("A", 2.0, 0.0, "launch refused: does not fit", max_failures=1, infeasible_shape=True)
+    r = st.jobs["A"]
+    assert r.status is JobStatus.QUEUED and r.failures == 0 and grid.shape in r.known_infeasible
+    assert r.retry_after_s < 2.0                                   # offered again at once
+    st.start("A", Allocation(Grid(Shape("a100", 1, 2)), ((1, 0), (1, 1))), 3.0)
+    st.fail_run("A", 4.0, 0.0, "rank died", max_failures=1)
+    assert st.jobs["A"].status is JobStatus.FAILED and st.failed_ids == ["A"]

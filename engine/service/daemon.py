@@ -36,6 +36,7 @@ from typing import Callable
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
+from instances.grid import Shape
 from launcher.launch import stop_detached
 from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
 from launcher.telemetry import read_progress
@@ -236,6 +237,9 @@ class Service:
             elif r.status is JobStatus.FAILED:
                 self._set_status(int(p.job_id), "failed", f"failed {r.failures} times; last: {r.failure_reason}")
                 self.log(f"job {p.job_id} failed for good: {r.failure_reason}")
+            elif r.alloc is None and not self.executor.runs_on(r.job, self._last_shape(p.job_id)):
+                self._set_status(int(p.job_id), "queued", f"shape refused, not counted as a failure (the policy will "
+                                 f"not choose it again): {str(p.failed)[:300]}")
             else:
                 self._set_status(int(p.job_id), "queued", f"run failed ({r.failures} of {self.cfg.max_failures}); "
                                  f"resumes from step {int(r.iterations_done)}: {str(p.failed)[:300]}")
@@ -254,6 +258,11 @@ class Service:
         rec = loop.round(now, self._round_index)
         self._last_round, self._trigger = now, ""
         return rec
+
+    def _last_shape(self, job_id: str) -> Shape:
+        """The shape of the job's latest launch (from the store)."""
+        plan = self.store.launches(int(job_id))[-1].plan
+        return Shape(plan["gpu_type"], plan["nodes"], plan["gpus_per_node"])
 
     def _record_round(self, ctx: RoundContext, decisions: Decisions, rec: RoundRecord) -> None:
         """The decision, committed before it is carried out."""
