@@ -144,3 +144,22 @@ def test_a_config_json_model_is_copied_at_submission(api, tmp_path):
     assert kept.parent == tmp_path / "work" / "models" and kept.read_text() == src.read_text()
     mine.write_text("{}")                       # the user edits (or breaks) their file later
     assert kept.read_text() == src.read_text()
+
+
+def test_a_job_no_grid_can_run_is_refused_at_submission(tmp_path):
+    from engine.policy import make_policy
+    from engine.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from engine.service.jobspec import JobSpec
+    from estimators import make_performance_model
+    svc = Service(CLUSTER, make_policy("arena"), make_performance_model("analytic"), ReconfigCostModel(),
+                  ServiceConfig(db_path=str(tmp_path / "s.db"), work_dir=str(tmp_path / "w")), log=lambda m: None)
+    try:
+        svc.check_runnable(JobSpec.from_dict(GOOD))                      # fits: accepted
+        client = TestClient(create_app(ApiContext(str(tmp_path / "s.db"), str(tmp_path / "w"), CLUSTER, "arena",
+                                                  check=svc.check_runnable)))
+        r = client.post("/api/jobs", json={**GOOD, "model": "llama__70B", "global_batch": 64})
+        assert r.status_code == 400 and r.json()["field"] == "model" and "not to fit" in r.json()["error"]
+        assert stored(tmp_path / "s.db") == 0
+    finally:
+        svc.shutdown()

@@ -49,6 +49,7 @@ class ApiContext:
     policy: str
     token: str | None = None
     wake: Callable[[], None] = lambda: None       # tell the scheduler a request arrived
+    check: Callable[[JobSpec], None] = lambda spec: None   # refuse a job the cluster cannot run
 
 
 class _BodyLimit:
@@ -136,6 +137,7 @@ def create_app(ctx: ApiContext):
             spec = JobSpec.from_toml_text(body["toml"], source="request", cluster=ctx.cluster)
         else:
             spec = JobSpec.from_dict(body, source="request", cluster=ctx.cluster)
+        ctx.check(spec)
         spec = spec.with_frozen_model(Path(ctx.work_dir) / "models")
         with store() as s:
             job_id = s.submit(spec)

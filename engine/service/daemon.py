@@ -179,6 +179,22 @@ class Service:
             self.loop.state.set_progress(job.job_id, done)
         self.loop.submit(job.job_id, max(submitted_at, self.loop.state.now_s))
 
+    def check_runnable(self, spec: JobSpec) -> None:
+        """Refuse a job that no grid of this cluster can run: every GPU count and shape is
+        estimated not to fit in memory (by the policy's performance model, or the
+        estimators' memory pruning when it has none). Called before a submission is stored."""
+        from estimators.grids import candidate_grids
+        job = spec.to_job("submission", 0.0)
+        most = max(self.cluster.gpus_by_type().values())
+        grids = candidate_grids(job, self.cluster, max_gpus=most)
+        perf = self.loop.perf
+        if perf is not None:
+            grids = [g for g in grids if perf.estimate(job, g).feasible]
+        if not grids:
+            raise InputError(f"no grid of cluster {self.cluster.name!r} can run {spec.model} at global batch "
+                             f"{spec.global_batch}: every GPU count and shape is estimated not to fit in memory",
+                             file="request", field="model")
+
     def _set_status(self, jid: int, status: str, reason: str) -> None:
         if self.store.job(jid).status != status:
             self.store.set_status(jid, status, reason)
