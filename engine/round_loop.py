@@ -136,14 +136,14 @@ class RoundLoop:
             else:
                 st.set_progress(p.job_id, p.iterations_done)
                 st.finish(p.job_id, at)
+        totals = ex.totals()
         if self.rounds:
             rec = self.rounds[-1]
-            totals = ex.totals()
             rec.throughput_samples_per_s = (totals.samples_done - self._samples_prev) / interval_s
             rec.gpu_busy_s = {t: self._busy_by_type[t] * interval_s - freed_after[t] for t in self._gpu_types}
             rec.reconfig_lost_gpu_s = totals.reconfig_lost_gpu_s - self._lost_prev
             self._lost_prev = totals.reconfig_lost_gpu_s
-        self._samples_prev = ex.totals().samples_done
+        self._samples_prev = totals.samples_done
         self._ended = bool(ended)
         if ended:
             self._need_decide = True

@@ -115,6 +115,7 @@ class _Job:
     reconfig_lost_gpu_s: float = 0.0            # GPU-seconds from a move's stop request to its first step
     steps_seen: float = 0.0                     # the last progress read (to count steps trained)
     steps_trained: float = 0.0                  # steps computed over all launches (lost ones included)
+    steps_final: bool = True                    # the current launch's steps are all counted (it ended)
 
 
 class MpiExecutor:
@@ -157,6 +158,7 @@ class MpiExecutor:
         st.stopping, st.finished, st.failed, st.ended_at_s, st.reported = False, False, None, None, False
         st.gpus, st.launch_started, st.steps_seen = alloc.grid.num_gpus, time.time(), float(prev.get(
             "last_checkpoint_step") or 0)
+        st.steps_final = False
         st.proc = _launch.start(cfg, hostfile)
         st.launches += 1
 
@@ -328,11 +330,13 @@ class MpiExecutor:
             if res:
                 st.launch_lost_gpu_s += max(0.0, res[0]["time"] - st.launch_started) * st.gpus
                 st.launch_started = None
-        prog = read_progress(st.cfg.progress_path) or {}
-        seen = float(prog.get("iterations_done") or 0)
-        if seen > st.steps_seen:
-            st.steps_trained += seen - st.steps_seen
-        st.steps_seen = seen
+        if not st.steps_final and st.proc is not None:
+            ended = st.proc.poll() is not None          # read once more after the launch ended
+            seen = float((read_progress(st.cfg.progress_path) or {}).get("iterations_done") or 0)
+            if seen > st.steps_seen:
+                st.steps_trained += seen - st.steps_seen
+            st.steps_seen = seen
+            st.steps_final = ended
         if st.proc is None or st.stopping or st.finished or st.failed:
             return
         rc = st.proc.poll()

@@ -58,6 +58,9 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
     with Store(str(run["tmp"] / "state.db"), readonly=True) as st:
         assert st.check() == []
         assert not st.running_launches()
+        # every move that reached its first step is measured in the store
+        moves = [m for r in rows for m in st.measurements(r["id"]) if "move_total_s" in m.reconfig]
+        assert moves and all(m.reconfig["move_total_s"] > 0 for m in moves)
 
 
 def test_losses_equal_the_uninterrupted_run(run):

@@ -253,7 +253,7 @@ class Service:
             elif r.status is JobStatus.FAILED:
                 self._set_status(int(p.job_id), "failed", f"failed {r.failures} times; last: {r.failure_reason}")
                 self.log(f"job {p.job_id} failed for good: {r.failure_reason}")
-            elif r.alloc is None and not self.executor.runs_on(r.job, self._last_shape(p.job_id)):
+            elif not self.executor.runs_on(r.job, self._last_shape(p.job_id)):
                 self._set_status(int(p.job_id), "queued", f"shape refused, not counted as a failure (the policy will "
                                  f"not choose it again): {str(p.failed)[:300]}")
             else:

@@ -59,6 +59,7 @@ class JournaledExecutor:
         self._checkpoint_seen: dict[str, float] = {}
         self._measured_at: dict[str, float] = {}
         self._move_started: dict[str, float] = {}     # job -> when its move's stop was requested
+        self._moves_recorded: dict[str, int] = {}     # job -> measured moves already in the store
 
     # -- effects -------------------------------------------------------------------
     def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
@@ -110,6 +111,7 @@ class JournaledExecutor:
     def progress(self, job_id: str) -> JobProgress:
         p = self.mpi.progress(job_id)
         self._record_checkpoint(job_id, p)
+        self._record_moves(job_id)
         it = p.measured_iteration_time_s
         if it is not None and p.running and time.monotonic() - self._measured_at.get(job_id, -1e9) >= 5.0:
             self._measured_at[job_id] = time.monotonic()
@@ -122,13 +124,11 @@ class JournaledExecutor:
         for p in out:
             jid, gen = int(p.job_id), self.generation[p.job_id]
             self._record_checkpoint(p.job_id, p)
-            moves = self.mpi.reconfiguration_times_s(p.job_id)
+            self._record_moves(p.job_id)
             if p.finished:
                 self.store.mark_launch(jid, gen, "finished", reason="training finished")
             else:
                 self.store.mark_launch(jid, gen, "failed", reason=str(p.failed)[:2000])
-            if moves:
-                self.store.record_measurement(jid, gen, reconfig={"move_total_s": moves[-1]})
         refused, self._refused = self._refused, []
         return out + refused
 
@@ -149,6 +149,15 @@ class JournaledExecutor:
             return self.mpi.progress(job_id).last_checkpoint_iteration
         except KeyError:
             return 0.0
+
+    def _record_moves(self, job_id: str) -> None:
+        """Each move's measured time (stop request to the first step after it), once, on
+        the launch that completed it."""
+        moves = self.mpi.reconfiguration_times_s(job_id)
+        done = self._moves_recorded.get(job_id, 0)
+        for seconds in moves[done:]:
+            self.store.record_measurement(int(job_id), self.generation[job_id], reconfig={"move_total_s": seconds})
+        self._moves_recorded[job_id] = len(moves)
 
     def _record_checkpoint(self, job_id: str, p: Any) -> None:
         step = float(p.last_checkpoint_iteration or 0)

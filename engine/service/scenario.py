@@ -24,6 +24,7 @@ from launcher.launch import read_events, read_results
 
 from .client import Client
 from .store import Store
+from .views import loss_curve
 
 TERMINAL = ("finished", "failed", "cancelled")
 
@@ -240,11 +241,8 @@ def _launch_dirs(work_dir: str, job_id: int, store: Store) -> list[Path]:
 
 def step_losses(work_dir: str, job_id: int, store: Store) -> dict[int, float]:
     """Each step's loss as last trained (a step trained again after a restart replaces it)."""
-    out: dict[int, float] = {}
-    for d in _launch_dirs(work_dir, job_id, store):
-        for r in read_results(d):
-            out[int(r["step"])] = float(r["loss"])
-    return out
+    points = loss_curve(work_dir, job_id, [lch.generation for lch in store.launches(job_id)])
+    return {p["step"]: p["loss"] for p in points}
 
 
 def resumes(work_dir: str, job_id: int, store: Store) -> list[tuple[int, int, int]]:

@@ -34,6 +34,15 @@ def loss_curve(work_dir: str, job_id: int, generations: list[int]) -> list[dict]
     return [by_step[k] for k in sorted(by_step)]
 
 
+def last_loss(work_dir: str, job_id: int, generations: list[int]) -> float | None:
+    """The loss of the latest step trained (only the newest launch with results is read)."""
+    for g in reversed(generations):
+        res = [r for r in read_results(_launch_dir(work_dir, job_id, g)) if "loss" in r]
+        if res:
+            return float(res[-1]["loss"])
+    return None
+
+
 def _thin(points: list[dict], n: int) -> list[dict]:
     if len(points) <= n:
         return points
@@ -50,7 +59,8 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
     last = launches[-1] if launches else None
     spec = row.spec
     it = prog.get("iteration_time_s")
-    points = loss_curve(work_dir, job_id, [lch.generation for lch in launches])
+    gens = [lch.generation for lch in launches]
+    points = loss_curve(work_dir, job_id, gens) if curve else []
     # time in each status, from the history (the current status up to its last change: now)
     in_state: dict[str, float] = {}
     for a, b in zip(history, history[1:]):
@@ -70,7 +80,7 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
         "launches": len(launches), "moves": moves, "failed_launches": failures,
         "time_in_status_s": in_state,
         "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
-        "loss": points[-1]["loss"] if points else None,
+        "loss": last_loss(work_dir, job_id, gens),
         "loss_curve": _thin(points, LOSS_POINTS) if curve else [],
         "cancel_requested": row.id in set(store.cancel_requests()),
     }
