@@ -26,7 +26,8 @@ class JobProgress:
     finished_at_s: float | None = None        # when it finished or its run failed
     failed: str | None = None                 # reason, when the job's run failed
     last_checkpoint_iteration: float = 0.0
-    measured_iteration_time_s: float | None = None
+    measured_iteration_time_s: float | None = None   # mean over the next field's iterations
+    measured_iterations: float = 0.0          # iterations measured on the current allocation since it started
     launch_lost_gpu_s: float = 0.0            # GPU-seconds held while (re)starting from the queue
     reconfig_lost_gpu_s: float = 0.0          # GPU-seconds held while moving
 

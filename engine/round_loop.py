@@ -36,6 +36,7 @@ from instances.jobs import Job
 from .context import Decisions, JobView, RoundContext
 from .executor import Executor, JobProgress
 from .invariants import check_invariants
+from .online_feed import OnlineFeed
 from .placement import Placer
 from .policy import Policy
 from .reconfig import ReconfigCostModel
@@ -93,6 +94,7 @@ class RoundLoop:
         self._busy_by_type = {t: 0 for t in self._gpu_types}    # GPUs held, per type, since the last round
         self._samples_prev = 0.0
         self._lost_prev = 0.0
+        self._feed = OnlineFeed(perf)     # measured iteration times -> a perf model that learns online
 
     # ------------------------------------------------------------------------------
     def add_job(self, job: Job) -> None:
@@ -161,6 +163,8 @@ class RoundLoop:
                 p = ex.progress(jid)
                 st.set_progress(jid, p.iterations_done)
                 st.jobs[jid].measured_iteration_time_s = p.measured_iteration_time_s
+                self._feed.report(st.jobs[jid].alloc, p)
+            self._feed.keep_only(st.running)
             ctx = self.context(now, index)
             t_dec = time.perf_counter()
             decisions = self.policy.decide(ctx)

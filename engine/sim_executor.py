@@ -6,19 +6,36 @@ priced by the ``ReconfigCostModel``; during it the job holds its GPUs and makes 
 progress. Downtime longer than a round carries into the next rounds. Progress is
 continuous (fractional iterations): a stopped job keeps all of it, as if checkpointed
 at the moment it stopped (an approximation of frequent checkpointing).
+
+Measured iteration times are reported as a real job's would be, never the truth itself:
+each iteration run on the current allocation takes the true time times an independent
+log-normal factor of mean 1 and coefficient of variation ``iteration_noise_cv`` (step
+time jitter; default ``DEFAULT_ITERATION_NOISE_CV``, a stated default: the measured
+table has no repeats to take it from), and ``JobProgress`` carries their mean over the
+whole iterations run there so far (``measured_iterations``). Factors are drawn from one
+generator seeded by ``seed``, as iterations complete; beyond ``EXACT_NOISE_DRAWS`` new
+iterations at once their sum is drawn from its normal approximation (central limit; the
+mean of that many factors is within a fraction of a percent of 1 anyway). Progress
+itself advances at the true time.
 """
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from instances.grid import Shape
 from instances.jobs import Job
 
 from .context import Allocation
 from .executor import ExecutorTotals, JobProgress
 from .reconfig import ReconfigCostModel
+
+
+DEFAULT_ITERATION_NOISE_CV = 0.05      # per-iteration step-time jitter (stated default)
+EXACT_NOISE_DRAWS = 256                 # above this many new iterations: normal approximation of the sum
 
 
 class InfeasibleAllocation(ValueError):
@@ -41,6 +58,9 @@ class _Run:
     gen: int = 0                    # bumped on every launch/stop/reconfigure: stale events are ignored
     computing: bool = False         # counted in the cluster's sample rate
     rate: float = 0.0               # samples/s while computing
+    measured_from: float = 0.0      # iterations done when the run on this allocation started
+    noise_n: int = 0                # iterations measured there so far ...
+    noise_sum: float = 0.0          # ... and the sum of their noise factors
 
 
 _DOWN_END, _FINISH = 0, 1
@@ -52,9 +72,15 @@ class SimExecutor:
     over a quiet round costs O(1) and an event O(log jobs); per-job progress is brought
     up to date lazily."""
 
-    def __init__(self, oracle: Any, reconfig: ReconfigCostModel):
+    def __init__(self, oracle: Any, reconfig: ReconfigCostModel, *,
+                 iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV, seed: int = 0):
+        if not (isinstance(iteration_noise_cv, (int, float)) and math.isfinite(iteration_noise_cv)
+                and iteration_noise_cv >= 0):
+            raise ValueError(f"iteration_noise_cv must be a finite number >= 0, got {iteration_noise_cv!r}")
         self.oracle = oracle
         self.reconfig = reconfig
+        self.iteration_noise_cv = float(iteration_noise_cv)
+        self._noise_rng = np.random.default_rng(seed)
         self._runs: dict[str, _Run] = {}
         self._running: dict[str, _Run] = {}
         self._iter_cache: dict[tuple[str, Shape], float | None] = {}
@@ -129,10 +155,11 @@ class SimExecutor:
             return JobProgress(job_id, 0.0, False)
         if r.alloc is not None:
             self._progress_to(r, self.now_s)
+        measured, n = self._measured(r)
         return JobProgress(job_id, r.iterations_done, r.alloc is not None,
                            finished=r.finished_at_s is not None, finished_at_s=r.finished_at_s,
                            last_checkpoint_iteration=r.iterations_done,
-                           measured_iteration_time_s=r.iteration_time_s,
+                           measured_iteration_time_s=measured, measured_iterations=n,
                            launch_lost_gpu_s=r.launch_down_gpu_s, reconfig_lost_gpu_s=r.reconfig_down_gpu_s)
 
     def advance(self, until_s: float) -> list[JobProgress]:
@@ -144,6 +171,27 @@ class SimExecutor:
         return done
 
     # -- helpers -------------------------------------------------------------------
+    def _measured(self, r: _Run) -> tuple[float | None, float]:
+        """(mean measured iteration time, whole iterations it averages) of ``r``'s run on
+        its allocation: the true time times the mean of per-iteration noise factors."""
+        if r.iteration_time_s is None:
+            return None, 0.0
+        n = int(math.floor(r.iterations_done - r.measured_from + 1e-9))
+        k = n - r.noise_n
+        if k > 0:
+            cv = self.iteration_noise_cv
+            if cv == 0:
+                r.noise_sum += k
+            elif k <= EXACT_NOISE_DRAWS:
+                sigma2 = math.log1p(cv * cv)
+                r.noise_sum += float(self._noise_rng.lognormal(-0.5 * sigma2, math.sqrt(sigma2), k).sum())
+            else:
+                r.noise_sum += max(0.0, k + cv * math.sqrt(k) * float(self._noise_rng.standard_normal()))
+            r.noise_n = n
+        if r.noise_n == 0:
+            return None, 0.0
+        return r.iteration_time_s * r.noise_sum / r.noise_n, float(r.noise_n)
+
     def _push(self, t: float, r: _Run, kind: int) -> None:
         self._seq += 1
         heapq.heappush(self._events, (t, self._seq, r.job.job_id, r.gen, kind))
@@ -153,6 +201,7 @@ class SimExecutor:
         now = self.now_s
         r.gen += 1
         r.alloc, r.iteration_time_s = alloc, it
+        r.measured_from, r.noise_n, r.noise_sum = r.iterations_done, 0, 0.0
         r.busy_until_s, r.downtime_is_launch = now + down, is_launch
         r.rate = r.job.global_batch / it
         if down > 0:
@@ -199,9 +248,10 @@ class SimExecutor:
             elif r.finished_at_s is not None:
                 del self._running[jid]
                 self._detach(r)
+                measured, n = self._measured(r)
                 self._carry.append(JobProgress(jid, r.iterations_done, False, True, r.finished_at_s,
                                                last_checkpoint_iteration=r.iterations_done,
-                                               measured_iteration_time_s=r.iteration_time_s))
+                                               measured_iteration_time_s=measured, measured_iterations=n))
                 r.alloc = None
             else:                                       # rounding: not quite done yet
                 self._push(te + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s, r, _FINISH)

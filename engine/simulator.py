@@ -41,7 +41,7 @@ from typing import Any, Callable
 from . import metrics
 from .reconfig import ReconfigCostModel
 from .round_loop import RoundLoop, RoundRecord
-from .sim_executor import SimExecutor
+from .sim_executor import DEFAULT_ITERATION_NOISE_CV, SimExecutor
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class SimConfig:
     # (arena-philly's run-out, the longest bundled one, takes 86,411 rounds)
     max_rounds: int = 1_000_000
     check_invariants: bool = True
+    iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV   # jitter of measured iteration times (SimExecutor)
 
     def __post_init__(self):
         if not self.round_interval_s > 0:
@@ -82,7 +83,8 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
              rounds: int | None = None, run_out: bool = False, seed: int = 0,
              progress: Callable[[RoundProgress], None] | None = None, out_dir: str | Path | None = None,
              round_interval_s: float | None = None, stall_rounds: int = 20,
-             check_invariants_every_round: bool = True, max_rounds: int | None = None) -> metrics.SimResult:
+             check_invariants_every_round: bool = True, max_rounds: int | None = None,
+             iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV) -> metrics.SimResult:
     """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc.
     ``max_rounds``: the run-out safety limit (default ``SimConfig.max_rounds``)."""
 
@@ -94,7 +96,8 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
     cfg = SimConfig(round_interval_s=float(round_interval_s if round_interval_s is not None
                                            else getattr(instance, "round_interval_s", 300.0)),
                     rounds=int(rounds), run_out=run_out, seed=seed, stall_rounds=stall_rounds,
-                    max_rounds=max_rounds, check_invariants=check_invariants_every_round)
+                    max_rounds=max_rounds, check_invariants=check_invariants_every_round,
+                    iteration_noise_cv=iteration_noise_cv)
     reconfig = reconfig or ReconfigCostModel()
     sim = _Simulation(instance, policy, perf, reconfig, cfg, progress)
     sim.run()
@@ -113,7 +116,8 @@ class _Simulation:
         self.instance, self.policy, self.cfg = instance, policy, cfg
         self.progress_cb = progress
         self.jobs = sorted(instance.jobs, key=lambda j: (j.arrival_s, j.job_id))
-        self.executor = SimExecutor(instance.oracle, reconfig)
+        self.executor = SimExecutor(instance.oracle, reconfig, iteration_noise_cv=cfg.iteration_noise_cv,
+                                    seed=cfg.seed)
         self.loop = RoundLoop(instance.cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, jobs=self.jobs, seed=cfg.seed,
                               check_invariants=cfg.check_invariants)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Hashable, Protocol, runtime_checkable
 
 from instances.grid import Grid
 from instances.jobs import Job
@@ -55,4 +55,18 @@ class PerformanceModel(Protocol):
 
     def estimate(self, job: Job, grid: Grid) -> Estimate:
         """Iteration time, throughput, peak memory and proxy plan of ``job`` on ``grid``."""
+        ...
+
+
+@runtime_checkable
+class LearnsOnline(Protocol):
+    """A performance model that learns from running jobs (estimators/online.py)."""
+
+    def observe(self, job_id: str, grid: Grid, iteration_time_s: float, iterations: float) -> None:
+        """``iterations`` iterations of ``job_id`` measured on ``grid``, ``iteration_time_s`` each on average."""
+        ...
+
+    def estimate_key(self, job: Job) -> Hashable | None:
+        """None while ``job``'s estimates are those of every job of its model and batch;
+        else a key that changes whenever its estimates may have (for callers' memos)."""
         ...

@@ -5,6 +5,9 @@ Kinds (registry by name):
 - ``analytic``: proxy plan from the planner; layer times from the roofline over catalog
   specs (or the profile store where the device was profiled); composition; memory check.
 - ``learned``: the analytic estimate x the learned correction (estimators/learned.py).
+- ``online``: a base kind (``base=``; default ``learned`` when an ``artifact`` is
+  given, else ``analytic``) corrected per job by its runs' measured iteration times
+  (estimators/online.py).
 - ``table``: the Arena measured table (best plan the authors' search found) for exact
   (model, batch, GPU type, nodes, GPUs per node) rows; other grids fall back to
   ``fallback`` (default ``analytic``) and say so in ``source``. The table has no plan or
@@ -35,7 +38,7 @@ kind_names = KINDS.names
 
 
 def make_performance_model(kind: str, **config: Any) -> PerformanceModel:
-    """Build a performance model by kind name (``analytic``, ``learned``, ``table``)."""
+    """Build a performance model by kind name (``analytic``, ``learned``, ``table``, ``online``)."""
     return KINDS.get(kind)(**config)
 
 
@@ -43,7 +46,8 @@ class DpOnlyTwin:
     """The data-parallel-only twin of a performance model: a model of the same registered
     ``kind`` with that kind's default configuration and ``dp_only=True`` (what the
     baselines decide with, as the published comparisons did). A model without a
-    registered kind (or None) gets the ``table`` kind. The twin of the last model asked
+    registered kind (or None) gets the ``table`` kind; a model with its own
+    ``dp_only_twin()`` (``online``: the twin shares its observations) gives it. The twin of the last model asked
     for is kept, so a policy builds it once per run."""
 
     def __init__(self) -> None:
@@ -53,7 +57,9 @@ class DpOnlyTwin:
     def __call__(self, perf: PerformanceModel | None) -> PerformanceModel:
         if self._twin is None or self._of is not perf:
             kind = getattr(perf, "kind", None)
-            self._of, self._twin = perf, make_performance_model(kind if kind in KINDS else "table", dp_only=True)
+            own = getattr(perf, "dp_only_twin", None)
+            self._of, self._twin = perf, own() if own is not None else make_performance_model(
+                kind if kind in KINDS else "table", dp_only=True)
         return self._twin
 
 
@@ -138,3 +144,9 @@ register_kind("table")(TableModel)
 def _make_learned(**config) -> PerformanceModel:
     from .learned import LearnedModel
     return LearnedModel(**config)
+
+
+@register_kind("online")
+def _make_online(**config) -> PerformanceModel:
+    from .online import OnlineModel
+    return OnlineModel(**config)

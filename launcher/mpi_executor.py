@@ -82,6 +82,7 @@ class LaunchedJobProgress:
     failed: str | None = None
     last_checkpoint_iteration: float = 0.0
     measured_iteration_time_s: float | None = None
+    measured_iterations: float = 0.0
     launch_lost_gpu_s: float = 0.0
     reconfig_lost_gpu_s: float = 0.0
 
@@ -220,7 +221,8 @@ class MpiExecutor:
             job_id=job_id, iterations_done=float(done), running=running, finished=st.finished,
             finished_at_s=st.ended_at_s if (st.finished or st.failed) else None, failed=st.failed,
             last_checkpoint_iteration=float(prog.get("last_checkpoint_step") or 0),
-            measured_iteration_time_s=prog.get("iteration_time_s"),
+            measured_iteration_time_s=prog.get("mean_iteration_time_s") or prog.get("iteration_time_s"),
+            measured_iterations=float(prog.get("measured_iterations") or 0),
             launch_lost_gpu_s=st.launch_lost_gpu_s, reconfig_lost_gpu_s=st.reconfig_lost_gpu_s)
 
     def runs_on(self, job, shape) -> bool:

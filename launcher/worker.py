@@ -283,6 +283,7 @@ class _Run:
 
         cfg = self.cfg
         it_s, status, done = None, "finished", start_step
+        measured = {}                   # mean step time since this launch's first (warm-up) step
         self.progress("running", start_step, None)
         for step in range(start_step, cfg.steps):
             if self.timer is not None:
@@ -298,7 +299,12 @@ class _Run:
             if cfg.checkpoint_dir and (stop or requested or due):
                 self.save(done, "stop" if stop else "request" if requested else "periodic")
             _Flags.save = False
-            self.progress("running", done, it_s)
+            if step != start_step:
+                n = measured.get("measured_iterations", 0) + 1
+                measured = {"measured_iterations": n,
+                            "mean_iteration_time_s": measured.get("mean_iteration_time_s", 0.0) + (
+                                it_s - measured.get("mean_iteration_time_s", 0.0)) / n}
+            self.progress("running", done, it_s, **measured)
             if stop:
                 status = "stopped"
                 break
@@ -309,7 +315,7 @@ class _Run:
                 self.save(cfg.steps, "end")
         if self.rank == 0:
             (self.run_dir / STOP_FILE).unlink(missing_ok=True)
-        self.progress(status, done, it_s)
+        self.progress(status, done, it_s, **measured)
         return status, done
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from estimators.base import LearnsOnline
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
@@ -148,6 +149,22 @@ class GridCache:
         return grids
 
 
+_OWN = "job"      # estimate_cache keys (_OWN, job id): one job's own estimates
+
+
+def _estimate_memo(cache: dict, perf, job: Job) -> dict:
+    """The memo of ``job``'s estimates by grid: shared by its (model, global batch), or its
+    own while a performance model that learns online has observations of it (replaced
+    whenever its ``estimate_key`` changes, so no estimate is served stale)."""
+    key = perf.estimate_key(job) if isinstance(perf, LearnsOnline) else None
+    if key is None:
+        return cache.setdefault((job.model, job.global_batch), {})
+    own = cache.get((_OWN, job.job_id))
+    if own is None or own[0] != key:
+        own = cache[(_OWN, job.job_id)] = (key, {})
+    return own[1]
+
+
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
                      max_gpus: int = 16, grid_filter: Callable[[Any, Grid], bool] | None = None,
                      estimate_cache: dict | None = None) -> RoundData:
@@ -156,7 +173,10 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
 
     ``grid_filter(job_view, grid)`` drops candidates (baselines that keep the user's
     GPU count). ``estimate_cache`` memoizes estimates by (model, global batch, grid):
-    estimates depend on the job only through its model and batch.
+    estimates depend on the job only through its model and batch — except with a
+    performance model that learns online (``estimators.LearnsOnline``) for a job it has
+    observations of: those are memoized per job under its ``estimate_key``, dropped when
+    the key changes or the job leaves the round (``_estimate_memo``).
     """
     grids_fn = grids_fn or default_grids_fn()
     cap = Capacity.from_cluster(ctx.cluster)
@@ -169,8 +189,13 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     c_job, c_type, c_nodes, c_gpn, c_pp, c_tp, c_rc, c_grid, c_plan = ([] for _ in range(9))
     ref = []
     unschedulable = []
+    if isinstance(perf, LearnsOnline):
+        present = {v.job.job_id for v in ctx.jobs}
+        for k in [k for k in cache if k[0] == _OWN and k[1] not in present]:
+            del cache[k]
     for view in ctx.jobs:
         job = view.job
+        memo = _estimate_memo(cache, perf, job)
         best: dict[tuple, tuple[float, Grid, Any]] = {}
         cur_grid = view.current.grid if view.current is not None else None
         for grid in grids_fn(job, ctx.cluster, max_gpus=max_gpus):
@@ -179,11 +204,9 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
                 continue
             if grid_filter is not None and not grid_filter(view, grid):
                 continue
-            key = (job.model, job.global_batch, grid)
-            est = cache.get(key)
+            est = memo.get(grid)
             if est is None:
-                est = perf.estimate(job, grid)
-                cache[key] = est
+                est = memo[grid] = perf.estimate(job, grid)
             if not est.feasible or not est.throughput > 0 or not math.isfinite(est.throughput):
                 continue
             skey = (t, grid.shape.num_nodes, grid.shape.gpus_per_node)
