@@ -7,18 +7,21 @@ every running job's new measurements each round; engine/online_feed.py). Then, f
 job (docs/estimators.md, "Online profiling", states the rule):
 
 - on a grid it ran ``min_iterations`` or more iterations on: the observed mean;
-- on any other grid (more or fewer GPUs, another pipeline depth, node shape or GPU
-  type), the base estimate times a correction fitted to the job's observations. The base
-  estimate is split, with the analytic composition of its proxy plan, into a compute
-  part (layer compute, pipeline bubble, optimizer, step overhead) and a communication
-  part (tensor-parallel collectives, pipeline sends, exposed gradient all-reduce); the
-  correction is ``(1 - s) a + s c`` for the grid's communication share ``s``, with
-  ``a`` (compute factor) and ``c`` (communication factor) fitted by least squares to the
-  observed/estimated ratios when the observations span communication shares at least
-  ``min_share_spread`` apart, else ``a = c`` = their (iteration-weighted) geometric
-  mean. Observations on the queried grid's GPU type are used when there are any, else
-  all. With fewer than ``min_iterations`` iterations in total the correction is shrunk
-  towards 1: ``correction ** (n / min_iterations)``.
+- on any other grid: the base estimate times ``exp(e)``, ``e`` the predicted log error
+  of the base model on that grid given the job's observed log errors
+  ``x_i = log(observed mean_i / base estimate_i)`` — the posterior mean of a Gaussian
+  prior over the job's log errors (kriging) whose covariance between two grids is
+
+      job² + type²·[same GPU type] + shape²·[same resource shape] + grid²·[same grid]
+      + comm²·s·s'
+
+  (``s``: the communication share — tensor-parallel collectives, pipeline sends, exposed
+  gradient all-reduce — of the base model's proxy plan, from the analytic composition:
+  the part of the error that scales with communication), each observation with
+  measurement variance ``iteration_cv² / iterations``. One observed grid moves a
+  neighbour by the fraction of the base model's error that neighbours share; the
+  fractions (``OnlinePrior``) are fitted to how the base model's errors co-vary across
+  grids of the same job (``estimators.evaluation.online_prior``).
 
 Estimates of a job without observations are the base model's (shared by every job of
 the same model and batch); ``estimate_key(job)`` changes whenever the job's estimates
@@ -40,7 +43,30 @@ from instances.jobs import Job
 from .analytic import AnalyticModel
 from .base import Estimate, PerformanceModel
 
-COMM_PARTS = ("tp_comm", "p2p", "dp_exposed")     # Breakdown.shares() keys the factor ``c`` scales
+COMM_PARTS = ("tp_comm", "p2p", "dp_exposed")     # Breakdown.shares() keys of the communication share
+
+
+@dataclass(frozen=True)
+class OnlinePrior:
+    """Prior covariance of a job's log errors of the base model across grids (module
+    docstring): standard deviations of the shared parts, in natural-log units. The
+    defaults are ``estimators.evaluation.online_prior.fit_online_prior`` on the Arena
+    measured table with the ``analytic`` base (``bench/bench_online.py --fit-prior``);
+    ``iteration_cv`` is the assumed per-iteration jitter of measured step times."""
+    job: float = 0.0
+    type: float = 0.087
+    shape: float = 0.229
+    grid: float = 0.0
+    comm: float = 0.465
+    iteration_cv: float = 0.05
+
+    def __post_init__(self):
+        for f in ("job", "type", "shape", "grid", "comm", "iteration_cv"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InputError(f"must be a finite number >= 0, got {v!r}", field=f"prior.{f}")
+        if self.job == self.type == self.shape == self.grid == self.comm == 0:
+            raise InputError("at least one prior part must be > 0", field="prior")
 
 
 @dataclass
@@ -91,12 +117,18 @@ class OnlineModel:
     kind = "online"
 
     def __init__(self, *, base: str | PerformanceModel = "auto", min_iterations: float = 20,
-                 min_share_spread: float = 0.1, dp_only: bool = False, store: ObservationStore | None = None,
-                 **base_config):
+                 prior: OnlinePrior | dict | None = None, dp_only: bool = False,
+                 store: ObservationStore | None = None, **base_config):
         if not (isinstance(min_iterations, (int, float)) and min_iterations >= 1):
             raise InputError(f"must be >= 1, got {min_iterations!r}", field="min_iterations")
-        if not (isinstance(min_share_spread, (int, float)) and 0 < min_share_spread <= 1):
-            raise InputError(f"must be in (0, 1], got {min_share_spread!r}", field="min_share_spread")
+        if isinstance(prior, dict):
+            try:
+                prior = OnlinePrior(**prior)
+            except TypeError as e:
+                raise InputError(str(e), field="prior") from None
+        elif prior is not None and not isinstance(prior, OnlinePrior):
+            raise InputError(f"expected OnlinePrior or dict, got {prior!r}", field="prior")
+        self.prior = prior or OnlinePrior()
         from .perf import make_performance_model
         if isinstance(base, str):
             if base == "online":
@@ -113,7 +145,7 @@ class OnlineModel:
         self.base_config = base_config
         self.analytic = _analytic_of(base)
         self.dp_only = bool(dp_only)
-        self.min_iterations, self.min_share_spread = float(min_iterations), float(min_share_spread)
+        self.min_iterations = float(min_iterations)
         self.store = store if store is not None else ObservationStore()
         self.name = f"online({base.name})"
         self._twin: OnlineModel | None = None
@@ -135,9 +167,8 @@ class OnlineModel:
             return self
         if self._twin is None:
             base = self.base_kind if self.base_kind is not None else "table"
-            self._twin = OnlineModel(base=base, min_iterations=self.min_iterations,
-                                     min_share_spread=self.min_share_spread, dp_only=True, store=self.store,
-                                     **self.base_config)
+            self._twin = OnlineModel(base=base, min_iterations=self.min_iterations, prior=self.prior,
+                                     dp_only=True, store=self.store, **self.base_config)
         return self._twin
 
     # -- PerformanceModel ----------------------------------------------------------------
@@ -152,16 +183,15 @@ class OnlineModel:
             return Estimate(t, job.global_batch / t, b.peak_memory_bytes, b.plan, True,
                             f"{self.name}/observed",
                             b.notes + (f"mean of {own.iterations:g} measured iterations",))
-        fit = self.factors(job, grid.gpu_type)
-        if fit is None:
+        obs = self.observations(job)
+        if not obs:
             return b
-        a, c, n = fit
-        s = self.comm_share(job, grid)
-        k = ((1.0 - s) * a + s * c) ** min(1.0, n / self.min_iterations)
-        t = b.iteration_time_s * k
+        e = self.predicted_log_error(job, grid, obs)
+        t = b.iteration_time_s * math.exp(e)
+        n = sum(o[3] for o in obs)
         return Estimate(t, job.global_batch / t, b.peak_memory_bytes, b.plan, True, f"{self.name}/corrected",
-                        b.notes + (f"online correction x{k:.3f} (compute x{a:.3f}, communication x{c:.3f}, "
-                                   f"from {n:g} measured iterations)",))
+                        b.notes + (f"online correction x{math.exp(e):.3f} from {n:g} measured iterations on "
+                                   f"{len(obs)} grid(s)",))
 
     # -- the correction --------------------------------------------------------------------
     def comm_share(self, job: Job, grid: Grid) -> float:
@@ -175,28 +205,34 @@ class OnlineModel:
         sh = r.breakdown.shares()
         return min(1.0, max(0.0, sum(sh[p] for p in COMM_PARTS)))
 
-    def factors(self, job: Job, gpu_type: str) -> tuple[float, float, float] | None:
-        """(compute factor a, communication factor c, iterations they rest on) fitted to
-        ``job``'s observations (those on ``gpu_type`` when there are any); None without
-        usable observations."""
-        rows = []
+    def observations(self, job: Job) -> list[tuple[Grid, float, float, float]]:
+        """(grid, observed log error of the base model, communication share, iterations)
+        of every grid ``job`` was measured on that the base model estimates."""
+        out = []
         for g, s in self.store.of(job.job_id).items():
             b = self.base.estimate(job, g)
             if b.feasible and math.isfinite(b.iteration_time_s) and b.iteration_time_s > 0:
-                rows.append((g.gpu_type == gpu_type, s.mean_s / b.iteration_time_s, self.comm_share(job, g),
-                             s.iterations))
-        if any(r[0] for r in rows):
-            rows = [r for r in rows if r[0]]
-        if not rows:
-            return None
-        ratio = np.array([r[1] for r in rows])
-        share = np.array([r[2] for r in rows])
-        w = np.array([r[3] for r in rows])
-        n = float(w.sum())
-        if share.max() - share.min() >= self.min_share_spread:
-            X = np.stack([1.0 - share, share], axis=1) * np.sqrt(w)[:, None]
-            (a, c), *_ = np.linalg.lstsq(X, ratio * np.sqrt(w), rcond=None)
-            if a > 0 and c > 0:
-                return float(a), float(c), n
-        g = float(np.exp(np.average(np.log(ratio), weights=w)))
-        return g, g, n
+                out.append((g, math.log(s.mean_s / b.iteration_time_s), self.comm_share(job, g), s.iterations))
+        return out
+
+    def covariance(self, g: Grid, s: float, h: Grid, t: float) -> float:
+        """Prior covariance of the base model's log errors on grids ``g`` and ``h``
+        (communication shares ``s`` and ``t``)."""
+        p = self.prior
+        c = p.job ** 2 + p.comm ** 2 * s * t
+        if g.gpu_type == h.gpu_type:
+            c += p.type ** 2
+        if g.shape == h.shape:
+            c += p.shape ** 2
+        if g == h:
+            c += p.grid ** 2
+        return c
+
+    def predicted_log_error(self, job: Job, grid: Grid, obs) -> float:
+        """Posterior mean of the base model's log error on ``grid`` given ``obs``."""
+        s = self.comm_share(job, grid)
+        K = np.array([[self.covariance(gi, si, gj, sj) for gj, _, sj, _ in obs] for gi, _, si, _ in obs])
+        K += np.diag([math.log1p(self.prior.iteration_cv ** 2) / n for *_, n in obs]) + 1e-12 * np.eye(len(obs))
+        k = np.array([self.covariance(grid, s, gi, si) for gi, _, si, _ in obs])
+        x = np.array([o[1] for o in obs])
+        return float(k @ np.linalg.solve(K, x))
