@@ -12,7 +12,7 @@ job (docs/estimators.md, "Online profiling", states the rule):
   ``x_i = log(observed mean_i / base estimate_i)`` — the posterior mean of a Gaussian
   prior over the job's log errors (kriging) whose covariance between two grids is
 
-      job² + type²·[same GPU type] + shape²·[same resource shape] + grid²·[same grid]
+      job² + type(t)²·[same GPU type t] + shape²·[same resource shape] + grid²·[same grid]
       + comm²·s·s'
 
   (``s``: the communication share — tensor-parallel collectives, pipeline sends, exposed
@@ -21,7 +21,11 @@ job (docs/estimators.md, "Online profiling", states the rule):
   measurement variance ``iteration_cv² / iterations``. One observed grid moves a
   neighbour by the fraction of the base model's error that neighbours share; the
   fractions (``OnlinePrior``) are fitted to how the base model's errors co-vary across
-  grids of the same job (``estimators.evaluation.online_prior``).
+  grids of the same job (``estimators.evaluation.online_prior``) on the GPU types of the
+  Arena measured table, which the base model's constants were fitted on. On any other
+  type (``cpu`` ranks here, a new GPU) the base model's error is dominated by what the
+  job and type share, so ``type(t)`` is ``new_type`` (large): one observed grid moves
+  the type's other grids almost by the whole observed ratio.
 
 Estimates of a job without observations are the base model's (shared by every job of
 the same model and batch); ``estimate_key(job)`` changes whenever the job's estimates
@@ -52,16 +56,20 @@ class OnlinePrior:
     docstring): standard deviations of the shared parts, in natural-log units. The
     defaults are ``estimators.evaluation.online_prior.fit_online_prior`` on the Arena
     measured table with the ``analytic`` base (``bench/bench_online.py --fit-prior``);
-    ``iteration_cv`` is the assumed per-iteration jitter of measured step times."""
+    ``new_type`` replaces ``type`` on GPU types outside ``OnlineModel.calibrated_types``
+    (a stated default: log-sd 1, an error of a factor e either way is unremarkable on an
+    uncalibrated device); ``iteration_cv`` is the assumed per-iteration jitter of measured
+    step times."""
     job: float = 0.0
     type: float = 0.087
+    new_type: float = 1.0
     shape: float = 0.229
     grid: float = 0.0
     comm: float = 0.465
     iteration_cv: float = 0.05
 
     def __post_init__(self):
-        for f in ("job", "type", "shape", "grid", "comm", "iteration_cv"):
+        for f in ("job", "type", "new_type", "shape", "grid", "comm", "iteration_cv"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise InputError(f"must be a finite number >= 0, got {v!r}", field=f"prior.{f}")
@@ -118,7 +126,8 @@ class OnlineModel:
 
     def __init__(self, *, base: str | PerformanceModel = "auto", min_iterations: float = 20,
                  prior: OnlinePrior | dict | None = None, dp_only: bool = False,
-                 store: ObservationStore | None = None, **base_config):
+                 store: ObservationStore | None = None, calibrated_types: frozenset[str] | None = None,
+                 **base_config):
         if not (isinstance(min_iterations, (int, float)) and min_iterations >= 1):
             raise InputError(f"must be >= 1, got {min_iterations!r}", field="min_iterations")
         if isinstance(prior, dict):
@@ -129,6 +138,10 @@ class OnlineModel:
         elif prior is not None and not isinstance(prior, OnlinePrior):
             raise InputError(f"expected OnlinePrior or dict, got {prior!r}", field="prior")
         self.prior = prior or OnlinePrior()
+        if calibrated_types is None:       # the GPU types of the Arena measured table
+            from .reference import load_measured
+            calibrated_types = frozenset(r.gpu_type for r in load_measured())
+        self.calibrated_types = frozenset(calibrated_types)
         from .perf import make_performance_model
         if isinstance(base, str):
             if base == "online":
@@ -168,7 +181,8 @@ class OnlineModel:
         if self._twin is None:
             base = self.base_kind if self.base_kind is not None else "table"
             self._twin = OnlineModel(base=base, min_iterations=self.min_iterations, prior=self.prior,
-                                     dp_only=True, store=self.store, **self.base_config)
+                                     dp_only=True, store=self.store, calibrated_types=self.calibrated_types,
+                                     **self.base_config)
         return self._twin
 
     # -- PerformanceModel ----------------------------------------------------------------
@@ -221,7 +235,7 @@ class OnlineModel:
         p = self.prior
         c = p.job ** 2 + p.comm ** 2 * s * t
         if g.gpu_type == h.gpu_type:
-            c += p.type ** 2
+            c += (p.type if g.gpu_type in self.calibrated_types else p.new_type) ** 2
         if g.shape == h.shape:
             c += p.shape ** 2
         if g == h:

@@ -1,0 +1,236 @@
+"""The ``online`` performance model: its correction rule, the round loop's feed, the
+per-job estimate memo of the round data, and convergence in the simulator through
+measured (noisy) iteration times only."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.context import Allocation, JobView, RoundContext
+from engine.executor import JobProgress
+from engine.formulation.round_data import build_round_data
+from engine.online_feed import OnlineFeed
+from engine.reconfig import ReconfigCostModel
+from engine.simulator import simulate
+from estimators import LearnsOnline, make_performance_model
+from estimators.online import OnlineModel, OnlinePrior
+from estimators.perf import DpOnlyTwin
+from instances.errors import InputError
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+from tests.test_engine_helpers import Inst, LinearOracle, ScriptedPolicy, cluster
+
+A100 = "a100-40gb"
+JOB = Job("j", "gpt__1.3B", 128, 1000, 0.0)
+G2 = Grid(Shape(A100, 1, 2), 1)
+G4 = Grid(Shape(A100, 1, 4), 1)
+G4PP2 = Grid(Shape(A100, 1, 4), 2)
+CPU1 = Grid(Shape("cpu", 1, 1), 1)
+CPU2 = Grid(Shape("cpu", 1, 2), 1)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return make_performance_model("analytic")
+
+
+def online(base, **kw) -> OnlineModel:
+    return OnlineModel(base=base, **kw)
+
+
+def test_registered_kind_with_analytic_base_by_default():
+    m = make_performance_model("online")
+    assert m.kind == "online" and m.base_kind == "analytic" and m.name == "online(analytic)"
+    assert isinstance(m, LearnsOnline)
+    assert not isinstance(make_performance_model("analytic"), LearnsOnline)
+    with pytest.raises(InputError):
+        make_performance_model("online", base="online")
+    with pytest.raises(InputError):
+        make_performance_model("online", prior={"job": -1.0})
+    with pytest.raises(InputError):
+        make_performance_model("online").observe("j", G2, 0.0, 5)
+
+
+def test_without_observations_the_base_estimate(base):
+    m = online(base)
+    assert m.estimate(JOB, G2) == base.estimate(JOB, G2)
+    assert m.estimate_key(JOB) is None
+    m.observe("other", G2, 1.0, 30)                         # another job's runs say nothing of this one
+    assert m.estimate(JOB, G4) == base.estimate(JOB, G4)
+
+
+def test_own_grid_is_the_observed_mean_after_enough_iterations(base):
+    m = online(base)
+    b = base.estimate(JOB, G2).iteration_time_s
+    m.observe("j", G2, 2.0 * b, 10)
+    m.observe("j", G2, 4.0 * b, 10)                         # 20 iterations, mean 3x the base
+    e = m.estimate(JOB, G2)
+    assert e.iteration_time_s == pytest.approx(3.0 * b) and e.source.endswith("/observed")
+    assert e.throughput == pytest.approx(JOB.global_batch / (3.0 * b))
+
+
+def test_fewer_iterations_are_shrunk_towards_the_base(base):
+    b = base.estimate(JOB, G2).iteration_time_s
+    est = []
+    for n in (1, 4, 16):
+        m = online(base, min_iterations=1000)
+        m.observe("j", G2, 2.0 * b, n)
+        est.append(m.estimate(JOB, G2).iteration_time_s / b)
+    assert 1.0 < est[0] < est[1] < est[2] < 2.0
+
+
+def _hand_prediction(m: OnlineModel, obs_grid: Grid, n: float, x: float, target: Grid) -> float:
+    """One observation: posterior mean = cov(target, obs) / (var(obs) + noise) * x, with
+    the prior's parts written out here rather than taken from the model."""
+    p = m.prior
+    s0, s1 = m.comm_share(JOB, obs_grid), m.comm_share(JOB, target)
+
+    def t(gt):
+        return p.type if gt in m.calibrated_types else p.new_type
+    cov = p.job ** 2 + p.comm ** 2 * s0 * s1 + (t(target.gpu_type) ** 2 if target.gpu_type == obs_grid.gpu_type
+                                                else 0.0) + (p.shape ** 2 if target.shape == obs_grid.shape else 0.0)
+    var = p.job ** 2 + p.comm ** 2 * s0 * s0 + t(obs_grid.gpu_type) ** 2 + p.shape ** 2 + p.grid ** 2
+    return cov / (var + math.log1p(p.iteration_cv ** 2) / n) * x
+
+
+@pytest.mark.parametrize("target,moves", [(G4, True), (G4PP2, True), (Grid(Shape("a40", 1, 2), 1), False)])
+def test_neighbour_correction_follows_the_rule(base, target, moves):
+    m = online(base)
+    b0 = base.estimate(JOB, G2).iteration_time_s
+    m.observe("j", G2, 1.5 * b0, 20)
+    got = m.estimate(JOB, target).iteration_time_s / base.estimate(JOB, target).iteration_time_s
+    want = math.exp(_hand_prediction(m, G2, 20, math.log(1.5), target))
+    assert got == pytest.approx(want, rel=1e-9)
+    # the observation moves the same type's grids; another type's only through the
+    # (fitted: none) job part and the communication part
+    assert (got > 1.05) if moves else (1.0 <= got < 1.05)
+
+
+def test_uncalibrated_device_moves_neighbours_by_nearly_the_whole_ratio(base):
+    m = online(base)
+    tiny = Job("j", "tiny-gpt__4L", 8, 100, 0.0)
+    assert base.estimate(tiny, CPU1).feasible and base.estimate(tiny, CPU2).feasible
+    b = base.estimate(tiny, CPU1).iteration_time_s
+    m.observe("j", CPU1, 3.0 * b, 20)
+    ratio = m.estimate(tiny, CPU2).iteration_time_s / base.estimate(tiny, CPU2).iteration_time_s
+    assert ratio == pytest.approx(3.0, rel=0.1)
+
+
+def test_communication_part_is_told_apart_with_two_observed_grids(base):
+    """Truth = base x exp(2 x communication share): after observing two grids of
+    different shares, a third grid's estimate is closer to it than the base, and than a
+    rule without the communication part."""
+    m = online(base)
+    grids = [Grid(Shape(A100, 1, 1), 1), Grid(Shape(A100, 2, 4), 2), Grid(Shape(A100, 1, 8), 1),
+             Grid(Shape(A100, 2, 2), 1)]
+    shares = [m.comm_share(JOB, g) for g in grids]
+    assert max(shares) - min(shares) > 0.2
+    truth = {g: base.estimate(JOB, g).iteration_time_s * math.exp(2.0 * s) for g, s in zip(grids, shares)}
+    for g in grids[:2]:
+        m.observe("j", g, truth[g], 40)
+    flat = online(base, prior=OnlinePrior(comm=0.0))
+    for g in grids[:2]:
+        flat.observe("j", g, truth[g], 40)
+    for g in grids[2:]:
+        err = abs(m.estimate(JOB, g).iteration_time_s / truth[g] - 1)
+        assert err < abs(base.estimate(JOB, g).iteration_time_s / truth[g] - 1)
+        assert err < abs(flat.estimate(JOB, g).iteration_time_s / truth[g] - 1)
+
+
+def test_estimate_key_changes_with_every_observation_and_the_twin_shares_them(base):
+    m = online(base)
+    m.observe("j", G2, 1.0, 5)
+    k1 = m.estimate_key(JOB)
+    m.observe("j", G2, 1.0, 5)
+    assert k1 is not None and m.estimate_key(JOB) != k1
+    twin = DpOnlyTwin()(m)
+    assert twin.dp_only and twin.store is m.store and twin.estimate_key(JOB) == m.estimate_key(JOB)
+
+
+def test_feed_turns_running_means_into_new_iterations():
+    seen = []
+
+    class Recorder:
+        def observe(self, job_id, grid, t, n):
+            seen.append((job_id, grid, t, n))
+
+        def estimate_key(self, job):
+            return None
+
+    feed = OnlineFeed(Recorder())
+    a = Allocation(G2, ((0, 0), (0, 1)))
+    b = Allocation(G2, ((0, 2), (0, 3)))
+    feed.report(a, JobProgress("j", 5.0, True, measured_iteration_time_s=None, measured_iterations=0))
+    feed.report(a, JobProgress("j", 10.0, True, measured_iteration_time_s=1.0, measured_iterations=10))
+    feed.report(a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
+    feed.report(a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
+    feed.report(b, JobProgress("j", 40.0, True, measured_iteration_time_s=2.0, measured_iterations=4))
+    assert seen == [("j", G2, 1.0, 10.0), ("j", G2, pytest.approx(1.75), 20.0), ("j", G2, 2.0, 4.0)]
+    feed.keep_only([])                                      # stopped: its next run counts from zero
+    feed.report(b, JobProgress("j", 50.0, True, measured_iteration_time_s=3.0, measured_iterations=6))
+    assert seen[-1] == ("j", G2, 3.0, 6.0)
+    OnlineFeed(make_performance_model("analytic")).report(a, JobProgress("j", 1.0, True, None, None, None, 0.0,
+                                                                          1.0, 5))   # not learning: ignored
+
+
+def _ctx(perf, jobs) -> RoundContext:
+    cl = cluster(("a100", 1, 4))
+    views = tuple(JobView(j, j.num_iterations, None, 0.0, 0.0, 0) for j in jobs)
+    return RoundContext(0.0, 0, 300.0, cl, views, perf, ReconfigCostModel(), 0)
+
+
+def _col(data, jid: str, shape: Shape) -> tuple[Grid, float]:
+    """(grid, iterations per second) of ``jid``'s column for ``shape``."""
+    j = data.job_ids.index(jid)
+    k = next(k for k in range(data.n_cols) if data.col_job[k] == j and data.grids[k].shape == shape)
+    return data.grids[k], float(data.col_rate_iters_per_s()[k])
+
+
+def test_round_data_memo_serves_no_stale_estimate(base):
+    m = online(base)
+    j1, j2 = JOB, Job("k", JOB.model, JOB.global_batch, 1000, 0.0)
+    cache: dict = {}
+
+    def fresh(data, job):           # every column's rate is the model's estimate now
+        g, r = _col(data, job.job_id, G2.shape)
+        assert r == pytest.approx(1.0 / m.estimate(job, g).iteration_time_s, rel=1e-12)
+        return g, r
+    d0 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, estimate_cache=cache)
+    g0, r0 = fresh(d0, j1)
+    assert fresh(d0, j2) == (g0, r0)
+    m.observe("j", g0, 3.0 / r0, 25)
+    d1 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, estimate_cache=cache)
+    assert fresh(d1, j1)[1] < r0 / 2                                # not the memoized estimate
+    assert fresh(d1, j2) == (g0, r0)                                # the other job keeps the shared memo
+    m.observe("j", g0, 1.0 / r0, 75)                                # the mean on g0 is now 1.5x
+    d2 = build_round_data(_ctx(m, [j1]), m, max_gpus=4, estimate_cache=cache)
+    assert r0 / 1.6 < fresh(d2, j1)[1] < r0 / 1.4
+    assert len([k for k in cache if k[0] == "job"]) == 1
+    build_round_data(_ctx(m, [j2]), m, max_gpus=4, estimate_cache=cache)
+    assert not [k for k in cache if k[0] == "job"]                  # the job left: its memo is dropped
+
+
+def test_simulated_estimate_converges_to_the_truth_through_measurements_only(base):
+    """The oracle is 2.5x slower than the analytic estimate; the online model never sees
+    the oracle, only SimExecutor's noisy measured times through the round loop."""
+    g = Grid(Shape(A100, 1, 2), 1)
+    truth = 2.5 * base.estimate(JOB, g).iteration_time_s
+    oracle = LinearOracle(work_s=truth * 2)
+    job = Job("j", JOB.model, JOB.global_batch, 10**6, 0.0)
+    inst = Inst("online", cluster(("a100", 1, 4)), (job,), oracle, round_interval_s=truth * 8, horizon_rounds=6)
+    m = online(base)
+    seen = []
+
+    def rule(ctx):
+        seen.append(m.estimate(job, g).iteration_time_s)
+        return {"j": g}
+    simulate(inst, ScriptedPolicy(rule), perf=m, reconfig=ReconfigCostModel(replan_per_gpu_s=0.0))
+    n = m.store.of("j")[g].iterations
+    assert n >= 20
+    assert seen[0] == base.estimate(job, g).iteration_time_s        # nothing measured before the first run
+    est = m.estimate(job, g).iteration_time_s
+    assert est == pytest.approx(truth, rel=0.05) and est != pytest.approx(truth, rel=1e-9)   # noisy, measured
+    assert abs(base.estimate(job, g).iteration_time_s / truth - 1) > 0.5  # ignoring them would fail
+    assert np.all(np.diff(seen[1:]) != 0)                           # every round's measurements reached it
