@@ -8,10 +8,11 @@ held-out truth. Afterwards, for every observed grid, a fresh ``online`` model th
 only that grid's first measured iterations estimates its own grid and every other plan;
 each estimate is compared with the other run's measured mean iteration time (all its
 steps after the warm-up; for its own grid: the steps after the observed ones). The base
-model's error on the same pairs is printed alongside.
+model's error on the same pairs is printed alongside. ``--passes`` repeats every run and
+reports each pair's median over the passes.
 
     PYTHONPATH=. .venv/bin/python bench/bench_online_local.py [--model tiny-gpt__4L] \
-        [--iterations 20] [--later 20] [--batch 8] [--json]
+        [--iterations 20] [--later 20] [--batch 8] [--passes 3] [--json]
 
 The host is shared (2 cores): run-to-run drift is part of what the figures show.
 """
@@ -70,6 +71,24 @@ def run_plan(base, job: Job, grid: Grid, iterations: int, work: str, timeout_s: 
     return online, steps[1:]
 
 
+NUMBERS = ("truth_s", "online_s", "online_err", "base_s", "base_err", "observed_mean_s")
+
+
+def compare(job: Job, base, runs: dict, iterations: int) -> list[dict]:
+    """Every (observed grid, estimated grid) pair of one pass of runs."""
+    out = []
+    for g_obs, (online, steps_obs) in runs.items():
+        for g, (_, steps) in runs.items():
+            own = g == g_obs
+            truth = statistics.fmean(steps[iterations:] if own else steps)
+            est = online.estimate(job, g).iteration_time_s
+            b = base.estimate(job, g).iteration_time_s
+            out.append({"observed": str(g_obs), "estimated": str(g), "own": own, "truth_s": truth,
+                        "online_s": est, "online_err": est / truth - 1, "base_s": b, "base_err": b / truth - 1,
+                        "observed_mean_s": statistics.fmean(steps_obs[:iterations])})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny-gpt__4L")
@@ -77,33 +96,31 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=20, help="measured iterations fed before estimating")
     ap.add_argument("--later", type=int, default=20, help="further steps per run: the own grid's held-out truth")
     ap.add_argument("--base", default="analytic")
+    ap.add_argument("--passes", type=int, default=1, help="repeat every run; per pair, the median over passes")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if a.iterations < 1 or a.later < 1:
-        ap.error("--iterations and --later must be >= 1")
+    if a.iterations < 1 or a.later < 1 or a.passes < 1:
+        ap.error("--iterations, --later and --passes must be >= 1")
     job = Job(JOB_ID, a.model, a.batch, 1 + a.iterations + a.later, 0.0)
     base = make_performance_model(a.base)
-    runs = {}
-    for g in GRIDS:
-        with tempfile.TemporaryDirectory(prefix="arena-online-") as work:
-            t = time.perf_counter()
-            runs[g] = run_plan(base, job, g, a.iterations, work)
-            print(f"  ran {g}: {len(runs[g][1])} timed steps, {time.perf_counter() - t:.0f} s", file=sys.stderr,
-                  flush=True)
-    out = []
-    for g_obs, (online, steps_obs) in runs.items():
-        for g, (_, steps) in runs.items():
-            own = g == g_obs
-            truth = statistics.fmean(steps[a.iterations:] if own else steps)
-            est = online.estimate(job, g).iteration_time_s
-            b = base.estimate(job, g).iteration_time_s
-            out.append({"observed": str(g_obs), "estimated": str(g), "own": own, "truth_s": truth,
-                        "online_s": est, "online_err": est / truth - 1, "base_s": b, "base_err": b / truth - 1,
-                        "observed_mean_s": statistics.fmean(steps_obs[:a.iterations])})
+    passes = []
+    for k in range(a.passes):
+        runs = {}
+        for g in GRIDS:
+            with tempfile.TemporaryDirectory(prefix="arena-online-") as work:
+                t = time.perf_counter()
+                runs[g] = run_plan(base, job, g, a.iterations, work)
+                print(f"  pass {k + 1}: ran {g}: {len(runs[g][1])} timed steps, {time.perf_counter() - t:.0f} s",
+                      file=sys.stderr, flush=True)
+        passes.append(compare(job, base, runs, a.iterations))
+    out = [{**p0, **{f: statistics.median(p[i][f] for p in passes) for f in NUMBERS}, "passes": a.passes}
+           for i, p0 in enumerate(passes[0])]
     if a.json:
-        print(json.dumps({"model": a.model, "batch": a.batch, "iterations": a.iterations, "pairs": out}, indent=1))
+        print(json.dumps({"model": a.model, "batch": a.batch, "iterations": a.iterations, "passes": a.passes,
+                          "pairs": out}, indent=1))
         return 0
-    print(f"{a.model} batch {a.batch}: online({a.base}) after {a.iterations} measured iterations vs real runs")
+    print(f"{a.model} batch {a.batch}: online({a.base}) after {a.iterations} measured iterations vs real runs "
+          f"(median over {a.passes} pass(es))")
     print(f"{'observed on':<18} {'estimated for':<18} {'truth s':>8} {'online s':>9} {'error':>7} {'base s':>8} "
           f"{'base err':>8}")
     for r in out:

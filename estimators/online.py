@@ -162,6 +162,8 @@ class OnlineModel:
         self.store = store if store is not None else ObservationStore()
         self.name = f"online({base.name})"
         self._twin: OnlineModel | None = None
+        self._shares: dict = {}                 # (model, batch, grid) -> communication share
+        self._fits: dict[str, tuple] = {}       # job -> (version, observations, K^-1 x)
 
     # -- LearnsOnline ------------------------------------------------------------------
     def observe(self, job_id: str, grid: Grid, iteration_time_s: float, iterations: float) -> None:
@@ -197,10 +199,11 @@ class OnlineModel:
             return Estimate(t, job.global_batch / t, b.peak_memory_bytes, b.plan, True,
                             f"{self.name}/observed",
                             b.notes + (f"mean of {own.iterations:g} measured iterations",))
-        obs = self.observations(job)
-        if not obs:
+        fit = self._fit(job)
+        if fit is None:
             return b
-        e = self.predicted_log_error(job, grid, obs)
+        obs, alpha = fit
+        e = self.predicted_log_error(job, grid, obs, alpha)
         t = b.iteration_time_s * math.exp(e)
         n = sum(o[3] for o in obs)
         return Estimate(t, job.global_batch / t, b.peak_memory_bytes, b.plan, True, f"{self.name}/corrected",
@@ -211,13 +214,13 @@ class OnlineModel:
     def comm_share(self, job: Job, grid: Grid) -> float:
         """Communication share of the base model's proxy plan on ``grid`` (0 when the base
         has no analytic composition)."""
-        if self.analytic is None:
-            return 0.0
-        r = self.analytic.plan_result(job, grid)
-        if r is None:
-            return 0.0
-        sh = r.breakdown.shares()
-        return min(1.0, max(0.0, sum(sh[p] for p in COMM_PARTS)))
+        key = (job.model, job.global_batch, grid)
+        s = self._shares.get(key)
+        if s is None:
+            r = None if self.analytic is None else self.analytic.plan_result(job, grid)
+            s = 0.0 if r is None else min(1.0, max(0.0, sum(r.breakdown.shares()[p] for p in COMM_PARTS)))
+            self._shares[key] = s
+        return s
 
     def observations(self, job: Job) -> list[tuple[Grid, float, float, float]]:
         """(grid, observed log error of the base model, communication share, iterations)
@@ -242,11 +245,21 @@ class OnlineModel:
             c += p.grid ** 2
         return c
 
-    def predicted_log_error(self, job: Job, grid: Grid, obs) -> float:
+    def _fit(self, job: Job):
+        """(observations, (K + noise)^-1 x) of ``job``, kept until it is observed again."""
+        v = self.store.version(job.job_id)
+        f = self._fits.get(job.job_id)
+        if f is None or f[0] != v:
+            obs = self.observations(job)
+            alpha = None
+            if obs:
+                K = np.array([[self.covariance(gi, si, gj, sj) for gj, _, sj, _ in obs] for gi, _, si, _ in obs])
+                K += np.diag([math.log1p(self.prior.iteration_cv ** 2) / n for *_, n in obs])
+                alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), np.array([o[1] for o in obs]))
+            f = self._fits[job.job_id] = (v, obs, alpha)
+        return None if not f[1] else f[1:]
+
+    def predicted_log_error(self, job: Job, grid: Grid, obs, alpha) -> float:
         """Posterior mean of the base model's log error on ``grid`` given ``obs``."""
         s = self.comm_share(job, grid)
-        K = np.array([[self.covariance(gi, si, gj, sj) for gj, _, sj, _ in obs] for gi, _, si, _ in obs])
-        K += np.diag([math.log1p(self.prior.iteration_cv ** 2) / n for *_, n in obs]) + 1e-12 * np.eye(len(obs))
-        k = np.array([self.covariance(grid, s, gi, si) for gi, _, si, _ in obs])
-        x = np.array([o[1] for o in obs])
-        return float(k @ np.linalg.solve(K, x))
+        return float(np.array([self.covariance(grid, s, gi, si) for gi, _, si, _ in obs]) @ alpha)

@@ -67,7 +67,7 @@ def register(subparsers) -> None:
                    help="policy option (repeatable); values parsed as int/float/bool/str")
     p.add_argument("--perf", default=None, metavar="KIND",
                    help="performance model the policy reads (estimators.make_performance_model: "
-                        "analytic, learned, table). fcfs needs none; arena, sia, gavel, elasticflow do "
+                        "analytic, learned, table, online). fcfs needs none; arena, sia, gavel, elasticflow do "
                         "(default for them: table)")
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="reconfiguration cost option, e.g. replan_per_gpu_s=10 restart_s=30 (repeatable)")
