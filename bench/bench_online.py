@@ -41,6 +41,7 @@ from engine.executor import JobProgress
 from engine.online_feed import OnlineFeed
 from engine.reconfig import ReconfigCostModel
 from engine.sim_executor import DEFAULT_ITERATION_NOISE_CV, SimExecutor
+from estimators import make_performance_model
 from estimators.online import OnlineModel
 from instances.grid import Grid, Shape
 from instances.jobs import Job
@@ -108,7 +109,7 @@ def evaluate(base: str, iterations: int, noise_cv: float, limit: int | None, see
     if limit:
         rows = rows[:: max(1, len(rows) // limit)][:limit]
     types = sorted({r.gpu_type for r in rows})
-    online = OnlineModel(base=base, prior=prior)
+    online = make_performance_model("online", base=base, prior=prior)
     errs: dict[tuple[str, bool], list[float]] = {}
     base_errs: dict[tuple[str, bool], list[float]] = {}
     skipped = 0

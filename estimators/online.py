@@ -127,7 +127,10 @@ class OnlineModel:
     def __init__(self, *, base: str | PerformanceModel = "auto", min_iterations: float = 20,
                  prior: OnlinePrior | dict | None = None, dp_only: bool = False,
                  store: ObservationStore | None = None, calibrated_types: frozenset[str] | None = None,
-                 **base_config):
+                 make_base=None, **base_config):
+        """``base``: a performance model, or a kind name that ``make_base(kind, dp_only=,
+        **base_config)`` builds (``make_performance_model("online", ...)`` passes its
+        factory; ``auto``: ``learned`` when an ``artifact`` is given, else ``analytic``)."""
         if not (isinstance(min_iterations, (int, float)) and min_iterations >= 1):
             raise InputError(f"must be >= 1, got {min_iterations!r}", field="min_iterations")
         if isinstance(prior, dict):
@@ -142,14 +145,17 @@ class OnlineModel:
             from .reference import load_measured
             calibrated_types = frozenset(r.gpu_type for r in load_measured())
         self.calibrated_types = frozenset(calibrated_types)
-        from .perf import make_performance_model
+        self.make_base = make_base
         if isinstance(base, str):
             if base == "online":
                 raise InputError("the online model's base cannot be online", field="base")
+            if make_base is None:
+                raise InputError(f"base kind {base!r} needs make_base (use make_performance_model('online'))",
+                                 field="base")
             if base == "auto":       # learned when a learned artifact is given, else analytic
                 base = "learned" if base_config.get("artifact") is not None else "analytic"
             self.base_kind = base
-            base = make_performance_model(base, dp_only=dp_only, **base_config)
+            base = make_base(base, dp_only=dp_only, **base_config)
         elif base_config:
             raise InputError(f"base options {sorted(base_config)} need a base kind, not a model", field="base")
         else:
@@ -181,10 +187,12 @@ class OnlineModel:
         if self.dp_only:
             return self
         if self._twin is None:
-            base = self.base_kind if self.base_kind is not None else "table"
-            self._twin = OnlineModel(base=base, min_iterations=self.min_iterations, prior=self.prior,
+            if self.make_base is None or self.base_kind is None:
+                raise InputError("the data-parallel-only twin needs the base's kind and factory "
+                                 "(build the model with make_performance_model('online'))", field="base")
+            self._twin = OnlineModel(base=self.base_kind, min_iterations=self.min_iterations, prior=self.prior,
                                      dp_only=True, store=self.store, calibrated_types=self.calibrated_types,
-                                     **self.base_config)
+                                     make_base=self.make_base, **self.base_config)
         return self._twin
 
     # -- PerformanceModel ----------------------------------------------------------------

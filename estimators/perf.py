@@ -149,4 +149,4 @@ def _make_learned(**config) -> PerformanceModel:
 @register_kind("online")
 def _make_online(**config) -> PerformanceModel:
     from .online import OnlineModel
-    return OnlineModel(**config)
+    return OnlineModel(make_base=make_performance_model, **config)

@@ -139,14 +139,15 @@ def test_communication_part_is_told_apart_with_two_observed_grids(base):
         assert err < abs(flat.estimate(JOB, g).iteration_time_s / truth[g] - 1)
 
 
-def test_estimate_key_changes_with_every_observation_and_the_twin_shares_them(base):
-    m = online(base)
+def test_estimate_key_changes_with_every_observation_and_the_twin_shares_them():
+    m = make_performance_model("online")
     m.observe("j", G2, 1.0, 5)
     k1 = m.estimate_key(JOB)
     m.observe("j", G2, 1.0, 5)
     assert k1 is not None and m.estimate_key(JOB) != k1
     twin = DpOnlyTwin()(m)
-    assert twin.dp_only and twin.store is m.store and twin.estimate_key(JOB) == m.estimate_key(JOB)
+    assert twin.dp_only and twin.base.dp_only and twin.store is m.store
+    assert twin.estimate_key(JOB) == m.estimate_key(JOB)
 
 
 def test_feed_turns_running_means_into_new_iterations():

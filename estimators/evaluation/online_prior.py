@@ -21,13 +21,14 @@ from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.measurements import load_measured_iter_times
 
-from ..online import OnlineModel, OnlinePrior
+from ..online import OnlinePrior
+from ..perf import make_performance_model
 
 
 def fit_online_prior(base: str = "analytic", rows=None, iteration_cv: float = OnlinePrior.iteration_cv
                      ) -> tuple[OnlinePrior, dict]:
     """(fitted prior, diagnostics) for ``base`` on the measured table (or ``rows``)."""
-    online = OnlineModel(base=base)
+    online = make_performance_model("online", base=base)
     rows = [r for r in (load_measured_iter_times() if rows is None else rows) if r.iter_time_s is not None]
     groups: dict[tuple, list] = {}
     for r in rows:
