@@ -235,3 +235,40 @@ def test_simulated_estimate_converges_to_the_truth_through_measurements_only(bas
     assert est == pytest.approx(truth, rel=0.05) and est != pytest.approx(truth, rel=1e-9)   # noisy, measured
     assert abs(base.estimate(job, g).iteration_time_s / truth - 1) > 0.5  # ignoring them would fail
     assert np.all(np.diff(seen[1:]) != 0)                           # every round's measurements reached it
+
+
+@pytest.mark.slow
+def test_live_round_loop_feeds_the_launchers_measurements(tmp_path):
+    """The live path: MpiExecutor runs a real torch job; the round loop reads its
+    progress each round and the online model receives the launcher's measured mean."""
+    import time
+
+    from engine.round_loop import RoundLoop
+    from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
+
+    g = Grid(Shape("cpu", 1, 2), 1)
+    job = Job("0", "tiny-gpt__2L", 8, 400, 0.0)
+    m = make_performance_model("online")
+    ex = MpiExecutor(MpiExecutorConfig(work_dir=str(tmp_path), checkpoint_every=0, checkpoint_interval_s=0.0,
+                                       step_delay_s=0.02))
+    loop = RoundLoop(cluster(("cpu", 1, 2)), ScriptedPolicy(lambda ctx: {"0": g}), ex, perf=m,
+                     round_interval_s=1.0, jobs=[job])
+    try:
+        loop.submit("0", 0.0)
+        loop.round(0.0, 0)
+        seen = []
+        for k in range(1, 40):
+            time.sleep(1.0)
+            loop.collect(float(k), 1.0)
+            loop.round(float(k), k)
+            if m.store.of("0"):
+                seen.append((m.store.of("0")[g].iterations, m.store.of("0")[g].mean_s,
+                             loop.state.jobs["0"].measured_iteration_time_s))
+            if len(seen) >= 2 and seen[-1][0] > seen[0][0]:
+                break
+    finally:
+        ex.close()
+    assert len(seen) >= 2 and seen[-1][0] > seen[0][0]         # every round's new steps arrive
+    for n, mean, reported in seen:                              # the fed increments add up to the
+        assert n >= 1 and mean == pytest.approx(reported, rel=1e-9)   # launcher's running mean
+    assert m.estimate_key(job) is not None
