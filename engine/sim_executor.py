@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from instances.grid import Shape
 from instances.jobs import Job
 

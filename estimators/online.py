@@ -18,7 +18,7 @@ job (docs/estimators.md, "Online profiling", states the rule):
   (``s``: the communication share — tensor-parallel collectives, pipeline sends, exposed
   gradient all-reduce — of the base model's proxy plan, from the analytic composition:
   the part of the error that scales with communication), each observation with
-  measurement variance ``iteration_cv² / iterations``. One observed grid moves a
+  measurement variance ``log(1 + iteration_cv²) / iterations``. One observed grid moves a
   neighbour by the fraction of the base model's error that neighbours share; the
   fractions (``OnlinePrior``) are fitted to how the base model's errors co-vary across
   grids of the same job (``estimators.evaluation.online_prior``) on the GPU types of the
