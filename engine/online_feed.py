@@ -11,6 +11,7 @@ not learn online (``estimators.LearnsOnline``) the feed does nothing.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 from estimators.base import LearnsOnline
@@ -29,8 +30,8 @@ class OnlineFeed:
         if self.model is None or alloc is None:
             return
         n, mean = float(p.measured_iterations or 0.0), p.measured_iteration_time_s
-        if not n > 0 or mean is None or not mean > 0:
-            return
+        if not (0 < n < math.inf and mean is not None and 0 < mean < math.inf):
+            return                        # nothing measured yet (or a report that is no measurement)
         last = self._last.get(p.job_id)
         n0, s0 = 0.0, 0.0
         if last is not None and last[0] == alloc and last[1] <= n:

@@ -164,6 +164,8 @@ def test_feed_turns_running_means_into_new_iterations():
     a = Allocation(G2, ((0, 0), (0, 1)))
     b = Allocation(G2, ((0, 2), (0, 3)))
     feed.report(a, JobProgress("j", 5.0, True, measured_iteration_time_s=None, measured_iterations=0))
+    feed.report(a, JobProgress("j", 5.0, True, measured_iteration_time_s=math.inf, measured_iterations=3))
+    feed.report(a, JobProgress("j", 5.0, True, measured_iteration_time_s=math.nan, measured_iterations=3))
     feed.report(a, JobProgress("j", 10.0, True, measured_iteration_time_s=1.0, measured_iterations=10))
     feed.report(a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
     feed.report(a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
