@@ -128,7 +128,12 @@ def default_grids_fn() -> GridsFn:
 def _reconfig_cost_s(ctx: RoundContext, view: JobView, grid: Grid) -> float:
     if ctx.reconfig is None:
         return 0.0
-    return float(ctx.reconfig.cost_to_grid_s(view.job, view.current, grid))
+    return float(ctx.reconfig.cost_to_grid_s(view.job, view.current, grid, resumed=_resumed(view)))
+
+
+def _resumed(view: JobView) -> bool:
+    """A queued job that ran before (its state is in storage)."""
+    return view.current is None and view.attained_gpu_s > 0
 
 
 class GridCache:
@@ -148,20 +153,101 @@ class GridCache:
         return grids
 
 
+@dataclass
+class _Block:
+    """One job's candidate columns (best depth per shape), independent of the round."""
+    keys: list                      # shape keys (type, nodes, GPUs per node), sorted
+    grids: list
+    ests: list
+    reconfig_s: list
+    current: int                    # index of the current grid in the block, -1 if none
+    ref_throughput: float
+
+
+class RoundDataCache:
+    """What ``build_round_data`` may reuse from round to round, for one performance model.
+
+    - estimates by (model, global batch, grid): they depend on the job only through those;
+    - each job's column block by (job id, current grid, known infeasible shapes, the
+      performance model's per-job version where it learns online): enumeration, filter,
+      estimates, best depth per shape and move prices are recomputed only when one of
+      those changes. Grid filters must therefore be functions of the job, the grid and
+      the job's known infeasible shapes (every registered policy's are).
+
+    A new performance model (``perf`` is not the one cached for) empties both.
+    """
+
+    def __init__(self) -> None:
+        self.estimates: dict = {}
+        self.blocks: dict = {}
+        self._owner: object = None
+        self._reconfig: object = None
+
+    def bind(self, perf: object, reconfig: object, active_jobs: int) -> None:
+        if perf is not self._owner:
+            self.estimates, self.blocks, self._owner = {}, {}, perf
+        if reconfig is not self._reconfig:
+            self.blocks, self._reconfig = {}, reconfig
+        if len(self.blocks) > 4 * active_jobs + 1000:     # bounded: drop blocks of ended jobs
+            self.blocks = {}
+
+
+def _job_version(perf, job: Job):
+    version = getattr(perf, "job_version", None)
+    return version(job.job_id) if version is not None else None
+
+
+def _block(ctx: RoundContext, view: JobView, perf, cap: Capacity, type_index: dict, grids_fn: GridsFn,
+           max_gpus: int, grid_filter, estimates: dict) -> _Block | None:
+    job = view.job
+    best: dict[tuple, tuple[float, Grid, Any]] = {}
+    cur_grid = view.current.grid if view.current is not None else None
+    for grid in grids_fn(job, ctx.cluster, max_gpus=max_gpus):
+        t = grid.gpu_type
+        if t not in type_index or grid.shape.gpus_per_node > cap.max_gpus_per_node[type_index[t]]:
+            continue
+        if grid_filter is not None and not grid_filter(view, grid):
+            continue
+        key = (job.model, job.global_batch, grid)
+        est = estimates.get(key)
+        if est is None:
+            est = perf.estimate(job, grid)
+            estimates[key] = est
+        if not est.feasible or not est.throughput > 0 or not math.isfinite(est.throughput):
+            continue
+        skey = (t, grid.shape.num_nodes, grid.shape.gpus_per_node)
+        value = est.throughput
+        if cur_grid is not None and grid == cur_grid:
+            value = math.inf          # keep the current grid for the current shape
+        if skey not in best or value > best[skey][0]:
+            best[skey] = (value, grid, est)
+    if not best:
+        return None
+    keys = sorted(best)
+    grids = [best[k][1] for k in keys]
+    ests = [best[k][2] for k in keys]
+    current = next((i for i, g in enumerate(grids) if g == cur_grid), -1)
+    thr_of = {k: float(best[k][2].throughput) for k in keys}
+    return _Block(keys, grids, ests, [_reconfig_cost_s(ctx, view, g) for g in grids], current,
+                  _reference_throughput(job, thr_of))
+
+
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
                      max_gpus: int = 16, grid_filter: Callable[[Any, Grid], bool] | None = None,
-                     estimate_cache: dict | None = None) -> RoundData:
+                     cache: RoundDataCache | None = None) -> RoundData:
     """Enumerate candidate grids for every job in ``ctx``, estimate them with ``perf``
     and keep the best pipeline depth per shape.
 
     ``grid_filter(job_view, grid)`` drops candidates (baselines that keep the user's
-    GPU count). ``estimate_cache`` memoizes estimates by (model, global batch, grid):
-    estimates depend on the job only through its model and batch.
+    GPU count). ``cache`` (a ``RoundDataCache`` kept by the policy) reuses estimates and
+    unchanged jobs' columns across rounds; the result is the same with or without it.
     """
     grids_fn = grids_fn or default_grids_fn()
     cap = Capacity.from_cluster(ctx.cluster)
     type_index = {t: i for i, t in enumerate(cap.types)}
-    cache = estimate_cache if estimate_cache is not None else {}
+    if cache is None:
+        cache = RoundDataCache()
+    cache.bind(perf, ctx.reconfig, len(ctx.jobs))
 
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
     attained, arrival = [], []
@@ -171,28 +257,14 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     unschedulable = []
     for view in ctx.jobs:
         job = view.job
-        best: dict[tuple, tuple[float, Grid, Any]] = {}
         cur_grid = view.current.grid if view.current is not None else None
-        for grid in grids_fn(job, ctx.cluster, max_gpus=max_gpus):
-            t = grid.gpu_type
-            if t not in type_index or grid.shape.gpus_per_node > cap.max_gpus_per_node[type_index[t]]:
-                continue
-            if grid_filter is not None and not grid_filter(view, grid):
-                continue
-            key = (job.model, job.global_batch, grid)
-            est = cache.get(key)
-            if est is None:
-                est = perf.estimate(job, grid)
-                cache[key] = est
-            if not est.feasible or not est.throughput > 0 or not math.isfinite(est.throughput):
-                continue
-            skey = (t, grid.shape.num_nodes, grid.shape.gpus_per_node)
-            value = est.throughput
-            if cur_grid is not None and grid == cur_grid:
-                value = math.inf          # keep the current grid for the current shape
-            if skey not in best or value > best[skey][0]:
-                best[skey] = (value, grid, est)
-        if not best:
+        bkey = (job.job_id, cur_grid, _resumed(view), view.known_infeasible_shapes, _job_version(perf, job))
+        if bkey in cache.blocks:
+            block = cache.blocks[bkey]
+        else:
+            block = cache.blocks[bkey] = _block(ctx, view, perf, cap, type_index, grids_fn, max_gpus,
+                                                grid_filter, cache.estimates)
+        if block is None:
             unschedulable.append(job.job_id)
             continue
         j = len(job_ids)
@@ -209,25 +281,19 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         tenants.append(job.tenant)
         req_g.append(int(job.requested_gpus or 0))
         req_t.append(job.requested_gpu_type)
-        cc = -1
-        thr_of = {}
-        for skey in sorted(best):
-            _, grid, est = best[skey]
-            k = len(c_job)
-            if grid == cur_grid:
-                cc = k
-            c_job.append(j)
-            c_type.append(type_index[grid.gpu_type])
-            c_nodes.append(grid.shape.num_nodes)
-            c_gpn.append(grid.shape.gpus_per_node)
-            c_pp.append(grid.pp)
-            c_tp.append(float(est.throughput))
-            c_rc.append(_reconfig_cost_s(ctx, view, grid))
-            c_grid.append(grid)
-            c_plan.append(est.plan)
-            thr_of[skey] = float(est.throughput)
-        cur_col.append(cc)
-        ref.append(_reference_throughput(job, thr_of))
+        k0 = len(c_job)
+        n = len(block.grids)
+        c_job.extend([j] * n)
+        c_type.extend(type_index[t] for t, _, _ in block.keys)
+        c_nodes.extend(nn for _, nn, _ in block.keys)
+        c_gpn.extend(m for _, _, m in block.keys)
+        c_pp.extend(g.pp for g in block.grids)
+        c_tp.extend(float(e.throughput) for e in block.ests)
+        c_rc.extend(block.reconfig_s)
+        c_grid.extend(block.grids)
+        c_plan.extend(e.plan for e in block.ests)
+        cur_col.append(k0 + block.current if block.current >= 0 else -1)
+        ref.append(block.ref_throughput)
     return RoundData(
         now_s=float(ctx.now_s), round_interval_s=float(ctx.round_interval_s), capacity=cap,
         job_ids=tuple(job_ids), remaining_iterations=np.array(rem), ref_throughput=np.array(ref),
@@ -269,3 +335,54 @@ def find_column(data: RoundData, job_index: int, grid: Grid) -> int:
         if data.grids and data.grids[k] == grid:
             return int(k)
     return -1
+
+
+def keep_columns(data: RoundData, keep: np.ndarray) -> RoundData:
+    """``data`` with only the columns where ``keep`` is True (every job keeps its row;
+    current columns that are dropped become -1)."""
+    import dataclasses
+    keep = np.asarray(keep, dtype=bool)
+    if keep.all():
+        return data
+    new_index = np.cumsum(keep) - 1
+    cur = np.where((data.current_col >= 0) & keep[np.maximum(data.current_col, 0)],
+                   new_index[np.maximum(data.current_col, 0)], -1)
+    idx = np.flatnonzero(keep)
+    return dataclasses.replace(
+        data, current_col=cur.astype(np.int64), col_job=data.col_job[keep], col_type=data.col_type[keep],
+        col_nodes=data.col_nodes[keep], col_gpn=data.col_gpn[keep], col_pp=data.col_pp[keep],
+        col_throughput=data.col_throughput[keep], col_reconfig_s=data.col_reconfig_s[keep],
+        grids=tuple(data.grids[k] for k in idx) if data.grids else (),
+        plans=tuple(data.plans[k] for k in idx) if data.plans else ())
+
+
+def freeze_jobs(data: RoundData, frozen: frozenset[str]) -> RoundData:
+    """``data`` where each running job in ``frozen`` has only its current column (the
+    caller also pins it, so it keeps that column)."""
+    if not frozen:
+        return data
+    is_frozen = np.array([jid in frozen for jid in data.job_ids], dtype=bool)
+    cols = np.arange(data.n_cols)
+    own = data.current_col[data.col_job]
+    keep = ~is_frozen[data.col_job] | (own < 0) | (own == cols)
+    return keep_columns(data, keep)
+
+
+def best_plan_per_count(data: RoundData) -> RoundData:
+    """``data`` keeping, per job and (GPU type, GPU count), only the column with the best
+    estimated throughput (its current column where it runs on that type and count): the
+    planner's best node shape and pipeline depth for the count and type a policy picks,
+    which is how the ``-ap`` baselines run (adaptive parallelism without co-designing the
+    placement)."""
+    best: dict[tuple, int] = {}
+    gpus = data.col_gpus
+    cur = data.current_col
+    for k in range(data.n_cols):
+        j = int(data.col_job[k])
+        key = (j, int(data.col_type[k]), int(gpus[k]))
+        b = best.get(key)
+        if b is None or (b != cur[j] and (k == cur[j] or data.col_throughput[k] > data.col_throughput[b])):
+            best[key] = k
+    keep = np.zeros(data.n_cols, dtype=bool)
+    keep[list(best.values())] = True
+    return keep_columns(data, keep)
