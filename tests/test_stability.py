@@ -104,8 +104,8 @@ def test_changed_owner_bytes_properties(old, new, kept):
 
 
 def test_best_plan_per_count_keeps_one_column_per_type_and_count():
-    from engine.formulation.round_data import best_plan_per_count, build_round_data
     from engine.context import RoundContext
+    from engine.formulation.round_data import best_plan_per_count, build_round_data
     inst = get_instance("demo")
     views = tuple(JobView(j, float(j.num_iterations), None) for j in inst.jobs[:6])
     ctx = RoundContext(0.0, 0, 300.0, inst.cluster, views, _table(), ReconfigCostModel())

@@ -33,8 +33,14 @@ from instances.errors import InputError
 from instances.grid import Grid
 
 from ..context import Decisions, JobView, RoundContext
-from ..formulation.round_data import (GridCache, RoundDataCache, best_plan_per_count, build_round_data,
-                                      columns_of_jobs, freeze_jobs)
+from ..formulation.round_data import (
+    GridCache,
+    RoundDataCache,
+    best_plan_per_count,
+    build_round_data,
+    columns_of_jobs,
+    freeze_jobs,
+)
 from ..placement import Placer, place_with_repair
 from ..policy import register_policy
 from ..stability import STABILITY_KEYS, StabilityRule

@@ -11,11 +11,11 @@ per job run, and the same reconfiguration cost as every policy. No space sharing
 """
 from __future__ import annotations
 
+import dataclasses
+
 from instances.grid import Grid
 
 from ..context import JobView
-import dataclasses
-
 from .milp import MilpPolicySpec, register_milp_policy
 
 
