@@ -19,6 +19,8 @@ re-asks the same few hundred (model, batch) x grid pairs.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 from instances.errors import InputError
@@ -37,6 +39,30 @@ kind_names = KINDS.names
 def make_performance_model(kind: str, **config: Any) -> PerformanceModel:
     """Build a performance model by kind name (``analytic``, ``learned``, ``table``)."""
     return KINDS.get(kind)(**config)
+
+
+def learned_artifact_path() -> Path:
+    """Where the default learned model is kept: ``$ARENA_LEARNED_ARTIFACT``, else
+    ``~/.cache/arena/learned.joblib`` (written by ``arena estimate fit``)."""
+    env = os.environ.get("ARENA_LEARNED_ARTIFACT")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "arena" / "learned.joblib"
+
+
+def default_kind() -> str:
+    """What policies decide with unless told otherwise: estimates, never the measured
+    table the simulator's oracle uses as truth — the learned model when its artifact
+    exists (fitting it takes minutes, so it is fitted once, by ``arena estimate fit``),
+    else the analytic model."""
+    return "learned" if learned_artifact_path().is_file() else "analytic"
+
+
+def make_default_model(kind: str | None = None) -> PerformanceModel:
+    """``kind`` (default ``default_kind()``); ``learned`` loads the default artifact when
+    it exists rather than fitting afresh."""
+    kind = kind or default_kind()
+    if kind == "learned" and learned_artifact_path().is_file():
+        return make_performance_model("learned", artifact=learned_artifact_path())
+    return make_performance_model(kind)
 
 
 class DpOnlyTwin:
