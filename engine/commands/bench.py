@@ -26,7 +26,8 @@ DEFAULT_POLICIES = ("arena", "sia", "sia-ap", "gavel", "gavel-ap", "elasticflow-
 POLICY_COLUMNS = ("policy", "perf", "move_costs", "jobs_finished", "avg_jct_s", "avg_jct_runout_s",
                   "makespan_runout_s", "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s",
                   "jobs_common", "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
-                  "active_span_s", "reconfigurations", "reconfigurations_per_job", "reconfigurations_runout", "reconfigurations_per_job_runout",
+                  "active_span_s", "reconfigurations", "reconfigurations_per_job",
+                  "reconfigurations_runout", "reconfigurations_per_job_runout",
                   "reconfig_gpu_hours_lost_runout", "packing_failures", "decision_time_median_s",
                   "decision_time_p99_s", "wall_time_s")
 
