@@ -120,3 +120,16 @@ def test_best_plan_per_count_keeps_one_column_per_type_and_count():
         for k in kept:
             same = [q for q in full if (data.col_type[q], data.col_gpus[q]) == (ap.col_type[k], ap.col_gpus[k])]
             assert ap.col_throughput[k] == max(data.col_throughput[q] for q in same)
+
+
+def test_policies_decide_from_estimates_by_default(tmp_path, monkeypatch):
+    from engine.commands.simulate import build_perf
+    from estimators.perf import default_kind, learned_artifact_path
+    monkeypatch.setenv("ARENA_LEARNED_ARTIFACT", str(tmp_path / "none.joblib"))
+    assert learned_artifact_path() == tmp_path / "none.joblib"
+    assert default_kind() == "analytic"
+    assert build_perf(None, "arena").kind == "analytic"
+    assert build_perf(None, "fcfs") is None
+    assert build_perf("table", "arena").kind == "table"       # the labelled mode
+    (tmp_path / "none.joblib").write_bytes(b"")
+    assert default_kind() == "learned"
