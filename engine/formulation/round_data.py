@@ -155,11 +155,16 @@ class GridCache:
 
 @dataclass
 class _Block:
-    """One job's candidate columns (best depth per shape), independent of the round."""
-    keys: list                      # shape keys (type, nodes, GPUs per node), sorted
-    grids: list
-    ests: list
-    reconfig_s: list
+    """One job's candidate columns (best depth per shape, in shape order), independent of
+    the round, as the arrays the round data concatenates."""
+    grids: tuple
+    plans: tuple
+    col_type: np.ndarray
+    col_nodes: np.ndarray
+    col_gpn: np.ndarray
+    col_pp: np.ndarray
+    col_throughput: np.ndarray
+    col_reconfig_s: np.ndarray
     current: int                    # index of the current grid in the block, -1 if none
     ref_throughput: float
 
@@ -224,11 +229,15 @@ def _block(ctx: RoundContext, view: JobView, perf, cap: Capacity, type_index: di
     if not best:
         return None
     keys = sorted(best)
-    grids = [best[k][1] for k in keys]
+    grids = tuple(best[k][1] for k in keys)
     ests = [best[k][2] for k in keys]
     current = next((i for i, g in enumerate(grids) if g == cur_grid), -1)
     thr_of = {k: float(best[k][2].throughput) for k in keys}
-    return _Block(keys, grids, ests, [_reconfig_cost_s(ctx, view, g) for g in grids], current,
+    return _Block(grids, tuple(e.plan for e in ests),
+                  np.array([type_index[t] for t, _, _ in keys], dtype=np.int64),
+                  np.array([n for _, n, _ in keys], dtype=np.int64), np.array([m for _, _, m in keys], dtype=np.int64),
+                  np.array([g.pp for g in grids], dtype=np.int64), np.array([float(e.throughput) for e in ests]),
+                  np.array([_reconfig_cost_s(ctx, view, g) for g in grids], dtype=float), current,
                   _reference_throughput(job, thr_of))
 
 
@@ -252,9 +261,10 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
     attained, arrival = [], []
     jobs = []
-    c_job, c_type, c_nodes, c_gpn, c_pp, c_tp, c_rc, c_grid, c_plan = ([] for _ in range(9))
+    blocks: list[_Block] = []
     ref = []
     unschedulable = []
+    n_cols = 0
     for view in ctx.jobs:
         job = view.job
         cur_grid = view.current.grid if view.current is not None else None
@@ -267,7 +277,6 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         if block is None:
             unschedulable.append(job.job_id)
             continue
-        j = len(job_ids)
         job_ids.append(job.job_id)
         jobs.append(job)
         rem.append(max(float(view.remaining_iterations), 0.0))
@@ -281,30 +290,25 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         tenants.append(job.tenant)
         req_g.append(int(job.requested_gpus or 0))
         req_t.append(job.requested_gpu_type)
-        k0 = len(c_job)
-        n = len(block.grids)
-        c_job.extend([j] * n)
-        c_type.extend(type_index[t] for t, _, _ in block.keys)
-        c_nodes.extend(nn for _, nn, _ in block.keys)
-        c_gpn.extend(m for _, _, m in block.keys)
-        c_pp.extend(g.pp for g in block.grids)
-        c_tp.extend(float(e.throughput) for e in block.ests)
-        c_rc.extend(block.reconfig_s)
-        c_grid.extend(block.grids)
-        c_plan.extend(e.plan for e in block.ests)
-        cur_col.append(k0 + block.current if block.current >= 0 else -1)
+        cur_col.append(n_cols + block.current if block.current >= 0 else -1)
+        n_cols += len(block.grids)
+        blocks.append(block)
         ref.append(block.ref_throughput)
+
+    def cat(field: str, dtype) -> np.ndarray:
+        return np.concatenate([getattr(b, field) for b in blocks]) if blocks else np.zeros(0, dtype=dtype)
     return RoundData(
         now_s=float(ctx.now_s), round_interval_s=float(ctx.round_interval_s), capacity=cap,
         job_ids=tuple(job_ids), remaining_iterations=np.array(rem), ref_throughput=np.array(ref),
         global_batch=np.array(gb), current_col=np.array(cur_col, dtype=np.int64),
         running=np.array(running, dtype=bool), queued_s=np.array(queued), deadline_s=np.array(deadline),
         priority=np.array(prio), tenants=tuple(tenants), requested_gpus=np.array(req_g, dtype=np.int64),
-        requested_type=tuple(req_t), col_job=np.array(c_job, dtype=np.int64),
-        col_type=np.array(c_type, dtype=np.int64), col_nodes=np.array(c_nodes, dtype=np.int64),
-        col_gpn=np.array(c_gpn, dtype=np.int64), col_pp=np.array(c_pp, dtype=np.int64),
-        col_throughput=np.array(c_tp), col_reconfig_s=np.array(c_rc), grids=tuple(c_grid),
-        plans=tuple(c_plan), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
+        requested_type=tuple(req_t),
+        col_job=np.repeat(np.arange(len(blocks), dtype=np.int64), [len(b.grids) for b in blocks]),
+        col_type=cat("col_type", np.int64), col_nodes=cat("col_nodes", np.int64), col_gpn=cat("col_gpn", np.int64),
+        col_pp=cat("col_pp", np.int64), col_throughput=cat("col_throughput", float),
+        col_reconfig_s=cat("col_reconfig_s", float), grids=tuple(g for b in blocks for g in b.grids),
+        plans=tuple(p for b in blocks for p in b.plans), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
         attained_gpu_s=np.array(attained), arrival_s=np.array(arrival))
 
 
