@@ -31,6 +31,16 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class ChangeHistory:
+    """A job's last change of allocation (start, resume or move), what the stability rule
+    (engine/stability.py) reads."""
+    changed_at_s: float                 # when it took its current allocation
+    iterations_since: float             # progress made on it since
+    rate_before: float                  # iterations/s measured before the change (0: it was queued)
+    recent_s: tuple[float, ...] = ()    # times of its moves and preemptions (first starts excluded)
+
+
+@dataclass(frozen=True)
 class JobView:
     """A job as a policy sees it at a round."""
     job: Job
@@ -43,6 +53,7 @@ class JobView:
     # Shapes on which the engine has seen this job fail to run (e.g. out of memory): the
     # truth reported back, as a live launch that crashes would be. Optional extension.
     known_infeasible_shapes: frozenset = frozenset()
+    last_change: ChangeHistory | None = None     # running jobs: their last change of allocation
 
     @property
     def job_id(self) -> str:

@@ -24,7 +24,9 @@ Definitions (all times in seconds; "by the horizon" = up to ``t0 + rounds x inte
   for ``stall_rounds`` rounds) or safety limit (run-out reached ``max_rounds``, reported
   as ``safety_limit_rounds``).
 - run-out only: ``avg_jct_runout_s`` over every finished job, ``makespan_runout_s`` =
-  completion of the last job - first arrival.
+  completion of the last job - first arrival; ``reconfigurations_runout``,
+  ``reconfigurations_per_job_runout`` (over every job of the instance) and
+  ``reconfig_gpu_hours_lost_runout`` over the whole run.
 """
 from __future__ import annotations
 
@@ -223,6 +225,9 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         s["p99_jct_runout_s"] = _pct([j.jct_s for j in fin], 99)
         s["makespan_runout_s"] = (max(j.finish_s for j in fin) - t0) if fin else math.nan
         s["avg_queueing_delay_runout_s"] = _mean(j.queueing_delay_s for j in jobs if j.queueing_delay_s is not None)
+        s["reconfigurations_runout"] = sum(r.reconfigurations for r in sim.rounds)
+        s["reconfigurations_per_job_runout"] = s["reconfigurations_runout"] / len(jobs) if jobs else 0.0
+        s["reconfig_gpu_hours_lost_runout"] = sum(r.reconfig_lost_gpu_s for r in sim.rounds) / 3600.0
         s["stopped_by_safety"] = sim.stopped_by_safety
         s["safety_limit_rounds"] = cfg.max_rounds
     return s

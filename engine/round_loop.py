@@ -33,7 +33,7 @@ from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
 
-from .context import Decisions, JobView, RoundContext
+from .context import ChangeHistory, Decisions, JobView, RoundContext
 from .executor import Executor, JobProgress
 from .invariants import check_invariants
 from .online_feed import OnlineFeed
@@ -195,9 +195,13 @@ class RoundLoop:
         st = self.state
         views = []
         for r in st.running.values():
+            change = None
+            if r.changed_at_s is not None:
+                change = ChangeHistory(r.changed_at_s, r.iterations_done - r.iterations_at_change,
+                                       r.rate_before_change, tuple(r.change_times_s))
             views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, r.alloc,
                                  st.attained_gpu_s_at(r, now), r.queued_s, r.reconfigurations,
-                                 r.measured_iteration_time_s, r.known_infeasible))
+                                 r.measured_iteration_time_s, r.known_infeasible, change))
         for r in st.queued.values():
             if r.retry_after_s > now:
                 continue                  # backing off after a failed run

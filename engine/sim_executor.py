@@ -122,12 +122,13 @@ class SimExecutor:
         it = self.true_iteration_time(job, alloc.grid.shape)
         if it is None:
             raise InfeasibleAllocation(f"job {job.job_id} cannot run on {alloc.grid.shape}")
+        resumed = r is not None
         if r is None:
             r = _Run(job, None, None)
             self._runs[job.job_id] = r
         r.t_last_s = now_s
         self._running[job.job_id] = r
-        self._start(r, alloc, it, self.reconfig.cost_s(job, None, alloc), True)
+        self._start(r, alloc, it, self.reconfig.cost_s(job, None, alloc, resumed), True)
 
     def stop(self, job_id: str, now_s: float) -> None:
         self._run_until(now_s)

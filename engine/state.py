@@ -98,6 +98,11 @@ class JobRecord:
     failure_reason: str | None = None
     retry_after_s: float = float("-inf")   # after a failed run: not offered to the policy before
     lost_iterations: float = 0.0    # progress lost to failures and stops past the last checkpoint
+    # the last change of allocation (start, resume or move), for the stability rule:
+    changed_at_s: float | None = None
+    iterations_at_change: float = 0.0
+    rate_before_change: float = 0.0     # iterations/s measured before it (0: it was queued)
+    change_times_s: list = field(default_factory=list)   # moves and preemptions (not first starts), newest last
     _since_s: float = 0.0           # when the current status (queued/running) began
 
     @property
@@ -153,6 +158,7 @@ class EngineState:
         else:
             r.reconfigurations += 1     # a resume after preemption changes its GPUs
         r.launches += 1
+        self._changed(r, t, 0.0, counted=False)
         del self.queued[job_id]
         self.running[job_id] = r
 
@@ -163,8 +169,19 @@ class EngineState:
             raise StateError(f"job {job_id} reconfigured while {r.status.value}")
         self.cluster.assign(job_id, alloc.gpus)
         r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
+        it = r.measured_iteration_time_s
+        self._changed(r, t, 1.0 / it if it else 0.0, counted=True)
         r.alloc, r._since_s = alloc, t
         r.reconfigurations += 1
+
+    #: how many move/preemption times a record keeps (the stability rule looks back one hour)
+    CHANGE_HISTORY = 32
+
+    def _changed(self, r: JobRecord, t: float, rate_before: float, counted: bool) -> None:
+        r.changed_at_s, r.iterations_at_change, r.rate_before_change = t, r.iterations_done, rate_before
+        if counted:
+            r.change_times_s.append(t)
+            del r.change_times_s[:-self.CHANGE_HISTORY]
 
     def release_for_move(self, job_id: str) -> None:
         self.cluster.release(job_id)
@@ -188,6 +205,8 @@ class EngineState:
         r.status, r.alloc, r._since_s = JobStatus.QUEUED, None, t
         r.measured_iteration_time_s = None
         r.preemptions += 1
+        r.change_times_s.append(t)
+        del r.change_times_s[:-self.CHANGE_HISTORY]
         self.queued[job_id] = r
 
     def fail_run(self, job_id: str, t: float, kept_iterations: float, reason: str, max_failures: int,

@@ -124,13 +124,13 @@ class OnlineModel:
     measured (module docstring)."""
     kind = "online"
 
-    def __init__(self, *, base: str | PerformanceModel = "auto", min_iterations: float = 20,
+    def __init__(self, *, base: str | PerformanceModel, min_iterations: float = 20,
                  prior: OnlinePrior | dict | None = None, dp_only: bool = False,
                  store: ObservationStore | None = None, calibrated_types: frozenset[str] | None = None,
                  make_base=None, **base_config):
         """``base``: a performance model, or a kind name that ``make_base(kind, dp_only=,
         **base_config)`` builds (``make_performance_model("online", ...)`` passes its
-        factory; ``auto``: ``learned`` when an ``artifact`` is given, else ``analytic``)."""
+        factory and chooses the default base)."""
         if not (isinstance(min_iterations, (int, float)) and min_iterations >= 1):
             raise InputError(f"must be >= 1, got {min_iterations!r}", field="min_iterations")
         if isinstance(prior, dict):
@@ -152,8 +152,6 @@ class OnlineModel:
             if make_base is None:
                 raise InputError(f"base kind {base!r} needs make_base (use make_performance_model('online'))",
                                  field="base")
-            if base == "auto":       # learned when a learned artifact is given, else analytic
-                base = "learned" if base_config.get("artifact") is not None else "analytic"
             self.base_kind = base
             base = make_base(base, dp_only=dp_only, **base_config)
         elif base_config:

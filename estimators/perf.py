@@ -5,9 +5,9 @@ Kinds (registry by name):
 - ``analytic``: proxy plan from the planner; layer times from the roofline over catalog
   specs (or the profile store where the device was profiled); composition; memory check.
 - ``learned``: the analytic estimate x the learned correction (estimators/learned.py).
-- ``online``: a base kind (``base=``; default ``learned`` when an ``artifact`` is
-  given, else ``analytic``) corrected per job by its runs' measured iteration times
-  (estimators/online.py).
+- ``online``: a base kind (``base=``; default ``learned`` when a learned artifact is
+  given or the default one exists, else ``analytic``) corrected per job by its runs'
+  measured iteration times (estimators/online.py).
 - ``table``: the Arena measured table (best plan the authors' search found) for exact
   (model, batch, GPU type, nodes, GPUs per node) rows; other grids fall back to
   ``fallback`` (default ``analytic``) and say so in ``source``. The table has no plan or
@@ -22,6 +22,8 @@ re-asks the same few hundred (model, batch) x grid pairs.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 from instances.errors import InputError
@@ -40,6 +42,30 @@ kind_names = KINDS.names
 def make_performance_model(kind: str, **config: Any) -> PerformanceModel:
     """Build a performance model by kind name (``analytic``, ``learned``, ``table``, ``online``)."""
     return KINDS.get(kind)(**config)
+
+
+def learned_artifact_path() -> Path:
+    """Where the default learned model is kept: ``$ARENA_LEARNED_ARTIFACT``, else
+    ``~/.cache/arena/learned.joblib`` (written by ``arena estimate fit``)."""
+    env = os.environ.get("ARENA_LEARNED_ARTIFACT")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "arena" / "learned.joblib"
+
+
+def default_kind() -> str:
+    """What policies decide with unless told otherwise: estimates, never the measured
+    table the simulator's oracle uses as truth — the learned model when its artifact
+    exists (fitting it takes minutes, so it is fitted once, by ``arena estimate fit``),
+    else the analytic model."""
+    return "learned" if learned_artifact_path().is_file() else "analytic"
+
+
+def make_default_model(kind: str | None = None) -> PerformanceModel:
+    """``kind`` (default ``default_kind()``); ``learned`` loads the default artifact when
+    it exists rather than fitting afresh."""
+    kind = kind or default_kind()
+    if kind == "learned" and learned_artifact_path().is_file():
+        return make_performance_model("learned", artifact=learned_artifact_path())
+    return make_performance_model(kind)
 
 
 class DpOnlyTwin:
@@ -147,6 +173,15 @@ def _make_learned(**config) -> PerformanceModel:
 
 
 @register_kind("online")
-def _make_online(**config) -> PerformanceModel:
+def _make_online(*, base: Any = "auto", **config) -> PerformanceModel:
+    """``base="auto"``: ``learned`` when a learned artifact is given (``artifact=``) or the
+    default one exists (``learned_artifact_path``), else ``analytic``."""
     from .online import OnlineModel
-    return OnlineModel(make_base=make_performance_model, **config)
+    if base == "auto":
+        if config.get("artifact") is not None:
+            base = "learned"
+        elif learned_artifact_path().is_file():
+            base, config = "learned", {**config, "artifact": learned_artifact_path()}
+        else:
+            base = "analytic"
+    return OnlineModel(base=base, make_base=make_performance_model, **config)

@@ -6,6 +6,8 @@
   (``sim_cluster_spec.json``), the matching trace with iterations divided by 5 and
   deadline slack multiplied by 5 (as in the published runs), the table oracle, rounds
   of 300 s and a horizon of 2,000 rounds.
+- ``arena-overloaded``: a synthetic overload — the first 600 jobs of ``arena-philly`` on
+  Arena's cluster cut to 192 GPUs (48 of each type, node sizes kept); same clock.
 - ``synthetic-N``: ``synthetic_cluster(N, seed)`` and N synthetic jobs arriving about
   one per ``300 * 1000 / N`` seconds (all within about 1,000 rounds), horizon 2,000.
 
@@ -14,6 +16,7 @@ describes them without building any.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -103,6 +106,26 @@ def _arena(trace: str) -> Callable[[int, Oracle], Instance]:
     return build
 
 
+OVERLOADED_JOBS = 600
+OVERLOADED_NODES = {"a100-40gb": 12, "v100-32gb": 3, "a40": 24, "a10": 24}      # 48 GPUs of each type
+
+
+def overloaded_cluster() -> ClusterSpec:
+    """Arena's cluster cut to 192 GPUs, 48 of each type, node sizes kept."""
+    groups = tuple(dataclasses.replace(g, num_nodes=OVERLOADED_NODES[g.gpu_type]) for g in arena_cluster().groups)
+    return ClusterSpec(groups, "arena-overloaded-192")
+
+
+def _overloaded(seed: int, oracle: Oracle) -> Instance:
+    from .traces import load_bundled_trace
+    cluster = overloaded_cluster()
+    jobs = load_bundled_trace("arena-philly", cluster=cluster, iteration_divisor=ARENA_ITERATION_DIVISOR,
+                              deadline_slack_factor=ARENA_DEADLINE_SLACK_FACTOR)
+    jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))[:OVERLOADED_JOBS]
+    return Instance("arena-overloaded", _DESCRIPTIONS["arena-overloaded"], cluster, tuple(jobs), oracle,
+                    ARENA_ROUND_INTERVAL_S, ARENA_HORIZON_ROUNDS)
+
+
 def _demo(seed: int, oracle: Oracle) -> Instance:
     from .generator import SyntheticJobsConfig, synthetic_jobs
     cluster = demo_cluster()
@@ -131,12 +154,15 @@ _DESCRIPTIONS = {
     "arena-philly": "Arena's 1,280-GPU cluster, Philly-arrival trace (iterations /5, deadline slack x5)",
     "arena-venus": "Arena's 1,280-GPU cluster, Helios Venus-arrival trace (iterations /5, deadline slack x5)",
     "arena-pai": "Arena's 1,280-GPU cluster, Alibaba PAI-arrival trace (iterations /5, deadline slack x5)",
+    "arena-overloaded": "synthetic overload: the first 600 Philly-arrival jobs of arena-philly on Arena's cluster "
+                        "cut to 192 GPUs (48 per type)",
 }
 _BUILDERS: dict[str, Callable[[int, Oracle], Instance]] = {
     "demo": _demo,
     "arena-philly": _arena("arena-philly"),
     "arena-venus": _arena("arena-venus"),
     "arena-pai": _arena("arena-pai"),
+    "arena-overloaded": _overloaded,
 }
 SYNTHETIC_EXAMPLES = (1024, 10240)
 _SYNTHETIC = re.compile(r"synthetic-([1-9][0-9]*)")
@@ -195,6 +221,9 @@ def _instance_infos() -> tuple[InstanceInfo, ...]:
     for trace in ("arena-philly", "arena-venus", "arena-pai"):
         out.append(InstanceInfo(trace, _DESCRIPTIONS[trace], arena_cluster().num_gpus, _count_rows(trace),
                                 ARENA_ROUND_INTERVAL_S, ARENA_HORIZON_ROUNDS))
+    out.append(InstanceInfo("arena-overloaded", _DESCRIPTIONS["arena-overloaded"], overloaded_cluster().num_gpus,
+                            min(OVERLOADED_JOBS, _count_rows("arena-philly")), ARENA_ROUND_INTERVAL_S,
+                            ARENA_HORIZON_ROUNDS))
     for n in SYNTHETIC_EXAMPLES:
         out.append(InstanceInfo(f"synthetic-{n}", _synthetic_description(n), n, synthetic_num_jobs(n),
                                 SYNTHETIC_ROUND_INTERVAL_S, ARENA_HORIZON_ROUNDS))

@@ -206,11 +206,33 @@ def test_reconfig_cost_model_terms():
     assert ReconfigCostModel(charge_launch=False).cost_s(j, None, a) == 0.0
     assert ReconfigCostModel(restart_s=7.0).cost_s(j, a, b) == 27.0
     bw = 1e9
-    sm = ReconfigCostModel(state_bw_bytes_per_s=bw)
-    assert sm.cost_s(j, a, b) == pytest.approx(20.0 + j.arch.param_count * 16.0 / (bw * 2))
+    state = j.arch.param_count * 16.0
+    sm = ReconfigCostModel(state_path="storage", storage_bytes_per_s=bw)
+    assert sm.cost_s(j, a, b) == pytest.approx(20.0 + 2 * state / bw)      # written, then read back
+    assert sm.cost_s(j, None, a) == 20.0                                   # a first start moves no state
+    assert sm.cost_s(j, None, a, resumed=True) == pytest.approx(20.0 + 2 * state / bw)
     assert math.isfinite(sm.cost_s(j, a, c))
+    # device to device: only the bytes that change owner, per receiving GPU
+    dm = ReconfigCostModel(state_path="d2d", d2d_bytes_per_s=bw, drain_s=3.0)
+    grow = Allocation(grid("a100", 1, 4), ((0, 0), (0, 1), (0, 2), (0, 3)))
+    assert dm.cost_s(j, a, grow) == pytest.approx(40.0 + 3.0 + 2 * state / (bw * 4))   # 2 new replicas
+    assert dm.cost_s(j, a, b) == pytest.approx(20.0 + 3.0 + 2 * state / (bw * 2))      # nothing kept
+    assert dm.cost_to_grid_s(j, a, grow.grid) == pytest.approx(dm.cost_s(j, a, grow))  # prices keeping GPUs
     with pytest.raises(ValueError, match="unknown"):
         ReconfigCostModel.from_options({"nope": 1})
+    with pytest.raises(ValueError, match="preset"):
+        ReconfigCostModel.from_options({"preset": "nope"})
+    real = ReconfigCostModel.from_options({"preset": "realistic", "restart_s": 12})
+    assert real.preset == "realistic" and real.restart_s == 12 and real.state_path == "d2d"
+
+
+def test_changed_owner_bytes():
+    from engine.reconfig import changed_owner_bytes as moved
+    assert moved(1.0, (4, 1, 1), (2, 1, 2), 4) == 0.0          # each kept replica already holds its stage
+    assert moved(1.0, (4, 1, 1), (8, 1, 1), 4) == 4.0          # four new replicas
+    assert moved(1.0, (1, 2, 1), (1, 1, 2), 2) == 0.5          # tp -> pp: half of each rank's new stage
+    assert moved(1.0, (2, 1, 1), (2, 1, 1), 0) == 2.0          # nothing kept: every replica received
+    assert moved(1.0, (1, 1, 2), (1, 2, 1), 2) == 0.5
 
 
 def test_running_job_whose_new_grid_does_not_fit_keeps_its_gpus():

@@ -10,7 +10,7 @@ import pytest
 
 from engine.context import Allocation, JobView, RoundContext
 from engine.executor import JobProgress
-from engine.formulation.round_data import build_round_data
+from engine.formulation.round_data import RoundDataCache, build_round_data
 from engine.online_feed import OnlineFeed
 from engine.reconfig import ReconfigCostModel
 from engine.simulator import simulate
@@ -40,7 +40,8 @@ def online(base, **kw) -> OnlineModel:
     return OnlineModel(base=base, **kw)
 
 
-def test_registered_kind_with_analytic_base_by_default():
+def test_registered_kind_with_analytic_base_by_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("ARENA_LEARNED_ARTIFACT", str(tmp_path / "none.joblib"))   # no learned artifact
     m = make_performance_model("online")
     assert m.kind == "online" and m.base_kind == "analytic" and m.name == "online(analytic)"
     assert isinstance(m, LearnsOnline)
@@ -140,7 +141,7 @@ def test_communication_part_is_told_apart_with_two_observed_grids(base):
 
 
 def test_estimate_key_changes_with_every_observation_and_the_twin_shares_them():
-    m = make_performance_model("online")
+    m = make_performance_model("online", base="analytic")
     m.observe("j", G2, 1.0, 5)
     k1 = m.estimate_key(JOB)
     m.observe("j", G2, 1.0, 5)
@@ -191,28 +192,27 @@ def _col(data, jid: str, shape: Shape) -> tuple[Grid, float]:
     return data.grids[k], float(data.col_rate_iters_per_s()[k])
 
 
-def test_round_data_memo_serves_no_stale_estimate(base):
+def test_round_data_cache_serves_no_stale_estimate(base):
     m = online(base)
     j1, j2 = JOB, Job("k", JOB.model, JOB.global_batch, 1000, 0.0)
-    cache: dict = {}
+    cache = RoundDataCache()
 
     def fresh(data, job):           # every column's rate is the model's estimate now
         g, r = _col(data, job.job_id, G2.shape)
         assert r == pytest.approx(1.0 / m.estimate(job, g).iteration_time_s, rel=1e-12)
         return g, r
-    d0 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, estimate_cache=cache)
+    d0 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
     g0, r0 = fresh(d0, j1)
     assert fresh(d0, j2) == (g0, r0)
     m.observe("j", g0, 3.0 / r0, 25)
-    d1 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, estimate_cache=cache)
-    assert fresh(d1, j1)[1] < r0 / 2                                # not the memoized estimate
+    d1 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
+    assert fresh(d1, j1)[1] < r0 / 2                                # not the cached estimate or block
     assert fresh(d1, j2) == (g0, r0)                                # the other job keeps the shared memo
     m.observe("j", g0, 1.0 / r0, 75)                                # the mean on g0 is now 1.5x
-    d2 = build_round_data(_ctx(m, [j1]), m, max_gpus=4, estimate_cache=cache)
+    d2 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
     assert r0 / 1.6 < fresh(d2, j1)[1] < r0 / 1.4
-    assert len([k for k in cache if k[0] == "job"]) == 1
-    build_round_data(_ctx(m, [j2]), m, max_gpus=4, estimate_cache=cache)
-    assert not [k for k in cache if k[0] == "job"]                  # the job left: its memo is dropped
+    # the shared per-model memo never holds the observed job's own estimates
+    assert cache.estimates[(JOB.model, JOB.global_batch, g0)] == base.estimate(JOB, g0)
 
 
 def test_simulated_estimate_converges_to_the_truth_through_measurements_only(base):

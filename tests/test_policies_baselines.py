@@ -83,7 +83,8 @@ def _moves(policy, speedup: float) -> bool:
 
 
 def test_sia_penalises_moves_more_than_arena():
-    arena, sia = make_policy("arena"), make_policy("sia")
+    # the objectives' own move prices, without the hysteresis every policy shares
+    arena, sia = make_policy("arena", **{"reconfig.hysteresis": 0}), make_policy("sia", **{"reconfig.hysteresis": 0})
     speedups = [1.0 + 0.05 * i for i in range(1, 41)]
     arena_moves = [_moves(arena, s) for s in speedups]
     sia_moves = [_moves(sia, s) for s in speedups]
@@ -93,7 +94,15 @@ def test_sia_penalises_moves_more_than_arena():
     assert arena_moves.index(True) < sia_moves.index(True)
 
 
-@pytest.mark.parametrize("name", ["gavel", "sia", "elasticflow-ls"])
+def test_hysteresis_raises_the_speedup_a_move_needs():
+    speedups = [1.0 + 0.01 * i for i in range(1, 100)]
+    plain = [_moves(make_policy("arena", **{"reconfig.hysteresis": 0}), s) for s in speedups]
+    damped = [_moves(make_policy("arena", **{"reconfig.hysteresis": 0.2}), s) for s in speedups]
+    assert any(damped)
+    assert plain.index(True) < damped.index(True)
+
+
+@pytest.mark.parametrize("name", ["gavel", "sia", "elasticflow-ls", "sia-ap", "gavel-ap", "elasticflow-ls-ap"])
 def test_baseline_config_is_validated(name):
     with pytest.raises(InputError):
         make_policy(name, bogus=1)

@@ -46,5 +46,42 @@ def test_policy_bench_over_mpi_gives_the_same_rows(tmp_path, capsys):
     assert out.returncode == 0, out.stderr[-2000:]
     start = out.stdout.index("[")
     multi = json.loads(out.stdout[start:])
-    keys = ("policy", "jobs_finished", "avg_jct_s", "avg_throughput", "reconfigurations")
+    keys = ("policy", "jobs_finished", "avg_jct_s", "avg_throughput", "reconfigurations", "reconfigurations_per_job")
     assert [{k: r[k] for k in keys} for r in multi] == [{k: r[k] for k in keys} for r in single]
+
+
+def test_policy_bench_on_the_users_cluster_and_trace_with_realistic_moves(tmp_path, capsys):
+    from instances.traces import write_trace
+    from tests.test_engine_helpers import job
+    (tmp_path / "c.json").write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 2,
+                                                                  "gpus_per_node": 8}]}))
+    write_trace([job(f"J{i}", 200.0 * i, 400, gpus=4) for i in range(6)], tmp_path / "t.csv")
+    args = ["bench", "policies", "--cluster", str(tmp_path / "c.json"), "--trace", str(tmp_path / "t.csv"),
+            "--policy", "arena", "--policy", "sia-ap", "--policy", "fcfs", "--reconfig-opt", "preset=realistic",
+            "--quiet", "--json", "--out", str(tmp_path / "o")]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["arena", "sia-ap", "fcfs"]
+    for r in rows:
+        assert r["move_costs"] == "realistic" and r["jobs_never_placed"] == 0
+        assert r["reconfigurations_per_job_runout"] is not None and r["reconfig_gpu_hours_lost_runout"] >= 0
+    assert rows[0]["perf"] in ("analytic", "learned")          # estimates, not the table, by default
+    assert (tmp_path / "o" / "comparison.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["--reconfig-opt", "preset=nope"], "--reconfig-opt"),
+    (["--reconfig-opt", "restart_s=-1"], "--reconfig-opt"),
+    (["--perf", "oracle"], "kind"),
+    (["--cluster", "/nonexistent/c.json", "--trace", "/nonexistent/t.csv"], None),
+    (["--trace", "/nonexistent/t.csv"], "--cluster"),
+])
+def test_policy_bench_checks_inputs_before_running(extra, field, capsys):
+    args = ["bench", "policies", "--policy", "fcfs", "--quiet", "--json"] + extra
+    if "--cluster" not in extra and "--trace" not in extra:
+        args += ["--instance", "demo"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error" in err.lower()
+    if field:
+        assert field in err

@@ -5,10 +5,13 @@
   rounds do), each built into the MILP and solved by every backend; per backend the
   round latency (model build + solve: cold first round, then median and p99), the
   objective, the proved gap and the statuses.
-- ``arena bench policies --instance NAME [--policy P ...] [--rounds N] [--json] [--out DIR]``:
-  every policy on the same instance, truth oracle and reconfiguration cost model, side
-  by side, plus one PNG figure. Under ``mpiexec -n K`` the policies are spread over
-  the ranks and rank 0 gathers the rows.
+- ``arena bench policies (--instance NAME | --cluster FILE --trace FILE) [--policy P ...]
+  [--reconfig-opt preset=realistic] [--perf KIND] [--json] [--out DIR]``: every policy on
+  the same workload, truth oracle and reconfiguration cost model, side by side, run out
+  (every job judged), plus one PNG figure. Policies decide from estimates (the default
+  performance model) unless ``--perf table`` asks for the published comparison's mode.
+  Under ``mpiexec -n K`` the policies are spread over the ranks and rank 0 gathers the
+  rows.
 """
 from __future__ import annotations
 
@@ -19,12 +22,14 @@ import sys
 import time
 
 DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
-DEFAULT_POLICIES = ("arena", "sia", "gavel", "elasticflow-ls", "fcfs")
-POLICY_COLUMNS = ("policy", "jobs_finished", "avg_jct_s", "avg_jct_runout_s", "makespan_runout_s",
-                  "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s", "jobs_common",
-                  "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
-                  "active_span_s", "reconfigurations", "packing_failures",
-                  "decision_time_median_s", "wall_time_s")
+DEFAULT_POLICIES = ("arena", "sia", "sia-ap", "gavel", "gavel-ap", "elasticflow-ls", "elasticflow-ls-ap", "fcfs")
+POLICY_COLUMNS = ("policy", "perf", "move_costs", "jobs_finished", "avg_jct_s", "avg_jct_runout_s",
+                  "makespan_runout_s", "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s",
+                  "jobs_common", "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
+                  "active_span_s", "reconfigurations", "reconfigurations_per_job",
+                  "reconfigurations_runout", "reconfigurations_per_job_runout",
+                  "reconfig_gpu_hours_lost_runout", "packing_failures", "decision_time_median_s",
+                  "decision_time_p99_s", "wall_time_s")
 
 
 def register(subparsers) -> None:
@@ -49,11 +54,18 @@ def register(subparsers) -> None:
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=run_solver_bench)
 
-    q = sub.add_parser("policies", help="all policies on one instance, side by side",
-                       description="Every policy on the same instance, truth oracle and reconfiguration cost "
+    q = sub.add_parser("policies", help="all policies on one workload, side by side",
+                       description="Every policy on the same workload, truth oracle and reconfiguration cost "
                                    "model, side by side (run out by default), plus a comparison figure; spreads "
                                    "over MPI ranks under mpiexec -n K.")
-    q.add_argument("--instance", default="demo", help="built-in instance name (default demo)")
+    q.add_argument("--instance", default=None, help="built-in instance name (default demo)")
+    q.add_argument("--cluster", default=None, help="cluster JSON (ours or Arena's), with --trace")
+    q.add_argument("--trace", default=None, help="job trace (ours, Arena's or Philly's CSV), with --cluster")
+    q.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="trace import option, e.g. iteration_divisor=5 (repeatable)")
+    q.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="move cost model for every policy: preset=arena (default) or preset=realistic, and "
+                        "field overrides, e.g. restart_s=60 (repeatable)")
     from ..policy import policy_names
     q.add_argument("--policy", action="append", metavar="NAME",
                    help=f"policy, one of {', '.join(policy_names())} "
@@ -62,7 +74,10 @@ def register(subparsers) -> None:
                    help="option for one policy, e.g. arena:w_jct=2 (repeatable)")
     q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
     q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
-    q.add_argument("--perf", default="table", help="estimator kind for decisions (default table)")
+    q.add_argument("--perf", default=None,
+                   help="performance model the optimizing policies decide with (default: learned when its "
+                        "artifact exists, else analytic); table = the oracle's own measurements, the "
+                        "published comparison's mode")
     q.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")
@@ -195,18 +210,30 @@ def _mpi_comm():
     return comm if comm.Get_size() > 1 else None
 
 
-def run_one_policy(instance_name: str, policy: str, options: dict, rounds, run_out: bool, perf_kind: str,
-                   seed: int, out_dir=None, log=None) -> dict:
-    from estimators import make_performance_model
-    from instances.builtin import get_instance
+def workload_args(args) -> dict:
+    """What names the workload, as plain values (each MPI rank builds it from them)."""
+    return {"instance": args.instance, "cluster": args.cluster, "trace": args.trace,
+            "trace_opt": list(args.trace_opt), "seed": args.seed}
 
+
+def build_workload(w: dict):
+    import argparse
+
+    from .simulate import build_instance
+    return build_instance(argparse.Namespace(**w))
+
+
+def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: bool, perf_kind: str | None,
+                   reconfig_opts: dict, seed: int, out_dir=None, log=None) -> dict:
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
+    from .simulate import build_perf
 
-    inst = get_instance(instance_name)
+    inst = build_workload(workload)
     pol = make_policy(policy, **options)
-    perf = make_performance_model(perf_kind)
+    perf = build_perf(perf_kind, policy)
+    reconfig = ReconfigCostModel.from_options(reconfig_opts)
     last = [0.0]
 
     def progress(p):
@@ -218,12 +245,14 @@ def run_one_policy(instance_name: str, policy: str, options: dict, rounds, run_o
                 f"{p.elapsed_s:.0f} s")
 
     t0 = time.perf_counter()
-    res = simulate(inst, pol, perf=perf, reconfig=ReconfigCostModel(), rounds=rounds, run_out=run_out,
+    res = simulate(inst, pol, perf=perf, reconfig=reconfig, rounds=rounds, run_out=run_out,
                    seed=seed, progress=progress, out_dir=out_dir)
     from .simulate import report_incomplete
     report_incomplete(res, f"arena bench policies [{policy}]")
-    row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k != "policy"}
+    row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k not in ("policy", "perf", "move_costs")}
     row["policy"] = policy
+    row["perf"] = getattr(perf, "name", None) if perf is not None else None
+    row["move_costs"] = reconfig.preset
     row["_jct_by_job"] = {j.job_id: j.jct_s for j in res.jobs if j.jct_s is not None}
     row["options"] = options
     row["wall_time_s"] = time.perf_counter() - t0
@@ -235,8 +264,8 @@ def run_one_policy(instance_name: str, policy: str, options: dict, rounds, run_o
     return row
 
 
-def policy_bench(instance_name: str, policies, options: dict, rounds, run_out: bool, perf_kind: str,
-                 seed: int, out_dir=None, log=None, comm=None) -> list[dict] | None:
+def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool, perf_kind: str | None,
+                 reconfig_opts: dict, seed: int, out_dir=None, log=None, comm=None) -> list[dict] | None:
     """Rows, one per policy (on rank 0; None on other MPI ranks)."""
     from pathlib import Path
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
@@ -244,8 +273,8 @@ def policy_bench(instance_name: str, policies, options: dict, rounds, run_out: b
     rows = []
     for p in mine:
         sub = (Path(out_dir) / p) if out_dir else None
-        rows.append(run_one_policy(instance_name, p, options.get(p, {}), rounds, run_out, perf_kind, seed,
-                                   sub, log))
+        rows.append(run_one_policy(workload, p, options.get(p, {}), rounds, run_out, perf_kind, reconfig_opts,
+                                   seed, sub, log))
     if comm is not None:
         gathered = comm.gather(rows, root=0)
         if rank != 0:
@@ -282,27 +311,44 @@ def write_outputs(rows: list[dict], out_dir, instance_name: str) -> None:
 
 
 def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
+    """One figure: jobs finished beside jobs never placed, average JCT over every job
+    finished in the run-out and over the jobs all finished, makespan, reconfigurations
+    per job, GPU-hours lost to moves and decision time, one bar per policy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     common = rows[0].get("jobs_common") if rows else None
-    metrics = [("jobs_finished", "jobs finished by the horizon", 1.0),
-               ("avg_jct_common_s", f"avg JCT, run out, on the {common} jobs all finished (h)", 3600.0)
-               if common else ("avg_jct_runout_s", "avg JCT, all jobs run out (h)", 3600.0),
+    metrics = [("avg_jct_runout_s", "avg JCT, run out, every finished job (h)", 3600.0),
+               ("avg_jct_common_s", f"avg JCT on the {common} jobs all finished (h)", 3600.0),
                ("makespan_runout_s", "makespan, run out (h)", 3600.0),
-               ("avg_throughput", "avg throughput (samples/s)", 1.0)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
+               ("reconfigurations_per_job_runout", "reconfigurations per job", 1.0),
+               ("reconfig_gpu_hours_lost_runout", "GPU-hours lost to moves", 1.0),
+               ("decision_time_median_s", "decision time, median (s)", 1.0)]
+    fig, grid = plt.subplots(2, 4, figsize=(14, 7.5))
+    axes = list(grid.flat)
+    axes[-1].axis("off")
     names = [r["policy"] for r in rows]
-    for ax, (key, title, div) in zip(axes, metrics):
+    x = range(len(rows))
+    ax = axes[0]
+    fin = [r.get("jobs_finished_runout", r.get("jobs_finished")) or 0 for r in rows]
+    never = [r.get("jobs_never_placed") or 0 for r in rows]
+    ax.bar(x, fin, color="tab:green", label="finished")
+    ax.bar(x, never, bottom=fin, color="tab:red", label="never placed")
+    ax.set_title("jobs finished / never placed", fontsize=9)
+    ax.set_xticks(list(x), names, rotation=60, fontsize=7)
+    ax.legend(fontsize=7)
+    for ax, (key, title, div) in zip(axes[1:], metrics):
         vals = [(r.get(key) if r.get(key) is not None else math.nan) / div for r in rows]
-        bars = ax.bar(names, vals, color=["tab:red" if n == "arena" else "tab:gray" for n in names])
+        bars = ax.bar(x, vals, color=["tab:red" if n.startswith(("arena", "suika")) else "tab:gray" for n in names])
         ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", rotation=45, labelsize=8)
+        ax.set_xticks(list(x), names, rotation=60, fontsize=7)
         for b, v in zip(bars, vals):
             if math.isfinite(v):
                 ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.2f}", (b.get_x() + b.get_width() / 2, v),
-                            ha="center", va="bottom", fontsize=7)
-    fig.suptitle(f"policies on {instance_name} (same oracle, same reconfiguration cost model)", fontsize=10)
+                            ha="center", va="bottom", fontsize=6)
+    perf = rows[0].get("perf") if rows else None
+    moves = rows[0].get("move_costs") if rows else None
+    fig.suptitle(f"policies on {instance_name}: same oracle, move costs {moves}, decisions from {perf}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -317,11 +363,27 @@ def _fmt(v, width, prec=0):
 
 
 def run_policy_bench(args) -> int:
+    from instances.errors import InputError
+
     from ..policy import make_policy
+    from ..reconfig import ReconfigCostModel
+    from .simulate import parse_options
     policies = args.policy or list(DEFAULT_POLICIES)
     options = _policy_options(args.policy_opt, policies)
-    for name in policies:           # names and options are checked before any simulation runs
+    for name in policies:           # names, options and inputs are checked before any simulation runs
         make_policy(name, **options[name])
+    reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
+    try:
+        move_costs = ReconfigCostModel.from_options(reconfig_opts)
+    except (TypeError, ValueError) as e:
+        raise InputError(str(e), field="--reconfig-opt") from None
+    if args.perf is not None:
+        from estimators.perf import KINDS
+        KINDS.get(args.perf)
+    if args.rounds is not None and args.rounds < 1:
+        raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
+    workload = workload_args(args)
+    inst = build_workload(workload)
     if args.out:
         from instances.paths import check_output_dir
         check_output_dir(args.out, "--out")
@@ -330,31 +392,31 @@ def run_policy_bench(args) -> int:
     quiet = args.quiet or args.json
     log = None if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     if log and rank == 0:
-        log(f"bench policies on {args.instance}: {', '.join(policies)}"
+        log(f"bench policies on {inst.name} ({len(inst.jobs)} jobs, {inst.cluster.num_gpus} GPUs, move costs "
+            f"{move_costs.preset}): {', '.join(policies)}"
             + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
-    rows = policy_bench(args.instance, policies, options, args.rounds, not args.no_run_out, args.perf,
+    rows = policy_bench(workload, policies, options, args.rounds, not args.no_run_out, args.perf, reconfig_opts,
                         args.seed, args.out, log, comm)
     if rows is None:
         return 0
     if args.out:
-        write_outputs(rows, args.out, args.instance)
+        write_outputs(rows, args.out, inst.name)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
-    print(f"{'policy':<16} {'finished':>8} {'avg JCT s':>10} {'JCT runout s':>12} {'makespan s':>11} "
-          f"{'never fin':>9} {'JCT common s':>12} {'avg thr':>9} {'peak thr':>9} {'util':>5} {'reconf':>7} "
-          f"{'pack fail':>9} {'decide s':>9}")
+    print(f"{'policy':<18} {'finished':>8} {'never':>5} {'JCT runout s':>12} {'makespan s':>11} "
+          f"{'JCT common s':>12} {'util':>5} {'reconf/job':>10} {'GPU-h lost':>10} {'decide s':>9}")
     for r in rows:
-        print(f"{r['policy']:<16} {_fmt(r['jobs_finished'], 8)} {_fmt(r['avg_jct_s'], 10)} "
+        print(f"{r['policy']:<18} {_fmt(r['jobs_finished'], 8)} {_fmt(r['jobs_never_placed'], 5)} "
               f"{_fmt(r['avg_jct_runout_s'], 12)} {_fmt(r['makespan_runout_s'], 11)} "
-              f"{_fmt(r['jobs_unfinished_runout'], 9)} {_fmt(r['avg_jct_common_s'], 12)} "
-              f"{_fmt(r['avg_throughput'], 9, 1)} {_fmt(r['peak_throughput'], 9, 1)} {_fmt(r['gpu_util'], 5, 3)} "
-              f"{_fmt(r['reconfigurations'], 7)} {_fmt(r['packing_failures'], 9)} "
+              f"{_fmt(r['avg_jct_common_s'], 12)} {_fmt(r['gpu_util'], 5, 3)} "
+              f"{_fmt(r['reconfigurations_per_job_runout'], 10, 2)} {_fmt(r['reconfig_gpu_hours_lost_runout'], 10, 1)} "
               f"{_fmt(r['decision_time_median_s'], 9, 3)}")
     if rows:
-        print(f"JCT common: average over the {rows[0]['jobs_common']} jobs every policy finished; "
-              f"avg thr and util: over the active span (first arrival to the last completion, horizon "
-              f"included), as in `arena simulate` (docs/simulator.md)")
+        print(f"finished: by the horizon; never: jobs never placed (run out); JCT runout: over every job that "
+              f"finished in the run-out; JCT common: over the {rows[0]['jobs_common']} jobs every policy finished; "
+              f"reconf/job and GPU-h lost: moves and resumes per job of the instance, and GPU-hours held during "
+              f"their downtime, whole run; decisions from {rows[0]['perf']}, move costs {rows[0]['move_costs']}")
     if args.out:
         print(f"wrote {args.out}/results.json, results.csv, comparison.png")
     return 0

@@ -5,6 +5,7 @@ proxy-plan quality.
     arena estimate accuracy --against arena-measured [--json]
     arena estimate accuracy --against local [--json]
     arena estimate proxy-quality [--json]
+    arena estimate fit [--out PATH]      # the learned model policies decide with by default
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import math
 import sys
 
-ACTIONS = ("grids", "accuracy", "proxy-quality")
+ACTIONS = ("grids", "accuracy", "proxy-quality", "fit")
 
 
 def register(subparsers) -> None:
@@ -20,7 +21,8 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("action", nargs="?", default="grids", choices=ACTIONS,
                    help="grids (default): a job's grids and proxy plans; accuracy: estimator error; "
-                        "proxy-quality: proxy plan vs exhaustive search")
+                        "proxy-quality: proxy plan vs exhaustive search; fit: fit the learned model on the "
+                        "measured table and save it where policies find it by default")
     p.add_argument("--model", help="catalog model, e.g. gpt__1.3B, or a Hugging Face-style config.json")
     p.add_argument("--gpu-type", help="GPU type, e.g. a100, v100, a40, a10")
     p.add_argument("--gpus", type=int, help="GPU count")
@@ -52,6 +54,9 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="DIR", default=None,
                    help="accuracy --against arena-measured: write estimated-vs-measured and per-GPU-count "
                         "error plots (PNG) to DIR")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="fit: where to save the learned model (default $ARENA_LEARNED_ARTIFACT, else "
+                        "~/.cache/arena/learned.joblib)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -61,7 +66,28 @@ def run(args) -> int:
         return _accuracy(args)
     if args.action == "proxy-quality":
         return _proxy_quality(args)
+    if args.action == "fit":
+        return _fit(args)
     return _grids(args)
+
+
+def _fit(args) -> int:
+    import time
+    from pathlib import Path
+
+    from estimators import make_performance_model
+    from estimators.perf import learned_artifact_path
+    from instances.paths import check_output_dir
+    out = Path(args.out) if args.out else learned_artifact_path()
+    check_output_dir(str(out.parent), "--out")
+    print("fitting the learned model on the measured table (minutes) ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    model = make_performance_model("learned", seed=args.seed)
+    path = model.save(out)
+    info = {"artifact": str(path), "correction": model.chosen, "selection_cv_mape": model.selection,
+            "fit_s": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(info) if args.json else f"saved {path} (correction {model.chosen}, {info['fit_s']} s)")
+    return 0
 
 
 def _grids(args) -> int:

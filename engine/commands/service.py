@@ -48,7 +48,8 @@ def register(subparsers) -> None:
     s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
     s.add_argument("--perf", default=None, metavar="KIND",
                    help="performance model the policy decides with: analytic, learned, table, online "
-                        "(default: analytic; fcfs needs none)")
+                        "(default: learned when its artifact exists, `arena estimate fit`, else analytic; "
+                        "fcfs needs none)")
     s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="reconfiguration cost option (repeatable), e.g. restart_s=10")
     s.add_argument("--db", default=".arena/state.db", metavar="PATH",
@@ -171,7 +172,7 @@ def build_service_parts(args):
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
     policy = make_policy(args.policy, **opts)
-    perf = build_perf(args.perf or ("analytic" if args.policy != "fcfs" else None), args.policy)
+    perf = build_perf(args.perf, args.policy)
     try:
         reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
     except (TypeError, ValueError) as e:

@@ -66,9 +66,10 @@ def register(subparsers) -> None:
     p.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable); values parsed as int/float/bool/str")
     p.add_argument("--perf", default=None, metavar="KIND",
-                   help="performance model the policy reads (estimators.make_performance_model: "
-                        "analytic, learned, table, online). fcfs needs none; arena, sia, gavel, elasticflow do "
-                        "(default for them: table)")
+                   help="performance model the policy decides with: analytic, learned, table, online. fcfs needs "
+                        "none; the others default to learned when its artifact exists (`arena estimate fit`), "
+                        "else analytic; table (the oracle's own measurements) is the labelled mode that "
+                        "reproduces the published comparison")
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="reconfiguration cost option, e.g. replan_per_gpu_s=10 restart_s=30 (repeatable)")
     p.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
@@ -111,19 +112,19 @@ def build_instance(args):
     return get_instance(args.instance or "demo", args.seed)
 
 
-NEEDS_PERF_DEFAULT = "table"
-
-
 def build_perf(kind: str | None, policy_name: str):
+    """The performance model a policy decides with: ``kind``, else the default
+    (``estimators.perf.default_kind``: learned when its artifact exists, else analytic;
+    never the table the oracle uses as truth). fcfs needs none."""
     if kind is None and policy_name == "fcfs":
         return None
     try:
-        from estimators import make_performance_model
+        from estimators.perf import make_default_model
     except ImportError:
         if kind is None:
             return None
         raise InputError("no performance models are available in this build", field="--perf") from None
-    return make_performance_model(kind or NEEDS_PERF_DEFAULT)
+    return make_default_model(kind)
 
 
 class ProgressLine:

@@ -129,7 +129,12 @@ def default_grids_fn() -> GridsFn:
 def _reconfig_cost_s(ctx: RoundContext, view: JobView, grid: Grid) -> float:
     if ctx.reconfig is None:
         return 0.0
-    return float(ctx.reconfig.cost_to_grid_s(view.job, view.current, grid))
+    return float(ctx.reconfig.cost_to_grid_s(view.job, view.current, grid, resumed=_resumed(view)))
+
+
+def _resumed(view: JobView) -> bool:
+    """A queued job that ran before (its state is in storage)."""
+    return view.current is None and view.attained_gpu_s > 0
 
 
 class GridCache:
@@ -149,76 +154,135 @@ class GridCache:
         return grids
 
 
-_OWN = "job"      # estimate_cache keys (_OWN, job id): one job's own estimates
+@dataclass
+class _Block:
+    """One job's candidate columns (best depth per shape, in shape order), independent of
+    the round, as the arrays the round data concatenates."""
+    grids: tuple
+    plans: tuple
+    col_type: np.ndarray
+    col_nodes: np.ndarray
+    col_gpn: np.ndarray
+    col_pp: np.ndarray
+    col_throughput: np.ndarray
+    col_reconfig_s: np.ndarray
+    current: int                    # index of the current grid in the block, -1 if none
+    ref_throughput: float
 
 
-def _estimate_memo(cache: dict, perf, job: Job) -> dict:
-    """The memo of ``job``'s estimates by grid: shared by its (model, global batch), or its
-    own while a performance model that learns online has observations of it (replaced
-    whenever its ``estimate_key`` changes, so no estimate is served stale)."""
-    key = perf.estimate_key(job) if isinstance(perf, LearnsOnline) else None
-    if key is None:
-        return cache.setdefault((job.model, job.global_batch), {})
-    own = cache.get((_OWN, job.job_id))
-    if own is None or own[0] != key:
-        own = cache[(_OWN, job.job_id)] = (key, {})
-    return own[1]
+class RoundDataCache:
+    """What ``build_round_data`` may reuse from round to round, for one performance model.
+
+    - estimates by (model, global batch, grid): they depend on the job only through those
+      — except for a job a performance model that learns online (``estimators.LearnsOnline``)
+      has measurements of, whose estimates are its own and live only in its block;
+    - each job's column block by (job id, current grid, known infeasible shapes, the
+      model's ``estimate_key`` for the job where it learns online): enumeration, filter,
+      estimates, best depth per shape and move prices are recomputed only when one of
+      those changes. Grid filters must therefore be functions of the job, the grid and
+      the job's known infeasible shapes (every registered policy's are).
+
+    A new performance model (``perf`` is not the one cached for) empties both.
+    """
+
+    def __init__(self) -> None:
+        self.estimates: dict = {}
+        self.blocks: dict = {}
+        self._owner: object = None
+        self._reconfig: object = None
+
+    def bind(self, perf: object, reconfig: object, active_jobs: int) -> None:
+        if perf is not self._owner:
+            self.estimates, self.blocks, self._owner = {}, {}, perf
+        if reconfig is not self._reconfig:
+            self.blocks, self._reconfig = {}, reconfig
+        if len(self.blocks) > 4 * active_jobs + 1000:     # bounded: drop blocks of ended jobs
+            self.blocks = {}
+
+
+def _job_version(perf, job: Job):
+    """None, or what the job's own estimates depend on beyond its model and batch (a
+    performance model that learns online and has measurements of it: its
+    ``estimate_key``, which changes with every measurement)."""
+    return perf.estimate_key(job) if isinstance(perf, LearnsOnline) else None
+
+
+def _block(ctx: RoundContext, view: JobView, perf, cap: Capacity, type_index: dict, grids_fn: GridsFn,
+           max_gpus: int, grid_filter, estimates: dict) -> _Block | None:
+    job = view.job
+    best: dict[tuple, tuple[float, Grid, Any]] = {}
+    cur_grid = view.current.grid if view.current is not None else None
+    for grid in grids_fn(job, ctx.cluster, max_gpus=max_gpus):
+        t = grid.gpu_type
+        if t not in type_index or grid.shape.gpus_per_node > cap.max_gpus_per_node[type_index[t]]:
+            continue
+        if grid_filter is not None and not grid_filter(view, grid):
+            continue
+        key = (job.model, job.global_batch, grid)
+        est = estimates.get(key)
+        if est is None:
+            est = perf.estimate(job, grid)
+            estimates[key] = est
+        if not est.feasible or not est.throughput > 0 or not math.isfinite(est.throughput):
+            continue
+        skey = (t, grid.shape.num_nodes, grid.shape.gpus_per_node)
+        value = est.throughput
+        if cur_grid is not None and grid == cur_grid:
+            value = math.inf          # keep the current grid for the current shape
+        if skey not in best or value > best[skey][0]:
+            best[skey] = (value, grid, est)
+    if not best:
+        return None
+    keys = sorted(best)
+    grids = tuple(best[k][1] for k in keys)
+    ests = [best[k][2] for k in keys]
+    current = next((i for i, g in enumerate(grids) if g == cur_grid), -1)
+    thr_of = {k: float(best[k][2].throughput) for k in keys}
+    return _Block(grids, tuple(e.plan for e in ests),
+                  np.array([type_index[t] for t, _, _ in keys], dtype=np.int64),
+                  np.array([n for _, n, _ in keys], dtype=np.int64), np.array([m for _, _, m in keys], dtype=np.int64),
+                  np.array([g.pp for g in grids], dtype=np.int64), np.array([float(e.throughput) for e in ests]),
+                  np.array([_reconfig_cost_s(ctx, view, g) for g in grids], dtype=float), current,
+                  _reference_throughput(job, thr_of))
 
 
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
                      max_gpus: int = 16, grid_filter: Callable[[Any, Grid], bool] | None = None,
-                     estimate_cache: dict | None = None) -> RoundData:
+                     cache: RoundDataCache | None = None) -> RoundData:
     """Enumerate candidate grids for every job in ``ctx``, estimate them with ``perf``
     and keep the best pipeline depth per shape.
 
     ``grid_filter(job_view, grid)`` drops candidates (baselines that keep the user's
-    GPU count). ``estimate_cache`` memoizes estimates by (model, global batch, grid):
-    estimates depend on the job only through its model and batch — except with a
-    performance model that learns online (``estimators.LearnsOnline``) for a job it has
-    observations of: those are memoized per job under its ``estimate_key``, dropped when
-    the key changes or the job leaves the round (``_estimate_memo``).
+    GPU count). ``cache`` (a ``RoundDataCache`` kept by the policy) reuses estimates and
+    unchanged jobs' columns across rounds; the result is the same with or without it.
     """
     grids_fn = grids_fn or default_grids_fn()
     cap = Capacity.from_cluster(ctx.cluster)
     type_index = {t: i for i, t in enumerate(cap.types)}
-    cache = estimate_cache if estimate_cache is not None else {}
+    if cache is None:
+        cache = RoundDataCache()
+    cache.bind(perf, ctx.reconfig, len(ctx.jobs))
 
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
     attained, arrival = [], []
     jobs = []
-    c_job, c_type, c_nodes, c_gpn, c_pp, c_tp, c_rc, c_grid, c_plan = ([] for _ in range(9))
+    blocks: list[_Block] = []
     ref = []
     unschedulable = []
-    if isinstance(perf, LearnsOnline):
-        present = {v.job.job_id for v in ctx.jobs}
-        for k in [k for k in cache if k[0] == _OWN and k[1] not in present]:
-            del cache[k]
+    n_cols = 0
     for view in ctx.jobs:
         job = view.job
-        memo = _estimate_memo(cache, perf, job)
-        best: dict[tuple, tuple[float, Grid, Any]] = {}
         cur_grid = view.current.grid if view.current is not None else None
-        for grid in grids_fn(job, ctx.cluster, max_gpus=max_gpus):
-            t = grid.gpu_type
-            if t not in type_index or grid.shape.gpus_per_node > cap.max_gpus_per_node[type_index[t]]:
-                continue
-            if grid_filter is not None and not grid_filter(view, grid):
-                continue
-            est = memo.get(grid)
-            if est is None:
-                est = memo[grid] = perf.estimate(job, grid)
-            if not est.feasible or not est.throughput > 0 or not math.isfinite(est.throughput):
-                continue
-            skey = (t, grid.shape.num_nodes, grid.shape.gpus_per_node)
-            value = est.throughput
-            if cur_grid is not None and grid == cur_grid:
-                value = math.inf          # keep the current grid for the current shape
-            if skey not in best or value > best[skey][0]:
-                best[skey] = (value, grid, est)
-        if not best:
+        version = _job_version(perf, job)
+        bkey = (job.job_id, cur_grid, _resumed(view), view.known_infeasible_shapes, version)
+        if bkey in cache.blocks:
+            block = cache.blocks[bkey]
+        else:       # a job with its own estimates does not share (nor fill) the per-model memo
+            block = cache.blocks[bkey] = _block(ctx, view, perf, cap, type_index, grids_fn, max_gpus,
+                                                grid_filter, cache.estimates if version is None else {})
+        if block is None:
             unschedulable.append(job.job_id)
             continue
-        j = len(job_ids)
         job_ids.append(job.job_id)
         jobs.append(job)
         rem.append(max(float(view.remaining_iterations), 0.0))
@@ -232,36 +296,25 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         tenants.append(job.tenant)
         req_g.append(int(job.requested_gpus or 0))
         req_t.append(job.requested_gpu_type)
-        cc = -1
-        thr_of = {}
-        for skey in sorted(best):
-            _, grid, est = best[skey]
-            k = len(c_job)
-            if grid == cur_grid:
-                cc = k
-            c_job.append(j)
-            c_type.append(type_index[grid.gpu_type])
-            c_nodes.append(grid.shape.num_nodes)
-            c_gpn.append(grid.shape.gpus_per_node)
-            c_pp.append(grid.pp)
-            c_tp.append(float(est.throughput))
-            c_rc.append(_reconfig_cost_s(ctx, view, grid))
-            c_grid.append(grid)
-            c_plan.append(est.plan)
-            thr_of[skey] = float(est.throughput)
-        cur_col.append(cc)
-        ref.append(_reference_throughput(job, thr_of))
+        cur_col.append(n_cols + block.current if block.current >= 0 else -1)
+        n_cols += len(block.grids)
+        blocks.append(block)
+        ref.append(block.ref_throughput)
+
+    def cat(field: str, dtype) -> np.ndarray:
+        return np.concatenate([getattr(b, field) for b in blocks]) if blocks else np.zeros(0, dtype=dtype)
     return RoundData(
         now_s=float(ctx.now_s), round_interval_s=float(ctx.round_interval_s), capacity=cap,
         job_ids=tuple(job_ids), remaining_iterations=np.array(rem), ref_throughput=np.array(ref),
         global_batch=np.array(gb), current_col=np.array(cur_col, dtype=np.int64),
         running=np.array(running, dtype=bool), queued_s=np.array(queued), deadline_s=np.array(deadline),
         priority=np.array(prio), tenants=tuple(tenants), requested_gpus=np.array(req_g, dtype=np.int64),
-        requested_type=tuple(req_t), col_job=np.array(c_job, dtype=np.int64),
-        col_type=np.array(c_type, dtype=np.int64), col_nodes=np.array(c_nodes, dtype=np.int64),
-        col_gpn=np.array(c_gpn, dtype=np.int64), col_pp=np.array(c_pp, dtype=np.int64),
-        col_throughput=np.array(c_tp), col_reconfig_s=np.array(c_rc), grids=tuple(c_grid),
-        plans=tuple(c_plan), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
+        requested_type=tuple(req_t),
+        col_job=np.repeat(np.arange(len(blocks), dtype=np.int64), [len(b.grids) for b in blocks]),
+        col_type=cat("col_type", np.int64), col_nodes=cat("col_nodes", np.int64), col_gpn=cat("col_gpn", np.int64),
+        col_pp=cat("col_pp", np.int64), col_throughput=cat("col_throughput", float),
+        col_reconfig_s=cat("col_reconfig_s", float), grids=tuple(g for b in blocks for g in b.grids),
+        plans=tuple(p for b in blocks for p in b.plans), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
         attained_gpu_s=np.array(attained), arrival_s=np.array(arrival))
 
 
@@ -292,3 +345,54 @@ def find_column(data: RoundData, job_index: int, grid: Grid) -> int:
         if data.grids and data.grids[k] == grid:
             return int(k)
     return -1
+
+
+def keep_columns(data: RoundData, keep: np.ndarray) -> RoundData:
+    """``data`` with only the columns where ``keep`` is True (every job keeps its row;
+    current columns that are dropped become -1)."""
+    import dataclasses
+    keep = np.asarray(keep, dtype=bool)
+    if keep.all():
+        return data
+    new_index = np.cumsum(keep) - 1
+    cur = np.where((data.current_col >= 0) & keep[np.maximum(data.current_col, 0)],
+                   new_index[np.maximum(data.current_col, 0)], -1)
+    idx = np.flatnonzero(keep)
+    return dataclasses.replace(
+        data, current_col=cur.astype(np.int64), col_job=data.col_job[keep], col_type=data.col_type[keep],
+        col_nodes=data.col_nodes[keep], col_gpn=data.col_gpn[keep], col_pp=data.col_pp[keep],
+        col_throughput=data.col_throughput[keep], col_reconfig_s=data.col_reconfig_s[keep],
+        grids=tuple(data.grids[k] for k in idx) if data.grids else (),
+        plans=tuple(data.plans[k] for k in idx) if data.plans else ())
+
+
+def freeze_jobs(data: RoundData, frozen: frozenset[str]) -> RoundData:
+    """``data`` where each running job in ``frozen`` has only its current column (the
+    caller also pins it, so it keeps that column)."""
+    if not frozen:
+        return data
+    is_frozen = np.array([jid in frozen for jid in data.job_ids], dtype=bool)
+    cols = np.arange(data.n_cols)
+    own = data.current_col[data.col_job]
+    keep = ~is_frozen[data.col_job] | (own < 0) | (own == cols)
+    return keep_columns(data, keep)
+
+
+def best_plan_per_count(data: RoundData) -> RoundData:
+    """``data`` keeping, per job and (GPU type, GPU count), only the column with the best
+    estimated throughput (its current column where it runs on that type and count): the
+    planner's best node shape and pipeline depth for the count and type a policy picks,
+    which is how the ``-ap`` baselines run (adaptive parallelism without co-designing the
+    placement)."""
+    best: dict[tuple, int] = {}
+    gpus = data.col_gpus
+    cur = data.current_col
+    for k in range(data.n_cols):
+        j = int(data.col_job[k])
+        key = (j, int(data.col_type[k]), int(gpus[k]))
+        b = best.get(key)
+        if b is None or (b != cur[j] and (k == cur[j] or data.col_throughput[k] > data.col_throughput[b])):
+            best[key] = k
+    keep = np.zeros(data.n_cols, dtype=bool)
+    keep[list(best.values())] = True
+    return keep_columns(data, keep)

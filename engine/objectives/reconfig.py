@@ -9,6 +9,10 @@ over that many rounds of expected residence (a move that pays off later is allow
 ``per_move`` adds a fixed cost per move of a running job, in rounds of the job's
 reference throughput: a damping knob (estimates are not truth, so a move that looks
 marginally better often is not); 0 turns it off.
+
+``hysteresis`` (default 0.05) charges a move of a running job that fraction of its
+current column's normalized throughput: a move must beat staying by that margin (part of
+the stability rule every optimizing policy applies, engine/stability.py); 0 turns it off.
 """
 from __future__ import annotations
 
@@ -24,18 +28,23 @@ from .base import register_term
 class ReconfigPenalty:
     horizon_rounds: float = 1.0
     per_move: float = 0.0
+    hysteresis: float = 0.05
 
     def __post_init__(self):
         if not self.horizon_rounds > 0:
             raise ValueError("reconfig.horizon_rounds must be > 0")
         if not self.per_move >= 0:
             raise ValueError("reconfig.per_move must be >= 0")
+        if not 0 <= self.hysteresis < 1:
+            raise ValueError("reconfig.hysteresis must be in [0, 1)")
 
     def apply(self, data, builder, weight: float) -> None:
         lost = np.minimum(1.0, data.col_reconfig_s / (data.round_interval_s * self.horizon_rounds))
         coef = data.speedup * lost
-        if self.per_move > 0:
+        if self.per_move > 0 or self.hysteresis > 0:
             cur = data.current_col[data.col_job]
             moved = (cur >= 0) & (cur != np.arange(data.n_cols))
             coef = coef + self.per_move * moved
+            if self.hysteresis > 0:
+                coef = coef + self.hysteresis * moved * data.speedup[np.maximum(cur, 0)]
         builder.add_x_objective(-weight * coef)

@@ -12,6 +12,10 @@ Each round:
 3. the GPUs left go, one doubling at a time, to the admitted job with the largest
    normalized throughput gain per added GPU (diminishing returns), while they fit.
 
+Jobs the stability rule freezes (engine/stability.py) keep their grid and are served
+first. ``elasticflow-ls-ap`` decides from the same estimates as arena and runs each job
+with the planner's best plan for the GPU type and count it gets.
+
 What it simplifies: ElasticFlow drops jobs it cannot admit; here they wait (no job is
 ever lost) and jobs whose deadline can no longer be met run best-effort on their
 smallest share after the admitted ones. Capacity uses the same node-shape accounting
@@ -29,9 +33,17 @@ from instances.errors import InputError
 from instances.grid import Grid
 
 from ..context import Decisions, JobView, RoundContext
-from ..formulation.round_data import GridCache, build_round_data, columns_of_jobs
+from ..formulation.round_data import (
+    GridCache,
+    RoundDataCache,
+    best_plan_per_count,
+    build_round_data,
+    columns_of_jobs,
+    freeze_jobs,
+)
 from ..placement import Placer, place_with_repair
 from ..policy import register_policy
+from ..stability import STABILITY_KEYS, StabilityRule
 
 
 class _Usage:
@@ -56,14 +68,16 @@ class _Usage:
 
 
 class ElasticFlowLS:
-    name = "elasticflow-ls"
-    KEYS = ("slack_factor", "heterogeneous", "max_gpus")
+    KEYS = ("slack_factor", "heterogeneous", "max_gpus") + STABILITY_KEYS
 
-    def __init__(self, **config):
+    def __init__(self, *, ap: bool = False, **config):
+        self.ap = ap
+        self.name = "elasticflow-ls-ap" if ap else "elasticflow-ls"
         unknown = sorted(set(config) - set(self.KEYS))
         if unknown:
-            raise InputError(f"policy 'elasticflow-ls': unknown option(s) {unknown}; known: {list(self.KEYS)}",
+            raise InputError(f"policy {self.name!r}: unknown option(s) {unknown}; known: {list(self.KEYS)}",
                              field=unknown[0])
+        self.stability = StabilityRule.from_config(self.name, config)
         try:
             self.slack_factor = float(config.get("slack_factor", 10.0))
             self.max_gpus = int(config.get("max_gpus", 16))
@@ -79,8 +93,8 @@ class ElasticFlowLS:
         if not self.slack_factor >= 1 or self.max_gpus < 1:
             raise InputError("slack_factor must be >= 1 and max_gpus >= 1", field="slack_factor")
         self._dp_only = DpOnlyTwin()
-        self._grids = GridCache(dp_only=True)
-        self._est_cache: dict = {}
+        self._grids = GridCache(dp_only=not ap)
+        self._cache = RoundDataCache()
         self._placers: dict[int, Placer] = {}
 
     def _keep(self, view: JobView, grid: Grid) -> bool:
@@ -92,9 +106,15 @@ class ElasticFlowLS:
     def decide(self, ctx: RoundContext) -> Decisions:
         import time
         t0 = time.perf_counter()
-        perf = self._dp_only(ctx.perf)
+        perf = ctx.perf if self.ap else self._dp_only(ctx.perf)
+        if perf is None:
+            raise InputError(f"policy {self.name!r} decides from a performance model; none was given", field="perf")
         data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
-                                grid_filter=self._keep, estimate_cache=self._est_cache)
+                                grid_filter=self._keep, cache=self._cache)
+        if self.ap:
+            data = best_plan_per_count(data)
+        frozen = self.stability.frozen(ctx)
+        data = freeze_jobs(data, frozen)
         cols = columns_of_jobs(data)
         rate = data.col_rate_iters_per_s()
         deadline = np.array([a + self.slack_factor * (d - a) if math.isfinite(d) else math.inf
@@ -102,7 +122,12 @@ class ElasticFlowLS:
         left = deadline - data.now_s
         usage = _Usage(data.capacity)
         chosen: dict[int, int] = {}
-        order = sorted(range(data.n_jobs), key=lambda j: (deadline[j], data.arrival_s[j], data.job_ids[j]))
+        kept = {j for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0}
+        for j in sorted(kept):                    # the stability rule: frozen jobs keep their grid
+            chosen[j] = int(data.current_col[j])
+            usage.apply(data, chosen[j], +1)
+        order = sorted((j for j in range(data.n_jobs) if j not in kept),
+                       key=lambda j: (deadline[j], data.arrival_s[j], data.job_ids[j]))
         late = []
         for j in order:
             cj = sorted(cols[j], key=lambda k: (data.col_gpus[k], -rate[k]))
@@ -134,7 +159,8 @@ class ElasticFlowLS:
                     heapq.heappush(heap, (-gain, data.job_ids[j], j, k, u))
 
         for j in chosen:
-            push(j)
+            if j not in kept:
+                push(j)
         while heap:
             _, _, j, k, u = heapq.heappop(heap)
             if chosen.get(j) != k or not usage.fits(data, u, release=k):
@@ -148,7 +174,7 @@ class ElasticFlowLS:
         plans = {data.job_ids[j]: data.plans[k] for j, k in chosen.items() if data.plans[k] is not None}
         info = {"backend": "elasticflow-greedy", "jobs": data.n_jobs, "admitted": len(chosen) - len(
             [j for j in late if j in chosen]), "best_effort": len([j for j in late if j in chosen]),
-            "placement_repairs": repairs, "placement_dropped": dropped,
+            "placement_repairs": repairs, "placement_dropped": dropped, "frozen": len(kept),
             "decide_time_s": time.perf_counter() - t0}
         return Decisions(grids=grids, plans=plans, placements=placements, info=info)
 
@@ -156,3 +182,10 @@ class ElasticFlowLS:
 @register_policy("elasticflow-ls")
 def make_elasticflow_ls(**config) -> ElasticFlowLS:
     return ElasticFlowLS(**config)
+
+
+@register_policy("elasticflow-ls-ap")
+def make_elasticflow_ls_ap(**config) -> ElasticFlowLS:
+    """``elasticflow-ls`` deciding from the same estimates as arena, each job run with
+    the planner's best plan for the GPU type and count it gets."""
+    return ElasticFlowLS(ap=True, **config)

@@ -11,6 +11,8 @@ per job run, and the same reconfiguration cost as every policy. No space sharing
 """
 from __future__ import annotations
 
+import dataclasses
+
 from instances.grid import Grid
 
 from ..context import JobView
@@ -25,3 +27,7 @@ def keeps_requested_count(view: JobView, grid: Grid) -> bool:
 GAVEL = MilpPolicySpec(name="gavel", weights={"las": 1.0, "queue": 1.0, "reconfig": 1.0}, dp_only=True,
                        grid_filter=keeps_requested_count)
 register_milp_policy(GAVEL)
+# ``gavel-ap``: the same policy, each job run with the planner's best plan (node shape,
+# pipeline depth, tensor/data split) for the GPU type and count gavel chose, from the
+# same estimates as arena: adaptive parallelism without co-designed placement.
+register_milp_policy(dataclasses.replace(GAVEL, name="gavel-ap", dp_only=False, best_plan_per_count=True))

@@ -9,11 +9,14 @@ here, once:
 - ``backend`` (solver backend name, default ``auto``), ``time_limit_s`` (10), ``rel_gap``
   (0.01), ``threads`` (1), ``seed`` (0): the solver;
 - ``max_gpus`` (16): the largest grid a job may get;
-- ``pinned_jobs``: comma-separated job ids that keep their current grid;
+- ``pinned_jobs``: comma-separated job ids that must be scheduled;
+- ``stability``, ``payback``, ``payback_max_s``, ``max_moves_per_hour``: the stability
+  rule (engine/stability.py): running jobs it freezes keep their current grid;
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/objectives).
 
-Candidate grids are cached per (model, global batch); estimates per performance model.
+Candidate grids are cached per (model, global batch); estimates and each job's columns
+per performance model (``RoundDataCache``).
 The solver's hint is what every job runs now. A solver exception becomes a greedy
 decision (status ``error``, with the reason): a round never crashes.
 """
@@ -35,18 +38,19 @@ from instances.grid import Grid
 from ..context import Decisions, JobView, RoundContext
 from ..formulation import build_model, build_round_data
 from ..formulation.model import MilpModel
-from ..formulation.round_data import GridCache
+from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
 from ..objectives import Objective, parse_objective, split_objective_config
 from ..placement import Placer, place_with_repair
 from ..policy import Policy, register_policy
 from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
 from ..solvers.greedy import greedy_solution
+from ..stability import STABILITY_KEYS, StabilityRule
 
 GridFilter = Callable[[JobView, Grid], bool]
 
 # Knobs every optimizing policy accepts (besides its objective keys w_<term>, <term>.<opt>).
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "threads", "seed", "pinned_jobs",
-               "dump_rounds_dir")
+               "dump_rounds_dir") + STABILITY_KEYS
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class MilpPolicySpec:
     dp_only: bool = False                                 # decide from data-parallel-only estimates
     grid_filter: GridFilter | None = None                 # candidate grids it keeps
     backend: str = "auto"
+    # ``-ap`` variants: per GPU type and count, only the planner's best shape and depth
+    best_plan_per_count: bool = False
 
 
 def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, hint: np.ndarray | None,
@@ -129,12 +135,12 @@ class MilpPolicy:
         self.rel_gap: float = _number(spec.name, rest, "rel_gap", 0.01, float, 0.0)
         self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1)
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
+        self.stability = StabilityRule.from_config(spec.name, rest)
         self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
         self._grids = GridCache(dp_only=spec.dp_only)
         self._placers: dict[int, Placer] = {}
         self._dp_only = DpOnlyTwin()
-        self._est_cache: dict = {}
-        self._est_owner: object = None
+        self._cache = RoundDataCache()
 
     # ------------------------------------------------------------------------------
     def _perf(self, perf: PerformanceModel | None) -> PerformanceModel:
@@ -152,12 +158,16 @@ class MilpPolicy:
     def decide(self, ctx: RoundContext) -> Decisions:
         t0 = time.perf_counter()
         perf = self._perf(ctx.perf)
-        if self._est_owner is not perf:        # estimates cached per performance model
-            self._est_cache, self._est_owner = {}, perf
         data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
-                                grid_filter=self._keep, estimate_cache=self._est_cache)
+                                grid_filter=self._keep, cache=self._cache)
+        if self.spec.best_plan_per_count:
+            data = best_plan_per_count(data)
+        frozen = self.stability.frozen(ctx)
+        if frozen:
+            data = freeze_jobs(data, frozen)
+            frozen = frozenset(jid for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0)
         t1 = time.perf_counter()
-        model = build_model(data, self.objective, self.pinned)
+        model = build_model(data, self.objective, self.pinned | frozen)
         t2 = time.perf_counter()
         hint = np.zeros(model.n_x)
         hint[data.current_col[data.current_col >= 0]] = 1.0
@@ -183,6 +193,7 @@ class MilpPolicy:
             export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
         info = {**sol.stats(), "placement_repairs": repairs, "placement_dropped": dropped, "jobs": data.n_jobs,
                 "columns": data.n_cols, "rows": model.n_rows, "unschedulable": list(data.unschedulable),
+                "frozen": len(frozen),
                 "estimate_time_s": t1 - t0, "model_build_time_s": t2 - t1, "solve_wall_s": t3 - t2,
                 "decide_time_s": time.perf_counter() - t0}
         return Decisions(grids=grids, plans=plans, placements=placements, info=info)

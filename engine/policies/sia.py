@@ -14,8 +14,14 @@ replaced by the estimator's DP-only estimates.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .milp import MilpPolicySpec, register_milp_policy
 
 SIA = MilpPolicySpec(name="sia", weights={"throughput": 1.0, "queue": 1.0, "reconfig": 1.0},
                      options={"throughput.reference": "smallest", "reconfig.per_move": 0.25}, dp_only=True)
 register_milp_policy(SIA)
+# ``sia-ap``: the same policy, each job run with the planner's best plan (node shape,
+# pipeline depth, tensor/data split) for the GPU type and count sia chose, from the
+# same estimates as arena: adaptive parallelism without co-designed placement.
+register_milp_policy(dataclasses.replace(SIA, name="sia-ap", dp_only=False, best_plan_per_count=True))

@@ -1,0 +1,101 @@
+"""The stability rule: which running jobs an optimizing policy may not move this round.
+
+A move costs the moved job its downtime (and, live, the start-up of every rank), so a
+policy that re-optimizes every round from estimates moves jobs back and forth for gains
+that never pay for the move. Every optimizing policy (``arena``, ``suika``, ``sia``,
+``gavel``, ``elasticflow-ls``, their ``-ap`` variants) applies the same rule, with the
+same defaults, so comparisons stay fair. A running job is *frozen* — it keeps exactly
+its current grid and GPUs, and is not preempted — while either holds:
+
+1. **its last change has not paid for itself** (``payback``). At its last change of
+   allocation (a start, a resume or a move) at time ``t_c`` the job had been running at
+   ``r_b`` iterations/s (measured; 0 when it came from the queue). The change has paid
+   for itself once the progress made since, ``p``, is at least what staying would have
+   made, ``p >= r_b x (now - t_c)``, and at least one iteration (so a launch still
+   starting up — 5-10 s of interpreter and torch start-up live — is never moved again).
+   This is measured progress, so the real downtime of the move counts, not its price.
+   A change that will never pay for the job itself (it was shrunk to make room for
+   others, ``r_new <= r_b``) is held for ``payback_max_s`` (default 3,600 s) instead;
+2. **it reached the move limit** (``max_moves_per_hour``, default 1): that many moves or
+   preemptions in the last hour (first starts are not counted).
+
+The third part of stability, hysteresis on marginal gains, is in the objective: the
+``reconfig`` term's ``hysteresis`` (default 0.05) charges a move of a running job that
+fraction of what its current grid is worth, so a move must beat staying by 5%.
+
+``stability=false`` turns the rule off (the behaviour before it existed, for
+reproducing published comparisons); ``payback=false`` or ``max_moves_per_hour=0``
+turn off one part.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from instances.errors import InputError
+
+from .context import JobView, RoundContext
+
+HOUR_S = 3600.0
+
+#: policy config keys the rule reads (every optimizing policy accepts them)
+STABILITY_KEYS = ("stability", "payback", "payback_max_s", "max_moves_per_hour")
+
+
+def _bool(policy: str, key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        return v.strip().lower() in ("true", "1", "yes", "on")
+    raise InputError(f"policy {policy!r}: {key} must be true or false, got {v!r}", field=key)
+
+
+def _number(policy: str, key: str, v: Any, lo: float) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise InputError(f"policy {policy!r}: {key} must be a number, got {v!r}", field=key) from None
+    if not (math.isfinite(x) and x >= lo):
+        raise InputError(f"policy {policy!r}: {key} must be a finite number >= {lo}, got {v!r}", field=key)
+    return x
+
+
+@dataclass(frozen=True)
+class StabilityRule:
+    enabled: bool = True
+    payback: bool = True
+    payback_max_s: float = HOUR_S
+    max_moves_per_hour: int = 1          # 0: no limit
+
+    @classmethod
+    def from_config(cls, policy: str, config: Mapping[str, Any]) -> "StabilityRule":
+        """From a policy's config keys (``STABILITY_KEYS``), validated."""
+        d = cls()
+        moves = _number(policy, "max_moves_per_hour", config.get("max_moves_per_hour", d.max_moves_per_hour), 0)
+        if moves != int(moves):
+            raise InputError(f"policy {policy!r}: max_moves_per_hour must be a whole number, got {moves!r}",
+                             field="max_moves_per_hour")
+        return cls(enabled=_bool(policy, "stability", config.get("stability", d.enabled)),
+                   payback=_bool(policy, "payback", config.get("payback", d.payback)),
+                   payback_max_s=_number(policy, "payback_max_s", config.get("payback_max_s", d.payback_max_s), 0),
+                   max_moves_per_hour=int(moves))
+
+    def is_frozen(self, view: JobView, now_s: float) -> bool:
+        ch = view.last_change
+        if not self.enabled or view.current is None or ch is None:
+            return False
+        if self.max_moves_per_hour and sum(1 for t in ch.recent_s if t > now_s - HOUR_S) >= self.max_moves_per_hour:
+            return True
+        if self.payback:
+            held = now_s - ch.changed_at_s
+            paid = ch.iterations_since >= max(1.0, ch.rate_before * held)
+            if not paid and held < self.payback_max_s:
+                return True
+        return False
+
+    def frozen(self, ctx: RoundContext) -> frozenset[str]:
+        """The running jobs that keep their allocation this round."""
+        if not self.enabled:
+            return frozenset()
+        return frozenset(v.job_id for v in ctx.jobs if self.is_frozen(v, ctx.now_s))

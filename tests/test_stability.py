@@ -1,0 +1,135 @@
+"""The stability rule (engine/stability.py), the move pricing it works with, and the
+``-ap`` column reduction."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.context import Allocation, ChangeHistory, Decisions, JobView
+from engine.policy import make_policy
+from engine.reconfig import ReconfigCostModel, changed_owner_bytes
+from engine.simulator import simulate
+from engine.stability import StabilityRule
+from instances.builtin import get_instance
+from instances.errors import InputError
+from tests.test_engine_helpers import grid, job
+
+CUR = Allocation(grid("a100", 1, 2), ((0, 0), (0, 1)))
+
+
+def _view(change: ChangeHistory | None, current: Allocation | None = CUR) -> JobView:
+    return JobView(job("A", 0.0, 1000), 500.0, current, last_change=change)
+
+
+def test_payback_rule():
+    rule = StabilityRule(max_moves_per_hour=0)
+    # moved at t=1000 from 1 it/s: by t=1100 staying would have made 100 iterations
+    assert rule.is_frozen(_view(ChangeHistory(1000.0, 50.0, 1.0)), 1100.0)
+    assert not rule.is_frozen(_view(ChangeHistory(1000.0, 100.0, 1.0)), 1100.0)
+    # a start from the queue pays once it has made one iteration (a launch still starting is kept)
+    assert rule.is_frozen(_view(ChangeHistory(1000.0, 0.0, 0.0)), 1300.0)
+    assert not rule.is_frozen(_view(ChangeHistory(1000.0, 1.0, 0.0)), 1300.0)
+    # a move that never pays for the job itself is held for payback_max_s
+    slow = ChangeHistory(0.0, 10.0, 1.0)
+    assert rule.is_frozen(_view(slow), 3599.0) and not rule.is_frozen(_view(slow), 3601.0)
+    assert not StabilityRule(payback=False, max_moves_per_hour=0).is_frozen(_view(slow), 100.0)
+    # queued jobs and jobs never changed are never frozen
+    assert not rule.is_frozen(_view(ChangeHistory(0.0, 0.0, 1.0), current=None), 10.0)
+    assert not rule.is_frozen(_view(None), 10.0)
+
+
+def test_move_limit_per_hour():
+    rule = StabilityRule(payback=False, max_moves_per_hour=2)
+    paid = dict(changed_at_s=0.0, iterations_since=1e9, rate_before=0.0)
+    assert not rule.is_frozen(_view(ChangeHistory(**paid, recent_s=(100.0,))), 3000.0)
+    assert rule.is_frozen(_view(ChangeHistory(**paid, recent_s=(100.0, 2000.0))), 3000.0)
+    assert not rule.is_frozen(_view(ChangeHistory(**paid, recent_s=(100.0, 2000.0))), 3700.0)   # one left the hour
+    assert not StabilityRule(enabled=False).is_frozen(_view(ChangeHistory(**paid, recent_s=(1, 2, 3))), 10.0)
+
+
+@pytest.mark.parametrize("cfg", [{"stability": "maybe"}, {"max_moves_per_hour": -1}, {"max_moves_per_hour": 1.5},
+                                 {"payback_max_s": "x"}])
+def test_stability_config_is_validated(cfg):
+    with pytest.raises(InputError):
+        make_policy("arena", **cfg)
+
+
+class Recording:
+    """A policy that records what the wrapped policy decided for the jobs its rule froze."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.frozen_checked = 0
+
+    def decide(self, ctx) -> Decisions:
+        d = self.inner.decide(ctx)
+        for jid in self.inner.stability.frozen(ctx):
+            v = ctx.job(jid)
+            assert d.grids.get(jid) == v.current.grid, f"round {ctx.round_index}: frozen job {jid} was moved"
+            self.frozen_checked += 1
+        return d
+
+
+@pytest.mark.parametrize("name", ["arena", "sia-ap"])
+def test_frozen_jobs_keep_their_grid_and_moves_drop(name):
+    inst = get_instance("demo")
+    pol = Recording(make_policy(name))
+    stable = simulate(inst, pol, perf=_table(), rounds=60, reconfig=ReconfigCostModel())
+    assert pol.frozen_checked > 0
+    free = simulate(inst, make_policy(name, stability=False, **{"reconfig.hysteresis": 0}), perf=_table(),
+                    rounds=60, reconfig=ReconfigCostModel())
+    assert stable.summary["reconfigurations"] < free.summary["reconfigurations"]
+
+
+def _table():
+    from estimators import make_performance_model
+    return make_performance_model("table")
+
+
+layouts = st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(old=layouts, new=layouts, kept=st.integers(0, 64))
+def test_changed_owner_bytes_properties(old, new, kept):
+    n_new = new[0] * new[1] * new[2]
+    need = n_new / (new[1] * new[2])            # every new rank's share, in model states
+    moved = changed_owner_bytes(1.0, old, new, kept)
+    assert -1e-12 <= moved <= need + 1e-12
+    assert changed_owner_bytes(1.0, old, new, 0) == pytest.approx(need)
+    assert changed_owner_bytes(1.0, old, new, kept + 1) <= moved + 1e-12     # keeping more moves less
+    if old == new:
+        assert changed_owner_bytes(1.0, old, new, n_new) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_best_plan_per_count_keeps_one_column_per_type_and_count():
+    from engine.context import RoundContext
+    from engine.formulation.round_data import best_plan_per_count, build_round_data
+    inst = get_instance("demo")
+    views = tuple(JobView(j, float(j.num_iterations), None) for j in inst.jobs[:6])
+    ctx = RoundContext(0.0, 0, 300.0, inst.cluster, views, _table(), ReconfigCostModel())
+    data = build_round_data(ctx, ctx.perf)
+    ap = best_plan_per_count(data)
+    assert ap.n_cols < data.n_cols
+    for j in range(data.n_jobs):
+        full = [k for k in range(data.n_cols) if data.col_job[k] == j]
+        kept = [k for k in range(ap.n_cols) if ap.col_job[k] == j]
+        keys = {(int(data.col_type[k]), int(data.col_gpus[k])) for k in full}
+        assert len(kept) == len(keys)
+        for k in kept:
+            same = [q for q in full if (data.col_type[q], data.col_gpus[q]) == (ap.col_type[k], ap.col_gpus[k])]
+            assert ap.col_throughput[k] == max(data.col_throughput[q] for q in same)
+
+
+def test_policies_decide_from_estimates_by_default(tmp_path, monkeypatch):
+    from engine.commands.simulate import build_perf
+    from estimators.perf import default_kind, learned_artifact_path
+    monkeypatch.setenv("ARENA_LEARNED_ARTIFACT", str(tmp_path / "none.joblib"))
+    assert learned_artifact_path() == tmp_path / "none.joblib"
+    assert default_kind() == "analytic"
+    assert build_perf(None, "arena").kind == "analytic"
+    assert build_perf(None, "fcfs") is None
+    assert build_perf("table", "arena").kind == "table"       # the labelled mode
+    (tmp_path / "none.joblib").write_bytes(b"")
+    assert default_kind() == "learned"
