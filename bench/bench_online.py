@@ -131,8 +131,8 @@ def evaluate(base: str, iterations: int, noise_cv: float, limit: int | None, see
                 g = Grid(shape, pp)
                 e = online.estimate(job, g)
                 if e.feasible and math.isfinite(e.iteration_time_s):
-                    pairs.append(("pipeline depth", g, e.iteration_time_s, online.base.estimate(job, g).iteration_time_s,
-                                  truth, True))
+                    b = online.base.estimate(job, g).iteration_time_s
+                    pairs.append(("pipeline depth", g, e.iteration_time_s, b, truth, True))
         for kind, nshape in neighbours(shape, types):
             t = oracle.true_iteration_time(job, nshape)
             est = _best(online, job, nshape)
@@ -192,7 +192,8 @@ def main(argv=None) -> int:
         print(f"fitted prior: {prior} {diag}", file=sys.stderr)
     errs, base_errs, skipped, n = evaluate(a.base, a.iterations, a.noise_cv, a.limit, a.seed, prog, prior)
     rows = summarize(errs, base_errs)
-    res = {"base": a.base, "prior": vars(prior) if prior else "default", "iterations": a.iterations, "noise_cv": a.noise_cv, "rows": n,
+    res = {"base": a.base, "prior": vars(prior) if prior else "default", "iterations": a.iterations,
+           "noise_cv": a.noise_cv, "rows": n,
            "rows_skipped": skipped, "summary": rows, "wall_s": time.perf_counter() - t0}
     if a.json:
         print(json.dumps(res, indent=1))

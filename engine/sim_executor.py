@@ -34,7 +34,6 @@ from .context import Allocation
 from .executor import ExecutorTotals, JobProgress
 from .reconfig import ReconfigCostModel
 
-
 DEFAULT_ITERATION_NOISE_CV = 0.05      # per-iteration step-time jitter (stated default)
 EXACT_NOISE_DRAWS = 256                 # above this many new iterations: normal approximation of the sum
 
