@@ -24,7 +24,7 @@ truth is a measured table row (not the oracle's extrapolation). The base model's
 on the same pairs, without observations, is printed alongside.
 
     PYTHONPATH=. .venv/bin/python bench/bench_online.py [--base analytic] [--iterations 20] \
-        [--noise-cv 0.05] [--limit N] [--json]
+        [--noise-cv 0.05] [--limit N] [--also-ran "gpus x2"] [--fit-prior] [--json]
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def run_job(online: OnlineModel, oracle, job: Job, grid: Grid, iterations: int, 
 
 
 def evaluate(base: str, iterations: int, noise_cv: float, limit: int | None, seed: int, progress=None,
-             prior=None):
+             prior=None, also_ran: str | None = None):
     oracle = TableOracle()
     rows = [r for r in load_measured_iter_times() if r.iter_time_s is not None]
     if limit:
@@ -125,6 +125,18 @@ def evaluate(base: str, iterations: int, noise_cv: float, limit: int | None, see
         base_own = online.estimate(job, grid).iteration_time_s
         p = run_job(online, oracle, job, grid, iterations, noise_cv, seed + i)
         assert p.measured_iterations == iterations, p
+        second = None
+        if also_ran is not None:        # the job also ran on its first measured neighbour of that kind
+            for kind, nshape in neighbours(shape, types):
+                nb = _best(online.base, job, nshape)
+                if kind == also_ran and nb is not None and oracle.is_measured(job.model, job.global_batch, nshape) \
+                        and oracle.true_iteration_time(job, nshape) is not None:
+                    second = nshape
+                    run_job(online, oracle, job, nb[1], iterations, noise_cv, seed + i + 10**6)
+                    break
+            if second is None:
+                skipped += 1
+                continue
         pairs = [("own", grid, online.estimate(job, grid).iteration_time_s, base_own, truth, True)]
         for pp in _pps(shape):
             if pp != grid.pp:
@@ -134,6 +146,8 @@ def evaluate(base: str, iterations: int, noise_cv: float, limit: int | None, see
                     b = online.base.estimate(job, g).iteration_time_s
                     pairs.append(("pipeline depth", g, e.iteration_time_s, b, truth, True))
         for kind, nshape in neighbours(shape, types):
+            if nshape == second:
+                continue
             t = oracle.true_iteration_time(job, nshape)
             est = _best(online, job, nshape)
             b = _best(online.base, job, nshape)
@@ -173,6 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--noise-cv", type=float, default=DEFAULT_ITERATION_NOISE_CV)
     ap.add_argument("--limit", type=int, default=None, help="at most this many measured rows (spread evenly)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--also-ran", choices=KINDS[1:], default=None,
+                    help="the job also runs --iterations on its first measured neighbour of this kind (rows "
+                         "without one are skipped); that neighbour is left out of the comparison")
     ap.add_argument("--fit-prior", action="store_true",
                     help="fit the online prior to the base model on the measured table first (and print it)")
     ap.add_argument("--json", action="store_true")
@@ -190,16 +207,20 @@ def main(argv=None) -> int:
         from estimators.evaluation.online_prior import fit_online_prior
         prior, diag = fit_online_prior(a.base)
         print(f"fitted prior: {prior} {diag}", file=sys.stderr)
-    errs, base_errs, skipped, n = evaluate(a.base, a.iterations, a.noise_cv, a.limit, a.seed, prog, prior)
+    errs, base_errs, skipped, n = evaluate(a.base, a.iterations, a.noise_cv, a.limit, a.seed, prog, prior,
+                                           a.also_ran)
     rows = summarize(errs, base_errs)
-    res = {"base": a.base, "prior": vars(prior) if prior else "default", "iterations": a.iterations,
+    res = {"base": a.base, "prior": vars(prior) if prior else "default", "also_ran": a.also_ran,
+           "iterations": a.iterations,
            "noise_cv": a.noise_cv, "rows": n,
            "rows_skipped": skipped, "summary": rows, "wall_s": time.perf_counter() - t0}
     if a.json:
         print(json.dumps(res, indent=1))
         return 0
-    print(f"online({a.base}) after {a.iterations} measured iterations (noise CV {a.noise_cv:g}); {n} measured rows, "
-          f"{skipped} skipped (no feasible base plan, or over the oracle's time cap)")
+    also = f" and as many on a '{a.also_ran}' neighbour" if a.also_ran else ""
+    print(f"online({a.base}) after {a.iterations} measured iterations{also} (noise CV {a.noise_cv:g}); "
+          f"{n} measured rows, "
+          f"{skipped} skipped (no feasible base plan, over the oracle's time cap, or no --also-ran neighbour)")
     print(f"{'truth':<32} {'neighbour':<15} {'pairs':>6} {'median':>7} {'p90':>7} {'worst':>7} {'within':>7}   "
           f"{'base median':>11} {'base within':>11}")
     for r in rows:
