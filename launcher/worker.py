@@ -283,7 +283,7 @@ class _Run:
 
         cfg = self.cfg
         it_s, status, done = None, "finished", start_step
-        measured = {}                   # mean step time since this launch's first (warm-up) step
+        n_measured, mean_s, measured = 0, 0.0, {}     # steps after this launch's first (warm-up) one
         self.progress("running", start_step, None)
         for step in range(start_step, cfg.steps):
             if self.timer is not None:
@@ -300,10 +300,9 @@ class _Run:
                 self.save(done, "stop" if stop else "request" if requested else "periodic")
             _Flags.save = False
             if step != start_step:
-                n = measured.get("measured_iterations", 0) + 1
-                measured = {"measured_iterations": n,
-                            "mean_iteration_time_s": measured.get("mean_iteration_time_s", 0.0) + (
-                                it_s - measured.get("mean_iteration_time_s", 0.0)) / n}
+                n_measured += 1
+                mean_s += (it_s - mean_s) / n_measured
+                measured = {"measured_iterations": n_measured, "mean_iteration_time_s": mean_s}
             self.progress("running", done, it_s, **measured)
             if stop:
                 status = "stopped"
