@@ -48,14 +48,18 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder) -> None:
                      np.array(ub, dtype=float), names)
 
 
-def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset()) -> MilpModel:
-    """The round's MILP: job rows, node-shape rows, then ``objective.apply``."""
+def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset(),
+                columns: np.ndarray | None = None) -> MilpModel:
+    """The round's MILP: job rows, node-shape rows, then ``objective.apply``. With
+    ``columns`` (sorted column indices of ``data``), the same model restricted to those
+    columns: identical coefficients and rows, the other columns fixed at 0 (what the
+    incremental search optimizes over; ``ModelBuilder.build``)."""
     unknown = set(pinned) - set(data.job_ids)
     builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
     add_job_rows(data, builder, frozenset(pinned) - unknown)
     add_shape_rows(data, builder)
     objective.apply(data, builder)
-    return builder.build()
+    return builder.build(columns)
 
 
 def hint_from_columns(model: MilpModel, cols) -> np.ndarray:
