@@ -4,7 +4,8 @@ Vectorized over the round's columns (``RoundData``):
 
 - a **running** job: its current column and its neighbours on the same GPU type with
   twice or half the GPUs (any node shape), the same GPU count in another node shape,
-  and the same GPU count on another GPU type;
+  and the same GPU count on another GPU type in its most compact node shape (as many
+  GPUs per node as the type's nodes allow: fewest nodes);
 - a **queued** job: every column (``queued="all"``), or only those with at most its
   reference GPU count (the count it asked for, else its smallest; ``queued="small"``).
 
@@ -36,8 +37,9 @@ def candidate_columns(data: RoundData, queued: str = "all") -> np.ndarray:
     t = data.col_type
     cur_g, cur_t = g[safe], t[safe]
     same_type = t == cur_t
+    compact = data.col_gpn == np.minimum(g, np.asarray(data.capacity.max_gpus_per_node)[t])
     neighbour = (k == cur) | (same_type & ((g == 2 * cur_g) | (2 * g == cur_g) | (g == cur_g))) \
-        | (~same_type & (g == cur_g))
+        | (~same_type & (g == cur_g) & compact)
     if queued == "all":
         queued_ok = np.ones(data.n_cols, dtype=bool)
     else:

@@ -46,7 +46,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 
 from ..formulation.model import MilpModel
 from ..solvers.base import Solution
@@ -54,8 +53,18 @@ from ..solvers.greedy import complete
 
 EPS = 1e-9
 EXPAND_PASSES = 3
-MAX_DONORS_EXAMINED = 64       # per receiver in balance
+MAX_DONORS_EXAMINED = 32       # per receiver in balance
+BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange
 PREFIX_ROUNDS = 24             # vectorized prefix rounds per walk before a plain loop
+
+
+def _bits(mask: np.ndarray) -> int | list[int]:
+    """Boolean row masks (the last axis) as Python int bit masks."""
+    if mask.shape[-1] <= 62:
+        return (mask.astype(np.int64) @ (np.int64(1) << np.arange(mask.shape[-1], dtype=np.int64))).tolist()
+    rows = [np.flatnonzero(m).tolist() for m in mask.reshape(-1, mask.shape[-1])]
+    out = [sum(1 << r for r in rr) for rr in rows]
+    return out[0] if mask.ndim == 1 else out
 
 
 @dataclass(frozen=True)
@@ -65,9 +74,83 @@ class SearchSteps:
     balance: bool = True
 
 
+@dataclass(frozen=True)
+class _Moves:
+    """Candidate moves (job j to column k): gain, gain per GPU added, and the change of
+    every coupling row and of the two budget rows (dense, one row per move)."""
+    j: np.ndarray
+    k: np.ndarray
+    gain: np.ndarray
+    density: np.ndarray
+    D: np.ndarray
+
+    def take(self, idx: np.ndarray) -> "_Moves":
+        return _Moves(self.j[idx], self.k[idx], self.gain[idx], self.density[idx], self.D[idx])
+
+    def without(self, jobs: np.ndarray) -> "_Moves":
+        return self.take(np.flatnonzero(~np.isin(self.j, jobs)))
+
+    def plus(self, other: "_Moves") -> "_Moves":
+        return _Moves(*(np.concatenate([a, b]) for a, b in zip(
+            (self.j, self.k, self.gain, self.density, self.D),
+            (other.j, other.k, other.gain, other.density, other.D))))
+
+    def best_per_job(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """Indices (into these moves, or among ``idx``) of each job's best move by gain
+        per GPU, best first."""
+        idx = np.arange(len(self.k)) if idx is None else idx
+        if not len(idx):
+            return idx
+        j, dens = self.j[idx], self.density[idx]
+        best = np.full(int(j.max()) + 1, -np.inf)
+        np.maximum.at(best, j, dens)
+        top = idx[dens >= best[j]]
+        first = np.full(len(best), -1, dtype=np.int64)
+        first[self.j[top[::-1]]] = top[::-1]          # the last write wins: the first of ties
+        pick = first[first >= 0]
+        return pick[np.argsort(-self.density[pick], kind="stable")]
+
+
+class _OpenMoves:
+    """Every job's open upgrade moves: those computed at the start (``base``, never
+    copied) for the jobs that have not moved since, and recomputed ones (``fresh``) for
+    the jobs that have."""
+
+    def __init__(self, state: "_State"):
+        self.state = state
+        self.base = state.upgrade_moves()
+        self.changed = np.zeros(state.model.n_jobs, dtype=bool)
+        self.fresh = state.upgrade_moves(np.zeros(0, dtype=np.int64))
+
+    def mark(self, jobs: np.ndarray) -> _Moves:
+        """Jobs that just moved: their moves are recomputed; returns their new moves."""
+        jobs = np.unique(jobs)
+        self.changed[jobs] = True
+        new = self.state.upgrade_moves(jobs)
+        self.fresh = self.fresh.without(jobs).plus(new)
+        return new
+
+    def _unchanged(self) -> np.ndarray:
+        return np.flatnonzero(~self.changed[self.base.j])
+
+    def fitting(self) -> _Moves:
+        idx = self._unchanged()
+        idx = idx[self.state.fits(self.base.D[idx])]
+        return self.base.take(idx).plus(self.fresh.take(np.flatnonzero(self.state.fits(self.fresh.D))))
+
+    def best(self) -> _Moves:
+        """Each job's best open move, best first."""
+        m = self.base.take(self.base.best_per_job(self._unchanged())).plus(
+            self.fresh.take(self.fresh.best_per_job()))
+        return m.take(np.argsort(-m.density, kind="stable"))
+
+
 class _State:
-    """The incumbent: a column per job and the coupling rows' activities (the last two
-    rows are the move budget: jobs moved, GPUs moved)."""
+    """The incumbent: a column per job and the activities of the coupling rows (rows
+    over the choice variables with a finite upper bound, job rows excluded), plus two
+    budget rows (jobs moved, GPUs moved). Column usage is held densely, one row per
+    column (``U``): the coupling rows are few (GPU types x node-shape levels, plus any
+    quota rows)."""
 
     def __init__(self, model: MilpModel, start: np.ndarray, col_gpus: np.ndarray, col_type: np.ndarray,
                  frozen: np.ndarray, hysteresis: float, max_moved_jobs: float, max_moved_gpus: float):
@@ -87,40 +170,30 @@ class _State:
         coupling = np.isfinite(model.row_ub) & ~cont
         coupling[model.job_rows] = False
         self.rows = np.flatnonzero(coupling)
-        B = A[self.rows][:, :n_x]
-        nb = len(self.rows)
-        # budget rows: moved jobs, moved GPUs (filled per move, not per column)
-        self.Bz = sp.hstack([B.tocsc(), sp.csc_matrix((nb, 1))], format="csc")
+        self.U = np.zeros((n_x + 1, len(self.rows)))
+        self.U[:n_x] = A[self.rows].toarray()[:, :n_x].T
         self.ub = np.concatenate([model.row_ub[self.rows], [max_moved_jobs, max_moved_gpus]])
         self.pinned = np.zeros(model.n_jobs, dtype=bool)
-        jr = model.job_rows
-        self.pinned[np.flatnonzero(model.row_lb[jr] > 0.5)] = True
+        self.pinned[np.flatnonzero(model.row_lb[model.job_rows] > 0.5)] = True
         self.start = np.where(start >= 0, start, n_x).astype(np.int64)
         self.assign = self.start.copy()
         self.running0 = start >= 0
         self.frozen = np.asarray(frozen, dtype=bool) & self.running0
         self.hyst = hysteresis * np.abs(self.c[self.start]) * self.running0
-        x = np.zeros(n_x + 1)
-        x[self.assign] = 1.0
-        self.act = np.concatenate([self.Bz @ x, [0.0, 0.0]])
+        self.act = np.concatenate([self.U[self.assign].sum(axis=0), [0.0, 0.0]])
         self.counts = {"expand": 0, "balance": 0, "repair": 0}
 
     # -- bookkeeping ---------------------------------------------------------------
     def moved(self, j: np.ndarray, new: np.ndarray) -> np.ndarray:
         return self.running0[j] & (new != self.start[j])
 
-    def budget_delta(self, j: np.ndarray, new: np.ndarray) -> np.ndarray:
-        """(2, n) change of the budget rows if job j goes to column ``new``."""
-        was = self.moved(j, self.assign[j])
-        now = self.moved(j, new)
-        dj = now.astype(float) - was
-        dg = np.where(now, self.gpus[new], 0.0) - np.where(was, self.gpus[self.assign[j]], 0.0)
-        return np.vstack([dj, dg])
-
     def deltas(self, j: np.ndarray, new: np.ndarray) -> np.ndarray:
-        """Dense (rows + 2, n) change of the activities if each job j[i] goes to new[i]."""
-        D = (self.Bz[:, new] - self.Bz[:, self.assign[j]]).toarray()
-        return np.vstack([D, self.budget_delta(j, new)])
+        """(n, rows + 2): change of the activities if each job j[i] goes to new[i]."""
+        old = self.assign[j]
+        was, now = self.moved(j, old), self.moved(j, new)
+        dj = now.astype(float) - was
+        dg = np.where(now, self.gpus[new], 0.0) - np.where(was, self.gpus[old], 0.0)
+        return np.hstack([self.U[new] - self.U[old], dj[:, None], dg[:, None]])
 
     def threshold(self, j: np.ndarray, new: np.ndarray) -> np.ndarray:
         """Hysteresis owed if j moves to ``new`` (0 unless it leaves its start column)."""
@@ -134,143 +207,171 @@ class _State:
     def slack(self) -> np.ndarray:
         return self.ub - self.act
 
+    def fits(self, D: np.ndarray) -> np.ndarray:
+        return np.all(D <= self.slack() + EPS, axis=-1)
+
     # -- steps ---------------------------------------------------------------------
     def repair_start(self) -> None:
-        """Stop the lowest-valued jobs on any row the start violates (non-frozen first)."""
-        over = np.flatnonzero(self.act[:-2] > self.ub[:-2] + EPS)
-        if not len(over):
+        """Stop the lowest-valued jobs on any row the start violates (non-frozen first).
+        A forced stop is not charged to the move budget (it is reported apart)."""
+        over = self.act[:-2] > self.ub[:-2] + EPS
+        if not over.any():
             return
         placed = np.flatnonzero(self.assign < self.n_x)
-        order = placed[np.lexsort((self.c[self.assign[placed]], self.frozen[placed]))]
-        for j in order.tolist():
-            over = np.flatnonzero(self.act[:-2] > self.ub[:-2] + EPS)
-            if not len(over):
+        for j in placed[np.lexsort((self.c[self.assign[placed]], self.frozen[placed]))].tolist():
+            over = self.act[:-2] > self.ub[:-2] + EPS
+            if not over.any():
                 return
-            col = self.Bz[:, self.assign[j]].toarray().ravel()
+            col = self.U[self.assign[j]]
             if np.any(col[over] > 0):
-                jj, none = np.array([j]), np.array([self.n_x])
-                self.start[j] = self.n_x          # stopped: the start no longer holds it
+                self.act[:-2] -= col
+                self.assign[j] = self.start[j] = self.n_x
                 self.running0[j] = False
-                self.apply(jj, none, np.concatenate([-col, [0.0, 0.0]]), "repair")
+                self.counts["repair"] += 1
 
-    def upgrade_moves(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every eligible expand move: (job, to column, gain net of hysteresis, density)."""
-        k = np.arange(self.n_x)
-        j = self.col_job
+    def upgrade_moves(self, jobs: np.ndarray | None = None) -> _Moves:
+        """Every eligible expand move (of ``jobs`` only, if given): to a column with at
+        least as many GPUs whose gain, net of hysteresis, is positive."""
+        if jobs is None:
+            k = np.arange(self.n_x)
+        else:
+            lo = np.searchsorted(self.col_job, jobs)
+            hi = np.searchsorted(self.col_job, jobs, side="right")
+            k = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, int)])
+        j = self.col_job[k]
         frm = self.assign[j]
         gain = self.c[k] - self.c[frm] - self.threshold(j, k)
+        ok = (~self.frozen[j]) & (k != frm) & (self.gpus[k] >= self.gpus[frm]) & (gain > EPS)
+        k, j, frm, gain = k[ok], j[ok], frm[ok], gain[ok]
         same = self.ctype[k] == self.ctype[frm]
         added = self.gpus[k] - np.where(same, self.gpus[frm], 0.0)
-        ok = (~self.frozen[j]) & (k != frm) & (self.gpus[k] >= self.gpus[frm]) & (gain > EPS)
-        k = k[ok]
-        gain, added = gain[ok], added[ok]
         density = gain / np.maximum(added, 1.0)
-        density = np.where(self.pinned[j[ok]] & (frm[ok] == self.n_x), np.inf, density)
-        return j[ok], k, gain, density
+        density = np.where(self.pinned[j] & (frm == self.n_x), np.inf, density)
+        return _Moves(j, k, gain, density, self.deltas(j, k))
 
-    def expand(self) -> None:
+    def expand(self, moves: _OpenMoves) -> None:
+        """The expand step: in each pass, every job's best move that fits, best gain per
+        GPU first, taken while it still fits. Slack only shrinks here (but for sideways
+        moves), so a move that does not fit is not looked at again in this step."""
+        mv = moves.fitting()
         for _ in range(EXPAND_PASSES):
-            j, k, gain, density = self.upgrade_moves()
-            if not len(k):
+            if not len(mv.k):
                 return
-            D = self.deltas(j, k)
-            fits = np.all(D <= self.slack()[:, None] + EPS, axis=0)
-            j, k, gain, density, D = j[fits], k[fits], gain[fits], density[fits], D[:, fits]
-            order = np.lexsort((-gain, -density))
-            _, first = np.unique(j[order], return_index=True)
-            pick = order[np.sort(first)]              # each job's best move, best first
-            if not self._walk(j[pick], k[pick], D[:, pick], "expand"):
+            taken = self._walk(mv.take(mv.best_per_job()), "expand")
+            if not len(taken):
                 return
+            mv = mv.without(taken).plus(moves.mark(taken))
+            mv = mv.take(np.flatnonzero(self.fits(mv.D)))
 
-    def _walk(self, j: np.ndarray, k: np.ndarray, D: np.ndarray, step: str) -> int:
-        """Take the moves in order while each fits (one per job; deltas precomputed)."""
-        taken = 0
-        active = np.arange(len(k))
+    def _walk(self, mv: _Moves, step: str) -> np.ndarray:
+        """Take the moves in order while each fits (at most one per job). Returns the
+        jobs moved."""
+        taken = []
+        active = np.arange(len(mv.k))
+        D = mv.D
         for _ in range(PREFIX_ROUNDS):
             if not len(active):
-                return taken
-            slack = self.slack()
-            cum = np.cumsum(D[:, active], axis=1)
-            bad = np.flatnonzero(~np.all(cum <= slack[:, None] + EPS, axis=0))
+                return np.array(taken, dtype=np.int64)
+            cum = np.cumsum(D[active], axis=0)
+            bad = np.flatnonzero(~self.fits(cum))
             cut = int(bad[0]) if len(bad) else len(active)
             if cut:
                 acc = active[:cut]
-                self.apply(j[acc], k[acc], cum[:, cut - 1], step)
-                taken += cut
+                self.apply(mv.j[acc], mv.k[acc], cum[cut - 1], step)
+                taken.extend(mv.j[acc].tolist())
             rest = active[cut + 1:]
-            active = rest[np.all(D[:, rest] <= self.slack()[:, None] + EPS, axis=0)]
+            active = rest[self.fits(D[rest])]
         for i in active.tolist():                  # the long tail, one by one
-            if np.all(D[:, i] <= self.slack() + EPS):
-                self.apply(j[i:i + 1], k[i:i + 1], D[:, i], step)
-                taken += 1
-        return taken
+            if self.fits(D[i]):
+                self.apply(mv.j[i:i + 1], mv.k[i:i + 1], D[i], step)
+                taken.append(int(mv.j[i]))
+        return np.array(taken, dtype=np.int64)
 
-    def balance(self) -> None:
-        # receivers: each job's best upgrade (fitting or not), best gain per GPU first
-        j, k, gain, density = self.upgrade_moves()
-        if not len(k):
-            return
-        order = np.lexsort((-gain, -density))
-        _, first = np.unique(j[order], return_index=True)
-        pick = order[np.sort(first)]
-        rj, rk, rgain, rdens = j[pick], k[pick], gain[pick], density[pick]
-        # donors: each placed, non-frozen job's cheapest way to free GPUs of its type
-        kk = np.arange(self.n_x)
-        jj = self.col_job
-        cur = self.assign[jj]
-        down = (cur < self.n_x) & (self.ctype[kk] == self.ctype[cur]) & (self.gpus[kk] < self.gpus[cur]) \
-            & ~self.frozen[jj]
-        dj = np.concatenate([jj[down], np.flatnonzero((self.assign < self.n_x) & ~self.frozen)])
-        dk = np.concatenate([kk[down], np.full(len(dj) - int(down.sum()), self.n_x)])
-        if not len(dj):
-            return
+    def donors(self) -> _Moves:
+        """Each placed, non-frozen job's cheapest way to free GPUs of its type (a column
+        of the same type with fewer GPUs, or none), cheapest per GPU freed first;
+        ``gain`` holds the loss (net of hysteresis owed), ``density`` the loss per GPU."""
+        k = np.arange(self.n_x)
+        j = self.col_job
+        cur = self.assign[j]
+        down = (cur < self.n_x) & (self.ctype[k] == self.ctype[cur]) & (self.gpus[k] < self.gpus[cur]) \
+            & ~self.frozen[j]
+        stop = np.flatnonzero((self.assign < self.n_x) & ~self.frozen)
+        dj = np.concatenate([j[down], stop])
+        dk = np.concatenate([k[down], np.full(len(stop), self.n_x)])
         freed = self.gpus[self.assign[dj]] - self.gpus[dk]
         loss = self.c[self.assign[dj]] - self.c[dk] + self.threshold(dj, dk)
         per = loss / freed
         o = np.lexsort((-freed, per, dj))
         _, first = np.unique(dj[o], return_index=True)
         best = o[first]
-        dj, dk, loss, per = dj[best], dk[best], loss[best], per[best]
-        dtype = self.ctype[self.assign[dj]]
-        o = np.argsort(per, kind="stable")
-        dj, dk, loss, per, dtype = dj[o], dk[o], loss[o], per[o], dtype[o]
-        DD = self.deltas(dj, dk)
-        RD = self.deltas(rj, rk)
+        best = best[np.argsort(per[best], kind="stable")]
+        dj, dk = dj[best], dk[best]
+        return _Moves(dj, dk, loss[best], per[best], self.deltas(dj, dk))
+
+    def balance(self, moves: _OpenMoves) -> None:
+        """Receivers (each job's best open upgrade, best gain per GPU first) take donors
+        of their destination GPU type, cheapest per GPU first, until they fit; the
+        exchange is made when the receiver's gain beats the donors' losses. Stops after
+        ``BALANCE_PATIENCE`` receivers in a row found no exchange that pays."""
+        rcv = moves.best()
+        don = self.donors()
+        if not len(rcv.k) or not len(don.k):
+            return
+        n_rows = len(self.rows)
+        dtype = self.ctype[self.assign[don.j]].tolist()
+        don_j, don_loss, don_per = don.j.tolist(), don.gain.tolist(), don.density.tolist()
+        frees = _bits(don.D[:, :n_rows] < -EPS)        # the rows each donor frees, as bits
+        by_type: dict[int, list[int]] = {}
+        for d, t in enumerate(dtype):
+            by_type.setdefault(t, []).append(d)
         used = np.zeros(self.model.n_jobs, dtype=bool)
-        by_type = {t: np.flatnonzero(dtype == t) for t in np.unique(dtype).tolist()}
-        cheapest = {t: float(per[idx[0]]) for t, idx in by_type.items()}
-        for i in range(len(rk)):
-            t = int(self.ctype[rk[i]])
-            if used[rj[i]] or t not in by_type or rdens[i] <= cheapest[t]:
-                continue
-            need = self.act + RD[:, i] - self.ub
+        moved: list[int] = []
+        misses = 0
+        r_j, r_t = rcv.j.tolist(), self.ctype[rcv.k].tolist()
+        r_gain, r_dens = rcv.gain.tolist(), rcv.density.tolist()
+        for i in range(len(r_j)):
+            if misses >= BALANCE_PATIENCE:
+                break
+            j, gain = r_j[i], r_gain[i]
+            pool = by_type.get(r_t[i], ())
+            while pool and used[don_j[pool[0]]]:
+                pool.pop(0)                        # drop used donors from the front
+            if used[j] or not pool or r_dens[i] <= don_per[pool[0]]:
+                continue                            # no donor of its type is cheap enough
+            need = self.act + rcv.D[i] - self.ub
             if np.all(need <= EPS):
-                self.apply(rj[i:i + 1], rk[i:i + 1], RD[:, i], "balance")
-                used[rj[i]] = True
+                self.apply(rcv.j[i:i + 1], rcv.k[i:i + 1], rcv.D[i], "balance")
+                used[j] = True
+                moved.append(j)
                 continue
-            if np.any(need[-2:] > EPS):
+            misses += 1
+            if np.any(need[n_rows:] > EPS):
                 continue                            # the move budget is spent
-            lost, take, examined = 0.0, [], 0
-            for d in by_type[t].tolist():
-                if used[dj[d]] or dj[d] == rj[i]:
+            lacking = _bits(need[:n_rows] > EPS)
+            lost, take = 0.0, []
+            for d in pool[:MAX_DONORS_EXAMINED]:
+                if used[don_j[d]] or don_j[d] == j or not frees[d] & lacking:
                     continue
-                examined += 1
-                if examined > MAX_DONORS_EXAMINED or lost + loss[d] >= rgain[i]:
+                if lost + don_loss[d] >= gain:
                     break
-                if not np.any(DD[:-2, d][need[:-2] > EPS] < -EPS):
-                    continue
                 take.append(d)
-                lost += loss[d]
-                need = need + DD[:, d]
-                if np.all(need <= EPS):
+                lost += don_loss[d]
+                need = need + don.D[d]
+                lacking = _bits(need[:n_rows] > EPS)
+                if not lacking:
                     break
-            if take and np.all(need <= EPS) and lost < rgain[i]:
-                dsel = np.array(take)
-                total = RD[:, i] + DD[:, dsel].sum(axis=1)
-                self.apply(np.concatenate([rj[i:i + 1], dj[dsel]]), np.concatenate([rk[i:i + 1], dk[dsel]]),
-                           total, "balance")
-                used[rj[i]] = True
-                used[dj[dsel]] = True
+            if take and np.all(need <= EPS) and lost < gain:
+                sel = np.array(take)
+                self.apply(np.concatenate([rcv.j[i:i + 1], don.j[sel]]), np.concatenate([rcv.k[i:i + 1], don.k[sel]]),
+                           rcv.D[i] + don.D[sel].sum(axis=0), "balance")
+                used[j] = True
+                used[don.j[sel]] = True
+                moved.append(j)
+                moved.extend(don.j[sel].tolist())
+                misses = 0
+        if moved:
+            moves.mark(np.array(moved, dtype=np.int64))
 
     def values(self) -> np.ndarray:
         x = np.zeros(self.n_x + 1)
@@ -297,12 +398,13 @@ def incremental_search(model: MilpModel, start: np.ndarray, col_gpus: np.ndarray
     st = _State(model, np.asarray(start, dtype=np.int64), col_gpus, col_type, frozen, hysteresis,
                 max_moved_jobs, max_moved_gpus)
     st.repair_start()
+    moves = _OpenMoves(st)
     if steps.expand:
-        st.expand()
+        st.expand(moves)
     if steps.balance:
-        st.balance()
-        if steps.expand:
-            st.expand()
+        st.balance(moves)
+        if steps.expand and st.counts["balance"]:
+            st.expand(moves)
     v, ok = complete(model, st.values())
     moved = st.moved(np.arange(n_jobs), st.assign)
     extra = {"moved_jobs": int(moved.sum()), "moved_gpus": int(st.gpus[st.assign[moved]].sum()),
