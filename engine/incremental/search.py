@@ -52,9 +52,10 @@ from ..solvers.base import Solution
 from ..solvers.greedy import complete
 
 EPS = 1e-9
-EXPAND_PASSES = 3
+EXPAND_PASSES = 8              # the last one without a batch limit
+EXPAND_BATCH = 0.5             # share of the slack a pass may take (but the last)
 MAX_DONORS_EXAMINED = 32       # per receiver in balance
-BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange
+BALANCE_PATIENCE = 128        # balance stops after this many receivers in a row found no exchange
 PREFIX_ROUNDS = 24             # vectorized prefix rounds per walk before a plain loop
 
 
@@ -241,7 +242,7 @@ class _State:
         j = self.col_job[k]
         frm = self.assign[j]
         gain = self.c[k] - self.c[frm] - self.threshold(j, k)
-        ok = (~self.frozen[j]) & (k != frm) & (self.gpus[k] >= self.gpus[frm]) & (gain > EPS)
+        ok = (~self.frozen[j]) & (k != frm) & (gain > EPS)
         k, j, frm, gain = k[ok], j[ok], frm[ok], gain[ok]
         same = self.ctype[k] == self.ctype[frm]
         added = self.gpus[k] - np.where(same, self.gpus[frm], 0.0)
@@ -250,14 +251,26 @@ class _State:
         return _Moves(j, k, gain, density, self.deltas(j, k))
 
     def expand(self, moves: _OpenMoves) -> None:
-        """The expand step: in each pass, every job's best move that fits, best gain per
-        GPU first, taken while it still fits. Slack only shrinks here (but for sideways
-        moves), so a move that does not fit is not looked at again in this step."""
+        """The expand step, in passes. In each pass every job's best move that fits is
+        ranked by gain per GPU; the best of them are taken while they fit, up to
+        ``EXPAND_BATCH`` of the slack left on any row (all of it in the last pass), and
+        the moves of the jobs just moved are recomputed, so that a job's next move
+        (growing what it was just given) competes with the other jobs' first moves. Slack
+        only shrinks here (but for sideways moves), so a move that does not fit is not
+        looked at again in this step."""
         mv = moves.fitting()
-        for _ in range(EXPAND_PASSES):
+        n = len(self.rows)
+        for p in range(EXPAND_PASSES):
             if not len(mv.k):
                 return
-            taken = self._walk(mv.take(mv.best_per_job()), "expand")
+            pick = mv.best_per_job()
+            if p < EXPAND_PASSES - 1:                # this pass's batch: a share of the slack
+                cum = np.cumsum(mv.D[pick, :n], axis=0)
+                over = np.flatnonzero(np.any(cum > EXPAND_BATCH * np.maximum(self.slack()[:n], 0.0) + EPS,
+                                             axis=1))
+                if len(over):
+                    pick = pick[: max(int(over[0]), 1)]
+            taken = self._walk(mv.take(pick), "expand")
             if not len(taken):
                 return
             mv = mv.without(taken).plus(moves.mark(taken))
