@@ -52,11 +52,12 @@ from ..solvers.base import Solution
 from ..solvers.greedy import complete
 
 EPS = 1e-9
-EXPAND_PASSES = 8              # the last one without a batch limit
+EXPAND_PASSES = 8              # the first ones take a share of the slack, the last all of it
+EXPAND_FILLS = 4               # further passes that take all of it, while moves are taken
+BATCH_PREFIX = 256             # moves of the ranking first checked for fit in a batched pass
 EXPAND_BATCH = 0.5             # share of the slack a pass may take (but the last)
 MAX_DONORS_EXAMINED = 32       # per receiver in balance
 BALANCE_PATIENCE = 128        # balance stops after this many receivers in a row found no exchange
-PREFIX_ROUNDS = 24             # vectorized prefix rounds per walk before a plain loop
 
 
 def _bits(mask: np.ndarray) -> int | list[int]:
@@ -77,73 +78,98 @@ class SearchSteps:
 
 @dataclass(frozen=True)
 class _Moves:
-    """Candidate moves (job j to column k): gain, gain per GPU added, and the change of
-    every coupling row and of the two budget rows (dense, one row per move)."""
+    """Candidate moves (job j to column k) with their gain and gain per GPU added. Their
+    row changes are computed when needed (``_State.deltas``), for few moves at a time."""
     j: np.ndarray
     k: np.ndarray
     gain: np.ndarray
     density: np.ndarray
-    D: np.ndarray
 
     def take(self, idx: np.ndarray) -> "_Moves":
-        return _Moves(self.j[idx], self.k[idx], self.gain[idx], self.density[idx], self.D[idx])
-
-    def without(self, jobs: np.ndarray) -> "_Moves":
-        return self.take(np.flatnonzero(~np.isin(self.j, jobs)))
+        return _Moves(self.j[idx], self.k[idx], self.gain[idx], self.density[idx])
 
     def plus(self, other: "_Moves") -> "_Moves":
         return _Moves(*(np.concatenate([a, b]) for a, b in zip(
-            (self.j, self.k, self.gain, self.density, self.D),
-            (other.j, other.k, other.gain, other.density, other.D))))
+            (self.j, self.k, self.gain, self.density), (other.j, other.k, other.gain, other.density))))
 
-    def best_per_job(self, idx: np.ndarray | None = None) -> np.ndarray:
-        """Indices (into these moves, or among ``idx``) of each job's best move by gain
-        per GPU, best first."""
-        idx = np.arange(len(self.k)) if idx is None else idx
-        if not len(idx):
-            return idx
-        j, dens = self.j[idx], self.density[idx]
-        best = np.full(int(j.max()) + 1, -np.inf)
-        np.maximum.at(best, j, dens)
-        top = idx[dens >= best[j]]
-        first = np.full(len(best), -1, dtype=np.int64)
-        first[self.j[top[::-1]]] = top[::-1]          # the last write wins: the first of ties
-        pick = first[first >= 0]
-        return pick[np.argsort(-self.density[pick], kind="stable")]
+
+def _runs(j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each job's run of moves starts, and the run of each move (moves grouped by job)."""
+    if not len(j):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, j[1:] != j[:-1]])
+    return starts, np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(j)]))
+
+
+def _best_alive(m: _Moves, runs: tuple[np.ndarray, np.ndarray], alive: np.ndarray) -> np.ndarray:
+    """Per job (run), the index of its alive move with the best gain per GPU (the first
+    of ties); jobs with none left out. No sort: two segmented reductions."""
+    starts, run_of = runs
+    if not len(m.k):
+        return np.zeros(0, dtype=np.int64)
+    dens = np.where(alive, m.density, -np.inf)
+    best = np.maximum.reduceat(dens, starts)
+    pos = np.where(alive & (dens >= best[run_of]), np.arange(len(m.k)), len(m.k))
+    first = np.minimum.reduceat(pos, starts)
+    return first[first < len(m.k)]
 
 
 class _OpenMoves:
-    """Every job's open upgrade moves: those computed at the start (``base``, never
-    copied) for the jobs that have not moved since, and recomputed ones (``fresh``) for
-    the jobs that have."""
+    """Every job's open moves: those computed at the start (``base``) for the jobs that
+    have not moved since, and recomputed ones (``fresh``) for the jobs that have; both
+    kept sorted by job, best first, so that each job's best live move is found in one
+    vectorized pass."""
 
     def __init__(self, state: "_State"):
         self.state = state
-        self.base = state.upgrade_moves()
+        self.base = state.upgrade_moves()              # grouped by job (columns are)
+        self.base_runs = _runs(self.base.j)
         self.changed = np.zeros(state.model.n_jobs, dtype=bool)
         self.fresh = state.upgrade_moves(np.zeros(0, dtype=np.int64))
+        self.fresh_runs = _runs(self.fresh.j)
 
-    def mark(self, jobs: np.ndarray) -> _Moves:
-        """Jobs that just moved: their moves are recomputed; returns their new moves."""
+    def mark(self, jobs: np.ndarray) -> None:
+        """Jobs that just moved: their moves are recomputed."""
         jobs = np.unique(jobs)
         self.changed[jobs] = True
-        new = self.state.upgrade_moves(jobs)
-        self.fresh = self.fresh.without(jobs).plus(new)
-        return new
+        keep = np.flatnonzero(~self.changed[self.fresh.j] | ~np.isin(self.fresh.j, jobs))
+        self.fresh = self.fresh.take(keep).plus(self.state.upgrade_moves(jobs))
+        self.fresh_runs = _runs(self.fresh.j)
 
-    def _unchanged(self) -> np.ndarray:
-        return np.flatnonzero(~self.changed[self.base.j])
-
-    def fitting(self) -> _Moves:
-        idx = self._unchanged()
-        idx = idx[self.state.fits(self.base.D[idx])]
-        return self.base.take(idx).plus(self.fresh.take(np.flatnonzero(self.state.fits(self.fresh.D))))
-
-    def best(self) -> _Moves:
-        """Each job's best open move, best first."""
-        m = self.base.take(self.base.best_per_job(self._unchanged())).plus(
-            self.fresh.take(self.fresh.best_per_job()))
+    def best(self, dead: np.ndarray | None = None) -> _Moves:
+        """Each job's best open move (not to a column marked ``dead``), best first."""
+        alive = ~self.changed[self.base.j]
+        fresh_alive = np.ones(len(self.fresh.k), dtype=bool)
+        if dead is not None:
+            alive &= ~dead[self.base.k]
+            fresh_alive = ~dead[self.fresh.k]
+        m = self.base.take(_best_alive(self.base, self.base_runs, alive)).plus(
+            self.fresh.take(_best_alive(self.fresh, self.fresh_runs, fresh_alive)))
         return m.take(np.argsort(-m.density, kind="stable"))
+
+    def best_of(self, jobs: np.ndarray, dead: np.ndarray) -> _Moves:
+        """The best open move of each of ``jobs`` (not to a ``dead`` column)."""
+        out = []
+        for m, runs, skip in ((self.base, self.base_runs, self.changed), (self.fresh, self.fresh_runs, None)):
+            starts, _ = runs
+            if not len(starts):
+                continue
+            run_of_job = np.full(len(self.changed), -1, dtype=np.int64)
+            run_of_job[m.j[starts]] = np.arange(len(starts))
+            r = run_of_job[jobs]
+            r = r[r >= 0]
+            if skip is not None:
+                r = r[~skip[m.j[starts[r]]]]
+            if not len(r):
+                continue
+            ends = np.r_[starts[1:], len(m.k)]
+            n = ends[r] - starts[r]
+            idx = np.repeat(starts[r] - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+            sub = m.take(idx)
+            out.append(sub.take(_best_alive(sub, _runs(sub.j), ~dead[sub.k])))
+        if not out:
+            return self.base.take(np.zeros(0, dtype=np.int64))
+        return out[0] if len(out) == 1 else out[0].plus(out[1])
 
 
 class _State:
@@ -231,14 +257,12 @@ class _State:
                 self.counts["repair"] += 1
 
     def upgrade_moves(self, jobs: np.ndarray | None = None) -> _Moves:
-        """Every eligible expand move (of ``jobs`` only, if given): to a column with at
-        least as many GPUs whose gain, net of hysteresis, is positive."""
+        """Every improving move (of ``jobs`` only, if given): to another column whose
+        gain, net of move cost (in ``c``) and hysteresis, is positive."""
         if jobs is None:
             k = np.arange(self.n_x)
         else:
-            lo = np.searchsorted(self.col_job, jobs)
-            hi = np.searchsorted(self.col_job, jobs, side="right")
-            k = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] or [np.zeros(0, int)])
+            k = self.columns_of(jobs)
         j = self.col_job[k]
         frm = self.assign[j]
         gain = self.c[k] - self.c[frm] - self.threshold(j, k)
@@ -248,57 +272,95 @@ class _State:
         added = self.gpus[k] - np.where(same, self.gpus[frm], 0.0)
         density = gain / np.maximum(added, 1.0)
         density = np.where(self.pinned[j] & (frm == self.n_x), np.inf, density)
-        return _Moves(j, k, gain, density, self.deltas(j, k))
+        return _Moves(j, k, gain, density)
 
-    def expand(self, moves: _OpenMoves) -> None:
-        """The expand step, in passes. In each pass every job's best move that fits is
-        ranked by gain per GPU; the best of them are taken while they fit, up to
-        ``EXPAND_BATCH`` of the slack left on any row (all of it in the last pass), and
-        the moves of the jobs just moved are recomputed, so that a job's next move
-        (growing what it was just given) competes with the other jobs' first moves. Slack
-        only shrinks here (but for sideways moves), so a move that does not fit is not
-        looked at again in this step."""
-        mv = moves.fitting()
+    def columns_of(self, jobs: np.ndarray) -> np.ndarray:
+        """The model columns of ``jobs`` (columns are grouped by job), job by job."""
+        lo = np.searchsorted(self.col_job, jobs)
+        n = np.searchsorted(self.col_job, jobs, side="right") - lo
+        return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+
+    def prune(self, moves: _OpenMoves, dead: np.ndarray) -> None:
+        """Mark every open move that does not fit now ``dead``."""
+        for m, alive in ((moves.base, ~moves.changed[moves.base.j]), (moves.fresh, None)):
+            live = np.flatnonzero(~dead[m.k] if alive is None else alive & ~dead[m.k])
+            D = self.deltas(m.j[live], m.k[live])
+            dead[m.k[live[~self.fits(D)]]] = True
+
+    def batch(self, moves: _OpenMoves, dead: np.ndarray, share: float) -> tuple[_Moves, np.ndarray]:
+        """The best-ranked of each job's best fitting move, up to ``share`` of the slack
+        left on any row, with their row changes. Fits are checked on a prefix
+        of the ranking that doubles until the batch is full; a move found not to fit is
+        marked ``dead`` and its job's next move takes its place in the ranking."""
         n = len(self.rows)
-        for p in range(EXPAND_PASSES):
-            if not len(mv.k):
-                return
-            pick = mv.best_per_job()
-            if p < EXPAND_PASSES - 1:                # this pass's batch: a share of the slack
-                cum = np.cumsum(mv.D[pick, :n], axis=0)
-                over = np.flatnonzero(np.any(cum > EXPAND_BATCH * np.maximum(self.slack()[:n], 0.0) + EPS,
-                                             axis=1))
-                if len(over):
-                    pick = pick[: max(int(over[0]), 1)]
-            taken = self._walk(mv.take(pick), "expand")
-            if not len(taken):
-                return
-            mv = mv.without(taken).plus(moves.mark(taken))
-            mv = mv.take(np.flatnonzero(self.fits(mv.D)))
+        limit = share * np.maximum(self.slack()[:n], 0.0) + EPS
+        pick = moves.best(dead)
+        size = BATCH_PREFIX
+        while True:
+            m = min(size, len(pick.k))
+            head = pick.take(np.arange(m))
+            D = self.deltas(head.j, head.k)
+            ok = self.fits(D)
+            if not ok.all():
+                dead[head.k[~ok]] = True
+                keep = np.r_[np.flatnonzero(ok), np.arange(m, len(pick.k))]
+                pick = pick.take(keep).plus(moves.best_of(np.unique(head.j[~ok]), dead))
+                pick = pick.take(np.argsort(-pick.density, kind="stable"))
+                continue
+            over = np.flatnonzero(np.any(np.cumsum(D[:, :n], axis=0) > limit, axis=1))
+            if len(over):
+                cut = max(int(over[0]), 1)
+                return head.take(np.arange(cut)), D[:cut]
+            if m == len(pick.k):
+                return head, D
+            size *= 2
 
-    def _walk(self, mv: _Moves, step: str) -> np.ndarray:
-        """Take the moves in order while each fits (at most one per job). Returns the
-        jobs moved."""
-        taken = []
+    def expand(self, moves: _OpenMoves, passes: int = EXPAND_PASSES) -> None:
+        """The expand step, in passes. In each pass every job's best move that fits is
+        ranked by gain per GPU and taken in that order while it fits: up to
+        ``EXPAND_BATCH`` of the slack left on any row in the first passes, then all of it
+        (until nothing more fits). The moves of the jobs just moved are recomputed after
+        each pass, so that a job's next move (growing what it was just given) competes
+        with the other jobs' first moves. Slack only shrinks here (but for sideways
+        moves), so a move found not to fit is not looked at again in this step."""
+        dead = np.zeros(self.n_x + 1, dtype=bool)
+        for p in range(passes + EXPAND_FILLS):
+            if p < passes - 1:
+                pick, D = self.batch(moves, dead, EXPAND_BATCH)
+            else:                                    # fill: every fitting move, best first
+                self.prune(moves, dead)
+                pick = moves.best(dead)
+                D = self.deltas(pick.j, pick.k)
+            if not len(pick.k):
+                return
+            taken, missed = self._walk(pick, D, "expand")
+            dead[pick.k[missed]] = True
+            if not len(taken):
+                if p >= passes - 1:
+                    return
+                continue
+            jobs = np.unique(pick.j[taken])
+            dead[self.columns_of(jobs)] = False
+            moves.mark(jobs)
+
+    def _walk(self, mv: _Moves, D: np.ndarray, step: str) -> tuple[np.ndarray, np.ndarray]:
+        """Take the moves in order while each fits (at most one per job; ``D`` their row
+        changes). Returns the indices of the moves taken and of those that did not fit."""
+        taken, missed = [], []
         active = np.arange(len(mv.k))
-        D = mv.D
-        for _ in range(PREFIX_ROUNDS):
-            if not len(active):
-                return np.array(taken, dtype=np.int64)
+        while len(active):
             cum = np.cumsum(D[active], axis=0)
             bad = np.flatnonzero(~self.fits(cum))
             cut = int(bad[0]) if len(bad) else len(active)
             if cut:
                 acc = active[:cut]
                 self.apply(mv.j[acc], mv.k[acc], cum[cut - 1], step)
-                taken.extend(mv.j[acc].tolist())
-            rest = active[cut + 1:]
-            active = rest[self.fits(D[rest])]
-        for i in active.tolist():                  # the long tail, one by one
-            if self.fits(D[i]):
-                self.apply(mv.j[i:i + 1], mv.k[i:i + 1], D[i], step)
-                taken.append(int(mv.j[i]))
-        return np.array(taken, dtype=np.int64)
+                taken.extend(acc.tolist())
+            rest = active[cut:]
+            ok = self.fits(D[rest])
+            missed.extend(rest[~ok].tolist())
+            active = rest[ok]
+        return np.array(taken, dtype=np.int64), np.array(missed, dtype=np.int64)
 
     def donors(self) -> _Moves:
         """Each placed, non-frozen job's cheapest way to free GPUs of its type (a column
@@ -320,7 +382,7 @@ class _State:
         best = o[first]
         best = best[np.argsort(per[best], kind="stable")]
         dj, dk = dj[best], dk[best]
-        return _Moves(dj, dk, loss[best], per[best], self.deltas(dj, dk))
+        return _Moves(dj, dk, loss[best], per[best])
 
     def balance(self, moves: _OpenMoves) -> None:
         """Receivers (each job's best open upgrade, best gain per GPU first) take donors
@@ -331,10 +393,11 @@ class _State:
         don = self.donors()
         if not len(rcv.k) or not len(don.k):
             return
+        rcv_D, don_D = self.deltas(rcv.j, rcv.k), self.deltas(don.j, don.k)
         n_rows = len(self.rows)
         dtype = self.ctype[self.assign[don.j]].tolist()
         don_j, don_loss, don_per = don.j.tolist(), don.gain.tolist(), don.density.tolist()
-        frees = _bits(don.D[:, :n_rows] < -EPS)        # the rows each donor frees, as bits
+        frees = _bits(don_D[:, :n_rows] < -EPS)        # the rows each donor frees, as bits
         by_type: dict[int, list[int]] = {}
         for d, t in enumerate(dtype):
             by_type.setdefault(t, []).append(d)
@@ -352,9 +415,9 @@ class _State:
                 pool.pop(0)                        # drop used donors from the front
             if used[j] or not pool or r_dens[i] <= don_per[pool[0]]:
                 continue                            # no donor of its type is cheap enough
-            need = self.act + rcv.D[i] - self.ub
+            need = self.act + rcv_D[i] - self.ub
             if np.all(need <= EPS):
-                self.apply(rcv.j[i:i + 1], rcv.k[i:i + 1], rcv.D[i], "balance")
+                self.apply(rcv.j[i:i + 1], rcv.k[i:i + 1], rcv_D[i], "balance")
                 used[j] = True
                 moved.append(j)
                 continue
@@ -370,14 +433,14 @@ class _State:
                     break
                 take.append(d)
                 lost += don_loss[d]
-                need = need + don.D[d]
+                need = need + don_D[d]
                 lacking = _bits(need[:n_rows] > EPS)
                 if not lacking:
                     break
             if take and np.all(need <= EPS) and lost < gain:
                 sel = np.array(take)
                 self.apply(np.concatenate([rcv.j[i:i + 1], don.j[sel]]), np.concatenate([rcv.k[i:i + 1], don.k[sel]]),
-                           rcv.D[i] + don.D[sel].sum(axis=0), "balance")
+                           rcv_D[i] + don_D[sel].sum(axis=0), "balance")
                 used[j] = True
                 used[don.j[sel]] = True
                 moved.append(j)
@@ -417,14 +480,15 @@ def incremental_search(model: MilpModel, start: np.ndarray, col_gpus: np.ndarray
     if steps.balance:
         st.balance(moves)
         if steps.expand and st.counts["balance"]:
-            st.expand(moves)
+            st.expand(moves, passes=1)                # fill what balance freed
     v, ok = complete(model, st.values())
+    value = float(st.c[st.assign].sum())             # c @ v without a BLAS call
     moved = st.moved(np.arange(n_jobs), st.assign)
     extra = {"moved_jobs": int(moved.sum()), "moved_gpus": int(st.gpus[st.assign[moved]].sum()),
              "expand_moves": st.counts["expand"], "balance_moves": st.counts["balance"],
              "repair_stops": st.counts["repair"], "candidates": model.n_x}
     act = model.A @ v
     unmet = bool(np.any(act < model.row_lb - 1e-6)) or not ok
-    return Solution.of(model, v, float("inf"), status="fallback" if unmet else "feasible",
+    return Solution.of(model, v, float("inf"), value=value, status="fallback" if unmet else "feasible",
                        solve_time_s=time.perf_counter() - t0, backend="incremental",
                        message="pinned jobs or other lower-bound rows left unmet" if unmet else "", extra=extra)
