@@ -13,12 +13,14 @@ Steps (each is a flag, so tests can show that each matters):
 1. **start**: every job on its current column (queued jobs on none). A start that
    violates a row (a row tightened since the last round) is repaired by stopping the
    lowest-valued non-frozen jobs on that row.
-2. **expand**: admit queued jobs and grow (or move sideways) running ones. A move is
-   (job, from column, to column) with at least as many GPUs; its gain is
-   ``c[to] - c[from]``, which already nets out the move's cost (the ``reconfig``
-   term's penalty on the new column). Moves are taken in decreasing gain per GPU added
-   on the destination type (best move per job per pass; pinned queued jobs first)
-   while they fit the rows' slack and the move budget; up to ``EXPAND_PASSES`` passes.
+2. **expand**: admit queued jobs, grow running ones or move them sideways. A move is
+   (job, from column, to column) with a positive gain ``c[to] - c[from]``, which
+   already nets out the move's cost (the ``reconfig`` term's penalty on the new
+   column). Each job's best open move is ranked by gain per GPU added on the
+   destination type (pinned queued jobs first) and taken in that order while it fits
+   the rows' slack and the move budget; the first passes take at most
+   ``EXPAND_BATCH`` of the slack, and the moved jobs' next moves are recomputed
+   between passes (see ``_State.expand``).
 3. **balance**: moves GPUs from low to high marginal gain. Receivers: each job's best
    upgrade that does not fit. Donors: each placed job's cheapest way to free GPUs of
    its type (a candidate with fewer GPUs, or stopping), priced by value lost per GPU
@@ -35,10 +37,11 @@ at most ``max_moved_jobs`` running jobs change column (stopping one counts) and 
 ``max_moved_gpus`` GPUs in the columns moved jobs land on; both are two more rows of
 the same slack arithmetic.
 
-Complexity: with K candidate columns, J jobs, R coupling rows and P passes, each expand
-pass is O(K + J R) vectorized (plus a sorted walk, O(J R) in the worst case);
-balance is O(J log J + J D R) for at most D donors examined per receiver. Polynomial,
-and no solver call.
+Complexity: with K candidate columns, J jobs, R coupling rows: O(K R) to set up; each
+expand pass O(K) for the ranking (segmented reductions over the moves, grouped by job)
+plus O(P R) for the P ranked moves whose fit is checked; at most EXPAND_PASSES +
+EXPAND_FILLS + 1 passes; balance O(J log J + J D R) for at most D donors examined per
+receiver. Polynomial, and no solver call.
 """
 from __future__ import annotations
 
@@ -117,8 +120,7 @@ def _best_alive(m: _Moves, runs: tuple[np.ndarray, np.ndarray], alive: np.ndarra
 class _OpenMoves:
     """Every job's open moves: those computed at the start (``base``) for the jobs that
     have not moved since, and recomputed ones (``fresh``) for the jobs that have; both
-    kept sorted by job, best first, so that each job's best live move is found in one
-    vectorized pass."""
+    grouped by job, so that each job's best live move is found by segmented reductions."""
 
     def __init__(self, state: "_State"):
         self.state = state
