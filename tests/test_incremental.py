@@ -199,3 +199,20 @@ def test_yardstick_rounds_and_cli_json(capsys):
     assert doc["summary"]["rounds"] == 1 and doc["rounds"][0]["candidates"] > 0
     assert main(["bench", "incremental", "--queued", "some", "--rounds", "1"]) != 0
     assert "--queued" in capsys.readouterr().err
+
+
+def test_pinned_jobs_are_admitted_first_and_never_stopped():
+    data = two_job_round()
+    model, cols, sol = search_round(data, OBJ, IncrementalConfig(), pinned=frozenset({"A"}))
+    chosen = set(cols[model.selected(sol.values)].tolist())
+    assert chosen & {0, 1}, "pinned A keeps a grid"
+    assert sol.status == "feasible"
+    # a pinned queued job is admitted at any price: balance stops A for it
+    full = tiny_round_data({"a100": [4]}, [
+        {"id": "A", "cols": [("a100", 1, 4, 1.0)], "current": 0},
+        {"id": "P", "cols": [("a100", 1, 4, 0.1)]}])
+    model, cols, sol = search_round(full, OBJ, IncrementalConfig(), pinned=frozenset({"P"}))
+    assert cols[model.selected(sol.values)].tolist() == [1] and sol.status == "feasible"
+    # two pinned jobs that cannot both run: the round is a fallback, and says why
+    model, cols, sol = search_round(full, OBJ, IncrementalConfig(), pinned=frozenset({"P", "A"}))
+    assert sol.status == "fallback" and "pinned" in sol.message

@@ -273,8 +273,8 @@ class _State:
         same = self.ctype[k] == self.ctype[frm]
         added = self.gpus[k] - np.where(same, self.gpus[frm], 0.0)
         density = gain / np.maximum(added, 1.0)
-        density = np.where(self.pinned[j] & (frm == self.n_x), np.inf, density)
-        return _Moves(j, k, gain, density)
+        must = self.pinned[j] & (frm == self.n_x)      # a pinned job without a grid: first, at any price
+        return _Moves(j, k, np.where(must, np.inf, gain), np.where(must, np.inf, density))
 
     def columns_of(self, jobs: np.ndarray) -> np.ndarray:
         """The model columns of ``jobs`` (columns are grouped by job), job by job."""
@@ -373,7 +373,7 @@ class _State:
         cur = self.assign[j]
         down = (cur < self.n_x) & (self.ctype[k] == self.ctype[cur]) & (self.gpus[k] < self.gpus[cur]) \
             & ~self.frozen[j]
-        stop = np.flatnonzero((self.assign < self.n_x) & ~self.frozen)
+        stop = np.flatnonzero((self.assign < self.n_x) & ~self.frozen & ~self.pinned)   # pinned jobs run
         dj = np.concatenate([j[down], stop])
         dk = np.concatenate([k[down], np.full(len(stop), self.n_x)])
         freed = self.gpus[self.assign[dj]] - self.gpus[dk]
