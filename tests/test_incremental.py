@@ -216,3 +216,20 @@ def test_pinned_jobs_are_admitted_first_and_never_stopped():
     # two pinned jobs that cannot both run: the round is a fallback, and says why
     model, cols, sol = search_round(full, OBJ, IncrementalConfig(), pinned=frozenset({"P", "A"}))
     assert sol.status == "fallback" and "pinned" in sol.message
+
+
+@pytest.mark.parametrize("cfg", [{"w_fairness": 1.0}, {"w_fairness": 1.0, "fairness.kind": "power"},
+                                 {"w_quota": 1.0, "quota.quotas": "default=40"}, {"w_las": 1.0}])
+def test_other_objective_terms_keep_the_search_exact_and_feasible(cfg):
+    """Rows a term adds are respected; continuous variables (fairness) are set after the
+    search, and the reported objective is the full model's on the decision."""
+    obj = parse_objective(cfg, ARENA)
+    for seed in range(2):
+        data = synthetic_round_data(64, 30, seed, running_fraction=0.3)
+        model, cols, sol = search_round(data, obj, IncrementalConfig())
+        full = build_model(data, obj)
+        v = np.zeros(full.n_vars)
+        v[cols[model.selected(sol.values)]] = 1.0
+        v[full.n_x:] = sol.values[model.n_x:]
+        assert full.violation(v) <= 1e-6
+        assert full.objective_value(v) == pytest.approx(sol.objective)

@@ -484,7 +484,7 @@ def incremental_search(model: MilpModel, start: np.ndarray, col_gpus: np.ndarray
         if steps.expand and st.counts["balance"]:
             st.expand(moves, passes=1)                # fill what balance freed
     v, ok = complete(model, st.values())
-    value = float(st.c[st.assign].sum())             # c @ v without a BLAS call
+    value = float(st.c[st.assign].sum() + (model.c[model.n_x:] * v[model.n_x:]).sum())   # c @ v, no BLAS call
     moved = st.moved(np.arange(n_jobs), st.assign)
     extra = {"moved_jobs": int(moved.sum()), "moved_gpus": int(st.gpus[st.assign[moved]].sum()),
              "expand_moves": st.counts["expand"], "balance_moves": st.counts["balance"],
