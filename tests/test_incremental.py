@@ -168,9 +168,9 @@ def test_incremental_option_and_suika_are_validated():
 
 @pytest.mark.parametrize("search", ["milp", "incremental"])
 def test_stability_seam_freezes_a_job_in_both_searches(search):
-    from tests.test_policies_arena import TypeSpeedPerf, ctx_of, job
     from engine.context import Allocation, JobView
     from instances.grid import Grid, Shape
+    from tests.test_policies_arena import TypeSpeedPerf, ctx_of, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
     ctx = ctx_of([JobView(job(gpus=4), 1000.0, cur)], TypeSpeedPerf({"a100": 2.0, "a40": 1.0}))
     pol = make_policy("arena", search=search)

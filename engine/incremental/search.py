@@ -63,13 +63,11 @@ MAX_DONORS_EXAMINED = 32       # per receiver in balance
 BALANCE_PATIENCE = 128        # balance stops after this many receivers in a row found no exchange
 
 
-def _bits(mask: np.ndarray) -> int | list[int]:
-    """Boolean row masks (the last axis) as Python int bit masks."""
+def _bits(mask: np.ndarray) -> list[int]:
+    """Boolean row masks (n x rows) as Python int bit masks, one per row of ``mask``."""
     if mask.shape[-1] <= 62:
         return (mask.astype(np.int64) @ (np.int64(1) << np.arange(mask.shape[-1], dtype=np.int64))).tolist()
-    rows = [np.flatnonzero(m).tolist() for m in mask.reshape(-1, mask.shape[-1])]
-    out = [sum(1 << r for r in rr) for rr in rows]
-    return out[0] if mask.ndim == 1 else out
+    return [sum(1 << r for r in np.flatnonzero(m).tolist()) for m in mask]
 
 
 @dataclass(frozen=True)
@@ -426,7 +424,7 @@ class _State:
             misses += 1
             if np.any(need[n_rows:] > EPS):
                 continue                            # the move budget is spent
-            lacking = _bits(need[:n_rows] > EPS)
+            lacking = _bits((need[:n_rows] > EPS)[None])[0]
             lost, take = 0.0, []
             for d in pool[:MAX_DONORS_EXAMINED]:
                 if used[don_j[d]] or don_j[d] == j or not frees[d] & lacking:
@@ -436,7 +434,7 @@ class _State:
                 take.append(d)
                 lost += don_loss[d]
                 need = need + don_D[d]
-                lacking = _bits(need[:n_rows] > EPS)
+                lacking = _bits((need[:n_rows] > EPS)[None])[0]
                 if not lacking:
                     break
             if take and np.all(need <= EPS) and lost < gain:

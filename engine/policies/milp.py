@@ -191,6 +191,7 @@ class MilpPolicy:
                                 grid_filter=self._keep, estimate_cache=self._est_cache)
         t1 = time.perf_counter()
         frozen, hysteresis = self.stability_rule(ctx, data) if self.stability_rule else (frozenset(), 0.0)
+        cols: np.ndarray | None
         if self.search == "incremental":
             model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen, hysteresis)
             t2 = t1                                 # the restricted model is built inside the search
