@@ -57,8 +57,11 @@ def test_search_never_violates_a_row_and_keeps_the_budget(gpus, jobs, seed, runn
     # random current columns: the start may itself violate capacity (repaired by stopping jobs)
     data = synthetic_round_data(gpus, jobs, seed, running_fraction=running)
     cfg = IncrementalConfig(queued=queued, move_budget_jobs=budget, move_budget_gpus=budget)
-    full, x, sol = decide(data, cfg)
+    frozen = frozenset(data.job_ids[j] for j in np.flatnonzero(data.current_col >= 0)[::3])
+    full, x, sol = decide(data, cfg, frozen=frozen)
     assert full.violation(x) <= 1e-9
+    if sol.extra["repair_stops"] == 0:      # frozen jobs are stopped only to repair a start that does not fit
+        assert all(x[data.current_col[data.job_ids.index(jid)]] == 1.0 for jid in frozen)
     assert sol.objective == pytest.approx(full.objective_value(x))      # same c @ x + offset
     lim_jobs, lim_gpus = cfg.limits(data)
     mv, mv_gpus = moved(data, x)
