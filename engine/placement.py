@@ -227,7 +227,8 @@ def place_with_repair(placers: dict[int, Placer], ctx: RoundContext, data: Round
     fit (the model's node-shape rows do not see which GPUs running jobs keep, nor that
     a multi-node job needs distinct nodes) moves to its best smaller column, else
     waits. ``chosen`` maps a job's row in ``data`` to its chosen column; ``col_value``
-    ranks a job's alternative columns; ``placers`` caches a Placer per cluster.
+    ranks a job's alternative columns (-inf: not an alternative); ``placers`` caches a
+    Placer per cluster.
     Returns (chosen, pinned GPUs, repairs, dropped job ids)."""
     key = id(ctx.cluster)
     placer = placers.get(key)
@@ -247,7 +248,7 @@ def place_with_repair(placers: dict[int, Placer], ctx: RoundContext, data: Round
             j = index[jid]
             k = chosen.pop(j)
             lo, hi = np.searchsorted(data.col_job, [j, j + 1])
-            alts = [a for a in range(lo, hi) if data.col_gpus[a] < data.col_gpus[k]]
+            alts = [a for a in range(lo, hi) if data.col_gpus[a] < data.col_gpus[k] and c[a] > -np.inf]
             if alts:
                 chosen[j] = max(alts, key=lambda a: c[a])
                 repairs += 1

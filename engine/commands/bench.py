@@ -5,6 +5,11 @@
   rounds do), each built into the MILP and solved by every backend; per backend the
   round latency (model build + solve: cold first round, then median and p99), the
   objective, the proved gap and the statuses.
+- ``arena bench incremental --gpus G --jobs J --rounds R [--json]``: the incremental
+  search's quality yardstick (``engine/incremental/yardstick.py``): a sequence of
+  synthetic rounds, each starting from the previous round's allocation; per round the
+  incremental search's objective as a fraction of the full MILP's (same ``c @ x``) and
+  both decision times.
 - ``arena bench policies (--instance NAME | --cluster FILE --trace FILE) [--policy P ...]
   [--reconfig-opt preset=realistic] [--perf KIND] [--json] [--out DIR]``: every policy on
   the same workload, truth oracle and reconfiguration cost model, side by side, run out
@@ -53,6 +58,31 @@ def register(subparsers) -> None:
                    help="term=weight list (default: arena's)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(func=run_solver_bench)
+
+    i = sub.add_parser("incremental", help="the incremental search against the full MILP, round by round",
+                       description="The incremental search's objective as a fraction of the full per-round MILP's "
+                                   "(same c @ x) and both decision times, over synthetic rounds that each start "
+                                   "from the previous round's allocation.")
+    i.add_argument("--gpus", type=int, default=1280, help="cluster size (default 1280)")
+    i.add_argument("--jobs", type=int, default=500, help="active jobs per round (default 500)")
+    i.add_argument("--rounds", type=int, default=5, help="rounds compared after the first (default 5)")
+    i.add_argument("--backend", default="auto", help="the MILP's backend (default auto)")
+    i.add_argument("--time-limit", type=float, default=30.0, help="the MILP's per-round time limit, s")
+    i.add_argument("--rel-gap", type=float, default=0.01, help="the MILP's relative gap (default 0.01)")
+    i.add_argument("--seed", type=int, default=0, help="synthetic rounds' seed (default 0)")
+    i.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
+                   help="term=weight list (default: arena's)")
+    i.add_argument("--move-cost-per-gpu", type=float, default=None,
+                   help="move downtime per GPU of the new grid, s (default: the simulator's ReconfigCostModel)")
+    i.add_argument("--move-cost-cap", type=float, default=None,
+                   help="move downtime cap, s (default: the simulator's ReconfigCostModel)")
+    i.add_argument("--queued", default="all", help="queued jobs' candidates: all or small (default all)")
+    i.add_argument("--move-budget-jobs", type=float, default=1.0, help="fraction of running jobs that may move")
+    i.add_argument("--move-budget-gpus", type=float, default=1.0, help="fraction of GPUs that may move")
+    i.add_argument("--follow", default="incremental", choices=("incremental", "milp"),
+                   help="whose decision the next round starts from (default incremental)")
+    i.add_argument("--json", action="store_true", help="print JSON (rows and summary) instead of a table")
+    i.set_defaults(func=run_incremental_bench)
 
     q = sub.add_parser("policies", help="all policies on one workload, side by side",
                        description="Every policy on the same workload, truth oracle and reconfiguration cost "
@@ -183,6 +213,58 @@ def run_solver_bench(args) -> int:
     if seen:
         print(f"(status columns: rounds per solution status out of {args.repeat}; optimal = the gap proved within "
               f"{args.rel_gap:g})")
+    return 0
+
+
+# ----------------------------------------------------------------------------- incremental
+def run_incremental_bench(args) -> int:
+    from instances.errors import InputError
+
+    from ..incremental import IncrementalConfig
+    from ..incremental.yardstick import summarize, yardstick
+    from ..objectives import parse_objective
+    from ..reconfig import ReconfigCostModel
+    from ..solvers import make_backend
+
+    if args.gpus < 8 or args.jobs < 1 or args.rounds < 1:
+        raise InputError("need --gpus >= 8, --jobs >= 1, --rounds >= 1", field="gpus")
+    make_backend(args.backend)                     # an unknown name fails before any work
+    try:
+        config = IncrementalConfig(queued=args.queued, move_budget_jobs=args.move_budget_jobs,
+                                   move_budget_gpus=args.move_budget_gpus)
+    except ValueError as e:
+        raise InputError(str(e), field="--" + str(e).split(" ", 1)[0].replace("_", "-")) from None
+    defaults = ReconfigCostModel()
+    per_gpu = defaults.replan_per_gpu_s if args.move_cost_per_gpu is None else args.move_cost_per_gpu
+    cap = defaults.replan_cap_s if args.move_cost_cap is None else args.move_cost_cap
+    if not (per_gpu >= 0 and cap >= 0):
+        raise InputError("move costs must be >= 0", field="--move-cost-per-gpu")
+    objective = parse_objective({}, _parse_weights(args.objective))
+    log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    if log:
+        log(f"bench incremental: {args.gpus} GPUs, {args.jobs} jobs, {args.rounds} rounds after the first; "
+            f"moves {per_gpu:g} s/GPU, at most {cap:g} s; MILP backend {args.backend}")
+    rows = yardstick(args.gpus, args.jobs, args.rounds, objective, config, backend=args.backend,
+                     time_limit_s=args.time_limit, rel_gap=args.rel_gap, seed=args.seed,
+                     reconfig_s_per_gpu=per_gpu, reconfig_cap_s=cap, follow=args.follow, log=log)
+    summary = summarize(rows)
+    summary.update(gpus=args.gpus, jobs=args.jobs, move_cost_per_gpu_s=per_gpu, move_cost_cap_s=cap,
+                   backend=args.backend, follow=args.follow, queued=args.queued,
+                   move_budget_jobs=args.move_budget_jobs, move_budget_gpus=args.move_budget_gpus)
+    if args.json:
+        print(json.dumps({"summary": summary, "rounds": rows}, indent=2))
+        return 0
+    print(f"{'round':>5} {'cands':>7} {'ratio':>7} {'stay':>7} {'MILP s':>8} {'incr s':>8} {'speedup':>8} "
+          f"{'moved':>6} {'MILP status':>11}")
+    for r in rows:
+        print(f"{r['round']:>5} {r['candidates']:>7} {r['ratio']:>7.4f} {r['stay_ratio']:>7.4f} "
+              f"{r['milp_time_s']:>8.4f} {r['incremental_time_s']:>8.4f} {r['speedup']:>8.1f} "
+              f"{r['moved_jobs']:>6} {r['milp_status']:>11}")
+    print(f"ratio (incremental c@x / MILP c@x): min {summary['min_ratio']:.4f}, median {summary['median_ratio']:.4f}; "
+          f"median decision time {summary['median_incremental_time_s']:.4f} s vs {summary['median_milp_time_s']:.4f} s "
+          f"(median speedup {summary['median_speedup']:.1f}x, min {summary['min_speedup']:.1f}x; "
+          f"in CPU time {summary['median_cpu_speedup']:.1f}x); "
+          f"stay = the start allocation's value")
     return 0
 
 

@@ -23,23 +23,29 @@ if TYPE_CHECKING:
     from ..objectives.base import Objective
 
 
-def add_job_rows(data: RoundData, builder: ModelBuilder, pinned: frozenset[str] = frozenset()) -> None:
+def add_job_rows(data: RoundData, builder: ModelBuilder, pinned: frozenset[str] = frozenset(),
+                 columns: np.ndarray | None = None) -> None:
+    """One row per job; ``columns`` (optional) limits the entries written to those columns."""
     lb = np.array([1.0 if jid in pinned else 0.0 for jid in data.job_ids])
-    builder.job_rows = builder.add_rows(data.col_job, np.arange(data.n_cols), np.ones(data.n_cols), lb, 1.0,
+    cols = np.arange(data.n_cols) if columns is None else np.asarray(columns, dtype=np.int64)
+    builder.job_rows = builder.add_rows(data.col_job[cols], cols, np.ones(len(cols)), lb, 1.0,
                                         [f"job_{jid}" for jid in data.job_ids])
 
 
-def add_shape_rows(data: RoundData, builder: ModelBuilder) -> None:
+def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray | None = None) -> None:
+    """The node-shape rows; ``columns`` (optional) limits the entries written to those columns."""
     cap = data.capacity
     rows, cols, vals, ub, names = [], [], [], [], []
     r = 0
-    gpus = data.col_gpus
+    base = np.arange(data.n_cols) if columns is None else np.asarray(columns, dtype=np.int64)
+    gpus = data.col_gpus[base]
+    col_type, col_gpn = data.col_type[base], data.col_gpn[base]
     for ti, t in enumerate(cap.types):
-        of_type = data.col_type == ti
+        of_type = col_type == ti
         for li, lvl in enumerate(cap.levels[ti]):
-            sel = np.flatnonzero(of_type & (data.col_gpn >= lvl))
+            sel = np.flatnonzero(of_type & (col_gpn >= lvl))
             rows.append(np.full(len(sel), r))
-            cols.append(sel)
+            cols.append(base[sel])
             vals.append(gpus[sel] / lvl)
             ub.append(cap.blocks[ti][li])
             names.append(f"cap_{t}_l{lvl}")
@@ -48,14 +54,18 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder) -> None:
                      np.array(ub, dtype=float), names)
 
 
-def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset()) -> MilpModel:
-    """The round's MILP: job rows, node-shape rows, then ``objective.apply``."""
+def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset(),
+                columns: np.ndarray | None = None) -> MilpModel:
+    """The round's MILP: job rows, node-shape rows, then ``objective.apply``. With
+    ``columns`` (sorted column indices of ``data``), the same model restricted to those
+    columns: identical coefficients and rows, the other columns fixed at 0 (what the
+    incremental search optimizes over; ``ModelBuilder.build``)."""
     unknown = set(pinned) - set(data.job_ids)
     builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
-    add_job_rows(data, builder, frozenset(pinned) - unknown)
-    add_shape_rows(data, builder)
+    add_job_rows(data, builder, frozenset(pinned) - unknown, columns)
+    add_shape_rows(data, builder, columns)
     objective.apply(data, builder)
-    return builder.build()
+    return builder.build(columns)
 
 
 def hint_from_columns(model: MilpModel, cols) -> np.ndarray:

@@ -159,13 +159,25 @@ class ModelBuilder:
         self._row_names.extend(names)
         return np.arange(base, base + k)
 
-    def build(self) -> MilpModel:
+    def build(self, columns: np.ndarray | None = None) -> MilpModel:
+        """Freeze the model. ``columns`` (sorted choice-variable indices) restricts it to
+        those choice variables: the result's ``c`` and ``A`` are exactly the full model's
+        restricted to them (every other choice variable fixed at 0), so a decision over
+        the restricted model has the same objective value and row activities in the
+        full one. Extra (continuous) variables are kept."""
         n_extra = len(self._var_lb)
-        n = self.n_x + n_extra
-        c = np.concatenate([self.c_x, np.asarray(self._var_obj, dtype=float)])
-        col_lb = np.concatenate([np.zeros(self.n_x), np.asarray(self._var_lb, dtype=float)])
-        col_ub = np.concatenate([np.ones(self.n_x), np.asarray(self._var_ub, dtype=float)])
-        integral = np.concatenate([np.ones(self.n_x, dtype=bool), np.zeros(n_extra, dtype=bool)])
+        keep = None
+        if columns is not None:
+            keep = np.asarray(columns, dtype=np.int64)
+            if len(keep) and (np.any(np.diff(keep) <= 0) or keep[0] < 0 or keep[-1] >= self.n_x):
+                raise ValueError("build: columns must be sorted, distinct choice-variable indices")
+        n_x = self.n_x if keep is None else len(keep)
+        n = n_x + n_extra
+        c_x = self.c_x if keep is None else self.c_x[keep]
+        c = np.concatenate([c_x, np.asarray(self._var_obj, dtype=float)])
+        col_lb = np.concatenate([np.zeros(n_x), np.asarray(self._var_lb, dtype=float)])
+        col_ub = np.concatenate([np.ones(n_x), np.asarray(self._var_ub, dtype=float)])
+        integral = np.concatenate([np.ones(n_x, dtype=bool), np.zeros(n_extra, dtype=bool)])
         m = self.n_rows
         if self._rows_r:
             r = np.concatenate(self._rows_r)
@@ -174,14 +186,25 @@ class ModelBuilder:
         else:
             r = cc = np.zeros(0, dtype=np.int64)
             v = np.zeros(0)
-        if len(cc) and (cc.min() < 0 or cc.max() >= n):
+        if len(cc) and (cc.min() < 0 or cc.max() >= self.n_x + n_extra):
             raise ValueError("a row refers to a variable that does not exist")
+        if keep is not None:
+            new_index = np.full(self.n_x, -1, dtype=np.int64)
+            new_index[keep] = np.arange(n_x)
+            is_x = cc < self.n_x
+            mapped = np.where(is_x, new_index[np.minimum(cc, self.n_x - 1)], cc - self.n_x + n_x)
+            ok = mapped >= 0
+            r, cc, v = r[ok], mapped[ok], v[ok]
         A = sp.csr_matrix((v, (r, cc)), shape=(m, n))
         A.sum_duplicates()
         row_lb = np.concatenate(self._row_lb) if self._row_lb else np.zeros(0)
         row_ub = np.concatenate(self._row_ub) if self._row_ub else np.zeros(0)
-        names = tuple(f"x{i}" for i in range(self.n_x)) + tuple(self._var_names)
+        if keep is None:
+            names = tuple(f"x{i}" for i in range(n_x)) + tuple(self._var_names)
+        else:               # named by their index in the full model
+            names = tuple(f"x{i}" for i in keep.tolist()) + tuple(self._var_names) if n_extra else ()
+        col_job = self.col_job if keep is None else self.col_job[keep]
         return MilpModel(c=c, col_lb=col_lb, col_ub=col_ub, integral=integral, A=A,
                          row_lb=row_lb, row_ub=row_ub, row_names=tuple(self._row_names),
-                         n_x=self.n_x, col_job=self.col_job, n_jobs=self.n_jobs,
+                         n_x=n_x, col_job=col_job, n_jobs=self.n_jobs,
                          offset=self.offset, var_names=names, job_rows=self.job_rows)

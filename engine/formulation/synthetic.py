@@ -9,6 +9,8 @@ only purpose is a model of realistic size and structure), not estimates of anyth
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from .round_data import Capacity, RoundData
@@ -62,10 +64,21 @@ def _job_columns(seed: int, j: int, tindex: dict):
 
 
 def synthetic_round_data(num_gpus: int, num_jobs: int, seed: int = 0, running_fraction: float = 0.5,
-                         round_index: int = 0, turnover: float = 0.05) -> RoundData:
+                         round_index: int = 0, turnover: float = 0.05,
+                         current: Mapping[str, int] | None = None,
+                         reconfig_s_per_gpu: float = RECONFIG_S_PER_GPU,
+                         reconfig_cap_s: float = RECONFIG_CAP_S) -> RoundData:
     """Round ``round_index`` of a synthetic sequence: jobs [r*s, r*s + num_jobs) of one
     population, s = turnover x num_jobs, so consecutive rounds share most of their jobs
-    (what warm starts exploit); each job's work left shrinks by 2% per round."""
+    (what warm starts exploit); each job's work left shrinks by 2% per round.
+
+    Without ``current``, a random ``running_fraction`` of the jobs runs on a random
+    column each (not necessarily a feasible allocation: solver benchmarks only). With
+    ``current`` (job id -> index of its running column among that job's columns, as
+    ``local_columns`` reads them off a decision), exactly those jobs run there and the
+    others are queued: a sequence of rounds that each start from the previous decision
+    (jobs that left the window have finished, new ones have arrived queued). A move
+    costs ``reconfig_s_per_gpu`` per GPU of the new column, at most ``reconfig_cap_s``."""
     cap = synthetic_capacity(num_gpus)
     tindex = {t: cap.types.index(t) for t, *_ in SYNTHETIC_TYPES}
     shift = max(1, int(round(turnover * num_jobs))) if round_index else 0
@@ -77,11 +90,15 @@ def synthetic_round_data(num_gpus: int, num_jobs: int, seed: int = 0, running_fr
         start = len(c_job)
         for ti, nodes, m, tp in cols:
             c_job.append(j); c_type.append(ti); c_nodes.append(nodes); c_gpn.append(m); c_tp.append(tp)
-            c_rc.append(min(RECONFIG_CAP_S, RECONFIG_S_PER_GPU * nodes * m))
+            c_rc.append(min(reconfig_cap_s, reconfig_s_per_gpu * nodes * m))
         ref.append(ref_tp)
         req.append(want)
         rem.append(remaining * 0.98 ** round_index)
-        is_running = running < running_fraction
+        if current is not None:
+            cur_local = current.get(f"j{first + j}", -1)
+            is_running = 0 <= cur_local < len(cols)
+        else:
+            is_running = running < running_fraction
         cur.append(start + cur_local if is_running else -1)
         queued.append(0.0 if is_running else queued_s)
     cur = np.array(cur, dtype=np.int64)
@@ -101,6 +118,14 @@ def synthetic_round_data(num_gpus: int, num_jobs: int, seed: int = 0, running_fr
         col_gpn=np.array(c_gpn, dtype=np.int64), col_pp=np.ones(len(c_job), dtype=np.int64),
         col_throughput=np.array(c_tp), col_reconfig_s=rc, grids=(), plans=(),
         attained_gpu_s=np.zeros(num_jobs), arrival_s=np.zeros(num_jobs))
+
+
+def local_columns(data: RoundData, chosen: np.ndarray) -> dict[str, int]:
+    """Job id -> index of its chosen column among the job's own columns, from the
+    chosen column indices of ``data`` (the ``current`` of the next synthetic round)."""
+    starts = np.searchsorted(data.col_job, np.arange(data.n_jobs))
+    chosen = np.asarray(chosen, dtype=np.int64)
+    return {data.job_ids[j]: int(k - starts[j]) for j, k in zip(data.col_job[chosen].tolist(), chosen.tolist())}
 
 
 def tiny_round_data(node_sizes: dict[str, list[int]], jobs: list[dict], *, now_s: float = 0.0,

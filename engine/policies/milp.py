@@ -13,10 +13,19 @@ here, once:
 - ``stability``, ``payback``, ``payback_max_s``, ``max_moves_per_hour``: the stability
   rule (engine/stability.py): running jobs it freezes keep their current grid;
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
+- ``search``: ``milp`` (the full per-round model, default) or ``incremental`` (the
+  expand/balance search from the current allocation on the same model restricted to a
+  neighbourhood of candidate columns, ``engine/incremental``), with
+  ``queued_candidates`` (``all``/``small``), ``move_budget_jobs`` and
+  ``move_budget_gpus`` (fractions of the running jobs and of the cluster's GPUs that
+  may move per round; 1 = no budget);
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/objectives).
 
 Candidate grids are cached per (model, global batch); estimates and each job's columns
-per performance model (``RoundDataCache``).
+per performance model (``RoundDataCache``). Frozen jobs (the stability rule) keep exactly
+their current column in both searches: the round data keeps only that column for them
+and they are pinned; hysteresis is in the objective (``reconfig.hysteresis``), so both
+searches see it.
 The solver's hint is what every job runs now. A solver exception becomes a greedy
 decision (status ``error``, with the reason): a round never crashes.
 """
@@ -39,6 +48,7 @@ from ..context import Decisions, JobView, RoundContext
 from ..formulation import build_model, build_round_data
 from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
+from ..incremental import QUEUED_CHOICES, IncrementalConfig, search_round
 from ..objectives import Objective, parse_objective, split_objective_config
 from ..placement import Placer, place_with_repair
 from ..policy import Policy, register_policy
@@ -50,7 +60,9 @@ GridFilter = Callable[[JobView, Grid], bool]
 
 # Knobs every optimizing policy accepts (besides its objective keys w_<term>, <term>.<opt>).
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "threads", "seed", "pinned_jobs",
-               "dump_rounds_dir") + STABILITY_KEYS
+               "dump_rounds_dir", "search", "queued_candidates", "move_budget_jobs", "move_budget_gpus"
+               ) + STABILITY_KEYS
+SEARCHES = ("milp", "incremental")
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class MilpPolicySpec:
     backend: str = "auto"
     # ``-ap`` variants: per GPU type and count, only the planner's best shape and depth
     best_plan_per_count: bool = False
+    searches: tuple[str, ...] = SEARCHES                  # allowed; the first is the default
+    runner: Mapping[str, Any] = field(default_factory=dict)   # default runner options (e.g. budgets)
 
 
 def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, hint: np.ndarray | None,
@@ -122,7 +136,7 @@ class MilpPolicy:
     def __init__(self, spec: MilpPolicySpec, **config: Any):
         self.spec = spec
         self.name = spec.name
-        obj_cfg, rest = split_objective_config(_with_default_options(spec, config))
+        obj_cfg, rest = split_objective_config(_with_default_options(spec, {**spec.runner, **config}))
         unknown = sorted(set(rest) - set(RUNNER_KEYS))
         if unknown:
             raise InputError(f"policy {spec.name!r}: unknown option(s) {unknown}; known: {sorted(RUNNER_KEYS)} "
@@ -137,6 +151,21 @@ class MilpPolicy:
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
         self.stability = StabilityRule.from_config(spec.name, rest)
         self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
+        self.search: str = str(rest.get("search", spec.searches[0]))
+        if self.search not in spec.searches:
+            raise InputError(f"policy {spec.name!r}: search must be one of {', '.join(spec.searches)}, "
+                             f"got {self.search!r}", field="search")
+        queued = str(rest.get("queued_candidates", "all"))
+        if queued not in QUEUED_CHOICES:
+            raise InputError(f"policy {spec.name!r}: queued_candidates must be one of {', '.join(QUEUED_CHOICES)}, "
+                             f"got {queued!r}", field="queued_candidates")
+        budgets = {}
+        for key in ("move_budget_jobs", "move_budget_gpus"):
+            budgets[key] = _number(spec.name, rest, key, 1.0, float, 0.0)
+            if budgets[key] > 1.0:
+                raise InputError(f"policy {spec.name!r}: {key} is a fraction in [0, 1], got {budgets[key]}",
+                                 field=key)
+        self.incremental = IncrementalConfig(queued=queued, **budgets)
         self._grids = GridCache(dp_only=spec.dp_only)
         self._placers: dict[int, Placer] = {}
         self._dp_only = DpOnlyTwin()
@@ -167,15 +196,29 @@ class MilpPolicy:
             data = freeze_jobs(data, frozen)
             frozen = frozenset(jid for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0)
         t1 = time.perf_counter()
-        model = build_model(data, self.objective, self.pinned | frozen)
-        t2 = time.perf_counter()
-        hint = np.zeros(model.n_x)
-        hint[data.current_col[data.current_col >= 0]] = 1.0
-        sol = solve_safely(self.backend, model, self.time_limit_s, hint, self.rel_gap)
+        pinned = self.pinned | frozen
+        cols: np.ndarray | None
+        if self.search == "incremental":
+            model, cols, sol = search_round(data, self.objective, self.incremental, pinned, frozen, 0.0)
+            t2 = t1                                 # the restricted model is built inside the search
+        else:
+            cols = None
+            model = build_model(data, self.objective, pinned)
+            t2 = time.perf_counter()
+            hint = np.zeros(model.n_x)
+            hint[data.current_col[data.current_col >= 0]] = 1.0
+            sol = solve_safely(self.backend, model, self.time_limit_s, hint, self.rel_gap)
         t3 = time.perf_counter()
-        chosen = {int(data.col_job[k]): int(k) for k in sol.selected(model.n_x).tolist()}
-        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, model.c[: model.n_x],
-                                                                 chosen)
+        if cols is None:
+            col_value = model.c[: model.n_x]
+        else:                                       # columns outside the model rank last
+            col_value = np.full(data.n_cols, -np.inf)
+            col_value[cols] = model.c[: model.n_x]
+        sel = sol.selected(model.n_x)
+        if cols is not None:
+            sel = cols[sel]
+        chosen = {int(data.col_job[k]): int(k) for k in sel.tolist()}
+        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, col_value, chosen)
         grids: dict[str, Grid] = {}
         plans = {}
         for j, k in chosen.items():
@@ -191,9 +234,9 @@ class MilpPolicy:
             d.mkdir(parents=True, exist_ok=True)
             export_model(model, d / f"round_{ctx.round_index:05d}.mps", "mps")
             export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
-        info = {**sol.stats(), "placement_repairs": repairs, "placement_dropped": dropped, "jobs": data.n_jobs,
+        info = {**sol.stats(), "search": self.search, "frozen": len(frozen), "placement_repairs": repairs,
+                "placement_dropped": dropped, "jobs": data.n_jobs,
                 "columns": data.n_cols, "rows": model.n_rows, "unschedulable": list(data.unschedulable),
-                "frozen": len(frozen),
                 "estimate_time_s": t1 - t0, "model_build_time_s": t2 - t1, "solve_wall_s": t3 - t2,
                 "decide_time_s": time.perf_counter() - t0}
         return Decisions(grids=grids, plans=plans, placements=placements, info=info)

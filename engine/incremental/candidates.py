@@ -1,0 +1,50 @@
+"""Which columns of a round the incremental search may choose (its neighbourhood).
+
+Vectorized over the round's columns (``RoundData``):
+
+- a **running** job: its current column and its neighbours on the same GPU type with
+  twice or half the GPUs (any node shape), the same GPU count in another node shape,
+  and the same GPU count on another GPU type in its most compact node shape (as many
+  GPUs per node as the type's nodes allow: fewest nodes);
+- a **queued** job: every column (``queued="all"``), or only those with at most its
+  reference GPU count (the count it asked for, else its smallest; ``queued="small"``).
+
+A different pipeline depth on the same shape is not a separate column: the round data
+keeps one column per (job, GPU type, nodes, GPUs per node), the planner's best depth
+(for a running job, its current depth on its current shape), so the full MILP does not
+see it either; a depth change comes with a shape change.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..formulation.round_data import RoundData
+
+QUEUED_CHOICES = ("all", "small")
+
+
+def candidate_columns(data: RoundData, queued: str = "all") -> np.ndarray:
+    """Sorted column indices of ``data`` that the incremental search considers."""
+    if queued not in QUEUED_CHOICES:
+        raise ValueError(f"queued must be one of {QUEUED_CHOICES}, got {queued!r}")
+    if data.n_cols == 0:
+        return np.zeros(0, dtype=np.int64)
+    k = np.arange(data.n_cols)
+    cur = data.current_col[data.col_job]              # per column: its job's current column
+    running = cur >= 0
+    safe = np.where(running, cur, 0)
+    g = data.col_gpus
+    t = data.col_type
+    cur_g, cur_t = g[safe], t[safe]
+    same_type = t == cur_t
+    compact = data.col_gpn == np.minimum(g, np.asarray(data.capacity.max_gpus_per_node)[t])
+    neighbour = (k == cur) | (same_type & ((g == 2 * cur_g) | (2 * g == cur_g) | (g == cur_g))) \
+        | (~same_type & (g == cur_g) & compact)
+    if queued == "all":
+        queued_ok = np.ones(data.n_cols, dtype=bool)
+    else:
+        min_g = np.full(data.n_jobs, np.iinfo(np.int64).max)
+        np.minimum.at(min_g, data.col_job, g)
+        ref_g = np.where(data.requested_gpus > 0, np.maximum(data.requested_gpus, min_g), min_g)
+        queued_ok = g <= ref_g[data.col_job]
+    return np.flatnonzero(np.where(running, neighbour, queued_ok))

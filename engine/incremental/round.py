@@ -1,0 +1,62 @@
+"""One round of the incremental search, from round data to a decision: candidate
+columns, the round's model restricted to them, the search. Shared by the optimizing
+policies (``search=incremental``, ``suika``) and ``arena bench incremental``."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formulation import build_model
+from ..formulation.model import MilpModel
+from ..formulation.round_data import RoundData
+from ..objectives import Objective
+from ..solvers.base import Solution
+from .candidates import QUEUED_CHOICES, candidate_columns
+from .search import SearchSteps, incremental_search
+
+
+@dataclass(frozen=True)
+class IncrementalConfig:
+    """``queued``: a queued job's candidates (``all`` its columns, or ``small``: at most
+    its reference GPU count); ``move_budget_jobs``: at most this fraction of the running
+    jobs change column per round (at least one when > 0); ``move_budget_gpus``: at most
+    this fraction of the cluster's GPUs in the columns moved jobs land on (1 and 1: no
+    budget)."""
+    queued: str = "all"
+    move_budget_jobs: float = 1.0
+    move_budget_gpus: float = 1.0
+    steps: SearchSteps = field(default_factory=SearchSteps)
+
+    def __post_init__(self):
+        if self.queued not in QUEUED_CHOICES:
+            raise ValueError(f"queued must be one of {', '.join(QUEUED_CHOICES)}, got {self.queued!r}")
+        for name in ("move_budget_jobs", "move_budget_gpus"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ValueError(f"{name} must be a fraction in [0, 1], got {v!r}")
+
+    def limits(self, data: RoundData) -> tuple[float, float]:
+        """(jobs, GPUs) that may move this round."""
+        running = int(np.sum(data.current_col >= 0))
+        total = sum(data.capacity.total(t) for t in range(len(data.capacity.types)))
+        return math.ceil(self.move_budget_jobs * running), math.ceil(self.move_budget_gpus * total)
+
+
+def search_round(data: RoundData, objective: Objective, config: IncrementalConfig,
+                 pinned: frozenset[str] = frozenset(), frozen: frozenset[str] = frozenset(),
+                 hysteresis: float = 0.0) -> tuple[MilpModel, np.ndarray, Solution]:
+    """(restricted model, its columns' indices in ``data``, the search's solution).
+    ``frozen`` job ids keep exactly their current column (a frozen job that holds no
+    GPUs has nothing to keep and is not constrained)."""
+    cols = candidate_columns(data, config.queued)
+    model = build_model(data, objective, pinned, columns=cols)
+    cur = data.current_col
+    start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)
+    frozen_mask = np.array([jid in frozen for jid in data.job_ids], dtype=bool)
+    max_jobs, max_gpus = config.limits(data)
+    sol = incremental_search(model, start, data.col_gpus[cols], data.col_type[cols], frozen=frozen_mask,
+                             hysteresis=hysteresis, max_moved_jobs=max_jobs, max_moved_gpus=max_gpus,
+                             steps=config.steps)
+    return model, cols, sol
