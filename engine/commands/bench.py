@@ -27,7 +27,8 @@ import sys
 import time
 
 DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
-DEFAULT_POLICIES = ("arena", "sia", "sia-ap", "gavel", "gavel-ap", "elasticflow-ls", "elasticflow-ls-ap", "fcfs")
+DEFAULT_POLICIES = ("arena", "arena-incremental", "suika", "sia", "sia-ap", "gavel", "gavel-ap", "elasticflow-ls",
+                    "elasticflow-ls-ap", "fcfs")
 POLICY_COLUMNS = ("policy", "perf", "move_costs", "jobs_finished", "avg_jct_s", "avg_jct_runout_s",
                   "makespan_runout_s", "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s",
                   "jobs_common", "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
