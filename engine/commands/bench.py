@@ -418,13 +418,13 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
     ax.bar(x, fin, color="tab:green", label="finished")
     ax.bar(x, never, bottom=fin, color="tab:red", label="never placed")
     ax.set_title("jobs finished / never placed", fontsize=9)
-    ax.set_xticks(list(x), names, rotation=60, fontsize=7)
+    ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
     ax.legend(fontsize=7)
     for ax, (key, title, div) in zip(axes[1:], metrics):
         vals = [(r.get(key) if r.get(key) is not None else math.nan) / div for r in rows]
         bars = ax.bar(x, vals, color=["tab:red" if n.startswith(("arena", "suika")) else "tab:gray" for n in names])
         ax.set_title(title, fontsize=9)
-        ax.set_xticks(list(x), names, rotation=60, fontsize=7)
+        ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
         for b, v in zip(bars, vals):
             if math.isfinite(v):
                 ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.2f}", (b.get_x() + b.get_width() / 2, v),
