@@ -146,6 +146,8 @@ class OnlineModel:
             calibrated_types = frozenset(r.gpu_type for r in load_measured())
         self.calibrated_types = frozenset(calibrated_types)
         self.make_base = make_base
+        self.base_kind: str | None
+        model: PerformanceModel
         if isinstance(base, str):
             if base == "online":
                 raise InputError("the online model's base cannot be online", field="base")
@@ -153,18 +155,19 @@ class OnlineModel:
                 raise InputError(f"base kind {base!r} needs make_base (use make_performance_model('online'))",
                                  field="base")
             self.base_kind = base
-            base = make_base(base, dp_only=dp_only, **base_config)
+            model = make_base(base, dp_only=dp_only, **base_config)
         elif base_config:
             raise InputError(f"base options {sorted(base_config)} need a base kind, not a model", field="base")
         else:
             self.base_kind = getattr(base, "kind", None)
-        self.base: PerformanceModel = base
+            model = base
+        self.base: PerformanceModel = model
         self.base_config = base_config
-        self.analytic = _analytic_of(base)
+        self.analytic = _analytic_of(model)
         self.dp_only = bool(dp_only)
         self.min_iterations = float(min_iterations)
         self.store = store if store is not None else ObservationStore()
-        self.name = f"online({base.name})"
+        self.name = f"online({model.name})"
         self._twin: OnlineModel | None = None
         self._shares: dict = {}                 # (model, batch, grid) -> communication share
         self._fits: dict[str, tuple] = {}       # job -> (version, observations, K^-1 x)
