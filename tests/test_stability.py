@@ -133,3 +133,29 @@ def test_policies_decide_from_estimates_by_default(tmp_path, monkeypatch):
     assert build_perf("table", "arena").kind == "table"       # the labelled mode
     (tmp_path / "none.joblib").write_bytes(b"")
     assert default_kind() == "learned"
+
+
+def test_fixed_columns_leave_the_model_but_keep_their_capacity_and_value():
+    import numpy as np
+
+    from engine.context import RoundContext
+    from engine.formulation import build_model, build_round_data
+    from engine.solvers.lagrangian import applicable
+    inst = get_instance("demo")
+    views = tuple(JobView(j, float(j.num_iterations), None) for j in inst.jobs[:8])
+    ctx = RoundContext(0.0, 0, 300.0, inst.cluster, views, _table(), ReconfigCostModel())
+    data = build_round_data(ctx, ctx.perf)
+    obj = make_policy("arena").objective
+    full = build_model(data, obj)
+    fixed = np.array([0, int(np.searchsorted(data.col_job, 3))])          # one column of jobs 0 and 3
+    cols = np.setdiff1d(np.arange(data.n_cols), fixed)
+    part = build_model(data, obj, columns=cols, fixed=fixed)
+    assert applicable(part)                                                 # the fast path stays open
+    x = np.zeros(full.n_x)
+    x[fixed] = 1.0
+    act = full.A[:, : full.n_x] @ x
+    np.testing.assert_allclose(part.row_ub, full.row_ub - act)
+    assert part.offset == pytest.approx(full.offset + full.c[fixed].sum())
+    np.testing.assert_allclose(part.c[: part.n_x], full.c[cols])
+    with pytest.raises(ValueError):
+        build_model(data, obj, columns=np.arange(data.n_cols), fixed=fixed)

@@ -55,17 +55,21 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
 
 
 def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset(),
-                columns: np.ndarray | None = None) -> MilpModel:
+                columns: np.ndarray | None = None, fixed: np.ndarray | None = None) -> MilpModel:
     """The round's MILP: job rows, node-shape rows, then ``objective.apply``. With
     ``columns`` (sorted column indices of ``data``), the same model restricted to those
     columns: identical coefficients and rows, the other columns fixed at 0 (what the
-    incremental search optimizes over; ``ModelBuilder.build``)."""
+    incremental search optimizes over; ``ModelBuilder.build``); ``fixed`` columns (outside
+    ``columns``) are fixed at 1 — the stability rule's frozen jobs — their capacity taken
+    from the rows and their value added to the offset, so the model keeps the form the
+    fast Lagrangian path needs (no lower bounds on job rows)."""
     unknown = set(pinned) - set(data.job_ids)
     builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
-    add_job_rows(data, builder, frozenset(pinned) - unknown, columns)
-    add_shape_rows(data, builder, columns)
+    written = columns if fixed is None or columns is None else np.union1d(columns, fixed)
+    add_job_rows(data, builder, frozenset(pinned) - unknown, written)
+    add_shape_rows(data, builder, written)
     objective.apply(data, builder)
-    return builder.build(columns)
+    return builder.build(columns, fixed)
 
 
 def hint_from_columns(model: MilpModel, cols) -> np.ndarray:

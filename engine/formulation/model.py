@@ -159,13 +159,22 @@ class ModelBuilder:
         self._row_names.extend(names)
         return np.arange(base, base + k)
 
-    def build(self, columns: np.ndarray | None = None) -> MilpModel:
+    def build(self, columns: np.ndarray | None = None, fixed: np.ndarray | None = None) -> MilpModel:
         """Freeze the model. ``columns`` (sorted choice-variable indices) restricts it to
         those choice variables: the result's ``c`` and ``A`` are exactly the full model's
         restricted to them (every other choice variable fixed at 0), so a decision over
         the restricted model has the same objective value and row activities in the
-        full one. Extra (continuous) variables are kept."""
+        full one. Extra (continuous) variables are kept. ``fixed`` (choice-variable
+        indices outside ``columns``) are fixed at 1: their row activities move to the
+        row bounds and their objective to the offset."""
         n_extra = len(self._var_lb)
+        offset = self.offset
+        fixed_act = None
+        if fixed is not None and len(fixed):
+            fixed = np.asarray(fixed, dtype=np.int64)
+            if columns is None or np.isin(fixed, columns).any():
+                raise ValueError("build: fixed variables must lie outside the given columns")
+            offset = offset + float(self.c_x[fixed].sum())
         keep = None
         if columns is not None:
             keep = np.asarray(columns, dtype=np.int64)
@@ -188,6 +197,9 @@ class ModelBuilder:
             v = np.zeros(0)
         if len(cc) and (cc.min() < 0 or cc.max() >= self.n_x + n_extra):
             raise ValueError("a row refers to a variable that does not exist")
+        if fixed is not None and len(fixed):
+            hit = np.isin(cc, fixed)
+            fixed_act = np.bincount(r[hit], weights=v[hit], minlength=self.n_rows)
         if keep is not None:
             new_index = np.full(self.n_x, -1, dtype=np.int64)
             new_index[keep] = np.arange(n_x)
@@ -199,6 +211,9 @@ class ModelBuilder:
         A.sum_duplicates()
         row_lb = np.concatenate(self._row_lb) if self._row_lb else np.zeros(0)
         row_ub = np.concatenate(self._row_ub) if self._row_ub else np.zeros(0)
+        if fixed_act is not None:
+            row_lb = row_lb - fixed_act
+            row_ub = row_ub - fixed_act
         if keep is None:
             names = tuple(f"x{i}" for i in range(n_x)) + tuple(self._var_names)
         else:               # named by their index in the full model
@@ -207,4 +222,4 @@ class ModelBuilder:
         return MilpModel(c=c, col_lb=col_lb, col_ub=col_ub, integral=integral, A=A,
                          row_lb=row_lb, row_ub=row_ub, row_names=tuple(self._row_names),
                          n_x=n_x, col_job=col_job, n_jobs=self.n_jobs,
-                         offset=self.offset, var_names=names, job_rows=self.job_rows)
+                         offset=offset, var_names=names, job_rows=self.job_rows)

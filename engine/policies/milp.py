@@ -196,17 +196,24 @@ class MilpPolicy:
             data = freeze_jobs(data, frozen)
             frozen = frozenset(jid for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0)
         t1 = time.perf_counter()
-        pinned = self.pinned | frozen
         cols: np.ndarray | None
+        fixed = np.zeros(0, dtype=np.int64)
         if self.search == "incremental":
-            model, cols, sol = search_round(data, self.objective, self.incremental, pinned, frozen, 0.0)
+            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen, 0.0)
             t2 = t1                                 # the restricted model is built inside the search
         else:
-            cols = None
-            model = build_model(data, self.objective, pinned)
+            # frozen jobs' (only) columns are fixed at 1, outside the model: its capacity rows
+            # shrink by what they hold, and no job row gets a lower bound (the fast path stays open)
+            fixed = np.sort(np.array([data.current_col[j] for j, jid in enumerate(data.job_ids) if jid in frozen],
+                                     dtype=np.int64))
+            cols = np.setdiff1d(np.arange(data.n_cols), fixed) if len(fixed) else None
+            model = build_model(data, self.objective, self.pinned, cols, fixed if len(fixed) else None)
             t2 = time.perf_counter()
             hint = np.zeros(model.n_x)
-            hint[data.current_col[data.current_col >= 0]] = 1.0
+            cur = data.current_col[data.current_col >= 0]
+            if cols is not None:
+                cur = np.searchsorted(cols, cur[~np.isin(cur, fixed)])
+            hint[cur] = 1.0
             sol = solve_safely(self.backend, model, self.time_limit_s, hint, self.rel_gap)
         t3 = time.perf_counter()
         if cols is None:
@@ -217,6 +224,9 @@ class MilpPolicy:
         sel = sol.selected(model.n_x)
         if cols is not None:
             sel = cols[sel]
+        if len(fixed):
+            sel = np.concatenate([sel, fixed])          # the frozen jobs keep their columns
+            col_value[fixed] = 0.0
         chosen = {int(data.col_job[k]): int(k) for k in sel.tolist()}
         chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, col_value, chosen)
         grids: dict[str, Grid] = {}
