@@ -116,9 +116,7 @@ class _Job:
     failed: str | None = None
     ended_at_s: float | None = None
     reported: bool = False
-    reconfig_started: float | None = None       # wall time (time.time()) of the pending reconfiguration
     released_at: float | None = None            # wall time a move's stop was requested (``release``)
-    reconfig_launch_dir: str | None = None
     reconfiguration_s: list[float] = field(default_factory=list)
     gpus: int = 0                               # of the current (or last) launch
     launch_started: float | None = None         # wall time of a launch from the queue, until its first step
@@ -132,7 +130,6 @@ class _Job:
     moves: list[dict] = field(default_factory=list)     # move records (launcher.move_record)
     open_moves: list[dict] = field(default_factory=list)  # records still waiting for their first steps
     released_path: str | None = None            # how the pending release will move ("d2d"/"storage")
-    reconfig_after: float = 0.0                 # the move's first step is the first result after this time
     last_stop: dict | None = None               # plan, run dir and exit time of the last stop
 
 
@@ -246,8 +243,6 @@ class MpiExecutor:
         ``stop_requested_at`` (wall time): its time to the first step is a reconfiguration,
         recorded with its parts (``move_records``)."""
         st = self._job(job_id)
-        st.reconfig_started, st.reconfig_launch_dir = stop_requested_at, st.cfg.run_dir
-        st.reconfig_after = 0.0
         st.launch_started = None
         stop = st.last_stop or {}
         save = next((e for e in reversed(_launch.read_events(stop["run_dir"])) if e["event"] == "save"),
@@ -257,7 +252,7 @@ class MpiExecutor:
                                          exited_at=stop.get("exited_at", stop_requested_at),
                                          save=save if save and save.get("why") in ("stop", "move_refused") else None,
                                          path=path, reason=reason)
-        rec["_run_dir"] = st.cfg.run_dir
+        rec["_run_dir"], rec["_gpus"] = st.cfg.run_dir, st.gpus
         st.moves.append(rec)
         st.open_moves.append(rec)
 
@@ -430,10 +425,9 @@ class MpiExecutor:
                 return f"not done after {self.config.move_timeout_s} s"
             time.sleep(0.05)
         st.cfg, st.gpus = cfg, alloc.grid.num_gpus
-        rec = {**move_record.d2d_record(ev, t0), "_run_dir": st.cfg.run_dir}
+        rec = {**move_record.d2d_record(ev, t0), "_run_dir": st.cfg.run_dir, "_gpus": st.gpus}
         st.moves.append(rec)
         st.open_moves.append(rec)
-        st.reconfig_started, st.reconfig_launch_dir, st.reconfig_after = t0, st.cfg.run_dir, ev["time"]
         st.launch_started = None
         return None
 
@@ -474,8 +468,46 @@ class MpiExecutor:
                 ev = _launch.read_events(run_dir)
                 move_record.add_relaunch(rec, next((e for e in ev if e["event"] == "load"), None),
                                          next((e for e in ev if e["event"] == "ready"), None))
+            counted = rec["total_s"] is not None
             if move_record.finish(rec, mine) or nxt is not None:
                 st.open_moves.remove(rec)
+            if not counted:                     # the move's time to its first step: lost GPU time
+                st.reconfiguration_s.append(rec["total_s"])
+                st.reconfig_lost_gpu_s += rec["total_s"] * rec["_gpus"]
+
+    def _poll(self, st: _Job) -> None:
+        if st.open_moves:
+            self._fill_moves(st)
+        if st.launch_started is not None:
+            res = _launch.read_results(st.cfg.run_dir)
+            if res:
+                st.launch_lost_gpu_s += max(0.0, res[0]["time"] - st.launch_started) * st.gpus
+                st.launch_started = None
+        if not st.steps_final and st.proc is not None:
+            ended = st.proc.poll() is not None          # read once more after the launch ended
+            seen = float((read_progress(st.cfg.progress_path) or {}).get("iterations_done") or 0)
+            if seen > st.steps_seen:
+                st.steps_trained += seen - st.steps_seen
+            st.steps_seen = seen
+            st.steps_final = ended
+        if st.proc is None or st.stopping or st.finished or st.failed:
+            return
+        rc = st.proc.poll()
+        if rc is None:
+            return
+        st.ended_at_s = self.now_s()
+        prog = read_progress(st.cfg.progress_path) or {}
+        if rc == 0 and prog.get("status") == "finished":
+            st.finished = True
+            return
+        err = _launch.tail(Path(st.cfg.run_dir) / "stderr.log", 4000).strip().splitlines()
+        last = next((l for l in reversed(err) if "rank failed" in l or "Error" in l), err[-1] if err else "")
+        st.failed = (f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}; ranks that did "
+                     f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
+        write_progress(st.cfg.progress_path, status="failed",
+                       iterations_done=prog.get("last_checkpoint_step") or 0, steps_total=st.cfg.steps,
+                       last_checkpoint_step=prog.get("last_checkpoint_step"),
+                       iteration_time_s=prog.get("iteration_time_s"), reason=st.failed)
 
     def _config_for(self, job, alloc, plan, launch_index: int) -> tuple[TrainConfig, str | None]:
         job_dir = Path(self.config.work_dir) / job.job_id
