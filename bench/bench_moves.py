@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-between", type=int, default=12, help="steps between moves (warm-up needs 6 after a move)")
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
-    ap.add_argument("--records", default=None, help="also read earlier records (JSON list) and add them")
+    ap.add_argument("--records", default=None, help="comma-separated earlier outputs of this script (or JSON "
+                    "lists of records) whose records are added before fitting")
     ap.add_argument("--out", default=None, help="write the JSON result here too")
     ap.add_argument("--write-calibration", action="store_true",
                     help=f"write the fit to {CALIBRATION.relative_to(ROOT)}")
@@ -127,9 +128,17 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"paths must be d2d and/or storage, got {args.paths!r}", field="--paths")
         if args.reps < 1 or args.steps_between < 2:
             raise InputError("--reps >= 1 and --steps-between >= 2", field="--reps")
+        if not models and not args.records:
+            raise InputError("nothing to measure or fit", field="--models")
         if args.out:
             check_output_file(args.out, "--out")
-        earlier = json.loads(Path(args.records).read_text()) if args.records else []
+        earlier = []
+        for f in filter(None, (args.records or "").split(",")):
+            try:
+                d = json.loads(Path(f).read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise InputError(f"cannot read records: {e}", file=f, field="--records") from None
+            earlier += d["records"] if isinstance(d, dict) else d
     except InputError as e:
         print(f"bench_moves: {e}", file=sys.stderr)
         return 2

@@ -14,9 +14,15 @@ job, so a relaunch on another plan reshards from the last checkpoint), ``progres
 - ``stop``: asks the ranks to checkpoint and exit (SIGTERM, which mpiexec forwards, plus a
   ``stop`` file for ranks on other hosts), waits up to ``stop_timeout_s``, then kills the
   process group and every rank it recorded.
-- ``reconfigure``: stop, then launch with the new allocation and plan; the time from
-  the stop request to the first step of the new launch is recorded as the measured
-  reconfiguration time.
+- ``release`` + ``reconfigure`` (a move): with ``move_path="d2d"`` (default) and a running
+  job on this host, device to device (``launcher.d2d``): the running ranks stop at a step
+  boundary, send the state slices whose owner changes to their new owners, rebuild on
+  the new plan and continue (growing: new processes join; shrinking: surplus ranks
+  park). Otherwise, or when that move fails or is refused: stop with a checkpoint, then
+  launch the new plan (the load reshards). Every move's parts (drain, state movement
+  and bytes, start-up, first step, warm-up, total) are in ``move_records``; its total
+  (request to first new step) is the reconfiguration time and, times the GPUs, the
+  GPU-seconds lost.
 - ``advance``: polls until the executor's clock reaches ``until_s`` (or, by default,
   until a job finishes or fails) and returns the jobs that finished or failed. A dead
   rank makes mpiexec exit (gloo raises on the survivors within seconds), which the next

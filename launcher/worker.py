@@ -310,7 +310,9 @@ class _Run:
             if self.cfg.checkpoint_dir:
                 self.save(done, "move_refused")
             return "refused"
-        return _carry_out_move(self, req, done, t_agreed, old_l, held)
+        box = [held]                # handed over, so that the old state can be freed after the transfer
+        del held
+        return _carry_out_move(self, req, done, t_agreed, old_l, box)
 
     # --- the run -----------------------------------------------------------------------
     def stop_requested_at_start(self) -> bool:
@@ -366,7 +368,7 @@ class _Run:
         return status, done
 
 
-def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agreed: float, old_l, held,
+def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agreed: float, old_l, held_box,
                     *, position: int | None = None, t_imported: float | None = None, device=None):
     """The move's joint part, run by the old job's ranks (``old``) and by joining processes
     (``old`` None, ``position`` given): joint group, transfer, new group, new model. Returns
@@ -394,6 +396,7 @@ def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agr
     layout = d2d.model_layout(cfg.model)
     new_l = rp.layout(layout, (cfg.plan.dp, cfg.plan.tp, cfg.plan.pp), cfg.plan.stage_layers)
     pieces = rp.transfer_plan(old_l, new_l, kept=min(n_old, n_new))
+    held = held_box.pop()
     state, sent = d2d.transfer(pieces, me, held, old_l[me] if me < n_old else {},
                                new_l[me] if me < n_new else {}, device)
     rng = [torch.random.get_rng_state(), done]           # rank 0's RNG and step reach joiners
@@ -424,6 +427,7 @@ def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agr
     run.setup()
     t_built = time.time()
     d2d.install(run.train_module, run.optimizer, state)
+    del state
     torch.random.set_rng_state(rng[0])
     run.build_schedule_and_data()
     t_ready = time.time()
@@ -472,7 +476,7 @@ def join(move_path: str, offset: int) -> int:
     cfg = TrainConfig.from_json(req.config)
     position = offset + MPI.COMM_WORLD.Get_rank()
     old_l = rp.layout(d2d.model_layout(cfg.model), req.old_plan, req.old_stage_layers)
-    moved = _carry_out_move(None, req, -1, time.time(), old_l, {}, position=position, t_imported=t_imported,
+    moved = _carry_out_move(None, req, -1, time.time(), old_l, [{}], position=position, t_imported=t_imported,
                             device=device_for(cfg, position))
     if moved is None:
         return 0
