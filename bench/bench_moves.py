@@ -132,13 +132,15 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("nothing to measure or fit", field="--models")
         if args.out:
             check_output_file(args.out, "--out")
-        earlier = []
+        earlier, inputs = [], []
         for f in filter(None, (args.records or "").split(",")):
             try:
                 d = json.loads(Path(f).read_text())
             except (OSError, json.JSONDecodeError) as e:
                 raise InputError(f"cannot read records: {e}", file=f, field="--records") from None
             earlier += d["records"] if isinstance(d, dict) else d
+            if isinstance(d, dict) and "provenance" in d:
+                inputs.append(d["provenance"])
     except InputError as e:
         print(f"bench_moves: {e}", file=sys.stderr)
         return 2
@@ -158,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                                         f"{platform.system()} {platform.release()}",
                              "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
                              "command": " ".join(["python", "bench/bench_moves.py", *(argv or sys.argv[1:])]),
-                             "wall_s": round(time.time() - t0, 1)},
+                             "wall_s": round(time.time() - t0, 1),
+                             **({"records_measured_by": inputs} if inputs else {})},
               "summary": summarize(records), "records": records}
     result["params"] = fit(records).to_json()
     reps = {r.get("rep", 0) for r in records}

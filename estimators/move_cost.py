@@ -2,7 +2,7 @@
 model of the parts the launcher measures on every move (``launcher.move_record``),
 calibrated from those measurements, with published defaults for GPU clusters.
 
-    total = drain_s + state movement + start-up + warmup_s
+    downtime = drain_s (+ stop_s through storage) + state movement + start-up + warmup_s
     state movement = fixed + bytes_moved / bytes_per_s        (per path)
     start-up = startup_s   when fresh processes start (a storage relaunch, or growing:
                            the joining processes; their start overlaps the drain, the
@@ -10,14 +10,18 @@ calibrated from those measurements, with published defaults for GPU clusters.
              = regroup_s   when only the running processes re-form their groups and
                            rebuild the model (a d2d move that does not grow)
 
-Fields beyond the five named in issue 12 (``drain_s, startup_s, warmup_s,
-d2d_bytes_per_s, storage_bytes_per_s``), because the measurements need them:
-``regroup_s`` (a d2d move of running ranks starts no process: 0.01-0.15 s here against
-6-9 s for a relaunch) and the per-path fixed state costs ``d2d_fixed_s`` /
-``storage_fixed_s`` (building the state dicts, DCP metadata, the ranks' agreement:
-for small models these, not bandwidth, are the state movement time).
+The downtime is what the move costs the job: from the request to the end of the first
+step on the new plan, minus that step's steady part (it trained). Fields beyond the five
+named in issue 12 (``drain_s, startup_s, warmup_s, d2d_bytes_per_s,
+storage_bytes_per_s``), because the measurements need them: ``stop_s`` (the storage path
+also ends its processes: 0.4-0.6 s here), ``regroup_s`` (a d2d move of running ranks
+starts no process: 0.02-0.15 s here against 6-11 s for a relaunch) and the per-path fixed
+state costs ``d2d_fixed_s`` / ``storage_fixed_s`` (building the state dicts, DCP
+metadata, the ranks' agreement: for small models these, not bandwidth, are the state
+movement time).
 
-``fit(records)`` calibrates from move records (medians for the constant parts; a
+``fit(records)`` calibrates from move records (medians for the constant parts, the
+drain including the record's unattributed ``other_s``; a
 least-squares line through (bytes, seconds) per path for state movement, whose slope
 is the bandwidth — when the bytes do not explain the seconds (slope <= 0) the path keeps
 the prior's bandwidth and the fixed part is the median). ``held_out(records)`` fits on
@@ -44,12 +48,13 @@ PATHS = ("d2d", "storage")
 
 @dataclass(frozen=True)
 class MoveCostParams:
-    drain_s: float                 # move requested -> every rank stopped at a step boundary (and exited)
+    drain_s: float                 # move requested -> every rank stopped at a step boundary
     startup_s: float               # fresh processes + communicators up (import, CUDA/NCCL, model build)
     regroup_s: float               # running processes re-form their groups and rebuild the model
     warmup_s: float                # the first steps' excess over the steady iteration time
     d2d_bytes_per_s: float         # device-to-device state movement bandwidth (whole job)
     storage_bytes_per_s: float     # checkpoint write + read bandwidth (whole job)
+    stop_s: float = 0.0            # through storage: the processes exiting, after the drain
     d2d_fixed_s: float = 0.0       # per-move fixed part of a d2d state movement
     storage_fixed_s: float = 0.0   # per-move fixed part of a save + load
 
@@ -69,10 +74,10 @@ class MoveCostParams:
         (one InfiniBand HDR 200 Gb/s link; NVLink 4 within a node measures ~380 GB/s, so
         this is the cross-node case), fresh processes + NCCL communicators 20 s, regroup of
         running processes 1 s (ElasWave: in-place communicator recovery within a second),
-        drain 1 s (at most one iteration, job-dependent), warm-up 2 s (an assumption: we
-        found no published figure)."""
+        drain 1 s (at most one iteration, job-dependent), stop 1 s and warm-up 2 s
+        (assumptions: we found no published figure)."""
         return cls(drain_s=1.0, startup_s=20.0, regroup_s=1.0, warmup_s=2.0, d2d_bytes_per_s=25e9,
-                   storage_bytes_per_s=1e8)
+                   storage_bytes_per_s=1e8, stop_s=1.0)
 
     @classmethod
     def from_json(cls, d: dict, *, file: str | None = None) -> "MoveCostParams":
@@ -99,7 +104,7 @@ class MoveCostParams:
 
     # --- prediction -------------------------------------------------------------------------
     def predict(self, *, path: str, bytes_moved: float, new_processes: bool) -> dict:
-        """Seconds per part and in total for one move."""
+        """Seconds per part and the downtime of one move."""
         if path not in PATHS:
             raise InputError(f"must be one of {', '.join(PATHS)}, got {path!r}", field="path")
         if path == "d2d":
@@ -107,8 +112,9 @@ class MoveCostParams:
         else:
             state = self.storage_fixed_s + bytes_moved / self.storage_bytes_per_s
         start = self.startup_s if (new_processes or path == "storage") else self.regroup_s
-        parts = {"drain_stop_s": self.drain_s, "state_s": state, "startup_s": start, "warmup_s": self.warmup_s}
-        return {**parts, "total_s": sum(parts.values())}
+        drain = self.drain_s + (self.stop_s if path == "storage" else 0.0)
+        parts = {"drain_stop_s": drain, "state_s": state, "startup_s": start, "warmup_s": self.warmup_s}
+        return {**parts, "downtime_s": sum(parts.values())}
 
     def predict_record(self, rec: dict) -> dict:
         """The prediction for a measured move record (its path, bytes and world sizes)."""
@@ -117,7 +123,7 @@ class MoveCostParams:
 
     def move_seconds(self, state_bytes: float, old: tuple[int, int, int], new: tuple[int, int, int], *,
                      path: str = "d2d", kept_ranks: int | None = None) -> float:
-        """Seconds a move of a job with ``state_bytes`` of training state (one copy) costs,
+        """Downtime (s) of a move of a job with ``state_bytes`` of training state (one copy) costs,
         from layout ``old`` to ``new`` (dp, tp, pp). d2d: the bytes that change owner
         (``launcher.reshard_plan.changed_owner_bytes``, uniform-layers approximation; the
         first ``kept_ranks`` positions stay, default all the two layouts share); storage:
@@ -130,7 +136,7 @@ class MoveCostParams:
         else:
             replicas = new[0] if new[0] > 1 and not uses_fsdp(new) else 1
             moved = state_bytes * (1 + replicas)
-        return self.predict(path=path, bytes_moved=moved, new_processes=n_new > n_old)["total_s"]
+        return self.predict(path=path, bytes_moved=moved, new_processes=n_new > n_old)["downtime_s"]
 
 
 def _world(p) -> int:
@@ -141,8 +147,17 @@ def _path(rec: dict) -> str:
     return "d2d" if rec["path"] == "d2d" else "storage"
 
 
+def downtime(rec: dict) -> float | None:
+    """A record's downtime (``move_record``): total minus the first step's steady part."""
+    if rec.get("downtime_s") is not None:
+        return rec["downtime_s"]
+    if rec.get("total_s") is None or rec.get("warmup_s") is None or rec.get("first_step_s") is None:
+        return None
+    return rec["total_s"] - rec["first_step_s"] + rec["warmup_s"]
+
+
 def _complete(records: Iterable[dict]) -> list[dict]:
-    return [r for r in records if r.get("total_s") is not None and r.get("startup_s") is not None]
+    return [r for r in records if downtime(r) is not None and r.get("startup_s") is not None]
 
 
 def _median(xs: Sequence[float], default: float) -> float:
@@ -168,11 +183,19 @@ def fit(records: Iterable[dict], prior: MoveCostParams | None = None) -> MoveCos
     prior = prior or MoveCostParams.gpu_cluster_defaults()
     recs = _complete(records)
     if not recs:
-        raise InputError("no complete move record to fit (each needs total_s and startup_s)", field="records")
+        raise InputError("no complete move record to fit (each needs its downtime: total, first step, "
+                         "warm-up)", field="records")
     fresh = [r["startup_s"] for r in recs if _path(r) == "storage" or r["world_new"] > r["world_old"]]
     regroup = [r["startup_s"] for r in recs if _path(r) == "d2d" and r["world_new"] <= r["world_old"]]
-    warm = [r["warmup_s"] for r in recs if r.get("warmup_s") is not None]
-    out = {"drain_s": _median([r["drain_stop_s"] for r in recs], prior.drain_s),
+    warm = [r["warmup_s"] for r in recs]
+
+    def drain(path):
+        return [r["drain_stop_s"] + (r.get("other_s") or 0.0) for r in recs if _path(r) == path]
+    d2d_drain = _median(drain("d2d"), prior.drain_s)
+    storage_drain = _median(drain("storage"), d2d_drain + prior.stop_s)
+    if not drain("d2d"):                  # only storage moves: their drain, the prior's stop in it
+        d2d_drain = max(0.0, storage_drain - prior.stop_s)
+    out = {"drain_s": d2d_drain, "stop_s": max(0.0, storage_drain - d2d_drain),
            "startup_s": _median(fresh, prior.startup_s), "regroup_s": _median(regroup, prior.regroup_s),
            "warmup_s": _median(warm, prior.warmup_s)}
     for path in PATHS:
@@ -189,8 +212,8 @@ def fit(records: Iterable[dict], prior: MoveCostParams | None = None) -> MoveCos
 
 def held_out(records: Sequence[dict], is_test=None, prior: MoveCostParams | None = None) -> dict:
     """Fit on the records ``is_test`` rejects, predict the others; per (path, kind) the
-    count, mean absolute error of the total (s), mean relative error and mean measured
-    total. Default split: every second repetition of each (model, path, kind) is held out
+    count, mean absolute error of the downtime (s), mean relative error and mean measured
+    downtime. Default split: every second repetition of each (model, path, kind) is held out
     (records carry ``rep``; without it, their order)."""
     recs = _complete(records)
     if is_test is None:
@@ -208,7 +231,8 @@ def held_out(records: Sequence[dict], is_test=None, prior: MoveCostParams | None
     params = fit(train, prior)
     groups: dict[str, list[tuple[float, float]]] = {}
     for r in test:
-        groups.setdefault(f"{_path(r)} {r['kind']}", []).append((params.predict_record(r)["total_s"], r["total_s"]))
+        groups.setdefault(f"{_path(r)} {r['kind']}", []).append((params.predict_record(r)["downtime_s"],
+                                                                  downtime(r)))
     per_kind = {k: {"n": len(v), "mean_abs_error_s": statistics.fmean(abs(p - m) for p, m in v),
                     "mean_rel_error": statistics.fmean(abs(p - m) / m for p, m in v),
                     "mean_measured_s": statistics.fmean(m for _, m in v)}

@@ -21,6 +21,8 @@ A move record (plain JSON) holds::
                   ``reconfiguration_times_s``)
     other_s       total_s minus the parts and the first step (waits between them, e.g.
                   between a release and the relaunch)
+    downtime_s    total_s minus the first step's steady part (first_step_s - warmup_s):
+                  the time the move kept the job from training (None until warm-up known)
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def d2d_record(moved: dict, requested_at: float) -> dict:
             "drain_stop_s": moved["drain_s"], "state_s": moved["transfer_s"] + moved["install_s"],
             "bytes_moved": moved["bytes_moved"], "bytes_written": 0, "bytes_read": 0,
             "startup_s": moved["joint_group_s"] + moved["regroup_s"] + moved["build_s"],
-            "first_step_s": None, "warmup_s": None, "total_s": None, "other_s": None}
+            "first_step_s": None, "warmup_s": None, "total_s": None, "other_s": None, "downtime_s": None}
 
 
 def storage_record(old: tuple, new: tuple, *, requested_at: float, exited_at: float, save: dict | None,
@@ -66,7 +68,8 @@ def storage_record(old: tuple, new: tuple, *, requested_at: float, exited_at: fl
            "step": save["step"] if save else None, "requested_at": requested_at, "ready_at": None,
            "drain_stop_s": max(0.0, exited_at - requested_at - save_s), "state_s": save_s,
            "bytes_moved": written, "bytes_written": written, "bytes_read": 0,
-           "startup_s": None, "first_step_s": None, "warmup_s": None, "total_s": None, "other_s": None}
+           "startup_s": None, "first_step_s": None, "warmup_s": None, "total_s": None, "other_s": None,
+           "downtime_s": None}
     if reason:
         rec["reason"] = reason
     return rec
@@ -99,5 +102,6 @@ def finish(rec: dict, results_after: list[dict]) -> bool:
     steady = [r["iteration_time_s"] for r in results_after[1:1 + WARMUP_STEADY_STEPS]]
     if len(steady) == WARMUP_STEADY_STEPS:
         rec["warmup_s"] = max(0.0, first["iteration_time_s"] - statistics.median(steady))
+        rec["downtime_s"] = rec["total_s"] - rec["first_step_s"] + rec["warmup_s"]
         return True
     return False

@@ -6,7 +6,7 @@ from estimators.move_cost import MoveCostParams, fit, held_out, load_measured
 from instances.errors import InputError
 
 TRUE = MoveCostParams(drain_s=0.3, startup_s=7.0, regroup_s=0.1, warmup_s=0.05, d2d_bytes_per_s=2e8,
-                      storage_bytes_per_s=5e7, d2d_fixed_s=0.05, storage_fixed_s=0.2)
+                      storage_bytes_per_s=5e7, stop_s=0.25, d2d_fixed_s=0.05, storage_fixed_s=0.2)
 
 
 def record(path, kind, bytes_moved, world_old=2, world_new=2, rep=0, model="m", noise=0.0, params=TRUE):
@@ -14,8 +14,9 @@ def record(path, kind, bytes_moved, world_old=2, world_new=2, rep=0, model="m", 
                        new_processes=path != "d2d" or world_new > world_old)
     return {"model": model, "rep": rep, "path": path, "kind": kind, "world_old": world_old,
             "world_new": world_new, "bytes_moved": bytes_moved, "drain_stop_s": p["drain_stop_s"] + noise,
-            "state_s": p["state_s"] * (1 + noise), "startup_s": p["startup_s"] + noise,
-            "warmup_s": p["warmup_s"], "first_step_s": 0.1, "total_s": p["total_s"] + 3 * noise}
+            "state_s": p["state_s"] + noise, "startup_s": p["startup_s"] + noise,
+            "warmup_s": p["warmup_s"], "first_step_s": 0.1 + p["warmup_s"], "other_s": 0.0,
+            "total_s": p["downtime_s"] + 0.1 + 3 * noise}
 
 
 def synthetic(reps=2):
@@ -32,7 +33,7 @@ def synthetic(reps=2):
 
 def test_fit_recovers_the_parameters_of_noise_free_records():
     got = fit(synthetic(reps=1))
-    for name in ("drain_s", "startup_s", "regroup_s", "warmup_s", "d2d_fixed_s", "storage_fixed_s"):
+    for name in ("drain_s", "stop_s", "startup_s", "regroup_s", "warmup_s", "d2d_fixed_s", "storage_fixed_s"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6, abs=1e-9), name
     assert got.d2d_bytes_per_s == pytest.approx(TRUE.d2d_bytes_per_s, rel=1e-6)
     assert got.storage_bytes_per_s == pytest.approx(TRUE.storage_bytes_per_s, rel=1e-6)
@@ -60,11 +61,13 @@ def test_move_seconds_prices_layout_changes():
     S = 10e9                                                        # 10 GB of training state
     # dp=2 -> tp=2: replicas already hold their shards: no bytes; no new process
     assert p.move_seconds(S, (2, 1, 1), (1, 2, 1)) == pytest.approx(p.drain_s + p.regroup_s + p.warmup_s)
+    assert p.predict(path="d2d", bytes_moved=0, new_processes=False)["downtime_s"] == \
+        p.move_seconds(S, (2, 1, 1), (1, 2, 1))
     # pp=2 -> dp=2 moves one full copy (10 GB over 25 GB/s)
     assert p.move_seconds(S, (1, 1, 2), (2, 1, 1)) == pytest.approx(p.drain_s + 0.4 + p.regroup_s + p.warmup_s)
     # storage writes one copy and reads one per DDP replica, at 100 MB/s: 300 s
     assert p.move_seconds(S, (1, 1, 2), (2, 1, 1), path="storage") == pytest.approx(
-        p.drain_s + 300 + p.startup_s + p.warmup_s)
+        p.drain_s + p.stop_s + 300 + p.startup_s + p.warmup_s)
     assert p.move_seconds(S, (2, 1, 1), (4, 1, 1)) > p.startup_s                # growing starts processes
 
 
@@ -72,7 +75,7 @@ def test_bad_input_is_refused():
     with pytest.raises(InputError, match="d2d_bytes_per_s"):
         MoveCostParams(1, 1, 1, 1, 0, 1)
     with pytest.raises(InputError, match="records"):
-        fit([{"total_s": None}])
+        fit([{"total_s": 1.0, "first_step_s": 0.1, "warmup_s": None, "startup_s": 1.0}])
     with pytest.raises(InputError, match="unknown keys"):
         MoveCostParams.from_json({**TRUE.to_json(), "speed": 1})
 
