@@ -88,6 +88,8 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
     archive_previous_launch(run_dir)
     for stale in (STOP_FILE, CHECKPOINT_FILE, MOVE_FILE):
         (run_dir / stale).unlink(missing_ok=True)
+    for stale in [*run_dir.glob("move_*.json"), *run_dir.glob("rendezvous_*.json")]:   # an earlier launch's moves
+        stale.unlink(missing_ok=True)
     for d in (PIDS_DIR, EXITS_DIR):
         shutil.rmtree(run_dir / d, ignore_errors=True)
     config_path = run_dir / "config.json"
