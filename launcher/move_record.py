@@ -32,17 +32,17 @@ WARMUP_STEADY_STEPS = 5
 
 
 def move_kind(old: tuple[int, int, int], new: tuple[int, int, int]) -> str:
+    """``"grow x2"`` / ``"shrink /2"`` when the world size changes, else ``"<a>-><b>"``: the
+    degree that shrank most and the one that grew most (e.g. (2,2,1) -> (2,1,2): tp->pp)."""
     n_old, n_new = old[0] * old[1] * old[2], new[0] * new[1] * new[2]
     if n_new != n_old:
-        ratio = max(n_new, n_old) / min(n_new, n_old)
-        r = f"{ratio:g}"
+        r = f"{max(n_new, n_old) / min(n_new, n_old):g}"
         return f"grow x{r}" if n_new > n_old else f"shrink /{r}"
+    if tuple(old) == tuple(new):
+        return "same"
     names = ("dp", "tp", "pp")
-
-    def main(plan):
-        return max(range(3), key=lambda i: (plan[i], -i))
-    a, b = names[main(old)], names[main(new)]
-    return f"{a}->{b}" if tuple(old) != tuple(new) else "same"
+    ratio = [new[i] / old[i] for i in range(3)]
+    return f"{names[min(range(3), key=ratio.__getitem__)]}->{names[max(range(3), key=ratio.__getitem__)]}"
 
 
 def d2d_record(moved: dict, requested_at: float) -> dict:
