@@ -45,14 +45,12 @@ from typing import Any, Mapping
 from instances.errors import InputError
 from instances.models import get_model
 
-from . import d2d
+from . import d2d, move_record
 from . import launch as _launch
-from . import move_record
 from .config import OptimizerConfig, ParallelPlan, TrainConfig
 from .telemetry import read_progress, write_progress
 from .validate import validate
 from .worker import STOP_FILE
-
 
 MOVE_PATHS = ("d2d", "storage")
 

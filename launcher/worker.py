@@ -456,22 +456,30 @@ def _train_and_move(run: "_Run", start_step: int) -> tuple["_Run", str, int]:
         run, start_step = moved
 
 
-def join(move_path: str, offset: int) -> int:
-    """A process started to grow a running job (``--join OFFSET``): position OFFSET + its
-    MPI rank of the new plan; joins the move, then trains with the job."""
+def _import_torch() -> float:
+    """Import torch and its distributed packages up front (so the "import" part of start-up
+    holds them all), one thread per rank; the time it ended."""
     import torch
-
     import torch.distributed.checkpoint  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.pipelining  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
+
+    torch.set_num_threads(1)
+    return time.time()
+
+
+def join(move_path: str, offset: int) -> int:
+    """A process started to grow a running job (``--join OFFSET``): position OFFSET + its
+    MPI rank of the new plan; joins the move, then trains with the job."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGUSR1, _on_sigusr1)
     from mpi4py import MPI
 
     from .config import TrainConfig
     from .dist import device_for
 
-    torch.set_num_threads(1)
-    t_imported = time.time()
+    t_imported = _import_torch()
     req = d2d.MoveRequest.read(move_path)
     cfg = TrainConfig.from_json(req.config)
     position = offset + MPI.COMM_WORLD.Get_rank()
@@ -487,19 +495,10 @@ def join(move_path: str, offset: int) -> int:
 def main(config_path: str) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGUSR1, _on_sigusr1)
-    import torch
-
-    # torch's distributed packages up front, so the "import" part of start-up holds them all
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
-    import torch.distributed.pipelining  # noqa: F401
-    import torch.distributed.tensor.parallel  # noqa: F401
-
     from .config import TrainConfig
     from .dist import init_distributed
 
-    torch.set_num_threads(1)
-    t_imported = time.time()
+    t_imported = _import_torch()
     cfg = TrainConfig.read(config_path)
     env = init_distributed(cfg)
     run = _Run(cfg, env, t_imported, time.time())
