@@ -36,10 +36,8 @@ def _free_port(addr: str) -> int:
 
 
 def init_distributed(cfg) -> DistEnv:
-    import torch
     import torch.distributed as dist
     from mpi4py import MPI
-    from torch.distributed.device_mesh import init_device_mesh
 
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
@@ -56,16 +54,37 @@ def init_distributed(cfg) -> DistEnv:
         rendezvous = None
     addr, port = comm.bcast(rendezvous, root=0)
 
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if use_cuda:
+    device = device_for(cfg, local_rank)
+    dist.init_process_group(backend_for(cfg), init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.comm_timeout_s))
+    return make_env(plan, rank, world, local_rank, device, host)
+
+
+def use_cuda(cfg) -> bool:
+    import torch
+
+    return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+
+
+def backend_for(cfg) -> str:
+    return "nccl" if use_cuda(cfg) else "gloo"
+
+
+def device_for(cfg, local_rank: int):
+    """This rank's device (one GPU per local rank under CUDA), made current."""
+    import torch
+
+    if use_cuda(cfg):
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=cfg.comm_timeout_s))
+        return device
+    return torch.device("cpu")
+
+
+def make_env(plan, rank: int, world: int, local_rank: int, device, host: str) -> DistEnv:
+    """The (dp, pp, tp) mesh over the current default process group and this rank's coordinates."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     mesh = init_device_mesh(device.type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=MESH_DIMS)
     tp_rank = rank % plan.tp
     pp_rank = (rank // plan.tp) % plan.pp

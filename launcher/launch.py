@@ -21,6 +21,7 @@ from pathlib import Path
 from instances.errors import InputError
 
 from .config import TrainConfig
+from .d2d import MOVE_FILE
 from .worker import CHECKPOINT_FILE, EVENTS_FILE, EXITS_DIR, PIDS_DIR, RESULTS_FILE, STOP_FILE
 
 RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -85,8 +86,10 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     archive_previous_launch(run_dir)
-    for stale in (STOP_FILE, CHECKPOINT_FILE):
+    for stale in (STOP_FILE, CHECKPOINT_FILE, MOVE_FILE):
         (run_dir / stale).unlink(missing_ok=True)
+    for stale in [*run_dir.glob("move_*.json"), *run_dir.glob("rendezvous_*.json")]:   # an earlier launch's moves
+        stale.unlink(missing_ok=True)
     for d in (PIDS_DIR, EXITS_DIR):
         shutil.rmtree(run_dir / d, ignore_errors=True)
     config_path = run_dir / "config.json"
@@ -106,6 +109,27 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
         for f in (out, err):
             if f is not None:
                 f.close()
+
+
+def start_joiners(cfg: TrainConfig, move_path: str | os.PathLike, offset: int, count: int,
+                  generation: int) -> subprocess.Popen:
+    """Start ``count`` processes that join a running job's device-to-device move at rank
+    positions ``offset ..`` (``launcher.worker MOVE.json --join OFFSET``), logging to
+    ``join_<generation>.stdout.log`` / ``.stderr.log`` in the run directory."""
+    run_dir = Path(cfg.run_dir)
+    env = {**os.environ, **RANK_ENV}
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+    cmd = [mpiexec_path(), "-print-all-exitcodes", "-n", str(count), sys.executable, "-m", "launcher.worker",
+           str(move_path), "--join", str(offset)]
+    out = open(run_dir / f"join_{generation}.stdout.log", "ab")
+    err = open(run_dir / f"join_{generation}.stderr.log", "ab")
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    finally:
+        out.close()
+        err.close()
 
 
 def archive_previous_launch(run_dir: str | os.PathLike) -> Path | None:

@@ -14,9 +14,15 @@ job, so a relaunch on another plan reshards from the last checkpoint), ``progres
 - ``stop``: asks the ranks to checkpoint and exit (SIGTERM, which mpiexec forwards, plus a
   ``stop`` file for ranks on other hosts), waits up to ``stop_timeout_s``, then kills the
   process group and every rank it recorded.
-- ``reconfigure``: stop, then launch with the new allocation and plan; the time from
-  the stop request to the first step of the new launch is recorded as the measured
-  reconfiguration time.
+- ``release`` + ``reconfigure`` (a move): with ``move_path="d2d"`` (default) and a running
+  job on this host, device to device (``launcher.d2d``): the running ranks stop at a step
+  boundary, send the state slices whose owner changes to their new owners, rebuild on
+  the new plan and continue (growing: new processes join; shrinking: surplus ranks
+  park). Otherwise, or when that move fails or is refused: stop with a checkpoint, then
+  launch the new plan (the load reshards). Every move's parts (drain, state movement
+  and bytes, start-up, first step, warm-up, total) are in ``move_records``; its total
+  (request to first new step) is the reconfiguration time and, times the GPUs, the
+  GPU-seconds lost.
 - ``advance``: polls until the executor's clock reaches ``until_s`` (or, by default,
   until a job finishes or fails) and returns the jobs that finished or failed. A dead
   rank makes mpiexec exit (gloo raises on the survivors within seconds), which the next
@@ -39,11 +45,14 @@ from typing import Any, Mapping
 from instances.errors import InputError
 from instances.models import get_model
 
+from . import d2d, move_record
 from . import launch as _launch
 from .config import OptimizerConfig, ParallelPlan, TrainConfig
 from .telemetry import read_progress, write_progress
 from .validate import validate
 from .worker import STOP_FILE
+
+MOVE_PATHS = ("d2d", "storage")
 
 
 @dataclass(frozen=True)
@@ -62,10 +71,16 @@ class MpiExecutorConfig:
     step_delay_s: float = 0.0                   # tests: slow tiny jobs down
     epoch_s: float = 0.0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    move_path: str = "d2d"                      # "d2d": device-to-device moves where possible; "storage"
+    move_timeout_s: float = 300.0               # a d2d move not done by then falls back to storage
 
     def __post_init__(self):
         if not self.work_dir:
             raise InputError("must be a directory path", field="work_dir")
+        if self.move_path not in MOVE_PATHS:
+            raise InputError(f"must be one of {', '.join(MOVE_PATHS)}, got {self.move_path!r}", field="move_path")
+        if not self.move_timeout_s > 0:
+            raise InputError("must be > 0", field="move_timeout_s")
         if self.checkpoint_every < 0 or not self.stop_timeout_s > 0 or not self.poll_interval_s > 0:
             raise InputError("checkpoint_every >= 0, stop_timeout_s > 0, poll_interval_s > 0",
                              field="executor")
@@ -106,9 +121,7 @@ class _Job:
     failed: str | None = None
     ended_at_s: float | None = None
     reported: bool = False
-    reconfig_started: float | None = None       # wall time (time.time()) of the pending reconfiguration
     released_at: float | None = None            # wall time a move's stop was requested (``release``)
-    reconfig_launch_dir: str | None = None
     reconfiguration_s: list[float] = field(default_factory=list)
     gpus: int = 0                               # of the current (or last) launch
     launch_started: float | None = None         # wall time of a launch from the queue, until its first step
@@ -117,6 +130,12 @@ class _Job:
     steps_seen: float = 0.0                     # the last progress read (to count steps trained)
     steps_trained: float = 0.0                  # steps computed over all launches (lost ones included)
     steps_final: bool = True                    # the current launch's steps are all counted (it ended)
+    joiners: list = field(default_factory=list)  # mpiexec of processes that joined a d2d move (grow)
+    move_generation: int = 0                    # d2d moves requested in the current launch
+    moves: list[dict] = field(default_factory=list)     # move records (launcher.move_record)
+    open_moves: list[dict] = field(default_factory=list)  # records still waiting for their first steps
+    released_path: str | None = None            # how the pending release will move ("d2d"/"storage")
+    last_stop: dict | None = None               # plan, run dir and exit time of the last stop
 
 
 class MpiExecutor:
@@ -160,6 +179,7 @@ class MpiExecutor:
         st.gpus, st.launch_started, st.steps_seen = alloc.grid.num_gpus, time.time(), float(prev.get(
             "last_checkpoint_step") or 0)
         st.steps_final = False
+        st.joiners, st.move_generation = [], 0
         st.proc = _launch.start(cfg, hostfile)
         st.launches += 1
 
@@ -179,7 +199,9 @@ class MpiExecutor:
         except subprocess.TimeoutExpired:
             self._kill(st, signal.SIGKILL)
             st.proc.wait()
+        self._wait_joiners(st)
         st.ended_at_s = self.now_s()
+        st.last_stop = {"plan": _plan3(st.cfg.plan), "run_dir": st.cfg.run_dir, "exited_at": time.time()}
         prog = read_progress(st.cfg.progress_path) or {}
         if prog.get("status") not in ("stopped", "finished"):     # a run that completed stays finished
             ck = prog.get("last_checkpoint_step") or 0
@@ -188,26 +210,63 @@ class MpiExecutor:
                            iteration_time_s=prog.get("iteration_time_s"))
 
     def release(self, job_id: str, now_s: float) -> None:
-        """First half of a move: stop with a checkpoint (frees the GPUs for other movers)."""
+        """First half of a move. Storage path: stop with a checkpoint (frees the GPUs for
+        other movers). Device-to-device path (``move_path="d2d"``, a running job on this
+        host): nothing stops yet; the ranks keep training until ``reconfigure`` moves them
+        (on one host nothing binds a rank to the GPUs the allocation named)."""
         st = self._job(job_id)
         t0 = time.time()
-        self.stop(job_id, now_s)
+        if self._can_move_d2d(st):
+            st.released_path = "d2d"
+        else:
+            self.stop(job_id, now_s)
+            st.released_path = "storage"
         st.released_at = t0
 
     def reconfigure(self, job_id: str, alloc, plan, now_s: float) -> None:
+        """Second half of a move (or the whole move without a ``release``): device to
+        device where possible, else (or when that fails) stop with a checkpoint and relaunch
+        the new plan from storage. Each move's parts go to ``move_records``."""
         st = self._job(job_id)
         if st.released_at is None:
             self.release(job_id, now_s)
         t0, st.released_at = st.released_at, None
+        path, reason = "storage", None
+        if st.released_path == "d2d":
+            reason = self._move_d2d(st, alloc, plan, t0) if self._can_move_d2d(st) else \
+                "the job ended before the move"
+            if reason is None:
+                return
+            path = "storage-fallback"
+            self._end_failed_move(st)
         self.launch(st.job, alloc, plan, now_s)
-        self.count_as_move(job_id, t0)
+        self.count_as_move(job_id, t0, path=path, reason=reason)
 
-    def count_as_move(self, job_id: str, stop_requested_at: float) -> None:
+    def count_as_move(self, job_id: str, stop_requested_at: float, *, path: str = "storage",
+                      reason: str | None = None) -> None:
         """The job's current launch continues a move whose stop was requested at
-        ``stop_requested_at`` (wall time): its time to the first step is a reconfiguration."""
+        ``stop_requested_at`` (wall time): its time to the first step is a reconfiguration,
+        recorded with its parts (``move_records``)."""
         st = self._job(job_id)
-        st.reconfig_started, st.reconfig_launch_dir = stop_requested_at, st.cfg.run_dir
         st.launch_started = None
+        stop = st.last_stop or {}
+        save = next((e for e in reversed(_launch.read_events(stop["run_dir"])) if e["event"] == "save"),
+                    None) if stop else None
+        rec = move_record.storage_record(stop.get("plan", _plan3(st.cfg.plan)), _plan3(st.cfg.plan),
+                                         requested_at=stop_requested_at,
+                                         exited_at=stop.get("exited_at", stop_requested_at),
+                                         save=save if save and save.get("why") in ("stop", "move_refused") else None,
+                                         path=path, reason=reason)
+        rec["_run_dir"], rec["_gpus"] = st.cfg.run_dir, st.gpus
+        st.moves.append(rec)
+        st.open_moves.append(rec)
+
+    def move_records(self, job_id: str) -> list[dict]:
+        """Every move of the job so far with its parts (``launcher.move_record``); the last
+        one's first step, total and warm-up fill in as its steps run."""
+        st = self._job(job_id)
+        self._poll(st)
+        return [{k: v for k, v in r.items() if not k.startswith("_")} for r in st.moves]
 
     def progress(self, job_id: str) -> LaunchedJobProgress:
         st = self._job(job_id)
@@ -301,9 +360,10 @@ class MpiExecutor:
     def close(self) -> None:
         """Kill every job still running (no checkpoint)."""
         for st in self._jobs.values():
-            if st.proc is not None and st.proc.poll() is None:
+            if st.proc is not None and any(p.poll() is None for p in [st.proc, *st.joiners]):
                 self._kill(st, signal.SIGKILL)
-                st.proc.wait()
+                for p in [st.proc, *st.joiners]:
+                    p.wait()
 
     def __enter__(self):
         return self
@@ -319,14 +379,111 @@ class MpiExecutor:
 
     def _kill(self, st: _Job, sig: int) -> None:
         _launch.kill_job(st.proc, st.cfg.run_dir, sig)
+        for p in st.joiners:
+            _launch.kill_job(p, st.cfg.run_dir, sig)
+
+    def _wait_joiners(self, st: _Job) -> None:
+        """Processes that joined a move end with the job (same last step); kill stragglers."""
+        for p in st.joiners:
+            try:
+                p.wait(timeout=self.config.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                _launch.kill_job(p, st.cfg.run_dir, signal.SIGKILL)
+                p.wait()
+
+    # --- device-to-device moves ------------------------------------------------------------
+    def _can_move_d2d(self, st: _Job) -> bool:
+        return (self.config.move_path == "d2d" and not self.config.node_hosts and st.hostfile is None
+                and st.proc is not None and st.proc.poll() is None and not st.stopping
+                and all(p.poll() is None for p in st.joiners))
+
+    def _move_d2d(self, st: _Job, alloc, plan, t0: float) -> str | None:
+        """Ask the running ranks to move to ``plan`` device to device (``launcher.d2d``);
+        None when done, else why not (the caller falls back to storage)."""
+        cfg, _ = self._config_for(st.job, alloc, plan, launch_index=0)
+        cfg = replace(cfg, run_dir=st.cfg.run_dir)
+        validate(cfg, ranks=alloc.grid.num_gpus, device_type=self.config.memory_device or alloc.grid.gpu_type)
+        if cfg.model != st.cfg.model:
+            return "a different model"
+        gen = st.move_generation + 1
+        st.move_generation = gen
+        old = st.cfg.plan
+        req = d2d.MoveRequest(gen, t0, _plan3(old), old.stage_layers, cfg.to_json())
+        run_dir = Path(st.cfg.run_dir)
+        grow = cfg.plan.world_size - old.world_size
+        if grow > 0:            # joining processes start now: their start-up overlaps the drain
+            move_path = run_dir / f"move_{gen}.json"
+            req.write(move_path)
+            st.joiners.append(_launch.start_joiners(cfg, move_path, old.world_size, grow, gen))
+        req.write(run_dir / d2d.MOVE_FILE)
+        deadline = time.monotonic() + self.config.move_timeout_s
+        while True:
+            ev = next((e for e in reversed(_launch.read_events(run_dir))
+                       if e.get("generation") == gen and e["event"] in ("moved", "move_refused")), None)
+            if ev is not None and ev["event"] == "moved":
+                break
+            if ev is not None:
+                return f"refused by the ranks: {ev.get('reason')}"
+            dead = [p.returncode for p in [st.proc, *st.joiners] if p.poll() is not None]
+            if dead:
+                return f"a process of the move exited (status {dead[0]}) before the move was done"
+            if time.monotonic() > deadline:
+                return f"not done after {self.config.move_timeout_s} s"
+            time.sleep(0.05)
+        st.cfg, st.gpus = cfg, alloc.grid.num_gpus
+        rec = {**move_record.d2d_record(ev, t0), "_run_dir": st.cfg.run_dir, "_gpus": st.gpus}
+        st.moves.append(rec)
+        st.open_moves.append(rec)
+        st.launch_started = None
+        return None
+
+    def _end_failed_move(self, st: _Job) -> None:
+        """After a d2d move that failed or was refused: every process of the job gone (a
+        refusal saved a checkpoint and exits by itself; a failure is torn down by Hydra;
+        what is left is killed), the progress at the last checkpoint, which the relaunch
+        resumes from. Not a job failure: the move falls back."""
+        st.stopping = True
+        try:
+            st.proc.wait(timeout=self.config.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if any(p.poll() is None for p in [st.proc, *st.joiners]):
+            self._kill(st, signal.SIGKILL)
+        for p in [st.proc, *st.joiners]:
+            p.wait()
+        self._poll(st)
+        prog = read_progress(st.cfg.progress_path) or {}
+        write_progress(st.cfg.progress_path, status="stopped", iterations_done=prog.get("last_checkpoint_step") or 0,
+                       steps_total=st.cfg.steps, last_checkpoint_step=prog.get("last_checkpoint_step"),
+                       iteration_time_s=prog.get("iteration_time_s"))
+        st.last_stop = {"plan": _plan3(st.cfg.plan), "run_dir": st.cfg.run_dir, "exited_at": time.time()}
+
+    def _fill_moves(self, st: _Job) -> None:
+        """First step, total and warm-up of moves whose steps ran (each from the results of
+        its own launch, after it and before the next move)."""
+        results: dict[str, list[dict]] = {}
+        for rec in list(st.open_moves):
+            run_dir = rec["_run_dir"]
+            res = results.setdefault(run_dir, _launch.read_results(run_dir))
+            nxt = next((m["requested_at"] for m in st.moves if m["requested_at"] > rec["requested_at"]), None)
+            after = rec["ready_at"] if rec["path"] == "d2d" else rec["requested_at"]
+            mine = [r for r in res if r["time"] > after and (nxt is None or r["time"] < nxt)]
+            if not mine:
+                continue
+            if rec["path"] != "d2d" and rec["startup_s"] is None:
+                ev = _launch.read_events(run_dir)
+                move_record.add_relaunch(rec, next((e for e in ev if e["event"] == "load"), None),
+                                         next((e for e in ev if e["event"] == "ready"), None))
+            counted = rec["total_s"] is not None
+            if move_record.finish(rec, mine) or nxt is not None:
+                st.open_moves.remove(rec)
+            if not counted:                     # the move's time to its first step: lost GPU time
+                st.reconfiguration_s.append(rec["total_s"])
+                st.reconfig_lost_gpu_s += rec["total_s"] * rec["_gpus"]
 
     def _poll(self, st: _Job) -> None:
-        if st.reconfig_started is not None and st.reconfig_launch_dir:
-            res = _launch.read_results(st.reconfig_launch_dir)
-            if res:
-                st.reconfiguration_s.append(res[0]["time"] - st.reconfig_started)
-                st.reconfig_lost_gpu_s += st.reconfiguration_s[-1] * st.gpus
-                st.reconfig_started = st.reconfig_launch_dir = None
+        if st.open_moves:
+            self._fill_moves(st)
         if st.launch_started is not None:
             res = _launch.read_results(st.cfg.run_dir)
             if res:
@@ -391,3 +548,7 @@ class MpiExecutor:
             gpus_per_node=alloc.grid.shape.gpus_per_node, optimizer=self.config.optimizer,
             step_delay_s=self.config.step_delay_s)
         return cfg, hostfile
+
+
+def _plan3(plan) -> tuple[int, int, int]:
+    return (plan.dp, plan.tp, plan.pp)

@@ -25,6 +25,9 @@ import sys  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from . import d2d  # noqa: E402  (no torch at import)
+from . import reshard_plan as rp  # noqa: E402
+
 STOP_FILE = "stop"
 CHECKPOINT_FILE = "checkpoint"
 RESULTS_FILE = "results.jsonl"
@@ -81,6 +84,7 @@ class _Run:
         self.identity = {"model": cfg.model, "seed": cfg.seed, "global_batch": cfg.global_batch}
         self.last_ckpt: int | None = None
         self.last_save_time = time.time()
+        self.move_generation = 0              # the last device-to-device move carried out
         (self.run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
         (self.run_dir / PIDS_DIR / f"rank{self.rank}").write_text(f"{os.getpid()} {env.hostname}")
 
@@ -154,10 +158,22 @@ class _Run:
             return 0
         t0 = time.perf_counter()
         meta = checkpoint.load(found[1], self.train_module, self.optimizer, self.identity)
+        duration = time.perf_counter() - t0
         self.last_ckpt = int(meta["step"])
-        self.event("load", step=self.last_ckpt, duration_s=time.perf_counter() - t0, path=str(found[1]),
-                   saved_plan=meta.get("plan"))
+        self.event("load", step=self.last_ckpt, duration_s=duration, path=str(found[1]),
+                   saved_plan=meta.get("plan"), bytes=self.state_bytes_read())
         return self.last_ckpt
+
+    def state_bytes_read(self) -> float:
+        """Collective: bytes of model + optimizer state all ranks hold (what a load read)."""
+        import torch
+        import torch.distributed as dist
+
+        local = sum(t.numel() * t.element_size() for v in d2d.held_state(self.train_module, self.optimizer).values()
+                    for t in v)
+        total = torch.tensor([float(local)], device=self.env.device)
+        dist.all_reduce(total)
+        return total.item()
 
     def save(self, step: int, why: str) -> None:
         import torch.distributed as dist
@@ -165,10 +181,12 @@ class _Run:
         from . import checkpoint
 
         t0 = time.perf_counter()
-        checkpoint.save(self.cfg.checkpoint_dir, step, self.train_module, self.optimizer,
-                        {**self.identity, "plan": str(self.plan)}, rank=self.rank, barrier=dist.barrier,
-                        keep=self.cfg.checkpoint_keep)
-        self.event("save", step=step, why=why, duration_s=time.perf_counter() - t0)
+        path = checkpoint.save(self.cfg.checkpoint_dir, step, self.train_module, self.optimizer,
+                               {**self.identity, "plan": str(self.plan)}, rank=self.rank, barrier=dist.barrier,
+                               keep=self.cfg.checkpoint_keep)
+        duration = time.perf_counter() - t0
+        self.event("save", step=step, why=why, duration_s=duration,
+                   bytes=sum(f.stat().st_size for f in path.iterdir()) if self.rank == 0 else None)
         self.last_ckpt, self.last_save_time = step, time.time()
 
     def save_due(self, done: int) -> bool:
@@ -216,9 +234,10 @@ class _Run:
         self.optimizer.step()
         return local_loss, time.perf_counter() - t_opt
 
-    def agree(self, local_loss, done: int) -> tuple[float, bool, bool, bool]:
+    def agree(self, local_loss, done: int) -> tuple[float, bool, bool, bool, int]:
         """All-reduce the loss (summed over data replicas' last-stage, tensor-rank-0 ranks)
-        with the control flags: (loss, stop, save requested, periodic save due)."""
+        with the control flags: (loss, stop, save requested, periodic save due, generation
+        of a requested device-to-device move or 0)."""
         import torch
         import torch.distributed as dist
 
@@ -230,13 +249,16 @@ class _Run:
                 (self.run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
                 _Flags.save = True
         due = self.rank == 0 and self.save_due(done)
+        move = 0
+        if self.rank == 0 and (req := d2d.pending_request(self.run_dir, self.move_generation)) is not None:
+            move = req.generation
         own = self.is_last and env.tp_rank == 0
         contrib = local_loss / self.plan.dp if own else torch.zeros_like(local_loss)
         ctl = torch.stack([contrib.float(), torch.tensor(float(_Flags.stop), device=env.device),
                            torch.tensor(float(_Flags.save), device=env.device),
-                           torch.tensor(float(due), device=env.device)])
+                           torch.tensor(float(due), device=env.device), torch.tensor(float(move), device=env.device)])
         dist.all_reduce(ctl)
-        return float(ctl[0]), bool(ctl[1] > 0), bool(ctl[2] > 0), bool(ctl[3] > 0)
+        return float(ctl[0]), bool(ctl[1] > 0), bool(ctl[2] > 0), bool(ctl[3] > 0), int(ctl[4])
 
     def stage_breakdown(self, it_s: float, opt_s: float):
         """--breakdown: per-stage compute (slowest rank of the stage) and the rest as communication."""
@@ -265,6 +287,33 @@ class _Run:
         if cfg.telemetry_store and not first:
             tel.append_measured_runs(Path(cfg.telemetry_store), [rec])
 
+    # --- device-to-device move (launcher.d2d) --------------------------------------------
+    def move(self, generation: int, done: int):
+        """Move this job to the requested plan after step ``done``, device to device. Returns
+        (the run on the new plan, its start step), None when this rank's position is parked, or "refused"
+        (the state is not laid out as the plan says: a checkpoint was saved instead)."""
+        import torch
+        import torch.distributed as dist
+
+        t_agreed = time.time()
+        req = d2d.MoveRequest.read(self.run_dir / d2d.MOVE_FILE)
+        if req.generation != generation:
+            raise RuntimeError(f"move request changed under the move: {req.generation} != {generation}")
+        layout = d2d.model_layout(self.cfg.model)
+        old_l = rp.layout(layout, (self.plan.dp, self.plan.tp, self.plan.pp), self.plan.stage_layers)
+        held = d2d.held_state(self.train_module, self.optimizer)
+        bad = torch.tensor([0.0 if d2d.shapes_match(held, old_l[self.rank]) else 1.0], device=self.env.device)
+        dist.all_reduce(bad)
+        if bad.item() > 0:
+            self.event("move_refused", generation=generation, step=done,
+                       reason="held tensors differ from the layout; saving a checkpoint instead")
+            if self.cfg.checkpoint_dir:
+                self.save(done, "move_refused")
+            return "refused"
+        box = [held]                # handed over, so that the old state can be freed after the transfer
+        del held
+        return _carry_out_move(self, req, done, t_agreed, old_l, box)
+
     # --- the run -----------------------------------------------------------------------
     def stop_requested_at_start(self) -> bool:
         """A stop asked for during start-up (file or SIGTERM on any rank)."""
@@ -292,7 +341,7 @@ class _Run:
             t0 = time.perf_counter()
             local_loss, opt_s = self.step(step)
             done = step + 1
-            loss, stop, requested, due = self.agree(local_loss, done)
+            loss, stop, requested, due, move = self.agree(local_loss, done)
             it_s = time.perf_counter() - t0
             stage_compute, stage_comm = self.stage_breakdown(it_s, opt_s)
             self.record(done, loss, it_s, step == start_step, stage_compute, stage_comm)
@@ -307,33 +356,154 @@ class _Run:
             if stop:
                 status = "stopped"
                 break
+            if move:
+                self.move_generation = move
+                status = "moving"
+                break
             if cfg.step_delay_s:
                 time.sleep(cfg.step_delay_s)
         else:
             if cfg.checkpoint_dir and cfg.checkpoint_at_end and self.last_ckpt != cfg.steps:
                 self.save(cfg.steps, "end")
+        if status == "moving":
+            return status, done
         if self.rank == 0:
             (self.run_dir / STOP_FILE).unlink(missing_ok=True)
         self.progress(status, done, it_s, **measured)
         return status, done
 
 
-def main(config_path: str) -> int:
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    signal.signal(signal.SIGUSR1, _on_sigusr1)
-    import torch
+def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agreed: float, old_l, held_box,
+                    *, position: int | None = None, t_imported: float | None = None, device=None):
+    """The move's joint part, run by the old job's ranks (``old``) and by joining processes
+    (``old`` None, ``position`` given): joint group, transfer, new group, new model. Returns
+    (the new ``_Run``, the step it continues from), or None for a parked position."""
+    import socket
 
-    # torch's distributed packages up front, so the "import" part of start-up holds them all
+    import torch
+    import torch.distributed as dist
+
+    from .config import TrainConfig
+    from .dist import device_for, make_env
+
+    cfg = TrainConfig.from_json(req.config)
+    run_dir = Path(cfg.run_dir)
+    n_old, n_new = req.old_plan[0] * req.old_plan[1] * req.old_plan[2], cfg.plan.world_size
+    me = old.rank if old is not None else position
+    device = old.env.device if old is not None else device
+    rv = lambda tag: run_dir / f"rendezvous_{req.generation}_{tag}.json"          # noqa: E731
+    t0 = time.time()
+    if n_new > n_old:                           # growing: a joint group with the new processes
+        if old is not None:
+            dist.destroy_process_group()
+        d2d.join_group(me, n_new, rv("joint"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s)
+    t_joint = time.time()
+    layout = d2d.model_layout(cfg.model)
+    new_l = rp.layout(layout, (cfg.plan.dp, cfg.plan.tp, cfg.plan.pp), cfg.plan.stage_layers)
+    pieces = rp.transfer_plan(old_l, new_l, kept=min(n_old, n_new))
+    held = held_box.pop()
+    state, sent = d2d.transfer(pieces, me, held, old_l[me] if me < n_old else {},
+                               new_l[me] if me < n_new else {}, device)
+    rng = [torch.random.get_rng_state(), done]           # rank 0's RNG and step reach joiners
+    dist.broadcast_object_list(rng, src=0)
+    done = rng[1]
+    moved = torch.tensor([float(sent)], device=device)
+    dist.all_reduce(moved)
+    t_moved = time.time()
+    if old is not None:                         # the old plan's modules go
+        old.model = old.train_module = old.optimizer = old.schedule = None
+    del held
+    if n_new < n_old:                           # shrinking: the surplus positions park
+        dist.destroy_process_group()
+        if me >= n_new:
+            d2d.park(run_dir, EXITS_DIR)
+            return None
+        d2d.join_group(me, n_new, rv("new"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s)
+    t_group = time.time()
+    if old is not None:
+        local_rank, host, t_imp = old.env.local_rank, old.env.hostname, old.t_imported
+    else:
+        local_rank, host, t_imp = me, socket.gethostname(), t_imported
+    env = make_env(cfg.plan, me, n_new, local_rank, device if device is not None else device_for(cfg, me), host)
+    run = _Run(cfg, env, t_imp, time.time())
+    if old is not None:
+        run.last_ckpt, run.last_save_time = old.last_ckpt, old.last_save_time
+    run.move_generation = req.generation
+    run.setup()
+    t_built = time.time()
+    d2d.install(run.train_module, run.optimizer, state)
+    del state
+    torch.random.set_rng_state(rng[0])
+    run.build_schedule_and_data()
+    t_ready = time.time()
+    run.event("moved", generation=req.generation, step=done, path="d2d",
+              old_plan=list(req.old_plan), new_plan=[cfg.plan.dp, cfg.plan.tp, cfg.plan.pp],
+              drain_s=t_agreed - req.requested_at, joint_group_s=t_joint - t0, transfer_s=t_moved - t_joint,
+              regroup_s=t_group - t_moved, build_s=t_built - t_group, install_s=t_ready - t_built,
+              bytes_moved=moved.item(), pieces=sum(1 for p in pieces if p.src != p.dst),
+              world_old=n_old, world_new=n_new)
+    return run, done
+
+
+def _train_and_move(run: "_Run", start_step: int) -> tuple["_Run", str, int]:
+    """Train, carrying out device-to-device moves as they are requested; (the run at the
+    end, status, steps done). A parked rank returns status "parked"."""
+    while True:
+        status, done = run.train(start_step)
+        if status != "moving":
+            return run, status, done
+        moved = run.move(run.move_generation, done)
+        if moved == "refused":
+            run.progress("stopped", done, None)
+            return run, "stopped", done
+        if moved is None:
+            return run, "parked", done
+        run, start_step = moved
+
+
+def _import_torch() -> float:
+    """Import torch and its distributed packages up front (so the "import" part of start-up
+    holds them all), one thread per rank; the time it ended."""
+    import torch
     import torch.distributed.checkpoint  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.pipelining  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
 
+    torch.set_num_threads(1)
+    return time.time()
+
+
+def join(move_path: str, offset: int) -> int:
+    """A process started to grow a running job (``--join OFFSET``): position OFFSET + its
+    MPI rank of the new plan; joins the move, then trains with the job."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGUSR1, _on_sigusr1)
+    from mpi4py import MPI
+
+    from .config import TrainConfig
+    from .dist import device_for
+
+    t_imported = _import_torch()
+    req = d2d.MoveRequest.read(move_path)
+    cfg = TrainConfig.from_json(req.config)
+    position = offset + MPI.COMM_WORLD.Get_rank()
+    old_l = rp.layout(d2d.model_layout(cfg.model), req.old_plan, req.old_stage_layers)
+    moved = _carry_out_move(None, req, -1, time.time(), old_l, [{}], position=position, t_imported=t_imported,
+                            device=device_for(cfg, position))
+    if moved is None:
+        return 0
+    run, status, done = _train_and_move(*moved)
+    return run.leave(status, done)
+
+
+def main(config_path: str) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGUSR1, _on_sigusr1)
     from .config import TrainConfig
     from .dist import init_distributed
 
-    torch.set_num_threads(1)
-    t_imported = time.time()
+    t_imported = _import_torch()
     cfg = TrainConfig.read(config_path)
     env = init_distributed(cfg)
     run = _Run(cfg, env, t_imported, time.time())
@@ -352,7 +522,9 @@ def main(config_path: str) -> int:
         run.progress("stopped", start_step, None)
         run.event("stopped", step=start_step)
         return run.leave("stopped", start_step)
-    status, done = run.train(start_step)
+    run, status, done = _train_and_move(run, start_step)
+    if status == "parked":
+        return run.leave(status, done)
     run.event(status, step=done)
     # No dist.destroy_process_group(): every rank has left its last collective, and
     # os._exit in __main__ closes the sockets (a finished run that still ended non-zero was
@@ -361,11 +533,15 @@ def main(config_path: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python -m launcher.worker CONFIG.json", file=sys.stderr)
+    if len(sys.argv) == 4 and sys.argv[2] == "--join":
+        entry = lambda: join(sys.argv[1], int(sys.argv[3]))          # noqa: E731
+    elif len(sys.argv) == 2:
+        entry = lambda: main(sys.argv[1])                             # noqa: E731
+    else:
+        print("usage: python -m launcher.worker CONFIG.json | MOVE.json --join OFFSET", file=sys.stderr)
         sys.exit(2)
     try:
-        code = main(sys.argv[1])
+        code = entry()
     except Exception as exc:  # report, then fail the whole MPI job
         import traceback
 

@@ -59,7 +59,8 @@ def test_refuses_a_plan_that_does_not_match_the_allocation(tmp_path):
 def test_reconfigure_then_rank_failure_then_resume(tmp_path):
     ref = train_reference(MODEL, steps=STEPS, global_batch=BATCH, seed=0)
     cfg = MpiExecutorConfig(work_dir=str(tmp_path), checkpoint_every=4, step_delay_s=0.1,
-                            stop_timeout_s=60, telemetry_store=str(tmp_path / "store"))
+                            stop_timeout_s=60, telemetry_store=str(tmp_path / "store"),
+                            move_path="storage")     # the storage path (d2d: tests/test_launcher_d2d.py)
     job = Job("j1", MODEL, BATCH, STEPS, 0.0)
     with MpiExecutor(cfg) as ex:
         # 1. dp=2 until a periodic checkpoint exists
@@ -77,6 +78,10 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
         second_dir = ex.run_dir("j1")
         wait_for(lambda: ex.reconfiguration_times_s("j1"))
         assert 0 < ex.reconfiguration_times_s("j1")[0] < 120
+        rec = ex.move_records("j1")[0]
+        assert (rec["path"], rec["kind"], rec["step"]) == ("storage", "dp->pp", stopped_at)
+        assert rec["bytes_written"] > 0 and rec["bytes_read"] > 0 and rec["startup_s"] > 0
+        assert rec["total_s"] == ex.reconfiguration_times_s("j1")[0]
 
         # 3. kill one rank after the next periodic checkpoint
         wait_for(lambda: ex.progress("j1").last_checkpoint_iteration >= stopped_at + 4)

@@ -320,3 +320,19 @@ def test_tp_shard_holds_what_apply_tp_gives_each_rank():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_tp_shard_worker, args=(2, port, ("tiny-llama__4L", "tiny-moe__2L")), nprocs=2, join=True)
+
+
+def test_move_records_name_the_kind_and_fill_first_step_warmup_and_downtime():
+    from launcher import move_record as mr
+
+    assert [mr.move_kind(a, b) for a, b in (((2, 1, 1), (1, 2, 1)), ((2, 2, 1), (2, 1, 2)), ((1, 1, 2), (2, 1, 2)),
+                                             ((4, 1, 1), (1, 1, 1)))] == ["dp->tp", "tp->pp", "grow x2", "shrink /4"]
+    rec = mr.d2d_record({"old_plan": [2, 1, 1], "new_plan": [1, 1, 2], "world_old": 2, "world_new": 2, "step": 4,
+                         "time": 101.0, "drain_s": 0.2, "transfer_s": 0.3, "install_s": 0.1, "bytes_moved": 8.0,
+                         "joint_group_s": 0.0, "regroup_s": 0.05, "build_s": 0.15}, requested_at=100.0)
+    steps = [{"time": 101.5 + i, "iteration_time_s": 0.5 if i == 0 else 0.2} for i in range(6)]
+    assert not mr.finish(rec, steps[:3])                       # warm-up needs 5 steady steps after the first
+    assert rec["total_s"] == 1.5 and rec["first_step_s"] == 0.5 and rec["warmup_s"] is None
+    assert rec["other_s"] == pytest.approx(1.5 - (0.2 + 0.4 + 0.2 + 0.5))
+    assert mr.finish(rec, steps)
+    assert rec["warmup_s"] == pytest.approx(0.3) and rec["downtime_s"] == pytest.approx(1.5 - 0.2)
