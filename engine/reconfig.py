@@ -2,44 +2,55 @@
 
 The same ``ReconfigCostModel`` prices a move in the policies' objective and charges it
 as downtime in the simulator's truth (``SimExecutor``): seconds during which a moved job
-holds its new GPUs but makes no progress. Two named settings (``PRESETS``, CLI
-``--reconfig-opt preset=NAME``; other options override a preset's fields):
+holds its new GPUs but makes no progress. Named settings (``PRESETS``, CLI
+``--reconfig-opt preset=NAME``; other options override a preset's fields, or the
+fields of its ``MoveCostParams``):
 
 - ``arena`` (default): the Arena (EuroSys'26) artifact's figure — re-planning at
   ``replan_per_gpu_s`` = 10 s per GPU of the new allocation, at most ``replan_cap_s`` =
   40 s; restart 0; no state movement. (The artifact charged its baselines 150 s per GPU,
   at most 600 s, for an unpruned search; here every policy pays the same cost.)
-- ``realistic``: a move as our launcher carries it out on a GPU cluster, in parts (see
-  docs/simulator.md for the figures and their sources): ``drain_s`` to stop the old
-  ranks, ``restart_s`` for process and communicator start-up, ``warmup_s`` for the first
-  slow steps, and the state movement over ``state_path``: ``d2d`` sends only the bytes
-  that change owner between the old and new layouts, device to device at
-  ``d2d_bytes_per_s`` per receiving GPU; ``storage`` writes the whole state and reads it
-  back at ``storage_bytes_per_s`` (a checkpoint through shared storage). A resume after
-  preemption always reads its state from storage (it left its GPUs). No re-planning
-  (the planner's search takes milliseconds).
+- ``realistic``: a move as our launcher carries it out, priced by the launcher's own
+  move-cost model (``estimators.move_cost.MoveCostParams``) with its published GPU-cluster
+  defaults: drain, state movement (device to device, only the bytes that change owner,
+  ``launcher.reshard_plan.changed_owner_bytes``; or through storage), start-up (fresh
+  processes when the job grows or goes through storage, else a regroup of the running
+  ranks) and warm-up. No re-planning (the planner takes milliseconds).
+- ``local``: the same model calibrated from the moves measured on this project's machine
+  (``MoveCostParams.measured_here()``, docs/launcher.md).
 
-The model state is ``param_count x state_bytes_per_param`` (16 B/param: fp16 weights
-and gradients plus fp32 master weights and two Adam moments, instances.memory_rule).
-Bytes that change owner are counted under the uniform-layers approximation of
-``changed_owner_bytes``.
+With a move-cost model: a first start costs start-up + warm-up; a resume after preemption
+is a move through storage (its state was written when it stopped and is read back); a
+move of a running job goes over ``state_path`` (``d2d`` or ``storage``). The state is
+``param_count x state_bytes_per_param`` (16 B/param: fp16 weights and gradients plus
+fp32 master weights and two Adam moments, instances.memory_rule). Layouts for pricing
+are (dp = GPUs / pp, 1, pp): tensor parallelism is the plan's business.
 
-A launch from the queue (``old is None``) is charged restart and warm-up (and
-re-planning) when ``charge_launch`` is True (default: the artifact counted a job's first
-placement as a GPU change too). An allocation that is unchanged (same grid, same GPUs)
-costs 0. A grid change on the same GPUs (e.g. a different pipeline depth) is a plan
-change and is charged. Downtime longer than a round carries into the next rounds.
+A launch from the queue is charged only when ``charge_launch`` is True (default: the
+artifact counted a job's first placement as a GPU change too). An allocation that is
+unchanged (same grid, same GPUs) costs 0. A grid change on the same GPUs (e.g. a
+different pipeline depth) is a plan change and is charged. Downtime longer than a round
+carries into the next rounds.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
+from estimators.move_cost import MoveCostParams
 from instances.grid import Grid
 from instances.jobs import Job
 from instances.memory_rule import ADAM_STATE_BYTES_PER_PARAM
 
 from .context import Allocation
+
+STATE_PATHS = ("d2d", "storage")
+
+
+def _layout(grid: Grid) -> tuple[int, int, int]:
+    """A grid's layout for pricing: data ranks fill each stage (dp = GPUs / pp, tp = 1)."""
+    return grid.num_gpus // grid.pp, 1, grid.pp
 
 
 def nominal_allocation(grid: Grid) -> Allocation:
@@ -90,46 +101,26 @@ class ReconfigCostModel:
     preset: str = "arena"               # which named setting this is (set by from_options)
     replan_per_gpu_s: float = 10.0
     replan_cap_s: float = 40.0
-    restart_s: float = 0.0              # process and communicator start-up, per (re)start
-    drain_s: float = 0.0                # stopping the old ranks of a moved running job
-    warmup_s: float = 0.0               # first steps slower than steady state, per (re)start
-    state_path: str = "none"            # none | d2d | storage: how a move's state travels
-    d2d_bytes_per_s: float = 10e9       # per receiving GPU
-    storage_bytes_per_s: float = 100e6  # per job, shared storage
+    restart_s: float = 0.0              # arena setting: a fixed cost per (re)start
+    moves: MoveCostParams | None = None     # the launcher's move-cost model (None: the arena figure only)
+    state_path: str = "d2d"             # with ``moves``: how a running job's state moves
     state_bytes_per_param: float = ADAM_STATE_BYTES_PER_PARAM      # 16: instances.memory_rule
     charge_launch: bool = True
 
     def __post_init__(self):
-        for f in ("replan_per_gpu_s", "replan_cap_s", "restart_s", "drain_s", "warmup_s", "state_bytes_per_param"):
+        for f in ("replan_per_gpu_s", "replan_cap_s", "restart_s", "state_bytes_per_param"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"ReconfigCostModel.{f} must be a finite number >= 0, got {v!r}")
-        for f in ("d2d_bytes_per_s", "storage_bytes_per_s"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"ReconfigCostModel.{f} must be a finite number > 0, got {v!r}")
         if self.state_path not in STATE_PATHS:
             raise ValueError(f"ReconfigCostModel.state_path must be one of {STATE_PATHS}, got {self.state_path!r}")
+        if self.moves is not None and not isinstance(self.moves, MoveCostParams):
+            raise ValueError("ReconfigCostModel.moves must be a MoveCostParams or None")
         if not isinstance(self.charge_launch, bool):
             raise ValueError("ReconfigCostModel.charge_launch must be a bool")
 
     def state_bytes(self, job: Job) -> float:
         return job.arch.param_count * self.state_bytes_per_param
-
-    def moved_bytes(self, job: Job, old: Allocation | None, new: Allocation, resumed: bool = False) -> float:
-        """Bytes of state moved: through storage (written and read back), or those that
-        change owner device to device; a resume reads its whole state from storage."""
-        if self.state_path == "none" or (old is None and not resumed):
-            return 0.0
-        s = self.state_bytes(job)
-        if old is None or self.state_path == "storage":
-            return 2.0 * s
-        kept = 0
-        for a, b in zip(old.gpus, new.gpus):
-            if a != b:
-                break
-            kept += 1
-        return changed_owner_bytes(s, _layout(old.grid), _layout(new.grid), kept)
 
     def cost_s(self, job: Job, old: Allocation | None, new: Allocation, resumed: bool = False) -> float:
         """Downtime in seconds for moving ``job`` from ``old`` (None: queued; ``resumed``:
@@ -138,16 +129,22 @@ class ReconfigCostModel:
             return 0.0
         if old is None and not self.charge_launch:
             return 0.0
-        cost = min(self.replan_per_gpu_s * new.grid.num_gpus, self.replan_cap_s) + self.restart_s + self.warmup_s
-        if old is not None:
-            cost += self.drain_s
-        moved = self.moved_bytes(job, old, new, resumed)
-        if moved:
-            if old is None or self.state_path == "storage":
-                cost += moved / self.storage_bytes_per_s
-            else:
-                cost += moved / (self.d2d_bytes_per_s * new.grid.num_gpus)
-        return cost
+        cost = min(self.replan_per_gpu_s * new.grid.num_gpus, self.replan_cap_s) + self.restart_s
+        m = self.moves
+        if m is None:
+            return cost
+        if old is None and not resumed:                 # a first start: processes, no state
+            return cost + m.startup_s + m.warmup_s
+        if old is None:                                 # a resume: its state comes back from storage
+            return cost + m.move_seconds(self.state_bytes(job), _layout(new.grid), _layout(new.grid),
+                                         path="storage", kept_ranks=0)
+        kept = 0
+        for a, b in zip(old.gpus, new.gpus):
+            if a != b:
+                break
+            kept += 1
+        return cost + m.move_seconds(self.state_bytes(job), _layout(old.grid), _layout(new.grid),
+                                     path=self.state_path, kept_ranks=kept)
 
     def cost_to_grid_s(self, job: Job, old: Allocation | None, grid: Grid, resumed: bool = False) -> float:
         """Downtime for moving ``job`` to ``grid`` before its GPUs are chosen (what a policy
@@ -163,22 +160,32 @@ class ReconfigCostModel:
 
     @classmethod
     def from_options(cls, opts: dict) -> "ReconfigCostModel":
-        """Build from a plain mapping (e.g. CLI options): ``preset`` (default ``arena``)
-        then field overrides; unknown keys are an error."""
+        """Build from a plain mapping (e.g. CLI options): ``preset`` (default ``arena``),
+        then overrides of this model's fields or of its ``MoveCostParams`` fields
+        (``startup_s=60``); unknown keys are an error."""
         opts = dict(opts)
         name = str(opts.pop("preset", "arena"))
         if name not in PRESETS:
             raise ValueError(f"unknown reconfiguration cost preset {name!r}; known: {sorted(PRESETS)}")
-        known = set(cls.__dataclass_fields__) - {"preset"}
-        bad = sorted(set(opts) - known)
+        base = PRESETS[name]()
+        own = set(cls.__dataclass_fields__) - {"preset", "moves"}
+        move_fields = {f.name for f in dataclasses.fields(MoveCostParams)}
+        bad = sorted(set(opts) - own - move_fields)
         if bad:
-            raise ValueError(f"unknown reconfiguration cost option(s) {bad}; known: preset, {sorted(known)}")
-        return cls(**{**PRESETS[name], **opts, "preset": name})
+            raise ValueError(f"unknown reconfiguration cost option(s) {bad}; known: preset, {sorted(own)}, and "
+                             f"the move-cost parts {sorted(move_fields)} (presets realistic, local)")
+        moved = {k: v for k, v in opts.items() if k in move_fields}
+        if moved and base.moves is None:
+            raise ValueError(f"{sorted(moved)} need a move-cost model: use preset=realistic or preset=local")
+        moves = dataclasses.replace(base.moves, **moved) if moved and base.moves is not None else base.moves
+        return dataclasses.replace(base, **{k: v for k, v in opts.items() if k in own}, moves=moves, preset=name)
 
 
-#: Named settings (field values); sources and the measured local calibration in docs/simulator.md.
-PRESETS: dict[str, dict] = {
-    "arena": {},
-    "realistic": dict(replan_per_gpu_s=0.0, replan_cap_s=0.0, drain_s=5.0, restart_s=30.0, warmup_s=10.0,
-                      state_path="d2d", d2d_bytes_per_s=10e9, storage_bytes_per_s=100e6),
+#: Named settings; sources in docs/simulator.md and docs/launcher.md.
+PRESETS = {
+    "arena": ReconfigCostModel,
+    "realistic": lambda: ReconfigCostModel(preset="realistic", replan_per_gpu_s=0.0, replan_cap_s=0.0,
+                                           moves=MoveCostParams.gpu_cluster_defaults()),
+    "local": lambda: ReconfigCostModel(preset="local", replan_per_gpu_s=0.0, replan_cap_s=0.0,
+                                       moves=MoveCostParams.measured_here()),
 }

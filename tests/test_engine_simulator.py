@@ -207,32 +207,29 @@ def test_reconfig_cost_model_terms():
     assert ReconfigCostModel(restart_s=7.0).cost_s(j, a, b) == 27.0
     bw = 1e9
     state = j.arch.param_count * 16.0
-    sm = ReconfigCostModel(state_path="storage", storage_bytes_per_s=bw)
-    assert sm.cost_s(j, a, b) == pytest.approx(20.0 + 2 * state / bw)      # written, then read back
-    assert sm.cost_s(j, None, a) == 20.0                                   # a first start moves no state
-    assert sm.cost_s(j, None, a, resumed=True) == pytest.approx(20.0 + 2 * state / bw)
-    assert math.isfinite(sm.cost_s(j, a, c))
-    # device to device: only the bytes that change owner, per receiving GPU
-    dm = ReconfigCostModel(state_path="d2d", d2d_bytes_per_s=bw, drain_s=3.0)
+    from estimators.move_cost import MoveCostParams
+    mp = MoveCostParams(drain_s=1.0, startup_s=20.0, regroup_s=2.0, warmup_s=3.0, d2d_bytes_per_s=bw,
+                        storage_bytes_per_s=bw / 10, stop_s=0.5)
+    sm = ReconfigCostModel(replan_per_gpu_s=0.0, replan_cap_s=0.0, moves=mp, state_path="storage")
+    assert sm.cost_s(j, None, a) == pytest.approx(20.0 + 3.0)                  # a first start moves no state
+    through = 1.0 + 0.5 + 20.0 + 3.0 + state * 3 / (bw / 10)                  # one copy written, two read (dp=2)
+    assert sm.cost_s(j, a, b) == pytest.approx(through)
+    assert sm.cost_s(j, None, a, resumed=True) == pytest.approx(through)       # a resume comes back from storage
+    # device to device: only the bytes that change owner; running ranks regroup unless it grows
+    dm = ReconfigCostModel(replan_per_gpu_s=0.0, replan_cap_s=0.0, moves=mp, state_path="d2d")
     grow = Allocation(grid("a100", 1, 4), ((0, 0), (0, 1), (0, 2), (0, 3)))
-    assert dm.cost_s(j, a, grow) == pytest.approx(40.0 + 3.0 + 2 * state / (bw * 4))   # 2 new replicas
-    assert dm.cost_s(j, a, b) == pytest.approx(20.0 + 3.0 + 2 * state / (bw * 2))      # nothing kept
+    assert dm.cost_s(j, a, grow) == pytest.approx(1.0 + 20.0 + 3.0 + 2 * state / bw)   # two new replicas
+    assert dm.cost_s(j, a, b) == pytest.approx(1.0 + 2.0 + 3.0 + 2 * state / bw)       # nothing kept
     assert dm.cost_to_grid_s(j, a, grow.grid) == pytest.approx(dm.cost_s(j, a, grow))  # prices keeping GPUs
     with pytest.raises(ValueError, match="unknown"):
         ReconfigCostModel.from_options({"nope": 1})
     with pytest.raises(ValueError, match="preset"):
         ReconfigCostModel.from_options({"preset": "nope"})
-    real = ReconfigCostModel.from_options({"preset": "realistic", "restart_s": 12})
-    assert real.preset == "realistic" and real.restart_s == 12 and real.state_path == "d2d"
-
-
-def test_changed_owner_bytes():
-    from engine.reconfig import changed_owner_bytes as moved
-    assert moved(1.0, (4, 1, 1), (2, 1, 2), 4) == 0.0          # each kept replica already holds its stage
-    assert moved(1.0, (4, 1, 1), (8, 1, 1), 4) == 4.0          # four new replicas
-    assert moved(1.0, (1, 2, 1), (1, 1, 2), 2) == 0.5          # tp -> pp: half of each rank's new stage
-    assert moved(1.0, (2, 1, 1), (2, 1, 1), 0) == 2.0          # nothing kept: every replica received
-    assert moved(1.0, (1, 1, 2), (1, 2, 1), 2) == 0.5
+    with pytest.raises(ValueError, match="move-cost model"):
+        ReconfigCostModel.from_options({"startup_s": 5})
+    real = ReconfigCostModel.from_options({"preset": "realistic", "startup_s": 12})
+    assert real.preset == "realistic" and real.moves.startup_s == 12 and real.state_path == "d2d"
+    assert ReconfigCostModel.from_options({"preset": "local"}).moves == MoveCostParams.measured_here()
 
 
 def test_running_job_whose_new_grid_does_not_fit_keeps_its_gpus():
