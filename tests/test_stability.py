@@ -160,3 +160,25 @@ def test_fixed_columns_leave_the_model_but_keep_their_capacity_and_value():
     np.testing.assert_allclose(part.c[: part.n_x], full.c[cols])
     with pytest.raises(ValueError):
         build_model(data, obj, columns=np.arange(data.n_cols), fixed=fixed)
+
+
+def test_preemption_is_charged_the_resume_it_will_cost():
+    import numpy as np
+
+    from engine.context import RoundContext
+    from engine.formulation import build_model, build_round_data
+    inst = get_instance("demo")
+    j0 = inst.jobs[0]
+    views = [JobView(j, float(j.num_iterations), None) for j in inst.jobs[1:6]]
+    realistic = ReconfigCostModel.from_options({"preset": "realistic"})
+    probe = RoundContext(0.0, 0, 300.0, inst.cluster, (JobView(j0, 100.0, None),), _table(), realistic)
+    g = build_round_data(probe, probe.perf).grids[0]
+    running = JobView(j0, 100.0, Allocation(g, tuple((0, i) for i in range(g.num_gpus))), attained_gpu_s=1.0)
+    ctx = RoundContext(0.0, 0, 300.0, inst.cluster, (running, *views), _table(), realistic)
+    data = build_round_data(ctx, ctx.perf)
+    assert data.current_col[0] >= 0 and data.resume_s[0] > 0 and (data.resume_s[1:] == 0).all()
+    on = build_model(data, make_policy("arena").objective)
+    off = build_model(data, make_policy("arena", **{"reconfig.preemption": False}).objective)
+    bonus = on.c[: on.n_x] - off.c[: off.n_x]
+    mine = data.col_job == 0
+    assert (bonus[mine] > 0).all() and np.allclose(bonus[mine], bonus[mine][0]) and (bonus[~mine] == 0).all()

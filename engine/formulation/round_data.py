@@ -90,6 +90,7 @@ class RoundData:
     jobs: tuple[Any, ...] = field(default=())   # the Job objects (empty for synthetic rounds)
     attained_gpu_s: np.ndarray | None = None     # per job, GPU-seconds received so far
     arrival_s: np.ndarray | None = None          # per job
+    resume_s: np.ndarray | None = None           # per job: a running job's resume downtime if stopped now
 
     @property
     def n_jobs(self) -> int:
@@ -132,6 +133,12 @@ def _reconfig_cost_s(ctx: RoundContext, view: JobView, grid: Grid) -> float:
     return float(ctx.reconfig.cost_to_grid_s(view.job, view.current, grid, resumed=_resumed(view)))
 
 
+def _resume_cost_s(ctx: RoundContext, view: JobView) -> float:
+    if ctx.reconfig is None or view.current is None:
+        return 0.0
+    return float(ctx.reconfig.cost_to_grid_s(view.job, None, view.current.grid, resumed=True))
+
+
 def _resumed(view: JobView) -> bool:
     """A queued job that ran before (its state is in storage)."""
     return view.current is None and view.attained_gpu_s > 0
@@ -168,6 +175,7 @@ class _Block:
     col_reconfig_s: np.ndarray
     current: int                    # index of the current grid in the block, -1 if none
     ref_throughput: float
+    resume_s: float = 0.0           # a running job: what resuming would cost if it were stopped now
 
 
 class RoundDataCache:
@@ -243,7 +251,7 @@ def _block(ctx: RoundContext, view: JobView, perf, cap: Capacity, type_index: di
                   np.array([n for _, n, _ in keys], dtype=np.int64), np.array([m for _, _, m in keys], dtype=np.int64),
                   np.array([g.pp for g in grids], dtype=np.int64), np.array([float(e.throughput) for e in ests]),
                   np.array([_reconfig_cost_s(ctx, view, g) for g in grids], dtype=float), current,
-                  _reference_throughput(job, thr_of))
+                  _reference_throughput(job, thr_of), _resume_cost_s(ctx, view))
 
 
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
@@ -315,7 +323,8 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         col_pp=cat("col_pp", np.int64), col_throughput=cat("col_throughput", float),
         col_reconfig_s=cat("col_reconfig_s", float), grids=tuple(g for b in blocks for g in b.grids),
         plans=tuple(p for b in blocks for p in b.plans), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
-        attained_gpu_s=np.array(attained), arrival_s=np.array(arrival))
+        attained_gpu_s=np.array(attained), arrival_s=np.array(arrival),
+        resume_s=np.array([b.resume_s for b in blocks], dtype=float))
 
 
 def _reference_throughput(job, thr_of: dict[tuple, float]) -> float:

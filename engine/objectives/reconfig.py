@@ -10,6 +10,11 @@ over that many rounds of expected residence (a move that pays off later is allow
 reference throughput: a damping knob (estimates are not truth, so a move that looks
 marginally better often is not); 0 turns it off.
 
+``preemption`` (default True) charges stopping a running job the resume it will cost
+later (``RoundData.resume_s``, priced by the same cost model: under ``realistic`` a
+resume reads the state back from storage): every column of a running job gets that
+loss as a bonus, so not scheduling it (a preemption) is what pays it.
+
 ``hysteresis`` (default 0.05) charges a move of a running job that fraction of its
 current column's normalized throughput: a move must beat staying by that margin (part of
 the stability rule every optimizing policy applies, engine/stability.py); 0 turns it off.
@@ -29,6 +34,7 @@ class ReconfigPenalty:
     horizon_rounds: float = 1.0
     per_move: float = 0.0
     hysteresis: float = 0.05
+    preemption: bool = True
 
     def __post_init__(self):
         if not self.horizon_rounds > 0:
@@ -37,6 +43,8 @@ class ReconfigPenalty:
             raise ValueError("reconfig.per_move must be >= 0")
         if not 0 <= self.hysteresis < 1:
             raise ValueError("reconfig.hysteresis must be in [0, 1)")
+        if not isinstance(self.preemption, bool):
+            raise ValueError("reconfig.preemption must be true or false")
 
     def apply(self, data, builder, weight: float) -> None:
         lost = np.minimum(1.0, data.col_reconfig_s / (data.round_interval_s * self.horizon_rounds))
@@ -47,4 +55,11 @@ class ReconfigPenalty:
             coef = coef + self.per_move * moved
             if self.hysteresis > 0:
                 coef = coef + self.hysteresis * moved * data.speedup[np.maximum(cur, 0)]
+        if self.preemption and data.resume_s is not None and len(data.resume_s):
+            cur = data.current_col
+            run = cur >= 0
+            stop_loss = np.zeros(data.n_jobs)
+            stop_loss[run] = (data.speedup[cur[run]]
+                              * np.minimum(1.0, data.resume_s[run] / (data.round_interval_s * self.horizon_rounds)))
+            coef = coef - stop_loss[data.col_job]          # subtracted from the penalty: a bonus to keep running
         builder.add_x_objective(-weight * coef)
