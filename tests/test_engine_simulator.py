@@ -2,8 +2,6 @@
 infeasible decisions, never-placed jobs, determinism."""
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from engine.metrics import TIMING_KEYS, never_placed_lines

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from engine.context import Allocation, ChangeHistory, Decisions, JobView
 from engine.policy import make_policy
 from engine.reconfig import ReconfigCostModel
-from launcher.reshard_plan import changed_owner_bytes
 from engine.simulator import simulate
 from engine.stability import StabilityRule
 from instances.builtin import get_instance
 from instances.errors import InputError
+from launcher.reshard_plan import changed_owner_bytes
 from tests.test_engine_helpers import grid, job
 
 CUR = Allocation(grid("a100", 1, 2), ((0, 0), (0, 1)))
