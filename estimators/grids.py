@@ -13,6 +13,10 @@ without gradient accumulation, ``PlannerConfig.dp_only_grad_accumulation``: the 
 per-replica batch in one), 1F1B, the
 time-balanced or the memory-balanced stage split. (An approximation of "lowest memory":
 other splits could fit where these two do not; the planner searches only these too.)
+Outside pure data parallelism the lowest-memory plan must fit with
+``MemoryConfig.grid_margin`` (1.0 by default; the Arena runtime's, chosen on its
+out-of-memory rows, in ``instances.memory_rule``); the planner's proxy calls a grid
+that fails this infeasible too.
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ def grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, 
 
 def _grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, dp_only: bool) -> bool:
     gpu = get_gpu(grid.gpu_type)
-    return any(mem.fits(gpu, planner.cfg.memory)
+    margin = 1.0 if dp_only else planner.cfg.memory.grid_margin     # pure DP: one plan, no search to miss it
+    return any(mem.fits(gpu, planner.cfg.memory, margin)
                for mem in _low_memory_plans(arch, global_batch, grid, planner, dp_only))
 
 

@@ -4,7 +4,8 @@ the data-parallel-only twin used by the baselines.
 Kinds (registry by name):
 - ``analytic``: proxy plan from the planner; layer times from the roofline over catalog
   specs (or the profile store where the device was profiled); composition; memory check.
-- ``learned``: the analytic estimate x the learned correction (estimators/learned.py).
+- ``learned``: the analytic estimate x the learned correction (estimators/learned.py);
+  ``learned-choice``: the same with the correction chosen by cross-validated grid choice.
 - ``table``: the Arena measured table (best plan the authors' search found) for exact
   (model, batch, GPU type, nodes, GPUs per node) rows; other grids fall back to
   ``fallback`` (default ``analytic``) and say so in ``source``. The table has no plan or
@@ -138,3 +139,11 @@ register_kind("table")(TableModel)
 def _make_learned(**config) -> PerformanceModel:
     from .learned import LearnedModel
     return LearnedModel(**config)
+
+
+@register_kind("learned-choice")
+def _make_learned_choice(**config) -> PerformanceModel:
+    """The learned model whose correction is chosen by cross-validated grid choice
+    (``select_metric="choice"``) rather than by error: for deciding grids."""
+    from .learned import LearnedModel
+    return LearnedModel(**{"select_metric": "choice", **config})

@@ -334,7 +334,11 @@ class Planner:
         chosen = best or fallback
         if chosen is None:
             return None
-        return PlanResult(chosen.plan, chosen.breakdown, chosen.memory, chosen.feasible, n)
+        feasible = chosen.feasible
+        if feasible and not dp_only and self.cfg.memory.grid_margin != 1.0:
+            from .grids import grid_fits              # the grid memory margin (grids module doc)
+            feasible = grid_fits(arch, global_batch, grid, self, dp_only=dp_only)
+        return PlanResult(chosen.plan, chosen.breakdown, chosen.memory, feasible, n)
 
     # -- exhaustive search -----------------------------------------------------------
     def exhaustive(self, arch: ModelArch, global_batch: int, grid: Grid, *, link_load: float = 0.0,

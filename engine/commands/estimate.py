@@ -185,6 +185,7 @@ def _accuracy(args) -> int:
     for kind, groups in out["scale_oracle"].items():
         print(f"  {kind:<24} " + ", ".join(f"{g} ({v['groups']}) {_fmt(v['mape']).strip()}"
                                           for g, v in groups.items()))
+    _print_grid_choice(out["grid_choice"])
     if "few_shot" in out:
         f = out["few_shot"]
         print(f"new GPU type with k of its rows as telemetry (learned, {f['correction']} trees forced on; "
@@ -212,11 +213,39 @@ def _accuracy(args) -> int:
         print(f"  memory ranking: the {m['uncontradicted']} other OOM rows need more of their GPU's memory "
               f"(lowest-memory plan) than a measured row with probability {m['ranking_auc']:.3f} (AUC); "
               f"measured rows peak at <= {100 * m['measured_max_lowest_fraction']:.0f}% of GPU memory")
+    g = m["grid_margin_cv"]
+    lomo, full = g["leave_one_model_out"], g["all_rows"]
+    folds = "; ".join(f"seed {k}: {v['fitting_rows_called_infeasible']} and {v['oom_rows_called_infeasible']}"
+                      for k, v in g["five_model_folds"].items())
+    print(f"  grid memory margin (a grid fits when its lowest-memory plan x margin fits), chosen on held-out models: "
+          f"rows that ran called infeasible / OOM rows called infeasible: leave-one-model-out "
+          f"{lomo['fitting_rows_called_infeasible']}/{g['measured_rows']} and "
+          f"{lomo['oom_rows_called_infeasible']}/{g['oom_rows']}; 5 model folds ({folds}); chosen on all rows "
+          f"{full['margin']:.3f} (limit {100 * full['limit_fraction']:.1f}% of GPU memory), in use "
+          f"{g['margin_in_use']}")
     d = out["dp_memory"]
     print(f"pure data parallelism vs Arena's DP memory table (on {d['gpu_type']}): fitting rows called feasible "
           f"{d['fit_rows_called_feasible']}/{d['fit_rows']}; OOM rows called infeasible "
           f"{d['oom_rows_called_infeasible']}/{d['oom_rows']}")
     return 0
+
+
+def _print_grid_choice(gc: dict) -> None:
+    print("grid choice: true throughput of the shape each estimate ranks best, over the true best, per group of\n"
+          "measured rows (model, batch and: one GPU type / one GPU count / any type); mean, share of groups >= 90%,\n"
+          "worst group, mean Spearman (groups >= 3 rows); misses < 90% (how many the table contradicts itself on);\n"
+          "clean: groups without a superlinear or more-nodes-faster pair in the table")
+    for name, by_group in gc.items():
+        print(f"  {name}")
+        for g, by_t in by_group.items():
+            for t, q in by_t.items():
+                c = q["clean"]
+                rho = "-" if q["spearman_mean"] is None else f"{q['spearman_mean']:.2f}"
+                print(f"    {g:<14} {t:<7} {q['groups']:>3} groups: mean {_fmt(q['mean']).strip():>6}, >=90% "
+                      f"{_fmt(q['fraction_ge_90']).strip():>6}, worst {_fmt(q['worst']['fraction']).strip()} "
+                      f"({q['worst']['group']}), rho {rho}, misses {len(q['misses'])} "
+                      f"({q['misses_table_suspect']} table); clean {c['groups']}: mean {_fmt(c['mean']).strip()}, "
+                      f"worst {_fmt(c['worst']['fraction'] if c['worst'] else None).strip()}")
 
 
 def _accuracy_local(args) -> int:
