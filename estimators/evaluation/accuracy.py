@@ -283,6 +283,8 @@ def choose_grid_margin(fractions, ran, models, usable_fraction: float) -> dict:
     ``usable_fraction`` over that limit (a grid fits when fraction x margin <= usable)."""
     fr, ran, models = np.asarray(fractions, float), np.asarray(ran, bool), np.asarray(models)
     fit = fr[ran]
+    if not len(fit):
+        raise ValueError("choose_grid_margin needs at least one row that ran")
     excess = 0.0
     for m in sorted(set(models[ran])):
         mine, other = fit[models[ran] == m], fit[models[ran] != m]
@@ -307,6 +309,8 @@ def grid_margin_cv(rows, planner, *, seeds=(0, 1, 2)) -> dict:
         fit_bad = oom_hit = 0
         margins = []
         for train, test in folds:
+            if not ran[train].any():
+                continue
             ch = choose_grid_margin(fr[train], ran[train], models[train], usable)
             margins.append(ch["margin"])
             out = fr[test] * ch["margin"] > usable
