@@ -9,9 +9,10 @@ best. Throughput is total (samples/s) or per GPU (samples/s/GPU, what a shared c
 trades). Also the Spearman rank correlation of estimated and true throughput inside
 each group of at least three rows.
 
-``suspect_pair`` names table facts that no smooth model of the runtime reproduces
-(superlinear speed-up from more GPUs of a type, more nodes faster than one node at the
-same GPU count), so that a miss can be traced to the table rather than to the estimate.
+``suspect_pair`` and ``batch_suspects`` name table facts that no smooth model of the
+runtime reproduces (superlinear speed-up from more GPUs of a type, more nodes faster than
+one node at the same GPU count, more than twice the time at twice the batch), so that a
+miss can be traced to the table rather than to the estimate.
 Used by the accuracy report and by the learned model's choice-based selection.
 """
 from __future__ import annotations
@@ -71,18 +72,22 @@ def _spearman(a, b) -> float | None:
     return float(spearmanr(a, b).statistic)
 
 
-def batch_suspect(p: ChoicePoint, points) -> str | None:
-    """Why the table contradicts itself on row ``p`` across batches, or None: the same
-    model on the same shape takes more than 2 x (1 + ``SUPERLINEAR_TOLERANCE``) times as
-    long at twice the batch (twice the samples at most doubles the work)."""
-    for q in points:
-        if (q.model, q.gpu_type, q.num_nodes, q.gpus_per_node) != (p.model, p.gpu_type, p.num_nodes, p.gpus_per_node):
-            continue
-        lo, hi = sorted((p, q), key=lambda x: x.global_batch)
-        if hi.global_batch == 2 * lo.global_batch and hi.measured_s > 2 * (1 + SUPERLINEAR_TOLERANCE) * lo.measured_s:
-            return (f"batch superlinear: {p.model} on {p.shape} measured {hi.measured_s / lo.measured_s:.2f}x "
-                    f"the time at batch {hi.global_batch} as at {lo.global_batch}")
-    return None
+def batch_suspects(points) -> dict[ChoicePoint, str]:
+    """Rows on which the table contradicts itself across batches, with why: the same model
+    on the same shape takes more than 2 x (1 + ``SUPERLINEAR_TOLERANCE``) times as long at
+    twice the batch (twice the samples at most doubles the work); both rows are named."""
+    by_shape: dict[tuple, dict[int, ChoicePoint]] = defaultdict(dict)
+    for p in points:
+        by_shape[(p.model, p.gpu_type, p.num_nodes, p.gpus_per_node)][p.global_batch] = p
+    out = {}
+    for rows in by_shape.values():
+        for b, lo in rows.items():
+            hi = rows.get(2 * b)
+            if hi is not None and hi.measured_s > 2 * (1 + SUPERLINEAR_TOLERANCE) * lo.measured_s:
+                why = (f"batch superlinear: {lo.model} on {lo.shape} measured {hi.measured_s / lo.measured_s:.2f}x "
+                       f"the time at batch {hi.global_batch} as at {b}")
+                out[lo] = out[hi] = why
+    return out
 
 
 def suspect_pair(chosen: ChoicePoint, best: ChoicePoint) -> str | None:
@@ -118,8 +123,8 @@ def choice_quality(points, grouping: str = "same GPU type", throughput: str = "p
     mean, the worst (with its group), the fractions of groups at >= 90% and >= 95%, the
     mean Spearman correlation over groups of >= 3 rows, and every group under
     ``miss_below`` with the chosen and the best shape and the table's own contradiction
-    on them (``suspect_pair``, then ``batch_suspect`` of either row), if any; ``clean``:
-    the same over the groups in which no pair of rows is ``suspect_pair``."""
+    on them (``suspect_pair``, then ``batch_suspects`` of either row), if any; ``clean``:
+    the same over the groups with no ``suspect_pair`` and no ``batch_suspects`` row."""
     if throughput not in THROUGHPUTS:
         raise ValueError(f"throughput must be one of {THROUGHPUTS}, got {throughput!r}")
     key = GROUPINGS[grouping]
@@ -127,6 +132,7 @@ def choice_quality(points, grouping: str = "same GPU type", throughput: str = "p
     for p in points:
         groups[key(p)].append(p)
     points = list(points)
+    batch_bad = batch_suspects(points)
     fractions, clean, rhos, misses = [], [], [], []
     worst = clean_worst = None
     for k in sorted(groups, key=str):
@@ -141,7 +147,8 @@ def choice_quality(points, grouping: str = "same GPU type", throughput: str = "p
         name = " ".join(str(x) for x in k)
         if worst is None or f < worst[0]:
             worst = (f, name)
-        if not any(suspect_pair(a, b) for i, a in enumerate(ps) for b in ps[i + 1:]):
+        if not any(p in batch_bad for p in ps) and not any(suspect_pair(a, b) for i, a in enumerate(ps)
+                                                           for b in ps[i + 1:]):
             clean.append(f)
             if clean_worst is None or f < clean_worst[0]:
                 clean_worst = (f, name)
@@ -153,8 +160,8 @@ def choice_quality(points, grouping: str = "same GPU type", throughput: str = "p
             misses.append({"group": name, "fraction": f, "chosen": chosen.shape, "best": best.shape,
                            "chosen_error": chosen.estimated_s / chosen.measured_s - 1,
                            "best_error": best.estimated_s / best.measured_s - 1,
-                           "table_suspect": (suspect_pair(chosen, best) or batch_suspect(chosen, points)
-                                             or batch_suspect(best, points))})
+                           "table_suspect": (suspect_pair(chosen, best) or batch_bad.get(chosen)
+                                             or batch_bad.get(best))})
     fr, cl = np.array(fractions), np.array(clean)
     return {"groups": len(fractions), "mean": float(fr.mean()) if len(fr) else None,
             "worst": None if worst is None else {"fraction": worst[0], "group": worst[1]},

@@ -2,7 +2,8 @@
 and the report on the Arena table."""
 import pytest
 
-from estimators.choice import ChoicePoint, batch_suspect, choice_quality, choice_score, point_from_row_id, suspect_pair
+from estimators.choice import (ChoicePoint, batch_suspects, choice_quality, choice_score, point_from_row_id,
+                               suspect_pair)
 
 
 def P(shape, measured, estimated, model="m", batch=256, gpu="a40"):
@@ -35,8 +36,8 @@ def test_the_tables_own_contradictions_are_named():
     assert suspect_pair(one, two).startswith("more nodes faster")
     assert suspect_pair(P((1, 2), 1.0, 1.0), P((1, 2), 1.0, 1.0, gpu="a100")) is None   # other type
     lo, hi = P((2, 2), 16.0, 16.0, batch=256), P((2, 2), 40.0, 32.0, batch=512)
-    assert batch_suspect(hi, [lo, hi]).startswith("batch superlinear")
-    assert batch_suspect(P((2, 2), 30.0, 30.0, batch=512), [lo]) is None
+    assert set(batch_suspects([lo, hi])) == {lo, hi} and batch_suspects([lo, hi])[hi].startswith("batch superlinear")
+    assert batch_suspects([lo, P((2, 2), 30.0, 30.0, batch=512)]) == {}
     q = choice_quality([small, large], "same GPU type", "per_gpu")
     assert q["misses_table_suspect"] == 1 and q["clean"]["groups"] == 0
 
