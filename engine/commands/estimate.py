@@ -257,33 +257,41 @@ def _accuracy_local(args) -> int:
     for flag in ("plot", "few_shot"):
         if getattr(args, flag):
             raise InputError(f"--{flag.replace('_', '-')} is for --against arena-measured", field=flag)
-    passes = []
+    import os
+    passes, loads = [], []
     for k in range(args.passes):
         print(f"pass {k + 1}/{args.passes}: profiling, then the runs ...", file=sys.stderr, flush=True)
+        before = os.getloadavg()[0]
         passes.append(against_local(model=args.model or LOCAL_MODEL,
                                     store=None if args.store is None else ProfileStore(args.store)))
+        loads.append((before, os.getloadavg()[0]))        # timings mean little on a loaded host
     summary = summarize_passes(passes)
+    summary["load_average_1min"] = loads
     if args.json:
-        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error) for r in res] for res in passes],
+        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error, rel_error_no_cache=r.rel_error_no_cache)
+                                      for r in res] for res in passes],
                           **summary}, indent=1))
         return 0
     print(f"local torch runs of {args.model or LOCAL_MODEL} (launcher, gloo on CPU) vs analytic estimate "
           f"from the profile store")
     for k, res in enumerate(passes):
-        print(f"pass {k + 1}")
+        print(f"pass {k + 1} (1-minute load average {loads[k][0]:.1f} before, {loads[k][1]:.1f} after)")
         print(f"{'dp':>3} {'tp':>3} {'pp':>3} {'m':>3} {'measured s':>11} {'estimated s':>12} {'error':>7}")
         for r in res:
             meas = "failed" if r.measured_s is None else f"{r.measured_s:.4f}"
             print(f"{r.dp:>3} {r.tp:>3} {r.pp:>3} {r.microbatches:>3} {meas:>11} {r.estimated_s:>12.4f} "
                   f"{_fmt(r.rel_error)}  {r.error}")
-    print("per plan, median error over the passes:")
+    print("per plan, median error over the passes (without the cache model; step working set, cache hit):")
     for p in summary["plans"]:
         errs = " ".join(_fmt(e).strip() for e in p["errors"])
-        print(f"  dp {p['dp']} tp {p['tp']} pp {p['pp']} m {p['microbatches']}: {_fmt(p['median_error'])}  ({errs})")
+        ws = " ".join("-" if w is None else f"{w:.1f}" for w in p["working_set_mib"])
+        hits = " ".join(f"{h:.2f}" for h in p["cache_hit"])
+        print(f"  dp {p['dp']} tp {p['tp']} pp {p['pp']} m {p['microbatches']}: {_fmt(p['median_error'])}  ({errs}); "
+              f"without {_fmt(p['median_error_no_cache']).strip()}; {ws} MiB, hit {hits}")
     if summary["mape"] is not None:
         per = ", ".join(_fmt(m).strip() for m in summary["pass_mape"])
         print(f"MAPE of the per-plan medians {100 * summary['mape']:.1f}% over {summary['passes']} passes "
-              f"(each pass alone: {per})")
+              f"(each pass alone: {per}); without the cache model {_fmt(summary['mape_no_cache']).strip()}")
     return 0
 
 
