@@ -231,12 +231,6 @@ def select_scores(records: list[TrainingRecord], params: dict, by: str, *,
     return mape, choice
 
 
-def select_correction(records: list[TrainingRecord], params: dict, by: str, *, seed: int = 0) -> dict[str, float]:
-    """Cross-validated mean absolute percentage error of every ``CORRECTIONS`` entry
-    (``select_scores``)."""
-    return select_scores(records, params, by, seed=seed)[0]
-
-
 def pick_correction(mape: dict[str, float], choice: dict[str, float | None], metric: str) -> str:
     """The correction ``fit`` keeps: the lowest cross-validated MAPE (``metric="error"``),
     or the highest grid-choice score, ties and missing scores broken by the MAPE
@@ -299,7 +293,7 @@ class LearnedModel:
     # -- training --------------------------------------------------------------------
     def fit(self, records: list[TrainingRecord]) -> "LearnedModel":
         """Train on ``records``; with ``correction="auto"`` first choose the correction by
-        cross-validation on these records alone (``select_correction``)."""
+        cross-validation on these records alone (``select_scores``, ``pick_correction``)."""
         if len(records) < 5:
             raise ValueError(f"need at least 5 training records, got {len(records)}")
         self.records = list(records)

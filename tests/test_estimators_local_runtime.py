@@ -113,7 +113,7 @@ def test_summarize_passes_takes_the_median_per_plan():
     assert by[(1, 2)]["median_error"] is None and by[(1, 2)]["errors"] == [None]
     assert s["mape"] == pytest.approx((0.05 + 0.2) / 2)
     assert s["pass_mape"][0] == pytest.approx((0.1 + 0.2) / 2) and s["passes"] == 3
-    assert s["mape_no_cache"] is None                    # results without the cache model's twin
+    assert s["mape_cache"] is None                       # results without the cache model's twin
 
 
 def test_local_comparison_of_wide_resnet_has_no_tensor_parallel_plan():

@@ -14,7 +14,7 @@ from estimators.learned import (
     pick_correction,
     record_model,
     records_from_table,
-    select_correction,
+    select_scores,
 )
 from estimators.reference import load_measured
 from instances.errors import InputError
@@ -160,8 +160,8 @@ def test_auto_correction_is_chosen_on_training_rows_only(records, monkeypatch):
         test = [r for r in records if r.group == "a10"]
         assert list(m.predict_records(test)) == [r.analytic_s for r in test]
     # the "none" candidate's cross-validated error is the analytic model's own error
-    sel = select_correction(train, dict(n_estimators=10, max_depth=2, learning_rate=0.1, subsample=0.8,
-                                        random_state=0), "row")
+    sel, _ = select_scores(train, dict(n_estimators=10, max_depth=2, learning_rate=0.1, subsample=0.8,
+                                       random_state=0), "row")
     assert sel["none"] == pytest.approx(sum(abs(r.analytic_s / r.measured_s - 1) for r in train) / len(train))
     for bad in ({"correction": "nope"}, {"select_by": "nope"}, {"select_metric": "nope"}):
         with pytest.raises(InputError):

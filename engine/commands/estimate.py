@@ -234,7 +234,7 @@ def _print_grid_choice(gc: dict) -> None:
     print("grid choice: true throughput of the shape each estimate ranks best, over the true best, per group of\n"
           "measured rows (model, batch and: one GPU type / one GPU count / any type); mean, share of groups >= 90%,\n"
           "worst group, mean Spearman (groups >= 3 rows); misses < 90% (how many the table contradicts itself on);\n"
-          "clean: groups without a superlinear or more-nodes-faster pair in the table")
+          "clean: groups without a superlinear, more-nodes-faster or batch-superlinear row in the table")
     for name, by_group in gc.items():
         print(f"  {name}")
         for g, by_t in by_group.items():
@@ -268,7 +268,7 @@ def _accuracy_local(args) -> int:
     summary = summarize_passes(passes)
     summary["load_average_1min"] = loads
     if args.json:
-        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error, rel_error_no_cache=r.rel_error_no_cache)
+        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error, rel_error_cache=r.rel_error_cache)
                                       for r in res] for res in passes],
                           **summary}, indent=1))
         return 0
@@ -281,17 +281,18 @@ def _accuracy_local(args) -> int:
             meas = "failed" if r.measured_s is None else f"{r.measured_s:.4f}"
             print(f"{r.dp:>3} {r.tp:>3} {r.pp:>3} {r.microbatches:>3} {meas:>11} {r.estimated_s:>12.4f} "
                   f"{_fmt(r.rel_error)}  {r.error}")
-    print("per plan, median error over the passes (without the cache model; step working set, cache hit):")
+    print("per plan, median error over the passes (with the cache model, not validated yet; step working set, "
+          "cache hit):")
     for p in summary["plans"]:
         errs = " ".join(_fmt(e).strip() for e in p["errors"])
         ws = " ".join("-" if w is None else f"{w:.1f}" for w in p["working_set_mib"])
         hits = " ".join(f"{h:.2f}" for h in p["cache_hit"])
         print(f"  dp {p['dp']} tp {p['tp']} pp {p['pp']} m {p['microbatches']}: {_fmt(p['median_error'])}  ({errs}); "
-              f"without {_fmt(p['median_error_no_cache']).strip()}; {ws} MiB, hit {hits}")
+              f"with {_fmt(p['median_error_cache']).strip()}; {ws} MiB, hit {hits}")
     if summary["mape"] is not None:
         per = ", ".join(_fmt(m).strip() for m in summary["pass_mape"])
         print(f"MAPE of the per-plan medians {100 * summary['mape']:.1f}% over {summary['passes']} passes "
-              f"(each pass alone: {per}); without the cache model {_fmt(summary['mape_no_cache']).strip()}")
+              f"(each pass alone: {per}); with the cache model {_fmt(summary['mape_cache']).strip()}")
     return 0
 
 

@@ -33,8 +33,11 @@ profile's cold time is what ``flush_bytes`` of intervening traffic leaves; none 
 the warm time; in between, the model takes the fraction ``1 - W / flush_bytes`` of the
 cold-to-warm gap (``cache_hit``: 0 when the step's working set is at least the flush).
 Nothing in it is fitted: ``W`` is measured by the profiler, ``flush_bytes`` is the
-profiler's own setting. Each result also carries the estimate without it
-(``estimated_no_cache_s``), from the same profile, for a paired comparison.
+profiler's own setting. It is reported next to the estimate, not in it
+(``estimated_cache_s``, from the same profile: a paired comparison), until it is
+validated on a quiet host: its premise, a step's data surviving in the core's cache, fails
+when other processes share the core (measured under load, it made Wide-ResNet worse;
+docs/estimators.md).
 
 The host's speed drifts between profiling and the runs (this 2-core host is shared):
 ``against_local`` profiles into a fresh temporary store by default, and the CLI repeats
@@ -225,7 +228,7 @@ class LocalResult:
     measured_s: float | None
     estimated_s: float
     error: str = ""
-    estimated_no_cache_s: float | None = None     # the same estimate without CacheTimer
+    estimated_cache_s: float | None = None        # the same estimate with CacheTimer
     working_set_bytes: float | None = None
     cache_hit: float = 0.0
 
@@ -234,10 +237,10 @@ class LocalResult:
         return None if self.measured_s is None else self.estimated_s / self.measured_s - 1
 
     @property
-    def rel_error_no_cache(self) -> float | None:
-        if self.measured_s is None or self.estimated_no_cache_s is None:
+    def rel_error_cache(self) -> float | None:
+        if self.measured_s is None or self.estimated_cache_s is None:
             return None
-        return self.estimated_no_cache_s / self.measured_s - 1
+        return self.estimated_cache_s / self.measured_s - 1
 
 
 def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int = 12, skip: int = 2,
@@ -295,12 +298,12 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
         r = run_training(model, dp, tp, pp, steps=steps, microbatches=m, global_batch=global_batch,
                          timeout_s=timeout_s, stage_layers=split)
         times = list(r.iteration_times_s)[skip:]
-        meta = dict(estimated_no_cache_s=est[0.0], working_set_bytes=ws, cache_hit=hit)
+        meta = dict(estimated_cache_s=est[hit], working_set_bytes=ws, cache_hit=hit)
         if not r.ok or not times:
-            out.append(LocalResult(dp, tp, pp, m, None, est[hit], f"run failed (rc {r.returncode}): "
+            out.append(LocalResult(dp, tp, pp, m, None, est[0.0], f"run failed (rc {r.returncode}): "
                                    f"{r.output_tail[-200:]}", **meta))
             continue
-        out.append(LocalResult(dp, tp, pp, m, statistics.median(times), est[hit], **meta))
+        out.append(LocalResult(dp, tp, pp, m, statistics.median(times), est[0.0], **meta))
     return out
 
 
@@ -313,26 +316,26 @@ def summarize_passes(passes: list[list[LocalResult]]) -> dict:
     for res in passes:
         for r in res:
             plans.setdefault((r.dp, r.tp, r.pp, r.microbatches), []).append(r)
-    rows, meds, meds_nc = [], [], []
+    rows, meds, meds_c = [], [], []
     for (dp, tp, pp, m), rs in plans.items():
-        errs, nc = [r.rel_error for r in rs], [r.rel_error_no_cache for r in rs]
-        ok, ok_nc = [e for e in errs if e is not None], [e for e in nc if e is not None]
+        errs, nc = [r.rel_error for r in rs], [r.rel_error_cache for r in rs]
+        ok, ok_c = [e for e in errs if e is not None], [e for e in nc if e is not None]
         med = statistics.median(ok) if ok else None
-        med_nc = statistics.median(ok_nc) if ok_nc else None
+        med_c = statistics.median(ok_c) if ok_c else None
         rows.append({"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "errors": errs, "median_error": med,
-                     "errors_no_cache": nc, "median_error_no_cache": med_nc, "cache_hit": [r.cache_hit for r in rs],
+                     "errors_cache": nc, "median_error_cache": med_c, "cache_hit": [r.cache_hit for r in rs],
                      "working_set_mib": [None if r.working_set_bytes is None else r.working_set_bytes / 2**20
                                          for r in rs]})
         if med is not None:
             meds.append(abs(med))
-        if med_nc is not None:
-            meds_nc.append(abs(med_nc))
+        if med_c is not None:
+            meds_c.append(abs(med_c))
     pass_mape = []
     for res in passes:
         e = [abs(r.rel_error) for r in res if r.rel_error is not None]
         pass_mape.append(sum(e) / len(e) if e else None)
     return {"plans": rows, "mape": sum(meds) / len(meds) if meds else None, "pass_mape": pass_mape,
-            "mape_no_cache": sum(meds_nc) / len(meds_nc) if meds_nc else None, "passes": len(passes)}
+            "mape_cache": sum(meds_c) / len(meds_c) if meds_c else None, "passes": len(passes)}
 
 
 # -- measured runtime terms of the launcher on this host --------------------------------
