@@ -19,8 +19,14 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 from instances.errors import InputError
-from instances.memory_rule import (ARENA_GRID_MEMORY_MARGIN, GRID_MEMORY_MARGIN, OPTIMIZERS, RUNTIME_RESERVE_BYTES,
-                                   USABLE_MEMORY_FRACTION, state_bytes_per_param)
+from instances.memory_rule import (
+    ARENA_GRID_MEMORY_MARGIN,
+    GRID_MEMORY_MARGIN,
+    OPTIMIZERS,
+    RUNTIME_RESERVE_BYTES,
+    USABLE_MEMORY_FRACTION,
+    state_bytes_per_param,
+)
 
 # Layer kinds of instances.models.LayerSpec.
 ROOFLINE_COMBINES = ("max", "sum")

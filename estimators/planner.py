@@ -336,7 +336,7 @@ class Planner:
             return None
         feasible = chosen.feasible
         if feasible and not dp_only and self.cfg.memory.grid_margin != 1.0:
-            from .grids import shape_fits_with_margin     # the grid memory margin (grids module doc)
+            from .grids import shape_fits_with_margin  # the grid memory margin (grids module doc)
             feasible = shape_fits_with_margin(arch, global_batch, grid.shape, self)
         return PlanResult(chosen.plan, chosen.breakdown, chosen.memory, feasible, n)
 

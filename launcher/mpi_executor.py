@@ -371,8 +371,9 @@ class MpiExecutor:
         oom = out_of_memory("\n".join(err))
         if oom:
             self._out_of_memory.add((st.job.job_id, st.shape))
-        st.failed = ("out of memory: " if oom else "") + (f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}; ranks that did "
-                     f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
+        st.failed = ("out of memory: " if oom else "") + (
+            f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}; ranks that did "
+            f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
         write_progress(st.cfg.progress_path, status="failed",
                        iterations_done=prog.get("last_checkpoint_step") or 0, steps_total=st.cfg.steps,
                        last_checkpoint_step=prog.get("last_checkpoint_step"),

@@ -2,8 +2,7 @@
 and the report on the Arena table."""
 import pytest
 
-from estimators.choice import (ChoicePoint, batch_suspects, choice_quality, choice_score, point_from_row_id,
-                               suspect_pair)
+from estimators.choice import ChoicePoint, batch_suspects, choice_quality, choice_score, point_from_row_id, suspect_pair
 
 
 def P(shape, measured, estimated, model="m", batch=256, gpu="a40"):

@@ -30,10 +30,9 @@ from instances.grid import Shape
 from instances.jobs import Job
 
 from ..analytic import AnalyticModel
-from ..config import EstimatorConfig, arena_runtime
 from ..choice import GROUPINGS, THROUGHPUTS, ChoicePoint, choice_quality
-from ..learned import (SELECT_BY, LearnedModel, cv_folds, pick_correction, record_key, records_from_table,
-                       table_row_id)
+from ..config import EstimatorConfig, arena_runtime
+from ..learned import SELECT_BY, LearnedModel, cv_folds, pick_correction, record_key, records_from_table, table_row_id
 from ..planner import best_shape_result
 from ..reference import load_measured
 
