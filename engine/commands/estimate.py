@@ -205,6 +205,13 @@ def _accuracy(args) -> int:
             for f in r["folds"]:
                 print(f"    held out {f['held_out']:<12} {f['test_rows']:>4} rows  {_fmt(f['mape'])}  "
                       f"bias {100 * f['bias']:+.1f}%  learned {_fmt(f['learned_mape'])} ({f['learned_correction']})")
+            for name, by_group in r["grid_choice"].items():
+                parts = []
+                for g, t in (("same GPU type", "total"), ("same GPU type", "per_gpu"), ("any GPU type", "per_gpu")):
+                    q = by_group[g][t]
+                    parts.append(f"{g} {t}: mean {_fmt(q['mean']).strip()}, >=90% {_fmt(q['fraction_ge_90']).strip()}, "
+                                 f"clean {_fmt(q['clean']['mean']).strip()}")
+                print(f"    grid choice, {name}: " + "; ".join(parts))
     m = out["oom"]
     print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}; "
           f"contradicted by the table itself (same model and shape ran with a larger batch): "

@@ -117,23 +117,28 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
     return out
 
 
-def grid_choice(by_id: dict, learned: dict) -> dict:
-    """Grid-choice quality (``choice.choice_quality``) of every estimator on the measured
-    rows: the analytic model (constants in-sample) and the learned model in each held-out
-    regime, its correction chosen by error (``learned[by]["errors"]``) and by grid choice
-    (``errors_choice``); per grouping (``choice.GROUPINGS``) and throughput (total, per GPU)."""
-    def points(errs: dict) -> list[ChoicePoint]:
-        return [ChoicePoint(row.model, row.global_batch, row.gpu_type, row.num_nodes, row.gpus_per_node,
-                            row.iter_time_s, row.iter_time_s * (1 + errs[rid]))
-                for rid, (row, _) in by_id.items() if rid in errs]
+def choice_report(rows_by_id: dict, errors: dict) -> dict:
+    """``choice.choice_quality`` per grouping (``choice.GROUPINGS``) and throughput (total,
+    per GPU) of the estimates ``measured x (1 + errors[row id])`` of the table rows
+    ``rows_by_id`` (row id -> row) that have an error."""
+    pts = [ChoicePoint(row.model, row.global_batch, row.gpu_type, row.num_nodes, row.gpus_per_node,
+                       row.iter_time_s, row.iter_time_s * (1 + errors[rid]))
+           for rid, row in rows_by_id.items() if rid in errors]
+    return {g: {t: choice_quality(pts, g, t) for t in THROUGHPUTS} for g in GROUPINGS}
 
-    estimators = {"analytic": points({rid: e for rid, (_, e) in by_id.items()})}
+
+def grid_choice(by_id: dict, learned: dict) -> dict:
+    """Grid-choice quality (``choice_report``) of every estimator on the measured rows: the
+    analytic model (constants in-sample) and the learned model in each held-out regime,
+    its correction chosen by error (``learned[by]["errors"]``) and by grid choice
+    (``errors_choice``)."""
+    rows = {rid: row for rid, (row, _) in by_id.items()}
+    out = {"analytic": choice_report(rows, {rid: e for rid, (_, e) in by_id.items()})}
     for by in SELECT_BY:
-        estimators[f"learned, new {by.replace('_', ' ')}s"] = points(learned[by]["errors"])
-        estimators[f"learned, new {by.replace('_', ' ')}s, chosen by grid choice"] = points(
-            learned[by]["errors_choice"])
-    return {name: {g: {t: choice_quality(pts, g, t) for t in THROUGHPUTS} for g in GROUPINGS}
-            for name, pts in estimators.items()}
+        out[f"learned, new {by.replace('_', ' ')}s"] = choice_report(rows, learned[by]["errors"])
+        out[f"learned, new {by.replace('_', ' ')}s, chosen by grid choice"] = choice_report(
+            rows, learned[by]["errors_choice"])
+    return out
 
 
 # Groupings of the scale oracle, coarse to fine: what one factor per group can absorb.
@@ -386,14 +391,20 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
     constants on the fold's training rows only (its correction chosen by folds of the same
     kind): the fully out-of-sample chain. Every fit is a multi-start from data-independent
     points (``calibrate.fit_efficiency`` with ``starts``). Slow: minutes per fold;
-    ``gpu_types`` limits the held-out types of the ``gpu_type`` regime."""
+    ``gpu_types`` limits the held-out types of the ``gpu_type`` regime. Each regime also
+    reports the grid choice (``choice_report``) of its out-of-fold estimates."""
     from .calibrate import fit_efficiency, neutral_start, ratios
     rows = [r for r in load_measured() if r.iter_time_s is not None]
+    rows_by_id = {table_row_id(r): r for r in rows}
     base = arena_runtime(None if efficiency is None else EstimatorConfig(efficiency=efficiency))
     base = replace(base, efficiency=neutral_start(base.efficiency))     # no start fitted on test rows
 
+    def row_errors(eff, test) -> dict:
+        return {table_row_id(r): q - 1 for r, q in zip(test, ratios(replace(base, efficiency=eff), test))
+                if q is not None}
+
     def errors(eff, test):
-        return [q - 1 for q in ratios(replace(base, efficiency=eff), test) if q is not None]
+        return list(row_errors(eff, test).values())
 
     t0 = time.perf_counter()
     in_sample_err = errors(fit_efficiency(rows, base, max_evals=max_evals, starts=starts), rows) if in_sample else []
@@ -401,18 +412,23 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
            "starts": starts, "regimes": {}}
     for by in regimes:
         errs, learned_errs, folds = [], [], []
+        by_row, by_row_learned = {}, {}
         for train_idx, test_idx in cv_folds(rows, by, seed=seed, key=_row_key):
             test = [rows[i] for i in test_idx]
             if by == "gpu_type" and gpu_types is not None and test[0].gpu_type not in gpu_types:
                 continue
             train = [rows[i] for i in train_idx]
             eff = fit_efficiency(train, base, max_evals=max_evals, starts=starts)
-            e = errors(eff, test)
+            fold_errors = row_errors(eff, test)
+            by_row.update(fold_errors)
+            e = list(fold_errors.values())
             records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory,
                                                              planner=base.planner))
             held = {table_row_id(r) for r in test}
-            lm, le = _learned_on([r for r in records if r.row_id not in held],
-                                 [r for r in records if r.row_id in held], by, seed, replace(base, efficiency=eff))
+            held_recs = [r for r in records if r.row_id in held]
+            lm, le = _learned_on([r for r in records if r.row_id not in held], held_recs, by, seed,
+                                 replace(base, efficiency=eff))
+            by_row_learned.update(zip((r.row_id for r in held_recs), le))
             errs += e
             learned_errs += le
             folds.append({"held_out": test[0].gpu_type if by == "gpu_type" else f"{len(test)} rows",
@@ -420,7 +436,9 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
                           "bias": float(np.mean(e)) if e else None, "learned_mape": _mape(le),
                           "learned_correction": lm.chosen})
         out["regimes"][by] = {"mape": _mape(errs), "learned_mape": _mape(learned_errs), "rows": len(errs),
-                              "folds": folds}
+                              "folds": folds,
+                              "grid_choice": {"analytic, constants refitted": choice_report(rows_by_id, by_row),
+                                              "+ learned correction": choice_report(rows_by_id, by_row_learned)}}
     out["seconds"] = time.perf_counter() - t0
     return out
 
