@@ -19,7 +19,14 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 from instances.errors import InputError
-from instances.memory_rule import OPTIMIZERS, RUNTIME_RESERVE_BYTES, USABLE_MEMORY_FRACTION, state_bytes_per_param
+from instances.memory_rule import (
+    ARENA_GRID_MEMORY_MARGIN,
+    GRID_MEMORY_MARGIN,
+    OPTIMIZERS,
+    RUNTIME_RESERVE_BYTES,
+    USABLE_MEMORY_FRACTION,
+    state_bytes_per_param,
+)
 
 # Layer kinds of instances.models.LayerSpec.
 ROOFLINE_COMBINES = ("max", "sum")
@@ -138,6 +145,8 @@ class MemoryConfig:
     optimizer_by_family: tuple[tuple[str, str], ...] = ()   # family -> optimizer; see arena_runtime()
     framework_reserve_bytes: float = RUNTIME_RESERVE_BYTES   # CUDA context, allocator slack, workspaces
     usable_fraction: float = USABLE_MEMORY_FRACTION         # of the GPU's memory a plan may fill
+    grid_margin: float = GRID_MEMORY_MARGIN   # a grid (not pure DP) is kept when its lowest-memory plan
+                                              # x this fits (instances.memory_rule; arena_runtime() sets it)
     recompute_layer_peak: bool = True        # with activation recomputation, a layer's backward holds
                                               # that layer's full activations (Korthikanti et al.); False:
                                               # only the kept layer inputs (see arena_runtime())
@@ -151,6 +160,8 @@ class MemoryConfig:
             raise InputError("duplicate family", field="optimizer_by_family")
         _check_nonneg("framework_reserve_bytes", self.framework_reserve_bytes)
         _check_fraction("usable_fraction", self.usable_fraction)
+        if not (isinstance(self.grid_margin, (int, float)) and 1.0 <= self.grid_margin < float("inf")):
+            raise InputError(f"must be a number >= 1, got {self.grid_margin!r}", field="grid_margin")
         if not isinstance(self.recompute_layer_peak, bool):
             raise InputError(f"must be true or false, got {self.recompute_layer_peak!r}", field="recompute_layer_peak")
 
@@ -211,11 +222,13 @@ def arena_runtime(cfg: EstimatorConfig | None = None) -> EstimatorConfig:
     both, that table's fit/OOM split is matched on 157 of 180 runs instead of 130 (see
     docs/estimators.md), and the measured table's error is unchanged. The defaults instead
     describe the project's own torch launcher (Adam, no recomputation, gradient
-    all-reduce). Efficiency factors are hardware properties and are shared by both."""
+    all-reduce). Efficiency factors are hardware properties and are shared by both. The
+    grid memory margin (``ARENA_GRID_MEMORY_MARGIN``) is chosen on the measured table's
+    out-of-memory rows (``instances.memory_rule``)."""
     cfg = cfg or EstimatorConfig()
     return replace(cfg, efficiency=replace(cfg.efficiency, recompute_activations=True, dp_sharded_optimizer=True),
                    memory=replace(cfg.memory, optimizer_by_family=(("wide_resnet", "sgd"),),
-                                  recompute_layer_peak=False),
+                                  recompute_layer_peak=False, grid_margin=ARENA_GRID_MEMORY_MARGIN),
                    planner=replace(cfg.planner, dp_only_grad_accumulation=False))
 
 

@@ -13,6 +13,11 @@ without gradient accumulation, ``PlannerConfig.dp_only_grad_accumulation``: the 
 per-replica batch in one), 1F1B, the
 time-balanced or the memory-balanced stage split. (An approximation of "lowest memory":
 other splits could fit where these two do not; the planner searches only these too.)
+Outside pure data parallelism the lowest-memory plan over the shape's pipeline depths
+must also fit with ``MemoryConfig.grid_margin`` (1.0 by default; the Arena runtime's,
+chosen on its out-of-memory rows, in ``instances.memory_rule``): a shape the runtime's
+plan search would not fit loses all its grids; the planner's proxy calls such a grid
+infeasible too.
 """
 from __future__ import annotations
 
@@ -40,8 +45,27 @@ def grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, 
 
 def _grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, dp_only: bool) -> bool:
     gpu = get_gpu(grid.gpu_type)
-    return any(mem.fits(gpu, planner.cfg.memory)
-               for mem in _low_memory_plans(arch, global_batch, grid, planner, dp_only))
+    if not any(mem.fits(gpu, planner.cfg.memory) for mem in _low_memory_plans(arch, global_batch, grid, planner,
+                                                                              dp_only)):
+        return False
+    margin = planner.cfg.memory.grid_margin
+    if dp_only or margin == 1.0:              # pure DP: one plan, no plan search that could miss it
+        return True
+    return shape_fits_with_margin(arch, global_batch, grid.shape, planner)
+
+
+def shape_fits_with_margin(arch: ModelArch, global_batch: int, shape: Shape, planner: Planner) -> bool:
+    """True when the lowest-memory plan over the shape's pipeline depths, times
+    ``MemoryConfig.grid_margin``, fits (cached in the planner)."""
+    key = (arch, global_batch, shape, "margin")
+    hit = planner.fits_cache.get(key)
+    if hit is None:
+        gpu, n = get_gpu(shape.gpu_type), shape.num_gpus
+        hit = planner.fits_cache[key] = any(
+            mem.fits(gpu, planner.cfg.memory, planner.cfg.memory.grid_margin)
+            for pp in range(1, n + 1) if n % pp == 0
+            for mem in _low_memory_plans(arch, global_batch, Grid(shape, pp), planner, False))
+    return hit
 
 
 def lowest_memory_bytes(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, *,

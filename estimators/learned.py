@@ -18,8 +18,13 @@ estimate as it is) or boosted trees with a squared or an absolute log error — 
 ``correction="auto"``, by cross-validation over the training records only, with folds
 that hold out what the deployment will meet unseen (``select_by``): ``row`` (new plans of
 jobs and GPU types the cluster already ran; 5 folds), ``model`` (new models; 5 folds of
-models) or ``gpu_type`` (a new GPU type; one fold per type). The accuracy report nests
-this selection inside each outer fold, so no test row ever influences the choice.
+models) or ``gpu_type`` (a new GPU type; one fold per type). What the selection
+optimises (``select_metric``): ``error`` (default) the cross-validated MAPE, or
+``choice`` the cross-validated grid choice (``choice.choice_score``: the true per-GPU
+throughput of the shape the estimates rank best, over the best) — for a scheduler that
+uses the estimate to pick grids, when a correction that lowers the error ranks shapes
+worse. The accuracy report nests this selection inside each outer fold, so no test row
+ever influences the choice.
 
 Trained from the Arena measured table plus, when a ``profile_store`` is given, the
 store's measured runs (launcher telemetry); updated
@@ -49,6 +54,7 @@ from .planner import PlanResult, best_shape_result
 ARTIFACT_VERSION = 2
 CORRECTIONS = ("none", "squared_error", "absolute_error")     # "none": the analytic estimate unchanged
 SELECT_BY = ("row", "model", "gpu_type")
+SELECT_METRICS = ("error", "choice")      # what the auto selection optimises: MAPE, or the grid choice
 FAMILIES = ("gpt", "moe", "wide_resnet", "llama")
 FEATURES = ("log_analytic_s", "share_compute", "share_tp", "share_p2p", "share_bubble", "share_dp",
             "share_opt", "mem_util", "pp", "dp", "tp", "microbatches", "log_micro_batch", "num_gpus",
@@ -192,26 +198,46 @@ def _regressor(correction: str, params: dict):
     return None if correction == "none" else GradientBoostingRegressor(loss=correction, **params)
 
 
-def _abs_pct_errors(records, regressor) -> np.ndarray:
-    corr = np.zeros(len(records)) if regressor is None else regressor.predict(np.array([r.features for r in records]))
-    return np.abs(np.array([r.analytic_s for r in records]) * np.exp(corr)
-                  / np.array([r.measured_s for r in records]) - 1)
-
-
-def select_correction(records: list[TrainingRecord], params: dict, by: str, *, seed: int = 0) -> dict[str, float]:
-    """Cross-validated mean absolute percentage error of every ``CORRECTIONS`` entry on
-    ``records`` with folds of kind ``by`` (``cv_folds``)."""
+def select_scores(records: list[TrainingRecord], params: dict, by: str, *,
+                  seed: int = 0) -> tuple[dict[str, float], dict[str, float | None]]:
+    """Cross-validated scores of every ``CORRECTIONS`` entry on ``records`` with folds of
+    kind ``by`` (``cv_folds``), from the same out-of-fold predictions: the mean absolute
+    percentage error, and the grid-choice score (``choice.choice_score``: mean true
+    per-GPU throughput of the shape the predictions rank best over the best, over the
+    Arena-table records' groups; None without such groups)."""
+    from .choice import choice_score, point_from_row_id
     X = np.array([r.features for r in records])
     y = np.array([r.target for r in records])
-    errs: dict[str, list] = {c: [] for c in CORRECTIONS}
+    pred = {c: np.zeros(len(records)) for c in CORRECTIONS}
+    seen = np.zeros(len(records), dtype=bool)
     for train, test in cv_folds(records, by, seed=seed):
-        held = [records[i] for i in test]
+        seen[test] = True
         for c in CORRECTIONS:
             reg = _regressor(c, params)
+            corr = np.zeros(len(test))
             if reg is not None:
                 reg.fit(X[train], y[train])
-            errs[c].extend(_abs_pct_errors(held, reg))
-    return {c: float(np.mean(e)) for c, e in errs.items() if e}
+                corr = reg.predict(X[test])
+            pred[c][test] = np.array([records[i].analytic_s for i in test]) * np.exp(corr)
+    held = [records[i] for i in np.flatnonzero(seen)]
+    mape, choice = {}, {}
+    for c in CORRECTIONS:
+        p = pred[c][seen]
+        if not len(p):
+            continue
+        mape[c] = float(np.mean(np.abs(p / np.array([r.measured_s for r in held]) - 1)))
+        pts = [point_from_row_id(r.row_id, r.measured_s, e) for r, e in zip(held, p)]
+        choice[c] = choice_score([q for q in pts if q is not None])
+    return mape, choice
+
+
+def pick_correction(mape: dict[str, float], choice: dict[str, float | None], metric: str) -> str:
+    """The correction ``fit`` keeps: the lowest cross-validated MAPE (``metric="error"``),
+    or the highest grid-choice score, ties and missing scores broken by the MAPE
+    (``"choice"``)."""
+    if metric == "choice" and any(v is not None for v in choice.values()):
+        return max(mape, key=lambda c: (round(choice.get(c) or 0.0, 6), -mape[c]))
+    return min(mape, key=mape.get)
 
 
 class LearnedModel:
@@ -221,6 +247,7 @@ class LearnedModel:
 
     def __init__(self, *, dp_only: bool = False, artifact: str | Path | None = None,
                  train_on: str | None = "arena-measured", correction: str = "auto", select_by: str = "row",
+                 select_metric: str = "error",
                  n_estimators: int = 300, max_depth: int = 3,
                  learning_rate: float = 0.05, seed: int = 0, link_load: float = 0.0, **analytic_config):
         if train_on not in (None, "arena-measured"):
@@ -230,9 +257,14 @@ class LearnedModel:
                              field="correction")
         if select_by not in SELECT_BY:
             raise InputError(f"unknown select_by {select_by!r}; known: {', '.join(SELECT_BY)}", field="select_by")
+        if select_metric not in SELECT_METRICS:
+            raise InputError(f"unknown select_metric {select_metric!r}; known: {', '.join(SELECT_METRICS)}",
+                             field="select_metric")
         self.correction_kind, self.select_by, self.seed = correction, select_by, seed
+        self.select_metric = select_metric
         self.chosen: str | None = None          # the correction in use after fit
         self.selection: dict[str, float] = {}   # cross-validated MAPE per candidate (auto)
+        self.choice_selection: dict[str, float | None] = {}   # cross-validated grid-choice score (auto)
         for n, v in (("n_estimators", n_estimators), ("max_depth", max_depth)):
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"must be a positive integer, got {v!r}", field=n)
@@ -261,15 +293,16 @@ class LearnedModel:
     # -- training --------------------------------------------------------------------
     def fit(self, records: list[TrainingRecord]) -> "LearnedModel":
         """Train on ``records``; with ``correction="auto"`` first choose the correction by
-        cross-validation on these records alone (``select_correction``)."""
+        cross-validation on these records alone (``select_scores``, ``pick_correction``)."""
         if len(records) < 5:
             raise ValueError(f"need at least 5 training records, got {len(records)}")
         self.records = list(records)
         if self.correction_kind == "auto":
-            self.selection = select_correction(self.records, self.params, self.select_by, seed=self.seed)
-            self.chosen = min(self.selection, key=self.selection.get)
+            self.selection, self.choice_selection = select_scores(self.records, self.params, self.select_by,
+                                                                  seed=self.seed)
+            self.chosen = pick_correction(self.selection, self.choice_selection, self.select_metric)
         else:
-            self.selection, self.chosen = {}, self.correction_kind
+            self.selection, self.choice_selection, self.chosen = {}, {}, self.correction_kind
         self.regressor = _regressor(self.chosen, self.params)
         if self.regressor is not None:
             self.regressor.fit(np.array([r.features for r in self.records]), np.array([r.target for r in self.records]))

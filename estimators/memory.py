@@ -37,8 +37,9 @@ class MemoryBreakdown:
     activation_bytes: float        # of the peak stage
     reserve_bytes: float
 
-    def fits(self, gpu: GpuType, cfg: MemoryConfig) -> bool:
-        return self.peak_bytes <= gpu.memory_bytes * cfg.usable_fraction
+    def fits(self, gpu: GpuType, cfg: MemoryConfig, margin: float = 1.0) -> bool:
+        """The peak x ``margin`` is at most ``usable_fraction`` of the GPU's memory."""
+        return self.peak_bytes * margin <= gpu.memory_bytes * cfg.usable_fraction
 
 
 def in_flight(schedule: str, microbatches: int, pp: int, stage: int) -> int:

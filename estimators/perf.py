@@ -4,7 +4,8 @@ the data-parallel-only twin used by the baselines.
 Kinds (registry by name):
 - ``analytic``: proxy plan from the planner; layer times from the roofline over catalog
   specs (or the profile store where the device was profiled); composition; memory check.
-- ``learned``: the analytic estimate x the learned correction (estimators/learned.py).
+- ``learned``: the analytic estimate x the learned correction (estimators/learned.py);
+  ``learned-choice``: the same with the correction chosen by cross-validated grid choice.
 - ``online``: a base kind (``base=``; default ``learned`` when a learned artifact is
   given or the default one exists, else ``analytic``) corrected per job by its runs'
   measured iteration times (estimators/online.py).
@@ -53,10 +54,12 @@ def learned_artifact_path() -> Path:
 
 def default_kind() -> str:
     """What policies decide with unless told otherwise: estimates, never the measured
-    table the simulator's oracle uses as truth — the learned model when its artifact
-    exists (fitting it takes minutes, so it is fitted once, by ``arena estimate fit``),
-    else the analytic model."""
-    return "learned" if learned_artifact_path().is_file() else "analytic"
+    table the simulator's oracle uses as truth. The analytic model: it picks grids better
+    than the learned correction in every held-out regime (grid-choice regret,
+    docs/estimators.md), though the learned one has the lower error; ``--perf learned``
+    (its artifact written once by ``arena estimate fit``) and ``learned-choice`` stay
+    available."""
+    return "analytic"
 
 
 def make_default_model(kind: str | None = None) -> PerformanceModel:
@@ -185,3 +188,11 @@ def _make_online(*, base: Any = "auto", **config) -> PerformanceModel:
         else:
             base = "analytic"
     return OnlineModel(base=base, make_base=make_performance_model, **config)
+
+
+@register_kind("learned-choice")
+def _make_learned_choice(**config) -> PerformanceModel:
+    """The learned model whose correction is chosen by cross-validated grid choice
+    (``select_metric="choice"``) rather than by error: for deciding grids."""
+    from .learned import LearnedModel
+    return LearnedModel(**{"select_metric": "choice", **config})

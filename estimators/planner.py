@@ -334,7 +334,11 @@ class Planner:
         chosen = best or fallback
         if chosen is None:
             return None
-        return PlanResult(chosen.plan, chosen.breakdown, chosen.memory, chosen.feasible, n)
+        feasible = chosen.feasible
+        if feasible and not dp_only and self.cfg.memory.grid_margin != 1.0:
+            from .grids import shape_fits_with_margin  # the grid memory margin (grids module doc)
+            feasible = shape_fits_with_margin(arch, global_batch, grid.shape, self)
+        return PlanResult(chosen.plan, chosen.breakdown, chosen.memory, feasible, n)
 
     # -- exhaustive search -----------------------------------------------------------
     def exhaustive(self, arch: ModelArch, global_batch: int, grid: Grid, *, link_load: float = 0.0,

@@ -70,7 +70,12 @@ class LayerProfile:
 
     ``measured_*``: what ran (the reduced shape and its FLOPs from the model catalog);
     ``fwd_s``/``bwd_s``: the full-size layer's time at this micro-batch and tp, scaled from
-    the measurement by the FLOP ratio (``scale`` says so; 1.0 = measured at full size)."""
+    the measurement by the FLOP ratio (``scale`` says so; 1.0 = measured at full size),
+    timed after writing ``flush_bytes`` of other data (a cold cache); ``warm_*``: the same,
+    repeated at once (the layer's data in cache); ``param_bytes`` and ``saved_bytes``: the
+    measured shape's working set (parameters — gradients as many —, and what autograd
+    saved for backward plus the input). Records written before these existed lack them
+    (None)."""
     device: str
     dtype: str
     kind: str
@@ -87,6 +92,11 @@ class LayerProfile:
     scale: float
     repeats: int
     device_seconds: float
+    warm_fwd_s: float | None = None
+    warm_bwd_s: float | None = None
+    param_bytes: float | None = None
+    saved_bytes: float | None = None
+    flush_bytes: float = 0.0
 
     def key(self) -> str:
         return json.dumps([self.kind, list(self.signature), self.tp, self.micro_batch])

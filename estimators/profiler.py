@@ -212,7 +212,22 @@ def build_layer(arch: ModelArch, index: int, tp: int, dtype: str):
     return mod.to(dt), make
 
 
-def _time_layer(mod, make, mb: int, cfg: ProfilerConfig, device: str) -> tuple[float, float]:
+@dataclass(frozen=True)
+class LayerTiming:
+    """What ``_time_layer`` measures: median forward and backward times after a cache
+    flush (``fwd_s``, ``bwd_s``) and repeated at once without one (``warm_*``: the layer's
+    data still in cache from the pass just before), and the layer's working set — its
+    parameters and gradients (``param_bytes`` each) and what autograd saves for backward
+    plus the input (``saved_bytes``)."""
+    fwd_s: float
+    bwd_s: float
+    warm_fwd_s: float
+    warm_bwd_s: float
+    param_bytes: float
+    saved_bytes: float
+
+
+def _time_layer(mod, make, mb: int, cfg: ProfilerConfig, device: str) -> LayerTiming:
     import torch
     mod = mod.to(device)
 
@@ -227,26 +242,49 @@ def _time_layer(mod, make, mb: int, cfg: ProfilerConfig, device: str) -> tuple[f
             flush_buf.fill_(1.0)
         sync()
 
-    fw, bw = [], []
-    for it in range(cfg.warmup + cfg.repeats):
-        x = make(mb)
-        x = x.to(device) if not x.requires_grad else x.detach().to(device).requires_grad_(True)
-        flush()
+    def fwd_bwd(x, cold: bool) -> tuple[float, float]:
+        if cold:
+            flush()
         t0 = time.perf_counter()
         y = mod(x)
         sync()
         f_s = time.perf_counter() - t0
         loss = y.float().sum()
-        flush()
+        if cold:
+            flush()
         t0 = time.perf_counter()
         loss.backward()
         sync()
         b_s = time.perf_counter() - t0
         mod.zero_grad(set_to_none=True)
+        return f_s, b_s
+
+    fw, bw, wfw, wbw = [], [], [], []
+    for it in range(cfg.warmup + cfg.repeats):
+        x = make(mb)
+        x = x.to(device) if not x.requires_grad else x.detach().to(device).requires_grad_(True)
+        f_s, b_s = fwd_bwd(x, True)
+        wf_s, wb_s = fwd_bwd(x, False)          # again at once: what a cache-resident step sees
         if it >= cfg.warmup:
             fw.append(f_s)
             bw.append(b_s)
-    return statistics.median(fw), statistics.median(bw)
+            wfw.append(wf_s)
+            wbw.append(wb_s)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[id(t)] = t.numel() * t.element_size()
+        return t
+
+    x = make(mb)
+    x = x.to(device) if not x.requires_grad else x.detach().to(device).requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = mod(x)
+    saved.setdefault(id(x), x.numel() * x.element_size())
+    del y
+    param_bytes = sum(p.numel() * p.element_size() for p in mod.parameters())
+    return LayerTiming(statistics.median(fw), statistics.median(bw), statistics.median(wfw), statistics.median(wbw),
+                       float(param_bytes), float(sum(saved.values())))
 
 
 def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: ProfilerConfig | None = None,
@@ -284,7 +322,8 @@ def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: P
                 if mod is None:
                     mod, make = build_layer(small_arch, i, tp, dtype)
                 t0 = time.perf_counter()
-                f_s, b_s = _time_layer(mod, make, mb, cfg, dev)
+                timing = _time_layer(mod, make, mb, cfg, dev)
+                f_s, b_s = timing.fwd_s, timing.bwd_s
                 spent += time.perf_counter() - t0
                 sf, sb = small[i].fwd_flops * mb, small[i].bwd_flops * mb
                 ff, fb = full[i].fwd_flops * mb, full[i].bwd_flops * mb
@@ -300,7 +339,10 @@ def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: P
                     rate_f = rate_b = math.inf
                 records.append(LayerProfile(dev_name, dtype, spec.kind, tuple(spec.signature), tp, mb,
                                             f_s * ratio, b_s * (fb / sb), rate_f, rate_b, shape, f_s, b_s, ratio,
-                                            cfg.repeats, f_s + b_s))
+                                            cfg.repeats, f_s + b_s, warm_fwd_s=timing.warm_fwd_s * ratio,
+                                            warm_bwd_s=timing.warm_bwd_s * (fb / sb),
+                                            param_bytes=timing.param_bytes, saved_bytes=timing.saved_bytes,
+                                            flush_bytes=float(cfg.flush_cache_mib * 2**20)))
     if store is not None and records:
         store.put_layers([r for r in records if math.isfinite(r.fwd_flops_per_s)])
     step = None

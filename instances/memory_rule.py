@@ -18,6 +18,17 @@ truth oracle's memory rule takes its bytes per parameter from here too.
   model was checked with (the Arena artifact's pure data-parallel memory table, see
   docs/estimators.md) and the one the scheduler decides with; the launcher's pre-launch
   check used 0.9 before, and so could refuse a plan the scheduler had placed.
+- ``GRID_MEMORY_MARGIN``: a grid (not pure data parallelism) is kept only when its
+  lowest-memory plan, times this margin, fits. 1.0 for the project's launcher (it runs
+  the plan the planner chose and checks it with this same rule before launch; a launch
+  that still runs out of memory marks the shape infeasible for the job).
+  ``ARENA_GRID_MEMORY_MARGIN`` (``estimators.config.arena_runtime``) for the Arena
+  artifact's runtime, whose plan search does not reach our lowest-memory plan (its
+  out-of-memory runs need 27-65% of GPU memory in that plan): the largest margin under
+  which every measured run of the Arena table still fits, widened by the largest excess
+  one model's runs showed over every other model's (``estimators.evaluation.accuracy.
+  choose_grid_margin``; cross-validated by held-out model there: no run that fitted is
+  called infeasible, 5 of the 11 out-of-memory rows are; a test recomputes this value).
 """
 from __future__ import annotations
 
@@ -25,6 +36,8 @@ from types import MappingProxyType
 
 USABLE_MEMORY_FRACTION = 0.95
 RUNTIME_RESERVE_BYTES = 1.0 * 2**30
+GRID_MEMORY_MARGIN = 1.0
+ARENA_GRID_MEMORY_MARGIN = 2.05          # choose_grid_margin on the table: 2.0587, rounded down
 MASTER_WEIGHT_BYTES = 4                     # fp32 master copy of a 16-bit model's weights
 OPTIMIZER_STATE_BYTES = MappingProxyType({"adam": 8, "sgd": 4})   # fp32 state per parameter
 OPTIMIZERS = tuple(OPTIMIZER_STATE_BYTES)

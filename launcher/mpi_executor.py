@@ -27,6 +27,11 @@ job, so a relaunch on another plan reshards from the last checkpoint), ``progres
   until a job finishes or fails) and returns the jobs that finished or failed. A dead
   rank makes mpiexec exit (gloo raises on the survivors within seconds), which the next
   poll reports as a failure naming the exit status and the ranks' last error line.
+- A launch whose ranks ran out of memory (``out_of_memory``: torch's CUDA
+  ``OutOfMemoryError``, CPU allocation failures, Python's ``MemoryError``, the launcher's
+  own memory check) is a measured infeasible shape: its failure says "out of memory"
+  and ``runs_on(job, shape)`` is False from then on, so the engine does not propose that
+  shape for that job again and does not count the run as a failure.
 
 The clock: ``now_s`` = ``config.epoch_s`` + wall seconds since the executor was built.
 Allocations map to hosts through ``config.node_hosts`` (node id -> host name); with no
@@ -109,6 +114,17 @@ class LaunchedTotals:
     reconfig_lost_gpu_s: float
 
 
+OUT_OF_MEMORY_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "can't allocate memory",
+                         "does not fit in memory")
+
+
+def out_of_memory(text: str | None) -> bool:
+    """Whether a failed launch's error output says a rank ran out of memory (torch's
+    ``OutOfMemoryError``, the CPU allocator's "can't allocate memory", ``MemoryError``, or
+    the launcher's own "does not fit in memory" check)."""
+    return bool(text) and any(m in text for m in OUT_OF_MEMORY_MARKERS)
+
+
 @dataclass
 class _Job:
     job: Any
@@ -124,6 +140,7 @@ class _Job:
     released_at: float | None = None            # wall time a move's stop was requested (``release``)
     reconfiguration_s: list[float] = field(default_factory=list)
     gpus: int = 0                               # of the current (or last) launch
+    shape: Any = None                           # of the current (or last) launch's allocation
     launch_started: float | None = None         # wall time of a launch from the queue, until its first step
     launch_lost_gpu_s: float = 0.0              # GPU-seconds from a launch to its first step
     reconfig_lost_gpu_s: float = 0.0            # GPU-seconds from a move's stop request to its first step
@@ -149,6 +166,7 @@ class MpiExecutor:
         self._t0 = time.monotonic()
         self._jobs: dict[str, _Job] = {}
         self._job_options: dict[str, dict] = {}
+        self._out_of_memory: set[tuple[str, Any]] = set()    # (job id, shape) whose launch ran out of memory
         Path(config.work_dir).mkdir(parents=True, exist_ok=True)
 
     # --- clock -------------------------------------------------------------------------
@@ -176,6 +194,7 @@ class MpiExecutor:
                        last_checkpoint_step=prev.get("last_checkpoint_step"), iteration_time_s=None)
         st.cfg, st.hostfile = cfg, hostfile
         st.stopping, st.finished, st.failed, st.ended_at_s, st.reported = False, False, None, None, False
+        st.shape = alloc.grid.shape
         st.gpus, st.launch_started, st.steps_seen = alloc.grid.num_gpus, time.time(), float(prev.get(
             "last_checkpoint_step") or 0)
         st.steps_final = False
@@ -285,8 +304,8 @@ class MpiExecutor:
             launch_lost_gpu_s=st.launch_lost_gpu_s, reconfig_lost_gpu_s=st.reconfig_lost_gpu_s)
 
     def runs_on(self, job, shape) -> bool:
-        """Every shape may run until a launch there fails (the caller records that)."""
-        return True
+        """False once a launch of ``job`` on ``shape`` ran out of memory."""
+        return (job.job_id, shape) not in self._out_of_memory
 
     def totals(self) -> LaunchedTotals:
         """Samples computed by every launch so far (from the jobs' progress files, lost
@@ -508,8 +527,12 @@ class MpiExecutor:
             return
         err = _launch.tail(Path(st.cfg.run_dir) / "stderr.log", 4000).strip().splitlines()
         last = next((l for l in reversed(err) if "rank failed" in l or "Error" in l), err[-1] if err else "")
-        st.failed = (f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}; ranks that did "
-                     f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
+        oom = out_of_memory("\n".join(err))
+        if oom:
+            self._out_of_memory.add((st.job.job_id, st.shape))
+        st.failed = ("out of memory: " if oom else "") + (
+            f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}; ranks that did "
+            f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
         write_progress(st.cfg.progress_path, status="failed",
                        iterations_done=prog.get("last_checkpoint_step") or 0, steps_total=st.cfg.steps,
                        last_checkpoint_step=prog.get("last_checkpoint_step"),

@@ -225,3 +225,32 @@ def test_few_shot_curve_learns_a_new_type_from_its_telemetry():
     from instances.errors import InputError
     with pytest.raises(InputError):
         learned_few_shot(recs, shots=(-1,))
+
+
+def test_grid_memory_margin_is_the_one_chosen_on_held_out_models():
+    from estimators.analytic import AnalyticModel
+    from estimators.evaluation.accuracy import choose_grid_margin, grid_margin_cv
+    from estimators.planner import best_shape_result
+    from estimators.reference import load_measured
+    from instances.grid import Shape
+    from instances.memory_rule import ARENA_GRID_MEMORY_MARGIN, GRID_MEMORY_MARGIN
+    # hand case: the limit is the largest fitting fraction widened by one model's excess over the others
+    ch = choose_grid_margin([0.40, 0.44, 0.30, 0.60], [True, True, True, False], ["a", "b", "b", "c"], 0.95)
+    assert ch["headroom"] == pytest.approx(0.44 / 0.40 - 1) and ch["limit_fraction"] == pytest.approx(0.44 * 1.1)
+    assert ch["margin"] == pytest.approx(0.95 / (0.44 * 1.1))
+    cfg = arena_runtime()
+    assert cfg.memory.grid_margin == ARENA_GRID_MEMORY_MARGIN and EstimatorConfig().memory.grid_margin == \
+        GRID_MEMORY_MARGIN == 1.0
+    planner = AnalyticModel(efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner).planner
+    rows = load_measured()
+    out = grid_margin_cv(rows, planner, seeds=(0,))
+    # the constant is the margin chosen on all rows, rounded down (never stricter)
+    assert ARENA_GRID_MEMORY_MARGIN == math.floor(out["all_rows"]["margin"] * 100) / 100
+    assert out["leave_one_model_out"]["fitting_rows_called_infeasible"] == 0
+    assert out["five_model_folds"]["0"]["fitting_rows_called_infeasible"] == 0
+    assert out["leave_one_model_out"]["oom_rows_called_infeasible"] >= 5
+    # the estimator in use: no row that ran is called infeasible, the same OOM rows are
+    called = [best_shape_result(planner, r.model, r.global_batch, Shape(r.gpu_type, r.num_nodes, r.gpus_per_node))
+              is None for r in rows]
+    assert sum(c for c, r in zip(called, rows) if r.iter_time_s is not None) == 0
+    assert sum(c for c, r in zip(called, rows) if r.iter_time_s is None) == out["all_rows_oom_called_infeasible"] >= 5

@@ -113,6 +113,7 @@ def test_summarize_passes_takes_the_median_per_plan():
     assert by[(1, 2)]["median_error"] is None and by[(1, 2)]["errors"] == [None]
     assert s["mape"] == pytest.approx((0.05 + 0.2) / 2)
     assert s["pass_mape"][0] == pytest.approx((0.1 + 0.2) / 2) and s["passes"] == 3
+    assert s["mape_cache"] is None                       # results without the cache model's twin
 
 
 def test_local_comparison_of_wide_resnet_has_no_tensor_parallel_plan():
@@ -120,3 +121,37 @@ def test_local_comparison_of_wide_resnet_has_no_tensor_parallel_plan():
     with pytest.raises(InputError) as e:                 # checked before anything is profiled
         against_local(model="tiny-wide_resnet__50", plans=((1, 2, 1, 1),))
     assert e.value.field == "plans"
+
+
+def test_cache_model_from_the_profiled_working_set(tmp_path):
+    from estimators.evaluation.local_accuracy import CacheTimer, cache_hit, step_working_set
+    from estimators.profile_store import LayerProfile, ProfileStore
+    from estimators.timing import ProfiledTimer
+    assert cache_hit(None, 8.0) == 0.0 and cache_hit(2.0, 0.0) == 0.0
+    assert cache_hit(2.0, 8.0) == pytest.approx(0.75) and cache_hit(9.0, 8.0) == 0.0
+    store = ProfileStore(tmp_path)
+    recs = []
+    for spec in {(s.kind, tuple(s.signature)): s for s in ARCH.layers()}.values():
+        for mb in (2, 8):         # parameters 1 kB, saved 100 B per sample; warm = half the cold time
+            recs.append(LayerProfile("cpu", "float32", spec.kind, tuple(spec.signature), 1, mb, 1e-3, 2e-3, 1e9, 1e9,
+                                     "full", 1e-3, 2e-3, 1.0, 1, 3e-3, warm_fwd_s=0.5e-3, warm_bwd_s=1e-3,
+                                     param_bytes=1000.0, saved_bytes=100.0 * mb, flush_bytes=8e6))
+    store.put_layers(recs)
+    n = len(ARCH.layers())
+    assert step_working_set(ARCH, Plan(1, 1, 1, (n,), 1, "1f1b"), 8, store, "cpu") == pytest.approx(n * (2000 + 800))
+    # 1F1B: the first of two stages holds two micro-batches of its layers' activations
+    half = n // 2
+    ws = step_working_set(ARCH, Plan(2, 1, 1, (half, n - half), 4, "1f1b"), 2, store, "cpu")
+    assert ws == pytest.approx(max(half * (2000 + 2 * 200), (n - half) * (2000 + 200)))
+    # a layer without a record (another model's here) counts its catalog parameters and activations
+    moe = get_model("tiny-moe__2L")
+    cat = layer_costs(moe, micro_batch=8)
+    assert step_working_set(moe, Plan(1, 1, 1, (len(cat),), 1, "1f1b"), 8, store, "cpu") == pytest.approx(
+        sum(2 * c.params * moe.dtype_bytes + c.activation_bytes for c in cat))
+    eff = EfficiencyConfig(layer_overhead_s=0.0)
+    dec = next(c for c in layer_costs(ARCH, micro_batch=8) if c.kind == "decoder")
+    inner = ProfiledTimer("cpu", {}, RooflineTimer(eff))
+    f, b = inner.times(dec, get_gpu("cpu"), ARCH.dtype)
+    assert CacheTimer.from_store(inner, store, "cpu", 0.0).times(dec, get_gpu("cpu"), ARCH.dtype) == (f, b)
+    assert CacheTimer.from_store(inner, store, "cpu", 0.5).times(dec, get_gpu("cpu"), ARCH.dtype) == \
+        pytest.approx((0.75 * f, 0.75 * b))           # halfway between cold and warm (half of it)

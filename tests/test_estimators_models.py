@@ -11,9 +11,10 @@ from estimators.learned import (
     CORRECTIONS,
     LearnedModel,
     cv_folds,
+    pick_correction,
     record_model,
     records_from_table,
-    select_correction,
+    select_scores,
 )
 from estimators.reference import load_measured
 from instances.errors import InputError
@@ -145,13 +146,13 @@ def test_auto_correction_is_chosen_on_training_rows_only(records, monkeypatch):
     import estimators.learned as learned
     train = [r for r in records if r.group != "a10"]
     seen = []
-    real = learned.select_correction
+    real = learned.select_scores
 
     def spy(recs, params, by, *, seed=0):
         seen.append({r.row_id for r in recs})
         return real(recs, params, by, seed=seed)
 
-    monkeypatch.setattr(learned, "select_correction", spy)
+    monkeypatch.setattr(learned, "select_scores", spy)
     m = LearnedModel(train_on=None, select_by="gpu_type", n_estimators=30).fit(train)
     assert seen == [{r.row_id for r in train}]
     assert set(m.selection) == set(CORRECTIONS) and m.chosen == min(m.selection, key=m.selection.get)
@@ -159,9 +160,24 @@ def test_auto_correction_is_chosen_on_training_rows_only(records, monkeypatch):
         test = [r for r in records if r.group == "a10"]
         assert list(m.predict_records(test)) == [r.analytic_s for r in test]
     # the "none" candidate's cross-validated error is the analytic model's own error
-    sel = select_correction(train, dict(n_estimators=10, max_depth=2, learning_rate=0.1, subsample=0.8,
-                                        random_state=0), "row")
+    sel, _ = select_scores(train, dict(n_estimators=10, max_depth=2, learning_rate=0.1, subsample=0.8,
+                                       random_state=0), "row")
     assert sel["none"] == pytest.approx(sum(abs(r.analytic_s / r.measured_s - 1) for r in train) / len(train))
-    for bad in ({"correction": "nope"}, {"select_by": "nope"}):
+    for bad in ({"correction": "nope"}, {"select_by": "nope"}, {"select_metric": "nope"}):
         with pytest.raises(InputError):
             LearnedModel(train_on=None, **bad)
+    # the same inner cross-validation scores the grid choice; select_metric="choice" keeps its best
+    assert set(m.choice_selection) == set(CORRECTIONS)
+    by_choice = LearnedModel(train_on=None, select_by="gpu_type", n_estimators=30, select_metric="choice").fit(train)
+    assert by_choice.choice_selection == m.choice_selection
+    assert by_choice.chosen == pick_correction(m.selection, m.choice_selection, "choice")
+    assert by_choice.choice_selection[by_choice.chosen] == max(m.choice_selection.values())
+
+
+def test_pick_correction_by_error_or_by_grid_choice():
+    mape = {"none": 0.13, "squared_error": 0.11, "absolute_error": 0.10}
+    choice = {"none": 0.99, "squared_error": 0.97, "absolute_error": 0.99}
+    assert pick_correction(mape, choice, "error") == "absolute_error"
+    assert pick_correction(mape, choice, "choice") == "absolute_error"        # tie on choice: lower error
+    assert pick_correction(mape, dict(choice, none=0.995), "choice") == "none"
+    assert pick_correction(mape, {c: None for c in mape}, "choice") == "absolute_error"   # no groups: error

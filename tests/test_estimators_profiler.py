@@ -19,6 +19,14 @@ def test_profile_tiny_model_and_reuse(tmp_path):
     assert {("decoder", 1), ("decoder", 2), ("head", 1), ("embedding", 1)} <= kinds
     assert all(x.fwd_s > 0 and x.bwd_s > 0 and x.scale == 1.0 for x in r["records"])
     assert r["device_seconds"] > 0
+    # warm times and the working set: parameters as the layer's module holds them, saved activations
+    from estimators.profiler import build_layer
+    assert all(x.warm_fwd_s > 0 and x.warm_bwd_s > 0 and x.saved_bytes > 0 and x.flush_bytes == 8 * 2**20
+               for x in r["records"])
+    dec = next(x for x in r["records"] if x.kind == "decoder" and x.tp == 1)
+    mod, _ = build_layer(arch, next(i for i, s in enumerate(arch.layers()) if s.kind == "decoder"), 1, "float32")
+    assert dec.param_bytes == sum(p.numel() * 4 for p in mod.parameters())
+    assert store.get_layer(r["device"], "float32", "decoder", dec.signature, 1, 1).saved_bytes == dec.saved_bytes
     again = profile_layers(arch, store=store, cfg=cfg)
     assert again["records"] == [] or all(x.kind == "embedding" for x in again["records"])
     assert again["reused"] >= 4

@@ -1,9 +1,15 @@
 """MpiExecutor with real jobs: reconfigure (stop -> checkpoint -> relaunch on another plan ->
-reshard), a rank killed mid-run reported as a failure within seconds, and a relaunch
-that resumes from the last checkpoint with no step lost beyond it."""
+reshard), a rank killed mid-run reported as a failure within seconds, a relaunch
+that resumes from the last checkpoint with no step lost beyond it, and a launch whose
+rank runs out of memory recorded as an infeasible shape for the job."""
+import json
 import os
+import resource
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +99,7 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
         assert [e.job_id for e in events] == ["j1"] and events[0].failed, events
         assert detect_s < FAILURE_REPORT_S, detect_s
         assert 1 in ranks_not_done(second_dir) and "did not reach the end" in ex._job("j1").failed
+        assert ex.runs_on(job, alloc(2).grid.shape)          # a killed rank is no memory verdict
         p = ex.progress("j1")
         assert not p.running and not p.finished and p.iterations_done == p.last_checkpoint_iteration
         ckpt = int(p.last_checkpoint_iteration)
@@ -111,3 +118,50 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
         for r in res:
             assert abs(r["loss"] - ref[r["step"] - 1]) < 1e-4, (r, ref[r["step"] - 1])
     assert (tmp_path / "store" / "measured_runs.jsonl").is_file()
+
+
+OOM_CHILD = """
+import json, sys
+from engine.context import Allocation
+from estimators.base import Plan
+from instances.grid import Grid, Shape
+from instances.jobs import Job
+from instances.models import get_model
+from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
+job, shape = Job("j", sys.argv[2], 1, 2, 0.0), Shape("cpu", 1, 1)
+ex = MpiExecutor(MpiExecutorConfig(work_dir=sys.argv[1], memory_device="a100-80gb"))
+ex.launch(job, Allocation(Grid(shape, 1), ((0, 0),)),
+          Plan(pp=1, dp=1, tp=1, stage_layers=(len(get_model(sys.argv[2]).layers()),)), ex.now_s())
+ended = ex.advance(ex.now_s() + 120)
+print(json.dumps({"failed": [p.failed for p in ended], "runs_on": ex.runs_on(job, shape),
+                  "runs_on_other": ex.runs_on(job, Shape("cpu", 1, 2))}))
+"""
+
+
+@pytest.mark.slow
+def test_a_launch_that_runs_out_of_memory_marks_its_shape_infeasible(tmp_path):
+    # A real allocation failure: the executor and its ranks run under a 2.5 GB address-space
+    # limit, and gpt__760M's fp32 weights (3 GB) do not fit in it; the launcher's own
+    # memory check passes (it is told the device is an 80 GB A100), so the rank starts and
+    # torch's CPU allocator fails while the model is built.
+    limit = int(2.5e9)
+    out = subprocess.run([sys.executable, "-c", OOM_CHILD, str(tmp_path), "gpt__760M"], capture_output=True,
+                         text=True, timeout=240, cwd=Path(__file__).resolve().parents[1],
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(res["failed"]) == 1 and res["failed"][0].startswith("out of memory:"), res
+    assert "can't allocate memory" in res["failed"][0]
+    assert res["runs_on"] is False and res["runs_on_other"] is True
+
+
+def test_out_of_memory_messages():
+    from launcher.mpi_executor import out_of_memory
+    try:
+        import torch
+        torch.empty(2 ** 62, dtype=torch.uint8)             # the CPU allocator's own failure
+    except RuntimeError as e:
+        assert out_of_memory(f"launcher.worker: rank failed: {e!r}")
+    assert out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert out_of_memory(f"rank failed: {MemoryError()!r}")
+    assert not out_of_memory("RuntimeError: Connection closed by peer") and not out_of_memory(None)

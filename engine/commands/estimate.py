@@ -211,6 +211,7 @@ def _accuracy(args) -> int:
     for kind, groups in out["scale_oracle"].items():
         print(f"  {kind:<24} " + ", ".join(f"{g} ({v['groups']}) {_fmt(v['mape']).strip()}"
                                           for g, v in groups.items()))
+    _print_grid_choice(out["grid_choice"])
     if "few_shot" in out:
         f = out["few_shot"]
         print(f"new GPU type with k of its rows as telemetry (learned, {f['correction']} trees forced on; "
@@ -230,6 +231,13 @@ def _accuracy(args) -> int:
             for f in r["folds"]:
                 print(f"    held out {f['held_out']:<12} {f['test_rows']:>4} rows  {_fmt(f['mape'])}  "
                       f"bias {100 * f['bias']:+.1f}%  learned {_fmt(f['learned_mape'])} ({f['learned_correction']})")
+            for name, by_group in r["grid_choice"].items():
+                parts = []
+                for g, t in (("same GPU type", "total"), ("same GPU type", "per_gpu"), ("any GPU type", "per_gpu")):
+                    q = by_group[g][t]
+                    parts.append(f"{g} {t}: mean {_fmt(q['mean']).strip()}, >=90% {_fmt(q['fraction_ge_90']).strip()}, "
+                                 f"clean {_fmt(q['clean']['mean']).strip()}")
+                print(f"    grid choice, {name}: " + "; ".join(parts))
     m = out["oom"]
     print(f"out-of-memory rows: {out['oom_rows']}; also called infeasible: {out['oom_rows_called_infeasible']}; "
           f"contradicted by the table itself (same model and shape ran with a larger batch): "
@@ -238,11 +246,39 @@ def _accuracy(args) -> int:
         print(f"  memory ranking: the {m['uncontradicted']} other OOM rows need more of their GPU's memory "
               f"(lowest-memory plan) than a measured row with probability {m['ranking_auc']:.3f} (AUC); "
               f"measured rows peak at <= {100 * m['measured_max_lowest_fraction']:.0f}% of GPU memory")
+    g = m["grid_margin_cv"]
+    lomo, full = g["leave_one_model_out"], g["all_rows"]
+    folds = "; ".join(f"seed {k}: {v['fitting_rows_called_infeasible']} and {v['oom_rows_called_infeasible']}"
+                      for k, v in g["five_model_folds"].items())
+    print(f"  grid memory margin (a grid fits when its lowest-memory plan x margin fits), chosen on held-out models: "
+          f"rows that ran called infeasible / OOM rows called infeasible: leave-one-model-out "
+          f"{lomo['fitting_rows_called_infeasible']}/{g['measured_rows']} and "
+          f"{lomo['oom_rows_called_infeasible']}/{g['oom_rows']}; 5 model folds ({folds}); chosen on all rows "
+          f"{full['margin']:.3f} (limit {100 * full['limit_fraction']:.1f}% of GPU memory), in use "
+          f"{g['margin_in_use']}")
     d = out["dp_memory"]
     print(f"pure data parallelism vs Arena's DP memory table (on {d['gpu_type']}): fitting rows called feasible "
           f"{d['fit_rows_called_feasible']}/{d['fit_rows']}; OOM rows called infeasible "
           f"{d['oom_rows_called_infeasible']}/{d['oom_rows']}")
     return 0
+
+
+def _print_grid_choice(gc: dict) -> None:
+    print("grid choice: true throughput of the shape each estimate ranks best, over the true best, per group of\n"
+          "measured rows (model, batch and: one GPU type / one GPU count / any type); mean, share of groups >= 90%,\n"
+          "worst group, mean Spearman (groups >= 3 rows); misses < 90% (how many the table contradicts itself on);\n"
+          "clean: groups without a superlinear, more-nodes-faster or batch-superlinear row in the table")
+    for name, by_group in gc.items():
+        print(f"  {name}")
+        for g, by_t in by_group.items():
+            for t, q in by_t.items():
+                c = q["clean"]
+                rho = "-" if q["spearman_mean"] is None else f"{q['spearman_mean']:.2f}"
+                print(f"    {g:<14} {t:<7} {q['groups']:>3} groups: mean {_fmt(q['mean']).strip():>6}, >=90% "
+                      f"{_fmt(q['fraction_ge_90']).strip():>6}, worst {_fmt(q['worst']['fraction']).strip()} "
+                      f"({q['worst']['group']}), rho {rho}, misses {len(q['misses'])} "
+                      f"({q['misses_table_suspect']} table); clean {c['groups']}: mean {_fmt(c['mean']).strip()}, "
+                      f"worst {_fmt(c['worst']['fraction'] if c['worst'] else None).strip()}")
 
 
 def _accuracy_local(args) -> int:
@@ -254,33 +290,42 @@ def _accuracy_local(args) -> int:
     for flag in ("plot", "few_shot"):
         if getattr(args, flag):
             raise InputError(f"--{flag.replace('_', '-')} is for --against arena-measured", field=flag)
-    passes = []
+    import os
+    passes, loads = [], []
     for k in range(args.passes):
         print(f"pass {k + 1}/{args.passes}: profiling, then the runs ...", file=sys.stderr, flush=True)
+        before = os.getloadavg()[0]
         passes.append(against_local(model=args.model or LOCAL_MODEL,
                                     store=None if args.store is None else ProfileStore(args.store)))
+        loads.append((before, os.getloadavg()[0]))        # timings mean little on a loaded host
     summary = summarize_passes(passes)
+    summary["load_average_1min"] = loads
     if args.json:
-        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error) for r in res] for res in passes],
+        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error, rel_error_cache=r.rel_error_cache)
+                                      for r in res] for res in passes],
                           **summary}, indent=1))
         return 0
     print(f"local torch runs of {args.model or LOCAL_MODEL} (launcher, gloo on CPU) vs analytic estimate "
           f"from the profile store")
     for k, res in enumerate(passes):
-        print(f"pass {k + 1}")
+        print(f"pass {k + 1} (1-minute load average {loads[k][0]:.1f} before, {loads[k][1]:.1f} after)")
         print(f"{'dp':>3} {'tp':>3} {'pp':>3} {'m':>3} {'measured s':>11} {'estimated s':>12} {'error':>7}")
         for r in res:
             meas = "failed" if r.measured_s is None else f"{r.measured_s:.4f}"
             print(f"{r.dp:>3} {r.tp:>3} {r.pp:>3} {r.microbatches:>3} {meas:>11} {r.estimated_s:>12.4f} "
                   f"{_fmt(r.rel_error)}  {r.error}")
-    print("per plan, median error over the passes:")
+    print("per plan, median error over the passes (with the cache model, not validated yet; step working set, "
+          "cache hit):")
     for p in summary["plans"]:
         errs = " ".join(_fmt(e).strip() for e in p["errors"])
-        print(f"  dp {p['dp']} tp {p['tp']} pp {p['pp']} m {p['microbatches']}: {_fmt(p['median_error'])}  ({errs})")
+        ws = " ".join("-" if w is None else f"{w:.1f}" for w in p["working_set_mib"])
+        hits = " ".join(f"{h:.2f}" for h in p["cache_hit"])
+        print(f"  dp {p['dp']} tp {p['tp']} pp {p['pp']} m {p['microbatches']}: {_fmt(p['median_error'])}  ({errs}); "
+              f"with {_fmt(p['median_error_cache']).strip()}; {ws} MiB, hit {hits}")
     if summary["mape"] is not None:
         per = ", ".join(_fmt(m).strip() for m in summary["pass_mape"])
         print(f"MAPE of the per-plan medians {100 * summary['mape']:.1f}% over {summary['passes']} passes "
-              f"(each pass alone: {per})")
+              f"(each pass alone: {per}); with the cache model {_fmt(summary['mape_cache']).strip()}")
     return 0
 
 

@@ -9,7 +9,8 @@ the state store, so that a restart can tell what happened.
   leaves a queued job with its checkpoint: nothing half-moved is trained on);
 - a launch the launcher refuses before starting (the plan does not fit the allocation's
   memory, ...) is journaled as failed and reported to the round loop as a failed run;
-  the job does not get that shape again;
+  the job does not get that shape again; nor does it after a launch that ran out of
+  memory (``MpiExecutor.runs_on``);
 - checkpoints and measured iteration times are recorded as the loop reads progress.
 
 Job ids in the round loop are the store's job ids as strings. The generation number of a
@@ -137,7 +138,8 @@ class JournaledExecutor:
         return bool(self._refused)
 
     def runs_on(self, job: Job, shape: Shape) -> bool:
-        return (job.job_id, shape) not in self._infeasible
+        """False for a shape refused before launch or whose launch ran out of memory."""
+        return (job.job_id, shape) not in self._infeasible and self.mpi.runs_on(job, shape)
 
     def totals(self) -> ExecutorTotals:
         t = self.mpi.totals()

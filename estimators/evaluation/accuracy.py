@@ -30,8 +30,9 @@ from instances.grid import Shape
 from instances.jobs import Job
 
 from ..analytic import AnalyticModel
+from ..choice import GROUPINGS, THROUGHPUTS, ChoicePoint, choice_quality
 from ..config import EstimatorConfig, arena_runtime
-from ..learned import SELECT_BY, LearnedModel, cv_folds, record_key, records_from_table, table_row_id
+from ..learned import SELECT_BY, LearnedModel, cv_folds, pick_correction, record_key, records_from_table, table_row_id
 from ..planner import best_shape_result
 from ..reference import load_measured
 
@@ -101,6 +102,7 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
     out["scale_oracle"] = {"analytic": scale_oracle(by_id.values()),
                            "learned (new GPU type)": scale_oracle(
                                [(by_id[rid][0], e) for rid, e in learned["gpu_type"]["errors"].items()])}
+    out["grid_choice"] = grid_choice(by_id, learned)
     if few_shot:
         say("few-shot curve of a new GPU type")
         out["few_shot"] = learned_few_shot(records, cfg=cfg)
@@ -112,6 +114,30 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
                     "gpu_type = a GPU type never seen (one fold per type), model = models never seen (5 folds), "
                     "row = rows never seen (5 folds); inside each fold the correction (none, squared or absolute "
                     "log error) is chosen by cross-validation of the same kind on the training rows only"]
+    return out
+
+
+def choice_report(rows_by_id: dict, errors: dict) -> dict:
+    """``choice.choice_quality`` per grouping (``choice.GROUPINGS``) and throughput (total,
+    per GPU) of the estimates ``measured x (1 + errors[row id])`` of the table rows
+    ``rows_by_id`` (row id -> row) that have an error."""
+    pts = [ChoicePoint(row.model, row.global_batch, row.gpu_type, row.num_nodes, row.gpus_per_node,
+                       row.iter_time_s, row.iter_time_s * (1 + errors[rid]))
+           for rid, row in rows_by_id.items() if rid in errors]
+    return {g: {t: choice_quality(pts, g, t) for t in THROUGHPUTS} for g in GROUPINGS}
+
+
+def grid_choice(by_id: dict, learned: dict) -> dict:
+    """Grid-choice quality (``choice_report``) of every estimator on the measured rows: the
+    analytic model (constants in-sample) and the learned model in each held-out regime,
+    its correction chosen by error (``learned[by]["errors"]``) and by grid choice
+    (``errors_choice``)."""
+    rows = {rid: row for rid, (row, _) in by_id.items()}
+    out = {"analytic": choice_report(rows, {rid: e for rid, (_, e) in by_id.items()})}
+    for by in SELECT_BY:
+        out[f"learned, new {by.replace('_', ' ')}s"] = choice_report(rows, learned[by]["errors"])
+        out[f"learned, new {by.replace('_', ' ')}s, chosen by grid choice"] = choice_report(
+            rows, learned[by]["errors_choice"])
     return out
 
 
@@ -160,30 +186,38 @@ def scale_oracle(pairs, groups=None) -> dict[str, dict]:
     return out
 
 
-def _learned_on(train, test, by: str, seed: int, cfg) -> tuple[LearnedModel, list[float]]:
-    """``LearnedModel`` (correction chosen by folds of kind ``by``) fitted on ``train`` with
-    the analytic model of ``cfg``; its relative errors on ``test``."""
-    model = LearnedModel(train_on=None, seed=seed, select_by=by, efficiency=cfg.efficiency, memory=cfg.memory,
-                         planner=cfg.planner).fit(train)
+def _learned_on(train, test, by: str, seed: int, cfg, correction: str = "auto") -> tuple[LearnedModel, list[float]]:
+    """``LearnedModel`` (``correction``; auto: chosen by folds of kind ``by``) fitted on
+    ``train`` with the analytic model of ``cfg``; its relative errors on ``test``."""
+    model = LearnedModel(train_on=None, seed=seed, select_by=by, correction=correction, efficiency=cfg.efficiency,
+                         memory=cfg.memory, planner=cfg.planner).fit(train)
     return model, [p / rec.measured_s - 1 for rec, p in zip(test, model.predict_records(test))]
 
 
 def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
     """Errors of the learned model on rows it never trained on, with folds of kind ``by``
     (``learned.cv_folds``); inside each fold ``LearnedModel`` chooses its correction by a
-    cross-validation of the same kind over that fold's training rows (nested selection)."""
+    cross-validation of the same kind over that fold's training rows (nested selection).
+    ``errors``: the correction chosen by the cross-validated error (the default);
+    ``errors_choice``: the one chosen by the cross-validated grid choice
+    (``select_metric="choice"``; the same inner cross-validation, refitted only when it
+    picks another correction)."""
     cfg = cfg or arena_runtime()
-    errors, folds = {}, []
+    errors, errors_choice, folds = {}, {}, []
     for train_idx, test_idx in cv_folds(records, by, seed=seed):
         train = [records[i] for i in train_idx]
         test = [records[i] for i in test_idx]
         assert not {r.row_id for r in train} & {r.row_id for r in test}
         model, errs = _learned_on(train, test, by, seed, cfg)
+        alt = pick_correction(model.selection, model.choice_selection, "choice")
+        alt_errs = errs if alt == model.chosen else _learned_on(train, test, by, seed, cfg, correction=alt)[1]
         errors.update(zip((rec.row_id for rec in test), errs))
+        errors_choice.update(zip((rec.row_id for rec in test), alt_errs))
         folds.append({"train_rows": len(train), "test_rows": len(test), "chosen": model.chosen,
-                      "selection_mape": model.selection,
+                      "chosen_by_choice": alt, "selection_mape": model.selection,
+                      "selection_choice": model.choice_selection,
                       "test_groups": sorted({record_key(rec, by) for rec in test}) if by != "row" else []})
-    return {"errors": errors, "folds": folds}
+    return {"errors": errors, "errors_choice": errors_choice, "folds": folds}
 
 
 FEW_SHOTS = (0, 8, 16, 32)
@@ -230,6 +264,79 @@ def learned_few_shot(records, *, shots=FEW_SHOTS, seeds=(0, 1, 2), cfg=None,
             "by_gpu_type": {t: {k: _mape(v) for k, v in d.items()} for t, d in per_type.items()}}
 
 
+def lowest_memory_fraction(row, planner) -> float:
+    """The lowest-memory plan's per-rank peak (``grids.lowest_memory_bytes``, over the
+    shape's pipeline depths) of a table row, as a fraction of its GPU's memory."""
+    from instances.gpus import get_gpu
+    from instances.grid import Grid
+    from instances.models import get_model
+
+    from ..grids import lowest_memory_bytes
+    arch, shape = get_model(row.model), Shape(row.gpu_type, row.num_nodes, row.gpus_per_node)
+    n = shape.num_gpus
+    peaks = [lowest_memory_bytes(arch, row.global_batch, Grid(shape, pp), planner)
+             for pp in range(1, n + 1) if n % pp == 0 and pp <= len(arch.layers())]
+    return min(p for p in peaks if p is not None) / get_gpu(row.gpu_type).memory_bytes
+
+
+def choose_grid_margin(fractions, ran, models, usable_fraction: float) -> dict:
+    """The grid memory margin from rows' lowest-memory fractions (``ran``: the row was
+    measured, not out of memory): the largest fitting fraction, widened by the largest
+    excess of one model's largest fitting fraction over every other model's (how much a
+    model never seen has exceeded the others here), gives the limit; the margin is
+    ``usable_fraction`` over that limit (a grid fits when fraction x margin <= usable)."""
+    fr, ran, models = np.asarray(fractions, float), np.asarray(ran, bool), np.asarray(models)
+    fit = fr[ran]
+    if not len(fit):
+        raise ValueError("choose_grid_margin needs at least one row that ran")
+    excess = 0.0
+    for m in sorted(set(models[ran])):
+        mine, other = fit[models[ran] == m], fit[models[ran] != m]
+        if len(other):
+            excess = max(excess, mine.max() / other.max() - 1)
+    limit = fit.max() * (1 + excess)
+    return {"limit_fraction": float(limit), "headroom": float(excess), "margin": float(usable_fraction / limit)}
+
+
+def grid_margin_cv(rows, planner, *, seeds=(0, 1, 2)) -> dict:
+    """Cross-validation of ``choose_grid_margin`` held out by model: for every fold of
+    models (``cv_folds(by="model")`` per seed, and leave-one-model-out) the margin is
+    chosen on the other models' rows and applied to the held-out ones; counted: held-out
+    rows that ran but are called infeasible, and held-out out-of-memory rows called
+    infeasible. Also the margin chosen on all rows and what it calls in-sample."""
+    usable = planner.cfg.memory.usable_fraction
+    fr = np.array([lowest_memory_fraction(r, planner) for r in rows])
+    ran = np.array([r.iter_time_s is not None for r in rows])
+    models = np.array([r.model for r in rows])
+
+    def score(folds) -> dict:
+        fit_bad = oom_hit = 0
+        margins = []
+        for train, test in folds:
+            if not ran[train].any():
+                continue
+            ch = choose_grid_margin(fr[train], ran[train], models[train], usable)
+            margins.append(ch["margin"])
+            out = fr[test] * ch["margin"] > usable
+            fit_bad += int((out & ran[test]).sum())
+            oom_hit += int((out & ~ran[test]).sum())
+        return {"fitting_rows_called_infeasible": fit_bad, "oom_rows_called_infeasible": oom_hit,
+                "margins": [round(m, 3) for m in margins]}
+
+    per_seed = {str(seed): score([(np.array(a), np.array(b)) for a, b in
+                                  cv_folds(rows, "model", seed=seed, key=lambda r, by: r.model)])
+                for seed in seeds}
+    names = sorted(set(models))
+    lomo = score([(np.flatnonzero(models != m), np.flatnonzero(models == m)) for m in names])
+    full = choose_grid_margin(fr, ran, models, usable)
+    out = fr * full["margin"] > usable
+    return {"rows": len(rows), "measured_rows": int(ran.sum()), "oom_rows": int((~ran).sum()),
+            "five_model_folds": per_seed, "leave_one_model_out": lomo, "all_rows": full,
+            "all_rows_fitting_called_infeasible": int((out & ran).sum()),
+            "all_rows_oom_called_infeasible": int((out & ~ran).sum()),
+            "margin_in_use": planner.cfg.memory.grid_margin}
+
+
 def oom_boundary(rows, planner) -> dict:
     """How the memory model sees the table's out-of-memory rows.
 
@@ -237,40 +344,27 @@ def oom_boundary(rows, planner) -> dict:
     with a larger global batch (which needs at least as much memory under any plan): no
     memory model that grows with the batch can call such a row infeasible, so it is a
     failure of the authors' plan search or runtime, not a memory limit. For every row the
-    lowest-memory plan over the shape's pipeline depths (``grids.lowest_memory_bytes``) is
+    lowest-memory plan over the shape's pipeline depths (``lowest_memory_fraction``) is
     taken as a fraction of GPU memory; ``ranking_auc`` is the probability that an
     uncontradicted OOM row needs more of its GPU's memory than a measured row (1: the
     model orders them perfectly; 0.5: no better than chance), a threshold-free check of
     the memory model that does not depend on the usable-memory fraction."""
-    from instances.gpus import get_gpu
-    from instances.grid import Grid
-    from instances.models import get_model
-
-    from ..grids import lowest_memory_bytes
-
     ran = {}
     for r in rows:
         if r.iter_time_s is not None:
             ran.setdefault((r.model, r.gpu_type, r.num_nodes, r.gpus_per_node), []).append(r.global_batch)
 
-    def lowest_fraction(r) -> float:
-        arch, shape = get_model(r.model), Shape(r.gpu_type, r.num_nodes, r.gpus_per_node)
-        n = shape.num_gpus
-        peaks = [lowest_memory_bytes(arch, r.global_batch, Grid(shape, pp), planner)
-                 for pp in range(1, n + 1) if n % pp == 0 and pp <= len(arch.layers())]
-        return min(p for p in peaks if p is not None) / get_gpu(r.gpu_type).memory_bytes
-
     def name(r) -> str:
         return f"{r.model} b{r.global_batch} {r.gpu_type} {r.num_nodes}x{r.gpus_per_node}"
 
-    measured_frac = [lowest_fraction(r) for r in rows if r.iter_time_s is not None]
+    measured_frac = [lowest_memory_fraction(r, planner) for r in rows if r.iter_time_s is not None]
     oom = []
     for r in rows:
         if r.iter_time_s is not None:
             continue
         larger = sorted(b for b in ran.get((r.model, r.gpu_type, r.num_nodes, r.gpus_per_node), ())
                         if b > r.global_batch)
-        oom.append({"row": name(r), "lowest_memory_fraction": lowest_fraction(r),
+        oom.append({"row": name(r), "lowest_memory_fraction": lowest_memory_fraction(r, planner),
                     "contradicted_by_batches": larger})
     clean = [o["lowest_memory_fraction"] for o in oom if not o["contradicted_by_batches"]]
     pairs = [(a > m) + 0.5 * (a == m) for a in clean for m in measured_frac]
@@ -278,7 +372,8 @@ def oom_boundary(rows, planner) -> dict:
             "uncontradicted": len(clean),
             "ranking_auc": float(np.mean(pairs)) if pairs else None,
             "measured_max_lowest_fraction": max(measured_frac) if measured_frac else None,
-            "measured_rows_above_lowest_oom": (sum(m >= min(clean) for m in measured_frac) if clean else None)}
+            "measured_rows_above_lowest_oom": (sum(m >= min(clean) for m in measured_frac) if clean else None),
+            "grid_margin_cv": grid_margin_cv(rows, planner)}
 
 
 def _row_key(row, by: str) -> str:
@@ -296,14 +391,20 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
     constants on the fold's training rows only (its correction chosen by folds of the same
     kind): the fully out-of-sample chain. Every fit is a multi-start from data-independent
     points (``calibrate.fit_efficiency`` with ``starts``). Slow: minutes per fold;
-    ``gpu_types`` limits the held-out types of the ``gpu_type`` regime."""
+    ``gpu_types`` limits the held-out types of the ``gpu_type`` regime. Each regime also
+    reports the grid choice (``choice_report``) of its out-of-fold estimates."""
     from .calibrate import fit_efficiency, neutral_start, ratios
     rows = [r for r in load_measured() if r.iter_time_s is not None]
+    rows_by_id = {table_row_id(r): r for r in rows}
     base = arena_runtime(None if efficiency is None else EstimatorConfig(efficiency=efficiency))
     base = replace(base, efficiency=neutral_start(base.efficiency))     # no start fitted on test rows
 
+    def row_errors(eff, test) -> dict:
+        return {table_row_id(r): q - 1 for r, q in zip(test, ratios(replace(base, efficiency=eff), test))
+                if q is not None}
+
     def errors(eff, test):
-        return [q - 1 for q in ratios(replace(base, efficiency=eff), test) if q is not None]
+        return list(row_errors(eff, test).values())
 
     t0 = time.perf_counter()
     in_sample_err = errors(fit_efficiency(rows, base, max_evals=max_evals, starts=starts), rows) if in_sample else []
@@ -311,18 +412,23 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
            "starts": starts, "regimes": {}}
     for by in regimes:
         errs, learned_errs, folds = [], [], []
+        by_row, by_row_learned = {}, {}
         for train_idx, test_idx in cv_folds(rows, by, seed=seed, key=_row_key):
             test = [rows[i] for i in test_idx]
             if by == "gpu_type" and gpu_types is not None and test[0].gpu_type not in gpu_types:
                 continue
             train = [rows[i] for i in train_idx]
             eff = fit_efficiency(train, base, max_evals=max_evals, starts=starts)
-            e = errors(eff, test)
+            fold_errors = row_errors(eff, test)
+            by_row.update(fold_errors)
+            e = list(fold_errors.values())
             records = records_from_table(rows, AnalyticModel(efficiency=eff, memory=base.memory,
                                                              planner=base.planner))
             held = {table_row_id(r) for r in test}
-            lm, le = _learned_on([r for r in records if r.row_id not in held],
-                                 [r for r in records if r.row_id in held], by, seed, replace(base, efficiency=eff))
+            held_recs = [r for r in records if r.row_id in held]
+            lm, le = _learned_on([r for r in records if r.row_id not in held], held_recs, by, seed,
+                                 replace(base, efficiency=eff))
+            by_row_learned.update(zip((r.row_id for r in held_recs), le))
             errs += e
             learned_errs += le
             folds.append({"held_out": test[0].gpu_type if by == "gpu_type" else f"{len(test)} rows",
@@ -330,7 +436,9 @@ def analytic_refit(*, efficiency=None, max_evals: int = 120, regimes=("gpu_type"
                           "bias": float(np.mean(e)) if e else None, "learned_mape": _mape(le),
                           "learned_correction": lm.chosen})
         out["regimes"][by] = {"mape": _mape(errs), "learned_mape": _mape(learned_errs), "rows": len(errs),
-                              "folds": folds}
+                              "folds": folds,
+                              "grid_choice": {"analytic, constants refitted": choice_report(rows_by_id, by_row),
+                                              "+ learned correction": choice_report(rows_by_id, by_row_learned)}}
     out["seconds"] = time.perf_counter() - t0
     return out
 

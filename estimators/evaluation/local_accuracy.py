@@ -23,6 +23,22 @@ concurrent ranks (``ContendedTimer``). Collectives come from the store's per-ope
 tables (``timing.ProfiledComm``), and on CPU the gradient all-reduce is not overlapped
 (``launcher_runtime(cpu=True)``).
 
+The cache (``CacheTimer``, an approximation, named so): the profiler times every layer
+after writing ``flush_bytes`` of other data (cold) and again at once (warm), and measures
+the layer's working set (parameters, gradients, what autograd saves, the input). In a
+real step the data a layer touched is followed, before its next use, by the rest of the
+rank's step: its working set ``W`` (``step_working_set``: parameters and gradients of
+the rank's largest stage, plus its saved activations per micro-batch in flight). The
+profile's cold time is what ``flush_bytes`` of intervening traffic leaves; none leaves
+the warm time; in between, the model takes the fraction ``1 - W / flush_bytes`` of the
+cold-to-warm gap (``cache_hit``: 0 when the step's working set is at least the flush).
+Nothing in it is fitted: ``W`` is measured by the profiler, ``flush_bytes`` is the
+profiler's own setting. It is reported next to the estimate, not in it
+(``estimated_cache_s``, from the same profile: a paired comparison), until it is
+validated on a quiet host: its premise, a step's data surviving in the core's cache, fails
+when other processes share the core (measured under load, it made Wide-ResNet worse;
+docs/estimators.md).
+
 The host's speed drifts between profiling and the runs (this 2-core host is shared):
 ``against_local`` profiles into a fresh temporary store by default, and the CLI repeats
 the whole pass (``--passes``) and reports each plan's median error
@@ -127,6 +143,83 @@ class MicroBatchTimer:
 
 
 @dataclass(frozen=True)
+class CacheTimer:
+    """``inner``'s layer times moved from the profile's cold-cache time towards its warm
+    one by ``hit`` (module doc): ``t = cold x (1 - hit x (1 - warm / cold))``, with the
+    warm/cold ratio of the record at the micro-batch nearest the one the layer runs.
+    Layers without warm records keep ``inner``'s time."""
+    inner: object
+    warm_ratio: dict       # (kind, signature, dtype, tp) -> {micro_batch: (fwd warm/cold, bwd warm/cold)}
+    hit: float
+
+    @classmethod
+    def from_store(cls, inner, store: ProfileStore, device: str, hit: float) -> "CacheTimer":
+        ratios: dict = {}
+        for r in store.layer_records(device):
+            if r.warm_fwd_s is not None and r.fwd_s > 0 and r.bwd_s > 0:
+                ratios.setdefault((r.kind, tuple(r.signature), r.dtype, r.tp), {})[r.micro_batch] = (
+                    r.warm_fwd_s / r.fwd_s, r.warm_bwd_s / r.bwd_s)
+        return cls(inner, ratios, hit)
+
+    @property
+    def source(self) -> str:
+        return self.inner.source
+
+    def times(self, cost, gpu, dtype):
+        f, b = self.inner.times(cost, gpu, dtype)
+        by_mb = self.warm_ratio.get((cost.kind, tuple(cost.signature), dtype, cost.tp))
+        if not by_mb or self.hit <= 0:
+            return f, b
+        rf, rb = by_mb[min(by_mb, key=lambda k: abs(math.log(k / cost.micro_batch)))]
+        return f * (1 - self.hit * (1 - rf)), b * (1 - self.hit * (1 - rb))
+
+    def profiled(self, cost, gpu, dtype) -> bool:
+        return self.inner.profiled(cost, gpu, dtype)
+
+    def optimizer_s(self, params, gpu, dtype) -> float:
+        return self.inner.optimizer_s(params, gpu, dtype)
+
+
+def step_working_set(arch, plan: Plan, micro_batch: int, store: ProfileStore, device: str) -> float:
+    """Bytes one rank's training step touches, from the profiler's working-set records:
+    for each stage, its layers' parameters and gradients plus their saved activations
+    times the micro-batches it holds at once (1F1B: ``min(m, pp - stage)``; pp = 1: one);
+    the largest stage's. Layer records at the plan's tensor degree, else at tp = 1 (the
+    launcher keeps embeddings and head whole), at the micro-batch nearest the plan's; a
+    layer the store has no record of (the embedding: no FLOPs, not stored) counts its
+    catalog parameters and activations (``layers.layer_costs``) instead."""
+    from ..layers import layer_costs
+    recs: dict = {}
+    for r in store.layer_records(device):
+        if r.param_bytes is not None:
+            recs.setdefault((r.kind, tuple(r.signature), r.tp), {})[r.micro_batch] = (r.param_bytes, r.saved_bytes)
+    catalog = layer_costs(arch, micro_batch=micro_batch, tp=1)
+    layers, lo, worst = arch.layers(), 0, 0.0
+    for i, n in enumerate(plan.stage_layers):
+        held = 1 if plan.pp == 1 else min(plan.microbatches, plan.pp - i)
+        total = 0.0
+        for j in range(lo, lo + n):
+            spec = layers[j]
+            by_mb = recs.get((spec.kind, tuple(spec.signature), plan.tp)) or recs.get(
+                (spec.kind, tuple(spec.signature), 1))
+            if by_mb:
+                params, saved = by_mb[min(by_mb, key=lambda k: abs(math.log(k / micro_batch)))]
+            else:
+                params, saved = catalog[j].params * arch.dtype_bytes, catalog[j].activation_bytes
+            total += 2 * params + held * saved
+        worst = max(worst, total)
+        lo += n
+    return worst
+
+
+def cache_hit(working_set_bytes: float | None, flush_bytes: float) -> float:
+    """The fraction of the cold-to-warm gap a step recovers (module doc)."""
+    if working_set_bytes is None or flush_bytes <= 0:
+        return 0.0
+    return max(0.0, 1.0 - working_set_bytes / flush_bytes)
+
+
+@dataclass(frozen=True)
 class LocalResult:
     dp: int
     tp: int
@@ -135,10 +228,19 @@ class LocalResult:
     measured_s: float | None
     estimated_s: float
     error: str = ""
+    estimated_cache_s: float | None = None        # the same estimate with CacheTimer
+    working_set_bytes: float | None = None
+    cache_hit: float = 0.0
 
     @property
     def rel_error(self) -> float | None:
         return None if self.measured_s is None else self.estimated_s / self.measured_s - 1
+
+    @property
+    def rel_error_cache(self) -> float | None:
+        if self.measured_s is None or self.estimated_cache_s is None:
+            return None
+        return self.estimated_cache_s / self.measured_s - 1
 
 
 def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int = 12, skip: int = 2,
@@ -175,25 +277,33 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
     terms = {}
     for ranks in sorted({dp * tp * pp for dp, tp, pp, _ in plans}):
         terms[ranks] = profile_runtime_terms(model, ranks=ranks, micro_batch=global_batch, comm=base.comm, gpu=gpu)
+    flush = max((r.flush_bytes for r in store.layer_records(device)), default=0.0)
     out = []
     for dp, tp, pp, m in plans:
         t = terms[dp * tp * pp]
         e = replace(eff, step_overhead_s=t.step_overhead_s)
         if tp > 1 and tp == dp * tp * pp:       # the DTensor overhead is measured at tp = ranks only
             e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
-        planner = Planner(replace(base.cfg, efficiency=e), ContendedTimer(base.timer, t.contention), base.comm)
-        split = planner.split(arch, gpu, pp)
+        split = base.split(arch, gpu, pp)
         plan = Plan(pp, dp, tp, split, m, "1f1b", ep=1)     # the launcher replicates MoE experts
-        est = planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
-                               gpus_per_node=dp * tp * pp).iteration_time_s
+        ws = step_working_set(arch, plan, micro_batch_size(global_batch, dp, m), store, device)
+        hit = cache_hit(ws, flush)
+        est = {}
+        for h in {0.0, hit}:
+            planner = Planner(replace(base.cfg, efficiency=e),
+                              ContendedTimer(CacheTimer.from_store(base.timer, store, device, h), t.contention),
+                              base.comm)
+            est[h] = planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
+                                      gpus_per_node=dp * tp * pp).iteration_time_s
         r = run_training(model, dp, tp, pp, steps=steps, microbatches=m, global_batch=global_batch,
                          timeout_s=timeout_s, stage_layers=split)
         times = list(r.iteration_times_s)[skip:]
+        meta = dict(estimated_cache_s=est[hit], working_set_bytes=ws, cache_hit=hit)
         if not r.ok or not times:
-            out.append(LocalResult(dp, tp, pp, m, None, est, f"run failed (rc {r.returncode}): "
-                                   f"{r.output_tail[-200:]}"))
+            out.append(LocalResult(dp, tp, pp, m, None, est[0.0], f"run failed (rc {r.returncode}): "
+                                   f"{r.output_tail[-200:]}", **meta))
             continue
-        out.append(LocalResult(dp, tp, pp, m, statistics.median(times), est))
+        out.append(LocalResult(dp, tp, pp, m, statistics.median(times), est[0.0], **meta))
     return out
 
 
@@ -205,20 +315,27 @@ def summarize_passes(passes: list[list[LocalResult]]) -> dict:
     plans: dict = {}
     for res in passes:
         for r in res:
-            plans.setdefault((r.dp, r.tp, r.pp, r.microbatches), []).append(r.rel_error)
-    rows, meds = [], []
-    for (dp, tp, pp, m), errs in plans.items():
-        ok = [e for e in errs if e is not None]
+            plans.setdefault((r.dp, r.tp, r.pp, r.microbatches), []).append(r)
+    rows, meds, meds_c = [], [], []
+    for (dp, tp, pp, m), rs in plans.items():
+        errs, nc = [r.rel_error for r in rs], [r.rel_error_cache for r in rs]
+        ok, ok_c = [e for e in errs if e is not None], [e for e in nc if e is not None]
         med = statistics.median(ok) if ok else None
-        rows.append({"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "errors": errs, "median_error": med})
+        med_c = statistics.median(ok_c) if ok_c else None
+        rows.append({"dp": dp, "tp": tp, "pp": pp, "microbatches": m, "errors": errs, "median_error": med,
+                     "errors_cache": nc, "median_error_cache": med_c, "cache_hit": [r.cache_hit for r in rs],
+                     "working_set_mib": [None if r.working_set_bytes is None else r.working_set_bytes / 2**20
+                                         for r in rs]})
         if med is not None:
             meds.append(abs(med))
+        if med_c is not None:
+            meds_c.append(abs(med_c))
     pass_mape = []
     for res in passes:
         e = [abs(r.rel_error) for r in res if r.rel_error is not None]
         pass_mape.append(sum(e) / len(e) if e else None)
     return {"plans": rows, "mape": sum(meds) / len(meds) if meds else None, "pass_mape": pass_mape,
-            "passes": len(passes)}
+            "mape_cache": sum(meds_c) / len(meds_c) if meds_c else None, "passes": len(passes)}
 
 
 # -- measured runtime terms of the launcher on this host --------------------------------
