@@ -59,43 +59,6 @@ def nominal_allocation(grid: Grid) -> Allocation:
     return Allocation(grid, tuple((-1, i) for i in range(grid.num_gpus)))
 
 
-Layout = tuple[int, int, int]          # (dp, tp, pp)
-
-STATE_PATHS = ("none", "d2d", "storage")
-
-
-def changed_owner_bytes(state_bytes: float, old: Layout, new: Layout, kept_ranks: int) -> float:
-    """Bytes the ranks of layout ``new`` must receive when the first ``kept_ranks`` rank
-    positions stay on the same devices as in layout ``old``.
-
-    Uniform-layers approximation: the state is spread evenly over the layers; rank
-    position ``i`` is (pipeline stage, data replica, tensor slice) with the tensor index
-    fastest, then data, then stage; a rank holds its stage's layers' 1/tp slice (every
-    data replica holds a full copy). A kept rank already holds the overlap of its old and
-    new slices; everything else it needs is received."""
-    def rect(layout: Layout, i: int) -> tuple[float, float, float, float]:
-        dp, tp, pp = layout
-        t, rest = i % tp, i // tp
-        stage = rest // dp
-        return stage / pp, (stage + 1) / pp, t / tp, (t + 1) / tp
-
-    n_new = new[0] * new[1] * new[2]
-    n_old = old[0] * old[1] * old[2]
-    need = n_new * (1.0 / (new[1] * new[2]))
-    have = 0.0
-    for i in range(min(kept_ranks, n_new, n_old)):
-        a0, a1, b0, b1 = rect(old, i)
-        c0, c1, d0, d1 = rect(new, i)
-        have += max(0.0, min(a1, c1) - max(a0, c0)) * max(0.0, min(b1, d1) - max(b0, d0))
-    return state_bytes * (need - have)
-
-
-def _layout(grid: Grid) -> Layout:
-    """A grid's layout for pricing: tensor parallelism is the plan's business, so data
-    ranks fill each stage (dp = GPUs / pp, tp = 1)."""
-    return grid.num_gpus // grid.pp, 1, grid.pp
-
-
 @dataclass(frozen=True)
 class ReconfigCostModel:
     preset: str = "arena"               # which named setting this is (set by from_options)

@@ -132,8 +132,6 @@ def test_policies_decide_from_estimates_by_default(tmp_path, monkeypatch):
     assert build_perf(None, "arena").kind == "analytic"
     assert build_perf(None, "fcfs") is None
     assert build_perf("table", "arena").kind == "table"       # the labelled mode
-    (tmp_path / "none.joblib").write_bytes(b"")
-    assert default_kind() == "learned"
 
 
 def test_fixed_columns_leave_the_model_but_keep_their_capacity_and_value():

@@ -106,9 +106,9 @@ def register(subparsers) -> None:
     q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
     q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
     q.add_argument("--perf", default=None,
-                   help="performance model the optimizing policies decide with (default: learned when its "
-                        "artifact exists, else analytic); table = the oracle's own measurements, the "
-                        "published comparison's mode")
+                   help="performance model the optimizing policies decide with (default analytic, the one "
+                        "that ranks grids best); table = the oracle's own measurements, the published "
+                        "comparison's mode")
     q.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")

@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
     s.add_argument("--perf", default=None, metavar="KIND",
                    help="performance model the policy decides with: analytic, learned, table, online "
-                        "(default: learned when its artifact exists, `arena estimate fit`, else analytic; "
+                        "(default: analytic, which ranks grids best; "
                         "fcfs needs none)")
     s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="reconfiguration cost option (repeatable), e.g. restart_s=10")

@@ -66,12 +66,13 @@ def register(subparsers) -> None:
     p.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable); values parsed as int/float/bool/str")
     p.add_argument("--perf", default=None, metavar="KIND",
-                   help="performance model the policy decides with: analytic, learned, table, online. fcfs needs "
-                        "none; the others default to learned when its artifact exists (`arena estimate fit`), "
-                        "else analytic; table (the oracle's own measurements) is the labelled mode that "
-                        "reproduces the published comparison")
+                   help="performance model the policy decides with: analytic, learned, learned-choice, table, "
+                        "online. fcfs needs none; the others default to analytic (it ranks grids best); table "
+                        "(the oracle's own measurements) is the labelled mode that reproduces the published "
+                        "comparison")
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="reconfiguration cost option, e.g. replan_per_gpu_s=10 restart_s=30 (repeatable)")
+                   help="move cost model: preset=arena (default), realistic or local, and field overrides, e.g. "
+                        "startup_s=30 (repeatable)")
     p.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
     p.add_argument("--run-out", action="store_true",
                    help="after the horizon, keep going until every job finishes (adds *_runout metrics)")
@@ -114,8 +115,8 @@ def build_instance(args):
 
 def build_perf(kind: str | None, policy_name: str):
     """The performance model a policy decides with: ``kind``, else the default
-    (``estimators.perf.default_kind``: learned when its artifact exists, else analytic;
-    never the table the oracle uses as truth). fcfs needs none."""
+    (``estimators.perf.default_kind``: analytic; never the table the oracle uses as
+    truth). fcfs needs none."""
     if kind is None and policy_name == "fcfs":
         return None
     try:
