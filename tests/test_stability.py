@@ -180,3 +180,14 @@ def test_preemption_is_charged_the_resume_it_will_cost():
     bonus = on.c[: on.n_x] - off.c[: off.n_x]
     mine = data.col_job == 0
     assert (bonus[mine] > 0).all() and np.allclose(bonus[mine], bonus[mine][0]) and (bonus[~mine] == 0).all()
+
+
+def test_event_driven_option_decides_fewer_rounds():
+    inst = get_instance("demo")
+    every = simulate(inst, make_policy("arena"), perf=_table(), rounds=60, reconfig=ReconfigCostModel())
+    events = simulate(inst, make_policy("arena", event_driven="true"), perf=_table(), rounds=60,
+                      reconfig=ReconfigCostModel())
+    assert events.summary["rounds_decided"] < every.summary["rounds_decided"]
+    assert events.summary["jobs_finished"] > 0
+    with pytest.raises(InputError):
+        make_policy("arena", event_driven="sometimes")

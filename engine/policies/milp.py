@@ -13,6 +13,10 @@ here, once:
 - ``stability``, ``payback``, ``payback_max_s``, ``max_moves_per_hour``: the stability
   rule (engine/stability.py): running jobs it freezes keep their current grid;
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
+- ``event_driven`` (false): decide only after an event (arrival, completion, failure) or
+  when the last decisions were not all carried out, not every round — a faster replay
+  whose results differ (time-dependent terms and the stability rule's thawing are seen
+  only at the next event);
 - ``search``: ``milp`` (the full per-round model, default) or ``incremental`` (the
   expand/balance search from the current allocation on the same model restricted to a
   neighbourhood of candidate columns, ``engine/incremental``), with
@@ -60,8 +64,8 @@ GridFilter = Callable[[JobView, Grid], bool]
 
 # Knobs every optimizing policy accepts (besides its objective keys w_<term>, <term>.<opt>).
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "threads", "seed", "pinned_jobs",
-               "dump_rounds_dir", "search", "queued_candidates", "move_budget_jobs", "move_budget_gpus"
-               ) + STABILITY_KEYS
+               "dump_rounds_dir", "search", "queued_candidates", "move_budget_jobs", "move_budget_gpus",
+               "event_driven") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
 
 
@@ -150,6 +154,13 @@ class MilpPolicy:
         self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1)
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
         self.stability = StabilityRule.from_config(spec.name, rest)
+        ev = rest.get("event_driven", False)
+        if isinstance(ev, str) and ev.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+            ev = ev.strip().lower() in ("true", "1", "yes")
+        if not isinstance(ev, bool):
+            raise InputError(f"policy {spec.name!r}: event_driven must be true or false, got {ev!r}",
+                             field="event_driven")
+        self.event_driven = ev
         self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
         self.search: str = str(rest.get("search", spec.searches[0]))
         if self.search not in spec.searches:
