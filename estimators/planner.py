@@ -44,6 +44,7 @@ from .compose import Breakdown, StageTable, micro_batch_size
 from .config import EstimatorConfig
 from .layers import expert_parallel_degree, layer_costs, max_useful_tp
 from .memory import MemoryBreakdown, MemoryTable
+from .memory_fit import shape_fits_with_margin
 from .timing import CatalogComm, RooflineTimer
 
 
@@ -336,7 +337,6 @@ class Planner:
             return None
         feasible = chosen.feasible
         if feasible and not dp_only and self.cfg.memory.grid_margin != 1.0:
-            from .grids import shape_fits_with_margin  # the grid memory margin (grids module doc)
             feasible = shape_fits_with_margin(arch, global_batch, grid.shape, self)
         return PlanResult(chosen.plan, chosen.breakdown, chosen.memory, feasible, n)
 
