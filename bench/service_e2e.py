@@ -5,8 +5,8 @@ job's largest loss deviation from the same job trained uninterrupted in one proc
 
     python bench/service_e2e.py [--crash] [--screenshot docs/img/status-page.png] [--json]
 
-``--crash``: the crash test's schedule (SIGKILL after a recorded decision, mid-move, after
-a launch intent, at a random moment; restart each time). ``--screenshot``: a headless
+``--crash``: the crash test's schedule (``scenario.CRASH_FAULTS``: SIGKILL after a launch
+intent, mid-move, after a recorded decision, at a random moment; restart each time). ``--screenshot``: a headless
 Chromium screenshot of the status page taken while jobs run (Debian's chromium).
 Progress on stderr; the report (or JSON) on stdout.
 """
@@ -20,8 +20,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-FAULTS = ("after-round-recorded:3", "mid-move:1", "after-launch-intent:2")
 
 
 def _screenshot(url: str, out: Path, after_s: float) -> None:
@@ -52,6 +50,7 @@ def main(argv=None) -> int:
         return 2
 
     from engine.service.scenario import (
+        CRASH_FAULTS,
         demo_jobs,
         demo_serve_args,
         format_report,
@@ -68,7 +67,7 @@ def main(argv=None) -> int:
             shot = threading.Thread(target=_screenshot, args=(url, Path(a.screenshot), a.screenshot_after))
             shot.start()
         res = run_scenario(demo_serve_args(tmp_p, port), url, tmp_p / "serve.log", demo_jobs(),
-                           faults=FAULTS if a.crash else (), random_kills=1 if a.crash else 0, seed=7,
+                           faults=CRASH_FAULTS if a.crash else (), seed=7,
                            timeout_s=1200, progress=lambda m: print(m, file=sys.stderr, flush=True))
         if shot is not None:
             shot.join()

@@ -37,6 +37,11 @@ class Submission:
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS_TOL = 1e-4          # max |loss - uninterrupted loss| over every step (resharding reorders float sums)
+# The crash schedule (``ARENA_FAULT`` per start), ordered by how sure each point is to come
+# up in the life of one start: launch intents while the jobs arrive, then a move (the
+# stability rule makes moves rarer later in the run), a kill at a random moment while jobs
+# still run, then a recorded round (every round).
+CRASH_FAULTS = ("after-launch-intent:2", "mid-move:1", "random", "after-round-recorded:3")
 
 
 def free_port() -> int:
@@ -152,12 +157,13 @@ class RunResult:
 def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: list[Submission], *,
                  faults: tuple[str, ...] = (), random_kills: int = 0, seed: int = 0,
                  timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
-                 progress=None) -> RunResult:
+                 progress=None, random_window_s: tuple[float, float] = (2.0, 12.0)) -> RunResult:
     """Run the scenario to the end (every job ended) or raise ``TimeoutError``.
 
     ``faults``: ``ARENA_FAULT`` values for the successive starts of the service (a start
-    whose fault fires is followed by a new start). ``random_kills``: after the faults,
-    this many SIGKILLs at random moments (2-12 s after a start, seeded)."""
+    whose fault fires is followed by a new start); ``"random"`` among them: that start is
+    SIGKILLed at a random moment (``random_window_s`` after it, seeded). ``random_kills``:
+    after the faults, this many more random SIGKILLs."""
     rng = random.Random(seed)
     t0 = time.monotonic()
     deadline = t0 + timeout_s
@@ -166,11 +172,18 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
     ids: dict[str, int] = {}
     result = RunResult(ids)
     faults_left = list(faults)
-    kills_left = random_kills
+    kills_left = random_kills + faults_left.count("random")
+    faults_left_named = [f for f in faults_left if f != "random"]
     client = Client(url, timeout_s=10.0)
+    random_now = [False]          # this start is to be killed at a random moment
 
     def start() -> ServiceProcess:
         fault = faults_left.pop(0) if faults_left else None
+        random_now[0] = fault == "random"
+        if random_now[0]:
+            fault = None
+        elif fault is not None:
+            faults_left_named.remove(fault)
         sp = ServiceProcess(serve_args, log_path, url, fault)
         sp.start()
         try:
@@ -198,8 +211,8 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
                 sp = start()
                 kill_at = None
                 continue
-            if kill_at is None and not faults_left and not sp.fault and kills_left > 0:
-                kill_at = now + rng.uniform(2.0, 12.0)
+            if kill_at is None and not sp.fault and kills_left > 0 and (random_now[0] or not faults_left):
+                kill_at = now + rng.uniform(*random_window_s)
             if kill_at is not None and now >= kill_at:
                 sp.kill()
                 kills_left -= 1
@@ -225,7 +238,7 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
                 except InputError:
                     jobs = None
                 if jobs is not None and len(jobs) == len(ids) and all(j["status"] in TERMINAL for j in jobs):
-                    result.unfired = ([sp.fault] if sp.fault else []) + faults_left + ["random"] * kills_left
+                    result.unfired = ([sp.fault] if sp.fault else []) + faults_left_named + ["random"] * kills_left
                     break
             time.sleep(0.5)
     finally:
