@@ -43,7 +43,8 @@ HOUR_S = 3600.0
 STABILITY_KEYS = ("stability", "payback", "payback_max_s", "max_moves_per_hour")
 
 
-def _bool(policy: str, key: str, v: Any) -> bool:
+def parse_bool(policy: str, key: str, v: Any) -> bool:
+    """A policy's boolean option (a bool, or true/false/1/0/yes/no/on/off), else InputError."""
     if isinstance(v, bool):
         return v
     if isinstance(v, str) and v.strip().lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
@@ -76,8 +77,8 @@ class StabilityRule:
         if moves != int(moves):
             raise InputError(f"policy {policy!r}: max_moves_per_hour must be a whole number, got {moves!r}",
                              field="max_moves_per_hour")
-        return cls(enabled=_bool(policy, "stability", config.get("stability", d.enabled)),
-                   payback=_bool(policy, "payback", config.get("payback", d.payback)),
+        return cls(enabled=parse_bool(policy, "stability", config.get("stability", d.enabled)),
+                   payback=parse_bool(policy, "payback", config.get("payback", d.payback)),
                    payback_max_s=_number(policy, "payback_max_s", config.get("payback_max_s", d.payback_max_s), 0),
                    max_moves_per_hour=int(moves))
 

@@ -27,9 +27,11 @@ here, once:
 
 Candidate grids are cached per (model, global batch); estimates and each job's columns
 per performance model (``RoundDataCache``). Frozen jobs (the stability rule) keep exactly
-their current column in both searches: the round data keeps only that column for them
-and they are pinned; hysteresis is in the objective (``reconfig.hysteresis``), so both
-searches see it.
+their current column in both searches: the round data keeps only that column for them;
+the full model fixes it at 1 outside the model (capacity taken from the rows, no lower
+bound on a job row, so the fast Lagrangian path stays open), the incremental search
+keeps it. Hysteresis is in the objective (``reconfig.hysteresis``), so both searches see
+it.
 The solver's hint is what every job runs now. A solver exception becomes a greedy
 decision (status ``error``, with the reason): a round never crashes.
 """
@@ -58,7 +60,7 @@ from ..placement import Placer, place_with_repair
 from ..policy import Policy, register_policy
 from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
 from ..solvers.greedy import greedy_solution
-from ..stability import STABILITY_KEYS, StabilityRule
+from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
 
 GridFilter = Callable[[JobView, Grid], bool]
 
@@ -154,13 +156,7 @@ class MilpPolicy:
         self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1)
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
         self.stability = StabilityRule.from_config(spec.name, rest)
-        ev = rest.get("event_driven", False)
-        if isinstance(ev, str) and ev.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-            ev = ev.strip().lower() in ("true", "1", "yes")
-        if not isinstance(ev, bool):
-            raise InputError(f"policy {spec.name!r}: event_driven must be true or false, got {ev!r}",
-                             field="event_driven")
-        self.event_driven = ev
+        self.event_driven = parse_bool(spec.name, "event_driven", rest.get("event_driven", False))
         self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
         self.search: str = str(rest.get("search", spec.searches[0]))
         if self.search not in spec.searches:
