@@ -43,7 +43,7 @@ from ..formulation.round_data import (
 )
 from ..placement import Placer, place_with_repair
 from ..policy import register_policy
-from ..stability import STABILITY_KEYS, StabilityRule
+from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
 
 
 class _Usage:
@@ -84,12 +84,7 @@ class ElasticFlowLS:
         except (TypeError, ValueError):
             raise InputError("policy 'elasticflow-ls': slack_factor and max_gpus must be numbers",
                              field="slack_factor") from None
-        het = config.get("heterogeneous", False)
-        if isinstance(het, str):
-            if het.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise InputError(f"heterogeneous must be a bool, got {het!r}", field="heterogeneous")
-            het = het.lower() in ("true", "1", "yes")
-        self.heterogeneous = bool(het)
+        self.heterogeneous = parse_bool(self.name, "heterogeneous", config.get("heterogeneous", False))
         if not self.slack_factor >= 1 or self.max_gpus < 1:
             raise InputError("slack_factor must be >= 1 and max_gpus >= 1", field="slack_factor")
         self._dp_only = DpOnlyTwin()
