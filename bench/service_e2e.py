@@ -51,6 +51,8 @@ def main(argv=None) -> int:
 
     from engine.service.scenario import (
         CRASH_FAULTS,
+        CRASH_RANDOM_WINDOW_S,
+        CRASH_REPEATS,
         demo_jobs,
         demo_serve_args,
         format_report,
@@ -67,12 +69,13 @@ def main(argv=None) -> int:
             shot = threading.Thread(target=_screenshot, args=(url, Path(a.screenshot), a.screenshot_after))
             shot.start()
         res = run_scenario(demo_serve_args(tmp_p, port), url, tmp_p / "serve.log", demo_jobs(),
-                           faults=CRASH_FAULTS if a.crash else (), seed=7,
-                           timeout_s=1200, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                           faults=CRASH_FAULTS if a.crash else (), seed=7, random_window_s=CRASH_RANDOM_WINDOW_S,
+                           repeats=CRASH_REPEATS, timeout_s=1200,
+                           progress=lambda m: print(m, file=sys.stderr, flush=True))
         if shot is not None:
             shot.join()
         rows = job_report(str(tmp_p / "state.db"), str(tmp_p / "work"))
-        dev = loss_deviation(str(tmp_p / "state.db"), str(tmp_p / "work"), demo_jobs(), res.ids)
+        dev = loss_deviation(str(tmp_p / "state.db"), str(tmp_p / "work"), res.submitted, res.ids)
     if a.json:
         print(json.dumps({"jobs": rows, "loss_deviation": dev, "kills": res.kills, "unfired": res.unfired,
                           "starts": res.starts, "wall_s": res.wall_s}, indent=1))

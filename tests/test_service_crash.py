@@ -15,6 +15,8 @@ import pytest
 
 from engine.service.scenario import (
     CRASH_FAULTS,
+    CRASH_RANDOM_WINDOW_S,
+    CRASH_REPEATS,
     LOSS_TOL,
     demo_jobs,
     demo_serve_args,
@@ -36,7 +38,8 @@ def test_killed_service_loses_no_job_and_no_step(tmp_path):
     port = free_port()
     result = run_scenario(demo_serve_args(tmp_path, port), f"http://127.0.0.1:{port}", tmp_path / "serve.log",
                           demo_jobs(),
-                          faults=FAULTS, seed=7, timeout_s=1200, random_window_s=(1.0, 4.0),
+                          faults=FAULTS, seed=7, timeout_s=1200, random_window_s=CRASH_RANDOM_WINDOW_S,
+                          repeats=CRASH_REPEATS,
                           progress=lambda m: print(m, file=sys.stderr))
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
     rows = job_report(db, work)
@@ -44,7 +47,7 @@ def test_killed_service_loses_no_job_and_no_step(tmp_path):
     assert not result.unfired, f"the run ended before these kills: {result.unfired}"
     assert [k.split(":")[0] for k in result.kills] == [f.split(":")[0] for f in FAULTS]
     assert all(r["status"] == "finished" for r in rows), format_report(rows)
-    dev = loss_deviation(db, work, demo_jobs(), result.ids)
+    dev = loss_deviation(db, work, result.submitted, result.ids)
     assert max(dev.values()) <= LOSS_TOL, dev
     with Store(db, readonly=True) as st:
         assert st.check() == []

@@ -37,12 +37,15 @@ class Submission:
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS_TOL = 1e-4          # max |loss - uninterrupted loss| over every step (resharding reorders float sums)
-# The crash schedule (``ARENA_FAULT`` per start), ordered so that each point comes up while
-# jobs still run (the run ends when they do): launch intents while the jobs arrive, then a
-# move (the stability rule makes moves rarer later in the run), then the first recorded
-# round after that restart (recovery decides at once), then a kill at a random moment soon
-# after the next start.
+# The crash schedule (``ARENA_FAULT`` per start), ordered so that each point is likely to
+# come up while jobs still run: launch intents while the jobs arrive, then a move, then the
+# first recorded round after that restart (recovery decides at once), then a kill at a
+# random moment soon after the next start. Which comes when depends on the policy's
+# decisions, hence on measured timings; when the jobs end first, the workload is submitted
+# again (``CRASH_REPEATS``) rather than the run ending with a fault untested.
 CRASH_FAULTS = ("after-launch-intent:2", "mid-move:1", "after-round-recorded:1", "random")
+CRASH_RANDOM_WINDOW_S = (1.0, 4.0)    # the random kill: this long after its start (seeded)
+CRASH_REPEATS = 2                     # workload resubmissions allowed for faults still to come
 
 
 def free_port() -> int:
@@ -67,9 +70,12 @@ def demo_jobs() -> list[Submission]:
 
 
 def demo_serve_args(tmp: Path, port: int) -> list[str]:
-    """``arena serve`` options of the demo run (state and work under ``tmp``)."""
+    """``arena serve`` options of the demo run (state and work under ``tmp``). Its jobs last
+    seconds, not hours, so the stability rule is scaled to them: no per-hour move limit,
+    and a shrink that will never pay for itself is held 30 s instead of an hour."""
     return ["--local-slots", "4", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir",
             str(tmp / "work"), "--port", str(port), "--round-interval", "60", "--checkpoint-interval", "5",
+            "--policy-opt", "max_moves_per_hour=0", "--policy-opt", "payback_max_s=30",
             "--stop-timeout", "60", "--reconfig-opt", "replan_per_gpu_s=2", "--reconfig-opt", "replan_cap_s=8",
             "--stop-after", "900"]
 
@@ -149,6 +155,7 @@ class ServiceProcess:
 @dataclass
 class RunResult:
     ids: dict[str, int]                               # job name -> id
+    submitted: list[Submission] = field(default_factory=list)   # every job submitted (repeats included)
     kills: list[str] = field(default_factory=list)    # what each kill interrupted
     unfired: list[str] = field(default_factory=list)  # faults and kills the run ended before
     starts: int = 0
@@ -158,20 +165,29 @@ class RunResult:
 def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: list[Submission], *,
                  faults: tuple[str, ...] = (), random_kills: int = 0, seed: int = 0,
                  timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
-                 progress=None, random_window_s: tuple[float, float] = (2.0, 12.0)) -> RunResult:
+                 progress=None, random_window_s: tuple[float, float] = (2.0, 12.0),
+                 repeats: int = 0) -> RunResult:
     """Run the scenario to the end (every job ended) or raise ``TimeoutError``.
 
     ``faults``: ``ARENA_FAULT`` values for the successive starts of the service (a start
     whose fault fires is followed by a new start); ``"random"`` among them: that start is
     SIGKILLed at a random moment (``random_window_s`` after it, seeded). ``random_kills``:
-    after the faults, this many more random SIGKILLs."""
+    after the faults, this many more random SIGKILLs.
+
+    ``repeats``: when every job has ended but faults or kills are still to come (they
+    wait for a move, a launch or a round that the policy's decisions, which depend on
+    measured timings, did not bring in time), submit the workload again, up to this many
+    times (names suffixed ``-r1``, ``-r2``...; offsets from the moment of resubmission).
+    ``RunResult.submitted`` lists every job submitted."""
     rng = random.Random(seed)
     t0 = time.monotonic()
     deadline = t0 + timeout_s
+    origin = t0                          # submission offsets count from here
     say = progress or (lambda m: None)
     pending = sorted(submissions, key=lambda s: s.at_s)
     ids: dict[str, int] = {}
     result = RunResult(ids)
+    repeats_done = 0
     faults_left = list(faults)
     kills_left = random_kills + faults_left.count("random")
     faults_left_named = [f for f in faults_left if f != "random"]
@@ -222,7 +238,7 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
                 sp = start()
                 kill_at = None
                 continue
-            while pending and now - t0 >= pending[0].at_s:
+            while pending and now - origin >= pending[0].at_s:
                 sub = pending[0]
                 try:
                     ans = client.post("/api/jobs", sub.job)
@@ -231,6 +247,7 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
                         break                          # down: submit after the restart
                     raise
                 ids[sub.job["name"]] = int(ans["id"])
+                result.submitted.append(sub)
                 pending.pop(0)
                 say(f"submitted {sub.job['name']} as job {ans['id']}")
             if not pending:
@@ -239,7 +256,16 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
                 except InputError:
                     jobs = None
                 if jobs is not None and len(jobs) == len(ids) and all(j["status"] in TERMINAL for j in jobs):
-                    result.unfired = ([sp.fault] if sp.fault else []) + faults_left_named + ["random"] * kills_left
+                    unfired = ([sp.fault] if sp.fault else []) + faults_left_named + ["random"] * kills_left
+                    if unfired and repeats_done < repeats:
+                        repeats_done += 1
+                        origin = now
+                        pending = [Submission(s.at_s, {**s.job, "name": f"{s.job['name']}-r{repeats_done}"})
+                                   for s in sorted(submissions, key=lambda s: s.at_s)]
+                        say(f"every job ended before {unfired}; submitting the workload again "
+                            f"(repeat {repeats_done} of {repeats})")
+                        continue
+                    result.unfired = unfired
                     break
             time.sleep(0.5)
     finally:
