@@ -25,9 +25,9 @@ ARENA = {"throughput": 1.0, "jct": 1.0, "queue": 1.0, "reconfig": 1.0}
 OBJ = parse_objective({}, ARENA)
 
 
-def decide(data, config=IncrementalConfig(), frozen=frozenset(), hysteresis=0.0, objective=OBJ):
+def decide(data, config=IncrementalConfig(), frozen=frozenset(), objective=OBJ):
     """(full model, the decision as a 0/1 vector over the full model's columns, solution)."""
-    model, cols, sol = search_round(data, objective, config, frozen=frozen, hysteresis=hysteresis)
+    model, cols, sol = search_round(data, objective, config, frozen=frozen)
     x = np.zeros(data.n_cols)
     x[cols[model.selected(sol.values)]] = 1.0
     return build_model(data, objective), x, sol
@@ -116,9 +116,6 @@ def test_balance_moves_gpus_to_the_higher_marginal_gain():
     assert x_nb[0] == 1.0 and x_nb[2:].sum() == 0        # without balance, B waits
     assert with_balance > full.c[: full.n_x] @ x_nb + 1e-6
     assert sol.extra["balance_moves"] >= 2
-    # hysteresis: a move must beat A's current value by that fraction; a large one keeps A
-    _, x_h, _ = decide(data, hysteresis=1e3)
-    assert x_h[0] == 1.0
     # a zero move budget keeps A too (B is admitted only where it fits)
     _, x_b, _ = decide(data, IncrementalConfig(move_budget_jobs=0.0))
     assert x_b[0] == 1.0

@@ -45,8 +45,8 @@ class IncrementalConfig:
 
 
 def search_round(data: RoundData, objective: Objective, config: IncrementalConfig,
-                 pinned: frozenset[str] = frozenset(), frozen: frozenset[str] = frozenset(),
-                 hysteresis: float = 0.0) -> tuple[MilpModel, np.ndarray, Solution]:
+                 pinned: frozenset[str] = frozenset(), frozen: frozenset[str] = frozenset()
+                 ) -> tuple[MilpModel, np.ndarray, Solution]:
     """(restricted model, its columns' indices in ``data``, the search's solution).
     ``frozen`` job ids keep exactly their current column (a frozen job that holds no
     GPUs has nothing to keep and is not constrained)."""
@@ -57,6 +57,6 @@ def search_round(data: RoundData, objective: Objective, config: IncrementalConfi
     frozen_mask = np.array([jid in frozen for jid in data.job_ids], dtype=bool)
     max_jobs, max_gpus = config.limits(data)
     sol = incremental_search(model, start, data.col_gpus[cols], data.col_type[cols], frozen=frozen_mask,
-                             hysteresis=hysteresis, max_moved_jobs=max_jobs, max_moved_gpus=max_gpus,
+                             max_moved_jobs=max_jobs, max_moved_gpus=max_gpus,
                              steps=config.steps)
     return model, cols, sol

@@ -27,12 +27,12 @@ Steps (each is a flag, so tests can show that each matters):
    freed. A receiver takes donors of its destination type, cheapest first, until its
    move fits, and the exchange is made only if the receiver's gain exceeds the donors'
    losses (all net of every moved job's move cost, amortized over the ``reconfig``
-   term's horizon, since that is how ``c`` prices moves), plus hysteresis.
+   term's horizon, since that is how ``c`` prices moves; the term's hysteresis is in
+   ``c`` too).
 4. **expand** again, to fill what balance freed.
 
-Stability seams: ``frozen`` jobs keep exactly their current column; ``hysteresis`` h:
-a running job leaves its current column only if the exchange's gain exceeds h x |value
-of its current column| (summed over the running jobs an exchange moves). Move budget:
+Stability seams: ``frozen`` jobs keep exactly their current column (the rest of the
+stability rule, hysteresis included, is in ``c``: engine/stability.py). Move budget:
 at most ``max_moved_jobs`` running jobs change column (stopping one counts) and at most
 ``max_moved_gpus`` GPUs in the columns moved jobs land on; both are two more rows of
 the same slack arithmetic.
@@ -180,7 +180,7 @@ class _State:
     quota rows)."""
 
     def __init__(self, model: MilpModel, start: np.ndarray, col_gpus: np.ndarray, col_type: np.ndarray,
-                 frozen: np.ndarray, hysteresis: float, max_moved_jobs: float, max_moved_gpus: float):
+                 frozen: np.ndarray, max_moved_jobs: float, max_moved_gpus: float):
         if model.job_rows is None:
             raise ValueError("incremental search: the model must know its job rows")
         n_x = model.n_x
@@ -206,7 +206,6 @@ class _State:
         self.assign = self.start.copy()
         self.running0 = start >= 0
         self.frozen = np.asarray(frozen, dtype=bool) & self.running0
-        self.hyst = hysteresis * np.abs(self.c[self.start]) * self.running0
         self.act = np.concatenate([self.U[self.assign].sum(axis=0), [0.0, 0.0]])
         self.counts = {"expand": 0, "balance": 0, "repair": 0}
 
@@ -221,10 +220,6 @@ class _State:
         dj = now.astype(float) - was
         dg = np.where(now, self.gpus[new], 0.0) - np.where(was, self.gpus[old], 0.0)
         return np.hstack([self.U[new] - self.U[old], dj[:, None], dg[:, None]])
-
-    def threshold(self, j: np.ndarray, new: np.ndarray) -> np.ndarray:
-        """Hysteresis owed if j moves to ``new`` (0 unless it leaves its start column)."""
-        return np.where(self.moved(j, new) & ~self.moved(j, self.assign[j]), self.hyst[j], 0.0)
 
     def apply(self, j: np.ndarray, new: np.ndarray, total_delta: np.ndarray, step: str) -> None:
         self.assign[j] = new
@@ -258,14 +253,14 @@ class _State:
 
     def upgrade_moves(self, jobs: np.ndarray | None = None) -> _Moves:
         """Every improving move (of ``jobs`` only, if given): to another column whose
-        gain, net of move cost (in ``c``) and hysteresis, is positive."""
+        gain, net of move cost (in ``c``), is positive."""
         if jobs is None:
             k = np.arange(self.n_x)
         else:
             k = self.columns_of(jobs)
         j = self.col_job[k]
         frm = self.assign[j]
-        gain = self.c[k] - self.c[frm] - self.threshold(j, k)
+        gain = self.c[k] - self.c[frm]
         ok = (~self.frozen[j]) & (k != frm) & (gain > EPS)
         k, j, frm, gain = k[ok], j[ok], frm[ok], gain[ok]
         same = self.ctype[k] == self.ctype[frm]
@@ -365,7 +360,7 @@ class _State:
     def donors(self) -> _Moves:
         """Each placed, non-frozen job's cheapest way to free GPUs of its type (a column
         of the same type with fewer GPUs, or none), cheapest per GPU freed first;
-        ``gain`` holds the loss (net of hysteresis owed), ``density`` the loss per GPU."""
+        ``gain`` holds the loss, ``density`` the loss per GPU."""
         k = np.arange(self.n_x)
         j = self.col_job
         cur = self.assign[j]
@@ -375,7 +370,7 @@ class _State:
         dj = np.concatenate([j[down], stop])
         dk = np.concatenate([k[down], np.full(len(stop), self.n_x)])
         freed = self.gpus[self.assign[dj]] - self.gpus[dk]
-        loss = self.c[self.assign[dj]] - self.c[dk] + self.threshold(dj, dk)
+        loss = self.c[self.assign[dj]] - self.c[dk]
         per = loss / freed
         o = np.lexsort((-freed, per, dj))
         _, first = np.unique(dj[o], return_index=True)
@@ -456,7 +451,7 @@ class _State:
 
 
 def incremental_search(model: MilpModel, start: np.ndarray, col_gpus: np.ndarray, col_type: np.ndarray, *,
-                       frozen: np.ndarray | None = None, hysteresis: float = 0.0,
+                       frozen: np.ndarray | None = None,
                        max_moved_jobs: float = np.inf, max_moved_gpus: float = np.inf,
                        steps: SearchSteps = SearchSteps()) -> Solution:
     """The incremental decision on ``model`` (see module doc). ``start``: per job, the
@@ -469,9 +464,9 @@ def incremental_search(model: MilpModel, start: np.ndarray, col_gpus: np.ndarray
     frozen = np.zeros(n_jobs, dtype=bool) if frozen is None else np.asarray(frozen, dtype=bool)
     if len(start) != n_jobs or len(frozen) != n_jobs:
         raise ValueError("incremental search: start and frozen need one entry per job")
-    if not (hysteresis >= 0 and max_moved_jobs >= 0 and max_moved_gpus >= 0):
-        raise ValueError("incremental search: hysteresis and budgets must be >= 0")
-    st = _State(model, np.asarray(start, dtype=np.int64), col_gpus, col_type, frozen, hysteresis,
+    if not (max_moved_jobs >= 0 and max_moved_gpus >= 0):
+        raise ValueError("incremental search: move budgets must be >= 0")
+    st = _State(model, np.asarray(start, dtype=np.int64), col_gpus, col_type, frozen,
                 max_moved_jobs, max_moved_gpus)
     st.repair_start()
     moves = _OpenMoves(st)

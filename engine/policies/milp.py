@@ -206,7 +206,7 @@ class MilpPolicy:
         cols: np.ndarray | None
         fixed = np.zeros(0, dtype=np.int64)
         if self.search == "incremental":
-            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen, 0.0)
+            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen)
             t2 = t1                                 # the restricted model is built inside the search
         else:
             # frozen jobs' (only) columns are fixed at 1, outside the model: its capacity rows
