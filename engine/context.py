@@ -38,6 +38,7 @@ class ChangeHistory:
     iterations_since: float             # progress made on it since
     rate_before: float                  # iterations/s measured before the change (0: it was queued)
     recent_s: tuple[float, ...] = ()    # times of its moves and preemptions (first starts excluded)
+    total: int = 0                      # its moves and preemptions over its whole life
 
 
 @dataclass(frozen=True)

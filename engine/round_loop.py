@@ -198,7 +198,7 @@ class RoundLoop:
             change = None
             if r.changed_at_s is not None:
                 change = ChangeHistory(r.changed_at_s, r.iterations_done - r.iterations_at_change,
-                                       r.rate_before_change, tuple(r.change_times_s))
+                                       r.rate_before_change, tuple(r.change_times_s), r.changes_total)
             views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, r.alloc,
                                  st.attained_gpu_s_at(r, now), r.queued_s, r.reconfigurations,
                                  r.measured_iteration_time_s, r.known_infeasible, change))

@@ -17,7 +17,11 @@ its current grid and GPUs, and is not preempted — while either holds:
    A change that will never pay for the job itself (it was shrunk to make room for
    others, ``r_new <= r_b``) is held for ``payback_max_s`` (default 3,600 s) instead;
 2. **it reached the move limit** (``max_moves_per_hour``, default 1): that many moves or
-   preemptions in the last hour (first starts are not counted).
+   preemptions in the last hour (first starts are not counted);
+3. **it reached its lifetime limit** (``max_changes_per_job``, default 0 = none): that
+   many moves or preemptions since it was submitted. With 1, a job is moved or
+   preempted at most once, so it is reconfigured (moved, or resumed after a
+   preemption) at most once: the bound on reconfigurations per job made a rule.
 
 The third part of stability, hysteresis on marginal gains, is in the objective: the
 ``reconfig`` term's ``hysteresis`` (default 0.05) charges a move of a running job that
@@ -40,7 +44,7 @@ from .context import JobView, RoundContext
 HOUR_S = 3600.0
 
 #: policy config keys the rule reads (every optimizing policy accepts them)
-STABILITY_KEYS = ("stability", "payback", "payback_max_s", "max_moves_per_hour")
+STABILITY_KEYS = ("stability", "payback", "payback_max_s", "max_moves_per_hour", "max_changes_per_job")
 
 
 def parse_bool(policy: str, key: str, v: Any) -> bool:
@@ -68,25 +72,30 @@ class StabilityRule:
     payback: bool = True
     payback_max_s: float = HOUR_S
     max_moves_per_hour: int = 1          # 0: no limit
+    max_changes_per_job: int = 0         # 0: no limit
 
     @classmethod
     def from_config(cls, policy: str, config: Mapping[str, Any]) -> "StabilityRule":
         """From a policy's config keys (``STABILITY_KEYS``), validated."""
         d = cls()
-        moves = _number(policy, "max_moves_per_hour", config.get("max_moves_per_hour", d.max_moves_per_hour), 0)
-        if moves != int(moves):
-            raise InputError(f"policy {policy!r}: max_moves_per_hour must be a whole number, got {moves!r}",
-                             field="max_moves_per_hour")
+        counts = {}
+        for key in ("max_moves_per_hour", "max_changes_per_job"):
+            n = _number(policy, key, config.get(key, getattr(d, key)), 0)
+            if n != int(n):
+                raise InputError(f"policy {policy!r}: {key} must be a whole number, got {n!r}", field=key)
+            counts[key] = int(n)
         return cls(enabled=parse_bool(policy, "stability", config.get("stability", d.enabled)),
                    payback=parse_bool(policy, "payback", config.get("payback", d.payback)),
                    payback_max_s=_number(policy, "payback_max_s", config.get("payback_max_s", d.payback_max_s), 0),
-                   max_moves_per_hour=int(moves))
+                   **counts)
 
     def is_frozen(self, view: JobView, now_s: float) -> bool:
         ch = view.last_change
         if not self.enabled or view.current is None or ch is None:
             return False
         if self.max_moves_per_hour and sum(1 for t in ch.recent_s if t > now_s - HOUR_S) >= self.max_moves_per_hour:
+            return True
+        if self.max_changes_per_job and ch.total >= self.max_changes_per_job:
             return True
         if self.payback:
             held = now_s - ch.changed_at_s

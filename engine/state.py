@@ -103,6 +103,7 @@ class JobRecord:
     iterations_at_change: float = 0.0
     rate_before_change: float = 0.0     # iterations/s measured before it (0: it was queued)
     change_times_s: list = field(default_factory=list)   # moves and preemptions (not first starts), newest last
+    changes_total: int = 0              # moves and preemptions over its whole life
     _since_s: float = 0.0           # when the current status (queued/running) began
 
     @property
@@ -182,6 +183,7 @@ class EngineState:
         if counted:
             r.change_times_s.append(t)
             del r.change_times_s[:-self.CHANGE_HISTORY]
+            r.changes_total += 1
 
     def release_for_move(self, job_id: str) -> None:
         self.cluster.release(job_id)
@@ -207,6 +209,7 @@ class EngineState:
         r.preemptions += 1
         r.change_times_s.append(t)
         del r.change_times_s[:-self.CHANGE_HISTORY]
+        r.changes_total += 1
         self.queued[job_id] = r
 
     def fail_run(self, job_id: str, t: float, kept_iterations: float, reason: str, max_failures: int,

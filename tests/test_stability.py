@@ -49,8 +49,25 @@ def test_move_limit_per_hour():
     assert not StabilityRule(enabled=False).is_frozen(_view(ChangeHistory(**paid, recent_s=(1, 2, 3))), 10.0)
 
 
+def test_lifetime_change_limit():
+    rule = StabilityRule(payback=False, max_moves_per_hour=0, max_changes_per_job=1)
+    paid = dict(changed_at_s=0.0, iterations_since=1e9, rate_before=0.0)
+    assert not rule.is_frozen(_view(ChangeHistory(**paid, total=0)), 1e6)
+    assert rule.is_frozen(_view(ChangeHistory(**paid, recent_s=(5.0,), total=1)), 1e6)     # however long ago
+    assert not StabilityRule(payback=False, max_moves_per_hour=0).is_frozen(_view(ChangeHistory(**paid, total=9)), 1e6)
+
+
+def test_lifetime_change_limit_bounds_reconfigurations_per_job():
+    inst = get_instance("demo")
+    capped = simulate(inst, make_policy("arena", max_changes_per_job=1), perf=_table(), rounds=80,
+                      reconfig=ReconfigCostModel())
+    free = simulate(inst, make_policy("arena"), perf=_table(), rounds=80, reconfig=ReconfigCostModel())
+    per_job = [r.reconfigurations for r in capped.jobs]
+    assert max(per_job) <= 1 < max(r.reconfigurations for r in free.jobs)
+
+
 @pytest.mark.parametrize("cfg", [{"stability": "maybe"}, {"max_moves_per_hour": -1}, {"max_moves_per_hour": 1.5},
-                                 {"payback_max_s": "x"}])
+                                 {"payback_max_s": "x"}, {"max_changes_per_job": -2}, {"max_changes_per_job": "one"}])
 def test_stability_config_is_validated(cfg):
     with pytest.raises(InputError):
         make_policy("arena", **cfg)
