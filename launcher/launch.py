@@ -267,6 +267,25 @@ def kill_job(proc: subprocess.Popen, run_dir: str | os.PathLike, sig: int) -> No
                 pass
 
 
+def live_rank_pids(run_dir: str | os.PathLike) -> list[int]:
+    """Ranks of the launch in ``run_dir`` still running on this host: recorded, alive, and
+    still that launch's process (its command line names a file of the run folder, so a
+    reused pid is not taken for a rank)."""
+    import socket
+    here, folder = socket.gethostname(), str(Path(run_dir))
+    out = []
+    for pid, host in rank_pids(run_dir).values():
+        if host != here or not _alive(pid):
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if folder in cmd:
+            out.append(pid)
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -229,10 +229,11 @@ class MpiExecutor:
                            iteration_time_s=prog.get("iteration_time_s"))
 
     def release(self, job_id: str, now_s: float) -> None:
-        """First half of a move. Storage path: stop with a checkpoint (frees the GPUs for
-        other movers). Device-to-device path (``move_path="d2d"``, a running job on this
-        host): nothing stops yet; the ranks keep training until ``reconfigure`` moves them
-        (on one host nothing binds a rank to the GPUs the allocation named)."""
+        """First half of a move, on the path ``released_path`` then names. ``"storage"``:
+        stopped with a checkpoint (frees the GPUs for other movers). ``"d2d"``
+        (``move_path="d2d"``, a running job on this host): nothing stops yet; the ranks
+        keep training until ``reconfigure`` moves them (on one host nothing binds a rank
+        to the GPUs the allocation named)."""
         st = self._job(job_id)
         t0 = time.time()
         if self._can_move_d2d(st):
@@ -242,10 +243,17 @@ class MpiExecutor:
             st.released_path = "storage"
         st.released_at = t0
 
-    def reconfigure(self, job_id: str, alloc, plan, now_s: float) -> None:
+    def released_path(self, job_id: str) -> str | None:
+        """How the job's pending move will go (``"d2d"``/``"storage"``), None if none is pending."""
+        st = self._job(job_id)
+        return st.released_path if st.released_at is not None else None
+
+    def reconfigure(self, job_id: str, alloc, plan, now_s: float, *, launch_index: int | None = None) -> None:
         """Second half of a move (or the whole move without a ``release``): device to
         device where possible, else (or when that fails) stop with a checkpoint and relaunch
-        the new plan from storage. Each move's parts go to ``move_records``."""
+        the new plan from storage (in run folder ``launch_<launch_index>``, default the
+        next). A device-to-device move continues in the launch's run folder. Each move's
+        parts go to ``move_records``."""
         st = self._job(job_id)
         if st.released_at is None:
             self.release(job_id, now_s)
@@ -258,7 +266,7 @@ class MpiExecutor:
                 return
             path = "storage-fallback"
             self._end_failed_move(st)
-        self.launch(st.job, alloc, plan, now_s)
+        self.launch(st.job, alloc, plan, now_s, launch_index=launch_index)
         self.count_as_move(job_id, t0, path=path, reason=reason)
 
     def count_as_move(self, job_id: str, stop_requested_at: float, *, path: str = "storage",

@@ -61,6 +61,15 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
         # every move that reached its first step is measured in the store
         moves = [m for r in rows for m in st.measurements(r["id"]) if "move_total_s" in m.reconfig]
         assert moves and all(m.reconfig["move_total_s"] > 0 for m in moves)
+        # one host, running jobs: the moves went device to device, the new launch record
+        # continuing its predecessor's run folder and mpiexec
+        assert any(m.reconfig["device_to_device"] == 1 and m.reconfig["bytes_moved"] > 0 for m in moves), \
+            [m.reconfig for m in moves]
+        for r in rows:
+            launches = st.launches(r["id"])
+            for a, b in zip(launches, launches[1:]):
+                if "device to device" in a.reason and b.state != "failed":
+                    assert b.pid_info["run_dir"] == a.pid_info["run_dir"] and b.pid_info["pid"] == a.pid_info["pid"]
 
 
 def test_losses_equal_the_uninterrupted_run(run):

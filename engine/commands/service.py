@@ -61,6 +61,10 @@ def register(subparsers) -> None:
                         "default 60)")
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="every launch checkpoints at least this often, in seconds of training (default 60)")
+    s.add_argument("--move-path", choices=("d2d", "storage"), default="d2d",
+                   help="how running jobs move: d2d = device to device where the launcher can (a running job "
+                        "on one host), else through a checkpoint; storage = always stop, checkpoint and "
+                        "relaunch (default d2d)")
     s.add_argument("--stop-timeout", type=float, default=60.0, metavar="S",
                    help="grace period for ranks to checkpoint and exit before they are killed (default 60)")
     s.add_argument("--max-failures", type=int, default=3, metavar="N",
@@ -185,7 +189,7 @@ def build_service_parts(args):
     cfg = ServiceConfig(db_path=str(db), work_dir=str(work.resolve()), round_interval_s=args.round_interval,
                         checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
                         max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
-                        stop_after_s=args.stop_after,
+                        stop_after_s=args.stop_after, move_path=args.move_path,
                         step_delay_s=args.step_delay)
     with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will

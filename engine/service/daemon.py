@@ -13,8 +13,10 @@ starts. On start (``recover``) every launch the store still calls active (``inte
 ``started``) belongs to a service that died: its ranks, if they still run, are asked to
 checkpoint and exit (then killed after ``stop_timeout_s``); a job whose training had
 finished meanwhile is marked finished, any other goes back to the queue and resumes
-from its last checkpoint. Queued jobs are read back with their progress (the step of
-that checkpoint). So a ``kill -9`` at any moment loses no job, gives no GPU to two jobs
+from its last checkpoint. A queued job whose last run folder still has ranks training
+(the service died in the middle of a device-to-device move, after the old launch ended
+in the store) has them stopped the same way. Queued jobs are read back with their
+progress (the step of that checkpoint). So a ``kill -9`` at any moment loses no job, gives no GPU to two jobs
 (the store refuses it, the loop's invariants assert it) and loses no step past a job's
 last checkpoint. ``SIGTERM`` (``shutdown``) stops every running job with a checkpoint.
 
@@ -37,7 +39,7 @@ from typing import Callable
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.grid import Shape
-from launcher.launch import stop_detached
+from launcher.launch import live_rank_pids, stop_detached
 from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
 from launcher.telemetry import read_progress
 
@@ -48,7 +50,7 @@ from ..round_loop import RoundLoop, RoundRecord
 from ..state import JobStatus
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
-from .store import Store
+from .store import TERMINAL, Store
 
 # Named points where a test may kill the service (``ARENA_FAULT=point[:n]``: SIGKILL at the
 # n-th time the point is reached; test use only).
@@ -69,6 +71,7 @@ class ServiceConfig:
     checkpoint_every: int = 0                # and every this many steps (0: time-based only)
     step_delay_s: float = 0.0                # tests and demos: slow tiny jobs down
     stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
+    move_path: str = "d2d"                   # "d2d" where the launcher can, else storage; "storage": always
 
     def __post_init__(self):
         for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s"):
@@ -122,6 +125,7 @@ class Service:
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
             poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
+            move_path=cfg.move_path,
             node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
@@ -137,6 +141,15 @@ class Service:
     def recover(self) -> None:
         """Take over from a service that stopped (cleanly or not); see the module doc."""
         st = self.store
+        for row in st.jobs():                 # ranks left training by a move the crash interrupted
+            launches = st.launches(row.id)
+            if row.status in TERMINAL or not launches or launches[-1].state == "started":
+                continue                      # (a started launch is stopped below)
+            ran = [lch for lch in launches if (lch.pid_info or {}).get("run_dir")]
+            if ran and live_rank_pids(ran[-1].pid_info["run_dir"]):
+                clean = stop_detached(ran[-1].pid_info["run_dir"], None, self.cfg.stop_timeout_s)
+                self.log(f"job {row.id}: ranks of launch {ran[-1].generation} were still training (a move "
+                         f"the restart interrupted); {'asked to checkpoint and stopped' if clean else 'killed'}")
         for launch in st.running_launches():
             jid, gen = launch.job_id, launch.generation
             info = launch.pid_info or {}

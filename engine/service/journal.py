@@ -5,8 +5,14 @@ the state store, so that a restart can tell what happened.
   starts, then ``started`` with mpiexec's pid and run folder, then the job ``running``;
 - a stop asks the ranks to checkpoint and exit (grace period, then kill), then records
   the checkpoint, ends the launch and puts the job back to ``queued``;
-- a move is a journaled stop followed by a journaled launch (a crash between the two
-  leaves a queued job with its checkpoint: nothing half-moved is trained on);
+- a move is journaled as the end of the job's launch (``release``) followed by a new
+  launch (``reconfigure``). Device to device where the launcher can (one host, a running
+  job): the ranks keep training through ``release`` and move their state in place; the
+  new launch record continues in the same run folder, with the same mpiexec. Otherwise
+  (or when the device-to-device move fails) a stop with a checkpoint and a relaunch that
+  reshards from it. A crash between the two halves leaves a queued job: its checkpoint,
+  and any ranks still training, which the restart asks to checkpoint and stop (nothing
+  half-moved is trained on);
 - a launch the launcher refuses before starting (the plan does not fit the allocation's
   memory, ...) is journaled as failed and reported to the round loop as a failed run;
   the job does not get that shape again; nor does it after a launch that ran out of
@@ -14,7 +20,9 @@ the state store, so that a restart can tell what happened.
 - checkpoints and measured iteration times are recorded as the loop reads progress.
 
 Job ids in the round loop are the store's job ids as strings. The generation number of a
-launch names its run folder (``<work>/<job>/launch_<generation>``).
+launch names its run folder (``<work>/<job>/launch_<generation>``), except after a
+device-to-device move, which continues in its predecessor's folder; the folder each
+launch ran in is recorded with it (``pid_info["run_dir"]``, ``views.run_dirs``).
 """
 from __future__ import annotations
 
@@ -59,54 +67,77 @@ class JournaledExecutor:
         self._infeasible: set[tuple[str, Shape]] = set()
         self._checkpoint_seen: dict[str, float] = {}
         self._measured_at: dict[str, float] = {}
-        self._move_started: dict[str, float] = {}     # job -> when its move's stop was requested
         self._moves_recorded: dict[str, int] = {}     # job -> measured moves already in the store
 
     # -- effects -------------------------------------------------------------------
     def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
-        jid = int(job.job_id)
+        self._start(job.job_id, alloc, plan, now_s,
+                    lambda gen: self.mpi.launch(job, alloc, plan, now_s, launch_index=gen))
+
+    def _start(self, job_id: str, alloc: Allocation, plan: Any, now_s: float, start: Callable[[int], None]) -> None:
+        """Journal a launch (intent, then started, then the job running) around ``start``
+        (called with the new generation): a fresh launch, or the second half of a move."""
+        jid = int(job_id)
         gen = self.store.record_launch_intent(jid, plan_record(alloc, plan), gpu_names(alloc))
-        self.generation[job.job_id] = gen
+        self.generation[job_id] = gen
         self.fault("after-launch-intent")
         try:
-            self.mpi.launch(job, alloc, plan, now_s, launch_index=gen)
+            start(gen)
         except InputError as e:                       # refused before anything started
+            try:                                      # a refused device-to-device move: its ranks checkpoint
+                self.mpi.stop(job_id, now_s)
+                self._record_checkpoint(job_id, self.mpi.progress(job_id))
+            except KeyError:                          # never launched: nothing runs
+                pass
             self.store.mark_launch(jid, gen, "failed", reason=f"refused before start: {e}")
-            self._infeasible.add((job.job_id, alloc.grid.shape))
-            self._refused.append(JobProgress(job.job_id, self.mpi_iterations(job.job_id), False,
+            self._infeasible.add((job_id, alloc.grid.shape))
+            self._refused.append(JobProgress(job_id, self.mpi_iterations(job_id), False,
                                              finished_at_s=now_s, failed=f"launch refused: {e}",
-                                             last_checkpoint_iteration=self.mpi_iterations(job.job_id)))
+                                             last_checkpoint_iteration=self.mpi_iterations(job_id)))
             return
-        proc = self.mpi.process(job.job_id)
+        proc = self.mpi.process(job_id)
         self.store.mark_launch(jid, gen, "started", pid_info={"pid": proc.pid if proc else None,
-                                                               "run_dir": self.mpi.run_dir(job.job_id)})
+                                                               "run_dir": self.mpi.run_dir(job_id)})
         self.store.set_status(jid, "running", f"launch {gen} on {alloc.grid}")
 
     def stop(self, job_id: str, now_s: float, reason: str = "preempted") -> None:
         self.mpi.stop(job_id, now_s)
+        self._journal_stop(job_id, reason)
+
+    def _journal_stop(self, job_id: str, reason: str, *, in_place: bool = False) -> None:
+        """The store's side of a stop: the checkpoint, the launch ended, the job queued.
+        ``in_place``: the first half of a device-to-device move (the ranks keep training
+        until ``reconfigure``; a restart before it finds them and stops them)."""
         p = self.mpi.progress(job_id)
         jid, gen = int(job_id), self.generation[job_id]
         self._record_checkpoint(job_id, p)
         ck = int(p.last_checkpoint_iteration)
+        what = "ranks keep training until the move" if in_place else f"stopped with a checkpoint at step {ck}"
         if self.store.launches(jid)[-1].state in ("intent", "started"):
-            self.store.mark_launch(jid, gen, "finished", reason=f"{reason}: stopped with a checkpoint at step {ck}")
+            self.store.mark_launch(jid, gen, "finished", reason=f"{reason}: {what}")
         if self.store.job(jid).status == "running":
-            self.store.set_status(jid, "queued", f"{reason} (resumes from step {ck})")
+            self.store.set_status(jid, "queued", f"{reason} (resumes from step {ck})" if not in_place
+                                  else f"{reason} ({what})")
 
     def release(self, job_id: str, now_s: float) -> None:
-        """First half of a move: stop with a checkpoint, journaled (a crash before the
-        relaunch leaves a queued job with its checkpoint)."""
-        self._move_started[job_id] = time.time()
-        self.stop(job_id, now_s, reason="moving")
+        """First half of a move, journaled. Through storage: a stop with a checkpoint (a
+        crash before the relaunch leaves a queued job with its checkpoint). Device to
+        device: the launch ends in the store (its GPUs are free for other movers) while
+        its ranks keep training; a crash before ``reconfigure`` leaves a queued job whose
+        ranks the restart asks to checkpoint and stop."""
+        self.mpi.release(job_id, now_s)
+        d2d = self.mpi.released_path(job_id) == "d2d"
+        self._journal_stop(job_id, "moving (device to device)" if d2d else "moving", in_place=d2d)
         self.fault("mid-move")
 
     def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
-        if job_id not in self._move_started:
+        """Second half of a move, journaled like a launch: device to device in the same run
+        folder where the launcher can (else, or when that fails, a relaunch from the
+        checkpoint in ``launch_<generation>``)."""
+        if self.mpi.released_path(job_id) is None:
             self.release(job_id, now_s)
-        stop_requested = self._move_started.pop(job_id)
-        self.launch(self.mpi.job(job_id), alloc, plan, now_s)
-        if not any(p.job_id == job_id for p in self._refused):
-            self.mpi.count_as_move(job_id, stop_requested)
+        self._start(job_id, alloc, plan, now_s,
+                    lambda gen: self.mpi.reconfigure(job_id, alloc, plan, now_s, launch_index=gen))
 
     # -- observations --------------------------------------------------------------
     def progress(self, job_id: str) -> JobProgress:
@@ -153,13 +184,19 @@ class JournaledExecutor:
             return 0.0
 
     def _record_moves(self, job_id: str) -> None:
-        """Each move's measured time (stop request to the first step after it), once, on
-        the launch that completed it."""
-        moves = self.mpi.reconfiguration_times_s(job_id)
+        """Each move's measured parts (device to device or not, bytes moved, drain, state
+        movement and total: stop request to the first step after it), once, on the launch
+        that completed it."""
+        recs = self.mpi.move_records(job_id)
         done = self._moves_recorded.get(job_id, 0)
-        for seconds in moves[done:]:
-            self.store.record_measurement(int(job_id), self.generation[job_id], reconfig={"move_total_s": seconds})
-        self._moves_recorded[job_id] = len(moves)
+        while done < len(recs) and (recs[done]["total_s"] is not None or done + 1 < len(recs)):
+            r = recs[done]                    # (a move that never reached a step before the next: none)
+            if r["total_s"] is not None:
+                self.store.record_measurement(int(job_id), self.generation[job_id], reconfig={
+                    "move_total_s": r["total_s"], "device_to_device": float(r["path"] == "d2d"),
+                    "bytes_moved": r["bytes_moved"], "state_s": r["state_s"], "drain_stop_s": r["drain_stop_s"]})
+            done += 1
+        self._moves_recorded[job_id] = done
 
     def _record_checkpoint(self, job_id: str, p: Any) -> None:
         step = float(p.last_checkpoint_iteration or 0)

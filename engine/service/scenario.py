@@ -24,7 +24,7 @@ from launcher.launch import read_events, read_results
 
 from .client import Client
 from .store import Store
-from .views import loss_curve
+from .views import loss_curve, run_dirs
 
 TERMINAL = ("finished", "failed", "cancelled")
 
@@ -276,12 +276,12 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
 
 # ------------------------------------------------------------------------------ reports
 def _launch_dirs(work_dir: str, job_id: int, store: Store) -> list[Path]:
-    return [Path(work_dir) / str(job_id) / f"launch_{lch.generation}" for lch in store.launches(job_id)]
+    return [d for _, d in run_dirs(work_dir, store.launches(job_id))]
 
 
 def step_losses(work_dir: str, job_id: int, store: Store) -> dict[int, float]:
     """Each step's loss as last trained (a step trained again after a restart replaces it)."""
-    points = loss_curve(work_dir, job_id, [lch.generation for lch in store.launches(job_id)])
+    points = loss_curve(work_dir, store.launches(job_id))
     return {p["step"]: p["loss"] for p in points}
 
 
@@ -326,6 +326,7 @@ def job_report(db_path: str, work_dir: str) -> list[dict]:
             out.append({"id": row.id, "name": row.name, "model": Path(row.spec["model"]).name,
                         "status": row.status, "steps": row.spec["steps"], "launches": len(launches),
                         "moves": sum(1 for lch in launches if "moving" in lch.reason),
+                        "moves_d2d": sum(1 for lch in launches if "device to device" in lch.reason),
                         "failed_launches": sum(1 for lch in launches if lch.state == "failed"),
                         "plans": [f"dp{lch.plan.get('dp')}tp{lch.plan.get('tp')}pp{lch.plan.get('pp')}"
                                   for lch in launches],
@@ -336,11 +337,12 @@ def job_report(db_path: str, work_dir: str) -> list[dict]:
 
 
 def format_report(rows: list[dict]) -> str:
-    lines = [f"{'job':<10} {'model':<26} {'status':<9} {'launches':>8} {'moves':>5} {'lost':>5}  "
+    lines = [f"{'job':<10} {'model':<26} {'status':<9} {'launches':>8} {'moves':>5} {'d2d':>3} {'lost':>5}  "
              f"{'queued s':>8} {'running s':>9}  plans"]
     for r in rows:
         s = r["seconds_in"]
         lines.append(f"{r['name']:<10} {r['model'][:26]:<26} {r['status']:<9} {r['launches']:>8} {r['moves']:>5} "
+                     f"{r['moves_d2d']:>3} "
                      f"{r['steps_lost']:>5}  {s.get('queued', 0.0):>8.1f} {s.get('running', 0.0):>9.1f}  "
                      f"{' -> '.join(r['plans'])}")
     return "\n".join(lines)

@@ -13,31 +13,45 @@ from instances.cluster import ClusterSpec
 from launcher.launch import read_results, tail
 from launcher.telemetry import read_progress
 
-from .store import Store
+from .store import LaunchRow, Store
 
 LOSS_POINTS = 200                 # at most this many points of a loss curve in a job view
 
 
-def _launch_dir(work_dir: str, job_id: int, generation: int) -> Path:
-    return Path(work_dir) / str(job_id) / f"launch_{generation}"
+def launch_dir(work_dir: str, launch: LaunchRow) -> Path:
+    """The run folder a launch ran in: the one it recorded (a device-to-device move
+    continues in its predecessor's), else ``launch_<generation>``."""
+    recorded = (launch.pid_info or {}).get("run_dir")
+    return Path(recorded) if recorded else Path(work_dir) / str(launch.job_id) / f"launch_{launch.generation}"
 
 
-def loss_curve(work_dir: str, job_id: int, generations: list[int]) -> list[dict]:
+def run_dirs(work_dir: str, launches: list[LaunchRow]) -> list[tuple[int, Path]]:
+    """(generation that started it, folder) per run folder, in launch order: launches that
+    continued a folder device to device add none."""
+    out: list[tuple[int, Path]] = []
+    for lch in launches:
+        d = launch_dir(work_dir, lch)
+        if not out or out[-1][1] != d:
+            out.append((lch.generation, d))
+    return out
+
+
+def loss_curve(work_dir: str, launches: list[LaunchRow]) -> list[dict]:
     """(step, loss, time) of every step trained, over all launches in order; a step
     trained again after a restart from an earlier checkpoint replaces the lost one."""
     by_step: dict[int, dict] = {}
-    for g in generations:
-        for r in read_results(_launch_dir(work_dir, job_id, g)):
+    for g, d in run_dirs(work_dir, launches):
+        for r in read_results(d):
             if "step" in r and "loss" in r:
                 by_step[int(r["step"])] = {"step": int(r["step"]), "loss": float(r["loss"]),
                                            "time": r.get("time"), "launch": g}
     return [by_step[k] for k in sorted(by_step)]
 
 
-def last_loss(work_dir: str, job_id: int, generations: list[int]) -> float | None:
+def last_loss(work_dir: str, launches: list[LaunchRow]) -> float | None:
     """The loss of the latest step trained (only the newest launch with results is read)."""
-    for g in reversed(generations):
-        res = [r for r in read_results(_launch_dir(work_dir, job_id, g)) if "loss" in r]
+    for _, d in reversed(run_dirs(work_dir, launches)):
+        res = [r for r in read_results(d) if "loss" in r]
         if res:
             return float(res[-1]["loss"])
     return None
@@ -59,8 +73,7 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
     last = launches[-1] if launches else None
     spec = row.spec
     it = prog.get("iteration_time_s")
-    gens = [lch.generation for lch in launches]
-    points = loss_curve(work_dir, job_id, gens) if curve else []
+    points = loss_curve(work_dir, launches) if curve else []
     # time in each status, from the history (the current status up to its last change: now)
     in_state: dict[str, float] = {}
     for a, b in zip(history, history[1:]):
@@ -80,7 +93,7 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
         "launches": len(launches), "moves": moves, "failed_launches": failures,
         "time_in_status_s": in_state,
         "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
-        "loss": last_loss(work_dir, job_id, gens),
+        "loss": last_loss(work_dir, launches),
         "loss_curve": _thin(points, LOSS_POINTS) if curve else [],
         "cancel_requested": row.id in set(store.cancel_requests()),
     }
@@ -118,6 +131,6 @@ def job_logs(store: Store, work_dir: str, job_id: int, chars: int = 20_000) -> d
     launches = store.launches(job_id)
     if not launches:
         return {"id": job_id, "launch": None, "stdout": "", "stderr": ""}
-    d = _launch_dir(work_dir, job_id, launches[-1].generation)
+    d = launch_dir(work_dir, launches[-1])
     return {"id": job_id, "launch": launches[-1].generation, "stdout": tail(d / "stdout.log", chars),
             "stderr": tail(d / "stderr.log", chars)}
