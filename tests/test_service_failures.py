@@ -134,3 +134,59 @@ def test_scenario_resubmits_the_workload_while_a_fault_is_still_to_come(tmp_path
     assert res.unfired == ["mid-move:1"] and res.kills == []
     with Store(str(tmp_path / "state.db"), readonly=True) as st:
         assert [(j.name, j.status) for j in st.jobs()] == [("short", "finished"), ("short-r1", "finished")]
+
+
+def test_restart_stops_ranks_left_training_by_an_interrupted_device_to_device_move(tmp_path):
+    # the first half of a device-to-device move, journaled for real (the launch ends in the
+    # store, its ranks keep training), then the service "dies" before the second half: the
+    # next start finds the ranks, has them checkpoint and stop, and the job is queued with
+    # its checkpoint
+    from engine.context import Allocation
+    from engine.service.jobspec import JobSpec
+    from engine.service.journal import JournaledExecutor
+    from launcher.launch import live_rank_pids, stop_detached
+    from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
+    from tests.test_engine_helpers import grid
+
+    db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
+    store = Store(db)
+    spec = JobSpec.from_dict({"name": "moving", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400})
+    jid = store.submit(spec)
+    mpi = MpiExecutor(MpiExecutorConfig(work_dir=work, checkpoint_interval_s=1.0, step_delay_s=0.05))
+    journal = JournaledExecutor(mpi, store)
+    journal.launch(spec.to_job(str(jid), 0.0), Allocation(grid("cpu", 1, 2), ((0, 0), (0, 1))), None, 0.0)
+    run_dir = mpi.run_dir(str(jid))
+    try:
+        _interrupted_move_then_restart(store, mpi, journal, jid, db, work, run_dir)
+    finally:                                          # whatever failed, no rank outlives the test
+        if live_rank_pids(run_dir):
+            stop_detached(run_dir, None, 10)
+
+
+def _interrupted_move_then_restart(store, mpi, journal, jid, db, work, run_dir):
+    from engine.policy import make_policy
+    from engine.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from instances.cluster import ClusterSpec, NodeGroup
+    from launcher.launch import live_rank_pids
+
+    _wait(lambda: journal.progress(str(jid)).last_checkpoint_iteration >= 2, what="a checkpoint")
+    journal.release(str(jid), 0.0)
+    assert mpi.released_path(str(jid)) == "d2d"
+    assert live_rank_pids(run_dir), "the ranks keep training through the first half of the move"
+    assert store.job(jid).status == "queued" and "device to device" in store.launches(jid)[-1].reason
+    store.close()                                     # the service dies here: nothing else is told
+
+    logs: list[str] = []
+    svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None,
+                  ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=work, stop_timeout_s=30), log=logs.append)
+    try:
+        svc.recover()
+        assert not live_rank_pids(run_dir), logs
+        assert any("still training" in m for m in logs), logs
+        assert svc.store.job(jid).status == "queued" and svc.store.check() == []
+        ck = svc.store.latest_checkpoint(jid)
+        assert ck is not None and ck.step >= 2
+        assert svc.loop.state.jobs[str(jid)].iterations_done >= ck.step     # adopted from its checkpoint
+    finally:
+        svc.shutdown()
