@@ -55,6 +55,7 @@ def main(argv=None) -> int:
         CRASH_REPEATS,
         demo_jobs,
         demo_serve_args,
+        format_moves,
         format_report,
         free_port,
         job_report,
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
                           "starts": res.starts, "wall_s": res.wall_s}, indent=1))
     else:
         print(format_report(rows))
+        print(format_moves(rows))
         print("largest |loss - uninterrupted| per job: " + ", ".join(f"{k} {v:.1e}" for k, v in dev.items()))
         print(f"wall {res.wall_s:.0f} s, service starts {res.starts}, kills {res.kills or 'none'}"
               + (f", not reached: {res.unfired}" if res.unfired else ""))

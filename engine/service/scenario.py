@@ -331,9 +331,23 @@ def job_report(db_path: str, work_dir: str) -> list[dict]:
                         "plans": [f"dp{lch.plan.get('dp')}tp{lch.plan.get('tp')}pp{lch.plan.get('pp')}"
                                   for lch in launches],
                         "steps_lost": steps_lost(work_dir, row.id, st),
+                        "moves_measured": [m.reconfig for m in st.measurements(row.id) if "move_total_s" in m.reconfig],
                         "seconds_in": {k: round(v, 1) for k, v in in_state.items()},
                         "final_loss": losses[max(losses)] if losses else None})
         return out
+
+
+def format_moves(rows: list[dict]) -> str:
+    """One line per move path: how many moves reached a step, their totals (stop request to
+    the first step after) and bytes moved."""
+    out = []
+    for name, d2d in (("device to device", 1.0), ("through storage", 0.0)):
+        ms = [m for r in rows for m in r["moves_measured"] if m.get("device_to_device", 0.0) == d2d]
+        if ms:
+            t = sorted(m["move_total_s"] for m in ms)
+            b = sorted(m.get("bytes_moved", 0.0) / 1e6 for m in ms)
+            out.append(f"moves {name}: {len(ms)}, total {t[0]:.2f}-{t[-1]:.2f} s, {b[0]:.1f}-{b[-1]:.1f} MB moved")
+    return "\n".join(out) or "no move reached a step"
 
 
 def format_report(rows: list[dict]) -> str:
