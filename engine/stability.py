@@ -21,7 +21,11 @@ its current grid and GPUs, and is not preempted — while either holds:
 3. **it reached its lifetime limit** (``max_changes_per_job``, default 0 = none): that
    many moves or preemptions since it was submitted. With 1, a job is moved or
    preempted at most once, so it is reconfigured (moved, or resumed after a
-   preemption) at most once: the bound on reconfigurations per job made a rule.
+   preemption) at most once: the bound on reconfigurations per job made a rule;
+4. **its back-off has not run out** (``move_backoff_s``, default 0 = none): after its
+   n-th move or preemption a job keeps its allocation for ``move_backoff_s`` x 2^(n-1)
+   from its last change, so a job's changes grow with the logarithm of its running
+   time instead of linearly.
 
 The third part of stability, hysteresis on marginal gains, is in the objective: the
 ``reconfig`` term's ``hysteresis`` (default 0.05) charges a move of a running job that
@@ -44,7 +48,8 @@ from .context import JobView, RoundContext
 HOUR_S = 3600.0
 
 #: policy config keys the rule reads (every optimizing policy accepts them)
-STABILITY_KEYS = ("stability", "payback", "payback_max_s", "max_moves_per_hour", "max_changes_per_job")
+STABILITY_KEYS = ("stability", "payback", "payback_max_s", "max_moves_per_hour", "max_changes_per_job",
+                  "move_backoff_s")
 
 
 def parse_bool(policy: str, key: str, v: Any) -> bool:
@@ -73,6 +78,7 @@ class StabilityRule:
     payback_max_s: float = HOUR_S
     max_moves_per_hour: int = 1          # 0: no limit
     max_changes_per_job: int = 0         # 0: no limit
+    move_backoff_s: float = 0.0          # 0: no back-off
 
     @classmethod
     def from_config(cls, policy: str, config: Mapping[str, Any]) -> "StabilityRule":
@@ -87,6 +93,7 @@ class StabilityRule:
         return cls(enabled=parse_bool(policy, "stability", config.get("stability", d.enabled)),
                    payback=parse_bool(policy, "payback", config.get("payback", d.payback)),
                    payback_max_s=_number(policy, "payback_max_s", config.get("payback_max_s", d.payback_max_s), 0),
+                   move_backoff_s=_number(policy, "move_backoff_s", config.get("move_backoff_s", d.move_backoff_s), 0),
                    **counts)
 
     def is_frozen(self, view: JobView, now_s: float) -> bool:
@@ -96,6 +103,8 @@ class StabilityRule:
         if self.max_moves_per_hour and sum(1 for t in ch.recent_s if t > now_s - HOUR_S) >= self.max_moves_per_hour:
             return True
         if self.max_changes_per_job and ch.total >= self.max_changes_per_job:
+            return True
+        if self.move_backoff_s and ch.total and now_s - ch.changed_at_s < self.move_backoff_s * 2.0 ** (ch.total - 1):
             return True
         if self.payback:
             held = now_s - ch.changed_at_s

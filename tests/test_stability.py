@@ -57,6 +57,16 @@ def test_lifetime_change_limit():
     assert not StabilityRule(payback=False, max_moves_per_hour=0).is_frozen(_view(ChangeHistory(**paid, total=9)), 1e6)
 
 
+def test_move_backoff_doubles_the_hold_with_every_change():
+    rule = StabilityRule(payback=False, max_moves_per_hour=0, move_backoff_s=100.0)
+    paid = dict(changed_at_s=1000.0, iterations_since=1e9, rate_before=0.0)
+    assert not rule.is_frozen(_view(ChangeHistory(**paid, total=0)), 1001.0)      # never changed: free
+    assert rule.is_frozen(_view(ChangeHistory(**paid, total=1)), 1099.0)
+    assert not rule.is_frozen(_view(ChangeHistory(**paid, total=1)), 1100.0)
+    assert rule.is_frozen(_view(ChangeHistory(**paid, total=3)), 1399.0)          # 100 x 2^2
+    assert not rule.is_frozen(_view(ChangeHistory(**paid, total=3)), 1400.0)
+
+
 def test_lifetime_change_limit_bounds_reconfigurations_per_job():
     inst = get_instance("demo")
     capped = simulate(inst, make_policy("arena", max_changes_per_job=1), perf=_table(), rounds=80,
@@ -67,7 +77,8 @@ def test_lifetime_change_limit_bounds_reconfigurations_per_job():
 
 
 @pytest.mark.parametrize("cfg", [{"stability": "maybe"}, {"max_moves_per_hour": -1}, {"max_moves_per_hour": 1.5},
-                                 {"payback_max_s": "x"}, {"max_changes_per_job": -2}, {"max_changes_per_job": "one"}])
+                                 {"payback_max_s": "x"}, {"max_changes_per_job": -2}, {"max_changes_per_job": "one"},
+                                 {"move_backoff_s": -1}, {"move_backoff_s": "inf"}])
 def test_stability_config_is_validated(cfg):
     with pytest.raises(InputError):
         make_policy("arena", **cfg)
