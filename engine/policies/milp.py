@@ -11,8 +11,8 @@ here, once:
 - ``max_gpus`` (16): the largest grid a job may get;
 - ``pinned_jobs``: comma-separated job ids that must be scheduled;
 - ``stability``, ``payback``, ``payback_max_s``, ``max_moves_per_hour``,
-  ``max_changes_per_job``: the stability rule (engine/stability.py): running jobs it
-  freezes keep their current grid;
+  ``max_changes_per_job``, ``move_backoff_s``: the stability rule
+  (engine/stability.py): running jobs it freezes keep their current grid;
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
 - ``event_driven`` (false): decide only after an event (arrival, completion, failure) or
   when the last decisions were not all carried out, not every round — a faster replay
