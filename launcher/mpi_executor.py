@@ -267,9 +267,9 @@ class MpiExecutor:
             path = "storage-fallback"
             self._end_failed_move(st)
         self.launch(st.job, alloc, plan, now_s, launch_index=launch_index)
-        self.count_as_move(job_id, t0, path=path, reason=reason)
+        self._count_as_move(job_id, t0, path=path, reason=reason)
 
-    def count_as_move(self, job_id: str, stop_requested_at: float, *, path: str = "storage",
+    def _count_as_move(self, job_id: str, stop_requested_at: float, *, path: str = "storage",
                       reason: str | None = None) -> None:
         """The job's current launch continues a move whose stop was requested at
         ``stop_requested_at`` (wall time): its time to the first step is a reconfiguration,
