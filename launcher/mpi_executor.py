@@ -270,7 +270,7 @@ class MpiExecutor:
         self._count_as_move(job_id, t0, path=path, reason=reason)
 
     def _count_as_move(self, job_id: str, stop_requested_at: float, *, path: str = "storage",
-                      reason: str | None = None) -> None:
+                       reason: str | None = None) -> None:
         """The job's current launch continues a move whose stop was requested at
         ``stop_requested_at`` (wall time): its time to the first step is a reconfiguration,
         recorded with its parts (``move_records``)."""
