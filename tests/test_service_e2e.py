@@ -42,15 +42,27 @@ def run(tmp_path_factory):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     result = run_scenario(demo_serve_args(tmp, port), url, tmp / "serve.log", JOBS, timeout_s=900,
-                          progress=lambda m: print(m, file=sys.stderr))
+                          progress=lambda m: print(m, file=sys.stderr), repeats=2,
+                          until=lambda: None if d2d_moves(tmp / "state.db") else "a device-to-device move")
     rows = job_report(str(tmp / "state.db"), str(tmp / "work"))
     print("\n" + format_report(rows), file=sys.stderr)
     return {"tmp": tmp, "url": url, "port": port, "ids": result.ids, "rows": rows, "result": result}
 
 
+def d2d_moves(db) -> list[dict]:
+    """The device-to-device moves that reached a step after them, as the service measured them."""
+    with Store(str(db), readonly=True) as st:
+        return [m.reconfig for j in st.jobs() for m in st.measurements(j.id)
+                if m.reconfig.get("device_to_device") == 1]
+
+
 def test_every_job_finishes_and_running_jobs_are_moved(run):
     rows = run["rows"]
-    assert len(rows) == 5 and all(r["status"] == "finished" for r in rows), format_report(rows)
+    # (the workload is submitted again, at most twice, if no move went device to device:
+    # whether one does depends on the policy's decisions, hence on measured timings)
+    assert not run["result"].unfired, run["result"].unfired
+    assert len(rows) == len(run["result"].submitted) and all(r["status"] == "finished" for r in rows), \
+        format_report(rows)
     moved = [r for r in rows if r["moves"] > 0]
     assert moved, "the policy never moved a running job:\n" + format_report(rows)
     # a move really changed the plan (a reshard, not a restart on the same layout)
@@ -61,19 +73,25 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
         # every move that reached its first step is measured in the store
         moves = [m for r in rows for m in st.measurements(r["id"]) if "move_total_s" in m.reconfig]
         assert moves and all(m.reconfig["move_total_s"] > 0 for m in moves)
-        # one host, running jobs: the moves went device to device, the new launch record
-        # continuing its predecessor's run folder and mpiexec
-        assert any(m.reconfig["device_to_device"] == 1 and m.reconfig["bytes_moved"] > 0 for m in moves), \
-            [m.reconfig for m in moves]
+        # one host, running jobs: moves go device to device, the new launch record
+        # continuing its predecessor's run folder and mpiexec; one that falls back (the job
+        # ended first, or the move failed) relaunches in a folder of its own
+        assert all(m["bytes_moved"] > 0 and m["move_total_s"] > 0 for m in d2d_moves(run["tmp"] / "state.db"))
+        continued = 0
         for r in rows:
             launches = st.launches(r["id"])
             for a, b in zip(launches, launches[1:]):
                 if "device to device" in a.reason and b.state != "failed":
-                    assert b.pid_info["run_dir"] == a.pid_info["run_dir"] and b.pid_info["pid"] == a.pid_info["pid"]
+                    if b.pid_info["run_dir"] == a.pid_info["run_dir"]:
+                        assert b.pid_info["pid"] == a.pid_info["pid"]
+                        continued += 1
+                    else:
+                        assert b.pid_info["run_dir"].endswith(f"launch_{b.generation}")
+        assert continued >= 1
 
 
 def test_losses_equal_the_uninterrupted_run(run):
-    dev = loss_deviation(str(run["tmp"] / "state.db"), str(run["tmp"] / "work"), JOBS, run["ids"])
+    dev = loss_deviation(str(run["tmp"] / "state.db"), str(run["tmp"] / "work"), run["result"].submitted, run["ids"])
     assert max(dev.values()) <= LOSS_TOL, dev
 
 

@@ -120,8 +120,9 @@ def test_cancel_and_sigterm_keep_the_work(tmp_path):
 
 
 def test_scenario_resubmits_the_workload_while_a_fault_is_still_to_come(tmp_path):
-    # fcfs never moves a job, so the mid-move fault never fires: the scenario submits the
-    # workload again once (repeats=1), then reports the fault as not reached
+    # fcfs never moves a job, so the mid-move fault never fires (nor does what ``until``
+    # waits for): the scenario submits the workload again once (repeats=1), then reports
+    # both as not reached
     from engine.service.scenario import Submission, run_scenario
     port = free_port()
     args = ["--local-slots", "2", "--policy", "fcfs", "--db", str(tmp_path / "state.db"),
@@ -129,9 +130,9 @@ def test_scenario_resubmits_the_workload_while_a_fault_is_still_to_come(tmp_path
             "--stop-after", "300"]
     job = {"name": "short", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 3}
     res = run_scenario(args, f"http://127.0.0.1:{port}", tmp_path / "serve.log", [Submission(0, job)],
-                       faults=("mid-move:1",), repeats=1, timeout_s=300)
+                       faults=("mid-move:1",), repeats=1, timeout_s=300, until=lambda: "a move")
     assert [s.job["name"] for s in res.submitted] == ["short", "short-r1"]
-    assert res.unfired == ["mid-move:1"] and res.kills == []
+    assert res.unfired == ["mid-move:1", "a move"] and res.kills == []
     with Store(str(tmp_path / "state.db"), readonly=True) as st:
         assert [(j.name, j.status) for j in st.jobs()] == [("short", "finished"), ("short-r1", "finished")]
 

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from instances.errors import InputError
 from launcher.launch import read_events, read_results
@@ -166,7 +167,7 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
                  faults: tuple[str, ...] = (), random_kills: int = 0, seed: int = 0,
                  timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  progress=None, random_window_s: tuple[float, float] = (2.0, 12.0),
-                 repeats: int = 0) -> RunResult:
+                 repeats: int = 0, until: Callable[[], str | None] | None = None) -> RunResult:
     """Run the scenario to the end (every job ended) or raise ``TimeoutError``.
 
     ``faults``: ``ARENA_FAULT`` values for the successive starts of the service (a start
@@ -176,9 +177,11 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
 
     ``repeats``: when every job has ended but faults or kills are still to come (they
     wait for a move, a launch or a round that the policy's decisions, which depend on
-    measured timings, did not bring in time), submit the workload again, up to this many
-    times (names suffixed ``-r1``, ``-r2``...; offsets from the moment of resubmission).
-    ``RunResult.submitted`` lists every job submitted."""
+    measured timings, did not bring in time), or ``until()`` names something the run
+    has yet to show, submit the workload again, up to this many times (names suffixed
+    ``-r1``, ``-r2``...; offsets from the moment of resubmission). ``RunResult.submitted``
+    lists every job submitted; ``unfired`` what never came (``until``'s last answer
+    included)."""
     rng = random.Random(seed)
     t0 = time.monotonic()
     deadline = t0 + timeout_s
@@ -257,6 +260,8 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
                     jobs = None
                 if jobs is not None and len(jobs) == len(ids) and all(j["status"] in TERMINAL for j in jobs):
                     unfired = ([sp.fault] if sp.fault else []) + faults_left_named + ["random"] * kills_left
+                    missing = until() if until is not None else None
+                    unfired += [missing] if missing else []
                     if unfired and repeats_done < repeats:
                         repeats_done += 1
                         origin = now
