@@ -16,9 +16,9 @@ finished meanwhile is marked finished, any other goes back to the queue and resu
 from its last checkpoint. A queued job whose last run folder still has ranks training
 (the service died in the middle of a device-to-device move, after the old launch ended
 in the store) has them stopped the same way. Queued jobs are read back with their
-progress (the step of that checkpoint). So a ``kill -9`` at any moment loses no job, gives no GPU to two jobs
-(the store refuses it, the loop's invariants assert it) and loses no step past a job's
-last checkpoint. ``SIGTERM`` (``shutdown``) stops every running job with a checkpoint.
+progress (the step of that checkpoint). So a ``kill -9`` at any moment loses no job,
+gives no GPU to two jobs (the store refuses it, the loop's invariants assert it) and
+loses no step past a job's last checkpoint. ``SIGTERM`` (``shutdown``) stops every running job with a checkpoint.
 
 A run that fails goes back to the queue from its last checkpoint and is offered to the
 policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
