@@ -82,11 +82,14 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
             launches = st.launches(r["id"])
             for a, b in zip(launches, launches[1:]):
                 if "device to device" in a.reason and b.state != "failed":
+                    moved_to = next(h.reason for h in st.history(r["id"]) if h.reason.startswith(
+                        f"launch {b.generation} on "))
                     if b.pid_info["run_dir"] == a.pid_info["run_dir"]:
-                        assert b.pid_info["pid"] == a.pid_info["pid"]
+                        assert b.pid_info["pid"] == a.pid_info["pid"] and moved_to.endswith("moved device to device")
                         continued += 1
                     else:
                         assert b.pid_info["run_dir"].endswith(f"launch_{b.generation}")
+                        assert "moved through storage (not device to device: " in moved_to, moved_to
         assert continued >= 1
 
 

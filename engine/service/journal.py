@@ -74,9 +74,11 @@ class JournaledExecutor:
         self._start(job.job_id, alloc, plan, now_s,
                     lambda gen: self.mpi.launch(job, alloc, plan, now_s, launch_index=gen))
 
-    def _start(self, job_id: str, alloc: Allocation, plan: Any, now_s: float, start: Callable[[int], None]) -> None:
+    def _start(self, job_id: str, alloc: Allocation, plan: Any, now_s: float, start: Callable[[int], None],
+               how: Callable[[], str] = lambda: "") -> None:
         """Journal a launch (intent, then started, then the job running) around ``start``
-        (called with the new generation): a fresh launch, or the second half of a move."""
+        (called with the new generation): a fresh launch, or the second half of a move
+        (``how`` then says how it moved, for the job's history)."""
         jid = int(job_id)
         gen = self.store.record_launch_intent(jid, plan_record(alloc, plan), gpu_names(alloc))
         self.generation[job_id] = gen
@@ -98,7 +100,7 @@ class JournaledExecutor:
         proc = self.mpi.process(job_id)
         self.store.mark_launch(jid, gen, "started", pid_info={"pid": proc.pid if proc else None,
                                                                "run_dir": self.mpi.run_dir(job_id)})
-        self.store.set_status(jid, "running", f"launch {gen} on {alloc.grid}")
+        self.store.set_status(jid, "running", f"launch {gen} on {alloc.grid}{how()}")
 
     def stop(self, job_id: str, now_s: float, reason: str = "preempted") -> None:
         self.mpi.stop(job_id, now_s)
@@ -137,7 +139,18 @@ class JournaledExecutor:
         if self.mpi.released_path(job_id) is None:
             self.release(job_id, now_s)
         self._start(job_id, alloc, plan, now_s,
-                    lambda gen: self.mpi.reconfigure(job_id, alloc, plan, now_s, launch_index=gen))
+                    lambda gen: self.mpi.reconfigure(job_id, alloc, plan, now_s, launch_index=gen),
+                    how=lambda: self._how_moved(job_id))
+
+    def _how_moved(self, job_id: str) -> str:
+        """How the job's last move went, for its history (a fallback names its reason)."""
+        recs = self.mpi.move_records(job_id)
+        rec = recs[-1] if recs else {}
+        if rec.get("path") == "d2d":
+            return ", moved device to device"
+        if rec.get("path") == "storage-fallback":
+            return f", moved through storage (not device to device: {rec.get('reason')})"
+        return ", moved through storage"
 
     # -- observations --------------------------------------------------------------
     def progress(self, job_id: str) -> JobProgress:
