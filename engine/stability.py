@@ -5,7 +5,7 @@ policy that re-optimizes every round from estimates moves jobs back and forth fo
 that never pay for the move. Every optimizing policy (``arena``, ``suika``, ``sia``,
 ``gavel``, ``elasticflow-ls``, their ``-ap`` variants) applies the same rule, with the
 same defaults, so comparisons stay fair. A running job is *frozen* — it keeps exactly
-its current grid and GPUs, and is not preempted — while either holds:
+its current grid and GPUs, and is not preempted — while any of these holds:
 
 1. **its last change has not paid for itself** (``payback``). At its last change of
    allocation (a start, a resume or a move) at time ``t_c`` the job had been running at
@@ -27,7 +27,7 @@ its current grid and GPUs, and is not preempted — while either holds:
    from its last change, so a job's changes grow with the logarithm of its running
    time instead of linearly.
 
-The third part of stability, hysteresis on marginal gains, is in the objective: the
+Hysteresis on marginal gains, the remaining part of stability, is in the objective: the
 ``reconfig`` term's ``hysteresis`` (default 0.05) charges a move of a running job that
 fraction of what its current grid is worth, so a move must beat staying by 5%.
 
