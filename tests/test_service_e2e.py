@@ -76,7 +76,8 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
         # one host, running jobs: moves go device to device, the new launch record
         # continuing its predecessor's run folder and mpiexec; one that falls back (the job
         # ended first, or the move failed) relaunches in a folder of its own
-        assert all(m["bytes_moved"] > 0 and m["move_total_s"] > 0 for m in d2d_moves(run["tmp"] / "state.db"))
+        # (a data-parallel shrink moves no bytes: the surviving ranks hold the whole state)
+        assert all(m["bytes_moved"] >= 0 and m["move_total_s"] > 0 for m in d2d_moves(run["tmp"] / "state.db"))
         continued = 0
         for r in rows:
             launches = st.launches(r["id"])
