@@ -128,10 +128,10 @@ def choice_quality(points, grouping: str = "same GPU type", throughput: str = "p
     if throughput not in THROUGHPUTS:
         raise ValueError(f"throughput must be one of {THROUGHPUTS}, got {throughput!r}")
     key = GROUPINGS[grouping]
+    points = list(points)
     groups = defaultdict(list)
     for p in points:
         groups[key(p)].append(p)
-    points = list(points)
     batch_bad = batch_suspects(points)
     fractions, clean, rhos, misses = [], [], [], []
     worst = clean_worst = None

@@ -156,12 +156,12 @@ def test_a_launch_that_runs_out_of_memory_marks_its_shape_infeasible(tmp_path):
 
 
 def test_out_of_memory_messages():
+    import torch
+
     from launcher.mpi_executor import out_of_memory
-    try:
-        import torch
+    with pytest.raises(RuntimeError) as e:
         torch.empty(2 ** 62, dtype=torch.uint8)             # the CPU allocator's own failure
-    except RuntimeError as e:
-        assert out_of_memory(f"launcher.worker: rank failed: {e!r}")
+    assert out_of_memory(f"launcher.worker: rank failed: {e.value!r}")
     assert out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert out_of_memory(f"rank failed: {MemoryError()!r}")
     assert not out_of_memory("RuntimeError: Connection closed by peer") and not out_of_memory(None)

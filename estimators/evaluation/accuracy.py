@@ -298,14 +298,15 @@ def choose_grid_margin(fractions, ran, models, usable_fraction: float) -> dict:
     return {"limit_fraction": float(limit), "headroom": float(excess), "margin": float(usable_fraction / limit)}
 
 
-def grid_margin_cv(rows, planner, *, seeds=(0, 1, 2)) -> dict:
+def grid_margin_cv(rows, planner, *, seeds=(0, 1, 2), fractions=None) -> dict:
     """Cross-validation of ``choose_grid_margin`` held out by model: for every fold of
     models (``cv_folds(by="model")`` per seed, and leave-one-model-out) the margin is
     chosen on the other models' rows and applied to the held-out ones; counted: held-out
     rows that ran but are called infeasible, and held-out out-of-memory rows called
-    infeasible. Also the margin chosen on all rows and what it calls in-sample."""
+    infeasible. Also the margin chosen on all rows and what it calls in-sample.
+    ``fractions``: the rows' ``lowest_memory_fraction`` when the caller has them."""
     usable = planner.cfg.memory.usable_fraction
-    fr = np.array([lowest_memory_fraction(r, planner) for r in rows])
+    fr = np.array(fractions if fractions is not None else [lowest_memory_fraction(r, planner) for r in rows])
     ran = np.array([r.iter_time_s is not None for r in rows])
     models = np.array([r.model for r in rows])
 
@@ -357,15 +358,15 @@ def oom_boundary(rows, planner) -> dict:
     def name(r) -> str:
         return f"{r.model} b{r.global_batch} {r.gpu_type} {r.num_nodes}x{r.gpus_per_node}"
 
-    measured_frac = [lowest_memory_fraction(r, planner) for r in rows if r.iter_time_s is not None]
+    fractions = [lowest_memory_fraction(r, planner) for r in rows]
+    measured_frac = [f for r, f in zip(rows, fractions) if r.iter_time_s is not None]
     oom = []
-    for r in rows:
+    for r, f in zip(rows, fractions):
         if r.iter_time_s is not None:
             continue
         larger = sorted(b for b in ran.get((r.model, r.gpu_type, r.num_nodes, r.gpus_per_node), ())
                         if b > r.global_batch)
-        oom.append({"row": name(r), "lowest_memory_fraction": lowest_memory_fraction(r, planner),
-                    "contradicted_by_batches": larger})
+        oom.append({"row": name(r), "lowest_memory_fraction": f, "contradicted_by_batches": larger})
     clean = [o["lowest_memory_fraction"] for o in oom if not o["contradicted_by_batches"]]
     pairs = [(a > m) + 0.5 * (a == m) for a in clean for m in measured_frac]
     return {"rows": oom, "contradicted_by_table": sum(bool(o["contradicted_by_batches"]) for o in oom),
@@ -373,7 +374,7 @@ def oom_boundary(rows, planner) -> dict:
             "ranking_auc": float(np.mean(pairs)) if pairs else None,
             "measured_max_lowest_fraction": max(measured_frac) if measured_frac else None,
             "measured_rows_above_lowest_oom": (sum(m >= min(clean) for m in measured_frac) if clean else None),
-            "grid_margin_cv": grid_margin_cv(rows, planner)}
+            "grid_margin_cv": grid_margin_cv(rows, planner, fractions=fractions)}
 
 
 def _row_key(row, by: str) -> str:

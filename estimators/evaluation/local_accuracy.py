@@ -278,6 +278,7 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
     for ranks in sorted({dp * tp * pp for dp, tp, pp, _ in plans}):
         terms[ranks] = profile_runtime_terms(model, ranks=ranks, micro_batch=global_batch, comm=base.comm, gpu=gpu)
     flush = max((r.flush_bytes for r in store.layer_records(device)), default=0.0)
+    cache = CacheTimer.from_store(base.timer, store, device, 0.0)
     out = []
     for dp, tp, pp, m in plans:
         t = terms[dp * tp * pp]
@@ -291,7 +292,7 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
         est = {}
         for h in {0.0, hit}:
             planner = Planner(replace(base.cfg, efficiency=e),
-                              ContendedTimer(CacheTimer.from_store(base.timer, store, device, h), t.contention),
+                              ContendedTimer(replace(cache, hit=h), t.contention),
                               base.comm)
             est[h] = planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
                                       gpus_per_node=dp * tp * pp).iteration_time_s
