@@ -71,6 +71,8 @@ class RoundContext:
     perf: PerformanceModel | None       # what policies decide with (None: a policy that needs none)
     reconfig: ReconfigCostModel | None  # prices moves (None: moves are free)
     seed: int = 0
+    finished_jobs: int = 0              # jobs finished so far
+    changes_total: int = 0              # moves and preemptions of every job so far, finished ones included
 
     def job(self, job_id: str) -> JobView:
         for j in self.jobs:

@@ -210,7 +210,7 @@ class RoundLoop:
                                  None, r.known_infeasible))
         views.sort(key=lambda v: (v.job.arrival_s, v.job.job_id))
         return RoundContext(now, index, self.round_interval_s, self.cluster, tuple(views), self.perf,
-                            self.reconfig, self.seed)
+                            self.reconfig, self.seed, len(st.finished_ids), st.changes_count)
 
     def _apply(self, decisions: Decisions, now: float, rec: RoundRecord) -> None:
         st, ex = self.state, self.executor

@@ -130,6 +130,7 @@ class EngineState:
         self.finished_ids: list[str] = []
         self.failed_ids: list[str] = []           # failed for good or cancelled (live only)
         self.submitted_count = 0
+        self.changes_count = 0                    # moves and preemptions of every job, finished ones included
         self.now_s: float = float("-inf")
 
     # -- clock ---------------------------------------------------------------------
@@ -184,6 +185,7 @@ class EngineState:
             r.change_times_s.append(t)
             del r.change_times_s[:-self.CHANGE_HISTORY]
             r.changes_total += 1
+            self.changes_count += 1
 
     def release_for_move(self, job_id: str) -> None:
         self.cluster.release(job_id)
@@ -210,6 +212,7 @@ class EngineState:
         r.change_times_s.append(t)
         del r.change_times_s[:-self.CHANGE_HISTORY]
         r.changes_total += 1
+        self.changes_count += 1
         self.queued[job_id] = r
 
     def fail_run(self, job_id: str, t: float, kept_iterations: float, reason: str, max_failures: int,

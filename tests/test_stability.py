@@ -76,7 +76,55 @@ def test_lifetime_change_limit_bounds_reconfigurations_per_job():
     assert max(per_job) <= 1 < max(r.reconfigurations for r in free.jobs)
 
 
-@pytest.mark.parametrize("cfg", [{"stability": "maybe"}, {"max_moves_per_hour": -1}, {"max_moves_per_hour": 1.5},
+def test_change_budget_allowance_is_paid_by_completions():
+    from engine.context import RoundContext
+    inst = get_instance("demo")
+    rule = StabilityRule(change_budget_per_job=0.5)
+
+    def allowance(finished, changes):
+        return rule.round_allowance(RoundContext(0.0, 0, 300.0, inst.cluster, (), None, None,
+                                                 finished_jobs=finished, changes_total=changes))
+    assert allowance(0, 0) == 0 and allowance(4, 0) == 2 and allowance(4, 1) == 1 and allowance(5, 1) == 1
+    assert allowance(4, 3) == 0                                  # overdrawn by a preemption: nothing moves
+    assert StabilityRule().round_allowance(RoundContext(0.0, 0, 300.0, inst.cluster, (), None, None)) is None
+    assert StabilityRule(enabled=False, change_budget_per_job=1).round_allowance(
+        RoundContext(0.0, 0, 300.0, inst.cluster, (), None, None)) is None
+
+
+class BudgetRecording:
+    """A policy that checks the wrapped policy moved at most its round's allowance of running jobs."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.moves_seen = 0
+
+    def decide(self, ctx) -> Decisions:
+        d = self.inner.decide(ctx)
+        k = self.inner.stability.round_allowance(ctx)
+        moved = [v.job_id for v in ctx.jobs
+                 if v.current is not None and v.job_id in d.grids and d.grids[v.job_id] != v.current.grid]
+        assert len(moved) <= k, f"round {ctx.round_index}: {len(moved)} running jobs moved, allowance {k}"
+        if k == 0:      # a spent budget freezes every running job: not preempted either
+            assert all(v.job_id in d.grids for v in ctx.jobs if v.current is not None)
+        self.moves_seen += len(moved)
+        return d
+
+
+@pytest.mark.parametrize("name,opts", [("arena", {}), ("arena", {"search": "incremental"}), ("sia-ap", {})])
+def test_change_budget_bounds_moves_per_round_and_reconfigurations_per_job(name, opts):
+    inst = get_instance("demo")
+    pol = BudgetRecording(make_policy(name, change_budget_per_job=0.5, **opts))
+    res = simulate(inst, pol, perf=_table(), rounds=120, reconfig=ReconfigCostModel())
+    assert pol.moves_seen > 0                                   # the budget was spent, not just kept
+    finished = sum(1 for r in res.jobs if r.status == "finished")
+    changes = sum(r.reconfigurations for r in res.jobs)          # moves and resumes after preemptions
+    assert changes <= 0.5 * finished + sum(r.preemptions for r in res.jobs)
+    free = simulate(inst, make_policy(name, **opts), perf=_table(), rounds=120, reconfig=ReconfigCostModel())
+    assert sum(r.reconfigurations for r in free.jobs) > 0.5 * finished   # without it, more (the test can fail)
+
+
+@pytest.mark.parametrize("cfg", [{"change_budget_per_job": -1}, {"change_budget_per_job": "lots"},
+                                 {"stability": "maybe"}, {"max_moves_per_hour": -1}, {"max_moves_per_hour": 1.5},
                                  {"payback_max_s": "x"}, {"max_changes_per_job": -2}, {"max_changes_per_job": "one"},
                                  {"move_backoff_s": -1}, {"move_backoff_s": "inf"}])
 def test_stability_config_is_validated(cfg):

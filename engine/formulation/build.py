@@ -8,6 +8,9 @@ Rows:
   shapes and node sizes these rows are exactly the condition for packing every chosen
   shape into aligned blocks (buddy allocation), except that a multi-node job's chunks
   must also sit on distinct nodes, which placement repairs (and counts when it cannot);
+- optionally (``max_moves``, the stability rule's cluster-wide budget): the columns of
+  running jobs other than their current one, summed, <= max_moves — at most that many
+  running jobs move (a preemption is not a column, so it is not counted here);
 - whatever the objective terms add.
 """
 from __future__ import annotations
@@ -54,20 +57,35 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
                      np.array(ub, dtype=float), names)
 
 
+def add_move_budget_row(data: RoundData, builder: ModelBuilder, max_moves: int,
+                        columns: np.ndarray | None = None) -> None:
+    """At most ``max_moves`` running jobs take a column other than their current one.
+    Non-negative coefficients and an upper bound: the Lagrangian path still applies."""
+    base = np.arange(data.n_cols) if columns is None else np.asarray(columns, dtype=np.int64)
+    cur = data.current_col[data.col_job[base]]
+    sel = base[(cur >= 0) & (cur != base)]
+    builder.add_rows(np.zeros(len(sel), dtype=np.int64), sel, np.ones(len(sel)), -np.inf,
+                     np.array([float(max_moves)]), ["move_budget"])
+
+
 def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset(),
-                columns: np.ndarray | None = None, fixed: np.ndarray | None = None) -> MilpModel:
+                columns: np.ndarray | None = None, fixed: np.ndarray | None = None,
+                max_moves: int | None = None) -> MilpModel:
     """The round's MILP: job rows, node-shape rows, then ``objective.apply``. With
     ``columns`` (sorted column indices of ``data``), the same model restricted to those
     columns: identical coefficients and rows, the other columns fixed at 0 (what the
     incremental search optimizes over; ``ModelBuilder.build``); ``fixed`` columns (outside
     ``columns``) are fixed at 1 — the stability rule's frozen jobs — their capacity taken
     from the rows and their value added to the offset, so the model keeps the form the
-    fast Lagrangian path needs (no lower bounds on job rows)."""
+    fast Lagrangian path needs (no lower bounds on job rows). ``max_moves``: the move
+    budget row (see the module doc)."""
     unknown = set(pinned) - set(data.job_ids)
     builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
     written = columns if fixed is None or columns is None else np.union1d(columns, fixed)
     add_job_rows(data, builder, frozenset(pinned) - unknown, written)
     add_shape_rows(data, builder, written)
+    if max_moves is not None:
+        add_move_budget_row(data, builder, max_moves, written)
     objective.apply(data, builder)
     return builder.build(columns, fixed)
 

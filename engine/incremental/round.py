@@ -45,17 +45,20 @@ class IncrementalConfig:
 
 
 def search_round(data: RoundData, objective: Objective, config: IncrementalConfig,
-                 pinned: frozenset[str] = frozenset(), frozen: frozenset[str] = frozenset()
-                 ) -> tuple[MilpModel, np.ndarray, Solution]:
+                 pinned: frozenset[str] = frozenset(), frozen: frozenset[str] = frozenset(),
+                 allowance: int | None = None) -> tuple[MilpModel, np.ndarray, Solution]:
     """(restricted model, its columns' indices in ``data``, the search's solution).
     ``frozen`` job ids keep exactly their current column (a frozen job that holds no
-    GPUs has nothing to keep and is not constrained)."""
+    GPUs has nothing to keep and is not constrained); ``allowance`` (the stability rule's
+    cluster-wide budget) caps the running jobs that change column below the config's."""
     cols = candidate_columns(data, config.queued)
     model = build_model(data, objective, pinned, columns=cols)
     cur = data.current_col
     start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)
     frozen_mask = np.array([jid in frozen for jid in data.job_ids], dtype=bool)
     max_jobs, max_gpus = config.limits(data)
+    if allowance is not None:
+        max_jobs = min(max_jobs, allowance)
     sol = incremental_search(model, start, data.col_gpus[cols], data.col_type[cols], frozen=frozen_mask,
                              max_moved_jobs=max_jobs, max_moved_gpus=max_gpus,
                              steps=config.steps)

@@ -11,7 +11,7 @@ here, once:
 - ``max_gpus`` (16): the largest grid a job may get;
 - ``pinned_jobs``: comma-separated job ids that must be scheduled;
 - ``stability``, ``payback``, ``payback_max_s``, ``max_moves_per_hour``,
-  ``max_changes_per_job``, ``move_backoff_s``: the stability rule
+  ``max_changes_per_job``, ``move_backoff_s``, ``change_budget_per_job``: the stability rule
   (engine/stability.py): running jobs it freezes keep their current grid;
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
 - ``event_driven`` (false): decide only after an event (arrival, completion, failure) or
@@ -200,6 +200,7 @@ class MilpPolicy:
         if self.spec.best_plan_per_count:
             data = best_plan_per_count(data)
         frozen = self.stability.frozen(ctx)
+        allowance = self.stability.round_allowance(ctx)
         if frozen:
             data = freeze_jobs(data, frozen)
             frozen = frozenset(jid for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0)
@@ -207,7 +208,7 @@ class MilpPolicy:
         cols: np.ndarray | None
         fixed = np.zeros(0, dtype=np.int64)
         if self.search == "incremental":
-            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen)
+            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen, allowance)
             t2 = t1                                 # the restricted model is built inside the search
         else:
             # frozen jobs' (only) columns are fixed at 1, outside the model: its capacity rows
@@ -215,7 +216,8 @@ class MilpPolicy:
             fixed = np.sort(np.array([data.current_col[j] for j, jid in enumerate(data.job_ids) if jid in frozen],
                                      dtype=np.int64))
             cols = np.setdiff1d(np.arange(data.n_cols), fixed) if len(fixed) else None
-            model = build_model(data, self.objective, self.pinned, cols, fixed if len(fixed) else None)
+            model = build_model(data, self.objective, self.pinned, cols, fixed if len(fixed) else None,
+                                max_moves=allowance or None)
             t2 = time.perf_counter()
             hint = np.zeros(model.n_x)
             cur = data.current_col[data.current_col >= 0]
@@ -252,7 +254,8 @@ class MilpPolicy:
             d.mkdir(parents=True, exist_ok=True)
             export_model(model, d / f"round_{ctx.round_index:05d}.mps", "mps")
             export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
-        info = {**sol.stats(), "search": self.search, "frozen": len(frozen), "placement_repairs": repairs,
+        info = {**sol.stats(), "search": self.search, "frozen": len(frozen), "move_allowance": allowance,
+                "placement_repairs": repairs,
                 "placement_dropped": dropped, "jobs": data.n_jobs,
                 "columns": data.n_cols, "rows": model.n_rows, "unschedulable": list(data.unschedulable),
                 "estimate_time_s": t1 - t0, "model_build_time_s": t2 - t1, "solve_wall_s": t3 - t2,
