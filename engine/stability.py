@@ -42,7 +42,7 @@ completions; docs/engine.md). The optimizing policies
 enforce it as one more row of the round's model (moves of running jobs <= the round's
 allowance; the incremental search takes it as its move budget). Preemptions are not in
 that row: a round that preempts overdraws the budget by them, and no job changes again
-until arrivals have paid it back, so the average holds over the run, not every instant.
+until completions have paid it back, so the average holds over the run, not every instant.
 
 Hysteresis on marginal gains, the remaining part of stability, is in the objective: the
 ``reconfig`` term's ``hysteresis`` (default 0.05) charges a move of a running job that

@@ -182,10 +182,14 @@ class EngineState:
     def _changed(self, r: JobRecord, t: float, rate_before: float, counted: bool) -> None:
         r.changed_at_s, r.iterations_at_change, r.rate_before_change = t, r.iterations_done, rate_before
         if counted:
-            r.change_times_s.append(t)
-            del r.change_times_s[:-self.CHANGE_HISTORY]
-            r.changes_total += 1
-            self.changes_count += 1
+            self._count_change(r, t)
+
+    def _count_change(self, r: JobRecord, t: float) -> None:
+        """A move or preemption: the job's history and the cluster's count."""
+        r.change_times_s.append(t)
+        del r.change_times_s[:-self.CHANGE_HISTORY]
+        r.changes_total += 1
+        self.changes_count += 1
 
     def release_for_move(self, job_id: str) -> None:
         self.cluster.release(job_id)
@@ -209,10 +213,7 @@ class EngineState:
         r.status, r.alloc, r._since_s = JobStatus.QUEUED, None, t
         r.measured_iteration_time_s = None
         r.preemptions += 1
-        r.change_times_s.append(t)
-        del r.change_times_s[:-self.CHANGE_HISTORY]
-        r.changes_total += 1
-        self.changes_count += 1
+        self._count_change(r, t)
         self.queued[job_id] = r
 
     def fail_run(self, job_id: str, t: float, kept_iterations: float, reason: str, max_failures: int,
