@@ -56,6 +56,30 @@ def test_jct_favours_short_remaining_work(backend):
     assert decide(data, {"jct": 1}, backend) == {"j1": 1}     # global column index
 
 
+def test_makespan_favours_the_longest_remaining_work(backend):
+    jobs = [{"cols": [("a100", 1, 1, 1.0)], "remaining": 10_000},
+            {"cols": [("a100", 1, 1, 1.0)], "remaining": 100}]
+    data = tiny_round_data({"a100": [1]}, jobs)
+    assert decide(data, {"makespan": 1}, backend) == {"j0": 0}
+    # beside jct it is the counterweight: enough of it gives the one GPU to the long job
+    assert decide(data, {"jct": 1}, backend) == {"j1": 1}
+    assert decide(data, {"jct": 1, "makespan": 200}, backend) == {"j0": 0}
+
+
+def test_makespan_coefficients_follow_the_formula():
+    from engine.formulation.model import ModelBuilder
+    jobs = [{"cols": [("a100", 1, 1, 1.0), ("a100", 1, 2, 1.8)], "remaining": 1000},
+            {"cols": [("a100", 1, 1, 1.0)], "remaining": 500}]
+    data = tiny_round_data({"a100": [2]}, jobs)
+    b = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
+    make_term("makespan", exponent=2.0).apply(data, b, 3.0)
+    t = data.remaining_time_ref_s
+    want = 3.0 * data.speedup * ((t / t.max()) ** 2)[data.col_job]
+    np.testing.assert_allclose(b.build().c[: data.n_cols], want)
+    with pytest.raises(InputError):
+        make_term("makespan", exponent=-1)
+
+
 def test_queue_penalty_runs_more_jobs(backend):
     # job 0 scales well: 4 GPUs give 3.6x; jobs 1-3 fit on one GPU each
     jobs = [{"cols": [("a100", 1, 1, 1.0), ("a100", 1, 4, 3.6)]}] + \
