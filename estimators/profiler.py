@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, replace
 
@@ -494,7 +495,8 @@ def startup_model(model: str) -> str:
     if arch.param_count > STARTUP_MAX_PARAMS:
         return STARTUP_STAND_IN
     try:
-        make_config(model, 1, 1, 1, steps=1)
+        with tempfile.TemporaryDirectory() as d:      # make_config would leave a run folder behind
+            make_config(model, 1, 1, 1, steps=1, run_dir=d)
     except InputError:              # a family the launcher does not train (Wide-ResNet)
         return STARTUP_STAND_IN
     return model

@@ -58,10 +58,14 @@ def test_profile_collectives_two_ranks(tmp_path):
     assert len(store.collective_records(r["device"])) == 4
 
 
-def test_measured_run_side_of_the_profiling_cost():
+def test_measured_run_side_of_the_profiling_cost(tmp_path, monkeypatch):
+    import tempfile
+
     from estimators.profiler import RunCostConfig, measure_startup_s, run_grids_measured, startup_model
     from instances.cluster import ClusterSpec, NodeGroup
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))       # where run folders would be left
     assert startup_model("tiny-gpt__2L") == "tiny-gpt__2L"
+    assert not list(tmp_path.iterdir())                          # checking the plan leaves no run folder
     assert startup_model("moe__690M") == "tiny-gpt__2L"          # too large to launch for a timing
     assert startup_model("tiny-moe__2L") == "tiny-moe__2L"      # the launcher trains MoE
     assert startup_model("gpt__1.3B") == "tiny-gpt__2L"          # too large to launch for a timing
