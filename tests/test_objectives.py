@@ -72,12 +72,29 @@ def test_makespan_coefficients_follow_the_formula():
             {"cols": [("a100", 1, 1, 1.0)], "remaining": 500}]
     data = tiny_round_data({"a100": [2]}, jobs)
     b = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
-    make_term("makespan", exponent=2.0).apply(data, b, 3.0)
+    make_term("makespan", exponent=2.0, basis="reference").apply(data, b, 3.0)
     t = data.remaining_time_ref_s
     want = 3.0 * data.speedup * ((t / t.max()) ** 2)[data.col_job]
     np.testing.assert_allclose(b.build().c[: data.n_cols], want)
     with pytest.raises(InputError):
         make_term("makespan", exponent=-1)
+    with pytest.raises(InputError):
+        make_term("makespan", basis="slowest")
+    b = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
+    make_term("makespan").apply(data, b, 3.0)                  # basis "fastest", the default
+    t = data.remaining_time_ref_s / np.array([1.8, 1.0])        # at each job's fastest column
+    want = 3.0 * data.speedup * ((t / t.max()) ** 2)[data.col_job]
+    np.testing.assert_allclose(b.build().c[: data.n_cols], want)
+
+
+def test_makespan_on_the_fastest_basis_favours_the_job_that_scales_worst(backend):
+    # 4 GPUs, room for one job: j0 has more work but runs 4x faster on them (fastest
+    # finish 250 s), j1 less work but no speed-up (800 s): j1 is the one that sets the makespan
+    jobs = [{"cols": [("a100", 1, 4, 4.0)], "remaining": 1000, "ref": 1.0},
+            {"cols": [("a100", 1, 4, 1.0)], "remaining": 800, "ref": 1.0}]
+    data = tiny_round_data({"a100": [4]}, jobs)
+    assert decide(data, {"makespan": 1}, backend) == {"j1": 1}
+    assert decide(data, {"makespan": 1}, backend, **{"makespan.basis": "reference"}) == {"j0": 0}
 
 
 def test_queue_penalty_runs_more_jobs(backend):
