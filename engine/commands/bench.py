@@ -245,9 +245,13 @@ def run_incremental_bench(args) -> int:
     if log:
         log(f"bench incremental: {args.gpus} GPUs, {args.jobs} jobs, {args.rounds} rounds after the first; "
             f"moves {per_gpu:g} s/GPU, at most {cap:g} s; MILP backend {args.backend}")
-    rows = yardstick(args.gpus, args.jobs, args.rounds, objective, config, backend=args.backend,
-                     time_limit_s=args.time_limit, rel_gap=args.rel_gap, seed=args.seed,
-                     reconfig_s_per_gpu=per_gpu, reconfig_cap_s=cap, follow=args.follow, log=log)
+    # Both sides are single-threaded designs; left alone, BLAS's idle worker threads spin on
+    # the other core after a call and bill their time to whichever side runs next.
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1):
+        rows = yardstick(args.gpus, args.jobs, args.rounds, objective, config, backend=args.backend,
+                         time_limit_s=args.time_limit, rel_gap=args.rel_gap, seed=args.seed,
+                         reconfig_s_per_gpu=per_gpu, reconfig_cap_s=cap, follow=args.follow, log=log)
     summary = summarize(rows)
     summary.update(gpus=args.gpus, jobs=args.jobs, move_cost_per_gpu_s=per_gpu, move_cost_cap_s=cap,
                    backend=args.backend, follow=args.follow, queued=args.queued,
