@@ -15,6 +15,8 @@
   the same workload, truth oracle and reconfiguration cost model, side by side, run out
   (every job judged), plus one PNG figure. Policies decide from estimates (the default
   performance model) unless ``--perf table`` asks for the published comparison's mode.
+  ``--policy LABEL=NAME`` runs a variant of policy NAME (its options from
+  ``--policy-opt LABEL:KEY=VALUE``) as its own row, e.g. an objective beside the default.
   Under ``mpiexec -n K`` the policies are spread over the ranks and rank 0 gathers the
   rows.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -98,11 +101,13 @@ def register(subparsers) -> None:
                    help="move cost model for every policy: preset=arena (default) or preset=realistic, and "
                         "field overrides, e.g. restart_s=60 (repeatable)")
     from ..policy import policy_names
-    q.add_argument("--policy", action="append", metavar="NAME",
+    q.add_argument("--policy", action="append", metavar="[LABEL=]NAME",
                    help=f"policy, one of {', '.join(policy_names())} "
-                        f"(repeatable; default {', '.join(DEFAULT_POLICIES)})")
+                        f"(repeatable; default {', '.join(DEFAULT_POLICIES)}); LABEL=NAME runs a variant of "
+                        f"NAME under its own label, e.g. arena-ms=arena with --policy-opt arena-ms:w_makespan=10, "
+                        f"beside the default")
     q.add_argument("--policy-opt", action="append", default=[], metavar="POLICY:KEY=VALUE",
-                   help="option for one policy, e.g. arena:w_jct=2 (repeatable)")
+                   help="option for one policy (its label), e.g. arena:w_jct=2 (repeatable)")
     q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
     q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
     q.add_argument("--perf", default=None,
@@ -274,6 +279,27 @@ def run_incremental_bench(args) -> int:
 
 
 # ----------------------------------------------------------------------------- policies
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def _policy_labels(specs: list[str]) -> dict[str, str]:
+    """``--policy`` values (``NAME`` or ``LABEL=NAME``) as {label: policy name}, in order;
+    a label names a row, its output folder and its ``--policy-opt`` options."""
+    from instances.errors import InputError
+    out: dict[str, str] = {}
+    for spec in specs:
+        label, sep, name = spec.partition("=")
+        if not sep:
+            name = label
+        if not LABEL.fullmatch(label) or not name:
+            raise InputError(f"expected NAME or LABEL=NAME (label: letters, digits, _.+-), got {spec!r}",
+                             field="--policy")
+        if label in out:
+            raise InputError(f"policy label {label!r} given twice", field="--policy")
+        out[label] = name
+    return out
+
+
 def _policy_options(specs: list[str], policies) -> dict[str, dict]:
     from instances.errors import InputError
     out: dict[str, dict] = {p: {} for p in policies}
@@ -311,15 +337,17 @@ def build_workload(w: dict):
 
 
 def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: bool, perf_kind: str | None,
-                   reconfig_opts: dict, seed: int, out_dir=None, log=None) -> dict:
+                   reconfig_opts: dict, seed: int, out_dir=None, log=None, name: str | None = None) -> dict:
+    """One row: policy ``name`` (default: ``policy``) with ``options``, labelled ``policy``."""
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
     from .simulate import build_perf
 
+    name = name or policy
     inst = build_workload(workload)
-    pol = make_policy(policy, **options)
-    perf = build_perf(perf_kind, policy)
+    pol = make_policy(name, **options)
+    perf = build_perf(perf_kind, name)
     reconfig = ReconfigCostModel.from_options(reconfig_opts)
     last = [0.0]
 
@@ -338,6 +366,7 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     report_incomplete(res, f"arena bench policies [{policy}]")
     row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k not in ("policy", "perf", "move_costs")}
     row["policy"] = policy
+    row["policy_name"] = name
     row["perf"] = getattr(perf, "name", None) if perf is not None else None
     row["move_costs"] = reconfig.preset
     row["_jct_by_job"] = {j.job_id: j.jct_s for j in res.jobs if j.jct_s is not None}
@@ -352,16 +381,19 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
 
 
 def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool, perf_kind: str | None,
-                 reconfig_opts: dict, seed: int, out_dir=None, log=None, comm=None) -> list[dict] | None:
-    """Rows, one per policy (on rank 0; None on other MPI ranks)."""
+                 reconfig_opts: dict, seed: int, out_dir=None, log=None, comm=None,
+                 names: dict[str, str] | None = None) -> list[dict] | None:
+    """Rows, one per policy label (on rank 0; None on other MPI ranks); ``names`` maps a
+    label to its policy (default: the label is the name)."""
     from pathlib import Path
+    names = names or {}
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     mine = [p for i, p in enumerate(policies) if i % size == rank]
     rows = []
     for p in mine:
         sub = (Path(out_dir) / p) if out_dir else None
         rows.append(run_one_policy(workload, p, options.get(p, {}), rounds, run_out, perf_kind, reconfig_opts,
-                                   seed, sub, log))
+                                   seed, sub, log, name=names.get(p, p)))
     if comm is not None:
         gathered = comm.gather(rows, root=0)
         if rank != 0:
@@ -426,7 +458,8 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
     ax.legend(fontsize=7)
     for ax, (key, title, div) in zip(axes[1:], metrics):
         vals = [(r.get(key) if r.get(key) is not None else math.nan) / div for r in rows]
-        bars = ax.bar(x, vals, color=["tab:red" if n.startswith(("arena", "suika")) else "tab:gray" for n in names])
+        ours = [r.get("policy_name", r["policy"]).startswith(("arena", "suika")) for r in rows]
+        bars = ax.bar(x, vals, color=["tab:red" if o else "tab:gray" for o in ours])
         ax.set_title(title, fontsize=9)
         ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
         for b, v in zip(bars, vals):
@@ -455,10 +488,16 @@ def run_policy_bench(args) -> int:
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from .simulate import parse_options
-    policies = args.policy or list(DEFAULT_POLICIES)
+    names = _policy_labels(args.policy or list(DEFAULT_POLICIES))
+    policies = list(names)
     options = _policy_options(args.policy_opt, policies)
-    for name in policies:           # names, options and inputs are checked before any simulation runs
-        make_policy(name, **options[name])
+    for label in policies:          # names, options and inputs are checked before any simulation runs
+        try:
+            make_policy(names[label], **options[label])
+        except InputError as e:
+            if label == names[label]:
+                raise
+            raise InputError(f"{label}={names[label]}: {e}", field="--policy") from None
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
         move_costs = ReconfigCostModel.from_options(reconfig_opts)
@@ -483,7 +522,7 @@ def run_policy_bench(args) -> int:
             f"{move_costs.preset}): {', '.join(policies)}"
             + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
     rows = policy_bench(workload, policies, options, args.rounds, not args.no_run_out, args.perf, reconfig_opts,
-                        args.seed, args.out, log, comm)
+                        args.seed, args.out, log, comm, names)
     if rows is None:
         return 0
     if args.out:
