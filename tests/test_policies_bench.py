@@ -43,6 +43,7 @@ def test_policy_bench_runs_labelled_variants_beside_the_default(tmp_path, capsys
     assert [(r["policy"], r["policy_name"]) for r in rows] == [("arena", "arena"), ("arena-ms", "arena")]
     assert rows[0]["options"] == {} and rows[1]["options"] == {"w_makespan": "10"}
     assert (tmp_path / "arena-ms" / "summary.json").exists() and (tmp_path / "arena" / "summary.json").exists()
+    assert "arena-ms,arena," in (tmp_path / "results.csv").read_text()          # the CSV says what a label ran
     # the option reached the variant's policy: its objective differs, so do its decisions
     a, b = (json.loads((tmp_path / p / "summary.json").read_text()) for p in ("arena", "arena-ms"))
     assert (a["avg_jct_runout_s"], a["makespan_runout_s"]) != (b["avg_jct_runout_s"], b["makespan_runout_s"])

@@ -32,7 +32,7 @@ import time
 DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
 DEFAULT_POLICIES = ("arena", "arena-incremental", "suika", "sia", "sia-ap", "gavel", "gavel-ap", "elasticflow-ls",
                     "elasticflow-ls-ap", "fcfs")
-POLICY_COLUMNS = ("policy", "perf", "move_costs", "jobs_finished", "avg_jct_s", "avg_jct_runout_s",
+POLICY_COLUMNS = ("policy", "policy_name", "perf", "move_costs", "jobs_finished", "avg_jct_s", "avg_jct_runout_s",
                   "makespan_runout_s", "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s",
                   "jobs_common", "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
                   "active_span_s", "reconfigurations", "reconfigurations_per_job",
@@ -364,7 +364,7 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
                    seed=seed, progress=progress, out_dir=out_dir)
     from .simulate import report_incomplete
     report_incomplete(res, f"arena bench policies [{policy}]")
-    row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k not in ("policy", "perf", "move_costs")}
+    row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k not in ("policy", "policy_name", "perf", "move_costs")}
     row["policy"] = policy
     row["policy_name"] = name
     row["perf"] = getattr(perf, "name", None) if perf is not None else None
@@ -456,10 +456,11 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
     ax.set_title("jobs finished / never placed", fontsize=9)
     ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
     ax.legend(fontsize=7)
+    colours = ["tab:red" if r.get("policy_name", r["policy"]).startswith(("arena", "suika")) else "tab:gray"
+               for r in rows]                            # ours in red, variants included
     for ax, (key, title, div) in zip(axes[1:], metrics):
         vals = [(r.get(key) if r.get(key) is not None else math.nan) / div for r in rows]
-        ours = [r.get("policy_name", r["policy"]).startswith(("arena", "suika")) for r in rows]
-        bars = ax.bar(x, vals, color=["tab:red" if o else "tab:gray" for o in ours])
+        bars = ax.bar(x, vals, color=colours)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
         for b, v in zip(bars, vals):
