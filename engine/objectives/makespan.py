@@ -37,11 +37,12 @@ class LongestRemainingWork:
     def apply(self, data, builder, weight: float) -> None:
         if data.n_jobs == 0:
             return
+        speedup = data.speedup
         t = data.remaining_time_ref_s
         if self.basis == "fastest":
             best = np.zeros(data.n_jobs)
-            np.maximum.at(best, data.col_job, data.speedup)
-            t = np.where(best > 0, t / np.where(best > 0, best, 1.0), t)   # a job with no column keeps its reference
+            np.maximum.at(best, data.col_job, speedup)
+            t = t / np.where(best > 0, best, 1.0)       # a job with no column keeps its reference
         t = np.maximum(t, 1e-9)
         factor = (t / t.max()) ** self.exponent
-        builder.add_x_objective(weight * data.speedup * factor[data.col_job])
+        builder.add_x_objective(weight * speedup * factor[data.col_job])
