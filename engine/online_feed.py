@@ -15,6 +15,7 @@ import math
 from typing import Iterable
 
 from estimators.base import LearnsOnline
+from instances.jobs import Job
 
 from .context import Allocation
 from .executor import JobProgress
@@ -25,7 +26,7 @@ class OnlineFeed:
         self.model: LearnsOnline | None = perf if isinstance(perf, LearnsOnline) else None
         self._last: dict[str, tuple[Allocation, float, float]] = {}    # job -> (alloc, iterations, mean s)
 
-    def report(self, alloc: Allocation | None, p: JobProgress) -> None:
+    def report(self, job: Job, alloc: Allocation | None, p: JobProgress) -> None:
         """One running job's progress, read this round while it runs on ``alloc``."""
         if self.model is None or alloc is None:
             return
@@ -39,7 +40,7 @@ class OnlineFeed:
         self._last[p.job_id] = (alloc, n, mean)
         dn, ds = n - n0, n * mean - s0
         if dn > 0 and ds > 0:
-            self.model.observe(p.job_id, alloc.grid, ds / dn, dn)
+            self.model.observe(job, alloc.grid, ds / dn, dn)
 
     def keep_only(self, running: Iterable[str]) -> None:
         """Forget the runs of jobs that no longer run (their next run starts from zero)."""

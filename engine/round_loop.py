@@ -163,7 +163,7 @@ class RoundLoop:
                 p = ex.progress(jid)
                 st.set_progress(jid, p.iterations_done)
                 st.jobs[jid].measured_iteration_time_s = p.measured_iteration_time_s
-                self._feed.report(st.jobs[jid].alloc, p)
+                self._feed.report(st.jobs[jid].job, st.jobs[jid].alloc, p)
             self._feed.keep_only(st.running)
             ctx = self.context(now, index)
             t_dec = time.perf_counter()

@@ -62,11 +62,16 @@ class PerformanceModel(Protocol):
 class LearnsOnline(Protocol):
     """A performance model that learns from running jobs (estimators/online.py)."""
 
-    def observe(self, job_id: str, grid: Grid, iteration_time_s: float, iterations: float) -> None:
-        """``iterations`` iterations of ``job_id`` measured on ``grid``, ``iteration_time_s`` each on average."""
+    def observe(self, job: Job, grid: Grid, iteration_time_s: float, iterations: float) -> None:
+        """``iterations`` iterations of ``job`` measured on ``grid``, ``iteration_time_s`` each on average."""
         ...
 
     def estimate_key(self, job: Job) -> Hashable | None:
         """None while ``job``'s estimates are those of every job of its model and batch;
         else a key that changes whenever its estimates may have (for callers' memos)."""
+        ...
+
+    def shared_key(self) -> Hashable | None:
+        """None while no job's estimates depend on other jobs' runs; else a key that
+        changes whenever every job's estimates may have (for callers' memos)."""
         ...

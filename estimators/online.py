@@ -1,7 +1,7 @@
 """The ``online`` performance model: a base model corrected, per job, by the iteration
 times measured while the job runs (non-intrusive profiling: nothing is run for it).
 
-``observe(job_id, grid, iteration_time_s, iterations)`` adds ``iterations`` measured
+``observe(job, grid, iteration_time_s, iterations)`` adds ``iterations`` measured
 iterations averaging ``iteration_time_s`` on ``grid`` (the engine's round loop feeds
 every running job's new measurements each round; engine/online_feed.py). Then, for that
 job (docs/estimators.md, "Online profiling", states the rule):
@@ -10,15 +10,21 @@ job (docs/estimators.md, "Online profiling", states the rule):
 - on any other grid: the base estimate times ``exp(e)``, ``e`` the predicted log error
   of the base model on that grid given the job's observed log errors
   ``x_i = log(observed mean_i / base estimate_i)`` — the posterior mean of a Gaussian
-  prior over the job's log errors (kriging) whose covariance between two grids is
+  prior over the log errors (kriging) whose covariance between job ``j`` on grid ``g``
+  and job ``k`` on grid ``h`` is
 
-      job² + type(t)²·[same GPU type t] + shape²·[same resource shape] + grid²·[same grid]
-      + comm²·s·s'
+      [j = k]·(job² + type(t)²·[same GPU type t] + shape²·[same resource shape]
+               + grid²·[same grid] + comm²·s·s')
+      + [same resource shape]·(shared_shape² + shared_family²·[same model family]
+                               + shared_model²·[same model])
 
   (``s``: the communication share — tensor-parallel collectives, pipeline sends, exposed
   gradient all-reduce — of the base model's proxy plan, from the analytic composition:
   the part of the error that scales with communication), each observation with
-  measurement variance ``log(1 + iteration_cv²) / iterations``. One observed grid moves a
+  measurement variance ``log(1 + iteration_cv²) / iterations``. The ``shared_*`` parts
+  are what every job run on a resource shape tells about that shape (cross-job
+  learning): the error the base model makes there for every job, for jobs of the same
+  family, and for jobs of the same model. One observed grid moves a
   neighbour by the fraction of the base model's error that neighbours share; the
   fractions (``OnlinePrior``) are fitted to how the base model's errors co-vary across
   grids of the same job (``estimators.evaluation.online_prior``) on the GPU types of the
@@ -27,10 +33,23 @@ job (docs/estimators.md, "Online profiling", states the rule):
   job and type share, so ``type(t)`` is ``new_type`` (large): one observed grid moves
   the type's other grids almost by the whole observed ratio.
 
-Estimates of a job without observations are the base model's (shared by every job of
-the same model and batch); ``estimate_key(job)`` changes whenever the job's estimates
-may have, so callers that memoize estimates (engine/formulation/round_data.py) never
-serve stale ones.
+Other jobs' runs enter in two stages (an approximation of the joint kriging, exact when
+the ``shared_*`` parts are 0): first, per resource shape, the posterior mean ``mu`` and
+variance ``v`` of the shared part for the job's family and model, from the last
+``SHARED_WINDOW`` runs of *other* jobs that reached ``min_iterations`` there (their
+observed log errors, each with its own job's parts as noise: what those jobs' runs on
+other shapes say about their own parts is not used); then the job's own kriging above on
+its residuals ``x_i - mu``, with ``v`` added to the covariance of two grids of the same
+shape. A grid's predicted log error is ``mu`` of its shape plus the kriged residual. An
+observation enters the shared stage when its run reaches ``min_iterations`` on a grid,
+with the mean it had then (so estimates change only when a run is established, not
+every round).
+
+Estimates of a job without observations of its own are the base model's times the
+shared correction (shared by every job of the same model and batch); ``estimate_key(job)``
+changes whenever the job's own estimates may have, ``shared_key()`` whenever another
+job's run was established, so callers that memoize estimates
+(engine/formulation/round_data.py) never serve stale ones.
 """
 from __future__ import annotations
 
@@ -43,38 +62,61 @@ import numpy as np
 from instances.errors import InputError
 from instances.grid import Grid
 from instances.jobs import Job
+from instances.models import get_model
 
 from .analytic import AnalyticModel
 from .base import Estimate, PerformanceModel
 
 COMM_PARTS = ("tp_comm", "p2p", "dp_exposed")     # Breakdown.shares() keys of the communication share
+SHARED_WINDOW = 64      # other jobs' established runs per resource shape the shared stage uses (the latest)
 
 
 @dataclass(frozen=True)
 class OnlinePrior:
-    """Prior covariance of a job's log errors of the base model across grids (module
+    """Prior covariance of the base model's log errors across jobs and grids (module
     docstring): standard deviations of the shared parts, in natural-log units. The
     defaults are ``estimators.evaluation.online_prior.fit_online_prior`` on the Arena
     measured table with the ``analytic`` base (``bench/bench_online.py --fit-prior``);
     ``new_type`` replaces ``type`` on GPU types outside ``OnlineModel.calibrated_types``
     (a stated default: log-sd 1, an error of a factor e either way is unremarkable on an
     uncalibrated device); ``iteration_cv`` is the assumed per-iteration jitter of measured
-    step times."""
+    step times. With no other job's run on a shape, the shared parts count as the job's
+    own: its own-grid observations carry over exactly as with ``shape² = 0.044² + 0.147² +
+    0.108² + 0.131² = 0.229²`` (the fit without other jobs gives 0.229). To turn learning
+    across jobs off, set the three ``shared_*`` parts to 0 and ``shape`` to 0.229 (what
+    ``fit_online_prior(cross_job=False)`` gives)."""
     job: float = 0.0
     type: float = 0.087
     new_type: float = 1.0
-    shape: float = 0.229
+    shape: float = 0.044
     grid: float = 0.0
     comm: float = 0.465
+    shared_shape: float = 0.147
+    shared_family: float = 0.108
+    shared_model: float = 0.131
     iteration_cv: float = 0.05
 
     def __post_init__(self):
-        for f in ("job", "type", "new_type", "shape", "grid", "comm", "iteration_cv"):
+        for f in ("job", "type", "new_type", "shape", "grid", "comm", "shared_shape", "shared_family",
+                  "shared_model", "iteration_cv"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise InputError(f"must be a finite number >= 0, got {v!r}", field=f"prior.{f}")
-        if self.job == self.type == self.shape == self.grid == self.comm == 0:
+        if self.job == self.type == self.shape == self.grid == self.comm == 0 and not self.learns_across_jobs:
             raise InputError("at least one prior part must be > 0", field="prior")
+
+    @property
+    def learns_across_jobs(self) -> bool:
+        return self.shared_shape > 0 or self.shared_family > 0 or self.shared_model > 0
+
+    def shared(self, family_a: str, model_a: str, family_b: str, model_b: str) -> float:
+        """Prior covariance of the shared part on one resource shape of two jobs."""
+        return (self.shared_shape ** 2 + self.shared_family ** 2 * (family_a == family_b)
+                + self.shared_model ** 2 * (model_a == model_b))
+
+    def noise(self, iterations: float) -> float:
+        """Variance of the log of a mean over ``iterations`` measured iterations."""
+        return math.log1p(self.iteration_cv ** 2) / iterations
 
 
 @dataclass
@@ -87,24 +129,41 @@ class _Seen:
         return self.seconds / self.iterations
 
 
+@dataclass(frozen=True)
+class Established:
+    """A run that reached ``min_iterations`` measured iterations on a grid, with its mean then."""
+    job: Job
+    grid: Grid
+    mean_s: float
+    iterations: float
+
+
 class ObservationStore:
     """Measured iterations per (job, grid), with a version per job that changes on every
-    observation. Shared by an online model and its data-parallel-only twin."""
+    observation, and the runs established (``min_iterations`` reached on a grid), in
+    order. Shared by an online model and its data-parallel-only twin."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_iterations: float = 20) -> None:
+        self.min_iterations = float(min_iterations)
         self._seen: dict[str, dict[Grid, _Seen]] = {}
         self._version: dict[str, int] = {}
+        self.established: list[Established] = []
 
-    def add(self, job_id: str, grid: Grid, iteration_time_s: float, iterations: float) -> None:
+    def add(self, job: Job, grid: Grid, iteration_time_s: float, iterations: float) -> None:
+        if not isinstance(job, Job):
+            raise InputError(f"expected a Job, got {job!r}", field="job")
         if not isinstance(grid, Grid):
             raise InputError(f"expected a Grid, got {grid!r}", field="grid")
         for name, v in (("iteration_time_s", iteration_time_s), ("iterations", iterations)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise InputError(f"must be a positive finite number, got {v!r}", field=name)
-        s = self._seen.setdefault(job_id, {}).setdefault(grid, _Seen())
+        s = self._seen.setdefault(job.job_id, {}).setdefault(grid, _Seen())
+        before = s.iterations
         s.iterations += float(iterations)
         s.seconds += float(iterations) * float(iteration_time_s)
-        self._version[job_id] = self._version.get(job_id, 0) + 1
+        self._version[job.job_id] = self._version.get(job.job_id, 0) + 1
+        if before < self.min_iterations <= s.iterations:
+            self.established.append(Established(job, grid, s.mean_s, s.iterations))
 
     def of(self, job_id: str) -> dict[Grid, _Seen]:
         return self._seen.get(job_id, {})
@@ -119,9 +178,13 @@ def _analytic_of(model: PerformanceModel) -> AnalyticModel | None:
     return model if isinstance(model, AnalyticModel) else getattr(model, "analytic", None)
 
 
+def _usable(e: Estimate) -> bool:
+    return e.feasible and math.isfinite(e.iteration_time_s) and e.iteration_time_s > 0
+
+
 class OnlineModel:
-    """PerformanceModel and ``LearnsOnline``: ``base`` corrected per job by what its runs
-    measured (module docstring)."""
+    """PerformanceModel and ``LearnsOnline``: ``base`` corrected per job by what its runs,
+    and other jobs' runs on the same shapes, measured (module docstring)."""
     kind = "online"
 
     def __init__(self, *, base: str | PerformanceModel, min_iterations: float = 20,
@@ -166,22 +229,34 @@ class OnlineModel:
         self.analytic = _analytic_of(model)
         self.dp_only = bool(dp_only)
         self.min_iterations = float(min_iterations)
-        self.store = store if store is not None else ObservationStore()
+        if store is not None and store.min_iterations != self.min_iterations:
+            raise InputError(f"the store establishes runs at {store.min_iterations:g} iterations, the model at "
+                             f"{self.min_iterations:g}", field="min_iterations")
+        self.store = store if store is not None else ObservationStore(self.min_iterations)
         self.name = f"online({model.name})"
         self._twin: OnlineModel | None = None
         self._shares: dict = {}                 # (model, batch, grid) -> communication share
-        self._fits: dict[str, tuple] = {}       # job -> (version, observations, K^-1 x)
+        self._fits: dict[str, tuple] = {}       # job -> ((own version, shared key), observations, K^-1 r)
+        self._families: dict[str, str] = {}
+        self._n_shared = 0                      # established runs taken into _by_shape
+        self._by_shape: dict = {}               # shape -> [(job id, family, model, grid, log error, share, n)]
+        self._effects: dict = {}                # shape -> {(family, model, excluded job): (mu, v, runs)}
 
     # -- LearnsOnline ------------------------------------------------------------------
-    def observe(self, job_id: str, grid: Grid, iteration_time_s: float, iterations: float) -> None:
-        """``iterations`` iterations of ``job_id`` measured on ``grid``, ``iteration_time_s`` each on average."""
-        self.store.add(job_id, grid, iteration_time_s, iterations)
+    def observe(self, job: Job, grid: Grid, iteration_time_s: float, iterations: float) -> None:
+        """``iterations`` iterations of ``job`` measured on ``grid``, ``iteration_time_s`` each on average."""
+        self.store.add(job, grid, iteration_time_s, iterations)
 
     def estimate_key(self, job: Job) -> Hashable | None:
-        """None while ``job`` has no observations (its estimates are the base model's,
-        shared by its model and batch); else a key that changes with every observation."""
+        """None while ``job`` has no observations (its estimates are those of every job of
+        its model and batch); else a key that changes with every observation of it."""
         v = self.store.version(job.job_id)
         return None if v == 0 else (job.job_id, v)
+
+    def shared_key(self) -> Hashable | None:
+        """None when no job's estimates depend on other jobs' runs; else a key that
+        changes whenever another run was established (every job's estimates may have)."""
+        return len(self.store.established) if self.prior.learns_across_jobs else None
 
     def dp_only_twin(self) -> "OnlineModel":
         """The data-parallel-only twin (baselines): same observations, dp-only base."""
@@ -199,25 +274,21 @@ class OnlineModel:
     # -- PerformanceModel ----------------------------------------------------------------
     def estimate(self, job: Job, grid: Grid) -> Estimate:
         b = self.base.estimate(job, grid)
-        seen = self.store.of(job.job_id)
-        if not seen or not b.feasible or not math.isfinite(b.iteration_time_s):
+        if not b.feasible or not math.isfinite(b.iteration_time_s):
             return b
-        own = seen.get(grid)
+        own = self.store.of(job.job_id).get(grid)
         if own is not None and own.iterations >= self.min_iterations:
             t = own.mean_s
             return Estimate(t, job.global_batch / t, b.peak_memory_bytes, b.plan, True,
                             f"{self.name}/observed",
                             b.notes + (f"mean of {own.iterations:g} measured iterations",))
-        fit = self._fit(job)
-        if fit is None:
+        corr = self.predicted_log_error(job, grid)
+        if corr is None:
             return b
-        obs, alpha = fit
-        e = self.predicted_log_error(job, grid, obs, alpha)
+        e, why = corr
         t = b.iteration_time_s * math.exp(e)
-        n = sum(o[3] for o in obs)
         return Estimate(t, job.global_batch / t, b.peak_memory_bytes, b.plan, True, f"{self.name}/corrected",
-                        b.notes + (f"online correction x{math.exp(e):.3f} from {n:g} measured iterations on "
-                                   f"{len(obs)} grid(s)",))
+                        b.notes + (f"online correction x{math.exp(e):.3f} from {why}",))
 
     # -- the correction --------------------------------------------------------------------
     def comm_share(self, job: Job, grid: Grid) -> float:
@@ -231,19 +302,30 @@ class OnlineModel:
             self._shares[key] = s
         return s
 
+    def family(self, model: str) -> str:
+        """The model's family (``gpt``, ``moe``, ...; the model itself when it has none)."""
+        f = self._families.get(model)
+        if f is None:
+            try:
+                f = get_model(model).family
+            except (InputError, KeyError, ValueError, OSError):
+                f = model
+            self._families[model] = f
+        return f
+
     def observations(self, job: Job) -> list[tuple[Grid, float, float, float]]:
         """(grid, observed log error of the base model, communication share, iterations)
         of every grid ``job`` was measured on that the base model estimates."""
         out = []
         for g, s in self.store.of(job.job_id).items():
             b = self.base.estimate(job, g)
-            if b.feasible and math.isfinite(b.iteration_time_s) and b.iteration_time_s > 0:
+            if _usable(b):
                 out.append((g, math.log(s.mean_s / b.iteration_time_s), self.comm_share(job, g), s.iterations))
         return out
 
     def covariance(self, g: Grid, s: float, h: Grid, t: float) -> float:
-        """Prior covariance of the base model's log errors on grids ``g`` and ``h``
-        (communication shares ``s`` and ``t``)."""
+        """Prior covariance of one job's own parts of the base model's log errors on grids
+        ``g`` and ``h`` (communication shares ``s`` and ``t``)."""
         p = self.prior
         c = p.job ** 2 + p.comm ** 2 * s * t
         if g.gpu_type == h.gpu_type:
@@ -254,21 +336,88 @@ class OnlineModel:
             c += p.grid ** 2
         return c
 
+    def _shared_runs(self) -> dict:
+        """Other jobs' established runs per resource shape (the latest ``SHARED_WINDOW``),
+        taken in as they are established."""
+        est = self.store.established
+        while self._n_shared < len(est):
+            r = est[self._n_shared]
+            self._n_shared += 1
+            b = self.base.estimate(r.job, r.grid)
+            if not _usable(b):
+                continue
+            runs = self._by_shape.setdefault(r.grid.shape, [])
+            runs.append((r.job.job_id, self.family(r.job.model), r.job.model, r.grid,
+                         math.log(r.mean_s / b.iteration_time_s), self.comm_share(r.job, r.grid), r.iterations))
+            del runs[:-SHARED_WINDOW]
+            self._effects.pop(r.grid.shape, None)
+        return self._by_shape
+
+    def shared_effect(self, job: Job, shape) -> tuple[float, float, int]:
+        """(mu, v, runs): posterior mean and variance of the shared part of the base
+        model's log error on ``shape`` for ``job``, from the established runs of other
+        jobs there (``runs`` of them)."""
+        p = self.prior
+        fam, model = self.family(job.model), job.model
+        prior_v = p.shared(fam, model, fam, model)
+        if prior_v == 0:
+            return 0.0, 0.0, 0
+        runs = self._shared_runs().get(shape, ())
+        mine = any(r[0] == job.job_id for r in runs)
+        key = (fam, model, job.job_id if mine else None)
+        memo = self._effects.setdefault(shape, {})
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        others = [r for r in runs if r[0] != job.job_id]
+        if not others:
+            res = (0.0, prior_v, 0)
+        else:
+            n = len(others)
+            C = np.empty((n, n))
+            for i, (ji, fi, mi, gi, _, si, ni) in enumerate(others):
+                for k, (jk, fk, mk, gk, _, sk, _) in enumerate(others):
+                    C[i, k] = p.shared(fi, mi, fk, mk) + (self.covariance(gi, si, gk, sk) if ji == jk else 0.0)
+                C[i, i] += p.noise(ni)
+            t = np.array([p.shared(fam, model, r[1], r[2]) for r in others])
+            sol = np.linalg.solve(C + 1e-12 * np.eye(n), np.column_stack([[r[4] for r in others], t]))
+            res = (float(t @ sol[:, 0]), max(0.0, prior_v - float(t @ sol[:, 1])), n)
+        memo[key] = res
+        return res
+
     def _fit(self, job: Job):
-        """(observations, (K + noise)^-1 x) of ``job``, kept until it is observed again."""
-        v = self.store.version(job.job_id)
+        """(observations, their shared effects, (K + noise)^-1 (x - mu)) of ``job``, kept
+        until it is observed again or another run is established."""
+        key = (self.store.version(job.job_id), self.shared_key())
         f = self._fits.get(job.job_id)
-        if f is None or f[0] != v:
+        if f is None or f[0] != key:
             obs = self.observations(job)
+            fx = [self.shared_effect(job, g.shape) for g, *_ in obs]
             alpha = None
             if obs:
-                K = np.array([[self.covariance(gi, si, gj, sj) for gj, _, sj, _ in obs] for gi, _, si, _ in obs])
-                K += np.diag([math.log1p(self.prior.iteration_cv ** 2) / n for *_, n in obs])
-                alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), np.array([o[1] for o in obs]))
-            f = self._fits[job.job_id] = (v, obs, alpha)
-        return None if not f[1] else f[1:]
+                K = np.array([[self.covariance(gi, si, gj, sj) + (fi[1] if gi.shape == gj.shape else 0.0)
+                               for (gj, _, sj, _) in obs] for (gi, _, si, _), fi in zip(obs, fx)])
+                K += np.diag([self.prior.noise(n) for *_, n in obs])
+                r = np.array([o[1] - e[0] for o, e in zip(obs, fx)])
+                alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), r)
+            f = self._fits[job.job_id] = (key, obs, alpha)
+        return f[1], f[2]
 
-    def predicted_log_error(self, job: Job, grid: Grid, obs, alpha) -> float:
-        """Posterior mean of the base model's log error on ``grid`` given ``obs``."""
-        s = self.comm_share(job, grid)
-        return float(np.array([self.covariance(grid, s, gi, si) for gi, _, si, _ in obs]) @ alpha)
+    def predicted_log_error(self, job: Job, grid: Grid) -> tuple[float, str] | None:
+        """Posterior mean of the base model's log error of ``job`` on ``grid`` and what it
+        comes from; None when nothing measured bears on it."""
+        mu, v, n_runs = self.shared_effect(job, grid.shape)
+        obs, alpha = self._fit(job) if self.store.of(job.job_id) else ([], None)
+        if not obs and n_runs == 0:
+            return None
+        e = mu
+        parts = []
+        if obs:
+            s = self.comm_share(job, grid)
+            k = np.array([self.covariance(grid, s, gi, si) + (v if gi.shape == grid.shape else 0.0)
+                          for gi, _, si, _ in obs])
+            e += float(k @ alpha)
+            parts.append(f"{sum(o[3] for o in obs):g} measured iterations on {len(obs)} grid(s)")
+        if n_runs:
+            parts.append(f"{n_runs} other run(s) on this shape")
+        return e, " and ".join(parts)

@@ -15,7 +15,7 @@ from engine.online_feed import OnlineFeed
 from engine.reconfig import ReconfigCostModel
 from engine.simulator import simulate
 from estimators import LearnsOnline, make_performance_model
-from estimators.online import OnlineModel, OnlinePrior
+from estimators.online import SHARED_WINDOW, ObservationStore, OnlineModel, OnlinePrior
 from estimators.perf import DpOnlyTwin
 from instances.errors import InputError
 from instances.grid import Grid, Shape
@@ -29,6 +29,7 @@ G4 = Grid(Shape(A100, 1, 4), 1)
 G4PP2 = Grid(Shape(A100, 1, 4), 2)
 CPU1 = Grid(Shape("cpu", 1, 1), 1)
 CPU2 = Grid(Shape("cpu", 1, 2), 1)
+OWN_ONLY = OnlinePrior(shape=0.229, shared_shape=0.0, shared_family=0.0, shared_model=0.0)   # no cross-job
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +52,27 @@ def test_registered_kind_with_analytic_base_by_default(monkeypatch, tmp_path):
     with pytest.raises(InputError):
         make_performance_model("online", prior={"job": -1.0})
     with pytest.raises(InputError):
-        make_performance_model("online").observe("j", G2, 0.0, 5)
+        make_performance_model("online").observe(JOB, G2, 0.0, 5)
+    with pytest.raises(InputError):
+        make_performance_model("online").observe("j", G2, 1.0, 5)          # a Job, not its id
+    with pytest.raises(InputError):
+        OnlineModel(base=make_performance_model("analytic"), min_iterations=10, store=ObservationStore(20))
 
 
 def test_without_observations_the_base_estimate(base):
     m = online(base)
     assert m.estimate(JOB, G2) == base.estimate(JOB, G2)
     assert m.estimate_key(JOB) is None
-    m.observe("other", G2, 1.0, 30)                         # another job's runs say nothing of this one
-    assert m.estimate(JOB, G4) == base.estimate(JOB, G4)
+    m.observe(Job("other", JOB.model, 64, 10, 0.0), G2, 1.0, 30)   # another job's run on G2's shape
+    assert m.estimate(JOB, G4) == base.estimate(JOB, G4)          # says nothing of another shape
+    assert m.estimate_key(JOB) is None
 
 
 def test_own_grid_is_the_observed_mean_after_enough_iterations(base):
     m = online(base)
     b = base.estimate(JOB, G2).iteration_time_s
-    m.observe("j", G2, 2.0 * b, 10)
-    m.observe("j", G2, 4.0 * b, 10)                         # 20 iterations, mean 3x the base
+    m.observe(JOB, G2, 2.0 * b, 10)
+    m.observe(JOB, G2, 4.0 * b, 10)                         # 20 iterations, mean 3x the base
     e = m.estimate(JOB, G2)
     assert e.iteration_time_s == pytest.approx(3.0 * b) and e.source.endswith("/observed")
     assert e.throughput == pytest.approx(JOB.global_batch / (3.0 * b))
@@ -77,7 +83,7 @@ def test_fewer_iterations_are_shrunk_towards_the_base(base):
     est = []
     for n in (1, 4, 16):
         m = online(base, min_iterations=1000)
-        m.observe("j", G2, 2.0 * b, n)
+        m.observe(JOB, G2, 2.0 * b, n)
         est.append(m.estimate(JOB, G2).iteration_time_s / b)
     assert 1.0 < est[0] < est[1] < est[2] < 2.0
 
@@ -90,9 +96,10 @@ def _hand_prediction(m: OnlineModel, obs_grid: Grid, n: float, x: float, target:
 
     def t(gt):
         return p.type if gt in m.calibrated_types else p.new_type
+    shape = p.shape ** 2 + p.shared_shape ** 2 + p.shared_family ** 2 + p.shared_model ** 2   # no other job ran
     cov = p.job ** 2 + p.comm ** 2 * s0 * s1 + (t(target.gpu_type) ** 2 if target.gpu_type == obs_grid.gpu_type
-                                                else 0.0) + (p.shape ** 2 if target.shape == obs_grid.shape else 0.0)
-    var = p.job ** 2 + p.comm ** 2 * s0 * s0 + t(obs_grid.gpu_type) ** 2 + p.shape ** 2 + p.grid ** 2
+                                                else 0.0) + (shape if target.shape == obs_grid.shape else 0.0)
+    var = p.job ** 2 + p.comm ** 2 * s0 * s0 + t(obs_grid.gpu_type) ** 2 + shape + p.grid ** 2
     return cov / (var + math.log1p(p.iteration_cv ** 2) / n) * x
 
 
@@ -100,7 +107,7 @@ def _hand_prediction(m: OnlineModel, obs_grid: Grid, n: float, x: float, target:
 def test_neighbour_correction_follows_the_rule(base, target, moves):
     m = online(base)
     b0 = base.estimate(JOB, G2).iteration_time_s
-    m.observe("j", G2, 1.5 * b0, 20)
+    m.observe(JOB, G2, 1.5 * b0, 20)
     got = m.estimate(JOB, target).iteration_time_s / base.estimate(JOB, target).iteration_time_s
     want = math.exp(_hand_prediction(m, G2, 20, math.log(1.5), target))
     assert got == pytest.approx(want, rel=1e-9)
@@ -114,7 +121,7 @@ def test_uncalibrated_device_moves_neighbours_by_nearly_the_whole_ratio(base):
     tiny = Job("j", "tiny-gpt__4L", 8, 100, 0.0)
     assert base.estimate(tiny, CPU1).feasible and base.estimate(tiny, CPU2).feasible
     b = base.estimate(tiny, CPU1).iteration_time_s
-    m.observe("j", CPU1, 3.0 * b, 20)
+    m.observe(JOB, CPU1, 3.0 * b, 20)
     ratio = m.estimate(tiny, CPU2).iteration_time_s / base.estimate(tiny, CPU2).iteration_time_s
     assert ratio == pytest.approx(3.0, rel=0.1)
 
@@ -130,10 +137,10 @@ def test_communication_part_is_told_apart_with_two_observed_grids(base):
     assert max(shares) - min(shares) > 0.2
     truth = {g: base.estimate(JOB, g).iteration_time_s * math.exp(2.0 * s) for g, s in zip(grids, shares)}
     for g in grids[:2]:
-        m.observe("j", g, truth[g], 40)
+        m.observe(JOB, g, truth[g], 40)
     flat = online(base, prior=OnlinePrior(comm=0.0))
     for g in grids[:2]:
-        flat.observe("j", g, truth[g], 40)
+        flat.observe(JOB, g, truth[g], 40)
     for g in grids[2:]:
         err = abs(m.estimate(JOB, g).iteration_time_s / truth[g] - 1)
         assert err < abs(base.estimate(JOB, g).iteration_time_s / truth[g] - 1)
@@ -142,9 +149,9 @@ def test_communication_part_is_told_apart_with_two_observed_grids(base):
 
 def test_estimate_key_changes_with_every_observation_and_the_twin_shares_them():
     m = make_performance_model("online", base="analytic")
-    m.observe("j", G2, 1.0, 5)
+    m.observe(JOB, G2, 1.0, 5)
     k1 = m.estimate_key(JOB)
-    m.observe("j", G2, 1.0, 5)
+    m.observe(JOB, G2, 1.0, 5)
     assert k1 is not None and m.estimate_key(JOB) != k1
     twin = DpOnlyTwin()(m)
     assert twin.dp_only and twin.base.dp_only and twin.store is m.store
@@ -155,28 +162,31 @@ def test_feed_turns_running_means_into_new_iterations():
     seen = []
 
     class Recorder:
-        def observe(self, job_id, grid, t, n):
-            seen.append((job_id, grid, t, n))
+        def observe(self, job, grid, t, n):
+            seen.append((job.job_id, grid, t, n))
 
         def estimate_key(self, job):
+            return None
+
+        def shared_key(self):
             return None
 
     feed = OnlineFeed(Recorder())
     a = Allocation(G2, ((0, 0), (0, 1)))
     b = Allocation(G2, ((0, 2), (0, 3)))
-    feed.report(a, JobProgress("j", 5.0, True, measured_iteration_time_s=None, measured_iterations=0))
-    feed.report(a, JobProgress("j", 5.0, True, measured_iteration_time_s=math.inf, measured_iterations=3))
-    feed.report(a, JobProgress("j", 5.0, True, measured_iteration_time_s=math.nan, measured_iterations=3))
-    feed.report(a, JobProgress("j", 10.0, True, measured_iteration_time_s=1.0, measured_iterations=10))
-    feed.report(a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
-    feed.report(a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
-    feed.report(b, JobProgress("j", 40.0, True, measured_iteration_time_s=2.0, measured_iterations=4))
+    feed.report(JOB, a, JobProgress("j", 5.0, True, measured_iteration_time_s=None, measured_iterations=0))
+    feed.report(JOB, a, JobProgress("j", 5.0, True, measured_iteration_time_s=math.inf, measured_iterations=3))
+    feed.report(JOB, a, JobProgress("j", 5.0, True, measured_iteration_time_s=math.nan, measured_iterations=3))
+    feed.report(JOB, a, JobProgress("j", 10.0, True, measured_iteration_time_s=1.0, measured_iterations=10))
+    feed.report(JOB, a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
+    feed.report(JOB, a, JobProgress("j", 30.0, True, measured_iteration_time_s=1.5, measured_iterations=30))
+    feed.report(JOB, b, JobProgress("j", 40.0, True, measured_iteration_time_s=2.0, measured_iterations=4))
     assert seen == [("j", G2, 1.0, 10.0), ("j", G2, pytest.approx(1.75), 20.0), ("j", G2, 2.0, 4.0)]
     feed.keep_only([])                                      # stopped: its next run counts from zero
-    feed.report(b, JobProgress("j", 50.0, True, measured_iteration_time_s=3.0, measured_iterations=6))
+    feed.report(JOB, b, JobProgress("j", 50.0, True, measured_iteration_time_s=3.0, measured_iterations=6))
     assert seen[-1] == ("j", G2, 3.0, 6.0)
-    OnlineFeed(make_performance_model("analytic")).report(a, JobProgress("j", 1.0, True, None, None, None, 0.0,
-                                                                          1.0, 5))   # not learning: ignored
+    OnlineFeed(make_performance_model("analytic")).report(JOB, a, JobProgress("j", 1.0, True, None, None, None,
+                                                                               0.0, 1.0, 5))   # not learning: ignored
 
 
 def _ctx(perf, jobs) -> RoundContext:
@@ -193,7 +203,7 @@ def _col(data, jid: str, shape: Shape) -> tuple[Grid, float]:
 
 
 def test_round_data_cache_serves_no_stale_estimate(base):
-    m = online(base)
+    m = online(base, prior=OWN_ONLY)
     j1, j2 = JOB, Job("k", JOB.model, JOB.global_batch, 1000, 0.0)
     cache = RoundDataCache()
 
@@ -204,15 +214,122 @@ def test_round_data_cache_serves_no_stale_estimate(base):
     d0 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
     g0, r0 = fresh(d0, j1)
     assert fresh(d0, j2) == (g0, r0)
-    m.observe("j", g0, 3.0 / r0, 25)
+    m.observe(JOB, g0, 3.0 / r0, 25)
     d1 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
     assert fresh(d1, j1)[1] < r0 / 2                                # not the cached estimate or block
     assert fresh(d1, j2) == (g0, r0)                                # the other job keeps the shared memo
-    m.observe("j", g0, 1.0 / r0, 75)                                # the mean on g0 is now 1.5x
+    m.observe(JOB, g0, 1.0 / r0, 75)                                # the mean on g0 is now 1.5x
     d2 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
     assert r0 / 1.6 < fresh(d2, j1)[1] < r0 / 1.4
     # the shared per-model memo never holds the observed job's own estimates
     assert cache.estimates[(JOB.model, JOB.global_batch, g0)] == base.estimate(JOB, g0)
+
+
+def test_round_data_cache_follows_other_jobs_established_runs(base):
+    """Learning across jobs: another job's established run changes every job's estimates
+    on that shape; the memo is emptied then, and not on runs still short of min_iterations."""
+    m = online(base)
+    j1, j2 = JOB, Job("k", JOB.model, JOB.global_batch, 1000, 0.0)
+    cache = RoundDataCache()
+    d0 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
+    g0, r0 = _col(d0, "k", G2.shape)
+    key0 = m.shared_key()
+    m.observe(j1, g0, 3.0 / r0, 10)                                 # short of min_iterations: own only
+    assert m.shared_key() == key0
+    build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
+    assert _col(build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache), "k", G2.shape)[1] == r0
+    m.observe(j1, g0, 3.0 / r0, 15)                                 # established: 25 iterations at 3x
+    assert m.shared_key() != key0
+    d1 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
+    g1, r1 = _col(d1, "k", G2.shape)
+    assert r1 == pytest.approx(1.0 / m.estimate(j2, g1).iteration_time_s, rel=1e-12)
+    assert r0 / 3 < r1 < r0 / 1.5                                   # most of the way: same model, same shape
+    assert cache.estimates[(JOB.model, JOB.global_batch, g1)] == m.estimate(j2, g1)
+
+
+def _xjob_prediction(m: OnlineModel, job: Job, other: Job, grid: Grid, n: float, x: float) -> float:
+    """One other job's established run on ``grid``'s shape: mu = cov / (var + noise) * x,
+    the prior's parts written out here."""
+    p = m.prior
+    fam = {"gpt": "gpt", "moe": "moe"}
+    fj, fo = fam[job.model.split("__")[0]], fam[other.model.split("__")[0]]
+    cov = p.shared_shape ** 2 + p.shared_family ** 2 * (fj == fo) + p.shared_model ** 2 * (job.model == other.model)
+    s = m.comm_share(other, grid)
+    t = p.type if grid.gpu_type in m.calibrated_types else p.new_type
+    var = (p.shared_shape ** 2 + p.shared_family ** 2 + p.shared_model ** 2 + p.job ** 2 + t ** 2 + p.shape ** 2
+           + p.grid ** 2 + p.comm ** 2 * s * s)
+    return cov / (var + math.log1p(p.iteration_cv ** 2) / n) * x
+
+
+@pytest.mark.parametrize("other", [Job("k", JOB.model, 64, 10, 0.0), Job("k", "gpt__2.6B", 128, 10, 0.0),
+                                   Job("k", "moe__1.3B", 128, 10, 0.0)])
+def test_another_jobs_run_corrects_the_shape_by_the_rule(base, other):
+    m = online(base)
+    b = base.estimate(other, G2).iteration_time_s
+    m.observe(other, G2, 2.0 * b, 19)
+    assert m.estimate(JOB, G2) == base.estimate(JOB, G2)            # not yet established
+    m.observe(other, G2, 2.0 * b, 1)
+    got = m.estimate(JOB, G2).iteration_time_s / base.estimate(JOB, G2).iteration_time_s
+    want = math.exp(_xjob_prediction(m, JOB, other, G2, 20, math.log(2.0)))
+    assert got == pytest.approx(want, rel=1e-9) and got > 1.05
+    assert m.estimate(JOB, G4) == base.estimate(JOB, G4)            # another shape: nothing
+    # the same pipeline depth or another one: the shape's shared part is the same
+    g = Grid(G2.shape, 2)
+    assert m.estimate(JOB, g).iteration_time_s / base.estimate(JOB, g).iteration_time_s == pytest.approx(got)
+    assert online(base, prior=OWN_ONLY).estimate(JOB, G2) == base.estimate(JOB, G2)
+
+
+def test_closer_relatives_move_the_estimate_more(base):
+    ratios = []
+    for model in (JOB.model, "gpt__2.6B", "moe__1.3B"):
+        m = online(base)
+        other = Job("k", model, 128, 10, 0.0)
+        m.observe(other, G2, 2.0 * base.estimate(other, G2).iteration_time_s, 20)
+        ratios.append(m.estimate(JOB, G2).iteration_time_s / base.estimate(JOB, G2).iteration_time_s)
+    assert ratios[0] > ratios[1] > ratios[2] > 1.0
+
+
+def test_own_runs_and_other_jobs_runs_combine(base):
+    """The job's own run on G2 and others' runs on G4: on G4 the estimate starts from the
+    others' shared correction and adds the part of the job's own residual it shares."""
+    m = online(base)
+    others = [Job(f"o{i}", JOB.model, 64 * (i + 1), 10, 0.0) for i in range(3)]
+    for o in others:
+        m.observe(o, G4, 0.5 * base.estimate(o, G4).iteration_time_s, 40)
+    only_others = m.estimate(JOB, G4).iteration_time_s / base.estimate(JOB, G4).iteration_time_s
+    assert only_others < 0.75
+    m.observe(JOB, G2, 1.3 * base.estimate(JOB, G2).iteration_time_s, 20)
+    both = m.estimate(JOB, G4).iteration_time_s / base.estimate(JOB, G4).iteration_time_s
+    assert only_others < both < 1.0                                 # its own slowness carries over, in part
+    assert m.estimate(JOB, G2).iteration_time_s == pytest.approx(1.3 * base.estimate(JOB, G2).iteration_time_s)
+    mu, v, n = m.shared_effect(JOB, G4.shape)
+    assert n == 3 and mu < 0 and 0 < v < m.prior.shared(*("gpt", JOB.model) * 2)
+
+
+def test_a_jobs_own_run_is_not_counted_as_another_jobs(base):
+    m = online(base)
+    m.observe(JOB, G2, 2.0 * base.estimate(JOB, G2).iteration_time_s, 20)
+    assert m.shared_effect(JOB, G2.shape)[2] == 0
+    assert m.shared_effect(Job("k", JOB.model, 64, 10, 0.0), G2.shape)[2] == 1
+
+
+def test_the_shared_stage_keeps_the_latest_runs_per_shape(base):
+    m = online(base)
+    for i in range(SHARED_WINDOW + 5):
+        o = Job(f"o{i}", JOB.model, 128, 10, 0.0)
+        m.observe(o, G2, (1.5 if i < 5 else 0.8) * base.estimate(o, G2).iteration_time_s, 20)
+    mu, _, n = m.shared_effect(JOB, G2.shape)
+    assert n == SHARED_WINDOW and mu == pytest.approx(math.log(0.8), abs=0.02)   # the 5 oldest (1.5x) dropped
+
+
+def test_without_other_jobs_the_joint_prior_carries_over_as_the_own_only_fit(base):
+    """With no other job's run, the shared parts act as the job's own shape part: the
+    default (joint) prior gives the own-only fit's neighbour estimates."""
+    a, b = online(base), online(base, prior=OWN_ONLY)
+    for m in (a, b):
+        m.observe(JOB, G2, 1.4 * base.estimate(JOB, G2).iteration_time_s, 20)
+    for g in (G4, G4PP2, Grid(G2.shape, 2), Grid(Shape("a40", 1, 2), 1)):
+        assert a.estimate(JOB, g).iteration_time_s == pytest.approx(b.estimate(JOB, g).iteration_time_s, rel=2e-3)
 
 
 def test_simulated_estimate_converges_to_the_truth_through_measurements_only(base):

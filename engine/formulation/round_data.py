@@ -190,7 +190,8 @@ class RoundDataCache:
       those changes. Grid filters must therefore be functions of the job, the grid and
       the job's known infeasible shapes (every registered policy's are).
 
-    A new performance model (``perf`` is not the one cached for) empties both.
+    A new performance model (``perf`` is not the one cached for), or a new ``shared_key()``
+    of one that learns online across jobs (another job's run was established), empties both.
     """
 
     def __init__(self) -> None:
@@ -198,10 +199,12 @@ class RoundDataCache:
         self.blocks: dict = {}
         self._owner: object = None
         self._reconfig: object = None
+        self._shared: object = None
 
     def bind(self, perf: object, reconfig: object, active_jobs: int) -> None:
-        if perf is not self._owner:
-            self.estimates, self.blocks, self._owner = {}, {}, perf
+        shared = perf.shared_key() if isinstance(perf, LearnsOnline) else None
+        if perf is not self._owner or shared != self._shared:
+            self.estimates, self.blocks, self._owner, self._shared = {}, {}, perf, shared
         if reconfig is not self._reconfig:
             self.blocks, self._reconfig = {}, reconfig
         if len(self.blocks) > 4 * active_jobs + 1000:     # bounded: drop blocks of ended jobs
