@@ -152,15 +152,22 @@ def test_candidates_of_a_running_job_are_its_neighbours():
     # current, x2 (1x8), /2 (1x2), same count other shape (2x2), other type compact (v100 1x4); queued: all
     assert got == {0, 1, 2, 5, 6, 9, 10}
     assert set(candidate_columns(data, "small").tolist()) == {0, 1, 2, 5, 6, 9}
+    # other_type="any": the other type at every count in its compact shape (v100 1x8 too, not 2x2)
+    assert set(candidate_columns(data, "all", "any").tolist()) == {0, 1, 2, 5, 6, 8, 9, 10}
+    with pytest.raises(ValueError):
+        candidate_columns(data, "all", "some")
 
 
 def test_incremental_option_and_suika_are_validated():
     assert make_policy("arena", search="incremental").search == "incremental"
     assert make_policy("suika").search == "incremental"
+    assert make_policy("suika").incremental.other_type == "same"
+    assert make_policy("suika", other_type_candidates="any").incremental.other_type == "any"
     for name, cfg, field in [("arena", {"search": "bogus"}, "search"), ("suika", {"search": "milp"}, "search"),
                              ("arena", {"move_budget_jobs": 2}, "move_budget_jobs"),
                              ("arena", {"move_budget_gpus": -1}, "move_budget_gpus"),
-                             ("arena", {"queued_candidates": "some"}, "queued_candidates")]:
+                             ("arena", {"queued_candidates": "some"}, "queued_candidates"),
+                             ("suika", {"other_type_candidates": "all"}, "other_type_candidates")]:
         with pytest.raises(InputError) as e:
             make_policy(name, **cfg)
         assert e.value.field == field

@@ -81,6 +81,8 @@ def register(subparsers) -> None:
     i.add_argument("--move-cost-cap", type=float, default=None,
                    help="move downtime cap, s (default: the simulator's ReconfigCostModel)")
     i.add_argument("--queued", default="all", help="queued jobs' candidates: all or small (default all)")
+    i.add_argument("--other-type", default="same",
+                   help="running jobs' candidates on another GPU type: same (GPU count) or any (default same)")
     i.add_argument("--move-budget-jobs", type=float, default=1.0, help="fraction of running jobs that may move")
     i.add_argument("--move-budget-gpus", type=float, default=1.0, help="fraction of GPUs that may move")
     i.add_argument("--follow", default="incremental", choices=("incremental", "milp"),
@@ -236,7 +238,8 @@ def run_incremental_bench(args) -> int:
         raise InputError("need --gpus >= 8, --jobs >= 1, --rounds >= 1", field="gpus")
     make_backend(args.backend)                     # an unknown name fails before any work
     try:
-        config = IncrementalConfig(queued=args.queued, move_budget_jobs=args.move_budget_jobs,
+        config = IncrementalConfig(queued=args.queued, other_type=args.other_type,
+                                   move_budget_jobs=args.move_budget_jobs,
                                    move_budget_gpus=args.move_budget_gpus)
     except ValueError as e:
         raise InputError(str(e), field="--" + str(e).split(" ", 1)[0].replace("_", "-")) from None
@@ -259,7 +262,7 @@ def run_incremental_bench(args) -> int:
                          reconfig_s_per_gpu=per_gpu, reconfig_cap_s=cap, follow=args.follow, log=log)
     summary = summarize(rows)
     summary.update(gpus=args.gpus, jobs=args.jobs, move_cost_per_gpu_s=per_gpu, move_cost_cap_s=cap,
-                   backend=args.backend, follow=args.follow, queued=args.queued,
+                   backend=args.backend, follow=args.follow, queued=args.queued, other_type=args.other_type,
                    move_budget_jobs=args.move_budget_jobs, move_budget_gpus=args.move_budget_gpus)
     if args.json:
         print(json.dumps({"summary": summary, "rounds": rows}, indent=2))

@@ -4,8 +4,9 @@ Vectorized over the round's columns (``RoundData``):
 
 - a **running** job: its current column and its neighbours on the same GPU type with
   twice or half the GPUs (any node shape), the same GPU count in another node shape,
-  and the same GPU count on another GPU type in its most compact node shape (as many
-  GPUs per node as the type's nodes allow: fewest nodes);
+  and on another GPU type, in its most compact node shape (as many GPUs per node as the
+  type's nodes allow: fewest nodes), the same GPU count (``other_type="same"``) or any
+  count (``other_type="any"``: a move to a free type at the size it runs best on);
 - a **queued** job: every column (``queued="all"``), or only those with at most its
   reference GPU count (the count it asked for, else its smallest; ``queued="small"``).
 
@@ -21,12 +22,15 @@ import numpy as np
 from ..formulation.round_data import RoundData
 
 QUEUED_CHOICES = ("all", "small")
+OTHER_TYPE_CHOICES = ("same", "any")
 
 
-def candidate_columns(data: RoundData, queued: str = "all") -> np.ndarray:
+def candidate_columns(data: RoundData, queued: str = "all", other_type: str = "same") -> np.ndarray:
     """Sorted column indices of ``data`` that the incremental search considers."""
     if queued not in QUEUED_CHOICES:
         raise ValueError(f"queued must be one of {QUEUED_CHOICES}, got {queued!r}")
+    if other_type not in OTHER_TYPE_CHOICES:
+        raise ValueError(f"other_type must be one of {OTHER_TYPE_CHOICES}, got {other_type!r}")
     if data.n_cols == 0:
         return np.zeros(0, dtype=np.int64)
     k = np.arange(data.n_cols)
@@ -39,7 +43,7 @@ def candidate_columns(data: RoundData, queued: str = "all") -> np.ndarray:
     same_type = t == cur_t
     compact = data.col_gpn == np.minimum(g, np.asarray(data.capacity.max_gpus_per_node)[t])
     neighbour = (k == cur) | (same_type & ((g == 2 * cur_g) | (2 * g == cur_g) | (g == cur_g))) \
-        | (~same_type & (g == cur_g) & compact)
+        | (~same_type & ((g == cur_g) | (other_type == "any")) & compact)
     if queued == "all":
         queued_ok = np.ones(data.n_cols, dtype=bool)
     else:

@@ -13,18 +13,21 @@ from ..formulation.model import MilpModel
 from ..formulation.round_data import RoundData
 from ..objectives import Objective
 from ..solvers.base import Solution
-from .candidates import QUEUED_CHOICES, candidate_columns
+from .candidates import OTHER_TYPE_CHOICES, QUEUED_CHOICES, candidate_columns
 from .search import SearchSteps, incremental_search
 
 
 @dataclass(frozen=True)
 class IncrementalConfig:
     """``queued``: a queued job's candidates (``all`` its columns, or ``small``: at most
-    its reference GPU count); ``move_budget_jobs``: at most this fraction of the running
+    its reference GPU count); ``other_type``: a running job's candidates on another GPU
+    type (``same``: its current GPU count, or ``any`` count; most compact node shape);
+    ``move_budget_jobs``: at most this fraction of the running
     jobs change column per round (at least one when > 0); ``move_budget_gpus``: at most
     this fraction of the cluster's GPUs in the columns moved jobs land on (1 and 1: no
     budget)."""
     queued: str = "all"
+    other_type: str = "same"
     move_budget_jobs: float = 1.0
     move_budget_gpus: float = 1.0
     steps: SearchSteps = field(default_factory=SearchSteps)
@@ -32,6 +35,8 @@ class IncrementalConfig:
     def __post_init__(self):
         if self.queued not in QUEUED_CHOICES:
             raise ValueError(f"queued must be one of {', '.join(QUEUED_CHOICES)}, got {self.queued!r}")
+        if self.other_type not in OTHER_TYPE_CHOICES:
+            raise ValueError(f"other_type must be one of {', '.join(OTHER_TYPE_CHOICES)}, got {self.other_type!r}")
         for name in ("move_budget_jobs", "move_budget_gpus"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
@@ -51,7 +56,7 @@ def search_round(data: RoundData, objective: Objective, config: IncrementalConfi
     ``frozen`` job ids keep exactly their current column (a frozen job that holds no
     GPUs has nothing to keep and is not constrained); ``allowance`` (the stability rule's
     cluster-wide budget) caps the running jobs that change column below the config's."""
-    cols = candidate_columns(data, config.queued)
+    cols = candidate_columns(data, config.queued, config.other_type)
     model = build_model(data, objective, pinned, columns=cols)
     cur = data.current_col
     start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)

@@ -21,7 +21,8 @@ here, once:
 - ``search``: ``milp`` (the full per-round model, default) or ``incremental`` (the
   expand/balance search from the current allocation on the same model restricted to a
   neighbourhood of candidate columns, ``engine/incremental``), with
-  ``queued_candidates`` (``all``/``small``), ``move_budget_jobs`` and
+  ``queued_candidates`` (``all``/``small``), ``other_type_candidates`` (``same``/``any``:
+  a running job's candidates on another GPU type), ``move_budget_jobs`` and
   ``move_budget_gpus`` (fractions of the running jobs and of the cluster's GPUs that
   may move per round; 1 = no budget);
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/objectives).
@@ -55,7 +56,7 @@ from ..context import Decisions, JobView, RoundContext
 from ..formulation import build_model, build_round_data
 from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
-from ..incremental import QUEUED_CHOICES, IncrementalConfig, search_round
+from ..incremental import OTHER_TYPE_CHOICES, QUEUED_CHOICES, IncrementalConfig, search_round
 from ..objectives import Objective, parse_objective, split_objective_config
 from ..placement import Placer, place_with_repair
 from ..policy import Policy, register_policy
@@ -67,7 +68,8 @@ GridFilter = Callable[[JobView, Grid], bool]
 
 # Knobs every optimizing policy accepts (besides its objective keys w_<term>, <term>.<opt>).
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "threads", "seed", "pinned_jobs",
-               "dump_rounds_dir", "search", "queued_candidates", "move_budget_jobs", "move_budget_gpus",
+               "dump_rounds_dir", "search", "queued_candidates", "other_type_candidates", "move_budget_jobs",
+               "move_budget_gpus",
                "event_driven") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
 
@@ -167,13 +169,17 @@ class MilpPolicy:
         if queued not in QUEUED_CHOICES:
             raise InputError(f"policy {spec.name!r}: queued_candidates must be one of {', '.join(QUEUED_CHOICES)}, "
                              f"got {queued!r}", field="queued_candidates")
+        other = str(rest.get("other_type_candidates", "same"))
+        if other not in OTHER_TYPE_CHOICES:
+            raise InputError(f"policy {spec.name!r}: other_type_candidates must be one of "
+                             f"{', '.join(OTHER_TYPE_CHOICES)}, got {other!r}", field="other_type_candidates")
         budgets = {}
         for key in ("move_budget_jobs", "move_budget_gpus"):
             budgets[key] = _number(spec.name, rest, key, 1.0, float, 0.0)
             if budgets[key] > 1.0:
                 raise InputError(f"policy {spec.name!r}: {key} is a fraction in [0, 1], got {budgets[key]}",
                                  field=key)
-        self.incremental = IncrementalConfig(queued=queued, **budgets)
+        self.incremental = IncrementalConfig(queued=queued, other_type=other, **budgets)
         self._grids = GridCache(dp_only=spec.dp_only)
         self._placers: dict[int, Placer] = {}
         self._dp_only = DpOnlyTwin()

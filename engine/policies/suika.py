@@ -26,7 +26,7 @@ device. What we chose:
   is the estimators' job here).
 
 Every option of the optimizing runner applies (``w_<term>``, ``<term>.<option>``,
-``queued_candidates``, the budgets); ``search=milp`` is refused.
+``queued_candidates``, ``other_type_candidates``, the budgets); ``search=milp`` is refused.
 """
 from __future__ import annotations
 
