@@ -54,7 +54,7 @@ def run_plan(base, job: Job, grid: Grid, iterations: int, work: str, timeout_s: 
         while True:
             p = ex.progress(job.job_id)
             if not fed and p.measured_iterations >= iterations:
-                feed.report(alloc, p)
+                feed.report(job, alloc, p)
                 fed = True
             if p.failed:
                 raise RuntimeError(f"run on {grid} failed: {p.failed}")
