@@ -240,6 +240,7 @@ class OnlineModel:
         self._families: dict[str, str] = {}
         self._n_shared = 0                      # established runs taken into _by_shape
         self._by_shape: dict = {}               # shape -> [(job id, family, model, grid, log error, share, n)]
+        self._ids_by_shape: dict = {}           # shape -> the job ids among them
         self._effects: dict = {}                # shape -> {(family, model, excluded job): (mu, v, runs)}
 
     # -- LearnsOnline ------------------------------------------------------------------
@@ -350,6 +351,7 @@ class OnlineModel:
             runs.append((r.job.job_id, self.family(r.job.model), r.job.model, r.grid,
                          math.log(r.mean_s / b.iteration_time_s), self.comm_share(r.job, r.grid), r.iterations))
             del runs[:-SHARED_WINDOW]
+            self._ids_by_shape[r.grid.shape] = {x[0] for x in runs}
             self._effects.pop(r.grid.shape, None)
         return self._by_shape
 
@@ -363,8 +365,7 @@ class OnlineModel:
         if prior_v == 0:
             return 0.0, 0.0, 0
         runs = self._shared_runs().get(shape, ())
-        mine = any(r[0] == job.job_id for r in runs)
-        key = (fam, model, job.job_id if mine else None)
+        key = (fam, model, job.job_id if job.job_id in self._ids_by_shape.get(shape, ()) else None)
         memo = self._effects.setdefault(shape, {})
         hit = memo.get(key)
         if hit is not None:
@@ -374,12 +375,13 @@ class OnlineModel:
             res = (0.0, prior_v, 0)
         else:
             n = len(others)
-            C = np.empty((n, n))
-            for i, (ji, fi, mi, gi, _, si, ni) in enumerate(others):
-                for k, (jk, fk, mk, gk, _, sk, _) in enumerate(others):
-                    C[i, k] = p.shared(fi, mi, fk, mk) + (self.covariance(gi, si, gk, sk) if ji == jk else 0.0)
-                C[i, i] += p.noise(ni)
-            t = np.array([p.shared(fam, model, r[1], r[2]) for r in others])
+            ids, fams, models = (np.array([r[c] for r in others]) for c in (0, 1, 2))
+            C = (p.shared_shape ** 2 + p.shared_family ** 2 * (fams[:, None] == fams[None, :])
+                 + p.shared_model ** 2 * (models[:, None] == models[None, :]))     # prior.shared, vectorized
+            for i, k in zip(*np.nonzero(ids[:, None] == ids[None, :])):        # one job's runs: its own parts
+                C[i, k] += self.covariance(others[i][3], others[i][5], others[k][3], others[k][5])
+            C[np.diag_indices(n)] += [p.noise(r[6]) for r in others]
+            t = p.shared_shape ** 2 + p.shared_family ** 2 * (fams == fam) + p.shared_model ** 2 * (models == model)
             sol = np.linalg.solve(C + 1e-12 * np.eye(n), np.column_stack([[r[4] for r in others], t]))
             res = (float(t @ sol[:, 0]), max(0.0, prior_v - float(t @ sol[:, 1])), n)
         memo[key] = res
