@@ -388,8 +388,8 @@ class OnlineModel:
         return res
 
     def _fit(self, job: Job):
-        """(observations, their shared effects, (K + noise)^-1 (x - mu)) of ``job``, kept
-        until it is observed again or another run is established."""
+        """(observations, (K + noise)^-1 (x - mu)) of ``job``, ``mu`` the observed shapes'
+        shared effects; kept until it is observed again or another run is established."""
         key = (self.store.version(job.job_id), self.shared_key())
         f = self._fits.get(job.job_id)
         if f is None or f[0] != key:
