@@ -167,8 +167,8 @@ def evaluate(base: str, iterations: int, noise_cv: float, limit: int | None, see
             continue
         grid = own[1]
         base_own = online.base.estimate(job, grid).iteration_time_s
-        before = {g: online.estimate(job, g).iteration_time_s for g in (Grid(shape, pp) for pp in _pps(shape))
-                  if online.estimate(job, g).feasible}          # history only: before the job's own run
+        before = {g: e.iteration_time_s for g in (Grid(shape, pp) for pp in _pps(shape))
+                  if (e := online.estimate(job, g)).feasible}   # history only: before the job's own run
         before.update({ns: nb[0] for _, ns in neighbours(shape, types) if (nb := _best(online, job, ns))})
         p = run_job(online, oracle, job, grid, iterations, noise_cv, seed + i)
         assert p.measured_iterations == iterations, p

@@ -109,8 +109,10 @@ class OnlinePrior:
     def learns_across_jobs(self) -> bool:
         return self.shared_shape > 0 or self.shared_family > 0 or self.shared_model > 0
 
-    def shared(self, family_a: str, model_a: str, family_b: str, model_b: str) -> float:
-        """Prior covariance of the shared part on one resource shape of two jobs."""
+    def shared(self, family_a: str | np.ndarray, model_a: str | np.ndarray, family_b: str | np.ndarray,
+               model_b: str | np.ndarray) -> float | np.ndarray:
+        """Prior covariance of the shared part on one resource shape of two jobs (numpy
+        arrays of families and models broadcast)."""
         return (self.shared_shape ** 2 + self.shared_family ** 2 * (family_a == family_b)
                 + self.shared_model ** 2 * (model_a == model_b))
 
@@ -361,7 +363,7 @@ class OnlineModel:
         jobs there (``runs`` of them)."""
         p = self.prior
         fam, model = self.family(job.model), job.model
-        prior_v = p.shared(fam, model, fam, model)
+        prior_v = float(p.shared(fam, model, fam, model))
         if prior_v == 0:
             return 0.0, 0.0, 0
         runs = self._shared_runs().get(shape, ())
@@ -376,12 +378,11 @@ class OnlineModel:
         else:
             n = len(others)
             ids, fams, models = (np.array([r[c] for r in others]) for c in (0, 1, 2))
-            C = (p.shared_shape ** 2 + p.shared_family ** 2 * (fams[:, None] == fams[None, :])
-                 + p.shared_model ** 2 * (models[:, None] == models[None, :]))     # prior.shared, vectorized
+            C = np.asarray(p.shared(fams[:, None], models[:, None], fams[None, :], models[None, :]), dtype=float)
             for i, k in zip(*np.nonzero(ids[:, None] == ids[None, :])):        # one job's runs: its own parts
                 C[i, k] += self.covariance(others[i][3], others[i][5], others[k][3], others[k][5])
             C[np.diag_indices(n)] += [p.noise(r[6]) for r in others]
-            t = p.shared_shape ** 2 + p.shared_family ** 2 * (fams == fam) + p.shared_model ** 2 * (models == model)
+            t = np.asarray(p.shared(fam, model, fams, models), dtype=float)
             sol = np.linalg.solve(C + 1e-12 * np.eye(n), np.column_stack([[r[4] for r in others], t]))
             res = (float(t @ sol[:, 0]), max(0.0, prior_v - float(t @ sol[:, 1])), n)
         memo[key] = res

@@ -236,7 +236,6 @@ def test_round_data_cache_follows_other_jobs_established_runs(base):
     key0 = m.shared_key()
     m.observe(j1, g0, 3.0 / r0, 10)                                 # short of min_iterations: own only
     assert m.shared_key() == key0
-    build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
     assert _col(build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache), "k", G2.shape)[1] == r0
     m.observe(j1, g0, 3.0 / r0, 15)                                 # established: 25 iterations at 3x
     assert m.shared_key() != key0
@@ -251,8 +250,7 @@ def _xjob_prediction(m: OnlineModel, job: Job, other: Job, grid: Grid, n: float,
     """One other job's established run on ``grid``'s shape: mu = cov / (var + noise) * x,
     the prior's parts written out here."""
     p = m.prior
-    fam = {"gpt": "gpt", "moe": "moe"}
-    fj, fo = fam[job.model.split("__")[0]], fam[other.model.split("__")[0]]
+    fj, fo = job.model.split("__")[0], other.model.split("__")[0]
     cov = p.shared_shape ** 2 + p.shared_family ** 2 * (fj == fo) + p.shared_model ** 2 * (job.model == other.model)
     s = m.comm_share(other, grid)
     t = p.type if grid.gpu_type in m.calibrated_types else p.new_type
