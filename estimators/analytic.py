@@ -52,12 +52,17 @@ class AnalyticModel:
             self.profiled_device = getattr(timer, "device", None)
         self.planner = Planner(self.cfg, timer, comm)
         self._cache: dict = {}
+        self._plans: dict = {}          # (model, batch, grid, load) -> the proxy plan's PlanResult
         if self.dp_only:
             self.name = f"{self.name}-dp"
 
     def plan_result(self, job: Job, grid: Grid, link_load: float | None = None) -> PlanResult | None:
-        load = self.link_load if link_load is None else link_load
-        return self.planner.proxy(job.arch, job.global_batch, grid, link_load=load, dp_only=self.dp_only)
+        load = self.link_load if link_load is None else float(link_load)
+        key = (job.model, job.global_batch, grid, load)
+        if key not in self._plans:      # estimates and their communication shares read the same plan
+            self._plans[key] = self.planner.proxy(job.arch, job.global_batch, grid, link_load=load,
+                                                  dp_only=self.dp_only)
+        return self._plans[key]
 
     def _source(self, grid: Grid, r: PlanResult) -> tuple[str, tuple[str, ...]]:
         bd = r.breakdown
@@ -92,3 +97,4 @@ class AnalyticModel:
 
     def clear_cache(self) -> None:
         self._cache.clear()
+        self._plans.clear()

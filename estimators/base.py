@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol, runtime_checkable
+from typing import Hashable, Protocol, Sequence, runtime_checkable
 
 from instances.grid import Grid
 from instances.jobs import Job
@@ -56,6 +56,38 @@ class PerformanceModel(Protocol):
     def estimate(self, job: Job, grid: Grid) -> Estimate:
         """Iteration time, throughput, peak memory and proxy plan of ``job`` on ``grid``."""
         ...
+
+
+@runtime_checkable
+class EstimatesInBulk(Protocol):
+    """A performance model that estimates one job on many grids at once faster than
+    grid by grid (the online model: its corrections are array operations)."""
+
+    def throughputs(self, job: Job, grids: Sequence[Grid]) -> tuple[list[float], list[Plan | None]]:
+        """Per grid: the throughput ``estimate(job, grid)`` gives (0 where it is
+        infeasible) and its proxy plan."""
+        ...
+
+
+def throughputs(perf: PerformanceModel, job: Job, grids: Sequence[Grid],
+                memo: dict | None = None) -> tuple[list[float], list[Plan | None]]:
+    """Per grid: ``perf``'s estimated throughput of ``job`` (0 where infeasible) and proxy
+    plan. ``memo``, keyed by (model, global batch, grid), keeps estimates that depend on
+    the job only through those (unused by a model that estimates in bulk)."""
+    if isinstance(perf, EstimatesInBulk):
+        return perf.throughputs(job, grids)
+    thr: list[float] = []
+    plans: list[Plan | None] = []
+    for grid in grids:
+        key = (job.model, job.global_batch, grid)
+        e = memo.get(key) if memo is not None else None
+        if e is None:
+            e = perf.estimate(job, grid)
+            if memo is not None:
+                memo[key] = e
+        thr.append(float(e.throughput) if e.feasible else 0.0)
+        plans.append(e.plan)
+    return thr, plans
 
 
 @runtime_checkable

@@ -54,7 +54,7 @@ job's run was established, so callers that memoize estimates
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable
 
 import numpy as np
@@ -238,7 +238,8 @@ class OnlineModel:
         self.name = f"online({model.name})"
         self._twin: OnlineModel | None = None
         self._shares: dict = {}                 # (model, batch, grid) -> communication share
-        self._fits: dict[str, tuple] = {}       # job -> ((own version, shared key), observations, K^-1 r)
+        self._fits: dict[str, _Fit] = {}        # job -> its own kriging, with its (version, shared key)
+        self._grid_sets: dict = {}              # (model, batch, grids) -> _Grids
         self._families: dict[str, str] = {}
         self._n_shared = 0                      # established runs taken into _by_shape
         self._by_shape: dict = {}               # shape -> [(job id, family, model, grid, log error, share, n)]
@@ -361,18 +362,24 @@ class OnlineModel:
         """(mu, v, runs): posterior mean and variance of the shared part of the base
         model's log error on ``shape`` for ``job``, from the established runs of other
         jobs there (``runs`` of them)."""
+        self._shared_runs()
+        mine = job.job_id in self._ids_by_shape.get(shape, ())
+        return self._shared_effect(self.family(job.model), job.model, shape, job.job_id if mine else None)
+
+    def _shared_effect(self, fam: str, model: str, shape, exclude: str | None) -> tuple[float, float, int]:
+        """``shared_effect`` for a job of family ``fam`` and model ``model`` from the runs
+        on ``shape`` of every job but ``exclude``."""
         p = self.prior
-        fam, model = self.family(job.model), job.model
         prior_v = float(p.shared(fam, model, fam, model))
         if prior_v == 0:
             return 0.0, 0.0, 0
         runs = self._shared_runs().get(shape, ())
-        key = (fam, model, job.job_id if job.job_id in self._ids_by_shape.get(shape, ()) else None)
+        key = (fam, model, exclude)
         memo = self._effects.setdefault(shape, {})
         hit = memo.get(key)
         if hit is not None:
             return hit
-        others = [r for r in runs if r[0] != job.job_id]
+        others = [r for r in runs if r[0] != exclude]
         if not others:
             res = (0.0, prior_v, 0)
         else:
@@ -388,39 +395,148 @@ class OnlineModel:
         memo[key] = res
         return res
 
-    def _fit(self, job: Job):
-        """(observations, (K + noise)^-1 (x - mu)) of ``job``, ``mu`` the observed shapes'
-        shared effects; kept until it is observed again or another run is established."""
+    def _fit(self, job: Job) -> "_Fit":
+        """``job``'s own kriging on its residuals ``x - mu`` (``mu`` the observed shapes'
+        shared effects), decomposed by what the covariance tests; kept until the job is
+        observed again or another run is established."""
         key = (self.store.version(job.job_id), self.shared_key())
         f = self._fits.get(job.job_id)
-        if f is None or f[0] != key:
-            obs = self.observations(job)
-            fx = [self.shared_effect(job, g.shape) for g, *_ in obs]
-            alpha = None
-            if obs:
-                K = np.array([[self.covariance(gi, si, gj, sj) + (fi[1] if gi.shape == gj.shape else 0.0)
-                               for (gj, _, sj, _) in obs] for (gi, _, si, _), fi in zip(obs, fx)])
-                K += np.diag([self.prior.noise(n) for *_, n in obs])
-                r = np.array([o[1] - e[0] for o, e in zip(obs, fx)])
-                alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), r)
-            f = self._fits[job.job_id] = (key, obs, alpha)
-        return f[1], f[2]
+        if f is not None and f.key == key:
+            return f
+        obs = self.observations(job)
+        effects = {}
+        for g, *_ in obs:
+            if g.shape not in effects:
+                effects[g.shape] = self.shared_effect(job, g.shape)
+        f = _Fit(key, effects)
+        if obs:
+            p = self.prior
+            K = np.array([[self.covariance(gi, si, gj, sj) + (effects[gi.shape][1] if gi.shape == gj.shape else 0.0)
+                           for (gj, _, sj, _) in obs] for (gi, _, si, _) in obs])
+            K += np.diag([p.noise(n) for *_, n in obs])
+            r = np.array([x - effects[g.shape][0] for g, x, _, _ in obs])
+            alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), r)
+            # sum_i covariance(grid, s, g_i, s_i) alpha_i, term by term (``covariance``'s terms)
+            f.const = p.job ** 2 * float(alpha.sum())
+            f.comm = p.comm ** 2 * float(sum(a * si for a, (_, _, si, _) in zip(alpha, obs)))
+            for a, (g, *_) in zip(alpha, obs):
+                t = g.gpu_type
+                tc = p.type if t in self.calibrated_types else p.new_type
+                f.by_type[t] = f.by_type.get(t, 0.0) + tc ** 2 * float(a)
+                f.by_shape[g.shape] = f.by_shape.get(g.shape, 0.0) + (p.shape ** 2 + effects[g.shape][1]) * float(a)
+                if p.grid:
+                    f.by_grid[g] = f.by_grid.get(g, 0.0) + p.grid ** 2 * float(a)
+            f.own = f"{sum(o[3] for o in obs):g} measured iterations on {len(obs)} grid(s)"
+        self._fits[job.job_id] = f
+        return f
 
     def predicted_log_error(self, job: Job, grid: Grid) -> tuple[float, str] | None:
         """Posterior mean of the base model's log error of ``job`` on ``grid`` and what it
         comes from; None when nothing measured bears on it."""
-        mu, v, n_runs = self.shared_effect(job, grid.shape)
-        obs, alpha = self._fit(job) if self.store.of(job.job_id) else ([], None)
-        if not obs and n_runs == 0:
+        e = self._log_errors(job, self._grids(job, (grid,)))
+        n_runs = self.shared_effect(job, grid.shape)[2]
+        f = self._fits.get(job.job_id) if self.store.of(job.job_id) else None
+        own = f.own if f is not None else None
+        if e is None or (own is None and n_runs == 0):
             return None
-        e = mu
-        parts = []
-        if obs:
-            s = self.comm_share(job, grid)
-            k = np.array([self.covariance(grid, s, gi, si) + (v if gi.shape == grid.shape else 0.0)
-                          for gi, _, si, _ in obs])
-            e += float(k @ alpha)
-            parts.append(f"{sum(o[3] for o in obs):g} measured iterations on {len(obs)} grid(s)")
-        if n_runs:
-            parts.append(f"{n_runs} other run(s) on this shape")
-        return e, " and ".join(parts)
+        parts = ([own] if own else []) + ([f"{n_runs} other run(s) on this shape"] if n_runs else [])
+        return float(e[0]), " and ".join(parts)
+
+    def throughputs(self, job: Job, grids) -> tuple[list[float], list]:
+        """``EstimatesInBulk``: per grid, the throughput ``estimate`` gives (0 where the base
+        is not usable) and the base's proxy plan, with the correction as array operations."""
+        g = self._grids(job, grids)
+        e = self._log_errors(job, g)
+        with np.errstate(invalid="ignore"):
+            t = g.time if e is None else g.time * np.exp(e)
+            thr = np.where(g.usable, job.global_batch / t, 0.0)
+        for grid, seen in self.store.of(job.job_id).items():
+            i = g.index.get(grid)
+            if i is not None and g.usable[i] and seen.iterations >= self.min_iterations:
+                thr[i] = job.global_batch / seen.mean_s
+        return thr.tolist(), g.plans
+
+    def _grids(self, job: Job, grids) -> "_Grids":
+        """What the correction reads of ``grids`` that depends on the job only through its
+        model and batch (kept per such key and grid list)."""
+        key = (job.model, job.global_batch, tuple(grids))
+        g = self._grid_sets.get(key)
+        if g is None:
+            base = [self.base.estimate(job, x) for x in key[2]]
+            usable = np.array([_usable(b) for b in base], dtype=bool)
+            shapes: dict = {}
+            types: dict = {}
+            g = self._grid_sets[key] = _Grids(
+                {x: i for i, x in enumerate(key[2])}, base, usable,
+                np.array([b.iteration_time_s if u else np.nan for b, u in zip(base, usable)]),
+                np.array([self.comm_share(job, x) if u else 0.0 for x, u in zip(key[2], usable)]),
+                np.array([types.setdefault(x.gpu_type, len(types)) for x in key[2]], dtype=np.int64), types,
+                np.array([shapes.setdefault(x.shape, len(shapes)) for x in key[2]], dtype=np.int64), shapes,
+                [b.plan for b in base])
+        return g
+
+    def _log_errors(self, job: Job, g: "_Grids") -> np.ndarray | None:
+        """Predicted log error of the base model per grid of ``g`` (0 where nothing bears
+        on it); None when nothing measured bears on any: the shared effect of the grid's
+        shape plus the job's own kriged residual (``_Fit``)."""
+        f = self._fit(job) if self.store.of(job.job_id) else None
+        fam = self.family(job.model)
+        key = self.shared_key()
+        hit = g.shared.get((fam, job.model))
+        if hit is None or hit[0] != key:        # every other job's runs, per shape of g
+            eff = [self._shared_effect(fam, job.model, shape, None) for shape in g.shapes]
+            hit = g.shared[(fam, job.model)] = (key, np.array([x[0] for x in eff]), np.array([x[2] for x in eff]))
+        _, mu, runs = hit
+        if f is not None and f.effects:         # the job's observed shapes, without its own runs
+            mu, runs = mu.copy(), runs.copy()
+            for shape, (m, _, n) in f.effects.items():
+                i = g.shapes.get(shape)
+                if i is not None:
+                    mu[i], runs[i] = m, n
+        if (f is None or f.own is None) and not runs.any():
+            return None
+        e = mu[g.shape_of]
+        if f is not None and f.own is not None:
+            by_type, by_shape, by_grid = (np.zeros(len(g.index)) for _ in range(3))
+            for t, c in f.by_type.items():
+                if t in g.types:
+                    by_type[g.type_of == g.types[t]] = c
+            for shape, c in f.by_shape.items():
+                if shape in g.shapes:
+                    by_shape[g.shape_of == g.shapes[shape]] = c
+            for grid, c in f.by_grid.items():
+                if grid in g.index:
+                    by_grid[g.index[grid]] = c
+            e = e + (f.const + f.comm * g.share + by_type + by_shape + by_grid)
+        return e
+
+
+@dataclass(eq=False)
+class _Grids:
+    """A grid list of one model and batch, as the correction's arrays."""
+    index: dict                     # grid -> position
+    base: list                      # the base model's estimates
+    usable: np.ndarray              # the base estimate is feasible with a finite positive time
+    time: np.ndarray                # the base iteration time (nan where not usable)
+    share: np.ndarray               # communication share (0 where not usable)
+    type_of: np.ndarray             # position of the grid's GPU type in ``types``
+    types: dict                     # GPU type -> position
+    shape_of: np.ndarray            # position of the grid's shape in ``shapes``
+    shapes: dict                    # shape -> position
+    plans: list                     # the base estimates' proxy plans
+    shared: dict = field(default_factory=dict)   # (family, model) -> (shared key, mu, runs) per shape
+
+
+@dataclass(eq=False)
+class _Fit:
+    """One job's own kriging: ``sum_i covariance(grid, s, g_i, s_i) alpha_i`` for a grid
+    on shape ``shape`` of GPU type ``t`` is ``const + comm·s + by_type[t] + by_shape[shape]
+    + by_grid[grid]`` (missing keys 0); ``own`` is None when no observation is usable."""
+    key: tuple
+    effects: dict                   # shape -> shared_effect(job, shape)
+    const: float = 0.0
+    comm: float = 0.0
+    by_type: dict = field(default_factory=dict)
+    by_shape: dict = field(default_factory=dict)
+    by_grid: dict = field(default_factory=dict)
+    own: str | None = None

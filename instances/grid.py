@@ -11,6 +11,19 @@ from dataclasses import dataclass
 from .gpus import canonical_gpu_name
 
 
+def _keep_hash(obj, fields: tuple) -> int:
+    """Shapes and grids hash their fields once (they key every estimate memo, and the
+    dataclass hash rebuilds the field tuples on every lookup)."""
+    h = hash(fields)
+    object.__setattr__(obj, "_hash", h)
+    return h
+
+
+def _state(obj) -> dict:
+    """Pickled state without the cached hash (string hashes differ between processes)."""
+    return {k: v for k, v in obj.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True, order=True)
 class Shape:
     gpu_type: str          # canonical catalog name (aliases such as "a100" are resolved)
@@ -25,6 +38,13 @@ class Shape:
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        return h if h is not None else _keep_hash(self, (self.gpu_type, self.num_nodes, self.gpus_per_node))
+
+    def __getstate__(self):
+        return _state(self)
 
 
 @dataclass(frozen=True, order=True)
@@ -43,6 +63,13 @@ class Grid:
     @property
     def num_gpus(self) -> int:
         return self.shape.num_gpus
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        return h if h is not None else _keep_hash(self, (self.shape, self.pp))
+
+    def __getstate__(self):
+        return _state(self)
 
     def __str__(self) -> str:
         s = self.shape

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.context import Allocation, JobView, RoundContext
 from engine.executor import JobProgress
@@ -15,6 +17,7 @@ from engine.online_feed import OnlineFeed
 from engine.reconfig import ReconfigCostModel
 from engine.simulator import simulate
 from estimators import LearnsOnline, make_performance_model
+from estimators.base import EstimatesInBulk
 from estimators.online import SHARED_WINDOW, ObservationStore, OnlineModel, OnlinePrior
 from estimators.perf import DpOnlyTwin
 from instances.errors import InputError
@@ -221,8 +224,7 @@ def test_round_data_cache_serves_no_stale_estimate(base):
     m.observe(JOB, g0, 1.0 / r0, 75)                                # the mean on g0 is now 1.5x
     d2 = build_round_data(_ctx(m, [j1, j2]), m, max_gpus=4, cache=cache)
     assert r0 / 1.6 < fresh(d2, j1)[1] < r0 / 1.4
-    # the shared per-model memo never holds the observed job's own estimates
-    assert cache.estimates[(JOB.model, JOB.global_batch, g0)] == base.estimate(JOB, g0)
+    assert fresh(d2, j2) == (g0, r0)                                # the observed job's estimates stay its own
 
 
 def test_round_data_cache_follows_other_jobs_established_runs(base):
@@ -243,7 +245,6 @@ def test_round_data_cache_follows_other_jobs_established_runs(base):
     g1, r1 = _col(d1, "k", G2.shape)
     assert r1 == pytest.approx(1.0 / m.estimate(j2, g1).iteration_time_s, rel=1e-12)
     assert r0 / 3 < r1 < r0 / 1.5                                   # most of the way: same model, same shape
-    assert cache.estimates[(JOB.model, JOB.global_batch, g1)] == m.estimate(j2, g1)
 
 
 def _xjob_prediction(m: OnlineModel, job: Job, other: Job, grid: Grid, n: float, x: float) -> float:
@@ -389,3 +390,110 @@ def test_live_round_loop_feeds_the_launchers_measurements(tmp_path):
     for n, mean, reported in seen:                              # the fed increments add up to the
         assert n >= 1 and mean == pytest.approx(reported, rel=1e-9)   # launcher's running mean
     assert m.estimate_key(job) is not None
+
+
+class _GridByGrid:
+    """The online model without its bulk path (what the round data does with a model
+    that estimates grid by grid)."""
+
+    def __init__(self, m: OnlineModel):
+        self.m, self.name = m, m.name
+
+    def estimate(self, job, grid):
+        return self.m.estimate(job, grid)
+
+    def observe(self, job, grid, iteration_time_s, iterations):
+        self.m.observe(job, grid, iteration_time_s, iterations)
+
+    def estimate_key(self, job):
+        return self.m.estimate_key(job)
+
+    def shared_key(self):
+        return self.m.shared_key()
+
+
+def _observed_cluster_model(base, seed: int):
+    """An online model (nonzero ``grid`` part, so every term of the correction is used)
+    with random runs of four jobs of three models on A100 and CPU grids, some
+    established (shared stage), some short of ``min_iterations``, on a 2x4 A100 + 1x2 CPU
+    cluster."""
+    from estimators.grids import candidate_grids
+    rng = np.random.default_rng(seed)
+    cl = cluster(("a100", 2, 4), ("cpu", 1, 2))
+    jobs = [Job("a", "gpt__1.3B", 128, 1000, 0.0), Job("b", "gpt__1.3B", 128, 1000, 0.0),
+            Job("c", "gpt__350M", 64, 1000, 0.0), Job("d", "moe__690M", 64, 1000, 0.0)]
+    m = online(base, prior=OnlinePrior(grid=0.05, job=0.03))
+    for job in jobs[:3]:
+        grids = candidate_grids(job, cl, max_gpus=8)
+        for k in rng.choice(len(grids), size=3, replace=False):
+            b = m.base.estimate(job, grids[k])
+            if b.feasible:
+                m.observe(job, grids[k], b.iteration_time_s * float(np.exp(rng.normal(0, 0.3))),
+                          float(rng.choice([5, 25, 60])))
+    return m, cl, jobs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bulk_throughputs_equal_the_grid_by_grid_estimates(base, seed):
+    from estimators.base import throughputs
+    from estimators.grids import candidate_grids
+    m, cl, jobs = _observed_cluster_model(base, seed)
+    assert m.store.established, "the draw establishes at least one run"
+    for job in jobs:                  # observed, established in the shared window, and unobserved jobs
+        grids = candidate_grids(job, cl, max_gpus=8)
+        thr, plans = m.throughputs(job, grids)
+        ref = [m.estimate(job, g) for g in grids]
+        assert thr == pytest.approx([e.throughput if e.feasible else 0.0 for e in ref], rel=1e-12, abs=0)
+        assert plans == [e.plan for e in ref]
+        assert throughputs(_GridByGrid(m), job, grids) == (pytest.approx(thr, rel=1e-12, abs=0), plans)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_round_data_from_bulk_estimates_equals_the_grid_by_grid_build(base, seed):
+    """The columns (best depth per shape, the current grid kept, move prices) are the same
+    whether the round data estimates in bulk or grid by grid."""
+    m, cl, jobs = _observed_cluster_model(base, seed)
+    running = Allocation(Grid(Shape(A100, 1, 2), 1), ((0, 0), (0, 1)))
+    views = tuple(JobView(j, j.num_iterations, running if j.job_id == "a" else None, 0.0, 0.0, 0) for j in jobs)
+    ctx = RoundContext(0.0, 0, 300.0, cl, views, m, ReconfigCostModel(), 0)
+    bulk = build_round_data(ctx, m, max_gpus=8)
+    one = build_round_data(ctx, _GridByGrid(m), max_gpus=8)
+    assert isinstance(_GridByGrid(m), LearnsOnline) and not isinstance(_GridByGrid(m), EstimatesInBulk)
+    assert bulk.grids == one.grids and bulk.plans == one.plans
+    np.testing.assert_allclose(bulk.col_throughput, one.col_throughput, rtol=1e-12)
+    np.testing.assert_array_equal(bulk.col_reconfig_s, one.col_reconfig_s)
+    np.testing.assert_array_equal(bulk.current_col, one.current_col)
+    assert bulk.current_col[bulk.job_ids.index("a")] >= 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0.0, -1.0, 1.0, 2.0, 2.0, 3.0, math.inf, math.nan])),
+                min_size=1, max_size=12), st.integers(-1, 11))
+def test_best_depth_per_shape_is_the_first_best_grid_and_keeps_the_current_one(cols, current):
+    """``_block``'s vectorized pick against the rule written as a loop: per shape, the
+    current grid if its estimate is usable, else the first grid (enumeration order) of
+    the highest positive finite throughput; shapes without one are dropped."""
+    from engine.formulation.round_data import _block, _Layout
+    grids = [Grid(Shape(A100, 1, 2 ** s), 1) for s, _ in cols]
+    thr = [t for _, t in cols]
+    current = current if current < len(cols) else -1
+    keys = sorted({(A100, 1, 2 ** s) for s, _ in cols})
+    group = np.array([keys.index((A100, 1, 2 ** s)) for s, _ in cols])
+    z = np.zeros(len(cols))
+    lay = _Layout(grids, group, keys, z.astype(np.int64), z.astype(np.int64), z.astype(np.int64),
+                  z.astype(np.int64), np.arange(len(cols), dtype=float), current, 0.0)
+    best: dict = {}
+    for i, (k, t) in enumerate(zip(group, thr)):
+        if not (t > 0 and math.isfinite(t)):
+            continue
+        rank = math.inf if i == current else t
+        if k not in best or rank > best[k][0]:
+            best[k] = (rank, i)
+    want = [best[k][1] for k in sorted(best)]
+    b = _block(JOB, lay, thr, list(range(len(cols))))
+    if not want:
+        assert b is None
+        return
+    assert list(b.plans) == want                      # plans stand in for the grid indices
+    assert list(b.col_reconfig_s) == [float(i) for i in want]
+    assert b.current == (want.index(current) if current in want else -1)

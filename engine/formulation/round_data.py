@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from estimators.base import LearnsOnline
+from estimators.base import LearnsOnline, throughputs
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
@@ -178,37 +178,64 @@ class _Block:
     resume_s: float = 0.0           # a running job: what resuming would cost if it were stopped now
 
 
+@dataclass
+class _Layout:
+    """One job's candidate grids in one state (current grid, resumed or not, known
+    infeasible shapes), before estimates: enumerated, filtered, grouped by shape (in
+    shape order) and priced as moves."""
+    grids: list
+    group: np.ndarray               # per grid: the index of its shape in ``keys``
+    keys: list                      # (GPU type, nodes, GPUs per node), sorted
+    col_type: np.ndarray            # per grid, as the block's arrays
+    col_nodes: np.ndarray
+    col_gpn: np.ndarray
+    col_pp: np.ndarray
+    col_reconfig_s: np.ndarray
+    current: int                    # index of the current grid, -1 if none
+    resume_s: float
+
+
 class RoundDataCache:
     """What ``build_round_data`` may reuse from round to round, for one performance model.
 
-    - estimates by (model, global batch, grid): they depend on the job only through those
-      — except for a job a performance model that learns online (``estimators.LearnsOnline``)
-      has measurements of, whose estimates are its own and live only in its block;
-    - each job's column block by (job id, current grid, known infeasible shapes, the
-      model's ``estimate_key`` for the job where it learns online): enumeration, filter,
-      estimates, best depth per shape and move prices are recomputed only when one of
-      those changes. Grid filters must therefore be functions of the job, the grid and
-      the job's known infeasible shapes (every registered policy's are).
+    - each job's candidate grids and move prices (``_Layout``) by (job id, current grid,
+      resumed or not, known infeasible shapes): enumeration and filter run only when one
+      of those changes. Grid filters must therefore be functions of the job, the grid and
+      the job's known infeasible shapes (every registered policy's are);
+    - estimates by (model, global batch, grid), for performance models that estimate grid
+      by grid: they depend on the job only through those — except for a job a model
+      that learns online (``estimators.LearnsOnline``) has measurements of, whose
+      estimates are its own and live only in its block;
+    - each job's column block by the layout's key and the model's ``estimate_key`` for
+      the job where it learns online: estimates and the best depth per shape are
+      recomputed only when one of those changes.
 
-    A new performance model (``perf`` is not the one cached for), or a new ``shared_key()``
-    of one that learns online across jobs (another job's run was established), empties both.
+    A new performance model (``perf`` is not the one cached for) empties all three; a new
+    ``shared_key()`` of one that learns online across jobs (another job's run was
+    established) the estimates and blocks; a new move cost model the layouts and blocks.
     """
 
     def __init__(self) -> None:
         self.estimates: dict = {}
         self.blocks: dict = {}
+        self.layouts: dict = {}
         self._owner: object = None
         self._reconfig: object = None
         self._shared: object = None
 
     def bind(self, perf: object, reconfig: object, active_jobs: int) -> None:
         shared = perf.shared_key() if isinstance(perf, LearnsOnline) else None
+        if perf is not self._owner:
+            self.layouts = {}
         if perf is not self._owner or shared != self._shared:
             self.estimates, self.blocks, self._owner, self._shared = {}, {}, perf, shared
         if reconfig is not self._reconfig:
-            self.blocks, self._reconfig = {}, reconfig
-        if len(self.blocks) > 4 * active_jobs + 1000:     # bounded: drop blocks of ended jobs
+            self.blocks, self.layouts, self._reconfig = {}, {}, reconfig
+        bound = 4 * active_jobs + 1000                    # bounded: drop entries of ended jobs
+        if len(self.blocks) > bound:
             self.blocks = {}
+        if len(self.layouts) > bound:
+            self.layouts = {}
 
 
 def _job_version(perf, job: Job):
@@ -218,43 +245,49 @@ def _job_version(perf, job: Job):
     return perf.estimate_key(job) if isinstance(perf, LearnsOnline) else None
 
 
-def _block(ctx: RoundContext, view: JobView, perf, cap: Capacity, type_index: dict, grids_fn: GridsFn,
-           max_gpus: int, grid_filter, estimates: dict) -> _Block | None:
-    job = view.job
-    best: dict[tuple, tuple[float, Grid, Any]] = {}
+def _layout(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, grids_fn: GridsFn,
+            max_gpus: int, grid_filter) -> _Layout:
     cur_grid = view.current.grid if view.current is not None else None
-    for grid in grids_fn(job, ctx.cluster, max_gpus=max_gpus):
+    grids = []
+    for grid in grids_fn(view.job, ctx.cluster, max_gpus=max_gpus):
         t = grid.gpu_type
         if t not in type_index or grid.shape.gpus_per_node > cap.max_gpus_per_node[type_index[t]]:
             continue
         if grid_filter is not None and not grid_filter(view, grid):
             continue
-        key = (job.model, job.global_batch, grid)
-        est = estimates.get(key)
-        if est is None:
-            est = perf.estimate(job, grid)
-            estimates[key] = est
-        if not est.feasible or not est.throughput > 0 or not math.isfinite(est.throughput):
-            continue
-        skey = (t, grid.shape.num_nodes, grid.shape.gpus_per_node)
-        value = est.throughput
-        if cur_grid is not None and grid == cur_grid:
-            value = math.inf          # keep the current grid for the current shape
-        if skey not in best or value > best[skey][0]:
-            best[skey] = (value, grid, est)
-    if not best:
+        grids.append(grid)
+    skeys = [(g.gpu_type, g.shape.num_nodes, g.shape.gpus_per_node) for g in grids]
+    keys = sorted(set(skeys))
+    position = {k: i for i, k in enumerate(keys)}
+    return _Layout(grids, np.array([position[k] for k in skeys], dtype=np.int64), keys,
+                   np.array([type_index[t] for t, _, _ in skeys], dtype=np.int64),
+                   np.array([n for _, n, _ in skeys], dtype=np.int64),
+                   np.array([m for _, _, m in skeys], dtype=np.int64),
+                   np.array([g.pp for g in grids], dtype=np.int64),
+                   np.array([_reconfig_cost_s(ctx, view, g) for g in grids], dtype=float),
+                   next((i for i, g in enumerate(grids) if g == cur_grid), -1), _resume_cost_s(ctx, view))
+
+
+def _block(job: Job, lay: _Layout, thr: list[float], plans: list) -> _Block | None:
+    """The best depth per shape (the current grid for the current shape; else the first
+    grid of the highest estimated throughput), among grids with a positive finite one."""
+    t = np.asarray(thr, dtype=float)
+    valid = (t > 0) & np.isfinite(t)
+    if not valid.any():
         return None
-    keys = sorted(best)
-    grids = tuple(best[k][1] for k in keys)
-    ests = [best[k][2] for k in keys]
-    current = next((i for i, g in enumerate(grids) if g == cur_grid), -1)
-    thr_of = {k: float(best[k][2].throughput) for k in keys}
-    return _Block(grids, tuple(e.plan for e in ests),
-                  np.array([type_index[t] for t, _, _ in keys], dtype=np.int64),
-                  np.array([n for _, n, _ in keys], dtype=np.int64), np.array([m for _, _, m in keys], dtype=np.int64),
-                  np.array([g.pp for g in grids], dtype=np.int64), np.array([float(e.throughput) for e in ests]),
-                  np.array([_reconfig_cost_s(ctx, view, g) for g in grids], dtype=float), current,
-                  _reference_throughput(job, thr_of), _resume_cost_s(ctx, view))
+    rank = np.where(valid, t, -np.inf)
+    if lay.current >= 0 and valid[lay.current]:
+        rank[lay.current] = np.inf
+    order = np.lexsort((np.arange(len(t)), -rank, lay.group))     # by shape, best first, then enumeration
+    g = lay.group[order]
+    first = order[np.concatenate(([True], g[1:] != g[:-1]))]
+    win = first[valid[first]]
+    keys = [lay.keys[i] for i in lay.group[win]]
+    thr_of = {k: float(t[i]) for k, i in zip(keys, win)}
+    current = int(np.flatnonzero(win == lay.current)[0]) if lay.current >= 0 and valid[lay.current] else -1
+    return _Block(tuple(lay.grids[i] for i in win), tuple(plans[i] for i in win), lay.col_type[win],
+                  lay.col_nodes[win], lay.col_gpn[win], lay.col_pp[win], t[win], lay.col_reconfig_s[win], current,
+                  _reference_throughput(job, thr_of), lay.resume_s)
 
 
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
@@ -285,12 +318,17 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         job = view.job
         cur_grid = view.current.grid if view.current is not None else None
         version = _job_version(perf, job)
-        bkey = (job.job_id, cur_grid, _resumed(view), view.known_infeasible_shapes, version)
+        lkey = (job.job_id, cur_grid, _resumed(view), view.known_infeasible_shapes)
+        bkey = (lkey, version)
         if bkey in cache.blocks:
             block = cache.blocks[bkey]
-        else:       # a job with its own estimates does not share (nor fill) the per-model memo
-            block = cache.blocks[bkey] = _block(ctx, view, perf, cap, type_index, grids_fn, max_gpus,
-                                                grid_filter, cache.estimates if version is None else {})
+        else:
+            lay = cache.layouts.get(lkey)
+            if lay is None:
+                lay = cache.layouts[lkey] = _layout(ctx, view, cap, type_index, grids_fn, max_gpus, grid_filter)
+            # a job with its own estimates does not share (nor fill) the per-model memo
+            thr, plans = throughputs(perf, job, lay.grids, cache.estimates if version is None else {})
+            block = cache.blocks[bkey] = _block(job, lay, thr, plans)
         if block is None:
             unschedulable.append(job.job_id)
             continue
