@@ -327,18 +327,25 @@ class OnlineModel:
                 out.append((g, math.log(s.mean_s / b.iteration_time_s), self.comm_share(job, g), s.iterations))
         return out
 
-    def covariance(self, g: Grid, s: float, h: Grid, t: float) -> float:
-        """Prior covariance of one job's own parts of the base model's log errors on grids
-        ``g`` and ``h`` (communication shares ``s`` and ``t``)."""
+    def covariances(self, grids, shares, shape_var=None) -> np.ndarray:
+        """Prior covariance of one job's own parts of the base model's log errors between
+        every pair of ``grids`` (communication shares ``shares``):
+        ``job² + comm²·s·s' + type(t)²·[same type] + shape²·[same shape] + grid²·[same grid]``,
+        plus ``shape_var[i]`` on pairs of the same shape where given."""
         p = self.prior
-        c = p.job ** 2 + p.comm ** 2 * s * t
-        if g.gpu_type == h.gpu_type:
-            c += (p.type if g.gpu_type in self.calibrated_types else p.new_type) ** 2
-        if g.shape == h.shape:
-            c += p.shape ** 2
-        if g == h:
-            c += p.grid ** 2
-        return c
+        s = np.asarray(shares, dtype=float)
+        codes = []
+        for keys in ([g.gpu_type for g in grids], [g.shape for g in grids], list(grids)):
+            index: dict = {}
+            c = np.array([index.setdefault(k, len(index)) for k in keys])
+            codes.append(c[:, None] == c[None, :])
+        same_type, same_shape, same_grid = codes
+        tc = np.array([(p.type if g.gpu_type in self.calibrated_types else p.new_type) ** 2 for g in grids])
+        c = p.job ** 2 + (p.comm ** 2 * s)[:, None] * s[None, :]
+        c = c + np.where(same_type, tc[:, None], 0.0)
+        c = c + np.where(same_shape, p.shape ** 2, 0.0)
+        c = c + np.where(same_grid, p.grid ** 2, 0.0)
+        return c if shape_var is None else c + np.where(same_shape, np.asarray(shape_var)[:, None], 0.0)
 
     def _shared_runs(self) -> dict:
         """Other jobs' established runs per resource shape (the latest ``SHARED_WINDOW``),
@@ -386,8 +393,8 @@ class OnlineModel:
             n = len(others)
             ids, fams, models = (np.array([r[c] for r in others]) for c in (0, 1, 2))
             C = np.asarray(p.shared(fams[:, None], models[:, None], fams[None, :], models[None, :]), dtype=float)
-            for i, k in zip(*np.nonzero(ids[:, None] == ids[None, :])):        # one job's runs: its own parts
-                C[i, k] += self.covariance(others[i][3], others[i][5], others[k][3], others[k][5])
+            own = self.covariances([r[3] for r in others], [r[5] for r in others])
+            C = C + np.where(ids[:, None] == ids[None, :], own, 0.0)               # one job's runs: its own parts
             C[np.diag_indices(n)] += [p.noise(r[6]) for r in others]
             t = np.asarray(p.shared(fam, model, fams, models), dtype=float)
             sol = np.linalg.solve(C + 1e-12 * np.eye(n), np.column_stack([[r[4] for r in others], t]))
@@ -411,12 +418,11 @@ class OnlineModel:
         f = _Fit(key, effects)
         if obs:
             p = self.prior
-            K = np.array([[self.covariance(gi, si, gj, sj) + (effects[gi.shape][1] if gi.shape == gj.shape else 0.0)
-                           for (gj, _, sj, _) in obs] for (gi, _, si, _) in obs])
+            K = self.covariances([o[0] for o in obs], [o[2] for o in obs], [effects[o[0].shape][1] for o in obs])
             K += np.diag([p.noise(n) for *_, n in obs])
             r = np.array([x - effects[g.shape][0] for g, x, _, _ in obs])
             alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), r)
-            # sum_i covariance(grid, s, g_i, s_i) alpha_i, term by term (``covariance``'s terms)
+            # sum_i covariance(grid, s, g_i, s_i) alpha_i, term by term (``covariances``' terms)
             f.const = p.job ** 2 * float(alpha.sum())
             f.comm = p.comm ** 2 * float(sum(a * si for a, (_, _, si, _) in zip(alpha, obs)))
             for a, (g, *_) in zip(alpha, obs):
