@@ -245,6 +245,7 @@ class OnlineModel:
         self._by_shape: dict = {}               # shape -> [(job id, family, model, grid, log error, share, n)]
         self._ids_by_shape: dict = {}           # shape -> the job ids among them
         self._effects: dict = {}                # shape -> {(family, model, excluded job): (mu, v, runs)}
+        self._changed: list = []                # the shape of every run taken into _by_shape, in order
 
     # -- LearnsOnline ------------------------------------------------------------------
     def observe(self, job: Job, grid: Grid, iteration_time_s: float, iterations: float) -> None:
@@ -363,6 +364,7 @@ class OnlineModel:
             del runs[:-SHARED_WINDOW]
             self._ids_by_shape[r.grid.shape] = {x[0] for x in runs}
             self._effects.pop(r.grid.shape, None)
+            self._changed.append(r.grid.shape)
         return self._by_shape
 
     def shared_effect(self, job: Job, shape) -> tuple[float, float, int]:
@@ -438,15 +440,22 @@ class OnlineModel:
 
     def predicted_log_error(self, job: Job, grid: Grid) -> tuple[float, str] | None:
         """Posterior mean of the base model's log error of ``job`` on ``grid`` and what it
-        comes from; None when nothing measured bears on it."""
-        e = self._log_errors(job, self._grids(job, (grid,)))
-        n_runs = self.shared_effect(job, grid.shape)[2]
-        f = self._fits.get(job.job_id) if self.store.of(job.job_id) else None
-        own = f.own if f is not None else None
-        if e is None or (own is None and n_runs == 0):
+        comes from; None when nothing measured bears on it. Grid by grid, the reference
+        that ``throughputs`` computes in bulk (tests compare them)."""
+        f = self._fit(job) if self.store.of(job.job_id) else None
+        mu, _, n_runs = self.shared_effect(job, grid.shape)
+        own = f is not None and f.own is not None
+        if not own and n_runs == 0:
             return None
-        parts = ([own] if own else []) + ([f"{n_runs} other run(s) on this shape"] if n_runs else [])
-        return float(e[0]), " and ".join(parts)
+        e = mu
+        parts = []
+        if own:
+            e += (f.const + f.comm * self.comm_share(job, grid) + f.by_type.get(grid.gpu_type, 0.0)
+                  + f.by_shape.get(grid.shape, 0.0) + f.by_grid.get(grid, 0.0))
+            parts.append(f.own)
+        if n_runs:
+            parts.append(f"{n_runs} other run(s) on this shape")
+        return e, " and ".join(parts)
 
     def throughputs(self, job: Job, grids) -> tuple[list[float], list]:
         """``EstimatesInBulk``: per grid, the throughput ``estimate`` gives (0 where the base
@@ -487,11 +496,19 @@ class OnlineModel:
         shape plus the job's own kriged residual (``_Fit``)."""
         f = self._fit(job) if self.store.of(job.job_id) else None
         fam = self.family(job.model)
-        key = self.shared_key()
-        hit = g.shared.get((fam, job.model))
-        if hit is None or hit[0] != key:        # every other job's runs, per shape of g
+        self._shared_runs()
+        n = len(self._changed)
+        hit = g.shared.get((fam, job.model))            # every other job's runs, per shape of g
+        if hit is None:
             eff = [self._shared_effect(fam, job.model, shape, None) for shape in g.shapes]
-            hit = g.shared[(fam, job.model)] = (key, np.array([x[0] for x in eff]), np.array([x[2] for x in eff]))
+            hit = g.shared[(fam, job.model)] = (n, np.array([x[0] for x in eff]), np.array([x[2] for x in eff]))
+        elif hit[0] != n:                               # only the shapes with new runs since
+            mu, runs = hit[1].copy(), hit[2].copy()
+            for shape in set(self._changed[hit[0]:]):
+                i = g.shapes.get(shape)
+                if i is not None:
+                    mu[i], _, runs[i] = self._shared_effect(fam, job.model, shape, None)
+            hit = g.shared[(fam, job.model)] = (n, mu, runs)
         _, mu, runs = hit
         if f is not None and f.effects:         # the job's observed shapes, without its own runs
             mu, runs = mu.copy(), runs.copy()
@@ -530,7 +547,7 @@ class _Grids:
     shape_of: np.ndarray            # position of the grid's shape in ``shapes``
     shapes: dict                    # shape -> position
     plans: list                     # the base estimates' proxy plans
-    shared: dict = field(default_factory=dict)   # (family, model) -> (shared key, mu, runs) per shape
+    shared: dict = field(default_factory=dict)   # (family, model) -> (runs taken in, mu, runs) per shape
 
 
 @dataclass(eq=False)

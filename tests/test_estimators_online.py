@@ -439,13 +439,17 @@ def test_bulk_throughputs_equal_the_grid_by_grid_estimates(base, seed):
     from estimators.grids import candidate_grids
     m, cl, jobs = _observed_cluster_model(base, seed)
     assert m.store.established, "the draw establishes at least one run"
-    for job in jobs:                  # observed, established in the shared window, and unobserved jobs
-        grids = candidate_grids(job, cl, max_gpus=8)
-        thr, plans = m.throughputs(job, grids)
-        ref = [m.estimate(job, g) for g in grids]
-        assert thr == pytest.approx([e.throughput if e.feasible else 0.0 for e in ref], rel=1e-12, abs=0)
-        assert plans == [e.plan for e in ref]
-        assert throughputs(_GridByGrid(m), job, grids) == (pytest.approx(thr, rel=1e-12, abs=0), plans)
+    for later in (False, True):       # then again after one more run is established (kept arrays updated)
+        if later:
+            grid = candidate_grids(jobs[3], cl, max_gpus=8)[seed]
+            m.observe(jobs[3], grid, 1.7 * m.base.estimate(jobs[3], grid).iteration_time_s, 30)
+        for job in jobs:              # observed, established in the shared window, and unobserved jobs
+            grids = candidate_grids(job, cl, max_gpus=8)
+            thr, plans = m.throughputs(job, grids)
+            ref = [m.estimate(job, g) for g in grids]
+            assert thr == pytest.approx([e.throughput if e.feasible else 0.0 for e in ref], rel=1e-12, abs=0)
+            assert plans == [e.plan for e in ref]
+            assert throughputs(_GridByGrid(m), job, grids) == (pytest.approx(thr, rel=1e-12, abs=0), plans)
 
 
 @pytest.mark.parametrize("seed", range(4))
