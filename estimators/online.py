@@ -444,12 +444,13 @@ class OnlineModel:
         that ``throughputs`` computes in bulk (tests compare them)."""
         f = self._fit(job) if self.store.of(job.job_id) else None
         mu, _, n_runs = self.shared_effect(job, grid.shape)
-        own = f is not None and f.own is not None
-        if not own and n_runs == 0:
+        if f is not None and f.own is None:
+            f = None
+        if f is None and n_runs == 0:
             return None
         e = mu
-        parts = []
-        if own:
+        parts: list[str] = []
+        if f is not None and f.own is not None:
             e += (f.const + f.comm * self.comm_share(job, grid) + f.by_type.get(grid.gpu_type, 0.0)
                   + f.by_shape.get(grid.shape, 0.0) + f.by_grid.get(grid, 0.0))
             parts.append(f.own)
