@@ -38,3 +38,17 @@ def test_unknown_policy_is_named():
     with pytest.raises(InputError, match="unknown policy 'nope'; known: .*arena"):
         make_policy("nope")
     assert isinstance(policy_names(), list)
+
+
+def test_shapes_and_grids_hash_as_their_fields_and_pickle_without_the_kept_hash():
+    import copy
+    import dataclasses
+    import pickle
+    g = Grid(Shape("a100", 2, 4), 2)
+    assert hash(g) == hash((Shape("a100-40gb", 2, 4), 2)) and hash(g.shape) == hash(("a100-40gb", 2, 4))
+    assert {g: 1}[Grid(Shape("a100-40gb", 2, 4), 2)] == 1
+    for twin in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
+        assert "_hash" not in twin.__dict__ and "_hash" not in twin.shape.__dict__   # a new process rehashes
+    assert hash(dataclasses.replace(g, pp=4)) == hash((g.shape, 4))
+    assert pickle.loads(pickle.dumps(g)) == g and dataclasses.asdict(g) == {
+        "shape": {"gpu_type": "a100-40gb", "num_nodes": 2, "gpus_per_node": 4}, "pp": 2}
