@@ -466,6 +466,10 @@ def test_round_data_from_bulk_estimates_equals_the_grid_by_grid_build(base, seed
     assert bulk.grids == one.grids and bulk.plans == one.plans
     np.testing.assert_allclose(bulk.col_throughput, one.col_throughput, rtol=1e-12)
     np.testing.assert_array_equal(bulk.col_reconfig_s, one.col_reconfig_s)
+    for k in range(bulk.n_cols):                # the kept grids are priced as moves from each job's state
+        view = views[int(bulk.col_job[k])]
+        assert bulk.col_reconfig_s[k] == ctx.reconfig.cost_to_grid_s(view.job, view.current, bulk.grids[k])
+    assert bulk.col_reconfig_s[bulk.col_job == bulk.job_ids.index("a")].max() > 0
     np.testing.assert_array_equal(bulk.current_col, one.current_col)
     assert bulk.current_col[bulk.job_ids.index("a")] >= 0
 
@@ -494,7 +498,7 @@ def test_best_depth_per_shape_is_the_first_best_grid_and_keeps_the_current_one(c
         if k not in best or rank > best[k][0]:
             best[k] = (rank, i)
     want = [best[k][1] for k in sorted(best)]
-    b = _block(JOB, lay, thr, list(range(len(cols))))
+    b = _block(None, JobView(JOB, 1000, None, 0.0, 0.0, 0), lay, thr, list(range(len(cols))))   # prices given
     if not want:
         assert b is None
         return

@@ -190,7 +190,7 @@ class _Layout:
     col_nodes: np.ndarray
     col_gpn: np.ndarray
     col_pp: np.ndarray
-    col_reconfig_s: np.ndarray
+    col_reconfig_s: np.ndarray      # nan until priced (only the grids a block keeps are)
     current: int                    # index of the current grid, -1 if none
     resume_s: float
 
@@ -238,11 +238,6 @@ class RoundDataCache:
             self.layouts = {}
 
 
-def _job_version(perf, job: Job):
-    """None, or what the job's own estimates depend on beyond its model and batch (a
-    performance model that learns online and has measurements of it: its
-    ``estimate_key``, which changes with every measurement)."""
-    return perf.estimate_key(job) if isinstance(perf, LearnsOnline) else None
 
 
 def _layout(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, grids_fn: GridsFn,
@@ -263,12 +258,11 @@ def _layout(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, g
                    np.array([type_index[t] for t, _, _ in skeys], dtype=np.int64),
                    np.array([n for _, n, _ in skeys], dtype=np.int64),
                    np.array([m for _, _, m in skeys], dtype=np.int64),
-                   np.array([g.pp for g in grids], dtype=np.int64),
-                   np.array([_reconfig_cost_s(ctx, view, g) for g in grids], dtype=float),
+                   np.array([g.pp for g in grids], dtype=np.int64), np.full(len(grids), np.nan),
                    next((i for i, g in enumerate(grids) if g == cur_grid), -1), _resume_cost_s(ctx, view))
 
 
-def _block(job: Job, lay: _Layout, thr: list[float], plans: list) -> _Block | None:
+def _block(ctx: RoundContext, view: JobView, lay: _Layout, thr: list[float], plans: list) -> _Block | None:
     """The best depth per shape (the current grid for the current shape; else the first
     grid of the highest estimated throughput), among grids with a positive finite one."""
     t = np.asarray(thr, dtype=float)
@@ -282,12 +276,14 @@ def _block(job: Job, lay: _Layout, thr: list[float], plans: list) -> _Block | No
     g = lay.group[order]
     first = order[np.concatenate(([True], g[1:] != g[:-1]))]
     win = first[valid[first]]
+    for i in win[np.isnan(lay.col_reconfig_s[win])]:
+        lay.col_reconfig_s[i] = _reconfig_cost_s(ctx, view, lay.grids[i])
     keys = [lay.keys[i] for i in lay.group[win]]
     thr_of = {k: float(t[i]) for k, i in zip(keys, win)}
     current = int(np.flatnonzero(win == lay.current)[0]) if lay.current >= 0 and valid[lay.current] else -1
     return _Block(tuple(lay.grids[i] for i in win), tuple(plans[i] for i in win), lay.col_type[win],
                   lay.col_nodes[win], lay.col_gpn[win], lay.col_pp[win], t[win], lay.col_reconfig_s[win], current,
-                  _reference_throughput(job, thr_of), lay.resume_s)
+                  _reference_throughput(view.job, thr_of), lay.resume_s)
 
 
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
@@ -306,6 +302,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     if cache is None:
         cache = RoundDataCache()
     cache.bind(perf, ctx.reconfig, len(ctx.jobs))
+    learns = isinstance(perf, LearnsOnline)         # protocol checks are slow: once per round
 
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
     attained, arrival = [], []
@@ -317,7 +314,9 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     for view in ctx.jobs:
         job = view.job
         cur_grid = view.current.grid if view.current is not None else None
-        version = _job_version(perf, job)
+        # what the job's own estimates depend on beyond its model and batch (a model that
+        # learns online and has measurements of it: its estimate_key, new with each one)
+        version = perf.estimate_key(job) if learns else None
         lkey = (job.job_id, cur_grid, _resumed(view), view.known_infeasible_shapes)
         bkey = (lkey, version)
         if bkey in cache.blocks:
@@ -328,7 +327,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
                 lay = cache.layouts[lkey] = _layout(ctx, view, cap, type_index, grids_fn, max_gpus, grid_filter)
             # a job with its own estimates does not share (nor fill) the per-model memo
             thr, plans = throughputs(perf, job, lay.grids, cache.estimates if version is None else {})
-            block = cache.blocks[bkey] = _block(job, lay, thr, plans)
+            block = cache.blocks[bkey] = _block(ctx, view, lay, thr, plans)
         if block is None:
             unschedulable.append(job.job_id)
             continue
