@@ -443,17 +443,16 @@ class OnlineModel:
         comes from; None when nothing measured bears on it. Grid by grid, the reference
         that ``throughputs`` computes in bulk (tests compare them)."""
         f = self._fit(job) if self.store.of(job.job_id) else None
+        own = f.own if f is not None else None
         mu, _, n_runs = self.shared_effect(job, grid.shape)
-        if f is not None and f.own is None:
-            f = None
-        if f is None and n_runs == 0:
+        if own is None and n_runs == 0:
             return None
         e = mu
         parts: list[str] = []
-        if f is not None and f.own is not None:
+        if f is not None and own is not None:
             e += (f.const + f.comm * self.comm_share(job, grid) + f.by_type.get(grid.gpu_type, 0.0)
                   + f.by_shape.get(grid.shape, 0.0) + f.by_grid.get(grid, 0.0))
-            parts.append(f.own)
+            parts.append(own)
         if n_runs:
             parts.append(f"{n_runs} other run(s) on this shape")
         return e, " and ".join(parts)
@@ -483,7 +482,7 @@ class OnlineModel:
             shapes: dict = {}
             types: dict = {}
             g = self._grid_sets[key] = _Grids(
-                {x: i for i, x in enumerate(key[2])}, base, usable,
+                {x: i for i, x in enumerate(key[2])}, usable,
                 np.array([b.iteration_time_s if u else np.nan for b, u in zip(base, usable)]),
                 np.array([self.comm_share(job, x) if u else 0.0 for x, u in zip(key[2], usable)]),
                 np.array([types.setdefault(x.gpu_type, len(types)) for x in key[2]], dtype=np.int64), types,
@@ -513,10 +512,10 @@ class OnlineModel:
         _, mu, runs = hit
         if f is not None and f.effects:         # the job's observed shapes, without its own runs
             mu, runs = mu.copy(), runs.copy()
-            for shape, (m, _, n) in f.effects.items():
+            for shape, (m, _, k) in f.effects.items():
                 i = g.shapes.get(shape)
                 if i is not None:
-                    mu[i], runs[i] = m, n
+                    mu[i], runs[i] = m, k
         if (f is None or f.own is None) and not runs.any():
             return None
         e = mu[g.shape_of]
@@ -539,7 +538,6 @@ class OnlineModel:
 class _Grids:
     """A grid list of one model and batch, as the correction's arrays."""
     index: dict                     # grid -> position
-    base: list                      # the base model's estimates
     usable: np.ndarray              # the base estimate is feasible with a finite positive time
     time: np.ndarray                # the base iteration time (nan where not usable)
     share: np.ndarray               # communication share (0 where not usable)
