@@ -238,8 +238,6 @@ class RoundDataCache:
             self.layouts = {}
 
 
-
-
 def _layout(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, grids_fn: GridsFn,
             max_gpus: int, grid_filter) -> _Layout:
     cur_grid = view.current.grid if view.current is not None else None
