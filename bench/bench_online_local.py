@@ -38,10 +38,10 @@ GRIDS = (Grid(Shape("cpu", 1, 1), 1), Grid(Shape("cpu", 1, 2), 1), Grid(Shape("c
 JOB_ID = "local"
 
 
-def run_plan(base, job: Job, grid: Grid, iterations: int, work: str, timeout_s: float = 600.0):
+def run_plan(base, job: Job, grid: Grid, iterations: int, work: str, calibrated=None, timeout_s: float = 600.0):
     """Run ``job`` on ``grid`` (the base model's proxy plan); returns (the online model fed
     after ``iterations`` measured iterations, per-step times after the warm-up step)."""
-    online = OnlineModel(base=base)
+    online = OnlineModel(base=base, calibrated_types=calibrated)
     feed = OnlineFeed(online)
     s = grid.shape
     alloc = Allocation(grid, tuple((0, i) for i in range(s.num_gpus)))
@@ -95,24 +95,49 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--iterations", type=int, default=20, help="measured iterations fed before estimating")
     ap.add_argument("--later", type=int, default=20, help="further steps per run: the own grid's held-out truth")
-    ap.add_argument("--base", default="analytic")
+    ap.add_argument("--base", default="analytic",
+                    help="the online model's base: a performance model kind (analytic: catalog specs), or "
+                         "local-runtime: this host profiled into a fresh store and the launcher's runtime terms "
+                         "measured at 1 and 2 ranks first (estimators/evaluation/local_accuracy.py)")
     ap.add_argument("--passes", type=int, default=1, help="repeat every run; per pair, the median over passes")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.iterations < 1 or a.later < 1 or a.passes < 1:
         ap.error("--iterations, --later and --passes must be >= 1")
     job = Job(JOB_ID, a.model, a.batch, 1 + a.iterations + a.later, 0.0)
-    base = make_performance_model(a.base)
+    return _run(a, job)
+
+
+def _base(a, job: Job, store_dir: str):
+    """(base model, the GPU types whose base estimates are calibrated: None for the default)."""
+    if a.base != "local-runtime":
+        return make_performance_model(a.base), None
+    from estimators.compose import micro_batch_size
+    from estimators.evaluation.local_accuracy import LocalRuntimeModel, profile_local_runtime
+    from estimators.profile_store import ProfileStore
+    t = time.perf_counter()
+    mbs = {micro_batch_size(job.global_batch, g.shape.num_gpus // g.pp, 4 if g.pp > 1 else 1) for g in GRIDS} \
+        | {micro_batch_size(job.global_batch, 1, 4 if g.pp > 1 else 1) for g in GRIDS}
+    rt = profile_local_runtime(job.model, job.global_batch, {g.shape.num_gpus for g in GRIDS}, ProfileStore(store_dir),
+                               micro_batches=mbs)
+    print(f"  profiled {job.model} and the runtime terms at {sorted(rt.terms)} ranks: "
+          f"{time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    return LocalRuntimeModel(rt), frozenset({rt.device})    # profiled just before: calibrated on this device
+
+
+def _run(a, job: Job) -> int:
     passes = []
     for k in range(a.passes):
         runs = {}
-        for g in GRIDS:
-            with tempfile.TemporaryDirectory(prefix="arena-online-") as work:
-                t = time.perf_counter()
-                runs[g] = run_plan(base, job, g, a.iterations, work)
-                print(f"  pass {k + 1}: ran {g}: {len(runs[g][1])} timed steps, {time.perf_counter() - t:.0f} s",
-                      file=sys.stderr, flush=True)
-        passes.append(compare(job, base, runs, a.iterations))
+        with tempfile.TemporaryDirectory(prefix="arena-online-profile-") as store_dir:   # a fresh profile per pass
+            base, calibrated = _base(a, job, store_dir)
+            for g in GRIDS:
+                with tempfile.TemporaryDirectory(prefix="arena-online-") as work:
+                    t = time.perf_counter()
+                    runs[g] = run_plan(base, job, g, a.iterations, work, calibrated)
+                    print(f"  pass {k + 1}: ran {g}: {len(runs[g][1])} timed steps, {time.perf_counter() - t:.0f} s",
+                          file=sys.stderr, flush=True)
+            passes.append(compare(job, base, runs, a.iterations))
     out = [{**p0, **{f: statistics.median(p[i][f] for p in passes) for f in NUMBERS}, "passes": a.passes}
            for i, p0 in enumerate(passes[0])]
     if a.json:

@@ -155,3 +155,50 @@ def test_cache_model_from_the_profiled_working_set(tmp_path):
     assert CacheTimer.from_store(inner, store, "cpu", 0.0).times(dec, get_gpu("cpu"), ARCH.dtype) == (f, b)
     assert CacheTimer.from_store(inner, store, "cpu", 0.5).times(dec, get_gpu("cpu"), ARCH.dtype) == \
         pytest.approx((0.75 * f, 0.75 * b))           # halfway between cold and warm (half of it)
+
+
+def _local_runtime(tmp_path, terms):
+    from estimators.analytic import AnalyticModel
+    from estimators.evaluation.local_accuracy import LocalRuntime
+    from estimators.profile_store import LayerProfile, ProfileStore
+    store = ProfileStore(tmp_path)
+    store.put_layers([LayerProfile("cpu", "float32", s.kind, tuple(s.signature), tp, mb, 1e-3, 2e-3, 1e9, 1e9,
+                                   "full", 1e-3, 2e-3, 1.0, 1, 3e-3)
+                      for s in {(s.kind, tuple(s.signature)): s for s in ARCH.layers()}.values()
+                      for tp in (1, 2) for mb in (1, 2, 4, 8)])
+    eff, mem = launcher_runtime(cpu=True)
+    planner = AnalyticModel(profile_store=store, profile_device="cpu", efficiency=eff, memory=mem).planner
+    return LocalRuntime(ARCH, 8, "cpu", get_gpu("cpu"), planner, eff, terms, store)
+
+
+def test_local_runtime_model_picks_the_fastest_measured_layout(tmp_path):
+    from estimators.evaluation.local_accuracy import LocalRuntimeModel
+    from estimators.online import OnlineModel
+    from instances.grid import Grid, Shape
+    from instances.jobs import Job
+    terms = {1: RuntimeTerms(1, 8, 1e-3),
+             2: RuntimeTerms(2, 8, 2e-3, (1.0, 1.0), (1.3, 1.3), (0.5, 0.5), (0.01, 0.01))}
+    rt = _local_runtime(tmp_path, terms)
+    model = LocalRuntimeModel(rt)
+    job = Job("j", "tiny-gpt__4L", 8, 10, 0.0)
+    one, two, deep = Grid(Shape("cpu", 1, 1), 1), Grid(Shape("cpu", 1, 2), 1), Grid(Shape("cpu", 1, 2), 2)
+    e1 = model.estimate(job, one)
+    assert e1.feasible and e1.plan == rt.plan(1, 1, 1, 1)
+    assert e1.iteration_time_s == pytest.approx(rt.evaluate(rt.plan(1, 1, 1, 1)).iteration_time_s)
+    # two ranks, one stage: the faster of data and tensor parallel, with the 2-rank terms
+    options = {p: rt.evaluate(p).iteration_time_s for p in (rt.plan(2, 1, 1, 1), rt.plan(1, 2, 1, 1))}
+    e2 = model.estimate(job, two)
+    assert e2.plan == min(options, key=options.get) and e2.iteration_time_s == pytest.approx(min(options.values()))
+    assert model.estimate(job, deep).plan == rt.plan(1, 1, 2, 4)        # two stages of 4 micro-batches
+    # the 2-rank terms are charged: contention stretches the compute, the step overhead is added
+    assert rt.evaluate(rt.plan(2, 1, 1, 1)).iteration_time_s > \
+        _local_runtime(tmp_path / "x", {2: RuntimeTerms(2, 8, 1e-3)}).evaluate(rt.plan(2, 1, 1, 1)).iteration_time_s
+    # a rank count without measured terms runs nothing; another model or device is refused
+    assert not model.estimate(job, Grid(Shape("cpu", 1, 4), 1)).feasible
+    with pytest.raises(InputError):
+        model.estimate(Job("k", "tiny-gpt__2L", 8, 10, 0.0), one)
+    with pytest.raises(InputError):
+        model.estimate(job, Grid(Shape("a100-40gb", 1, 1), 1))
+    # as an online model's base: its plans give the communication share (none on one rank)
+    online = OnlineModel(base=model, calibrated_types=frozenset({"cpu"}))
+    assert online.comm_share(job, one) == 0.0 < online.comm_share(job, two)

@@ -57,9 +57,9 @@ from instances.gpus import get_gpu
 from instances.models import get_model
 
 from ..analytic import AnalyticModel
-from ..base import Plan
+from ..base import Estimate, Plan
 from ..config import EfficiencyConfig, MemoryConfig
-from ..planner import Planner
+from ..planner import Planner, PlanResult
 from ..profile_store import ProfileStore
 
 DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # dp, tp, pp, microbatches
@@ -243,6 +243,123 @@ class LocalResult:
         return self.estimated_cache_s / self.measured_s - 1
 
 
+@dataclass(frozen=True)
+class LocalRuntime:
+    """The estimate of the launcher's runs of one model at one global batch on this host
+    (module doc): the profiled planner (layers per micro-batch size, collectives), the
+    launcher's runtime config and the runtime terms measured per rank count."""
+    arch: object
+    global_batch: int
+    device: str
+    gpu: object
+    planner: Planner
+    efficiency: EfficiencyConfig
+    terms: dict                     # rank count -> RuntimeTerms
+    store: ProfileStore
+
+    def plan(self, dp: int, tp: int, pp: int, microbatches: int) -> Plan:
+        """The plan the launcher runs for this layout (the planner's stage split; the
+        launcher replicates MoE experts)."""
+        return Plan(pp, dp, tp, self.planner.split(self.arch, self.gpu, pp), microbatches, "1f1b", ep=1)
+
+    def cache_hit(self, plan: Plan) -> tuple[float, float]:
+        """(the step's working set in bytes, the cache model's hit fraction) for ``plan``."""
+        from ..compose import micro_batch_size
+        flush = max((r.flush_bytes for r in self.store.layer_records(self.device)), default=0.0)
+        ws = step_working_set(self.arch, plan, micro_batch_size(self.global_batch, plan.dp, plan.microbatches),
+                              self.store, self.device)
+        return ws, cache_hit(ws, flush)
+
+    def evaluate(self, plan: Plan, hit: float = 0.0) -> PlanResult:
+        """``plan``'s estimate with its rank count's runtime terms (``hit``: the cache
+        model's hit fraction; 0, the default, is the cold profile)."""
+        ranks = plan.dp * plan.tp * plan.pp
+        t = self.terms.get(ranks)
+        if t is None:
+            raise InputError(f"no runtime terms measured at {ranks} ranks (measured: {sorted(self.terms)})",
+                             field="plans")
+        e = replace(self.efficiency, step_overhead_s=t.step_overhead_s)
+        if plan.tp > 1 and plan.tp == ranks:      # the DTensor overhead is measured at tp = ranks only
+            e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
+        timer = self.planner.timer if hit <= 0 else CacheTimer.from_store(self.planner.timer, self.store,
+                                                                          self.device, hit)
+        planner = Planner(replace(self.planner.cfg, efficiency=e), ContendedTimer(timer, t.contention),
+                          self.planner.comm)
+        return planner.evaluate(self.arch, plan, global_batch=self.global_batch, gpu=self.gpu, gpus_per_node=ranks)
+
+
+def profile_local_runtime(model: str, global_batch: int, ranks, store: ProfileStore,
+                          profile_repeats: int = 9, micro_batches=()) -> LocalRuntime:
+    """Profile ``model``'s layers (what ``store`` lacks; at micro-batch 1 and
+    ``micro_batches``) and the collectives into ``store``, and measure the runtime terms
+    at every rank count in ``ranks``."""
+    from ..profiler import ProfilerConfig, local_device, profile_collectives, profile_layers
+    arch = get_model(model)
+    device, _ = local_device()
+    if not store.collective_records(device):
+        profile_collectives(group_sizes=(2,), store=store)
+    profile_layers(arch, store=store,            # reuses what the store already holds
+                   cfg=ProfilerConfig(micro_batches=tuple(sorted({1, *micro_batches})), repeats=profile_repeats))
+    eff, mem = launcher_runtime(cpu=device == "cpu")
+    gpu = get_gpu(device)
+    base = AnalyticModel(profile_store=store, profile_device=device, efficiency=eff, memory=mem).planner
+    if hasattr(base.timer, "flops_per_s"):       # a ProfiledTimer: rates per micro-batch size
+        base = Planner(base.cfg, MicroBatchTimer.from_store(base.timer, store, device), base.comm)
+    terms = {r: profile_runtime_terms(model, ranks=r, micro_batch=global_batch, comm=base.comm, gpu=gpu)
+             for r in sorted(set(ranks))}
+    return LocalRuntime(arch, global_batch, device, gpu, base, eff, terms, store)
+
+
+class LocalRuntimeModel:
+    """A ``PerformanceModel`` over a ``LocalRuntime``: what a user who profiled this host
+    (``arena profile``) and measured the launcher's runtime terms would decide with. A job
+    of the runtime's model and global batch on a grid of the runtime's device gets the
+    fastest of the launcher's layouts whose runtime terms were measured: data parallel
+    within each stage, or (one stage, transformers) tensor parallel over all ranks; with
+    more than one stage, ``pipeline_microbatches`` micro-batches. Its ``plan_result``
+    gives the chosen plan's breakdown (the online model's communication share)."""
+    kind = "local-runtime"
+
+    def __init__(self, runtime: LocalRuntime, pipeline_microbatches: int = 4):
+        self.runtime = runtime
+        self.pipeline_microbatches = int(pipeline_microbatches)
+        self.name = f"local-runtime({runtime.device})"
+        self.analytic = self                    # plan_result, for OnlineModel's communication share
+        self._plans: dict = {}
+
+    def plan_result(self, job, grid) -> PlanResult | None:
+        """The fastest feasible layout's result on ``grid`` (None when none runs)."""
+        rt = self.runtime
+        if job.arch.name != rt.arch.name or job.global_batch != rt.global_batch:
+            raise InputError(f"this local runtime was measured for {rt.arch.name} at global batch "
+                             f"{rt.global_batch}, not {job.model} at {job.global_batch}", field="job")
+        if grid.gpu_type != rt.device:
+            raise InputError(f"this local runtime was measured on {rt.device}, not {grid.gpu_type}", field="grid")
+        key = grid
+        if key not in self._plans:
+            ranks, pp = grid.shape.num_gpus, grid.pp
+            per_stage = ranks // pp
+            m = self.pipeline_microbatches if pp > 1 else 1
+            tps = [1] + ([ranks] if pp == 1 and ranks > 1 and rt.arch.is_transformer else [])
+            best = None
+            for tp in tps:
+                dp = per_stage // tp
+                if ranks not in rt.terms or rt.global_batch % (dp * m) or pp > rt.arch.num_layers:
+                    continue
+                r = rt.evaluate(rt.plan(dp, tp, pp, m))
+                if r.feasible and (best is None or r.iteration_time_s < best.iteration_time_s):
+                    best = r
+            self._plans[key] = best
+        return self._plans[key]
+
+    def estimate(self, job, grid) -> Estimate:
+        r = self.plan_result(job, grid)
+        if r is None:
+            return Estimate(math.inf, 0.0, 0.0, None, False, self.name, ("no measured layout runs here",))
+        t = r.iteration_time_s
+        return Estimate(t, job.global_batch / t, r.memory.peak_bytes, r.plan, True, self.name)
+
+
 def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int = 12, skip: int = 2,
                   plans=DEFAULT_PLANS, store: ProfileStore | None = None,
                   timeout_s: float = 180, profile_repeats: int = 9) -> list[LocalResult]:
@@ -261,43 +378,15 @@ def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int
     from launcher.api import run_training
 
     from ..compose import micro_batch_size
-    from ..profiler import ProfilerConfig, local_device, profile_collectives, profile_layers
-    arch = get_model(model)
-    device, _ = local_device()
-    if not store.collective_records(device):
-        profile_collectives(group_sizes=(2,), store=store)
-    micro_batches = sorted({1} | {micro_batch_size(global_batch, dp, m) for dp, _, _, m in plans})
-    profile_layers(arch, store=store,            # reuses what the store already holds
-                   cfg=ProfilerConfig(micro_batches=tuple(micro_batches), repeats=profile_repeats))
-    eff, mem = launcher_runtime(cpu=device == "cpu")
-    gpu = get_gpu(device)
-    base = AnalyticModel(profile_store=store, profile_device=device, efficiency=eff, memory=mem).planner
-    if hasattr(base.timer, "flops_per_s"):       # a ProfiledTimer: rates per micro-batch size
-        base = Planner(base.cfg, MicroBatchTimer.from_store(base.timer, store, device), base.comm)
-    terms = {}
-    for ranks in sorted({dp * tp * pp for dp, tp, pp, _ in plans}):
-        terms[ranks] = profile_runtime_terms(model, ranks=ranks, micro_batch=global_batch, comm=base.comm, gpu=gpu)
-    flush = max((r.flush_bytes for r in store.layer_records(device)), default=0.0)
-    cache = CacheTimer.from_store(base.timer, store, device, 0.0)
+    rt = profile_local_runtime(model, global_batch, [dp * tp * pp for dp, tp, pp, _ in plans], store,
+                               profile_repeats, [micro_batch_size(global_batch, dp, m) for dp, _, _, m in plans])
     out = []
     for dp, tp, pp, m in plans:
-        t = terms[dp * tp * pp]
-        e = replace(eff, step_overhead_s=t.step_overhead_s)
-        if tp > 1 and tp == dp * tp * pp:       # the DTensor overhead is measured at tp = ranks only
-            e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
-        split = base.split(arch, gpu, pp)
-        plan = Plan(pp, dp, tp, split, m, "1f1b", ep=1)     # the launcher replicates MoE experts
-        ws = step_working_set(arch, plan, micro_batch_size(global_batch, dp, m), store, device)
-        hit = cache_hit(ws, flush)
-        est = {}
-        for h in {0.0, hit}:
-            planner = Planner(replace(base.cfg, efficiency=e),
-                              ContendedTimer(replace(cache, hit=h), t.contention),
-                              base.comm)
-            est[h] = planner.evaluate(arch, plan, global_batch=global_batch, gpu=gpu,
-                                      gpus_per_node=dp * tp * pp).iteration_time_s
+        plan = rt.plan(dp, tp, pp, m)
+        ws, hit = rt.cache_hit(plan)
+        est = {h: rt.evaluate(plan, h).iteration_time_s for h in {0.0, hit}}
         r = run_training(model, dp, tp, pp, steps=steps, microbatches=m, global_batch=global_batch,
-                         timeout_s=timeout_s, stage_layers=split)
+                         timeout_s=timeout_s, stage_layers=plan.stage_layers)
         times = list(r.iteration_times_s)[skip:]
         meta = dict(estimated_cache_s=est[hit], working_set_bytes=ws, cache_hit=hit)
         if not r.ok or not times:
