@@ -45,11 +45,13 @@ class AnalyticModel:
         self.link_load = float(link_load)
         timer = comm = None
         self.profiled_device = None
+        self.profile_store = None               # kept for the data-parallel-only twin (perf.DpOnlyTwin)
         if profile_store is not None:
             from .profile_store import ProfileStore
             store = profile_store if isinstance(profile_store, ProfileStore) else ProfileStore(profile_store)
             timer, comm = store.timers(self.cfg.efficiency, device=profile_device)
             self.profiled_device = getattr(timer, "device", None)
+            self.profile_store = store
         self.planner = Planner(self.cfg, timer, comm)
         self._cache: dict = {}
         self._plans: dict = {}          # (model, batch, grid, load) -> the proxy plan's PlanResult

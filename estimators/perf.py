@@ -62,20 +62,39 @@ def default_kind() -> str:
     return "analytic"
 
 
-def make_default_model(kind: str | None = None) -> PerformanceModel:
+def open_profile_store(path, field: str = "profile_store"):
+    """The ``ProfileStore`` at ``path`` (or ``path`` itself when it is one), checked before
+    any work: a missing or empty store is an error naming it, not a silent fall-back to
+    the catalog roofline."""
+    from .profile_store import ProfileStore
+    store = path if isinstance(path, ProfileStore) else ProfileStore(path)
+    if not store.root.is_dir() or not store.devices():
+        raise InputError(f"{store.root}: no profiled layers here (fill the store with `arena profile --model M "
+                         f"--store {store.root}`)", field=field)
+    return store
+
+
+def make_default_model(kind: str | None = None, profile_store=None) -> PerformanceModel:
     """``kind`` (default ``default_kind()``); ``learned`` loads the default artifact when
-    it exists rather than fitting afresh."""
+    it exists rather than fitting afresh. ``profile_store`` (a directory ``arena profile``
+    filled, or a ``ProfileStore``): layer and collective times of the profiled device come
+    from it instead of the catalog roofline (every kind's analytic part; checked here:
+    a missing or empty store is an error, not a silent fall-back to the catalog)."""
     kind = kind or default_kind()
+    config: dict[str, Any] = {}
+    if profile_store is not None:
+        config["profile_store"] = open_profile_store(profile_store)
     if kind == "learned" and learned_artifact_path().is_file():
-        return make_performance_model("learned", artifact=learned_artifact_path())
-    return make_performance_model(kind)
+        return make_performance_model("learned", artifact=learned_artifact_path(), **config)
+    return make_performance_model(kind, **config)
 
 
 class DpOnlyTwin:
     """The data-parallel-only twin of a performance model: a model of the same registered
     ``kind`` with that kind's default configuration and ``dp_only=True`` (what the
     baselines decide with, as the published comparisons did). A model without a
-    registered kind (or None) gets the ``table`` kind; a model with its own
+    registered kind (or None) gets the ``table`` kind; a model that reads a profile store
+    gives its twin the same store; a model with its own
     ``dp_only_twin()`` (``online``: the twin shares its observations) gives it. The twin of the last model asked
     for is kept, so a policy builds it once per run."""
 
@@ -87,8 +106,11 @@ class DpOnlyTwin:
         if self._twin is None or self._of is not perf:
             kind = getattr(perf, "kind", None)
             own = getattr(perf, "dp_only_twin", None)
+            store = getattr(perf if isinstance(perf, AnalyticModel) else getattr(perf, "analytic", None),
+                            "profile_store", None)
+            config = {} if store is None else {"profile_store": store}      # the same profile as the policies'
             self._of, self._twin = perf, own() if own is not None else make_performance_model(
-                kind if kind in KINDS else "table", dp_only=True)
+                kind if kind in KINDS else "table", dp_only=True, **config)
         return self._twin
 
 

@@ -111,7 +111,8 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
                         ([], "--cluster"),
                         (["--local-slots", "0"], "--local-slots"),
                         (["--local-slots", "2", "--policy", "nosuch"], "policy"),
-                        (["--local-slots", "2", "--round-interval", "0"], "round_interval_s")]:
+                        (["--local-slots", "2", "--round-interval", "0"], "round_interval_s"),
+                        (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store")]:
         assert cli_main(base + argv) == 2
         assert f"field '{field}'" in capsys.readouterr().err
     (tmp_path / "dir.db").mkdir()

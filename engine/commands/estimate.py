@@ -30,6 +30,9 @@ def register(subparsers) -> None:
                    help="node size (default: the catalog's for that type)")
     p.add_argument("--batch", type=int, default=256, help="global batch (samples per iteration)")
     p.add_argument("--perf", default="analytic", help="performance model kind: analytic, learned, table")
+    p.add_argument("--profile-store", default=None, metavar="DIR",
+                   help="grids: take the profiled device's layer and collective times from this store "
+                        "(`arena profile` fills it; default: catalog specs)")
     p.add_argument("--dp-only", action="store_true", help="pure data parallelism (baselines' view)")
     p.add_argument("--link-load", type=float, default=0.0, help="other jobs' load on shared links (fraction)")
     p.add_argument("--against", choices=("arena-measured", "local"), default="arena-measured",
@@ -62,6 +65,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    if args.profile_store is not None and args.action != "grids":
+        from instances.errors import InputError
+        raise InputError("only the grids action reads it (accuracy --against local takes --store)",
+                         field="--profile-store")
     if args.action == "accuracy":
         return _accuracy(args)
     if args.action == "proxy-quality":
@@ -110,6 +117,9 @@ def _grids(args) -> int:
     config = {"dp_only": args.dp_only}
     if args.perf in ("analytic", "learned"):
         config["link_load"] = args.link_load
+    if args.profile_store is not None:
+        from estimators.perf import open_profile_store
+        config["profile_store"] = open_profile_store(args.profile_store, "--profile-store")
     perf = make_performance_model(args.perf, **config)
     grids = candidate_grids(job, cluster, gpu_counts=[args.gpus], dp_only=args.dp_only, prune=False)
     rows = []

@@ -50,6 +50,8 @@ def register(subparsers) -> None:
                    help="performance model the policy decides with: analytic, learned, table, online "
                         "(default: analytic, which ranks grids best; "
                         "fcfs needs none)")
+    from .simulate import add_profile_store_arg
+    add_profile_store_arg(s)
     s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="reconfiguration cost option (repeatable), e.g. restart_s=10")
     s.add_argument("--db", default=".arena/state.db", metavar="PATH",
@@ -176,7 +178,7 @@ def build_service_parts(args):
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
     policy = make_policy(args.policy, **opts)
-    perf = build_perf(args.perf, args.policy)
+    perf = build_perf(args.perf, args.policy, args.profile_store)
     try:
         reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
     except (TypeError, ValueError) as e:

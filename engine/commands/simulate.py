@@ -70,6 +70,7 @@ def register(subparsers) -> None:
                         "online. fcfs needs none; the others default to analytic (it ranks grids best); table "
                         "(the oracle's own measurements) is the labelled mode that reproduces the published "
                         "comparison")
+    add_profile_store_arg(p)
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="move cost model: preset=arena (default), realistic or local, and field overrides, e.g. "
                         "startup_s=30 (repeatable)")
@@ -113,19 +114,35 @@ def build_instance(args):
     return get_instance(args.instance or "demo", args.seed)
 
 
-def build_perf(kind: str | None, policy_name: str):
+def build_perf(kind: str | None, policy_name: str, profile_store: str | None = None):
     """The performance model a policy decides with: ``kind``, else the default
     (``estimators.perf.default_kind``: analytic; never the table the oracle uses as
-    truth). fcfs needs none."""
+    truth), reading ``profile_store`` (``--profile-store``) when given. fcfs needs none."""
     if kind is None and policy_name == "fcfs":
+        if profile_store is not None:
+            raise InputError("fcfs decides without a performance model: a profile store would not be read "
+                             "(give --perf too, or drop --profile-store)", field="--profile-store")
         return None
     try:
         from estimators.perf import make_default_model
     except ImportError:
-        if kind is None:
+        if kind is None and profile_store is None:
             return None
         raise InputError("no performance models are available in this build", field="--perf") from None
-    return make_default_model(kind)
+    try:
+        return make_default_model(kind, profile_store=profile_store)
+    except InputError as e:
+        if e.field == "profile_store":
+            raise InputError(e.reason, field="--profile-store") from None
+        raise
+
+
+def add_profile_store_arg(p) -> None:
+    """``--profile-store DIR`` (simulate, serve): decide from the layer and collective times
+    ``arena profile`` measured there instead of the catalog roofline."""
+    p.add_argument("--profile-store", default=None, metavar="DIR",
+                   help="profile store that `arena profile` filled: the performance model takes the profiled "
+                        "device's layer and collective times from it (default: catalog specs)")
 
 
 class ProgressLine:
@@ -209,7 +226,7 @@ def run(args) -> int:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)
-    perf = build_perf(args.perf, args.policy)
+    perf = build_perf(args.perf, args.policy, args.profile_store)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
     check_output_dir(out, "--out")
     bar = None if args.quiet else ProgressLine()
