@@ -256,12 +256,18 @@ def run_incremental_bench(args) -> int:
     # Both sides are single-threaded designs; left alone, BLAS's idle worker threads spin on
     # the other core after a call and bill their time to whichever side runs next.
     from threadpoolctl import threadpool_limits
+
+    from ..incremental import kernel
+    load_s = kernel.warm_up()
+    if log:
+        log(f"  the search's compiled kernels loaded in {load_s:.2f} s (once per process, not in the round times)")
     with threadpool_limits(limits=1):
         rows = yardstick(args.gpus, args.jobs, args.rounds, objective, config, backend=args.backend,
                          time_limit_s=args.time_limit, rel_gap=args.rel_gap, seed=args.seed,
                          reconfig_s_per_gpu=per_gpu, reconfig_cap_s=cap, follow=args.follow, log=log)
     summary = summarize(rows)
-    summary.update(gpus=args.gpus, jobs=args.jobs, move_cost_per_gpu_s=per_gpu, move_cost_cap_s=cap,
+    summary.update(kernel_load_s=load_s, gpus=args.gpus, jobs=args.jobs, move_cost_per_gpu_s=per_gpu,
+                   move_cost_cap_s=cap,
                    backend=args.backend, follow=args.follow, queued=args.queued, other_type=args.other_type,
                    move_budget_jobs=args.move_budget_jobs, move_budget_gpus=args.move_budget_gpus)
     if args.json:

@@ -1,0 +1,332 @@
+"""The incremental search's expand and balance steps, compiled (numba): sequential loops
+over moves, each a few array reads, where the numpy version needed a dozen passes over
+every candidate column per step (engine/incremental/search.py holds the data layout and
+the module doc that describes the steps).
+
+Conventions: columns 0..n_x-1 of the restricted model, grouped by job (job j owns
+``lo[j]:hi[j]``); index ``n_x`` is "no column" (value 0, no GPUs, type -1, no row
+usage). ``U`` (n_x + 1, R): each column's usage of the R coupling rows; ``ub`` and
+``act`` have R + 2 entries, the last two the move budget rows (running jobs moved, GPUs
+in the columns they land on). ``assign``, ``act`` and ``counts`` are updated in place.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+EPS = 1e-9
+MAX_DONORS_EXAMINED = 32       # per receiver in balance
+BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange
+
+
+@njit(cache=True)
+def _best(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x):
+    """Job ``j``'s best move whether it fits or not, by gain per GPU added on the
+    destination type (the first column of ties; a pinned job without a column: infinite);
+    (-1, 0) when it has none."""
+    if frozen[j]:
+        return -1, 0.0
+    cur = assign[j]
+    bk, bd = -1, -np.inf
+    for k in range(lo[j], hi[j]):
+        gain = c[k] - c[cur]
+        if k == cur or gain <= EPS:
+            continue
+        added = gpus[k] - gpus[cur] if ctype[k] == ctype[cur] else gpus[k]
+        dens = np.inf if (pinned[j] and cur == n_x) else gain / max(added, 1.0)
+        if dens > bd:
+            bk, bd = k, dens
+    return bk, bd
+
+
+@njit(cache=True)
+def _delta(j, k, assign, start, running0, gpus, U, out):
+    """Row changes (R + 2) if job ``j`` goes to column ``k``, into ``out``."""
+    old = assign[j]
+    R = U.shape[1]
+    for r in range(R):
+        out[r] = U[k, r] - U[old, r]
+    was = 1.0 if (running0[j] and old != start[j]) else 0.0
+    now = 1.0 if (running0[j] and k != start[j]) else 0.0
+    out[R] = now - was
+    out[R + 1] = gpus[k] * now - gpus[old] * was
+
+
+@njit(cache=True)
+def _fits(d, act, ub):
+    for r in range(d.shape[0]):
+        if d[r] > ub[r] - act[r] + EPS:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _before(hk, hj, a, b):
+    """Heap order: the larger density (smaller key) first, then the lower job index."""
+    return hk[a] < hk[b] or (hk[a] == hk[b] and hj[a] < hj[b])
+
+
+@njit(cache=True)
+def _sift_down(hk, hj, i, n):
+    while True:
+        m, left = i, 2 * i + 1
+        if left < n and _before(hk, hj, left, m):
+            m = left
+        if left + 1 < n and _before(hk, hj, left + 1, m):
+            m = left + 1
+        if m == i:
+            return
+        hk[i], hk[m] = hk[m], hk[i]
+        hj[i], hj[m] = hj[m], hj[i]
+        i = m
+
+
+@njit(cache=True)
+def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
+    """Sort job ``j``'s columns in ``order[lo[j]:hi[j]]`` by their move's gain per GPU
+    added (best first, ties in column order; ``dens``: per column, -inf where the move
+    gains nothing)."""
+    cur = assign[j]
+    for k in range(lo[j], hi[j]):
+        gain = c[k] - c[cur]
+        if frozen[j] or k == cur or gain <= EPS:
+            dens[k] = -np.inf
+        elif pinned[j] and cur == n_x:
+            dens[k] = np.inf
+        else:
+            added = gpus[k] - gpus[cur] if ctype[k] == ctype[cur] else gpus[k]
+            dens[k] = gain / max(added, 1.0)
+    for i in range(lo[j], hi[j]):              # insertion sort (a job has few columns), stable
+        k = i
+        p = i
+        while p > lo[j] and dens[order[p - 1]] < dens[k]:
+            order[p] = order[p - 1]
+            p -= 1
+        order[p] = k
+
+
+@njit(cache=True)
+def _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr, d):
+    """Job ``j``'s best move that fits now, from its pointer on: columns passed over do
+    not fit (slack only shrinks in expand, but for sideways moves) and are not looked at
+    again until the job moves. -1 when none is left."""
+    while ptr[j] < hi[j]:
+        k = order[ptr[j]]
+        if dens[k] == -np.inf:
+            break
+        _delta(j, k, assign, start, running0, gpus, U, d)
+        if _fits(d, act, ub):
+            return k
+        ptr[j] += 1
+    ptr[j] = hi[j]
+    return -1
+
+
+@njit(cache=True)
+def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, ub, act, counts):
+    """The expand step: every job's best move that fits, in one heap (one entry per job),
+    best gain per GPU added first. The top move is taken if it still fits (other moves
+    took slack since); either way the job's next move that fits replaces its entry, so a
+    job's next move (growing what it was just given) competes with the other jobs' first
+    moves. A move found not to fit is not looked at again in the step (slack only
+    shrinks here, but for sideways moves) until its job moves. Ends when no job has a
+    move that fits."""
+    n_jobs = lo.shape[0]
+    n_x = U.shape[0] - 1
+    d = np.empty(ub.shape[0])
+    order = np.empty(n_x, dtype=np.int64)
+    dens = np.empty(n_x)
+    ptr = lo.copy()
+    hk = np.empty(n_jobs)                      # heap: key (-density) and job; the move is order[ptr[job]]
+    hj = np.empty(n_jobs, dtype=np.int64)
+    n = 0
+    for j in range(n_jobs):
+        _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
+        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr, d)
+        if k >= 0:
+            hk[n], hj[n] = -dens[k], j
+            n += 1
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(hk, hj, i, n)
+    while n:
+        j = hj[0]
+        k = order[ptr[j]]
+        _delta(j, k, assign, start, running0, gpus, U, d)
+        if _fits(d, act, ub):
+            act += d
+            assign[j] = k
+            counts[0] += 1
+            _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
+            ptr[j] = lo[j]
+        else:
+            ptr[j] += 1
+        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr, d)
+        if k >= 0:                             # the job's next move replaces its entry
+            hk[0] = -dens[k]
+        else:                                  # none: the last entry takes the top
+            n -= 1
+            hk[0], hj[0] = hk[n], hj[n]
+        _sift_down(hk, hj, 0, n)
+
+
+@njit(cache=True)
+def balance(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, ub, act, counts):
+    """The balance step. Receivers: each job's best open move, best gain per GPU first.
+    Donors: each placed, non-frozen job's cheapest way to free GPUs of its type (a column
+    of the same type with fewer GPUs, or stopping unless pinned), by value lost per GPU
+    freed. A receiver whose move does not fit takes donors of its destination type,
+    cheapest first (at most ``MAX_DONORS_EXAMINED``, skipping those that free no row it
+    lacks), while their losses stay below its gain; the exchange is made when it then
+    fits. Every job moves at most once here. Stops after ``BALANCE_PATIENCE`` receivers
+    in a row found no exchange that pays. Returns whether anything moved."""
+    n_x = U.shape[0] - 1
+    n_jobs = lo.shape[0]
+    R = U.shape[1]
+    # receivers, best density first (ties: lower job index)
+    r_j = np.empty(n_jobs, dtype=np.int64)
+    r_k = np.empty(n_jobs, dtype=np.int64)
+    r_d = np.empty(n_jobs)
+    nr = 0
+    for j in range(n_jobs):
+        k, dens = _best(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x)
+        if k >= 0:
+            r_j[nr], r_k[nr], r_d[nr] = j, k, dens
+            nr += 1
+    if nr == 0:
+        return False
+    order = np.argsort(-r_d[:nr], kind="mergesort")
+    r_j, r_k, r_d = r_j[:nr][order], r_k[:nr][order], r_d[:nr][order]
+    # donors: per placed, non-frozen job its cheapest way to free GPUs of its type
+    d_j = np.empty(n_jobs, dtype=np.int64)
+    d_k = np.empty(n_jobs, dtype=np.int64)
+    d_loss = np.empty(n_jobs)
+    d_per = np.empty(n_jobs)
+    nd = 0
+    for j in range(n_jobs):
+        cur = assign[j]
+        if cur == n_x or frozen[j]:
+            continue
+        bk, bper, bfreed = -1, np.inf, 0.0
+        for k in range(lo[j], hi[j]):
+            if ctype[k] != ctype[cur] or gpus[k] >= gpus[cur]:
+                continue
+            freed = gpus[cur] - gpus[k]
+            per = (c[cur] - c[k]) / freed
+            if per < bper or (per == bper and freed > bfreed):
+                bk, bper, bfreed = k, per, freed
+        if not pinned[j]:                       # stopping: a pinned job keeps running
+            freed = gpus[cur]
+            per = c[cur] / freed
+            if per < bper or (per == bper and freed > bfreed):
+                bk, bper, bfreed = n_x, per, freed
+        if bk >= 0:
+            d_j[nd], d_k[nd], d_loss[nd], d_per[nd] = j, bk, c[cur] - c[bk], bper
+            nd += 1
+    if nd == 0:
+        return False
+    order = np.argsort(d_per[:nd], kind="mergesort")
+    d_j, d_k, d_loss, d_per = d_j[:nd][order], d_k[:nd][order], d_loss[:nd][order], d_per[:nd][order]
+    # row changes, from the assignment at the start of the step (every job moves at most once)
+    rcv_D = np.empty((nr, R + 2))
+    for i in range(nr):
+        _delta(r_j[i], r_k[i], assign, start, running0, gpus, U, rcv_D[i])
+    don_D = np.empty((nd, R + 2))
+    dtype = np.empty(nd, dtype=np.int64)
+    for i in range(nd):
+        _delta(d_j[i], d_k[i], assign, start, running0, gpus, U, don_D[i])
+        dtype[i] = ctype[assign[d_j[i]]]
+    # donors by GPU type, cheapest first: pool[t] = donor indices of type t, front[t] its first unused
+    n_types = int(ctype.max()) + 1
+    counts_t = np.zeros(n_types + 1, dtype=np.int64)
+    for i in range(nd):
+        counts_t[dtype[i] + 1] += 1
+    starts = np.cumsum(counts_t)
+    fill = starts[:-1].copy()
+    pool = np.empty(nd, dtype=np.int64)
+    for i in range(nd):
+        pool[fill[dtype[i]]] = i
+        fill[dtype[i]] += 1
+    front = starts[:-1].copy()
+    end = starts[1:]
+    used = np.zeros(n_jobs, dtype=np.bool_)
+    need = np.empty(R + 2)
+    take = np.empty(MAX_DONORS_EXAMINED, dtype=np.int64)
+    moved = False
+    misses = 0
+    for i in range(nr):
+        if misses >= BALANCE_PATIENCE:
+            break
+        j, gain, t = r_j[i], c[r_k[i]] - c[assign[r_j[i]]], ctype[r_k[i]]
+        if pinned[j] and assign[j] == n_x:
+            gain = np.inf
+        while front[t] < end[t] and used[d_j[pool[front[t]]]]:
+            front[t] += 1                          # drop used donors from the front
+        if used[j] or front[t] == end[t] or r_d[i] <= d_per[pool[front[t]]]:
+            continue                               # no donor of its type is cheap enough
+        for r in range(R + 2):
+            need[r] = act[r] + rcv_D[i, r] - ub[r]
+        if np.all(need <= EPS):
+            act += rcv_D[i]
+            assign[j] = r_k[i]
+            counts[1] += 1
+            used[j] = True
+            moved = True
+            continue
+        misses += 1
+        if need[R] > EPS or need[R + 1] > EPS:
+            continue                               # the move budget is spent
+        lost = 0.0
+        n_take = 0
+        for p in range(front[t], min(front[t] + MAX_DONORS_EXAMINED, end[t])):
+            dn = pool[p]
+            if used[d_j[dn]] or d_j[dn] == j:
+                continue
+            helps = False
+            for r in range(R):
+                if need[r] > EPS and don_D[dn, r] < -EPS:
+                    helps = True
+                    break
+            if not helps:
+                continue
+            if lost + d_loss[dn] >= gain:
+                break
+            take[n_take] = dn
+            n_take += 1
+            lost += d_loss[dn]
+            need += don_D[dn]
+            lacking = False
+            for r in range(R):
+                if need[r] > EPS:
+                    lacking = True
+                    break
+            if not lacking:
+                break
+        if n_take and np.all(need <= EPS) and lost < gain:
+            act += rcv_D[i]
+            assign[j] = r_k[i]
+            used[j] = True
+            for q in range(n_take):
+                dn = take[q]
+                act += don_D[dn]
+                assign[d_j[dn]] = d_k[dn]
+                used[d_j[dn]] = True
+            counts[1] += 1 + n_take
+            moved = True
+            misses = 0
+    return moved
+
+
+def warm_up() -> float:
+    """Load (or compile, the first time on a machine: about ten seconds; cached under
+    ``__pycache__`` after that) the kernels, on a one-job problem; returns the seconds it
+    took. Once per process: the first search of a run pays it otherwise."""
+    import time
+    t0 = time.perf_counter()
+    one = np.zeros(1, dtype=np.int64)
+    args = (one, one + 1, one + 1, one + 1, np.zeros(1, dtype=np.bool_), np.zeros(1, dtype=np.bool_),
+            np.zeros(1, dtype=np.bool_), np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.array([0, -1]),
+            np.array([[1.0], [0.0]]), np.ones(3), np.zeros(3), np.zeros(2, dtype=np.int64))
+    expand(*args)
+    balance(*args)
+    return time.perf_counter() - t0
+
