@@ -242,3 +242,83 @@ def test_other_objective_terms_keep_the_search_exact_and_feasible(cfg):
         v[full.n_x:] = sol.values[model.n_x:]
         assert full.violation(v) <= 1e-6
         assert full.objective_value(v) == pytest.approx(sol.objective)
+
+
+def _reference_expand(st) -> None:
+    """The expand step written plainly (no heap, no compiled code): each job's columns in
+    order of gain per GPU added, a pointer per job past the columns found not to fit;
+    repeatedly the job whose pointed move has the largest density (ties: lower job)
+    moves if it still fits, else its pointer advances."""
+    from engine.incremental.kernel import EPS
+    n_x, n_jobs = st.n_x, len(st.lo)
+
+    def delta(j, k):
+        old = st.assign[j]
+        was = st.running0[j] and old != st.start[j]
+        now = st.running0[j] and k != st.start[j]
+        return np.concatenate([st.U[k] - st.U[old], [float(now) - float(was), st.gpus[k] * now - st.gpus[old] * was]])
+
+    def fits(j, k):
+        return bool(np.all(delta(j, k) <= st.ub - st.act + EPS))
+
+    def rank(j):
+        cur, out = st.assign[j], []
+        for k in range(st.lo[j], st.hi[j]):
+            gain = st.c[k] - st.c[cur]
+            if st.frozen[j] or k == cur or gain <= EPS:
+                d = -np.inf
+            elif st.pinned[j] and cur == n_x:
+                d = np.inf
+            else:
+                added = st.gpus[k] - st.gpus[cur] if st.ctype[k] == st.ctype[cur] else st.gpus[k]
+                d = gain / max(added, 1.0)
+            out.append((k, d))
+        return sorted(out, key=lambda kd: -kd[1])           # stable: ties in column order
+
+    def skip(j):                                            # to the next move that fits, or past the end
+        while ptr[j] < len(ranked[j]) and ranked[j][ptr[j]][1] > -np.inf and not fits(j, ranked[j][ptr[j]][0]):
+            ptr[j] += 1
+        if ptr[j] < len(ranked[j]) and ranked[j][ptr[j]][1] == -np.inf:
+            ptr[j] = len(ranked[j])
+
+    ranked = [rank(j) for j in range(n_jobs)]
+    ptr = [0] * n_jobs
+    for j in range(n_jobs):
+        skip(j)
+    while True:
+        live = [j for j in range(n_jobs) if ptr[j] < len(ranked[j])]
+        if not live:
+            return
+        j = max(live, key=lambda i: (ranked[i][ptr[i]][1], -i))
+        k = ranked[j][ptr[j]][0]
+        if fits(j, k):
+            st.act += delta(j, k)
+            st.assign[j] = k
+            st.counts[0] += 1
+            ranked[j], ptr[j] = rank(j), 0
+        else:
+            ptr[j] += 1
+        skip(j)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpus=st.sampled_from([16, 32, 64]), jobs=st.integers(1, 30), seed=st.integers(0, 10_000),
+       running=st.floats(0.0, 1.0), budget=st.sampled_from([0.0, 0.2, 1.0]))
+def test_compiled_expand_equals_the_plain_reference(gpus, jobs, seed, running, budget):
+    from engine.incremental.search import _State
+    data = synthetic_round_data(gpus, jobs, seed, running_fraction=running)
+    cols = candidate_columns(data)
+    model = build_model(data, OBJ, columns=cols)
+    cur = data.current_col
+    start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)
+    frozen = np.zeros(data.n_jobs, dtype=bool)
+    frozen[np.flatnonzero(cur >= 0)[::4]] = True
+    lim_jobs, lim_gpus = IncrementalConfig(move_budget_jobs=budget, move_budget_gpus=budget).limits(data)
+    a, b = (_State(model, start, data.col_gpus[cols], data.col_type[cols], frozen, lim_jobs, lim_gpus)
+            for _ in range(2))
+    a.repair_start()
+    b.repair_start()
+    a.expand()
+    _reference_expand(b)
+    assert a.assign.tolist() == b.assign.tolist() and a.counts[0] == b.counts[0]
+    assert np.allclose(a.act, b.act)
