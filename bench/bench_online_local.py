@@ -12,7 +12,11 @@ model's error on the same pairs is printed alongside. ``--passes`` repeats every
 reports each pair's median over the passes.
 
     PYTHONPATH=. .venv/bin/python bench/bench_online_local.py [--model tiny-gpt__4L] \
-        [--iterations 20] [--later 20] [--batch 8] [--passes 3] [--json]
+        [--iterations 20] [--later 20] [--batch 8] [--passes 3] [--base analytic|local-runtime] [--json]
+
+``--base local-runtime``: before each pass the model is profiled into a fresh store and
+the launcher's runtime terms are measured (``LocalRuntimeModel``, about 20 s); that base
+counts as calibrated on this device.
 
 The host is shared (2 cores): run-to-run drift is part of what the figures show.
 """

@@ -1,7 +1,6 @@
 """The incremental search's expand and balance steps, compiled (numba): sequential loops
-over moves, each a few array reads, where the numpy version needed a dozen passes over
-every candidate column per step (engine/incremental/search.py holds the data layout and
-the module doc that describes the steps).
+over moves, each a few array reads (engine/incremental/search.py holds the data layout
+and the module doc that describes the steps).
 
 Conventions: columns 0..n_x-1 of the restricted model, grouped by job (job j owns
 ``lo[j]:hi[j]``); index ``n_x`` is "no column" (value 0, no GPUs, type -1, no row
@@ -20,23 +19,29 @@ BALANCE_PATIENCE = 128         # balance stops after this many receivers in a ro
 
 
 @njit(cache=True)
+def _density(j, k, cur, c, gpus, ctype, frozen, pinned, n_x):
+    """Gain per GPU added on the destination type of moving job ``j`` from ``cur`` to
+    ``k``; -inf when the move gains nothing (or the job is frozen), +inf for a pinned job
+    without a column."""
+    gain = c[k] - c[cur]
+    if frozen[j] or k == cur or gain <= EPS:
+        return -np.inf
+    if pinned[j] and cur == n_x:
+        return np.inf
+    added = gpus[k] - gpus[cur] if ctype[k] == ctype[cur] else gpus[k]
+    return gain / max(added, 1.0)
+
+
+@njit(cache=True)
 def _best(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x):
-    """Job ``j``'s best move whether it fits or not, by gain per GPU added on the
-    destination type (the first column of ties; a pinned job without a column: infinite);
-    (-1, 0) when it has none."""
-    if frozen[j]:
-        return -1, 0.0
-    cur = assign[j]
+    """Job ``j``'s best move whether it fits or not (the first column of ties); (-1, 0)
+    when it has none."""
     bk, bd = -1, -np.inf
     for k in range(lo[j], hi[j]):
-        gain = c[k] - c[cur]
-        if k == cur or gain <= EPS:
-            continue
-        added = gpus[k] - gpus[cur] if ctype[k] == ctype[cur] else gpus[k]
-        dens = np.inf if (pinned[j] and cur == n_x) else gain / max(added, 1.0)
+        dens = _density(j, k, assign[j], c, gpus, ctype, frozen, pinned, n_x)
         if dens > bd:
             bk, bd = k, dens
-    return bk, bd
+    return (bk, bd) if bk >= 0 else (-1, 0.0)
 
 
 @njit(cache=True)
@@ -86,16 +91,8 @@ def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
     """Sort job ``j``'s columns in ``order[lo[j]:hi[j]]`` by their move's gain per GPU
     added (best first, ties in column order; ``dens``: per column, -inf where the move
     gains nothing)."""
-    cur = assign[j]
     for k in range(lo[j], hi[j]):
-        gain = c[k] - c[cur]
-        if frozen[j] or k == cur or gain <= EPS:
-            dens[k] = -np.inf
-        elif pinned[j] and cur == n_x:
-            dens[k] = np.inf
-        else:
-            added = gpus[k] - gpus[cur] if ctype[k] == ctype[cur] else gpus[k]
-            dens[k] = gain / max(added, 1.0)
+        dens[k] = _density(j, k, assign[j], c, gpus, ctype, frozen, pinned, n_x)
     for i in range(lo[j], hi[j]):              # insertion sort (a job has few columns), stable
         k = i
         p = i

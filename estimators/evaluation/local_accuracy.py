@@ -317,8 +317,8 @@ class LocalRuntimeModel:
     fastest of the launcher's layouts whose runtime terms were measured: data parallel
     within each stage, or (one stage, transformers) tensor parallel over all ranks; with
     more than one stage, ``pipeline_microbatches`` micro-batches. Its ``plan_result``
-    gives the chosen plan's breakdown (the online model's communication share)."""
-    kind = "local-runtime"
+    gives the chosen plan's breakdown (the online model's communication share). It has
+    no registered kind: it is built from a measured ``LocalRuntime``, not by name."""
 
     def __init__(self, runtime: LocalRuntime, pipeline_microbatches: int = 4):
         self.runtime = runtime
@@ -335,8 +335,7 @@ class LocalRuntimeModel:
                              f"{rt.global_batch}, not {job.model} at {job.global_batch}", field="job")
         if grid.gpu_type != rt.device:
             raise InputError(f"this local runtime was measured on {rt.device}, not {grid.gpu_type}", field="grid")
-        key = grid
-        if key not in self._plans:
+        if grid not in self._plans:
             ranks, pp = grid.shape.num_gpus, grid.pp
             per_stage = ranks // pp
             m = self.pipeline_microbatches if pp > 1 else 1
@@ -349,8 +348,8 @@ class LocalRuntimeModel:
                 r = rt.evaluate(rt.plan(dp, tp, pp, m))
                 if r.feasible and (best is None or r.iteration_time_s < best.iteration_time_s):
                     best = r
-            self._plans[key] = best
-        return self._plans[key]
+            self._plans[grid] = best
+        return self._plans[grid]
 
     def estimate(self, job, grid) -> Estimate:
         r = self.plan_result(job, grid)
