@@ -1,5 +1,5 @@
 """A profile store that `arena profile` filled, read by the performance models the
-policies decide with (`--profile-store` on simulate, serve and estimate), the baselines'
+policies decide with (`--profile-store` on simulate, serve, bench policies and estimate), the baselines'
 data-parallel-only twin included; bad stores are refused before any work."""
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def test_missing_or_empty_stores_are_refused_before_any_work(tmp_path, capsys):
                  ["simulate", "--instance", "demo", "--profile-store", str(tmp_path)],       # fcfs reads none
                  ["estimate", "--model", "tiny-gpt__4L", "--gpu-type", "cpu", "--gpus", "2", "--profile-store",
                   missing],
-                 ["estimate", "accuracy", "--profile-store", missing]):                  # grids only
+                 ["estimate", "accuracy", "--profile-store", missing],                   # grids only
+                 ["bench", "policies", "--instance", "demo", "--profile-store", missing]):
         assert main(argv) == 2, argv
         assert "field '--profile-store'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

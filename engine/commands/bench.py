@@ -116,6 +116,8 @@ def register(subparsers) -> None:
                    help="performance model the optimizing policies decide with (default analytic, the one "
                         "that ranks grids best); table = the oracle's own measurements, the published "
                         "comparison's mode")
+    from .simulate import add_profile_store_arg
+    add_profile_store_arg(q)
     q.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")
@@ -346,8 +348,10 @@ def build_workload(w: dict):
 
 
 def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: bool, perf_kind: str | None,
-                   reconfig_opts: dict, seed: int, out_dir=None, log=None, name: str | None = None) -> dict:
-    """One row: policy ``name`` (default: ``policy``) with ``options``, labelled ``policy``."""
+                   reconfig_opts: dict, seed: int, out_dir=None, log=None, name: str | None = None,
+                   profile_store: str | None = None) -> dict:
+    """One row: policy ``name`` (default: ``policy``) with ``options``, labelled ``policy``;
+    its performance model reads ``profile_store`` when given."""
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
@@ -356,7 +360,8 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     name = name or policy
     inst = build_workload(workload)
     pol = make_policy(name, **options)
-    perf = build_perf(perf_kind, name)
+    store = None if name == "fcfs" and perf_kind is None else profile_store     # fcfs decides without a model
+    perf = build_perf(perf_kind, name, store)
     reconfig = ReconfigCostModel.from_options(reconfig_opts)
     last = [0.0]
 
@@ -391,9 +396,10 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
 
 def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool, perf_kind: str | None,
                  reconfig_opts: dict, seed: int, out_dir=None, log=None, comm=None,
-                 names: dict[str, str] | None = None) -> list[dict] | None:
+                 names: dict[str, str] | None = None, profile_store: str | None = None) -> list[dict] | None:
     """Rows, one per policy label (on rank 0; None on other MPI ranks); ``names`` maps a
-    label to its policy (default: the label is the name)."""
+    label to its policy (default: the label is the name); every policy's performance model
+    reads ``profile_store`` when given (fcfs decides without one)."""
     from pathlib import Path
     names = names or {}
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
@@ -402,7 +408,7 @@ def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool,
     for p in mine:
         sub = (Path(out_dir) / p) if out_dir else None
         rows.append(run_one_policy(workload, p, options.get(p, {}), rounds, run_out, perf_kind, reconfig_opts,
-                                   seed, sub, log, name=names.get(p, p)))
+                                   seed, sub, log, name=names.get(p, p), profile_store=profile_store))
     if comm is not None:
         gathered = comm.gather(rows, root=0)
         if rank != 0:
@@ -516,6 +522,9 @@ def run_policy_bench(args) -> int:
     if args.perf is not None:
         from estimators.perf import KINDS
         KINDS.get(args.perf)
+    if args.profile_store is not None:
+        from estimators.perf import open_profile_store
+        open_profile_store(args.profile_store, "--profile-store")       # before any simulation
     if args.rounds is not None and args.rounds < 1:
         raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
     workload = workload_args(args)
@@ -532,7 +541,7 @@ def run_policy_bench(args) -> int:
             f"{move_costs.preset}): {', '.join(policies)}"
             + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
     rows = policy_bench(workload, policies, options, args.rounds, not args.no_run_out, args.perf, reconfig_opts,
-                        args.seed, args.out, log, comm, names)
+                        args.seed, args.out, log, comm, names, args.profile_store)
     if rows is None:
         return 0
     if args.out:

@@ -138,7 +138,7 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
 
 
 def add_profile_store_arg(p) -> None:
-    """``--profile-store DIR`` (simulate, serve): decide from the layer and collective times
+    """``--profile-store DIR`` (simulate, serve, bench policies): decide from the layer and collective times
     ``arena profile`` measured there instead of the catalog roofline."""
     p.add_argument("--profile-store", default=None, metavar="DIR",
                    help="profile store that `arena profile` filled: the performance model takes the profiled "
