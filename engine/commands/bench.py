@@ -286,6 +286,9 @@ def run_incremental_bench(args) -> int:
           f"(median speedup {summary['median_speedup']:.1f}x, min {summary['min_speedup']:.1f}x; "
           f"in CPU time {summary['median_cpu_speedup']:.1f}x); "
           f"stay = the start allocation's value")
+    print(f"incremental decision time, medians: candidates {summary['median_incremental_candidates_s']:.4f} s, "
+          f"restricted model {summary['median_incremental_model_s']:.4f} s, "
+          f"search {summary['median_incremental_search_s']:.4f} s")
     return 0
 
 

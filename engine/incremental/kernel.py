@@ -18,7 +18,7 @@ MAX_DONORS_EXAMINED = 32       # per receiver in balance
 BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _density(j, k, cur, c, gpus, ctype, frozen, pinned, n_x):
     """Gain per GPU added on the destination type of moving job ``j`` from ``cur`` to
     ``k``; -inf when the move gains nothing (or the job is frozen), +inf for a pinned job

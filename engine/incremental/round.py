@@ -4,6 +4,7 @@ policies (``search=incremental``, ``suika``) and ``arena bench incremental``."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,12 +53,16 @@ class IncrementalConfig:
 def search_round(data: RoundData, objective: Objective, config: IncrementalConfig,
                  pinned: frozenset[str] = frozenset(), frozen: frozenset[str] = frozenset(),
                  allowance: int | None = None) -> tuple[MilpModel, np.ndarray, Solution]:
-    """(restricted model, its columns' indices in ``data``, the search's solution).
+    """(restricted model, its columns' indices in ``data``, the search's solution, whose
+    ``extra`` also holds the wall time of the candidates and of the model's build).
     ``frozen`` job ids keep exactly their current column (a frozen job that holds no
     GPUs has nothing to keep and is not constrained); ``allowance`` (the stability rule's
     cluster-wide budget) caps the running jobs that change column below the config's."""
+    t0 = time.perf_counter()
     cols = candidate_columns(data, config.queued, config.other_type)
+    t1 = time.perf_counter()
     model = build_model(data, objective, pinned, columns=cols)
+    t2 = time.perf_counter()
     cur = data.current_col
     start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)
     frozen_mask = np.array([jid in frozen for jid in data.job_ids], dtype=bool)
@@ -67,4 +72,5 @@ def search_round(data: RoundData, objective: Objective, config: IncrementalConfi
     sol = incremental_search(model, start, data.col_gpus[cols], data.col_type[cols], frozen=frozen_mask,
                              max_moved_jobs=max_jobs, max_moved_gpus=max_gpus,
                              steps=config.steps)
+    sol.extra.update(candidates_s=t1 - t0, model_s=t2 - t1)     # the search's own time is sol.solve_time_s
     return model, cols, sol

@@ -89,6 +89,7 @@ def yardstick(gpus: int, jobs: int, rounds: int, objective: Objective, config: I
                "milp_time_s": t_milp, "incremental_time_s": t_inc,
                "speedup": t_milp / t_inc if t_inc > 0 else float("inf"),
                "milp_cpu_s": c_milp, "incremental_cpu_s": c_inc,
+               "incremental_candidates_s": inc.extra["candidates_s"], "incremental_model_s": inc.extra["model_s"],
                "incremental_search_s": inc.solve_time_s, "incremental_status": inc.status,
                **{k: inc.extra[k] for k in ("moved_jobs", "moved_gpus", "expand_moves", "balance_moves",
                                             "repair_stops")}}
@@ -111,6 +112,8 @@ def summarize(rows: list[dict]) -> dict:
             "mean_ratio": float(ratio.mean()), "median_stay_ratio": float(np.median([r["stay_ratio"] for r in rows])),
             "median_milp_time_s": float(np.median(tm)), "median_incremental_time_s": float(np.median(ti)),
             "median_speedup": float(np.median(tm / ti)), "min_speedup": float(np.min(tm / ti)),
+            **{f"median_incremental_{k}_s": float(np.median([r[f"incremental_{k}_s"] for r in rows]))
+               for k in ("candidates", "model", "search")},
             "median_cpu_speedup": float(np.median([r["milp_cpu_s"] / max(r["incremental_cpu_s"], 1e-9)
                                                    for r in rows])),
             "moved_jobs_mean": float(np.mean([r["moved_jobs"] for r in rows]))}
