@@ -180,14 +180,26 @@ def _analytic_of(model: PerformanceModel) -> AnalyticModel | None:
     return model if isinstance(model, AnalyticModel) else getattr(model, "analytic", None)
 
 
+def _bounded(cache: dict, limit: int) -> dict:
+    """``cache``, emptied first when it holds ``limit`` entries (a derived cache: what it
+    held is recomputed when asked for again)."""
+    if len(cache) >= limit:
+        cache.clear()
+    return cache
+
+
 def _usable(e: Estimate) -> bool:
     return e.feasible and math.isfinite(e.iteration_time_s) and e.iteration_time_s > 0
 
 
 class OnlineModel:
     """PerformanceModel and ``LearnsOnline``: ``base`` corrected per job by what its runs,
-    and other jobs' runs on the same shapes, measured (module docstring)."""
+    and other jobs' runs on the same shapes, measured (module docstring). Its derived
+    caches (per job, per grid list, per grid) are emptied when one holds ``MAX_CACHED``
+    entries, so a long-running service does not grow them without bound; they are
+    recomputed on demand (the observations themselves are kept)."""
     kind = "online"
+    MAX_CACHED = 20_000
 
     def __init__(self, *, base: str | PerformanceModel, min_iterations: float = 20,
                  prior: OnlinePrior | dict | None = None, dp_only: bool = False,
@@ -304,7 +316,7 @@ class OnlineModel:
         if s is None:
             r = None if self.analytic is None else self.analytic.plan_result(job, grid)
             s = 0.0 if r is None else min(1.0, max(0.0, sum(r.breakdown.shares()[p] for p in COMM_PARTS)))
-            self._shares[key] = s
+            _bounded(self._shares, self.MAX_CACHED)[key] = s
         return s
 
     def family(self, model: str) -> str:
@@ -435,7 +447,7 @@ class OnlineModel:
                 if p.grid:
                     f.by_grid[g] = f.by_grid.get(g, 0.0) + p.grid ** 2 * float(a)
             f.own = f"{sum(o[3] for o in obs):g} measured iterations on {len(obs)} grid(s)"
-        self._fits[job.job_id] = f
+        _bounded(self._fits, self.MAX_CACHED)[job.job_id] = f
         return f
 
     def predicted_log_error(self, job: Job, grid: Grid) -> tuple[float, str] | None:
@@ -481,7 +493,7 @@ class OnlineModel:
             usable = np.array([_usable(b) for b in base], dtype=bool)
             shapes: dict = {}
             types: dict = {}
-            g = self._grid_sets[key] = _Grids(
+            g = _bounded(self._grid_sets, self.MAX_CACHED)[key] = _Grids(
                 {x: i for i, x in enumerate(key[2])}, usable,
                 np.array([b.iteration_time_s if u else np.nan for b, u in zip(base, usable)]),
                 np.array([self.comm_share(job, x) if u else 0.0 for x, u in zip(key[2], usable)]),

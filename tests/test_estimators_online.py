@@ -505,3 +505,18 @@ def test_best_depth_per_shape_is_the_first_best_grid_and_keeps_the_current_one(c
     assert list(b.plans) == want                      # plans stand in for the grid indices
     assert list(b.col_reconfig_s) == [float(i) for i in want]
     assert b.current == (want.index(current) if current in want else -1)
+
+
+def test_derived_caches_stay_bounded_and_estimates_survive_their_clearing(base):
+    from estimators.grids import candidate_grids
+    m, cl, jobs = _observed_cluster_model(base, 0)
+    m.MAX_CACHED = 3                     # an instance attribute: the class default is untouched
+    before = {}
+    for job in jobs:
+        grids = candidate_grids(job, cl, max_gpus=8)
+        before[job.job_id] = m.throughputs(job, grids)
+        assert len(m._fits) <= 3 and len(m._grid_sets) <= 3 and len(m._shares) <= 3
+    for job in jobs:                     # recomputed after being dropped: the same estimates
+        grids = candidate_grids(job, cl, max_gpus=8)
+        assert m.throughputs(job, grids) == before[job.job_id]
+    assert type(m).MAX_CACHED == 20_000
