@@ -413,7 +413,7 @@ class OnlineModel:
             t = np.asarray(p.shared(fam, model, fams, models), dtype=float)
             sol = np.linalg.solve(C + 1e-12 * np.eye(n), np.column_stack([[r[4] for r in others], t]))
             res = (float(t @ sol[:, 0]), max(0.0, prior_v - float(t @ sol[:, 1])), n)
-        memo[key] = res
+        _bounded(memo, self.MAX_CACHED)[key] = res
         return res
 
     def _fit(self, job: Job) -> "_Fit":
