@@ -195,7 +195,7 @@ def _usable(e: Estimate) -> bool:
 class OnlineModel:
     """PerformanceModel and ``LearnsOnline``: ``base`` corrected per job by what its runs,
     and other jobs' runs on the same shapes, measured (module docstring). Its derived
-    caches (per job, per grid list, per grid) are emptied when one holds ``MAX_CACHED``
+    caches (per job, per grid list, per grid, per shape) are emptied when one holds ``MAX_CACHED``
     entries, so a long-running service does not grow them without bound; they are
     recomputed on demand (the observations themselves are kept)."""
     kind = "online"
