@@ -183,3 +183,13 @@ def test_accuracy_progress_goes_to_stderr_and_json_stays_pure(monkeypatch, capsy
     assert json.loads(cap.out) == {"overall": {}, "dp_memory": {}}
     lines = [line.split("]: ", 1)[1] for line in cap.err.splitlines()]
     assert lines[1:3] == ["phase one ...", "phase two ..."] and lines[-1] == "done"
+
+
+def test_json_and_quiet_runs_print_no_solver_banner():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "bench", "incremental", "--gpus", "32", "--jobs", "8",
+                        "--rounds", "1", "--backend", "highs", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout)                              # pure JSON on stdout
+    assert "HiGHS" not in r.stderr and "Copyright" not in r.stderr

@@ -37,9 +37,9 @@ _SCHEDULER_THREADS: list = [None]     # thread count HiGHS's global scheduler wa
 
 
 def _highs_without_banner(highspy):
-    """``highspy.Highs()``, with the copyright banner that HiGHS's C++ code prints on the
-    process's stdout at its first construction sent to stderr instead (stdout carries
-    tables and ``--json`` output)."""
+    """``highspy.Highs()``, with the version and copyright banner that HiGHS's C++ code
+    prints on the process's stdout at its first construction discarded: stdout carries
+    tables and ``--json`` output, and stderr is for progress (``--quiet`` means quiet)."""
     import os
     import sys
     sys.stdout.flush()
@@ -47,12 +47,14 @@ def _highs_without_banner(highspy):
         saved = os.dup(1)
     except OSError:                 # no stdout file descriptor: nothing to protect
         return highspy.Highs()
+    null = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(2, 1)
+        os.dup2(null, 1)
         return highspy.Highs()
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(null)
 
 
 def new_highs(threads: int = 1):
