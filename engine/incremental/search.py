@@ -21,8 +21,8 @@ compiled loops, ``kernel.py``):
    (pinned queued jobs first), waits in one heap; the best is taken when it fits the
    rows' slack and the move budget, and the job's next move joins the heap, so growing
    what a job was just given competes with the other jobs' first moves. A move that
-   does not fit is not looked at again in the step (slack only shrinks here, but for
-   sideways moves) and the job's next move takes its place.
+   does not fit is not looked at again in the step until its job moves (slack only
+   shrinks here, but for sideways moves), and the job's next move takes its place.
 3. **balance**: moves GPUs from low to high marginal gain. Receivers: each job's best
    upgrade that does not fit. Donors: each placed job's cheapest way to free GPUs of
    its type (a candidate with fewer GPUs, or stopping), priced by value lost per GPU
@@ -39,10 +39,11 @@ at most ``max_moved_jobs`` running jobs change column and at most ``max_moved_gp
 GPUs in the columns moved jobs land on; both are two more rows of the same slack
 arithmetic.
 
-Complexity: with K candidate columns, J jobs, R coupling rows and M moves examined in
-expand (M <= K + the moves taken, each job's columns rescanned after each of its
-events): O(K R) to set up, expand O(M (K/J + R + log J)), balance O(J log J + K + J D R)
-for at most D donors examined per receiver. Polynomial, and no solver call.
+Complexity: with K candidate columns, J jobs, R coupling rows and c columns per job:
+O(K R) to set up; expand O(K (R + c)) to rank and check every job's columns once, plus
+O(R + log J) per heap event, a job's columns re-ranked after each of its moves; balance
+O(J log J + K + J D R) for at most D donors examined per receiver. Polynomial, and no
+solver call.
 """
 from __future__ import annotations
 
