@@ -208,26 +208,31 @@ def install(train_module, optimizer, state: dict[str, list]) -> None:
 
 def join_group(rank: int, world: int, rendezvous_path: Path, cfg, *, create: bool, timeout_s: float) -> None:
     """(Re)initialise the default process group: position ``rank`` of ``world``. Rank 0
-    (``create``) picks the port and writes ``rendezvous_path``; the others wait for it."""
+    (``create``) starts the rendezvous store (``dist.rendezvous_store``: a port bound as
+    it is chosen) and writes its address to ``rendezvous_path``; the others wait for it."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    from .dist import _free_port, backend_for
+    from .dist import backend_for, rendezvous_store
 
+    store = None
     if create:
         addr = "127.0.0.1"
+        store = rendezvous_store(addr, None, world, cfg.comm_timeout_s)
         tmp = Path(str(rendezvous_path) + ".tmp")
-        tmp.write_text(json.dumps({"addr": addr, "port": _free_port(addr)}))
+        tmp.write_text(json.dumps({"addr": addr, "port": store.port}))
         os.replace(tmp, rendezvous_path)
     deadline = time.monotonic() + timeout_s
     while not Path(rendezvous_path).exists():
         if time.monotonic() > deadline:
             raise RuntimeError(f"d2d move: no rendezvous {rendezvous_path} after {timeout_s} s")
         time.sleep(RENDEZVOUS_POLL_S)
-    rv = json.loads(Path(rendezvous_path).read_text())
-    dist.init_process_group(backend_for(cfg), init_method=f"tcp://{rv['addr']}:{rv['port']}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=cfg.comm_timeout_s))
+    if store is None:
+        rv = json.loads(Path(rendezvous_path).read_text())
+        store = rendezvous_store(rv["addr"], rv["port"], world, cfg.comm_timeout_s)
+    dist.init_process_group(backend_for(cfg), store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.comm_timeout_s))
 
 
 def park(run_dir: Path, exits_dir: str) -> None:

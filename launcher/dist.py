@@ -1,9 +1,11 @@
 """Rank bootstrap: rank and world size from MPI, the torch.distributed rendezvous agreed
 over MPI, and the (dp, pp, tp) device mesh.
 
-Rank 0 picks a free TCP port (on 127.0.0.1 when every rank runs on its host, otherwise
-on its host's address) and broadcasts address and port over ``MPI.COMM_WORLD``; every
-rank then joins ``init_process_group`` with gloo (CPU) or NCCL (CUDA). Ranks are laid
+Rank 0 starts the rendezvous store (a torch ``TCPStore`` on a port the operating system
+assigns as it binds, so no other process can take the port between choosing and
+binding it; reached at 127.0.0.1 when every rank runs on its host, otherwise at its
+host's address) and broadcasts address and port over ``MPI.COMM_WORLD``; every rank
+then joins ``init_process_group`` on that store with gloo (CPU) or NCCL (CUDA). Ranks are laid
 out with tensor innermost, then pipeline, then data: rank = (d * pp + p) * tp + t, so
 a tensor group shares a node whenever the node holds at least ``tp`` ranks.
 """
@@ -29,10 +31,19 @@ class DistEnv:
     hostname: str
 
 
-def _free_port(addr: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
+def rendezvous_store(addr: str, port: int | None, world: int, timeout_s: float):
+    """The ``TCPStore`` a process group meets on. ``port`` None: the master's, bound to a
+    port the operating system picks at bind time (read it from ``.port``); a port probed
+    free and bound later can be taken in between — by another launch's rank or by any
+    outgoing connection's ephemeral port — and the job then fails with "address already
+    in use". Otherwise a client of the master at ``addr:port``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    t = timedelta(seconds=timeout_s)
+    if port is None:
+        return dist.TCPStore(addr, 0, world, True, timeout=t, wait_for_workers=False)
+    return dist.TCPStore(addr, port, world, False, timeout=t)
 
 
 def init_distributed(cfg) -> DistEnv:
@@ -47,15 +58,19 @@ def init_distributed(cfg) -> DistEnv:
     host = socket.gethostname()
     hosts = comm.allgather(host)
     local_rank = hosts[:rank].count(host)
+    store = None
     if rank == 0:
         addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(host)
-        rendezvous = (addr, _free_port(addr))
+        store = rendezvous_store(addr, None, world, cfg.comm_timeout_s)
+        rendezvous = (addr, store.port)
     else:
         rendezvous = None
     addr, port = comm.bcast(rendezvous, root=0)
+    if store is None:
+        store = rendezvous_store(addr, port, world, cfg.comm_timeout_s)
 
     device = device_for(cfg, local_rank)
-    dist.init_process_group(backend_for(cfg), init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+    dist.init_process_group(backend_for(cfg), store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.comm_timeout_s))
     return make_env(plan, rank, world, local_rank, device, host)
 

@@ -338,3 +338,13 @@ def test_move_records_name_the_kind_and_fill_first_step_warmup_and_downtime():
     assert rec["other_s"] == pytest.approx(1.5 - (0.2 + 0.4 + 0.2 + 0.5))
     assert mr.finish(rec, steps)
     assert rec["warmup_s"] == pytest.approx(0.3) and rec["downtime_s"] == pytest.approx(1.5 - 0.2)
+
+
+def test_rendezvous_store_binds_its_port_as_it_picks_it():
+    from launcher.dist import rendezvous_store
+    a = rendezvous_store("127.0.0.1", None, 2, 10.0)
+    b = rendezvous_store("127.0.0.1", None, 2, 10.0)
+    assert a.port > 0 and b.port > 0 and a.port != b.port        # both bound: no two masters on one port
+    c = rendezvous_store("127.0.0.1", a.port, 2, 10.0)
+    c.set("k", "v")
+    assert a.get("k") == b"v"
