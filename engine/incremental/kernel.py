@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-EPS = 1e-9
+from .search import EPS
+
 MAX_DONORS_EXAMINED = 32       # per receiver in balance
 BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange
 

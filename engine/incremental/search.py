@@ -55,9 +55,8 @@ import numpy as np
 from ..formulation.model import MilpModel
 from ..solvers.base import Solution
 from ..solvers.greedy import complete
-from . import kernel
 
-EPS = kernel.EPS
+EPS = 1e-9                     # tolerance of every row check, here and in the compiled kernels
 
 
 @dataclass(frozen=True)
@@ -136,10 +135,14 @@ class _State:
         return (self.lo, self.hi, self.assign, self.start, self.running0, self.frozen, self.pinned, self.c,
                 self.gpus, self.ctype, self.U, self.ub, self.act, self.counts)
 
+    # the kernels are imported when a search runs: importing numba costs about half a
+    # second, which a process that never searches incrementally should not pay
     def expand(self) -> None:
+        from . import kernel
         kernel.expand(*self._args())
 
     def balance(self) -> bool:
+        from . import kernel
         return bool(kernel.balance(*self._args()))
 
     def values(self) -> np.ndarray:

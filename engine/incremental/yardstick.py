@@ -31,7 +31,6 @@ from ..formulation import build_model, synthetic_round_data
 from ..formulation.synthetic import local_columns
 from ..objectives import Objective
 from ..solvers import SolverOptions, make_backend
-from . import kernel
 from .round import IncrementalConfig, search_round
 
 FOLLOW = ("incremental", "milp")
@@ -50,6 +49,7 @@ def yardstick(gpus: int, jobs: int, rounds: int, objective: Objective, config: I
     if follow not in FOLLOW:
         raise ValueError(f"follow must be one of {FOLLOW}, got {follow!r}")
     solver = make_backend(backend, SolverOptions(seed=seed))
+    from . import kernel
     kernel.warm_up()                     # once per process, not a per-round cost
     current: dict[str, int] = {}
     rows = []
