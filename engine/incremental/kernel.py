@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .search import EPS
+EPS = 1e-9                     # tolerance of every row check (search.py's start repair too)
 
 MAX_DONORS_EXAMINED = 32       # per receiver in balance
 BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange

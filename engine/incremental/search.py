@@ -56,8 +56,6 @@ from ..formulation.model import MilpModel
 from ..solvers.base import Solution
 from ..solvers.greedy import complete
 
-EPS = 1e-9                     # tolerance of every row check, here and in the compiled kernels
-
 
 @dataclass(frozen=True)
 class SearchSteps:
@@ -116,6 +114,7 @@ class _State:
     def repair_start(self) -> None:
         """Stop the lowest-valued jobs on any row the start violates (non-frozen first).
         A forced stop is not charged to the move budget (it is reported apart)."""
+        from .kernel import EPS
         over = self.act[:-2] > self.ub[:-2] + EPS
         if not over.any():
             return
