@@ -100,3 +100,11 @@ class AnalyticModel:
     def clear_cache(self) -> None:
         self._cache.clear()
         self._plans.clear()
+
+
+def analytic_of(model) -> "AnalyticModel | None":
+    """The analytic model whose proxy plans (and profile store) a performance model's
+    estimates follow: an ``AnalyticModel`` itself; ``learned``, ``table`` and others keep
+    one as ``.analytic``; None when there is none."""
+    return model if isinstance(model, AnalyticModel) else getattr(model, "analytic", None)
+

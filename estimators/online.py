@@ -64,7 +64,7 @@ from instances.grid import Grid
 from instances.jobs import Job
 from instances.models import get_model
 
-from .analytic import AnalyticModel
+from .analytic import analytic_of
 from .base import Estimate, PerformanceModel
 
 COMM_PARTS = ("tp_comm", "p2p", "dp_exposed")     # Breakdown.shares() keys of the communication share
@@ -174,12 +174,6 @@ class ObservationStore:
         return self._version.get(job_id, 0)
 
 
-def _analytic_of(model: PerformanceModel) -> AnalyticModel | None:
-    """The analytic model whose proxy plans a base model's estimates follow (analytic
-    itself; ``learned`` and ``table`` keep one as ``.analytic``)."""
-    return model if isinstance(model, AnalyticModel) else getattr(model, "analytic", None)
-
-
 def _bounded(cache: dict, limit: int) -> dict:
     """``cache``, emptied first when it holds ``limit`` entries (a derived cache: what it
     held is recomputed when asked for again)."""
@@ -240,7 +234,7 @@ class OnlineModel:
             model = base
         self.base: PerformanceModel = model
         self.base_config = base_config
-        self.analytic = _analytic_of(model)
+        self.analytic = analytic_of(model)
         self.dp_only = bool(dp_only)
         self.min_iterations = float(min_iterations)
         if store is not None and store.min_iterations != self.min_iterations:

@@ -32,7 +32,7 @@ from instances.grid import Grid
 from instances.jobs import Job
 from instances.registry import Registry
 
-from .analytic import AnalyticModel
+from .analytic import AnalyticModel, analytic_of
 from .base import Estimate, PerformanceModel
 
 KINDS: Registry[Callable[..., PerformanceModel]] = Registry("performance model kind", field="kind")
@@ -106,8 +106,7 @@ class DpOnlyTwin:
         if self._twin is None or self._of is not perf:
             kind = getattr(perf, "kind", None)
             own = getattr(perf, "dp_only_twin", None)
-            store = getattr(perf if isinstance(perf, AnalyticModel) else getattr(perf, "analytic", None),
-                            "profile_store", None)
+            store = getattr(analytic_of(perf), "profile_store", None)
             config = {} if store is None else {"profile_store": store}      # the same profile as the policies'
             self._of, self._twin = perf, own() if own is not None else make_performance_model(
                 kind if kind in KINDS else "table", dp_only=True, **config)

@@ -159,7 +159,7 @@ def test_cache_model_from_the_profiled_working_set(tmp_path):
 
 def _local_runtime(tmp_path, terms):
     from estimators.analytic import AnalyticModel
-    from estimators.evaluation.local_accuracy import LocalRuntime
+    from estimators.evaluation.local_accuracy import CacheTimer, LocalRuntime
     from estimators.profile_store import LayerProfile, ProfileStore
     store = ProfileStore(tmp_path)
     store.put_layers([LayerProfile("cpu", "float32", s.kind, tuple(s.signature), tp, mb, 1e-3, 2e-3, 1e9, 1e9,
@@ -168,7 +168,8 @@ def _local_runtime(tmp_path, terms):
                       for tp in (1, 2) for mb in (1, 2, 4, 8)])
     eff, mem = launcher_runtime(cpu=True)
     planner = AnalyticModel(profile_store=store, profile_device="cpu", efficiency=eff, memory=mem).planner
-    return LocalRuntime(ARCH, 8, "cpu", get_gpu("cpu"), planner, eff, terms, store)
+    return LocalRuntime(ARCH, 8, "cpu", get_gpu("cpu"), planner, eff, terms, store,
+                        CacheTimer.from_store(planner.timer, store, "cpu", 0.0), 0.0)
 
 
 def test_local_runtime_model_picks_the_fastest_measured_layout(tmp_path):

@@ -76,12 +76,10 @@ class _State:
         if model.job_rows is None:
             raise ValueError("incremental search: the model must know its job rows")
         n_x = model.n_x
-        self.model = model
         self.n_x = n_x
-        self.col_job = model.col_job
         jobs = np.arange(model.n_jobs)
-        self.lo = np.searchsorted(self.col_job, jobs).astype(np.int64)   # columns are grouped by job
-        self.hi = np.searchsorted(self.col_job, jobs, side="right").astype(np.int64)
+        self.lo = np.searchsorted(model.col_job, jobs).astype(np.int64)   # columns are grouped by job
+        self.hi = np.searchsorted(model.col_job, jobs, side="right").astype(np.int64)
         self.c = np.append(model.c[:n_x], 0.0)          # index n_x: "no column"
         self.gpus = np.append(np.asarray(col_gpus, dtype=float), 0.0)
         self.ctype = np.append(np.asarray(col_type, dtype=np.int64), -1)
@@ -91,13 +89,13 @@ class _State:
             cont[np.unique(A[:, n_x:].tocsc().indices)] = True
         coupling = np.isfinite(model.row_ub) & ~cont
         coupling[model.job_rows] = False
-        self.rows = np.flatnonzero(coupling)
-        sub = A[self.rows]                               # few rows: each column's usage of them, densely
-        r = np.repeat(np.arange(len(self.rows)), np.diff(sub.indptr))
+        rows = np.flatnonzero(coupling)
+        sub = A[rows]                                    # few rows: each column's usage of them, densely
+        r = np.repeat(np.arange(len(rows)), np.diff(sub.indptr))
         x = sub.indices < n_x
-        self.U = np.zeros((n_x + 1, len(self.rows)))
+        self.U = np.zeros((n_x + 1, len(rows)))
         self.U[sub.indices[x], r[x]] = sub.data[x]          # canonical CSR: no duplicate entries
-        self.ub = np.concatenate([model.row_ub[self.rows], [max_moved_jobs, max_moved_gpus]]).astype(float)
+        self.ub = np.concatenate([model.row_ub[rows], [max_moved_jobs, max_moved_gpus]]).astype(float)
         self.pinned = np.zeros(model.n_jobs, dtype=bool)
         self.pinned[np.flatnonzero(model.row_lb[model.job_rows] > 0.5)] = True
         self.start = np.where(start >= 0, start, n_x).astype(np.int64)

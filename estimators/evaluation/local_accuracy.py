@@ -247,7 +247,8 @@ class LocalResult:
 class LocalRuntime:
     """The estimate of the launcher's runs of one model at one global batch on this host
     (module doc): the profiled planner (layers per micro-batch size, collectives), the
-    launcher's runtime config and the runtime terms measured per rank count."""
+    launcher's runtime config, the runtime terms measured per rank count, and the cache
+    model's inputs read from the store once (the layers' warm/cold ratios, the flush)."""
     arch: object
     global_batch: int
     device: str
@@ -256,6 +257,8 @@ class LocalRuntime:
     efficiency: EfficiencyConfig
     terms: dict                     # rank count -> RuntimeTerms
     store: ProfileStore
+    cache: CacheTimer               # over planner.timer, hit 0
+    flush_bytes: float
 
     def plan(self, dp: int, tp: int, pp: int, microbatches: int) -> Plan:
         """The plan the launcher runs for this layout (the planner's stage split; the
@@ -265,10 +268,9 @@ class LocalRuntime:
     def cache_hit(self, plan: Plan) -> tuple[float, float]:
         """(the step's working set in bytes, the cache model's hit fraction) for ``plan``."""
         from ..compose import micro_batch_size
-        flush = max((r.flush_bytes for r in self.store.layer_records(self.device)), default=0.0)
         ws = step_working_set(self.arch, plan, micro_batch_size(self.global_batch, plan.dp, plan.microbatches),
                               self.store, self.device)
-        return ws, cache_hit(ws, flush)
+        return ws, cache_hit(ws, self.flush_bytes)
 
     def evaluate(self, plan: Plan, hit: float = 0.0) -> PlanResult:
         """``plan``'s estimate with its rank count's runtime terms (``hit``: the cache
@@ -281,10 +283,8 @@ class LocalRuntime:
         e = replace(self.efficiency, step_overhead_s=t.step_overhead_s)
         if plan.tp > 1 and plan.tp == ranks:      # the DTensor overhead is measured at tp = ranks only
             e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
-        timer = self.planner.timer if hit <= 0 else CacheTimer.from_store(self.planner.timer, self.store,
-                                                                          self.device, hit)
-        planner = Planner(replace(self.planner.cfg, efficiency=e), ContendedTimer(timer, t.contention),
-                          self.planner.comm)
+        planner = Planner(replace(self.planner.cfg, efficiency=e),
+                          ContendedTimer(replace(self.cache, hit=hit), t.contention), self.planner.comm)
         return planner.evaluate(self.arch, plan, global_batch=self.global_batch, gpu=self.gpu, gpus_per_node=ranks)
 
 
@@ -307,7 +307,9 @@ def profile_local_runtime(model: str, global_batch: int, ranks, store: ProfileSt
         base = Planner(base.cfg, MicroBatchTimer.from_store(base.timer, store, device), base.comm)
     terms = {r: profile_runtime_terms(model, ranks=r, micro_batch=global_batch, comm=base.comm, gpu=gpu)
              for r in sorted(set(ranks))}
-    return LocalRuntime(arch, global_batch, device, gpu, base, eff, terms, store)
+    flush = max((r.flush_bytes for r in store.layer_records(device)), default=0.0)
+    return LocalRuntime(arch, global_batch, device, gpu, base, eff, terms, store,
+                        CacheTimer.from_store(base.timer, store, device, 0.0), flush)
 
 
 class LocalRuntimeModel:
