@@ -3,6 +3,8 @@ checkpoint directory handling, telemetry records, CLI refusal of bad plans."""
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from instances.errors import InputError
 from launcher.config import ParallelPlan, TrainConfig, decoder_stage_layers
@@ -154,6 +156,24 @@ def test_moe_layer_routes_each_token_to_its_top_k_experts():
     assert all(p.grad is not None for p in moe.parameters())
     with pytest.raises(InputError):
         MoE(8, 16, num_experts=2, top_k=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.integers(1, 100_000), experts=st.integers(1, 64), data=st.data())
+def test_moe_expert_padding_is_small_and_takes_few_shapes(tokens, experts, data):
+    """An expert computes its routed tokens plus less than 1/16 of its balanced load of
+    padding (never more than the step's tokens), and a token count gives few distinct
+    shapes over every routed count (DTensor's sharding cache)."""
+    from launcher.model import EXPERT_PAD_BUCKETS, expert_rows
+    top_k = data.draw(st.integers(1, experts))
+    routed = data.draw(st.integers(0, tokens))
+    rows = expert_rows(routed, tokens, top_k, experts)
+    granule = max(1, -(-top_k * tokens // (experts * EXPERT_PAD_BUCKETS)))
+    assert max(routed, 1) <= rows <= tokens
+    assert rows - routed < granule or routed == 0
+    if tokens <= 4096:
+        shapes = {expert_rows(r, tokens, top_k, experts) for r in range(tokens + 1)}
+        assert len(shapes) <= -(-experts * EXPERT_PAD_BUCKETS // top_k) + 1
 
 
 def test_reference_training_learns():
