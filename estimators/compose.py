@@ -9,7 +9,8 @@ Per micro-batch, stage i takes ``f_i`` forward and ``b_i`` backward: its layers'
 roofline/profiled times + its tensor-parallel all-reduces (+ the measured per-layer
 tensor-parallel runtime overhead ``tp_layer_overhead_*_s``; embeddings and head whole on
 every tensor rank with ``tp_replicated_embedding_head``) + the pipeline send to the
-next stage (forward) or the previous one (backward). The pipeline time of ``m``
+next stage (forward) or the previous one (backward) (+ with more than one stage the
+measured per-pass pipeline schedule overhead ``pp_pass_overhead_s``). The pipeline time of ``m``
 micro-batches over ``p`` stages (no interleaving):
 
 - GPipe (all forwards, then all backwards): ``sum_i (f_i + b_i) + (m - 1) * (max f + max b)``
@@ -60,12 +61,14 @@ class Breakdown:
     profiled_layers: int = 0                # layers timed from the profile store
     total_layers: int = 0
     step_overhead_s: float = 0.0            # EfficiencyConfig.step_overhead_s
+    pp_overhead_s: float = 0.0              # as compute_s, EfficiencyConfig.pp_pass_overhead_s
 
     def shares(self) -> dict[str, float]:
         t = self.iteration_time_s
         return {"compute": self.compute_s / t, "tp_comm": self.tp_comm_s / t, "p2p": self.p2p_s / t,
                 "bubble": self.bubble_s / t, "dp_exposed": self.dp_exposed_s / t,
-                "optimizer": self.optimizer_s / t, "step_overhead": self.step_overhead_s / t}
+                "optimizer": self.optimizer_s / t, "step_overhead": self.step_overhead_s / t,
+                "pp_overhead": self.pp_overhead_s / t}
 
 
 def pipeline_time(fwd: list[float] | tuple[float, ...], bwd: list[float] | tuple[float, ...],
@@ -239,14 +242,15 @@ class StageTable:
         stage_ranks = self.dp * self.tp
         fwd, bwd, comp, tpc, p2p, dp_ar, dp_ag, bwd_comp, params = [], [], [], [], [], [], [], [], []
         a = 0
+        o = eff.pp_pass_overhead_s if pp > 1 else 0.0      # per stage, per micro-batch pass
         for i, n in enumerate(stage_layers):
             b = a + n
             f_c, b_c = self.pf[b] - self.pf[a], self.pb[b] - self.pb[a]
             t_f, t_b = self.ptf[b] - self.ptf[a], self.ptb[b] - self.ptb[a]
             send_f = self._send(b - 1, (i + 1) * stage_ranks) if i < pp - 1 else 0.0
             send_b = self._send(a - 1, i * stage_ranks) if i > 0 else 0.0
-            fwd.append(f_c + t_f + send_f)
-            bwd.append(b_c + t_b + send_b)
+            fwd.append(f_c + t_f + send_f + o)
+            bwd.append(b_c + t_b + send_b + o)
             comp.append(f_c + b_c)
             bwd_comp.append(b_c + t_b)
             tpc.append(t_f + t_b)
@@ -275,7 +279,7 @@ class StageTable:
         total = pipe + max(exposed) + opt + eff.step_overhead_s
         return Breakdown(total, pipe, tuple(fwd), tuple(bwd), m * comp[slow], m * tpc[slow], m * p2p[slow],
                          max(0.0, pipe - busy), max(a + g for a, g in zip(dp_ar, dp_ag)), max(exposed), opt, self.mb,
-                         self.pprof[-1], len(self.costs), eff.step_overhead_s)
+                         self.pprof[-1], len(self.costs), eff.step_overhead_s, m * 2 * o)
 
 
 def compose(arch: ModelArch, plan: Plan, *, global_batch: int, gpu: GpuType, gpus_per_node: int,

@@ -85,7 +85,10 @@ class EfficiencyConfig:
                                               # for the launcher by local_accuracy.profile_runtime_terms
     tp_layer_overhead_fwd_s: float = 0.0      # extra time per decoder layer pass under tp > 1 beyond its
     tp_layer_overhead_bwd_s: float = 0.0      # sharded compute and modelled all-reduces (DTensor dispatch);
-                                              # measured by local_accuracy.profile_tp_layer_overhead
+                                              # measured by local_accuracy.profile_runtime_terms
+    pp_pass_overhead_s: float = 0.0           # extra time per stage per micro-batch pass (forward or backward)
+                                              # under pp > 1 beyond its layers and modelled sends (the pipeline
+                                              # schedule's dispatch); measured by local_accuracy.profile_runtime_terms
     allow_tf32: bool = False                  # fp32 matmuls/convs run on TF32 tensor cores where the GPU has
                                               # them. Off: the Arena table contradicts it (Wide-ResNet fp32 runs
                                               # only 1.37x faster on A100 than on V100; see docs/estimators.md)
@@ -106,7 +109,8 @@ class EfficiencyConfig:
             _check_fraction(n, getattr(self, n))
         _check_fraction("dp_overlap_fraction", self.dp_overlap_fraction)
         for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param",
-                  "half_efficiency_flops", "step_overhead_s", "tp_layer_overhead_fwd_s", "tp_layer_overhead_bwd_s"):
+                  "half_efficiency_flops", "step_overhead_s", "tp_layer_overhead_fwd_s", "tp_layer_overhead_bwd_s",
+                  "pp_pass_overhead_s"):
             _check_nonneg(n, getattr(self, n))
         if self.roofline_combine not in ROOFLINE_COMBINES:
             raise InputError(f"unknown roofline combine {self.roofline_combine!r}; known: "

@@ -203,3 +203,46 @@ def test_local_runtime_model_picks_the_fastest_measured_layout(tmp_path):
     # as an online model's base: its plans give the communication share (none on one rank)
     online = OnlineModel(base=model, calibrated_types=frozenset({"cpu"}))
     assert online.comm_share(job, one) == 0.0 < online.comm_share(job, two)
+
+
+def test_pipeline_pass_overhead_is_charged_per_stage_pass_only_under_pp():
+    n = len(ARCH.layers())
+    eff = EfficiencyConfig(dp_overlap=False)
+    ov = EfficiencyConfig(dp_overlap=False, pp_pass_overhead_s=1e-3)
+
+    def bd(e, pp):
+        split = (n,) if pp == 1 else (n // 2, n - n // 2)
+        return compose(ARCH, Plan(pp, 1, 1, split, 4, "1f1b"), global_batch=8, gpu=GPU, gpus_per_node=8,
+                       timer=RooflineTimer(e), comm=CatalogComm(e), eff=e)
+
+    a, b = bd(eff, 2), bd(ov, 2)
+    assert all(y - x == pytest.approx(1e-3) for x, y in zip(a.stage_fwd_s + a.stage_bwd_s, b.stage_fwd_s + b.stage_bwd_s))
+    assert b.pp_overhead_s == pytest.approx(4 * 2e-3) and a.pp_overhead_s == 0.0
+    assert b.iteration_time_s > a.iteration_time_s
+    assert sum(b.shares().values()) <= 1.0 + 1e-9
+    assert bd(ov, 1).iteration_time_s == pytest.approx(bd(eff, 1).iteration_time_s)     # one stage: no schedule
+    with pytest.raises(InputError):
+        EfficiencyConfig(pp_pass_overhead_s=-1e-3)
+
+
+def test_pipeline_pass_overhead_inverts_the_composed_probe():
+    from estimators.compose import pipeline_time
+    from estimators.evaluation.local_accuracy import pipeline_pass_overhead_s
+    for stages, m, o, send in ((2, 4, 1e-3, 2e-4), (3, 8, 5e-4, 1e-3), (2, 1, 2e-3, 0.0)):
+        fwd = [o + (send if i < stages - 1 else 0.0) for i in range(stages)]
+        bwd = [o + (send if i > 0 else 0.0) for i in range(stages)]
+        step = pipeline_time(fwd, bwd, m, "1f1b")
+        assert pipeline_pass_overhead_s(step, stages, m, send) == pytest.approx(o, rel=1e-9)
+    assert pipeline_pass_overhead_s(1e-4, 2, 4, 1e-3) == 0.0          # the sends alone take longer
+
+
+def test_runtime_terms_are_measured_by_real_gloo_ranks():
+    """Two spawned gloo ranks: the launcher's DTensor layer, the plain sharded layer alone
+    and together, the step overhead, and the pipeline probe under torch's 1F1B schedule."""
+    from estimators.evaluation.local_accuracy import profile_runtime_terms
+    eff, _ = launcher_runtime(cpu=True)
+    t = profile_runtime_terms("tiny-gpt__2L", ranks=2, micro_batch=8, comm=CatalogComm(eff), gpu=get_gpu("cpu"),
+                              warmup=1, repeats=3)
+    assert t.ranks == 2 and t.step_overhead_s > 0
+    assert min(t.solo_s + t.concurrent_s + t.dtensor_s) > 0 and t.contention >= 1.0
+    assert t.pp_probe_step_s > 0 and 0.0 <= t.pp_pass_overhead_s < t.pp_probe_step_s

@@ -19,7 +19,10 @@ for tensor parallelism one decoder layer of the launcher's own model under torch
 with every rank computing at once (every rank fed the same input, as tensor parallelism
 has it; Wide-ResNet: its first block, without the DTensor part). From them: ``tp_layer_overhead_*_s`` (DTensor time
 beyond the sharded compute and the modelled all-reduces) and the per-rank contention of
-concurrent ranks (``ContendedTimer``). Collectives come from the store's per-operation
+concurrent ranks (``ContendedTimer``). For pipeline parallelism, the launcher's 1F1B
+schedule over the job's ranks as stages that only scale their input (``_pipeline_probe``):
+from its step time, ``pp_pass_overhead_s``, the schedule's dispatch per stage and
+micro-batch pass beyond the modelled sends (``pipeline_pass_overhead_s``). Collectives come from the store's per-operation
 tables (``timing.ProfiledComm``), and on CPU the gradient all-reduce is not overlapped
 (``launcher_runtime(cpu=True)``).
 
@@ -64,6 +67,7 @@ from ..profile_store import ProfileStore
 
 DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # dp, tp, pp, microbatches
 BLOCK_KINDS = ("decoder", "moe_decoder", "bottleneck")   # repeated layers: the runtime terms' probes
+PROBE_MICROBATCHES = 4                        # the pipeline probe's micro-batches (the default pp plan's)
 LOCAL_MODEL = "tiny-gpt__4L"                  # the default model of the comparison
 
 
@@ -283,6 +287,8 @@ class LocalRuntime:
         e = replace(self.efficiency, step_overhead_s=t.step_overhead_s)
         if plan.tp > 1 and plan.tp == ranks:      # the DTensor overhead is measured at tp = ranks only
             e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
+        if plan.pp > 1 and plan.pp == ranks:      # the pipeline probe runs ranks stages
+            e = replace(e, pp_pass_overhead_s=t.pp_pass_overhead_s)
         planner = Planner(replace(self.planner.cfg, efficiency=e),
                           ContendedTimer(replace(self.cache, hit=hit), t.contention), self.planner.comm)
         return planner.evaluate(self.arch, plan, global_batch=self.global_batch, gpu=self.gpu, gpus_per_node=ranks)
@@ -508,10 +514,12 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
             samples["dtensor"].append(dt)
             if rank == 0:
                 samples["solo"].append(solo)
+    pipe = _pipeline_probe(rank, world, make, micro_batch, warmup, repeats)
     if rank == 0:
         out = {k: (statistics.median(f for f, _ in v), statistics.median(b for _, b in v))
                for k, v in samples.items()}
         out["step_overhead"] = out["step_overhead"][0]
+        out["pipeline"] = pipe
         queue.put(out)
     dist.barrier()                              # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
@@ -522,6 +530,69 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     os._exit(0)     # skip torch's teardown: a gloo/DTensor thread destructor aborts it at times here
 
 
+def _pipeline_probe(rank: int, world: int, make, micro_batch: int, warmup: int, repeats: int) -> dict:
+    """The launcher's 1F1B schedule (``launcher.pipeline.build_schedule``) over ``world``
+    stages that only scale their input, ``PROBE_MICROBATCHES`` micro-batches of the layer
+    input's shape at ``micro_batch / PROBE_MICROBATCHES`` samples: what a pipeline step
+    costs beyond its layers — the schedule's dispatch and its sends. Rank 0's median step
+    time (its last backward ends the step), the micro-batch count and one send's bytes."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from launcher.pipeline import build_schedule
+
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            return x * self.w
+
+    m = PROBE_MICROBATCHES
+    x = make(max(1, micro_batch // m) * m).detach()
+    schedule = build_schedule(Scale(), rank, world, torch.device("cpu"), dist.group.WORLD, microbatches=m,
+                              schedule="1f1b", loss_fn=lambda out, target: (out * target).sum())
+    times = []
+    for it in range(warmup + repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=x, losses=[])
+        else:
+            schedule.step()
+        if it >= warmup:
+            times.append(time.perf_counter() - t0)
+    return {"step_s": statistics.median(times), "microbatches": m,
+            "send_bytes": float(x.numel() * x.element_size() / m)}
+
+
+def pipeline_pass_overhead_s(step_s: float, stages: int, microbatches: int, send_s: float) -> float:
+    """The per-stage, per-pass overhead ``o`` for which the composition's 1F1B time of the
+    probe (every stage's forward and backward ``o`` plus its modelled send) equals the
+    measured ``step_s`` (0 when the sends alone already take that long). Bisection: the
+    time grows with ``o``."""
+    from ..compose import pipeline_time
+
+    def t(o):
+        fwd = [o + (send_s if i < stages - 1 else 0.0) for i in range(stages)]
+        bwd = [o + (send_s if i > 0 else 0.0) for i in range(stages)]
+        return pipeline_time(fwd, bwd, microbatches, "1f1b")
+
+    if t(0.0) >= step_s:
+        return 0.0
+    lo, hi = 0.0, step_s
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t(mid) < step_s else (lo, mid)
+    return (lo + hi) / 2
+
+
 @dataclass(frozen=True)
 class RuntimeTerms:
     """Measured at ``ranks`` processes: the launcher's per-step work outside the model
@@ -530,7 +601,9 @@ class RuntimeTerms:
     (ranks > 1 only): the profiler's plain sharded layer alone (``solo_s``) and
     with every rank computing at once (``concurrent_s``), the launcher's DTensor layer
     (``dtensor_s``, all ranks at once), and the all-reduce time the composition already
-    charges for it (``modelled_allreduce_s``, from the profiled gloo fit)."""
+    charges for it (``modelled_allreduce_s``, from the profiled gloo fit); and the pipeline
+    probe's step time over ``ranks`` stages (``pp_probe_step_s``) with the per-stage,
+    per-pass overhead derived from it (``pp_pass_overhead_s``, ``pipeline_pass_overhead_s``)."""
     ranks: int
     micro_batch: int
     step_overhead_s: float
@@ -538,6 +611,8 @@ class RuntimeTerms:
     concurrent_s: tuple[float, float] = (1.0, 1.0)
     dtensor_s: tuple[float, float] = (0.0, 0.0)
     modelled_allreduce_s: tuple[float, float] = (0.0, 0.0)
+    pp_probe_step_s: float = 0.0
+    pp_pass_overhead_s: float = 0.0
 
     @property
     def contention(self) -> float:
@@ -572,5 +647,8 @@ def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu
         return RuntimeTerms(1, micro_batch, res["step_overhead"])
     cost = next(c for c in layer_costs(get_model(model), micro_batch=micro_batch, tp=ranks) if c.kind in BLOCK_KINDS)
     ar = comm.allreduce_s(cost.tp_allreduce_bytes, ranks, gpu, "intra")
+    pipe = res["pipeline"]
+    over = pipeline_pass_overhead_s(pipe["step_s"], ranks, pipe["microbatches"],
+                                    comm.p2p_s(pipe["send_bytes"], gpu, "intra"))
     return RuntimeTerms(ranks, micro_batch, res["step_overhead"], res["solo"], res["plain"], res["dtensor"],
-                        (ar * cost.tp_allreduces_fwd, ar * cost.tp_allreduces_bwd))
+                        (ar * cost.tp_allreduces_fwd, ar * cost.tp_allreduces_bwd), pipe["step_s"], over)
