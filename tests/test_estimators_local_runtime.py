@@ -236,6 +236,17 @@ def test_pipeline_pass_overhead_inverts_the_composed_probe():
     assert pipeline_pass_overhead_s(1e-4, 2, 4, 1e-3) == 0.0          # the sends alone take longer
 
 
+def test_local_runtime_charges_the_measured_pipeline_overhead_to_pipeline_plans(tmp_path):
+    from dataclasses import replace
+    base = RuntimeTerms(2, 8, 1e-3, (1.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0))
+    plain = _local_runtime(tmp_path / "a", {2: base})
+    over = _local_runtime(tmp_path / "b", {2: replace(base, pp_pass_overhead_s=1e-3)})
+    pp2, dp2 = plain.plan(1, 1, 2, 4), plain.plan(2, 1, 1, 1)
+    assert over.evaluate(pp2).breakdown.pp_overhead_s == pytest.approx(4 * 2e-3)
+    assert over.evaluate(pp2).iteration_time_s > plain.evaluate(pp2).iteration_time_s
+    assert over.evaluate(dp2).iteration_time_s == pytest.approx(plain.evaluate(dp2).iteration_time_s)
+
+
 def test_runtime_terms_are_measured_by_real_gloo_ranks():
     """Two spawned gloo ranks: the launcher's DTensor layer, the plain sharded layer alone
     and together, the step overhead, and the pipeline probe under torch's 1F1B schedule."""
