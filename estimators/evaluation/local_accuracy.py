@@ -22,9 +22,9 @@ beyond the sharded compute and the modelled all-reduces) and the per-rank conten
 concurrent ranks (``ContendedTimer``). For pipeline parallelism, the launcher's 1F1B
 schedule over the job's ranks as stages that only scale their input (``_pipeline_probe``):
 from its step time, ``pp_pass_overhead_s``, the schedule's dispatch per stage and
-micro-batch pass beyond the modelled sends (``pipeline_pass_overhead_s``). Collectives come from the store's per-operation
-tables (``timing.ProfiledComm``), and on CPU the gradient all-reduce is not overlapped
-(``launcher_runtime(cpu=True)``).
+micro-batch pass beyond the modelled sends (``pipeline_pass_overhead_s``). Collectives
+come from the store's per-operation tables (``timing.ProfiledComm``), and on CPU the
+gradient all-reduce is not overlapped (``launcher_runtime(cpu=True)``).
 
 The cache (``CacheTimer``, an approximation, named so): the profiler times every layer
 after writing ``flush_bytes`` of other data (cold) and again at once (warm), and measures
