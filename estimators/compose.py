@@ -8,7 +8,8 @@ catalog's per-GPU share of the node's network).
 Per micro-batch, stage i takes ``f_i`` forward and ``b_i`` backward: its layers'
 roofline/profiled times + its tensor-parallel all-reduces (+ the measured per-layer
 tensor-parallel runtime overhead ``tp_layer_overhead_*_s``; embeddings and head whole on
-every tensor rank with ``tp_replicated_embedding_head``) + the pipeline send to the
+every tensor rank with ``tp_replicated_embedding_head``; and once per iteration the
+measured ``tp_optimizer_overhead_s`` on the optimizer step) + the pipeline send to the
 next stage (forward) or the previous one (backward) (+ with more than one stage the
 measured per-pass pipeline schedule overhead ``pp_pass_overhead_s``). The pipeline time of ``m``
 micro-batches over ``p`` stages (no interleaving):
@@ -275,7 +276,8 @@ class StageTable:
             exposed = list(dp_ar)
         exposed = [e + ag for e, ag in zip(exposed, dp_ag)]
         shard = self.dp if eff.dp_sharded_optimizer else 1
-        opt = self.timer.optimizer_s(max(params) / shard, self.gpu, self.arch.dtype)
+        opt = self.timer.optimizer_s(max(params) / shard, self.gpu, self.arch.dtype) + (
+            eff.tp_optimizer_overhead_s if self.tp > 1 else 0.0)
         total = pipe + max(exposed) + opt + eff.step_overhead_s
         return Breakdown(total, pipe, tuple(fwd), tuple(bwd), m * comp[slow], m * tpc[slow], m * p2p[slow],
                          max(0.0, pipe - busy), max(a + g for a, g in zip(dp_ar, dp_ag)), max(exposed), opt, self.mb,

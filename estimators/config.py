@@ -86,6 +86,9 @@ class EfficiencyConfig:
     tp_layer_overhead_fwd_s: float = 0.0      # extra time per decoder layer pass under tp > 1 beyond its
     tp_layer_overhead_bwd_s: float = 0.0      # sharded compute and modelled all-reduces (DTensor dispatch);
                                               # measured by local_accuracy.profile_runtime_terms
+    tp_optimizer_overhead_s: float = 0.0      # extra optimizer-step time per iteration under tp > 1 (Adam over
+                                              # DTensor parameters: dispatch per tensor op); measured by
+                                              # local_accuracy.profile_runtime_terms
     pp_pass_overhead_s: float = 0.0           # extra time per stage per micro-batch pass (forward or backward)
                                               # under pp > 1 beyond its layers and modelled sends (the pipeline
                                               # schedule's dispatch); measured by local_accuracy.profile_runtime_terms
@@ -110,7 +113,7 @@ class EfficiencyConfig:
         _check_fraction("dp_overlap_fraction", self.dp_overlap_fraction)
         for n in ("collective_latency_s", "layer_overhead_s", "optimizer_traffic_bytes_per_param",
                   "half_efficiency_flops", "step_overhead_s", "tp_layer_overhead_fwd_s", "tp_layer_overhead_bwd_s",
-                  "pp_pass_overhead_s"):
+                  "tp_optimizer_overhead_s", "pp_pass_overhead_s"):
             _check_nonneg(n, getattr(self, n))
         if self.roofline_combine not in ROOFLINE_COMBINES:
             raise InputError(f"unknown roofline combine {self.roofline_combine!r}; known: "

@@ -258,3 +258,25 @@ def test_runtime_terms_are_measured_by_real_gloo_ranks():
     assert t.ranks == 2 and t.step_overhead_s > 0
     assert min(t.solo_s + t.concurrent_s + t.dtensor_s) > 0 and t.contention >= 1.0
     assert t.pp_probe_step_s > 0 and 0.0 <= t.pp_pass_overhead_s < t.pp_probe_step_s
+    assert min(t.optimizer_s) > 0 and t.tp_optimizer_overhead_s == max(0.0, t.optimizer_s[0] - t.optimizer_s[1])
+
+
+def test_tp_optimizer_overhead_is_charged_once_per_iteration_only_under_tp(tmp_path):
+    from dataclasses import replace
+    eff = EfficiencyConfig(dp_overlap=False)
+    ov = EfficiencyConfig(dp_overlap=False, tp_optimizer_overhead_s=0.02)
+    for tp in (1, 2):
+        a, b = _bd(eff, tp=tp), _bd(ov, tp=tp)
+        extra = 0.02 if tp > 1 else 0.0
+        assert b.optimizer_s - a.optimizer_s == pytest.approx(extra)
+        assert b.iteration_time_s - a.iteration_time_s == pytest.approx(extra)
+    with pytest.raises(InputError):
+        EfficiencyConfig(tp_optimizer_overhead_s=-1.0)
+    assert RuntimeTerms(2, 8, 0.0, optimizer_s=(0.03, 0.01)).tp_optimizer_overhead_s == pytest.approx(0.02)
+    assert RuntimeTerms(2, 8, 0.0, optimizer_s=(0.01, 0.03)).tp_optimizer_overhead_s == 0.0     # clipped at 0
+    base = RuntimeTerms(2, 8, 1e-3, (1.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0))
+    plain = _local_runtime(tmp_path / "a", {2: base})
+    over = _local_runtime(tmp_path / "b", {2: replace(base, optimizer_s=(0.03, 0.01))})
+    tp2, dp2 = plain.plan(1, 2, 1, 1), plain.plan(2, 1, 1, 1)
+    assert over.evaluate(tp2).iteration_time_s - plain.evaluate(tp2).iteration_time_s == pytest.approx(0.02)
+    assert over.evaluate(dp2).iteration_time_s == pytest.approx(plain.evaluate(dp2).iteration_time_s)

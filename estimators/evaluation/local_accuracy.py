@@ -22,7 +22,9 @@ beyond the sharded compute and the modelled all-reduces) and the per-rank conten
 concurrent ranks (``ContendedTimer``). For pipeline parallelism, the launcher's 1F1B
 schedule over the job's ranks as stages that only scale their input (``_pipeline_probe``):
 from its step time, ``pp_pass_overhead_s``, the schedule's dispatch per stage and
-micro-batch pass beyond the modelled sends (``pipeline_pass_overhead_s``). Collectives
+micro-batch pass beyond the modelled sends (``pipeline_pass_overhead_s``). And Adam's
+step over the launcher's tensor-parallel (DTensor) parameters against plain tensors of
+the same shapes (``_optimizer_probe``): ``tp_optimizer_overhead_s``. Collectives
 come from the store's per-operation tables (``timing.ProfiledComm``), and on CPU the
 gradient all-reduce is not overlapped (``launcher_runtime(cpu=True)``).
 
@@ -286,7 +288,8 @@ class LocalRuntime:
                              field="plans")
         e = replace(self.efficiency, step_overhead_s=t.step_overhead_s)
         if plan.tp > 1 and plan.tp == ranks:      # the DTensor overhead is measured at tp = ranks only
-            e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1])
+            e = replace(e, tp_layer_overhead_fwd_s=t.tp_overhead_s[0], tp_layer_overhead_bwd_s=t.tp_overhead_s[1],
+                        tp_optimizer_overhead_s=t.tp_optimizer_overhead_s)
         if plan.pp > 1 and plan.pp == ranks:      # the pipeline probe runs ranks stages
             e = replace(e, pp_pass_overhead_s=t.pp_pass_overhead_s)
         planner = Planner(replace(self.planner.cfg, efficiency=e),
@@ -515,11 +518,13 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
             if rank == 0:
                 samples["solo"].append(solo)
     pipe = _pipeline_probe(rank, world, make, micro_batch, warmup, repeats)
+    opt_s = _optimizer_probe(full, warmup, repeats) if arch.is_transformer else (0.0, 0.0)
     if rank == 0:
         out = {k: (statistics.median(f for f, _ in v), statistics.median(b for _, b in v))
                for k, v in samples.items()}
         out["step_overhead"] = out["step_overhead"][0]
         out["pipeline"] = pipe
+        out["optimizer"] = opt_s
         queue.put(out)
     dist.barrier()                              # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
@@ -528,6 +533,36 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)     # skip torch's teardown: a gloo/DTensor thread destructor aborts it at times here
+
+
+def _optimizer_probe(model, warmup: int, repeats: int) -> tuple[float, float]:
+    """(median seconds of torch.optim.Adam's step over ``model``'s parameters — DTensors
+    under tensor parallelism, as the launcher trains them —, the same over plain tensors
+    of the same local shapes), interleaved. Gradients are zeros: Adam's work does not
+    depend on their values."""
+    import time
+
+    import torch
+    from torch import nn
+
+    def local(p):
+        return p.to_local() if hasattr(p, "to_local") else p
+
+    sharded = list(model.parameters())
+    plain = [nn.Parameter(local(p).detach().clone()) for p in sharded]
+    opts = []
+    for params in (sharded, plain):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opts.append(torch.optim.Adam(params))
+    times: tuple[list, list] = ([], [])
+    for it in range(warmup + repeats):
+        for opt, out in zip(opts, times):
+            t0 = time.perf_counter()
+            opt.step()
+            if it >= warmup:
+                out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _pipeline_probe(rank: int, world: int, make, micro_batch: int, warmup: int, repeats: int) -> dict:
@@ -601,9 +636,11 @@ class RuntimeTerms:
     (ranks > 1 only): the profiler's plain sharded layer alone (``solo_s``) and
     with every rank computing at once (``concurrent_s``), the launcher's DTensor layer
     (``dtensor_s``, all ranks at once), and the all-reduce time the composition already
-    charges for it (``modelled_allreduce_s``, from the profiled gloo fit); and the pipeline
+    charges for it (``modelled_allreduce_s``, from the profiled gloo fit); the pipeline
     probe's step time over ``ranks`` stages (``pp_probe_step_s``) with the per-stage,
-    per-pass overhead derived from it (``pp_pass_overhead_s``, ``pipeline_pass_overhead_s``)."""
+    per-pass overhead derived from it (``pp_pass_overhead_s``, ``pipeline_pass_overhead_s``);
+    and Adam's step over the launcher's tensor-parallel parameters and over plain copies
+    (``optimizer_s``; transformers only)."""
     ranks: int
     micro_batch: int
     step_overhead_s: float
@@ -613,6 +650,13 @@ class RuntimeTerms:
     modelled_allreduce_s: tuple[float, float] = (0.0, 0.0)
     pp_probe_step_s: float = 0.0
     pp_pass_overhead_s: float = 0.0
+    optimizer_s: tuple[float, float] = (0.0, 0.0)       # Adam's step: DTensor parameters, plain copies
+
+    @property
+    def tp_optimizer_overhead_s(self) -> float:
+        """Adam's step over the tensor-parallel (DTensor) parameters beyond the same step over
+        plain tensors of the same shapes."""
+        return max(0.0, self.optimizer_s[0] - self.optimizer_s[1])
 
     @property
     def contention(self) -> float:
@@ -651,4 +695,5 @@ def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu
     over = pipeline_pass_overhead_s(pipe["step_s"], ranks, pipe["microbatches"],
                                     comm.p2p_s(pipe["send_bytes"], gpu, "intra"))
     return RuntimeTerms(ranks, micro_batch, res["step_overhead"], res["solo"], res["plain"], res["dtensor"],
-                        (ar * cost.tp_allreduces_fwd, ar * cost.tp_allreduces_bwd), pipe["step_s"], over)
+                        (ar * cost.tp_allreduces_fwd, ar * cost.tp_allreduces_bwd), pipe["step_s"], over,
+                        tuple(res["optimizer"]))
