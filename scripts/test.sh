@@ -21,7 +21,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 .venv/bin/ruff check . || exit 1
 .venv/bin/mypy || exit 1
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=15 "$@"     # the slowest tests: where the CI budget goes
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "scripts/test.sh: pytest collected no tests" >&2
