@@ -107,4 +107,3 @@ def analytic_of(model) -> "AnalyticModel | None":
     estimates follow: an ``AnalyticModel`` itself; ``learned``, ``table`` and others keep
     one as ``.analytic``; None when there is none."""
     return model if isinstance(model, AnalyticModel) else getattr(model, "analytic", None)
-

@@ -258,7 +258,8 @@ def test_runtime_terms_are_measured_by_real_gloo_ranks():
     assert t.ranks == 2 and t.step_overhead_s > 0
     assert min(t.solo_s + t.concurrent_s + t.dtensor_s) > 0 and t.contention >= 1.0
     assert t.pp_probe_step_s > 0 and 0.0 <= t.pp_pass_overhead_s < t.pp_probe_step_s
-    assert min(t.optimizer_s) > 0 and t.tp_optimizer_overhead_s == max(0.0, t.optimizer_s[0] - t.optimizer_s[1])
+    assert min(t.optimizer_s) > 0
+    assert t.optimizer_s[0] > t.optimizer_s[1]      # Adam over DTensors pays DTensor's dispatch (about 3x here)
 
 
 def test_tp_optimizer_overhead_is_charged_once_per_iteration_only_under_tp(tmp_path):

@@ -358,13 +358,12 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
-    from .simulate import build_perf
+    from .simulate import build_perf, decides_without_model
 
     name = name or policy
     inst = build_workload(workload)
     pol = make_policy(name, **options)
-    store = None if name == "fcfs" and perf_kind is None else profile_store     # fcfs decides without a model
-    perf = build_perf(perf_kind, name, store)
+    perf = build_perf(perf_kind, name, None if decides_without_model(perf_kind, name) else profile_store)
     reconfig = ReconfigCostModel.from_options(reconfig_opts)
     last = [0.0]
 

@@ -114,11 +114,16 @@ def build_instance(args):
     return get_instance(args.instance or "demo", args.seed)
 
 
+def decides_without_model(kind: str | None, policy_name: str) -> bool:
+    """fcfs with no ``--perf`` decides without a performance model."""
+    return kind is None and policy_name == "fcfs"
+
+
 def build_perf(kind: str | None, policy_name: str, profile_store: str | None = None):
     """The performance model a policy decides with: ``kind``, else the default
     (``estimators.perf.default_kind``: analytic; never the table the oracle uses as
     truth), reading ``profile_store`` (``--profile-store``) when given. fcfs needs none."""
-    if kind is None and policy_name == "fcfs":
+    if decides_without_model(kind, policy_name):
         if profile_store is not None:
             raise InputError("fcfs decides without a performance model: a profile store would not be read "
                              "(give --perf too, or drop --profile-store)", field="--profile-store")
