@@ -62,13 +62,23 @@ def test_row_folds_of_the_refit_never_fit_on_their_test_rows(monkeypatch):
         fits.append({accuracy.table_row_id(r) for r in rows})
         return base.efficiency
 
+    learned = []
+
+    def fake_learned(train, test, by, seed, cfg, correction="auto"):
+        # the real learned chain is run by the leave-one-type-out test above; here only
+        # which rows each fold's learned model would see (five real fits take a minute)
+        learned.append(({r.row_id for r in train}, {r.row_id for r in test}))
+        return type("Fit", (), {"chosen": "none"})(), [0.1] * len(test)
+
     monkeypatch.setattr(calibrate, "fit_efficiency", fake_fit)
+    monkeypatch.setattr(accuracy, "_learned_on", fake_learned)
     out = accuracy.analytic_refit(max_evals=1, regimes=("row",), in_sample=False)
     folds = out["regimes"]["row"]["folds"]
-    assert len(fits) == len(folds) == 5
+    assert len(fits) == len(folds) == len(learned) == 5
     measured = {accuracy.table_row_id(r) for r in accuracy.load_measured() if r.iter_time_s is not None}
-    for train in fits:                       # each fold trains on 4/5 of the rows, never all
+    for train, (l_train, l_test) in zip(fits, learned):   # each fold trains on 4/5 of the rows, never all
         assert train < measured and len(train) > 0.7 * len(measured)
+        assert l_train == train and not l_train & l_test     # the learned model sees the fold's training rows only
     assert sum(f["test_rows"] for f in folds) == out["regimes"]["row"]["rows"] == len(measured)
 
 
