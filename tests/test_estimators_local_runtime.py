@@ -112,8 +112,14 @@ def test_summarize_passes_takes_the_median_per_plan():
     assert by[(2, 1)]["median_error"] == pytest.approx(-0.2)
     assert by[(1, 2)]["median_error"] is None and by[(1, 2)]["errors"] == [None]
     assert s["mape"] == pytest.approx((0.05 + 0.2) / 2)
-    assert s["pass_mape"][0] == pytest.approx((0.1 + 0.2) / 2) and s["passes"] == 3
+    assert s["pass_mape"][0] == pytest.approx((0.1 + 0.2) / 2) and s["pass_count"] == 3
     assert s["mape_cache"] is None                       # results without the cache model's twin
+    import json
+
+    from engine.commands.estimate import local_json
+    out = json.loads(json.dumps(local_json(passes, s)))  # --json: the summary and every pass's runs
+    assert out["pass_count"] == 3 and [len(p) for p in out["passes"]] == [2, 3, 2]
+    assert out["passes"][1][2]["measured_s"] is None and out["passes"][0][0]["rel_error"] == pytest.approx(0.1)
 
 
 def test_local_comparison_of_wide_resnet_has_no_tensor_parallel_plan():

@@ -291,6 +291,13 @@ def _print_grid_choice(gc: dict) -> None:
                       f"worst {_fmt(c['worst']['fraction'] if c['worst'] else None).strip()}")
 
 
+def local_json(passes, summary: dict) -> dict:
+    """``--against local --json``: the summary (``summarize_passes``, with the load) and every
+    pass's results under ``passes``."""
+    return {**summary, "passes": [[dict(vars(r), rel_error=r.rel_error, rel_error_cache=r.rel_error_cache)
+                                   for r in res] for res in passes]}
+
+
 def _accuracy_local(args) -> int:
     from estimators.evaluation.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
     from estimators.profile_store import ProfileStore
@@ -311,9 +318,7 @@ def _accuracy_local(args) -> int:
     summary = summarize_passes(passes)
     summary["load_average_1min"] = loads
     if args.json:
-        print(json.dumps({"passes": [[dict(vars(r), rel_error=r.rel_error, rel_error_cache=r.rel_error_cache)
-                                      for r in res] for res in passes],
-                          **summary}, indent=1))
+        print(json.dumps(local_json(passes, summary), indent=1))
         return 0
     print(f"local torch runs of {args.model or LOCAL_MODEL} (launcher, gloo on CPU) vs analytic estimate "
           f"from the profile store")
@@ -334,7 +339,7 @@ def _accuracy_local(args) -> int:
               f"with {_fmt(p['median_error_cache']).strip()}; {ws} MiB, hit {hits}")
     if summary["mape"] is not None:
         per = ", ".join(_fmt(m).strip() for m in summary["pass_mape"])
-        print(f"MAPE of the per-plan medians {100 * summary['mape']:.1f}% over {summary['passes']} passes "
+        print(f"MAPE of the per-plan medians {100 * summary['mape']:.1f}% over {summary['pass_count']} passes "
               f"(each pass alone: {per}); with the cache model {_fmt(summary['mape_cache']).strip()}")
     return 0
 

@@ -4,7 +4,8 @@ A tiny model (default ``LOCAL_MODEL``; any the launcher trains: GPT, Llama, MoE,
 Wide-ResNet without tensor plans) is trained with real multi-rank torch jobs
 (``launcher.api.run_training``: mpiexec, gloo on CPU) under data, tensor and pipeline
 splits at world sizes 1 and 2; the
-measured iteration time (median over the steps after ``skip`` warm-up steps) is compared
+measured iteration time (median over the steps after ``skip`` warm-up steps, by default
+``MEASURE_SKIP`` of ``MEASURE_STEPS``) is compared
 with the analytic estimate of the same plan, whose layer and link costs come from the
 profile store (the model is profiled first if the store lacks it). The estimate models
 the launcher's runtime, not the Arena runtime of the defaults (``launcher_runtime``): no
@@ -71,6 +72,12 @@ DEFAULT_PLANS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 4))     # d
 BLOCK_KINDS = ("decoder", "moe_decoder", "bottleneck")   # repeated layers: the runtime terms' probes
 PROBE_MICROBATCHES = 4                        # the pipeline probe's micro-batches (the default pp plan's)
 LOCAL_MODEL = "tiny-gpt__4L"                  # the default model of the comparison
+# The measured window: the estimate is of a step in steady state. A tensor-parallel MoE run
+# keeps meeting new expert sizes, so DTensor sharding-propagation cache misses (about 5 ms
+# each here), for its first steps: counted by bench/bench_tp_warmup.py, 129 misses over
+# steps 2-9 of tiny-moe__2L and 139 of the Mixtral config, then 0-10 per ten steps; a dense
+# model misses only in its first step.
+MEASURE_STEPS, MEASURE_SKIP = 30, 10
 
 
 def launcher_runtime(eff: EfficiencyConfig | None = None, mem: MemoryConfig | None = None, *,
@@ -370,7 +377,8 @@ class LocalRuntimeModel:
         return Estimate(t, job.global_batch / t, r.memory.peak_bytes, r.plan, True, self.name)
 
 
-def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int = 12, skip: int = 2,
+def against_local(*, model: str = LOCAL_MODEL, global_batch: int = 8, steps: int = MEASURE_STEPS,
+                  skip: int = MEASURE_SKIP,
                   plans=DEFAULT_PLANS, store: ProfileStore | None = None,
                   timeout_s: float = 180, profile_repeats: int = 9) -> list[LocalResult]:
     """Profile (what ``store`` lacks), measure the runtime terms, then run every plan and
@@ -435,7 +443,7 @@ def summarize_passes(passes: list[list[LocalResult]]) -> dict:
         e = [abs(r.rel_error) for r in res if r.rel_error is not None]
         pass_mape.append(sum(e) / len(e) if e else None)
     return {"plans": rows, "mape": sum(meds) / len(meds) if meds else None, "pass_mape": pass_mape,
-            "mape_cache": sum(meds_c) / len(meds_c) if meds_c else None, "passes": len(passes)}
+            "mape_cache": sum(meds_c) / len(meds_c) if meds_c else None, "pass_count": len(passes)}
 
 
 # -- measured runtime terms of the launcher on this host --------------------------------
