@@ -91,6 +91,17 @@ def test_pinned_job_must_run():
     assert pinned.selected(2).tolist() == [1]
 
 
+def test_round_data_derives_its_arrays_once_and_read_only():
+    jobs = [{"cols": [("a100", 1, 1, 5.0), ("a100", 1, 2, 8.0)], "id": "a"}, {"cols": [("a100", 1, 1, 1.0)], "id": "b"}]
+    data = tiny_round_data({"a100": [2]}, jobs)
+    assert data.speedup is data.speedup and data.col_gpus is data.col_gpus      # computed once per round
+    np.testing.assert_allclose(data.speedup, data.col_throughput / data.ref_throughput[data.col_job])
+    np.testing.assert_array_equal(data.col_gpus, data.col_nodes * data.col_gpn)
+    for arr in (data.speedup, data.col_gpus, data.remaining_time_ref_s):
+        with pytest.raises(ValueError):                  # one objective term cannot change what the next reads
+            arr[0] = 0
+
+
 class FakePerf:
     """Throughput by GPU type and pipeline depth (a stand-in estimator for this test)."""
     name = "fake"

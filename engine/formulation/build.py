@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def add_job_rows(data: RoundData, builder: ModelBuilder, pinned: frozenset[str] = frozenset(),
                  columns: np.ndarray | None = None) -> None:
     """One row per job; ``columns`` (optional) limits the entries written to those columns."""
-    lb = np.array([1.0 if jid in pinned else 0.0 for jid in data.job_ids])
+    lb = np.array([1.0 if jid in pinned else 0.0 for jid in data.job_ids]) if pinned else np.zeros(data.n_jobs)
     cols = np.arange(data.n_cols) if columns is None else np.asarray(columns, dtype=np.int64)
     builder.job_rows = builder.add_rows(data.col_job[cols], cols, np.ones(len(cols)), lb, 1.0,
                                         [f"job_{jid}" for jid in data.job_ids])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -55,6 +56,11 @@ class Capacity:
 
     def total(self, type_index: int) -> int:
         return self.blocks[type_index][0]
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,19 +106,22 @@ class RoundData:
     def n_cols(self) -> int:
         return len(self.col_job)
 
-    @property
+    # Derived arrays, computed once per round (every objective term and the incremental
+    # search read them; a round's arrays are not changed after it is built) and read-only,
+    # so that no reader can change what the others see.
+    @cached_property
     def col_gpus(self) -> np.ndarray:
-        return self.col_nodes * self.col_gpn
+        return _frozen(self.col_nodes * self.col_gpn)
 
-    @property
+    @cached_property
     def speedup(self) -> np.ndarray:
         """Per column: estimated throughput over the job's reference throughput."""
-        return self.col_throughput / self.ref_throughput[self.col_job]
+        return _frozen(self.col_throughput / self.ref_throughput[self.col_job])
 
-    @property
+    @cached_property
     def remaining_time_ref_s(self) -> np.ndarray:
         """Per job: time to finish at the reference throughput."""
-        return self.remaining_iterations * self.global_batch / self.ref_throughput
+        return _frozen(self.remaining_iterations * self.global_batch / self.ref_throughput)
 
     def col_rate_iters_per_s(self) -> np.ndarray:
         return self.col_throughput / self.global_batch[self.col_job]

@@ -23,6 +23,7 @@ service) or from the MILP's (``follow="milp"``).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -67,7 +68,9 @@ def yardstick(gpus: int, jobs: int, rounds: int, objective: Objective, config: I
             current = local_columns(data, milp_cols)
             continue
         t0, c0 = time.perf_counter(), time.process_time()
-        model, cols, inc = search_round(data, objective, config)
+        # a fresh copy: the incremental side computes the round's derived arrays itself,
+        # as a policy's single search does, rather than reading the MILP build's
+        model, cols, inc = search_round(replace(data), objective, config)
         t_inc, c_inc = time.perf_counter() - t0, time.process_time() - c0
         inc_cols = _selected_full(model, inc.values, cols)
         x = np.zeros(full.n_x)
