@@ -25,7 +25,7 @@ import time
 WINDOWS = ((0, 2), (2, 10), (10, 20), (20, None))
 
 
-def _worker(rank: int, world: int, port: int, model: str, steps: int, batch: int, queue) -> None:
+def _worker(rank: int, init_method: str, world: int, model: str, steps: int, batch: int, queue) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -37,7 +37,7 @@ def _worker(rank: int, world: int, port: int, model: str, steps: int, batch: int
     from launcher.parallelize import apply_tp
 
     torch.set_num_threads(1)                     # as launcher/worker.py
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     dispatcher = DTensor._op_dispatcher
     slow = getattr(dispatcher, "_propagate_op_sharding_dispatch_slow_path", None)
     misses = [0]
@@ -70,9 +70,9 @@ def _worker(rank: int, world: int, port: int, model: str, steps: int, batch: int
 def measure(model: str, steps: int, batch: int) -> dict:
     import torch.multiprocessing as mp
 
-    from estimators.profiler import _free_port, run_spawned
+    from estimators.profiler import run_spawned
     q = mp.get_context("spawn").SimpleQueue()
-    run_spawned(_worker, (2, _free_port(), model, steps, batch, q), 2, 600.0, "tp warm-up bench")
+    run_spawned(_worker, (2, model, steps, batch, q), 2, 600.0, "tp warm-up bench")
     res = q.get()
     rows = res["rows"]
     windows = []

@@ -385,11 +385,11 @@ def _time_optimizer_step(arch: ModelArch, dtype: str, device: str, cfg: Profiler
 
 
 # -- collectives ---------------------------------------------------------------------
-def _coll_worker(rank: int, world: int, port: int, sizes, ops, repeats: int, backend: str, queue):
+def _coll_worker(rank: int, init_method: str, world: int, sizes, ops, repeats: int, backend: str, queue):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     out = []
     for op in ops:
@@ -431,23 +431,23 @@ def _coll_worker(rank: int, world: int, port: int, sizes, ops, repeats: int, bac
 
 
 def run_spawned(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> None:
-    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes; kill them all and raise
-    TimeoutError naming ``what`` if they take longer than ``timeout_s``."""
+    """Run ``fn(rank, init_method, *args)`` in ``nprocs`` spawned processes on this host;
+    kill them all and raise TimeoutError naming ``what`` if they take longer than
+    ``timeout_s``. ``init_method`` (for ``init_process_group``) is a file store in a fresh
+    temporary directory, removed afterwards: a TCP port probed free and bound later by
+    rank 0 could be taken in between (launcher/dist.py)."""
+    import os
+
     import torch.multiprocessing as mp
-    pc = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.time() + timeout_s
-    while not pc.join(timeout=1.0):
-        if time.time() > deadline:
-            for p in pc.processes:
-                p.kill()
-            raise TimeoutError(f"{what} with {nprocs} ranks exceeded {timeout_s} s")
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="arena-rendezvous-") as d:
+        init = "file://" + os.path.join(d, "store")
+        pc = mp.start_processes(fn, args=(init, *args), nprocs=nprocs, join=False, start_method="spawn")
+        deadline = time.time() + timeout_s
+        while not pc.join(timeout=1.0):
+            if time.time() > deadline:
+                for p in pc.processes:
+                    p.kill()
+                raise TimeoutError(f"{what} with {nprocs} ranks exceeded {timeout_s} s")
 
 
 def profile_collectives(*, group_sizes=(2,), sizes=(4096, 65536, 1 << 20, 4 << 20),
@@ -466,7 +466,7 @@ def profile_collectives(*, group_sizes=(2,), sizes=(4096, 65536, 1 << 20, 4 << 2
             continue
         q = ctx.SimpleQueue()
         t0 = time.perf_counter()
-        run_spawned(_coll_worker, (n, _free_port(), tuple(sizes), tuple(ops), repeats, backend, q), n,
+        run_spawned(_coll_worker, (n, tuple(sizes), tuple(ops), repeats, backend, q), n,
                     timeout_s, "collective profiling")
         wall = time.perf_counter() - t0
         spent += wall * n

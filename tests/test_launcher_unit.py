@@ -298,7 +298,7 @@ def test_wide_resnet_reference_training_learns():
     assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8 - 0.5
 
 
-def _tp_shard_worker(rank: int, world: int, port: int, models: tuple[str, ...]):
+def _tp_shard_worker(rank: int, init_method: str, world: int, models: tuple[str, ...]):
     import copy
 
     import torch
@@ -309,7 +309,7 @@ def _tp_shard_worker(rank: int, world: int, port: int, models: tuple[str, ...]):
     from launcher.parallelize import apply_tp, tp_plan, tp_shard
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         mesh = init_device_mesh("cpu", (world,))
         for model in models:
@@ -335,13 +335,8 @@ def test_tp_shard_holds_what_apply_tp_gives_each_rank():
     """The plain shard the profiler times (``tp_shard``) holds exactly the weights each
     rank holds under ``apply_tp`` (DTensor), for every projection of ``tp_plan`` (Llama:
     grouped-query attention and SwiGLU; MoE: every expert). Two gloo ranks."""
-    import socket
-
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_tp_shard_worker, args=(2, port, ("tiny-llama__4L", "tiny-moe__2L")), nprocs=2, join=True)
+    from estimators.profiler import run_spawned
+    run_spawned(_tp_shard_worker, (2, ("tiny-llama__4L", "tiny-moe__2L")), 2, 300.0, "tp_shard check")
 
 
 def test_move_records_name_the_kind_and_fill_first_step_warmup_and_downtime():

@@ -447,7 +447,7 @@ def summarize_passes(passes: list[list[LocalResult]]) -> dict:
 
 
 # -- measured runtime terms of the launcher on this host --------------------------------
-def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: int, warmup: int,
+def _runtime_worker(rank: int, init_method: str, world: int, model: str, micro_batch: int, warmup: int,
                     repeats: int, queue):
     import time
 
@@ -462,7 +462,7 @@ def _runtime_worker(rank: int, world: int, port: int, model: str, micro_batch: i
     from ..profiler import build_layer
 
     torch.set_num_threads(1)                    # as launcher/worker.py
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     arch = get_model(model)
     full = build_model(model, 0)
     source = make_source(arch, 0, None)
@@ -689,10 +689,10 @@ def profile_runtime_terms(model: str, *, ranks: int, micro_batch: int, comm, gpu
     import torch.multiprocessing as mp
 
     from ..layers import layer_costs
-    from ..profiler import _free_port, run_spawned
+    from ..profiler import run_spawned
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    run_spawned(_runtime_worker, (ranks, _free_port(), model, micro_batch, warmup, repeats, q), ranks,
+    run_spawned(_runtime_worker, (ranks, model, micro_batch, warmup, repeats, q), ranks,
                 timeout_s, "runtime-term profiling")
     res = q.get()
     if ranks == 1:
