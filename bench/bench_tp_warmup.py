@@ -1,11 +1,11 @@
 """How long does a tensor-parallel run take to warm up? Two gloo ranks, one process each.
 
 The launcher's model under ``apply_tp`` (DTensor projections) trains ``--steps`` steps of
-the launcher's own data with Adam, as ``launcher/worker.py`` does. Each step prints its
-time on rank 0 and how many operator calls missed DTensor's sharding-propagation cache
+the launcher's own data with Adam, as ``launcher/worker.py`` does. Rank 0 records each
+step's time and how many operator calls missed DTensor's sharding-propagation cache
 (counted where torch's C++ fast path falls back to Python:
 ``DTensor._op_dispatcher._propagate_op_sharding_dispatch_slow_path``, a private hook of
-torch 2.13 — the bench says so and stops if it is gone). A miss means a shape the run
+torch 2.13 — where it is gone, the bench says so and reports the times only). A miss means a shape the run
 has not seen: the MoE pads each expert's tokens to one of a few sizes
 (``launcher.model.expert_rows``), so new sizes keep turning up for a while as routing
 varies. ``local_accuracy.MEASURE_SKIP`` is chosen from this; the summary gives the misses

@@ -25,6 +25,7 @@ collective run).
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -436,8 +437,6 @@ def run_spawned(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> No
     ``timeout_s``. ``init_method`` (for ``init_process_group``) is a file store in a fresh
     temporary directory, removed afterwards: a TCP port probed free and bound later by
     rank 0 could be taken in between (launcher/dist.py)."""
-    import os
-
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="arena-rendezvous-") as d:
         init = "file://" + os.path.join(d, "store")
