@@ -164,3 +164,16 @@ def test_a_job_no_grid_can_run_is_refused_at_submission(tmp_path):
         assert stored(tmp_path / "s.db") == 0
     finally:
         svc.shutdown()
+
+
+def test_scenario_ports_lie_below_the_ephemeral_range():
+    """The end-to-end scenarios start and restart the service on one port; one the system
+    would hand out itself (port 0 binds, outgoing connections) could be taken in between."""
+    import socket
+
+    from engine.service.scenario import EPHEMERAL_RANGE_FILE, free_port
+    low = int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0]) if Path(EPHEMERAL_RANGE_FILE).exists() else 32768
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1 and all(1024 <= p < low for p in ports)
+    with socket.socket() as s:                  # and it is free
+        s.bind(("127.0.0.1", ports.pop()))

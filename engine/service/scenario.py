@@ -49,12 +49,32 @@ CRASH_RANDOM_WINDOW_S = (1.0, 4.0)    # the random kill: this long after its sta
 CRASH_REPEATS = 2                     # workload resubmissions allowed for faults still to come
 
 
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a service started right after)."""
+    """A TCP port free on 127.0.0.1 now, for a service started right after and started
+    again on it after each kill. Drawn below the kernel's ephemeral range: a port the
+    system hands out itself (a bind to port 0 — the launched jobs' rendezvous stores — or an
+    outgoing connection, such as the scenario's own requests) could be taken by any of
+    those before the service binds it or between its restarts; one below the range is
+    taken only by a process that asks for that very number."""
+    import random
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        low = int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768                                     # Linux's default lower bound
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 below the ephemeral range (from {low})")
 
 
 def demo_jobs() -> list[Submission]:
