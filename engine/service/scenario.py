@@ -50,6 +50,7 @@ CRASH_REPEATS = 2                     # workload resubmissions allowed for fault
 
 
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORT_DRAW_SPAN = 12000          # scenario ports are drawn from this many ports below that range
 
 
 def free_port() -> int:
@@ -67,7 +68,7 @@ def free_port() -> int:
         low = 32768                                     # Linux's default lower bound
     draw = random.SystemRandom()
     for _ in range(100):
-        port = draw.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        port = draw.randrange(max(1024, low - PORT_DRAW_SPAN), low) if low > 2048 else 0
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
