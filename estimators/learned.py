@@ -2,7 +2,8 @@
 
 Target: ``log(measured iteration time / analytic estimate)`` of the same plan (for the
 Arena table: the analytic best plan over the shape's pipeline depths, since the table
-holds the authors' best plan). Regressor: scikit-learn gradient boosting. Features:
+holds the authors' best plan). Regressor: scikit-learn gradient boosting (or a group
+median, below). Features:
 
 - composition: log analytic time and its shares (compute, TP comm, pipeline p2p,
   bubble, exposed DP all-reduce, optimizer), memory utilisation;
@@ -14,7 +15,9 @@ holds the authors' best plan). Regressor: scikit-learn gradient boosting. Featur
   link capacity (callers supply it; 0 when unknown).
 
 Model selection: the correction is one of ``CORRECTIONS`` — ``none`` (the analytic
-estimate as it is) or boosted trees with a squared or an absolute log error — chosen, when
+estimate as it is), boosted trees with a squared or an absolute log error, or ``group``
+(the median log error of the training rows in the row's most specific group of family,
+GPU type and shape: ``group_correction.py``) — chosen, when
 ``correction="auto"``, by cross-validation over the training records only, with folds
 that hold out what the deployment will meet unseen (``select_by``): ``row`` (new plans of
 jobs and GPU types the cluster already ran; 5 folds), ``model`` (new models; 5 folds of
@@ -52,7 +55,7 @@ from .base import Estimate, Plan
 from .planner import PlanResult, best_shape_result
 
 ARTIFACT_VERSION = 2
-CORRECTIONS = ("none", "squared_error", "absolute_error")     # "none": the analytic estimate unchanged
+CORRECTIONS = ("none", "squared_error", "absolute_error", "group")   # "none": the analytic estimate unchanged
 SELECT_BY = ("row", "model", "gpu_type")
 SELECT_METRICS = ("error", "choice")      # what the auto selection optimises: MAPE, or the grid choice
 FAMILIES = ("gpt", "moe", "wide_resnet", "llama")
@@ -194,8 +197,15 @@ def record_model(rec: TrainingRecord) -> str:
 
 
 def _regressor(correction: str, params: dict):
+    """The regressor of a ``CORRECTIONS`` entry (None for ``none``); ``params`` are the
+    boosted trees' (the ``group`` correction has none of its own)."""
+    if correction == "none":
+        return None
+    if correction == "group":
+        from .group_correction import GroupMedianCorrection
+        return GroupMedianCorrection(FEATURES)
     from sklearn.ensemble import GradientBoostingRegressor
-    return None if correction == "none" else GradientBoostingRegressor(loss=correction, **params)
+    return GradientBoostingRegressor(loss=correction, **params)
 
 
 def select_scores(records: list[TrainingRecord], params: dict, by: str, *,

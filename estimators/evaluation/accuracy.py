@@ -113,7 +113,8 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
                     "learned: the analytic estimate x a learned correction, evaluated on rows it never trained on: "
                     "gpu_type = a GPU type never seen (one fold per type), model = models never seen (5 folds), "
                     "row = rows never seen (5 folds); inside each fold the correction (none, squared or absolute "
-                    "log error) is chosen by cross-validation of the same kind on the training rows only"]
+                    "log error trees, or the group median) is chosen by cross-validation of the same kind on the "
+                    "training rows only"]
     return out
 
 
