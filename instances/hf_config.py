@@ -2,8 +2,9 @@
 
 Which family the file describes comes from ``model_type`` (else from ``architectures``):
 
-- llama-like (``llama``, ``mistral``; ``LlamaForCausalLM``, ``MistralForCausalLM``) -> the
-  catalog's ``llama`` family: ``num_hidden_layers``, ``hidden_size``,
+- llama-like (``llama``, ``mistral``, ``qwen2``, ``qwen3``; ``LlamaForCausalLM``,
+  ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``) -> the catalog's
+  ``llama`` family: ``num_hidden_layers``, ``hidden_size``,
   ``num_attention_heads``, ``num_key_value_heads`` (default: ``num_attention_heads``),
   ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``;
 - mixtral-like (``mixtral``; ``MixtralForCausalLM``) -> the catalog's ``moe`` family: the
@@ -19,10 +20,14 @@ default), ``tie_word_embeddings`` (default as Hugging Face: tied for GPT-2 only)
 Approximations, stated: the model is the catalog family's architecture with the file's
 sizes. A mixtral-like file becomes the catalog's GShard-style MoE (LayerNorm, learned
 positions, GELU experts of two matrices), not Mixtral's RMSNorm, rotary positions and
-SwiGLU experts of three. Every other key (``rope_theta``, ``rms_norm_eps``,
-``rope_scaling``, ``sliding_window``, bias switches, ...) is ignored: the launcher uses
-its own constants. The model's name is the file's absolute path (so a job that names the
-file resolves to it again, in any process that sees the same file system).
+SwiGLU experts of three. A Qwen file becomes the llama architecture without Qwen2's
+biases on the query, key and value projections and without Qwen3's query and key
+norms (a few parameters and element-wise operations per layer; a ``head_dim`` other
+than ``hidden_size / num_attention_heads``, as in some Qwen3 sizes, is refused). Every
+other key (``rope_theta``, ``rms_norm_eps``, ``rope_scaling``, ``sliding_window``, bias
+switches, ...) is ignored: the launcher uses its own constants. The model's name is the
+file's absolute path (so a job that names the file resolves to it again, in any process
+that sees the same file system).
 """
 from __future__ import annotations
 
@@ -32,11 +37,11 @@ from pathlib import Path
 from .arch import DTYPE_BYTES, ModelArch
 from .errors import InputError
 
-LLAMA_TYPES = ("llama", "mistral")
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_TYPES = ("mixtral",)
 GPT_TYPES = ("gpt2",)
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                 "MixtralForCausalLM": "mixtral", "GPT2LMHeadModel": "gpt2"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "GPT2LMHeadModel": "gpt2"}
 MAX_CONFIG_BYTES = 1 << 20          # a config.json is a few KB; more is not one
 MAX_COUNT = 4096                    # layers or experts: beyond any real model, and every per-layer
                                     # estimate walks the layers

@@ -64,6 +64,19 @@ def test_architectures_picks_the_family_when_model_type_is_absent(tmp_path):
     assert load_hf_config(write(tmp_path, cfg)).family == "llama"
 
 
+def test_qwen_files_are_llama_like_and_a_non_standard_head_size_is_refused(tmp_path):
+    """Qwen2/Qwen3 files (their extra keys ignored) read as the llama family with the same
+    layers as the llama twin; a Qwen3 ``head_dim`` other than hidden / heads is refused."""
+    extra = {"rope_theta": 1e6, "use_sliding_window": False, "attention_dropout": 0.0, "rms_norm_eps": 1e-6}
+    for kind, arch in (("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")):
+        m = load_hf_config(write(tmp_path, LLAMA | extra | {"model_type": kind}, f"{kind}.json"))
+        assert m.family == "llama" and m.layers() == get_model("tiny-llama__4L").layers()
+        cfg = {k: v for k, v in LLAMA.items() if k != "model_type"} | {"architectures": [arch]}
+        assert load_hf_config(write(tmp_path, cfg, f"{arch}.json")).family == "llama"
+    with pytest.raises(InputError, match="head_dim"):
+        load_hf_config(write(tmp_path, LLAMA | {"model_type": "qwen3", "head_dim": 64}, "q3.json"))
+
+
 def test_a_changed_file_is_read_again(tmp_path):
     p = write(tmp_path, LLAMA)
     assert get_model(str(p)).num_layers == 4
