@@ -14,8 +14,11 @@ Which family the file describes comes from ``model_type`` (else from ``architect
 
 Optional everywhere: ``torch_dtype`` (or ``dtype``; default float32, Hugging Face's
 default), ``tie_word_embeddings`` (default as Hugging Face: tied for GPT-2 only), and
-``seq_length``, the training sequence length
-(default: the position limit, ``max_position_embeddings`` / ``n_positions``).
+``seq_length``, the training sequence length (default: the length the model was
+pretrained at, ``rope_scaling.original_max_position_embeddings``, where the file records
+one — Llama 3.1 and later: 8,192 — else the position limit, ``max_position_embeddings`` /
+``n_positions``). Every estimate, profile and launch of the model uses that length: add
+``seq_length`` to the file to train shorter (or longer) sequences.
 
 Approximations, stated: the model is the catalog family's architecture with the file's
 sizes. A mixtral-like file becomes the catalog's GShard-style MoE (LayerNorm, learned
@@ -109,7 +112,7 @@ def parse_hf_config(data, *, file: str) -> ModelArch:
         ffn, positions = num("intermediate_size"), num("max_position_embeddings")
         hidden_f, heads_f = "hidden_size", "num_attention_heads"
     vocab = num("vocab_size")
-    seq_len = num("seq_length", positions)
+    seq_len = num("seq_length", _pretraining_length(data, positions, file))
     if seq_len > positions:
         raise InputError(f"{seq_len} exceeds the position limit {positions}", file=file, field="seq_length")
     if hidden % heads:
@@ -142,6 +145,21 @@ def parse_hf_config(data, *, file: str) -> ModelArch:
     return ModelArch(family, Path(file).name, dtype=dtype, num_layers=layers, hidden_size=hidden,
                      num_heads=heads, num_kv_heads=kv_heads, ffn_hidden_size=ffn, seq_len=seq_len,
                      vocab_size=vocab, num_experts=experts, top_k=top_k, tied_embeddings=tied, source=file)
+
+
+def _pretraining_length(data: dict, positions: int, file: str) -> int:
+    """The default training sequence length: ``rope_scaling.original_max_position_embeddings``
+    where the file has it (the length the model was pretrained at before its context was
+    extended: 8,192 for Llama 3.1 against a position limit of 131,072), else the position
+    limit."""
+    scaling = data.get("rope_scaling")
+    if not isinstance(scaling, dict) or scaling.get("original_max_position_embeddings") is None:
+        return positions
+    v = scaling["original_max_position_embeddings"]
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= positions:
+        raise InputError(f"must be an integer in 1..{positions} (max_position_embeddings), got {v!r}", file=file,
+                         field="rope_scaling.original_max_position_embeddings")
+    return v
 
 
 def _model_type(data: dict, file: str) -> str:

@@ -195,3 +195,29 @@ def test_cli_estimate_of_a_config_json_model():
         rc = main(["estimate", "--model", str(TINY_LLAMA.with_name("nope.json")), "--gpu-type", "a100",
                    "--gpus", "4"])
     assert rc == 2 and "not found" in err.getvalue()
+
+
+def test_the_training_length_defaults_to_the_pretraining_length_and_the_file_can_set_it(tmp_path):
+    long = LLAMA | {"max_position_embeddings": 4096,
+                    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 512}}
+    assert load_hf_config(write(tmp_path, long, "a.json")).seq_len == 512          # pretrained at 512
+    assert load_hf_config(write(tmp_path, long | {"seq_length": 2048}, "b.json")).seq_len == 2048
+    assert load_hf_config(write(tmp_path, long | {"rope_scaling": None}, "c.json")).seq_len == 4096
+    assert load_hf_config(write(tmp_path, long | {"rope_scaling": {"factor": 2.0}}, "d.json")).seq_len == 4096
+    for bad in (0, 8192, "512", True):
+        with pytest.raises(InputError, match="original_max_position_embeddings"):
+            load_hf_config(write(tmp_path, long | {"rope_scaling": {"original_max_position_embeddings": bad}},
+                                 "e.json"))
+
+
+def test_cli_estimate_names_the_sequence_length_and_the_key_when_nothing_fits(tmp_path):
+    from engine.cli import main
+    big = LLAMA | {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "intermediate_size": 14336, "max_position_embeddings": 131072, "num_hidden_layers": 32}
+    p = write(tmp_path, big)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["estimate", "--model", str(p), "--gpu-type", "a100", "--gpus", "4", "--batch", "8"])
+    assert rc == 0 and "batch 8 of 131072-token sequences" in out.getvalue()
+    assert "no grid fits in memory at 131072-token sequences" in err.getvalue()
+    assert f'from {p.resolve()}: add "seq_length"' in err.getvalue()

@@ -142,7 +142,8 @@ def _grids(args) -> int:
         print(json.dumps({"model": job.model, "batch": args.batch, "gpu_type": gpu.name, "gpus": args.gpus,
                           "perf": perf.name, "grids": rows}, indent=1, default=str))
         return 0
-    print(f"{job.model}, batch {args.batch}, {args.gpus} x {gpu.name} ({gpn} per node), perf model {perf.name}")
+    print(f"{job.model}, batch {args.batch} of {job.arch.seq_len}-token sequences, {args.gpus} x {gpu.name} "
+          f"({gpn} per node), perf model {perf.name}")
     print(f"{'grid':<24} {'fits':<5} {'iter s':>9} {'samples/s':>10} {'mem GiB':>8}  plan")
     for r in sorted(rows, key=lambda r: (not r["feasible"], r["iteration_time_s"])):
         p = r["plan"]
@@ -152,6 +153,11 @@ def _grids(args) -> int:
               f"{r['throughput']:>10.2f} {r['peak_memory_gib']:>8.1f}  {plan}")
     if rows:
         print(f"source: {rows[0]['source']}; " + "; ".join(rows[0]["notes"][:1]))
+    if rows and not any(r["feasible"] for r in rows):
+        hint = (f"; the sequence length comes from {job.arch.source}: add \"seq_length\" to that file to train "
+                "shorter sequences" if job.arch.source else "")
+        print(f"arena estimate: no grid fits in memory at {job.arch.seq_len}-token sequences and batch "
+              f"{args.batch}{hint}", file=sys.stderr)
     return 0
 
 
