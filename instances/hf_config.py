@@ -112,7 +112,7 @@ def parse_hf_config(data, *, file: str) -> ModelArch:
         ffn, positions = num("intermediate_size"), num("max_position_embeddings")
         hidden_f, heads_f = "hidden_size", "num_attention_heads"
     vocab = num("vocab_size")
-    seq_len = num("seq_length", _pretraining_length(data, positions, file))
+    seq_len = num("seq_length") if data.get("seq_length") is not None else _pretraining_length(data, positions, file)
     if seq_len > positions:
         raise InputError(f"{seq_len} exceeds the position limit {positions}", file=file, field="seq_length")
     if hidden % heads:

@@ -205,9 +205,11 @@ def test_the_training_length_defaults_to_the_pretraining_length_and_the_file_can
     assert load_hf_config(write(tmp_path, long | {"rope_scaling": None}, "c.json")).seq_len == 4096
     assert load_hf_config(write(tmp_path, long | {"rope_scaling": {"factor": 2.0}}, "d.json")).seq_len == 4096
     for bad in (0, 8192, "512", True):
+        odd = long | {"rope_scaling": {"original_max_position_embeddings": bad}}
         with pytest.raises(InputError, match="original_max_position_embeddings"):
-            load_hf_config(write(tmp_path, long | {"rope_scaling": {"original_max_position_embeddings": bad}},
-                                 "e.json"))
+            load_hf_config(write(tmp_path, odd, "e.json"))
+        # read only when it is the default: an explicit training length does not need it
+        assert load_hf_config(write(tmp_path, odd | {"seq_length": 256}, "f.json")).seq_len == 256
 
 
 def test_cli_estimate_names_the_sequence_length_and_the_key_when_nothing_fits(tmp_path):
