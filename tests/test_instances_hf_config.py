@@ -185,7 +185,7 @@ def test_cli_estimate_of_a_config_json_model():
                    "--json"])
     assert rc == 0
     res = json.loads(out.getvalue())
-    assert res["model"] == str(TINY_LLAMA)
+    assert res["model"] == str(TINY_LLAMA) and res["seq_len"] == get_model(str(TINY_LLAMA)).seq_len
     feasible = [g for g in res["grids"] if g["feasible"]]
     assert feasible and all(g["iteration_time_s"] > 0 for g in feasible)
     # the layers the plans split are the file's: 3 decoder layers + embedding + head

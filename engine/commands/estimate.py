@@ -139,8 +139,8 @@ def _grids(args) -> int:
               + (f"; tensor degree at most {tp_cap}" if tp_cap else "") + ")", file=sys.stderr)
         return 0
     if args.json:
-        print(json.dumps({"model": job.model, "batch": args.batch, "gpu_type": gpu.name, "gpus": args.gpus,
-                          "perf": perf.name, "grids": rows}, indent=1, default=str))
+        print(json.dumps({"model": job.model, "batch": args.batch, "seq_len": job.arch.seq_len, "gpu_type": gpu.name,
+                          "gpus": args.gpus, "perf": perf.name, "grids": rows}, indent=1, default=str))
         return 0
     print(f"{job.model}, batch {args.batch} of {job.arch.seq_len}-token sequences, {args.gpus} x {gpu.name} "
           f"({gpn} per node), perf model {perf.name}")
