@@ -164,3 +164,43 @@ def test_bad_model_arrays_are_rejected():
         b.add_x_objective(np.array([1.0, np.nan]))
     with pytest.raises(ValueError):
         b.add_rows(np.array([1]), np.array([0]), np.array([1.0]), 0.0, 1.0, ["r"])
+
+
+def test_row_names_are_made_when_read_and_match_the_rows():
+    """Job rows are named ``job_<id>`` and capacity rows ``cap_<type>_l<level>``, one name
+    per row in row order, for the full and the restricted model alike (the names are
+    made lazily; the Lagrangian keys its warm prices by them)."""
+    data = tiny_round_data({"a100": [8, 8], "v100": [4]},
+                           [{"id": "a", "cols": [("a100", 1, 8, 4.0), ("v100", 1, 4, 2.0)]},
+                            {"id": "b", "cols": [("a100", 2, 8, 7.0)]}])
+    obj = parse_objective({}, {"throughput": 1.0})
+    for model in (build_model(data, obj), build_model(data, obj, columns=np.array([0, 2]))):
+        names = list(model.row_names)
+        assert len(names) == model.n_rows
+        assert names[:2] == ["job_a", "job_b"]
+        assert names[2:] == ["cap_a100_l1", "cap_a100_l2", "cap_a100_l4", "cap_a100_l8",
+                             "cap_v100_l1", "cap_v100_l2", "cap_v100_l4"]
+        assert model.row_names[-1] == "cap_v100_l4" and model.row_names[1:3] == ["job_b", "cap_a100_l1"]
+        with pytest.raises(IndexError):
+            model.row_names[model.n_rows]
+        assert model.names() == tuple(f"x{i}" for i in range(model.n_x))
+
+
+def test_the_model_matrix_is_the_same_whichever_way_it_is_assembled():
+    """Rows given in order become CSR directly; any other order goes through COO. Both
+    give the same canonical matrix (duplicates summed)."""
+    from engine.formulation.model import ModelBuilder
+    rng = np.random.default_rng(3)
+    r = np.sort(rng.integers(0, 6, 60))
+    c = rng.integers(0, 9, 60)
+    v = rng.normal(size=60)
+    mats = []
+    for order in (np.arange(60), rng.permutation(60)):
+        b = ModelBuilder(9, np.repeat(np.arange(3), 3), 3)
+        b.add_rows(r[order], c[order], v[order], -np.inf, 1.0, [f"r{i}" for i in range(6)])
+        A = b.build().A
+        assert A.has_canonical_format
+        mats.append(A.toarray())
+    dense = np.zeros((6, 9))
+    np.add.at(dense, (r, c), v)
+    assert np.allclose(mats[0], dense) and np.allclose(mats[1], dense)

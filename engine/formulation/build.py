@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .model import MilpModel, ModelBuilder
+from .model import MilpModel, ModelBuilder, Prefixed
 from .round_data import RoundData
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def add_job_rows(data: RoundData, builder: ModelBuilder, pinned: frozenset[str] 
     lb = np.array([1.0 if jid in pinned else 0.0 for jid in data.job_ids]) if pinned else np.zeros(data.n_jobs)
     cols = np.arange(data.n_cols) if columns is None else np.asarray(columns, dtype=np.int64)
     builder.job_rows = builder.add_rows(data.col_job[cols], cols, np.ones(len(cols)), lb, 1.0,
-                                        [f"job_{jid}" for jid in data.job_ids])
+                                        Prefixed("job_", data.job_ids))
 
 
 def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray | None = None) -> None:
@@ -44,12 +44,13 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
     gpus = data.col_gpus[base]
     col_type, col_gpn = data.col_type[base], data.col_gpn[base]
     for ti, t in enumerate(cap.types):
-        of_type = col_type == ti
+        of_type = np.flatnonzero(col_type == ti)
+        cols_t, gpn_t, gpus_t = base[of_type], col_gpn[of_type], gpus[of_type]
         for li, lvl in enumerate(cap.levels[ti]):
-            sel = np.flatnonzero(of_type & (col_gpn >= lvl))
-            rows.append(np.full(len(sel), r))
-            cols.append(base[sel])
-            vals.append(gpus[sel] / lvl)
+            sel = gpn_t >= lvl
+            cols.append(cols_t[sel])
+            rows.append(np.full(len(cols[-1]), r))
+            vals.append(gpus_t[sel] / lvl)
             ub.append(cap.blocks[ti][li])
             names.append(f"cap_{t}_l{lvl}")
             r += 1

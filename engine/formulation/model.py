@@ -9,12 +9,55 @@ modelling layer; the other backends translate from the same arrays.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 INF = float("inf")
+
+
+class Prefixed(Sequence[str]):
+    """Names ``prefix + str(id)``, made when read (a round has thousands of job rows and
+    reads a handful of names: the Lagrangian keys its warm prices by row name)."""
+
+    def __init__(self, prefix: str, ids: Sequence):
+        self.prefix, self.ids = prefix, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):                       # type: ignore[override]
+        if isinstance(i, slice):
+            return [f"{self.prefix}{x}" for x in self.ids[i]]
+        return f"{self.prefix}{self.ids[i]}"
+
+
+class RowNames(Sequence[str]):
+    """The concatenation of the builder's name chunks, read-only."""
+
+    def __init__(self, chunks: Sequence[Sequence[str]]):
+        self._chunks = tuple(chunks)
+        self._ends = []
+        n = 0
+        for ch in self._chunks:
+            n += len(ch)
+            self._ends.append(n)
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, i):                       # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("row name index out of range")
+        c = bisect.bisect_right(self._ends, i)
+        return self._chunks[c][i - (self._ends[c - 1] if c else 0)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,12 +70,12 @@ class MilpModel:
     A: sp.csr_matrix              # rows x variables
     row_lb: np.ndarray
     row_ub: np.ndarray
-    row_names: tuple[str, ...]
+    row_names: Sequence[str]
     n_x: int                      # the first n_x variables are the binary choices
     col_job: np.ndarray           # job index of each choice variable (length n_x)
     n_jobs: int
     offset: float = 0.0           # constant added to the objective
-    var_names: tuple[str, ...] = field(default=())   # optional, for export; generated if empty
+    extra_names: tuple[str, ...] = ()   # the continuous variables' names, as the objective terms gave them
     job_rows: np.ndarray | None = None   # indices of the one-grid-per-job rows, when known
 
     def __post_init__(self):
@@ -44,6 +87,8 @@ class MilpModel:
             raise ValueError(f"model: A is {self.A.shape}, rows {len(self.row_lb)}, variables {n}")
         if len(self.row_names) != len(self.row_lb):
             raise ValueError("model: one name per row")
+        if len(self.extra_names) not in (0, n - self.n_x):
+            raise ValueError("model: one name per continuous variable, or none")
         if len(self.col_job) != self.n_x or self.n_x > n:
             raise ValueError("model: col_job must have n_x entries")
         if not np.all(np.isfinite(self.c)):
@@ -58,9 +103,10 @@ class MilpModel:
         return len(self.row_lb)
 
     def names(self) -> tuple[str, ...]:
-        if self.var_names:
-            return self.var_names
-        return tuple(f"x{i}" for i in range(self.n_x)) + tuple(f"y{i}" for i in range(self.n_vars - self.n_x))
+        """Every variable's name: ``x<i>`` for the choices (i in this model), then the
+        continuous variables' own names (``y<i>`` where none were given)."""
+        extra = self.extra_names or tuple(f"y{i}" for i in range(self.n_vars - self.n_x))
+        return tuple(f"x{i}" for i in range(self.n_x)) + extra
 
     def objective_value(self, v: np.ndarray) -> float:
         return float(self.c @ v + self.offset)
@@ -105,13 +151,14 @@ class ModelBuilder:
         self._rows_v: list[np.ndarray] = []
         self._row_lb: list[np.ndarray] = []
         self._row_ub: list[np.ndarray] = []
-        self._row_names: list[str] = []
+        self._row_names: list[Sequence[str]] = []      # chunks, one per add_rows
+        self._n_rows = 0
         self.offset = 0.0
         self.job_rows: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
-        return len(self._row_names)
+        return self._n_rows
 
     def add_x_objective(self, coeffs: np.ndarray) -> None:
         coeffs = np.asarray(coeffs, dtype=float)
@@ -139,7 +186,7 @@ class ModelBuilder:
         return np.arange(start, start + len(lb))
 
     def add_rows(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray,
-                 lb: np.ndarray | float, ub: np.ndarray | float, names: list[str]) -> np.ndarray:
+                 lb: np.ndarray | float, ub: np.ndarray | float, names: Sequence[str]) -> np.ndarray:
         """Add ``len(names)`` rows given in COO form with row indices local (0..k-1).
 
         Returns the global indices of the new rows.
@@ -156,7 +203,8 @@ class ModelBuilder:
         self._rows_v.append(np.asarray(vals, dtype=float))
         self._row_lb.append(lb)
         self._row_ub.append(ub)
-        self._row_names.extend(names)
+        self._row_names.append(names)
+        self._n_rows += k
         return np.arange(base, base + k)
 
     def build(self, columns: np.ndarray | None = None, fixed: np.ndarray | None = None) -> MilpModel:
@@ -207,19 +255,20 @@ class ModelBuilder:
             mapped = np.where(is_x, new_index[np.minimum(cc, self.n_x - 1)], cc - self.n_x + n_x)
             ok = mapped >= 0
             r, cc, v = r[ok], mapped[ok], v[ok]
-        A = sp.csr_matrix((v, (r, cc)), shape=(m, n))
+        if len(r) and np.all(r[1:] >= r[:-1]):          # rows already in order (the usual case): CSR directly
+            indptr = np.zeros(m + 1, dtype=np.int64)
+            np.cumsum(np.bincount(r, minlength=m), out=indptr[1:])
+            A = sp.csr_matrix((v, cc, indptr), shape=(m, n))
+        else:
+            A = sp.csr_matrix((v, (r, cc)), shape=(m, n))
         A.sum_duplicates()
         row_lb = np.concatenate(self._row_lb) if self._row_lb else np.zeros(0)
         row_ub = np.concatenate(self._row_ub) if self._row_ub else np.zeros(0)
         if fixed_act is not None:
             row_lb = row_lb - fixed_act
             row_ub = row_ub - fixed_act
-        if keep is None:
-            names = tuple(f"x{i}" for i in range(n_x)) + tuple(self._var_names)
-        else:               # named by their index in the full model
-            names = tuple(f"x{i}" for i in keep.tolist()) + tuple(self._var_names) if n_extra else ()
         col_job = self.col_job if keep is None else self.col_job[keep]
         return MilpModel(c=c, col_lb=col_lb, col_ub=col_ub, integral=integral, A=A,
-                         row_lb=row_lb, row_ub=row_ub, row_names=tuple(self._row_names),
+                         row_lb=row_lb, row_ub=row_ub, row_names=RowNames(self._row_names),
                          n_x=n_x, col_job=col_job, n_jobs=self.n_jobs,
-                         offset=offset, var_names=names, job_rows=self.job_rows)
+                         offset=offset, extra_names=tuple(self._var_names), job_rows=self.job_rows)

@@ -58,12 +58,21 @@ def _delta(j, k, assign, start, running0, gpus, U, out):
     out[R + 1] = gpus[k] * now - gpus[old] * was
 
 
-@njit(cache=True)
-def _fits(d, act, ub):
-    for r in range(d.shape[0]):
-        if d[r] > ub[r] - act[r] + EPS:
+@njit(cache=True, inline="always")
+def _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
+    """Whether job ``j``'s move to column ``k`` fits the rows' slack: ``_delta`` and
+    ``_fits`` in one pass that stops at the first row that refuses it (the same
+    arithmetic, so the same answer)."""
+    old = assign[j]
+    R = U.shape[1]
+    for r in range(R):
+        if U[k, r] - U[old, r] > ub[r] - act[r] + EPS:
             return False
-    return True
+    was = 1.0 if (running0[j] and old != start[j]) else 0.0
+    now = 1.0 if (running0[j] and k != start[j]) else 0.0
+    if now - was > ub[R] - act[R] + EPS:
+        return False
+    return gpus[k] * now - gpus[old] * was <= ub[R + 1] - act[R + 1] + EPS
 
 
 @njit(cache=True)
@@ -104,7 +113,7 @@ def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
 
 
 @njit(cache=True)
-def _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr, d):
+def _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr):
     """Job ``j``'s best move that fits now, from its pointer on: columns passed over do
     not fit (slack only shrinks in expand, but for sideways moves) and are not looked at
     again until the job moves. -1 when none is left."""
@@ -112,8 +121,7 @@ def _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr
         k = order[ptr[j]]
         if dens[k] == -np.inf:
             break
-        _delta(j, k, assign, start, running0, gpus, U, d)
-        if _fits(d, act, ub):
+        if _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
             return k
         ptr[j] += 1
     ptr[j] = hi[j]
@@ -121,26 +129,31 @@ def _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr
 
 
 @njit(cache=True)
-def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, ub, act, counts):
+def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, ub, act, counts,
+           order, dens, ranked):
     """The expand step: every job's best move that fits, in one heap (one entry per job),
     best gain per GPU added first. The top move is taken if it still fits (other moves
     took slack since); either way the job's next move that fits replaces its entry, so a
     job's next move (growing what it was just given) competes with the other jobs' first
     moves. A move found not to fit is not looked at again in the step (slack only
     shrinks here, but for sideways moves) until its job moves. Ends when no job has a
-    move that fits."""
+    move that fits.
+
+    ``order``/``dens`` hold each job's ranked columns across calls; ``ranked[j]`` is the
+    column job ``j`` was ranked from (-1: never), so a second expand re-ranks only the
+    jobs that moved since (a ranking depends on nothing else)."""
     n_jobs = lo.shape[0]
     n_x = U.shape[0] - 1
     d = np.empty(ub.shape[0])
-    order = np.empty(n_x, dtype=np.int64)
-    dens = np.empty(n_x)
     ptr = lo.copy()
     hk = np.empty(n_jobs)                      # heap: key (-density) and job; the move is order[ptr[job]]
     hj = np.empty(n_jobs, dtype=np.int64)
     n = 0
     for j in range(n_jobs):
-        _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
-        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr, d)
+        if ranked[j] != assign[j]:
+            _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
+            ranked[j] = assign[j]
+        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr)
         if k >= 0:
             hk[n], hj[n] = -dens[k], j
             n += 1
@@ -149,16 +162,17 @@ def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, u
     while n:
         j = hj[0]
         k = order[ptr[j]]
-        _delta(j, k, assign, start, running0, gpus, U, d)
-        if _fits(d, act, ub):
+        if _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
+            _delta(j, k, assign, start, running0, gpus, U, d)
             act += d
             assign[j] = k
             counts[0] += 1
             _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
+            ranked[j] = k
             ptr[j] = lo[j]
         else:
             ptr[j] += 1
-        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr, d)
+        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr)
         if k >= 0:                             # the job's next move replaces its entry
             hk[0] = -dens[k]
         else:                                  # none: the last entry takes the top
@@ -324,7 +338,7 @@ def warm_up() -> float:
     args = (one, one + 1, one + 1, one + 1, np.zeros(1, dtype=np.bool_), np.zeros(1, dtype=np.bool_),
             np.zeros(1, dtype=np.bool_), np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.array([0, -1]),
             np.array([[1.0], [0.0]]), np.ones(3), np.zeros(3), np.zeros(2, dtype=np.int64))
-    expand(*args)
+    expand(*args, np.zeros(1, dtype=np.int64), np.zeros(1), np.full(1, -1, dtype=np.int64))
     balance(*args)
     return time.perf_counter() - t0
 

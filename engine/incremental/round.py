@@ -65,7 +65,9 @@ def search_round(data: RoundData, objective: Objective, config: IncrementalConfi
     t2 = time.perf_counter()
     cur = data.current_col
     start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)
-    frozen_mask = np.array([jid in frozen for jid in data.job_ids], dtype=bool)
+    frozen_mask = np.zeros(data.n_jobs, dtype=bool)
+    if frozen:
+        frozen_mask[:] = [jid in frozen for jid in data.job_ids]
     max_jobs, max_gpus = config.limits(data)
     if allowance is not None:
         max_jobs = min(max_jobs, allowance)

@@ -90,11 +90,9 @@ class _State:
         coupling = np.isfinite(model.row_ub) & ~cont
         coupling[model.job_rows] = False
         rows = np.flatnonzero(coupling)
-        sub = A[rows]                                    # few rows: each column's usage of them, densely
-        r = np.repeat(np.arange(len(rows)), np.diff(sub.indptr))
-        x = sub.indices < n_x
+        # few rows: each column's usage of them, densely (a row of U per column, "no column" last)
         self.U = np.zeros((n_x + 1, len(rows)))
-        self.U[sub.indices[x], r[x]] = sub.data[x]          # canonical CSR: no duplicate entries
+        self.U[:n_x] = A[rows][:, :n_x].toarray().T
         self.ub = np.concatenate([model.row_ub[rows], [max_moved_jobs, max_moved_gpus]]).astype(float)
         self.pinned = np.zeros(model.n_jobs, dtype=bool)
         self.pinned[np.flatnonzero(model.row_lb[model.job_rows] > 0.5)] = True
@@ -105,6 +103,9 @@ class _State:
         self.act = np.concatenate([self.U[self.assign].sum(axis=0), [0.0, 0.0]])
         self.counts = np.zeros(2, dtype=np.int64)       # expand, balance moves
         self.repairs = 0
+        self.order = np.empty(n_x, dtype=np.int64)      # expand's rankings, kept between its calls
+        self.dens = np.empty(n_x)
+        self.ranked = np.full(model.n_jobs, -1, dtype=np.int64)
 
     def moved(self, j: np.ndarray, new: np.ndarray) -> np.ndarray:
         return self.running0[j] & (new != self.start[j])
@@ -136,7 +137,7 @@ class _State:
     # second, which a process that never searches incrementally should not pay
     def expand(self) -> None:
         from . import kernel
-        kernel.expand(*self._args())
+        kernel.expand(*(self._args() + (self.order, self.dens, self.ranked)))
 
     def balance(self) -> bool:
         from . import kernel
