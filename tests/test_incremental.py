@@ -322,3 +322,9 @@ def test_compiled_expand_equals_the_plain_reference(gpus, jobs, seed, running, b
     _reference_expand(b)
     assert a.assign.tolist() == b.assign.tolist() and a.counts[0] == b.counts[0]
     assert np.allclose(a.act, b.act)
+    # the second expand, after balance, keeps the rankings of the jobs balance left alone
+    assert a.balance() == b.balance()
+    a.expand()
+    _reference_expand(b)
+    assert a.assign.tolist() == b.assign.tolist() and a.counts.tolist() == b.counts.tolist()
+    assert np.allclose(a.act, b.act)
