@@ -60,9 +60,8 @@ def _delta(j, k, assign, start, running0, gpus, U, out):
 
 @njit(cache=True, inline="always")
 def _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
-    """Whether job ``j``'s move to column ``k`` fits the rows' slack: ``_delta`` and
-    ``_fits`` in one pass that stops at the first row that refuses it (the same
-    arithmetic, so the same answer)."""
+    """Whether job ``j``'s move to column ``k`` fits the rows' slack: the row changes
+    ``_delta`` gives, checked row by row, stopping at the first row that refuses it."""
     old = assign[j]
     R = U.shape[1]
     for r in range(R):
