@@ -18,7 +18,8 @@ Model selection: the correction is one of ``CORRECTIONS`` — ``none`` (the anal
 estimate as it is), boosted trees with a squared or an absolute log error, or ``group``
 (the median log error of the training rows in the row's most specific group of family,
 GPU type and shape: ``group_correction.py``) — chosen, when
-``correction="auto"``, by cross-validation over the training records only, with folds
+``correction="auto"``, among ``AUTO_CANDIDATES`` by cross-validation over the training
+records only, with folds
 that hold out what the deployment will meet unseen (``select_by``): ``row`` (new plans of
 jobs and GPU types the cluster already ran; 5 folds), ``model`` (new models; 5 folds of
 models) or ``gpu_type`` (a new GPU type; one fold per type). What the selection
@@ -27,7 +28,9 @@ optimises (``select_metric``): ``error`` (default) the cross-validated MAPE, or
 throughput of the shape the estimates rank best, over the best) — for a scheduler that
 uses the estimate to pick grids, when a correction that lowers the error ranks shapes
 worse. The accuracy report nests this selection inside each outer fold, so no test row
-ever influences the choice.
+ever influences the choice. ``type_level`` (one factor per family and GPU type, the
+``group`` median at that level only) is never chosen by ``auto``: it is for ranking
+grids (the kind ``learned-level``), not for the lowest error.
 
 Trained from the Arena measured table plus, when a ``profile_store`` is given, the
 store's measured runs (launcher telemetry); updated
@@ -55,7 +58,8 @@ from .base import Estimate, Plan
 from .planner import PlanResult, best_shape_result
 
 ARTIFACT_VERSION = 2
-CORRECTIONS = ("none", "squared_error", "absolute_error", "group")   # "none": the analytic estimate unchanged
+CORRECTIONS = ("none", "squared_error", "absolute_error", "group", "type_level")   # "none": the analytic as it is
+AUTO_CANDIDATES = CORRECTIONS[:4]        # what correction="auto" chooses among (not type_level: for ranking only)
 SELECT_BY = ("row", "model", "gpu_type")
 SELECT_METRICS = ("error", "choice")      # what the auto selection optimises: MAPE, or the grid choice
 FAMILIES = ("gpt", "moe", "wide_resnet", "llama")
@@ -201,16 +205,16 @@ def _regressor(correction: str, params: dict):
     boosted trees' (the ``group`` correction has none of its own)."""
     if correction == "none":
         return None
-    if correction == "group":
-        from .group_correction import GroupMedianCorrection
-        return GroupMedianCorrection(FEATURES)
+    if correction in ("group", "type_level"):
+        from .group_correction import TYPE_LEVELS, GroupMedianCorrection
+        return GroupMedianCorrection(FEATURES, **({"levels": TYPE_LEVELS} if correction == "type_level" else {}))
     from sklearn.ensemble import GradientBoostingRegressor
     return GradientBoostingRegressor(loss=correction, **params)
 
 
 def select_scores(records: list[TrainingRecord], params: dict, by: str, *,
                   seed: int = 0) -> tuple[dict[str, float], dict[str, float | None]]:
-    """Cross-validated scores of every ``CORRECTIONS`` entry on ``records`` with folds of
+    """Cross-validated scores of every ``AUTO_CANDIDATES`` entry on ``records`` with folds of
     kind ``by`` (``cv_folds``), from the same out-of-fold predictions: the mean absolute
     percentage error, and the grid-choice score (``choice.choice_score``: mean true
     per-GPU throughput of the shape the predictions rank best over the best, over the
@@ -218,11 +222,11 @@ def select_scores(records: list[TrainingRecord], params: dict, by: str, *,
     from .choice import choice_score, point_from_row_id
     X = np.array([r.features for r in records])
     y = np.array([r.target for r in records])
-    pred = {c: np.zeros(len(records)) for c in CORRECTIONS}
+    pred = {c: np.zeros(len(records)) for c in AUTO_CANDIDATES}
     seen = np.zeros(len(records), dtype=bool)
     for train, test in cv_folds(records, by, seed=seed):
         seen[test] = True
-        for c in CORRECTIONS:
+        for c in AUTO_CANDIDATES:
             reg = _regressor(c, params)
             corr = np.zeros(len(test))
             if reg is not None:
@@ -231,7 +235,7 @@ def select_scores(records: list[TrainingRecord], params: dict, by: str, *,
             pred[c][test] = np.array([records[i].analytic_s for i in test]) * np.exp(corr)
     held = [records[i] for i in np.flatnonzero(seen)]
     mape, choice = {}, {}
-    for c in CORRECTIONS:
+    for c in AUTO_CANDIDATES:
         p = pred[c][seen]
         if not len(p):
             continue

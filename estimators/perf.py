@@ -5,7 +5,10 @@ Kinds (registry by name):
 - ``analytic``: proxy plan from the planner; layer times from the roofline over catalog
   specs (or the profile store where the device was profiled); composition; memory check.
 - ``learned``: the analytic estimate x the learned correction (estimators/learned.py);
-  ``learned-choice``: the same with the correction chosen by cross-validated grid choice.
+  ``learned-choice``: the same with the correction chosen by cross-validated grid choice;
+  ``learned-level``: the analytic estimate x one learned factor per model family and GPU
+  type (the ``type_level`` correction): the shapes of one GPU type rank exactly as with
+  ``analytic``, the level between GPU types is corrected.
 - ``online``: a base kind (``base=``; default ``learned`` when a learned artifact is
   given or the default one exists, else ``analytic``) corrected per job by its runs'
   measured iteration times (estimators/online.py).
@@ -217,3 +220,17 @@ def _make_learned_choice(**config) -> PerformanceModel:
     (``select_metric="choice"``) rather than by error: for deciding grids."""
     from .learned import LearnedModel
     return LearnedModel(**{"select_metric": "choice", **config})
+
+
+@register_kind("learned-level")
+def _make_learned_level(**config) -> PerformanceModel:
+    """The learned model with the ``type_level`` correction: one factor per (model family,
+    GPU type), so it ranks the shapes of one GPU type as ``analytic`` does and corrects
+    only the level between types (docs/estimators.md, "Grid choice")."""
+    from .learned import LearnedModel
+    if "correction" in config:
+        raise InputError("learned-level sets its own correction (type_level); use --perf learned to choose one",
+                         field="correction")
+    model = LearnedModel(correction="type_level", **config)
+    model.name = "learned-level-dp" if model.dp_only else "learned-level"
+    return model

@@ -8,7 +8,7 @@ from estimators.analytic import AnalyticModel
 from estimators.base import PerformanceModel
 from estimators.learned import (
     ARTIFACT_VERSION,
-    CORRECTIONS,
+    AUTO_CANDIDATES,
     LearnedModel,
     cv_folds,
     pick_correction,
@@ -155,7 +155,7 @@ def test_auto_correction_is_chosen_on_training_rows_only(records, monkeypatch):
     monkeypatch.setattr(learned, "select_scores", spy)
     m = LearnedModel(train_on=None, select_by="gpu_type", n_estimators=30).fit(train)
     assert seen == [{r.row_id for r in train}]
-    assert set(m.selection) == set(CORRECTIONS) and m.chosen == min(m.selection, key=m.selection.get)
+    assert set(m.selection) == set(AUTO_CANDIDATES) and m.chosen == min(m.selection, key=m.selection.get)
     if m.chosen == "none":                                      # the analytic estimate unchanged
         test = [r for r in records if r.group == "a10"]
         assert list(m.predict_records(test)) == [r.analytic_s for r in test]
@@ -167,7 +167,7 @@ def test_auto_correction_is_chosen_on_training_rows_only(records, monkeypatch):
         with pytest.raises(InputError):
             LearnedModel(train_on=None, **bad)
     # the same inner cross-validation scores the grid choice; select_metric="choice" keeps its best
-    assert set(m.choice_selection) == set(CORRECTIONS)
+    assert set(m.choice_selection) == set(AUTO_CANDIDATES)
     by_choice = LearnedModel(train_on=None, select_by="gpu_type", n_estimators=30, select_metric="choice").fit(train)
     assert by_choice.choice_selection == m.choice_selection
     assert by_choice.chosen == pick_correction(m.selection, m.choice_selection, "choice")

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--gpus-per-node", type=int, default=None,
                    help="node size (default: the catalog's for that type)")
     p.add_argument("--batch", type=int, default=256, help="global batch (samples per iteration)")
-    p.add_argument("--perf", default="analytic", help="performance model kind: analytic, learned, table")
+    p.add_argument("--perf", default="analytic", help="performance model kind: analytic, learned, learned-level, table")
     p.add_argument("--profile-store", default=None, metavar="DIR",
                    help="grids: take the profiled device's layer and collective times from this store "
                         "(`arena profile` fills it; default: catalog specs)")
@@ -218,6 +218,10 @@ def _accuracy(args) -> int:
     lm = o["learned_mape"]
     print(f"  {'overall':<12} {out['predicted_rows']:>5} {_fmt(o['analytic_mape']):>9} {_fmt(lm['gpu_type']):>9} "
           f"{_fmt(lm['model']):>9} {_fmt(lm['row']):>9}")
+    ll = o["learned_level_mape"]
+    print(f"  {'learned-level':<12} {out['predicted_rows']:>5} {'':>9} {_fmt(ll['gpu_type']):>9} "
+          f"{_fmt(ll['model']):>9} {_fmt(ll['row']):>9}  (one factor per family and GPU type: ranks like analytic "
+          f"within a type)")
     for by, folds in out["learned_folds"].items():
         chosen = ", ".join(f"{f['test_groups'][0] if by == 'gpu_type' else k + 1}: {f['chosen']}"
                            for k, f in enumerate(folds))

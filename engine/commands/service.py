@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     s.add_argument("--policy", default="arena", metavar="NAME", help="scheduling policy (default arena)")
     s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
     s.add_argument("--perf", default=None, metavar="KIND",
-                   help="performance model the policy decides with: analytic, learned, table, online "
+                   help="performance model the policy decides with: analytic, learned, learned-level, table, online "
                         "(default: analytic, which ranks grids best; "
                         "fcfs needs none)")
     from .simulate import add_profile_store_arg

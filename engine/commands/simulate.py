@@ -66,10 +66,10 @@ def register(subparsers) -> None:
     p.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable); values parsed as int/float/bool/str")
     p.add_argument("--perf", default=None, metavar="KIND",
-                   help="performance model the policy decides with: analytic, learned, learned-choice, table, "
-                        "online. fcfs needs none; the others default to analytic (it ranks grids best); table "
-                        "(the oracle's own measurements) is the labelled mode that reproduces the published "
-                        "comparison")
+                   help="performance model the policy decides with: analytic, learned, learned-choice, "
+                        "learned-level, table, online. fcfs needs none; the others default to analytic (it ranks "
+                        "grids best); table (the oracle's own measurements) is the labelled mode that reproduces "
+                        "the published comparison")
     add_profile_store_arg(p)
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="move cost model: preset=arena (default), realistic or local, and field overrides, e.g. "

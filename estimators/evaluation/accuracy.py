@@ -67,10 +67,11 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
         by_id[table_row_id(row)] = (row, r.iteration_time_s / row.iter_time_s - 1)
     analytic_s = time.perf_counter() - t0
     records = records_from_table(rows, analytic)
-    learned = {}
+    learned, level = {}, {}
     for by in SELECT_BY:
         say(f"learned correction, cross-validated on new {by.replace('_', ' ')}s")
         learned[by] = learned_cv(records, by, seed=seed, cfg=cfg)
+        level[by] = forced_cv(records, by, "type_level", seed=seed, cfg=cfg)
     out = {"rows": len(rows), "measured_rows": len(rows) - oom_rows, "predicted_rows": len(by_id),
            "called_infeasible_but_measured": missed, "oom_rows": oom_rows,
            "oom_rows_called_infeasible": oom_hit, "analytic_seconds": analytic_s, "by_gpus": {},
@@ -93,7 +94,8 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
     out["overall"] = {"analytic_mape": _mape([e for _, e in by_id.values()]),
                       "analytic_bias": float(np.mean([e for _, e in by_id.values()])),
                       "learned_mape": {by: _mape(list(learned[by]["errors"].values())) for by in SELECT_BY},
-                      "learned_rows": {by: len(learned[by]["errors"]) for by in SELECT_BY}}
+                      "learned_rows": {by: len(learned[by]["errors"]) for by in SELECT_BY},
+                      "learned_level_mape": {by: _mape(list(level[by].values())) for by in SELECT_BY}}
     out["row_errors"] = [{"row": rid, "model": row.model, "gpu_type": row.gpu_type, "num_nodes": row.num_nodes,
                           "gpus_per_node": row.gpus_per_node, "global_batch": row.global_batch,
                           "measured_s": row.iter_time_s, "analytic": err,
@@ -102,7 +104,7 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
     out["scale_oracle"] = {"analytic": scale_oracle(by_id.values()),
                            "learned (new GPU type)": scale_oracle(
                                [(by_id[rid][0], e) for rid, e in learned["gpu_type"]["errors"].items()])}
-    out["grid_choice"] = grid_choice(by_id, learned)
+    out["grid_choice"] = grid_choice(by_id, learned, level)
     if few_shot:
         say("few-shot curve of a new GPU type")
         out["few_shot"] = learned_few_shot(records, cfg=cfg)
@@ -114,7 +116,9 @@ def against_arena(*, seed: int = 0, efficiency=None, few_shot: bool = False, pro
                     "gpu_type = a GPU type never seen (one fold per type), model = models never seen (5 folds), "
                     "row = rows never seen (5 folds); inside each fold the correction (none, squared or absolute "
                     "log error trees, or the group median) is chosen by cross-validation of the same kind on the "
-                    "training rows only"]
+                    "training rows only",
+                    "learned-level: the analytic estimate x one factor per model family and GPU type (the "
+                    "type_level correction, forced), evaluated on the same held-out folds"]
     return out
 
 
@@ -128,17 +132,19 @@ def choice_report(rows_by_id: dict, errors: dict) -> dict:
     return {g: {t: choice_quality(pts, g, t) for t in THROUGHPUTS} for g in GROUPINGS}
 
 
-def grid_choice(by_id: dict, learned: dict) -> dict:
+def grid_choice(by_id: dict, learned: dict, level: dict | None = None) -> dict:
     """Grid-choice quality (``choice_report``) of every estimator on the measured rows: the
     analytic model (constants in-sample) and the learned model in each held-out regime,
     its correction chosen by error (``learned[by]["errors"]``) and by grid choice
-    (``errors_choice``)."""
+    (``errors_choice``); with ``level`` (regime -> row id -> error), ``learned-level``'s."""
     rows = {rid: row for rid, (row, _) in by_id.items()}
     out = {"analytic": choice_report(rows, {rid: e for rid, (_, e) in by_id.items()})}
     for by in SELECT_BY:
         out[f"learned, new {by.replace('_', ' ')}s"] = choice_report(rows, learned[by]["errors"])
         out[f"learned, new {by.replace('_', ' ')}s, chosen by grid choice"] = choice_report(
             rows, learned[by]["errors_choice"])
+        if level is not None:
+            out[f"learned-level, new {by.replace('_', ' ')}s"] = choice_report(rows, level[by])
     return out
 
 
@@ -219,6 +225,18 @@ def learned_cv(records, by: str, *, seed: int = 0, cfg=None) -> dict:
                       "selection_choice": model.choice_selection,
                       "test_groups": sorted({record_key(rec, by) for rec in test}) if by != "row" else []})
     return {"errors": errors, "errors_choice": errors_choice, "folds": folds}
+
+
+def forced_cv(records, by: str, correction: str, *, seed: int = 0, cfg=None) -> dict[str, float]:
+    """Row id -> relative error of the learned model with ``correction`` forced (no
+    selection), on rows it never trained on (folds of kind ``by``, ``learned.cv_folds``)."""
+    cfg = cfg or arena_runtime()
+    errors: dict[str, float] = {}
+    for train_idx, test_idx in cv_folds(records, by, seed=seed):
+        train = [records[i] for i in train_idx]
+        test = [records[i] for i in test_idx]
+        errors.update(zip((rec.row_id for rec in test), _learned_on(train, test, by, seed, cfg, correction)[1]))
+    return errors
 
 
 FEW_SHOTS = (0, 8, 16, 32)
