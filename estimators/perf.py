@@ -219,7 +219,9 @@ def _make_learned_choice(**config) -> PerformanceModel:
     """The learned model whose correction is chosen by cross-validated grid choice
     (``select_metric="choice"``) rather than by error: for deciding grids."""
     from .learned import LearnedModel
-    return LearnedModel(**{"select_metric": "choice", **config})
+    model = LearnedModel(**{"select_metric": "choice", **config})
+    model.kind = "learned-choice"           # so that the baselines' twin (DpOnlyTwin) is one too
+    return model
 
 
 @register_kind("learned-level")
@@ -232,5 +234,6 @@ def _make_learned_level(**config) -> PerformanceModel:
         raise InputError("learned-level sets its own correction (type_level); use --perf learned to choose one",
                          field="correction")
     model = LearnedModel(correction="type_level", **config)
+    model.kind = "learned-level"            # so that the baselines' twin (DpOnlyTwin) is one too
     model.name = "learned-level-dp" if model.dp_only else "learned-level"
     return model

@@ -74,3 +74,13 @@ def test_held_out_models_rank_one_type_as_analytic_and_types_no_worse():
         assert level["same GPU type"][throughput]["mean"] == pytest.approx(ana["same GPU type"][throughput]["mean"])
     assert level["any GPU type"]["total"]["mean"] >= ana["any GPU type"]["total"]["mean"]
     assert np.mean(np.abs(list(errors.values()))) < 0.2
+
+
+def test_the_baselines_twin_of_learned_level_and_learned_choice_is_of_the_same_kind():
+    """The data-parallel-only baselines decide with a twin of the policies' model: of the
+    same kind, so that a comparison under ``--perf learned-level`` stays fair."""
+    from estimators.perf import DpOnlyTwin
+    model = make_performance_model("learned-level")
+    twin = DpOnlyTwin()(model)
+    assert (twin.kind, twin.name, twin.chosen) == ("learned-level", "learned-level-dp", "type_level") and twin.dp_only
+    assert make_performance_model("learned-choice", correction="none").kind == "learned-choice"
