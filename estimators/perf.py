@@ -77,19 +77,36 @@ def open_profile_store(path, field: str = "profile_store"):
     return store
 
 
-def make_default_model(kind: str | None = None, profile_store=None) -> PerformanceModel:
+RUNTIMES = ("default", "arena")
+
+
+def make_default_model(kind: str | None = None, profile_store=None, runtime: str = "default") -> PerformanceModel:
     """``kind`` (default ``default_kind()``); ``learned`` loads the default artifact when
     it exists rather than fitting afresh. ``profile_store`` (a directory ``arena profile``
     filled, or a ``ProfileStore``): layer and collective times of the profiled device come
     from it instead of the catalog roofline (every kind's analytic part; checked here:
-    a missing or empty store is an error, not a silent fall-back to the catalog)."""
+    a missing or empty store is an error, not a silent fall-back to the catalog).
+    ``runtime`` (``RUNTIMES``): what the estimates assume the jobs' training runtime does —
+    ``default``, the estimator defaults (the project's launcher), or ``arena``, the Arena
+    artifact's (``config.arena_runtime()``: rematerialisation, a sharded optimizer; the
+    runtime the Arena table was measured under and the efficiency constants fitted
+    under). The model keeps it as ``.runtime``."""
     kind = kind or default_kind()
+    if runtime not in RUNTIMES:
+        raise InputError(f"unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}", field="runtime")
     config: dict[str, Any] = {}
     if profile_store is not None:
         config["profile_store"] = open_profile_store(profile_store)
-    if kind == "learned" and learned_artifact_path().is_file():
-        return make_performance_model("learned", artifact=learned_artifact_path(), **config)
-    return make_performance_model(kind, **config)
+    if runtime == "arena":
+        from .config import arena_runtime
+        cfg = arena_runtime()
+        config.update(efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner)
+    if kind == "learned" and runtime == "default" and learned_artifact_path().is_file():
+        model = make_performance_model("learned", artifact=learned_artifact_path(), **config)
+    else:                          # (the artifact's corrections are relative to the default runtime)
+        model = make_performance_model(kind, **config)
+    model.runtime = runtime        # type: ignore[attr-defined]
+    return model
 
 
 class DpOnlyTwin:
@@ -97,7 +114,8 @@ class DpOnlyTwin:
     ``kind`` with that kind's default configuration and ``dp_only=True`` (what the
     baselines decide with, as the published comparisons did). A model without a
     registered kind (or None) gets the ``table`` kind; a model that reads a profile store
-    gives its twin the same store; a model with its own
+    gives its twin the same store, and its runtime configuration (efficiency, memory and
+    planner settings: ``make_default_model``'s ``runtime``); a model with its own
     ``dp_only_twin()`` (``online``: the twin shares its observations) gives it. The twin of the last model asked
     for is kept, so a policy builds it once per run."""
 
@@ -109,8 +127,12 @@ class DpOnlyTwin:
         if self._twin is None or self._of is not perf:
             kind = getattr(perf, "kind", None)
             own = getattr(perf, "dp_only_twin", None)
-            store = getattr(analytic_of(perf), "profile_store", None)
-            config = {} if store is None else {"profile_store": store}      # the same profile as the policies'
+            base = analytic_of(perf)
+            config: dict[str, Any] = {}
+            if base is not None:                # the same profile and runtime as the policies'
+                config.update(efficiency=base.cfg.efficiency, memory=base.cfg.memory, planner=base.cfg.planner)
+                if base.profile_store is not None:
+                    config["profile_store"] = base.profile_store
             self._of, self._twin = perf, own() if own is not None else make_performance_model(
                 kind if kind in KINDS else "table", dp_only=True, **config)
         return self._twin

@@ -32,7 +32,8 @@ import time
 DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
 DEFAULT_POLICIES = ("arena", "arena-incremental", "suika", "sia", "sia-ap", "gavel", "gavel-ap", "elasticflow-ls",
                     "elasticflow-ls-ap", "fcfs")
-POLICY_COLUMNS = ("policy", "policy_name", "perf", "move_costs", "jobs_finished", "avg_jct_s", "avg_jct_runout_s",
+POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs", "jobs_finished", "avg_jct_s",
+                  "avg_jct_runout_s",
                   "makespan_runout_s", "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s",
                   "jobs_common", "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
                   "active_span_s", "reconfigurations", "reconfigurations_per_job",
@@ -116,8 +117,9 @@ def register(subparsers) -> None:
                    help="performance model the optimizing policies decide with (default analytic, the one "
                         "that ranks grids best); table = the oracle's own measurements, the published "
                         "comparison's mode")
-    from .simulate import add_profile_store_arg
+    from .simulate import add_perf_runtime_arg, add_profile_store_arg
     add_profile_store_arg(q)
+    add_perf_runtime_arg(q)
     q.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")
@@ -352,9 +354,9 @@ def build_workload(w: dict):
 
 def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: bool, perf_kind: str | None,
                    reconfig_opts: dict, seed: int, out_dir=None, log=None, name: str | None = None,
-                   profile_store: str | None = None) -> dict:
+                   profile_store: str | None = None, runtime: str = "default") -> dict:
     """One row: policy ``name`` (default: ``policy``) with ``options``, labelled ``policy``;
-    its performance model reads ``profile_store`` when given."""
+    its performance model reads ``profile_store`` when given and assumes ``runtime``."""
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
@@ -363,7 +365,8 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     name = name or policy
     inst = build_workload(workload)
     pol = make_policy(name, **options)
-    perf = build_perf(perf_kind, name, None if decides_without_model(perf_kind, name) else profile_store)
+    bare = decides_without_model(perf_kind, name)
+    perf = build_perf(perf_kind, name, None if bare else profile_store, "default" if bare else runtime)
     reconfig = ReconfigCostModel.from_options(reconfig_opts)
     last = [0.0]
 
@@ -380,10 +383,12 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
                    seed=seed, progress=progress, out_dir=out_dir)
     from .simulate import report_incomplete
     report_incomplete(res, f"arena bench policies [{policy}]")
-    row = {k: res.summary.get(k) for k in POLICY_COLUMNS if k not in ("policy", "policy_name", "perf", "move_costs")}
+    row = {k: res.summary.get(k) for k in POLICY_COLUMNS
+           if k not in ("policy", "policy_name", "perf", "perf_runtime", "move_costs")}
     row["policy"] = policy
     row["policy_name"] = name
     row["perf"] = getattr(perf, "name", None) if perf is not None else None
+    row["perf_runtime"] = getattr(perf, "runtime", None) if perf is not None else None
     row["move_costs"] = reconfig.preset
     row["_jct_by_job"] = {j.job_id: j.jct_s for j in res.jobs if j.jct_s is not None}
     row["options"] = options
@@ -398,7 +403,8 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
 
 def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool, perf_kind: str | None,
                  reconfig_opts: dict, seed: int, out_dir=None, log=None, comm=None,
-                 names: dict[str, str] | None = None, profile_store: str | None = None) -> list[dict] | None:
+                 names: dict[str, str] | None = None, profile_store: str | None = None,
+                 runtime: str = "default") -> list[dict] | None:
     """Rows, one per policy label (on rank 0; None on other MPI ranks); ``names`` maps a
     label to its policy (default: the label is the name); every policy's performance model
     reads ``profile_store`` when given (fcfs decides without one)."""
@@ -410,7 +416,8 @@ def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool,
     for p in mine:
         sub = (Path(out_dir) / p) if out_dir else None
         rows.append(run_one_policy(workload, p, options.get(p, {}), rounds, run_out, perf_kind, reconfig_opts,
-                                   seed, sub, log, name=names.get(p, p), profile_store=profile_store))
+                                   seed, sub, log, name=names.get(p, p), profile_store=profile_store,
+                                   runtime=runtime))
     if comm is not None:
         gathered = comm.gather(rows, root=0)
         if rank != 0:
@@ -543,7 +550,7 @@ def run_policy_bench(args) -> int:
             f"{move_costs.preset}): {', '.join(policies)}"
             + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
     rows = policy_bench(workload, policies, options, args.rounds, not args.no_run_out, args.perf, reconfig_opts,
-                        args.seed, args.out, log, comm, names, args.profile_store)
+                        args.seed, args.out, log, comm, names, args.profile_store, args.perf_runtime)
     if rows is None:
         return 0
     if args.out:

@@ -71,6 +71,7 @@ def register(subparsers) -> None:
                         "grids best); table (the oracle's own measurements) is the labelled mode that reproduces "
                         "the published comparison")
     add_profile_store_arg(p)
+    add_perf_runtime_arg(p)
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="move cost model: preset=arena (default), realistic or local, and field overrides, e.g. "
                         "startup_s=30 (repeatable)")
@@ -119,14 +120,16 @@ def decides_without_model(kind: str | None, policy_name: str) -> bool:
     return kind is None and policy_name == "fcfs"
 
 
-def build_perf(kind: str | None, policy_name: str, profile_store: str | None = None):
+def build_perf(kind: str | None, policy_name: str, profile_store: str | None = None, runtime: str = "default"):
     """The performance model a policy decides with: ``kind``, else the default
     (``estimators.perf.default_kind``: analytic; never the table the oracle uses as
-    truth), reading ``profile_store`` (``--profile-store``) when given. fcfs needs none."""
+    truth), reading ``profile_store`` (``--profile-store``) when given, for the training
+    ``runtime`` (``--perf-runtime``: ``estimators.perf.make_default_model``). fcfs needs none."""
     if decides_without_model(kind, policy_name):
-        if profile_store is not None:
-            raise InputError("fcfs decides without a performance model: a profile store would not be read "
-                             "(give --perf too, or drop --profile-store)", field="--profile-store")
+        for value, default, flag in ((profile_store, None, "--profile-store"), (runtime, "default", "--perf-runtime")):
+            if value != default:
+                raise InputError(f"fcfs decides without a performance model: {flag} would not be read "
+                                 f"(give --perf too, or drop {flag})", field=flag)
         return None
     try:
         from estimators.perf import make_default_model
@@ -135,11 +138,20 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
             return None
         raise InputError("no performance models are available in this build", field="--perf") from None
     try:
-        return make_default_model(kind, profile_store=profile_store)
+        return make_default_model(kind, profile_store=profile_store, runtime=runtime)
     except InputError as e:
-        if e.field == "profile_store":
-            raise InputError(e.reason, field="--profile-store") from None
+        if e.field in ("profile_store", "runtime"):
+            raise InputError(e.reason, field="--" + e.field.replace("_", "-")) from None
         raise
+
+
+def add_perf_runtime_arg(p) -> None:
+    """``--perf-runtime`` (simulate, bench policies): the training runtime the estimates assume."""
+    p.add_argument("--perf-runtime", default="default", choices=("default", "arena"),
+                   help="the training runtime the performance model assumes: default (the estimator defaults, "
+                        "this project's launcher: Adam, no recomputation) or arena (the Arena artifact's, under "
+                        "which its measured table was taken and the efficiency constants were fitted: "
+                        "rematerialisation, a sharded optimizer)")
 
 
 def add_profile_store_arg(p) -> None:
@@ -231,7 +243,7 @@ def run(args) -> int:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)
-    perf = build_perf(args.perf, args.policy, args.profile_store)
+    perf = build_perf(args.perf, args.policy, args.profile_store, args.perf_runtime)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
     check_output_dir(out, "--out")
     bar = None if args.quiet else ProgressLine()
