@@ -12,12 +12,13 @@ with at least ``min_rows`` rows, the groups tried from the most to the least spe
 4. GPU type, node shape;
 5. family;
 
-and 0 (the analytic estimate unchanged) when none has enough rows. ``TYPE_LEVELS``
-(family and GPU type only) is the ``type_level`` correction: one factor per family on
-each GPU type, the same for every shape, batch and model of the family there, so it
-ranks the shapes of one GPU type exactly as the analytic model does and corrects only
-the level between types (``learned-level``, docs/estimators.md "Grid choice"). The median is shrunk
+and 0 (the analytic estimate unchanged) when none has enough rows. The median is shrunk
 toward 0 by ``n / (n + shrink)`` for a group of ``n`` rows, so a group of two counts half.
+``TYPE_LEVELS`` (family and GPU type only) is the ``type_level`` correction: one factor
+per family on each GPU type, the same for every shape, batch and model of the family
+there, so it ranks the shapes of one GPU type exactly as the analytic model does and
+corrects only the level between types (``learned-level``, docs/estimators.md "Grid
+choice").
 A GPU type is known to the features by its catalog specs (peak FLOP/s, memory and link
 bandwidths, memory size, PCIe flag): two types with the same specs share a group.
 

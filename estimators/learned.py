@@ -17,10 +17,9 @@ median, below). Features:
 Model selection: the correction is one of ``CORRECTIONS`` — ``none`` (the analytic
 estimate as it is), boosted trees with a squared or an absolute log error, or ``group``
 (the median log error of the training rows in the row's most specific group of family,
-GPU type and shape: ``group_correction.py``) — chosen, when
-``correction="auto"``, among ``AUTO_CANDIDATES`` by cross-validation over the training
-records only, with folds
-that hold out what the deployment will meet unseen (``select_by``): ``row`` (new plans of
+GPU type and shape: ``group_correction.py``) — chosen, when ``correction="auto"``,
+among ``AUTO_CANDIDATES`` by cross-validation over the training records only, with
+folds that hold out what the deployment will meet unseen (``select_by``): ``row`` (new plans of
 jobs and GPU types the cluster already ran; 5 folds), ``model`` (new models; 5 folds of
 models) or ``gpu_type`` (a new GPU type; one fold per type). What the selection
 optimises (``select_metric``): ``error`` (default) the cross-validated MAPE, or
