@@ -111,11 +111,11 @@ def make_default_model(kind: str | None = None, profile_store=None, runtime: str
 
 class DpOnlyTwin:
     """The data-parallel-only twin of a performance model: a model of the same registered
-    ``kind`` with that kind's default configuration and ``dp_only=True`` (what the
-    baselines decide with, as the published comparisons did). A model without a
-    registered kind (or None) gets the ``table`` kind; a model that reads a profile store
-    gives its twin the same store, and its runtime configuration (efficiency, memory and
-    planner settings: ``make_default_model``'s ``runtime``); a model with its own
+    ``kind``, otherwise that kind's defaults, with ``dp_only=True`` (what the baselines
+    decide with, as the published comparisons did). A model without a registered kind (or
+    None) gets the ``table`` kind; the twin takes the model's runtime configuration
+    (efficiency, memory and planner settings: ``make_default_model``'s ``runtime``) and
+    its profile store, if it reads one; a model with its own
     ``dp_only_twin()`` (``online``: the twin shares its observations) gives it. The twin of the last model asked
     for is kept, so a policy builds it once per run."""
 
