@@ -291,7 +291,7 @@ class LearnedModel:
         self.regressor = None
         self._cache: dict = {}
         if self.dp_only:
-            self.name = "learned-dp"
+            self.name = f"{self.name}-dp"
         if artifact is not None:
             self._load_into(Path(artifact))
         elif train_on == "arena-measured":
@@ -392,3 +392,27 @@ class LearnedModel:
     @classmethod
     def load(cls, path: str | Path, **config) -> "LearnedModel":
         return cls(artifact=path, **config)
+
+
+class LearnedChoiceModel(LearnedModel):
+    """The kind ``learned-choice``: the correction chosen by cross-validated grid choice
+    (``select_metric="choice"``) rather than by error, for deciding grids."""
+    kind = "learned-choice"
+    name = "learned-choice"
+
+    def __init__(self, **config):
+        super().__init__(**{"select_metric": "choice", **config})
+
+
+class LearnedLevelModel(LearnedModel):
+    """The kind ``learned-level``: the ``type_level`` correction, one factor per (model
+    family, GPU type), so it ranks the shapes of one GPU type as the analytic model does
+    and corrects only the level between types (docs/estimators.md, "Grid choice")."""
+    kind = "learned-level"
+    name = "learned-level"
+
+    def __init__(self, **config):
+        if "correction" in config:
+            raise InputError("learned-level sets its own correction (type_level); use --perf learned to choose one",
+                             field="correction")
+        super().__init__(correction="type_level", **config)

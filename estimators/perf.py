@@ -238,24 +238,13 @@ def _make_online(*, base: Any = "auto", **config) -> PerformanceModel:
 
 @register_kind("learned-choice")
 def _make_learned_choice(**config) -> PerformanceModel:
-    """The learned model whose correction is chosen by cross-validated grid choice
-    (``select_metric="choice"``) rather than by error: for deciding grids."""
-    from .learned import LearnedModel
-    model = LearnedModel(**{"select_metric": "choice", **config})
-    model.kind = "learned-choice"           # so that the baselines' twin (DpOnlyTwin) is one too
-    return model
+    """``learned.LearnedChoiceModel``: the correction chosen by cross-validated grid choice."""
+    from .learned import LearnedChoiceModel
+    return LearnedChoiceModel(**config)
 
 
 @register_kind("learned-level")
 def _make_learned_level(**config) -> PerformanceModel:
-    """The learned model with the ``type_level`` correction: one factor per (model family,
-    GPU type), so it ranks the shapes of one GPU type as ``analytic`` does and corrects
-    only the level between types (docs/estimators.md, "Grid choice")."""
-    from .learned import LearnedModel
-    if "correction" in config:
-        raise InputError("learned-level sets its own correction (type_level); use --perf learned to choose one",
-                         field="correction")
-    model = LearnedModel(correction="type_level", **config)
-    model.kind = "learned-level"            # so that the baselines' twin (DpOnlyTwin) is one too
-    model.name = "learned-level-dp" if model.dp_only else "learned-level"
-    return model
+    """``learned.LearnedLevelModel``: one learned factor per (model family, GPU type)."""
+    from .learned import LearnedLevelModel
+    return LearnedLevelModel(**config)

@@ -27,10 +27,10 @@ SwiGLU experts of three. A Qwen file becomes the llama architecture without Qwen
 biases on the query, key and value projections and without Qwen3's query and key
 norms (a few parameters and element-wise operations per layer; a ``head_dim`` other
 than ``hidden_size / num_attention_heads``, as in some Qwen3 sizes, is refused). Every
-other key (``rope_theta``, ``rms_norm_eps``, ``rope_scaling`` but for its original length,
-``sliding_window``, bias switches, ...) is ignored: the launcher uses its own constants. The model's name is the
-file's absolute path (so a job that names the file resolves to it again, in any process
-that sees the same file system).
+other key (``rope_theta``, ``rms_norm_eps``, ``rope_scaling`` but for its original
+length, ``sliding_window``, bias switches, ...) is ignored: the launcher uses its own
+constants. The model's name is the file's absolute path (so a job that names the file
+resolves to it again, in any process that sees the same file system).
 """
 from __future__ import annotations
 
