@@ -32,8 +32,8 @@ from instances.arch import ModelArch
 from instances.errors import InputError
 from instances.models import get_model
 
-SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe", "wide_resnet",
-                      "tiny-wide_resnet")
+from .validate import check_supported
+
 INIT_STD = 0.02                       # normal init of linear and embedding weights
 NORM_EPS = 1e-5
 EXPERT_PAD_BUCKETS = 16               # MoE: an expert's token count is padded up to a multiple of
@@ -316,12 +316,6 @@ class WideResNet(nn.Module):
         if self.classifier is not None:
             x = self.classifier(x.mean(dim=(2, 3)))
         return x
-
-
-def check_supported(arch: ModelArch) -> None:
-    if arch.family not in SUPPORTED_FAMILIES:
-        raise InputError(f"the launcher trains the families {', '.join(SUPPORTED_FAMILIES)}; "
-                         f"model {arch.name} is family {arch.family!r}", field="model")
 
 
 def build_model(model: str, seed: int) -> Transformer | WideResNet:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from instances.arch import DTYPE_BYTES
+from instances.arch import DTYPE_BYTES, ModelArch
 from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.memory_rule import RUNTIME_RESERVE_BYTES, USABLE_MEMORY_FRACTION, state_bytes_per_param
@@ -30,7 +30,6 @@ from instances.models import get_model
 from instances.paths import check_input_file, check_output_dir, check_output_file
 
 from .config import TrainConfig
-from .model import check_supported
 from .pipeline import stage_ranges
 
 TRAIN_DTYPE_BYTES = DTYPE_BYTES["float32"]
@@ -93,6 +92,16 @@ def check_paths(cfg: TrainConfig) -> None:
         check_output_dir(cfg.telemetry_store, "telemetry_store")
     if cfg.data_path:
         check_input_file(cfg.data_path, "data")
+
+
+SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe", "wide_resnet",
+                      "tiny-wide_resnet")      # what launcher.model builds (kept here, free of torch)
+
+
+def check_supported(arch: ModelArch) -> None:
+    if arch.family not in SUPPORTED_FAMILIES:
+        raise InputError(f"the launcher trains the families {', '.join(SUPPORTED_FAMILIES)}; "
+                         f"model {arch.name} is family {arch.family!r}", field="model")
 
 
 def check_device(cfg: TrainConfig) -> None:

@@ -6,21 +6,30 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Debian's chromium installs in the background while pip works (both mostly wait on the network).
+browser_pid=""
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing Debian's chromium for the status-page test" >&2
+    browser_log=$(mktemp)
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >"$browser_log" 2>&1 &
+    browser_pid=$!
+  else
+    echo "scripts/test.sh: no chromium (apt-get install chromium): the status-page test will be skipped" >&2
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || exit 1
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[torch,service,test]' || exit 1
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "scripts/test.sh: installing Debian's chromium for the status-page test" >&2
-    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null || exit 1
-  else
-    echo "scripts/test.sh: no chromium (apt-get install chromium): the status-page test will be skipped" >&2
-  fi
-fi
 .venv/bin/ruff check . || exit 1
 .venv/bin/mypy || exit 1
+if [ -n "$browser_pid" ] && ! wait "$browser_pid"; then
+  echo "scripts/test.sh: installing chromium failed:" >&2
+  tail -20 "$browser_log" >&2
+  exit 1
+fi
 .venv/bin/python -m pytest -q --durations=15 "$@"     # the slowest tests: where the CI budget goes
 rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 FAULTS = CRASH_FAULTS
 
 
-def test_killed_service_loses_no_job_and_no_step(tmp_path):
+def test_killed_service_loses_no_job_and_no_step(tmp_path, reference_losses):
     port = free_port()
     result = run_scenario(demo_serve_args(tmp_path, port), f"http://127.0.0.1:{port}", tmp_path / "serve.log",
                           demo_jobs(),
@@ -47,7 +47,7 @@ def test_killed_service_loses_no_job_and_no_step(tmp_path):
     assert not result.unfired, f"the run ended before these kills: {result.unfired}"
     assert [k.split(":")[0] for k in result.kills] == [f.split(":")[0] for f in FAULTS]
     assert all(r["status"] == "finished" for r in rows), format_report(rows)
-    dev = loss_deviation(db, work, result.submitted, result.ids)
+    dev = loss_deviation(db, work, result.submitted, result.ids, reference_losses)
     assert max(dev.values()) <= LOSS_TOL, dev
     with Store(db, readonly=True) as st:
         assert st.check() == []

@@ -94,8 +94,9 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
         assert continued >= 1
 
 
-def test_losses_equal_the_uninterrupted_run(run):
-    dev = loss_deviation(str(run["tmp"] / "state.db"), str(run["tmp"] / "work"), run["result"].submitted, run["ids"])
+def test_losses_equal_the_uninterrupted_run(run, reference_losses):
+    dev = loss_deviation(str(run["tmp"] / "state.db"), str(run["tmp"] / "work"), run["result"].submitted, run["ids"],
+                         reference_losses)
     assert max(dev.values()) <= LOSS_TOL, dev
 
 

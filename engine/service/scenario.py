@@ -102,10 +102,15 @@ def demo_serve_args(tmp: Path, port: int) -> list[str]:
             "--stop-after", "900"]
 
 
-def loss_deviation(db_path: str, work_dir: str, submissions: list[Submission], ids: dict[str, int]) -> dict:
+def loss_deviation(db_path: str, work_dir: str, submissions: list[Submission], ids: dict[str, int],
+                   references: dict | None = None) -> dict:
     """Per job: the largest |loss - loss of the same job trained uninterrupted in one
-    process| over every step (``launcher.reference.train_reference``)."""
+    process| over every step (``launcher.reference.train_reference``). The reference
+    trajectories are kept in ``references`` (a dict the caller may share between runs of
+    the same workload), keyed by the submitted model, steps, batch and seed: a resubmitted
+    job is not trained again."""
     from launcher.reference import train_reference
+    refs = {} if references is None else references
     out = {}
     with Store(db_path, readonly=True) as st:
         for sub in submissions:
@@ -114,8 +119,11 @@ def loss_deviation(db_path: str, work_dir: str, submissions: list[Submission], i
             got = step_losses(work_dir, jid, st)
             if sorted(got) != list(range(1, spec["steps"] + 1)):
                 raise AssertionError(f"{spec['name']}: trained steps {sorted(got)[:3]}...{sorted(got)[-3:]}")
-            ref = train_reference(st.job(jid).spec["model"], steps=spec["steps"],
-                                  global_batch=spec["global_batch"], seed=spec.get("seed", 0))
+            key = (spec["model"], spec["steps"], spec["global_batch"], spec.get("seed", 0))
+            if key not in refs:
+                refs[key] = train_reference(st.job(jid).spec["model"], steps=spec["steps"],
+                                            global_batch=spec["global_batch"], seed=spec.get("seed", 0))
+            ref = refs[key]
             out[spec["name"]] = max(abs(got[i + 1] - ref[i]) for i in range(spec["steps"]))
     return out
 
