@@ -38,8 +38,8 @@ class Job:
         if self.num_iterations < 1:
             raise ValueError(f"job {self.job_id}: num_iterations must be >= 1")
         if self.num_iterations > MAX_ITERATIONS:
-            raise InputError(f"job {self.job_id}: {self.num_iterations:.3g} iterations is above the limit of "
-                             f"{MAX_ITERATIONS:.0e} (at 0.1 s per iteration that is 3 simulated years)",
+            raise InputError(f"job {self.job_id}: {self.num_iterations:,} iterations is above the limit of "
+                             f"{MAX_ITERATIONS:,} (at 0.1 s per iteration that is 3 simulated years)",
                              field="num_iterations")
         if not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             raise ValueError(f"job {self.job_id}: arrival_s must be a finite time >= 0")

@@ -127,3 +127,12 @@ def test_fuzz_toml_text_gives_a_spec_or_an_input_error(text):
         JobSpec.from_toml_text('name = "j"\nmodel = "tiny-gpt__2L"\n' + text)
     except InputError:
         pass
+
+
+def test_steps_above_the_jobs_limit_are_refused_at_submission():
+    # found by the fuzz test above: a spec the service accepted, then could not make a job of
+    from instances.jobs import MAX_ITERATIONS
+    with pytest.raises(InputError, match="steps") as e:
+        JobSpec.from_dict(GOOD | {"steps": MAX_ITERATIONS + 1}, cluster=CLUSTER)
+    assert e.value.field == "steps"
+    JobSpec.from_dict(GOOD | {"steps": MAX_ITERATIONS}, cluster=CLUSTER).to_job("j", 0.0)

@@ -29,7 +29,7 @@ from pathlib import Path
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
-from instances.jobs import Job
+from instances.jobs import MAX_ITERATIONS, Job
 from instances.models import canonical_model_name, get_model
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -195,7 +195,7 @@ def _check(spec: JobSpec) -> None:
     except InputError as e:
         raise err("model", str(e)) from None
     integer("global_batch", 1)
-    integer("steps", 1)
+    integer("steps", 1, MAX_ITERATIONS)
     integer("gpus", 1, optional=True)
     integer("seed", 0, MAX_SEED)
     if spec.gpu_type is not None:
