@@ -17,3 +17,16 @@ def test_metadata_builds_without_deprecation_warnings():
     assert out.returncode == 0, text[-2000:]
     assert "Would install arena-sched" in text
     assert "deprecat" not in text.lower(), text[-2000:]
+
+
+def test_the_scheduling_core_and_the_service_import_without_torch():
+    # README: the scheduling core imports without torch; `arena serve` too (its launched
+    # ranks import it), so the service starts in about a second, not three
+    code = ("import sys\n"
+            "import engine.cli, engine.simulator, engine.policies.milp, engine.incremental.search\n"
+            "import engine.service.daemon, engine.service.api, launcher.mpi_executor, launcher.validate\n"
+            "import estimators.analytic, estimators.learned, estimators.perf, estimators.grids\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
