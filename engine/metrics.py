@@ -175,6 +175,8 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
     s: dict = {
         "instance": getattr(sim.instance, "name", ""),
         "policy": getattr(sim.policy, "name", type(sim.policy).__name__),
+        "perf": getattr(sim.loop.perf, "name", None),              # what the policy decided with (None: no model)
+        "perf_runtime": getattr(sim.loop.perf, "runtime", None),   # the training runtime it assumed
         "seed": cfg.seed,
         "round_interval_s": I,
         "horizon_rounds": cfg.rounds if cfg.rounds < cfg.max_rounds else None,   # None: no horizon

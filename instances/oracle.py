@@ -76,6 +76,10 @@ Key = tuple[str, int, str, int, int]     # (model, global batch, GPU type, nodes
 
 @runtime_checkable
 class Oracle(Protocol):
+    # the training runtime the truth was measured under (``estimators.perf.RUNTIMES``
+    # names it): a simulation's policies estimate for it unless told otherwise
+    training_runtime: str
+
     def true_iteration_time(self, job: Job, shape: Shape) -> float | None:
         """Seconds per iteration of ``job`` on ``shape``; None = infeasible."""
         ...
@@ -155,6 +159,10 @@ def _family_of(model: str) -> str:
 
 class _TableOracleBase:
     """Exact lookup, cap, noise and cache; subclasses supply ``_extrapolate``."""
+
+    # the Arena artifact's runtime (rematerialisation, a sharded optimizer): the one its
+    # measured table was taken under, and so every extrapolation from it
+    training_runtime = "arena"
 
     def __init__(self, rows: Iterable[MeasuredIterTime] | None = None,
                  config: OracleConfig | None = None, **overrides):

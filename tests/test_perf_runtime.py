@@ -41,3 +41,26 @@ def test_fcfs_without_a_model_refuses_a_runtime_before_any_work(tmp_path, capsys
     assert main(["simulate", "--instance", "demo", "--perf-runtime", "arena", "--out", str(tmp_path / "o")]) == 2
     assert "field '--perf-runtime'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_simulations_estimate_for_the_runtime_their_truth_was_measured_under(tmp_path, capsys):
+    # every table oracle is the Arena table (or its extrapolation): its runtime is the Arena
+    # artifact's, and a policy decides for it unless --perf-runtime says otherwise
+    import json
+
+    from engine.commands.simulate import build_perf
+    from instances.builtin import get_instance
+    from instances.oracle import make_oracle
+    assert get_instance("demo").oracle.training_runtime == "arena"
+    assert make_oracle("arena-rule").training_runtime == "arena"
+    for given, want in ((None, "arena"), ("default", "default"), ("arena", "arena")):
+        out = tmp_path / f"o-{given}"
+        argv = ["simulate", "--instance", "demo", "--policy", "arena", "--rounds", "3", "--no-plots", "--quiet",
+                "--out", str(out)] + (["--perf-runtime", given] if given else [])
+        assert main(argv) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert (summary["perf"], summary["perf_runtime"]) == ("analytic", want)
+    capsys.readouterr()
+    # the service's jobs run on this project's launcher: its runtime
+    assert build_perf(None, "arena").runtime == "default"
+    assert build_perf(None, "arena", truth_runtime="arena").runtime == "arena"

@@ -354,9 +354,10 @@ def build_workload(w: dict):
 
 def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: bool, perf_kind: str | None,
                    reconfig_opts: dict, seed: int, out_dir=None, log=None, name: str | None = None,
-                   profile_store: str | None = None, runtime: str = "default") -> dict:
+                   profile_store: str | None = None, runtime: str | None = None) -> dict:
     """One row: policy ``name`` (default: ``policy``) with ``options``, labelled ``policy``;
-    its performance model reads ``profile_store`` when given and assumes ``runtime``."""
+    its performance model reads ``profile_store`` when given and assumes ``runtime`` (when
+    None: the runtime the workload's truth was measured under)."""
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
@@ -366,7 +367,8 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     inst = build_workload(workload)
     pol = make_policy(name, **options)
     bare = decides_without_model(perf_kind, name)
-    perf = build_perf(perf_kind, name, None if bare else profile_store, "default" if bare else runtime)
+    perf = build_perf(perf_kind, name, None if bare else profile_store, None if bare else runtime,
+                      inst.oracle.training_runtime)
     reconfig = ReconfigCostModel.from_options(reconfig_opts)
     last = [0.0]
 
@@ -404,7 +406,7 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
 def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool, perf_kind: str | None,
                  reconfig_opts: dict, seed: int, out_dir=None, log=None, comm=None,
                  names: dict[str, str] | None = None, profile_store: str | None = None,
-                 runtime: str = "default") -> list[dict] | None:
+                 runtime: str | None = None) -> list[dict] | None:
     """Rows, one per policy label (on rank 0; None on other MPI ranks); ``names`` maps a
     label to its policy (default: the label is the name); every policy's performance model
     reads ``profile_store`` when given (fcfs decides without one)."""

@@ -178,7 +178,7 @@ def build_service_parts(args):
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
     policy = make_policy(args.policy, **opts)
-    perf = build_perf(args.perf, args.policy, args.profile_store)
+    perf = build_perf(args.perf, args.policy, args.profile_store)      # the jobs run on our launcher: its runtime
     try:
         reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
     except (TypeError, ValueError) as e:

@@ -120,14 +120,17 @@ def decides_without_model(kind: str | None, policy_name: str) -> bool:
     return kind is None and policy_name == "fcfs"
 
 
-def build_perf(kind: str | None, policy_name: str, profile_store: str | None = None, runtime: str = "default"):
+def build_perf(kind: str | None, policy_name: str, profile_store: str | None = None, runtime: str | None = None,
+               truth_runtime: str = "default"):
     """The performance model a policy decides with: ``kind``, else the default
     (``estimators.perf.default_kind``: analytic; never the table the oracle uses as
     truth), reading ``profile_store`` (``--profile-store``) when given, for the training
-    ``runtime`` (``--perf-runtime``: ``estimators.perf.make_default_model``). fcfs needs none."""
+    ``runtime`` (``--perf-runtime``: ``estimators.perf.make_default_model``); when not
+    given, ``truth_runtime``: the runtime the instance's truth was measured under (the
+    oracle's ``training_runtime``). fcfs needs none (and refuses either option)."""
     if decides_without_model(kind, policy_name):
-        for value, default, flag in ((profile_store, None, "--profile-store"), (runtime, "default", "--perf-runtime")):
-            if value != default:
+        for value, flag in ((profile_store, "--profile-store"), (runtime, "--perf-runtime")):
+            if value is not None:
                 raise InputError(f"fcfs decides without a performance model: {flag} would not be read "
                                  f"(give --perf too, or drop {flag})", field=flag)
         return None
@@ -138,7 +141,7 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
             return None
         raise InputError("no performance models are available in this build", field="--perf") from None
     try:
-        return make_default_model(kind, profile_store=profile_store, runtime=runtime)
+        return make_default_model(kind, profile_store=profile_store, runtime=runtime or truth_runtime)
     except InputError as e:
         if e.field in ("profile_store", "runtime"):
             raise InputError(e.reason, field="--" + e.field.replace("_", "-")) from None
@@ -147,11 +150,12 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
 
 def add_perf_runtime_arg(p) -> None:
     """``--perf-runtime`` (simulate, bench policies): the training runtime the estimates assume."""
-    p.add_argument("--perf-runtime", default="default", choices=("default", "arena"),
-                   help="the training runtime the performance model assumes: default (the estimator defaults, "
-                        "this project's launcher: Adam, no recomputation) or arena (the Arena artifact's, under "
-                        "which its measured table was taken and the efficiency constants were fitted: "
-                        "rematerialisation, a sharded optimizer)")
+    p.add_argument("--perf-runtime", default=None, choices=("default", "arena"),
+                   help="the training runtime the performance model assumes (default: the one the instance's "
+                        "truth was measured under, arena for every table oracle): default (the estimator "
+                        "defaults, this project's launcher: Adam, no recomputation) or arena (the Arena "
+                        "artifact's, under which its measured table was taken and the efficiency constants were "
+                        "fitted: rematerialisation, a sharded optimizer)")
 
 
 def add_profile_store_arg(p) -> None:
@@ -243,7 +247,8 @@ def run(args) -> int:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)
-    perf = build_perf(args.perf, args.policy, args.profile_store, args.perf_runtime)
+    perf = build_perf(args.perf, args.policy, args.profile_store, args.perf_runtime,
+                      inst.oracle.training_runtime)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
     check_output_dir(out, "--out")
     bar = None if args.quiet else ProgressLine()
