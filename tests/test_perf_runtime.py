@@ -64,3 +64,20 @@ def test_simulations_estimate_for_the_runtime_their_truth_was_measured_under(tmp
     # the service's jobs run on this project's launcher: its runtime
     assert build_perf(None, "arena").runtime == "default"
     assert build_perf(None, "arena", truth_runtime="arena").runtime == "arena"
+
+
+def test_a_learned_artifact_passed_over_for_another_runtime_is_named(tmp_path, monkeypatch, capsys):
+    # the saved artifact is fitted for the default runtime: a simulation deciding for the
+    # Arena runtime fits afresh, and says so (the fit itself is tested with the learned model;
+    # here it is replaced to keep the test fast)
+    import estimators.perf as perf
+    from engine.commands.simulate import build_perf
+    art = tmp_path / "learned.joblib"
+    art.write_bytes(b"")
+    monkeypatch.setenv("ARENA_LEARNED_ARTIFACT", str(art))
+    seen = []
+    monkeypatch.setattr(perf, "make_default_model", lambda kind, **kw: seen.append((kind, kw["runtime"])))
+    build_perf("learned", "arena", truth_runtime="arena")
+    assert seen == [("learned", "arena")] and str(art) in capsys.readouterr().err
+    build_perf("learned", "arena", runtime="default", truth_runtime="arena")
+    assert seen[-1] == ("learned", "default") and capsys.readouterr().err == ""

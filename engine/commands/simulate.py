@@ -140,8 +140,15 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
         if kind is None and profile_store is None:
             return None
         raise InputError("no performance models are available in this build", field="--perf") from None
+    runtime = runtime or truth_runtime
+    if kind == "learned" and runtime != "default":
+        from estimators.perf import learned_artifact_path
+        if learned_artifact_path().is_file():       # say so rather than pass over the user's artifact silently
+            print(f"note: the learned artifact {learned_artifact_path()} was fitted for the default runtime; "
+                  f"fitting the learned model afresh for the {runtime} runtime (--perf-runtime default uses "
+                  "the artifact)", file=sys.stderr, flush=True)
     try:
-        return make_default_model(kind, profile_store=profile_store, runtime=runtime or truth_runtime)
+        return make_default_model(kind, profile_store=profile_store, runtime=runtime)
     except InputError as e:
         if e.field in ("profile_store", "runtime"):
             raise InputError(e.reason, field="--" + e.field.replace("_", "-")) from None
