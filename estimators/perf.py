@@ -55,6 +55,18 @@ def learned_artifact_path() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "arena" / "learned.joblib"
 
 
+LEARNED_ARTIFACT_RUNTIME = "default"      # the runtime ``arena estimate fit`` fits the artifact for
+
+
+def passed_over_artifact(kind: str | None, runtime: str) -> Path | None:
+    """The learned artifact ``make_default_model(kind, runtime=runtime)`` leaves unused
+    because it was fitted for another runtime (None: it is used, or there is none)."""
+    path = learned_artifact_path()
+    if (kind or default_kind()) == "learned" and runtime != LEARNED_ARTIFACT_RUNTIME and path.is_file():
+        return path
+    return None
+
+
 def default_kind() -> str:
     """What policies decide with unless told otherwise: estimates, never the measured
     table the simulator's oracle uses as truth. The analytic model: it picks grids better
@@ -101,7 +113,7 @@ def make_default_model(kind: str | None = None, profile_store=None, runtime: str
         from .config import arena_runtime
         cfg = arena_runtime()
         config.update(efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner)
-    if kind == "learned" and runtime == "default" and learned_artifact_path().is_file():
+    if kind == "learned" and runtime == LEARNED_ARTIFACT_RUNTIME and learned_artifact_path().is_file():
         model = make_performance_model("learned", artifact=learned_artifact_path(), **config)
     else:                          # (the artifact's corrections are relative to the default runtime)
         model = make_performance_model(kind, **config)

@@ -141,12 +141,12 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
             return None
         raise InputError("no performance models are available in this build", field="--perf") from None
     runtime = runtime or truth_runtime
-    if kind == "learned" and runtime != "default":
-        from estimators.perf import learned_artifact_path
-        if learned_artifact_path().is_file():       # say so rather than pass over the user's artifact silently
-            print(f"note: the learned artifact {learned_artifact_path()} was fitted for the default runtime; "
-                  f"fitting the learned model afresh for the {runtime} runtime (--perf-runtime default uses "
-                  "the artifact)", file=sys.stderr, flush=True)
+    from estimators.perf import passed_over_artifact
+    unused = passed_over_artifact(kind, runtime)
+    if unused is not None:                           # say so rather than pass over the user's artifact silently
+        print(f"note: the learned artifact {unused} was fitted for another runtime; fitting the learned model "
+              f"afresh for the {runtime} runtime (--perf-runtime default uses the artifact)",
+              file=sys.stderr, flush=True)
     try:
         return make_default_model(kind, profile_store=profile_store, runtime=runtime)
     except InputError as e:
