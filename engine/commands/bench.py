@@ -115,8 +115,10 @@ def register(subparsers) -> None:
     q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
     q.add_argument("--perf", default=None,
                    help="performance model the optimizing policies decide with (default analytic, the one "
-                        "that ranks grids best); table = the oracle's own measurements, the published "
-                        "comparison's mode")
+                        "that ranks grids best); online = analytic corrected by the running jobs' measured "
+                        "iterations: arena and sia-ap decided better with it on philly, venus, pai and "
+                        "overloaded (docs/engine.md), but replay slower; table = the oracle's own measurements, "
+                        "the published comparison's mode")
     from .simulate import add_perf_runtime_arg, add_profile_store_arg
     add_profile_store_arg(q)
     add_perf_runtime_arg(q)

@@ -68,8 +68,10 @@ def register(subparsers) -> None:
     p.add_argument("--perf", default=None, metavar="KIND",
                    help="performance model the policy decides with: analytic, learned, learned-choice, "
                         "learned-level, table, online. fcfs needs none; the others default to analytic (it ranks "
-                        "grids best); table (the oracle's own measurements) is the labelled mode that reproduces "
-                        "the published comparison")
+                        "grids best); online (analytic corrected by the running jobs' measured iterations): arena "
+                        "and sia-ap decided better with it on philly, venus, pai and overloaded "
+                        "(docs/engine.md), but replay slower; table (the oracle's own measurements) is the labelled "
+                        "mode that reproduces the published comparison")
     add_profile_store_arg(p)
     add_perf_runtime_arg(p)
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
