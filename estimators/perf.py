@@ -58,13 +58,18 @@ def learned_artifact_path() -> Path:
 LEARNED_ARTIFACT_RUNTIME = "default"      # the runtime ``arena estimate fit`` fits the artifact for
 
 
+def _saved_artifact(kind: str) -> Path | None:
+    """The learned artifact on disk when ``kind`` is ``learned`` (None otherwise, or when
+    there is none)."""
+    path = learned_artifact_path()
+    return path if kind == "learned" and path.is_file() else None
+
+
 def passed_over_artifact(kind: str | None, runtime: str) -> Path | None:
     """The learned artifact ``make_default_model(kind, runtime=runtime)`` leaves unused
     because it was fitted for another runtime (None: it is used, or there is none)."""
-    path = learned_artifact_path()
-    if (kind or default_kind()) == "learned" and runtime != LEARNED_ARTIFACT_RUNTIME and path.is_file():
-        return path
-    return None
+    artifact = _saved_artifact(kind or default_kind())
+    return artifact if runtime != LEARNED_ARTIFACT_RUNTIME else None
 
 
 def default_kind() -> str:
@@ -113,8 +118,9 @@ def make_default_model(kind: str | None = None, profile_store=None, runtime: str
         from .config import arena_runtime
         cfg = arena_runtime()
         config.update(efficiency=cfg.efficiency, memory=cfg.memory, planner=cfg.planner)
-    if kind == "learned" and runtime == LEARNED_ARTIFACT_RUNTIME and learned_artifact_path().is_file():
-        model = make_performance_model("learned", artifact=learned_artifact_path(), **config)
+    artifact = _saved_artifact(kind)
+    if artifact is not None and runtime == LEARNED_ARTIFACT_RUNTIME:
+        model = make_performance_model("learned", artifact=artifact, **config)
     else:                          # (the artifact's corrections are relative to the default runtime)
         model = make_performance_model(kind, **config)
     model.runtime = runtime        # type: ignore[attr-defined]
