@@ -26,12 +26,12 @@ from functools import lru_cache
 from instances.arch import ModelArch
 from instances.cluster import ClusterSpec
 from instances.gpus import get_gpu
-from instances.grid import Grid, Shape
+from instances.grid import Grid, Shape, pow2_upto
 from instances.jobs import Job
 
 from .config import EstimatorConfig
 from .memory_fit import low_memory_plans, shape_fits_with_margin
-from .planner import Planner, pow2_upto
+from .planner import Planner
 
 
 def grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, *, dp_only: bool = False) -> bool:

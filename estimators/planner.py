@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from instances.arch import ModelArch
 from instances.gpus import GpuType, get_gpu
-from instances.grid import Grid, Shape
+from instances.grid import Grid, Shape, pow2_upto
 from instances.models import get_model
 
 from .base import Plan
@@ -115,14 +115,6 @@ def enumerate_splits(n: int, parts: int, base: tuple[int, ...], limit: int, pert
             sizes = tuple(edges[i + 1] - edges[i] for i in range(parts))
             if min(sizes) >= 1:
                 yield sizes
-
-
-def pow2_upto(x: int) -> list[int]:
-    out, v = [], 1
-    while v <= x:
-        out.append(v)
-        v *= 2
-    return out
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
+from .grid import Shape
 
 SCHEMA_VERSION = 1
 
@@ -86,6 +87,18 @@ class ClusterSpec:
 
     def max_gpus_per_node(self, gpu_type: str) -> int:
         return max((g.gpus_per_node for g in self.groups if g.gpu_type == gpu_type), default=0)
+
+    def fewest_nodes_shape(self, gpu_type: str, num_gpus: int) -> Shape | None:
+        """``num_gpus`` GPUs of ``gpu_type`` on the fewest nodes, equal GPUs on each (what
+        ``fcfs`` runs a request on); None when the cluster has no such shape."""
+        per_node = self.max_gpus_per_node(gpu_type)
+        if per_node == 0:
+            return None
+        nodes_of_type = sum(g.num_nodes for g in self.groups if g.gpu_type == gpu_type)
+        for k in range(1, num_gpus + 1):
+            if num_gpus % k == 0 and num_gpus // k <= per_node:
+                return Shape(gpu_type, k, num_gpus // k) if k <= nodes_of_type else None
+        return None
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "name": self.name,

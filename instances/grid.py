@@ -11,6 +11,15 @@ from dataclasses import dataclass
 from .gpus import canonical_gpu_name
 
 
+def pow2_upto(x: int) -> list[int]:
+    """1, 2, 4, ... up to ``x`` (empty when ``x`` < 1)."""
+    out, v = [], 1
+    while v <= x:
+        out.append(v)
+        v *= 2
+    return out
+
+
 def _keep_hash(obj, fields: tuple) -> int:
     """Shapes and grids hash their fields once (they key every estimate memo, and the
     dataclass hash rebuilds the field tuples on every lookup)."""

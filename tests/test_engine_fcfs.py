@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from engine.policies.fcfs import compact_shape
 from engine.policy import make_policy
 from engine.reconfig import ReconfigCostModel
 from engine.simulator import simulate
@@ -60,11 +59,11 @@ def test_running_jobs_are_never_preempted_and_default_request():
 
 def test_compact_shape_and_options():
     spec = cluster(("a100", 4, 4))
-    assert compact_shape(spec, "a100-40gb", 2) == Shape("a100-40gb", 1, 2)
-    assert compact_shape(spec, "a100-40gb", 8) == Shape("a100-40gb", 2, 4)
-    assert compact_shape(spec, "a100-40gb", 6) == Shape("a100-40gb", 2, 3)
-    assert compact_shape(spec, "a100-40gb", 32) is None
-    assert compact_shape(spec, "a40", 1) is None
+    assert spec.fewest_nodes_shape("a100-40gb", 2) == Shape("a100-40gb", 1, 2)
+    assert spec.fewest_nodes_shape("a100-40gb", 8) == Shape("a100-40gb", 2, 4)
+    assert spec.fewest_nodes_shape("a100-40gb", 6) == Shape("a100-40gb", 2, 3)
+    assert spec.fewest_nodes_shape("a100-40gb", 32) is None
+    assert spec.fewest_nodes_shape("a40", 1) is None
     with pytest.raises(ValueError, match="unknown"):
         make_policy("fcfs", nope=1)
     with pytest.raises(ValueError):

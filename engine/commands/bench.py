@@ -19,6 +19,9 @@
   ``--policy-opt LABEL:KEY=VALUE``) as its own row, e.g. an objective beside the default.
   Under ``mpiexec -n K`` the policies are spread over the ranks and rank 0 gathers the
   rows.
+- ``arena bench bound (--instance NAME | --cluster FILE --trace FILE) [RUN_DIR ...]``:
+  each job's JCT alone on the cluster at its fastest shape (``instances/bounds.py``), and
+  the given runs' average JCT against it, split by job length (``engine/commands/bound.py``).
 """
 from __future__ import annotations
 
@@ -127,6 +130,9 @@ def register(subparsers) -> None:
     q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
     q.set_defaults(func=run_policy_bench)
+
+    from .bound import register as register_bound
+    register_bound(sub)
 
 
 # ----------------------------------------------------------------------------- solver

@@ -24,23 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from instances.cluster import ClusterSpec
-from instances.grid import Grid, Shape
+from instances.grid import Grid
 
 from ..context import Decisions, RoundContext
 from ..placement import Placer
 from ..policy import register_policy
-
-
-def compact_shape(cluster: ClusterSpec, gpu_type: str, num_gpus: int) -> Shape | None:
-    """The fewest-nodes shape with ``num_gpus`` GPUs of ``gpu_type``, equal GPUs per node."""
-    per_node = cluster.max_gpus_per_node(gpu_type)
-    if per_node == 0:
-        return None
-    nodes_of_type = sum(g.num_nodes for g in cluster.groups if g.gpu_type == gpu_type)
-    for k in range(1, num_gpus + 1):
-        if num_gpus % k == 0 and num_gpus // k <= per_node:
-            return Shape(gpu_type, k, num_gpus // k) if k <= nodes_of_type else None
-    return None
 
 
 @dataclass(frozen=True)
@@ -101,7 +89,7 @@ class FcfsPolicy:
             n = j.requested_gpus or self.default_gpus
             shape = shapes.get((gtype, n), False)
             if shape is False:
-                shape = shapes[(gtype, n)] = compact_shape(ctx.cluster, gtype, n)
+                shape = shapes[(gtype, n)] = ctx.cluster.fewest_nodes_shape(gtype, n)
             if shape is None or not placer.fits_somewhere(shape) or shape in v.known_infeasible_shapes:
                 continue                      # can never run as requested: never placed
             if blocked_all or gtype in blocked:

@@ -1,0 +1,82 @@
+"""A lower bound on every job's completion time: the job alone on the cluster.
+
+``jct_lower_bounds`` gives, per job, the JCT it would have if it had the whole cluster
+to itself::
+
+    bound_j = (first round at or after its arrival - arrival)
+              + iterations_j x min over shapes of the truth's iteration time
+
+The shapes are those a policy can give it: every shape of the cluster with a
+power-of-two GPU count up to ``max_gpus`` and power-of-two GPUs per node (the engine's
+candidate shapes, ``estimators/grids.py``; the optimizing policies' ``max_gpus``
+defaults to 16), and the job's requested GPU count on its requested type in the
+fewest nodes (what ``fcfs`` runs). Rounds are at ``t0 + k x round_interval_s``, ``t0``
+the first arrival, as in the simulator. Nothing is charged for queueing, launching or
+moving, and the truth is taken without the simulator's iteration noise; so with that
+noise off (``simulate(..., iteration_noise_cv=0)``) no policy finishes a job earlier
+than its bound (tested). With the noise on, a short job can beat it by the noise.
+
+What it is for: how far a schedule is from running every job alone at its fastest (the
+ratio of average JCT to average bound), and, per class of job length, where a policy's
+gain over another comes from (``bench/jct_bound.py``). It is not an achievable target:
+jobs share the cluster.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .cluster import ClusterSpec
+from .grid import Shape, pow2_upto
+from .jobs import Job
+from .oracle import Oracle
+
+
+def cluster_shapes(cluster: ClusterSpec, max_gpus: int) -> list[Shape]:
+    """Every (GPU type, nodes, GPUs per node) with a power-of-two count of at most
+    ``max_gpus`` and power-of-two GPUs per node that the cluster has nodes for; for each
+    type and count, fewest nodes first."""
+    if max_gpus < 1:
+        raise ValueError(f"max_gpus must be >= 1, got {max_gpus}")
+    nodes_by_type: dict[str, dict[int, int]] = {}
+    for g in cluster.groups:
+        d = nodes_by_type.setdefault(g.gpu_type, {})
+        d[g.gpus_per_node] = d.get(g.gpus_per_node, 0) + g.num_nodes
+    out = []
+    for gtype in sorted(nodes_by_type):
+        sizes = nodes_by_type[gtype]
+        for count in pow2_upto(max_gpus):
+            for gpn in reversed(pow2_upto(max(sizes))):     # fewest nodes first: they win ties
+                if count % gpn == 0 and sum(n for s, n in sizes.items() if s >= gpn) >= count // gpn:
+                    out.append(Shape(gtype, count // gpn, gpn))
+    return out
+
+
+@dataclass(frozen=True)
+class JctBound:
+    job_id: str
+    bound_s: float            # inf: no shape runs the job
+    fastest: Shape | None     # the shape the bound runs it on
+    wait_s: float             # to the first round at or after its arrival
+
+
+def jct_lower_bounds(jobs: tuple[Job, ...] | list[Job], cluster: ClusterSpec, oracle: Oracle, *,
+                     round_interval_s: float, max_gpus: int = 16) -> list[JctBound]:
+    """Per job, in the order given: its JCT alone on the cluster (module doc)."""
+    if not round_interval_s > 0:
+        raise ValueError(f"round_interval_s must be > 0, got {round_interval_s}")
+    shapes = cluster_shapes(cluster, max_gpus)
+    t0 = min((j.arrival_s for j in jobs), default=0.0)
+    out = []
+    for job in jobs:
+        best_t, best_s = math.inf, None
+        req = (cluster.fewest_nodes_shape(job.requested_gpu_type, job.requested_gpus)
+               if job.requested_gpu_type and job.requested_gpus else None)
+        for shape in shapes + ([req] if req is not None and req not in shapes else []):
+            t = oracle.true_iteration_time(job, shape)
+            if t is not None and t < best_t:
+                best_t, best_s = t, shape
+        k = math.ceil((job.arrival_s - t0) / round_interval_s - 1e-9)
+        wait = t0 + k * round_interval_s - job.arrival_s
+        out.append(JctBound(job.job_id, wait + job.num_iterations * best_t if best_s else math.inf, best_s, wait))
+    return out
