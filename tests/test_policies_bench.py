@@ -21,6 +21,7 @@ def test_policy_bench_writes_rows_table_and_figure(tmp_path, capsys):
     assert [r["policy"] for r in rows] == ["fcfs", "elasticflow-ls"]
     for r in rows:
         assert r["jobs_finished"] >= 0 and r["packing_failures"] == 0
+        assert r["avg_jct_over_bound"] is None                 # not run out: no average over all jobs
     assert (tmp_path / "comparison.png").stat().st_size > 0
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [r["policy"] for r in saved["rows"]] == ["fcfs", "elasticflow-ls"]
@@ -47,6 +48,11 @@ def test_policy_bench_runs_labelled_variants_beside_the_default(tmp_path, capsys
     # the option reached the variant's policy: its objective differs, so do its decisions
     a, b = (json.loads((tmp_path / p / "summary.json").read_text()) for p in ("arena", "arena-ms"))
     assert (a["avg_jct_runout_s"], a["makespan_runout_s"]) != (b["avg_jct_runout_s"], b["makespan_runout_s"])
+    # run out, every row is also judged against every job alone at its fastest shape
+    for r in rows:
+        assert r["avg_jct_bound_s"] > 0 and r["jobs_unfinished_runout"] == 0
+        assert r["avg_jct_over_bound"] == pytest.approx(r["avg_jct_runout_s"] / r["avg_jct_bound_s"])
+        assert r["avg_jct_over_bound"] >= 1.0
 
 
 @pytest.mark.parametrize("policies, message", [

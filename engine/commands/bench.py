@@ -42,7 +42,7 @@ POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs",
                   "active_span_s", "reconfigurations", "reconfigurations_per_job",
                   "reconfigurations_runout", "reconfigurations_per_job_runout",
                   "reconfig_gpu_hours_lost_runout", "packing_failures", "decision_time_median_s",
-                  "decision_time_p99_s", "wall_time_s")
+                  "decision_time_p99_s", "wall_time_s", "avg_jct_bound_s", "avg_jct_over_bound")
 
 
 def register(subparsers) -> None:
@@ -436,7 +436,24 @@ def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool,
     order = {p: i for i, p in enumerate(policies)}
     rows.sort(key=lambda r: order[r["policy"]])
     add_common_jct(rows)
+    add_jct_bound(rows, build_workload(workload), options)
     return rows
+
+
+def add_jct_bound(rows: list[dict], inst, options: dict) -> None:
+    """``avg_jct_bound_s``: the average over every job of its JCT alone on the cluster at
+    its fastest shape (``instances/bounds.py``; shapes up to the largest ``max_gpus`` a
+    row's policy was given, 16 by default), and per row ``avg_jct_over_bound``: its average
+    JCT over all jobs, run out, over that (None when a job did not finish)."""
+    from instances.bounds import jct_lower_bounds
+    max_gpus = max([16] + [int(float(o["max_gpus"])) for o in options.values() if "max_gpus" in o])
+    bounds = [b.bound_s for b in jct_lower_bounds(inst.jobs, inst.cluster, inst.oracle,
+                                                  round_interval_s=inst.round_interval_s, max_gpus=max_gpus)]
+    avg = sum(bounds) / len(bounds) if bounds and all(math.isfinite(b) for b in bounds) else None
+    for r in rows:
+        r["avg_jct_bound_s"] = avg
+        done = not r.get("jobs_unfinished_runout") and r.get("avg_jct_runout_s") is not None
+        r["avg_jct_over_bound"] = r["avg_jct_runout_s"] / avg if avg and done else None
 
 
 def add_common_jct(rows: list[dict]) -> None:
@@ -568,17 +585,20 @@ def run_policy_bench(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
-    print(f"{'policy':<18} {'finished':>8} {'never':>5} {'JCT runout s':>12} {'makespan s':>11} "
+    print(f"{'policy':<18} {'finished':>8} {'never':>5} {'JCT runout s':>12} {'/bound':>6} {'makespan s':>11} "
           f"{'JCT common s':>12} {'util':>5} {'reconf/job':>10} {'GPU-h lost':>10} {'decide s':>9}")
     for r in rows:
         print(f"{r['policy']:<18} {_fmt(r['jobs_finished'], 8)} {_fmt(r['jobs_never_placed'], 5)} "
-              f"{_fmt(r['avg_jct_runout_s'], 12)} {_fmt(r['makespan_runout_s'], 11)} "
+              f"{_fmt(r['avg_jct_runout_s'], 12)} {_fmt(r['avg_jct_over_bound'], 6, 2)} "
+              f"{_fmt(r['makespan_runout_s'], 11)} "
               f"{_fmt(r['avg_jct_common_s'], 12)} {_fmt(r['gpu_util'], 5, 3)} "
               f"{_fmt(r['reconfigurations_per_job_runout'], 10, 2)} {_fmt(r['reconfig_gpu_hours_lost_runout'], 10, 1)} "
               f"{_fmt(r['decision_time_median_s'], 9, 3)}")
     if rows:
         print(f"finished: by the horizon; never: jobs never placed (run out); JCT runout: over every job that "
-              f"finished in the run-out; JCT common: over the {rows[0]['jobs_common']} jobs every policy finished; "
+              f"finished in the run-out; /bound: that over every job's JCT alone on the cluster at its fastest "
+              f"shape (arena bench bound), when every job finished; "
+              f"JCT common: over the {rows[0]['jobs_common']} jobs every policy finished; "
               f"reconf/job and GPU-h lost: moves and resumes per job of the instance, and GPU-hours held during "
               f"their downtime, whole run; decisions from {rows[0]['perf']}, move costs {rows[0]['move_costs']}")
     if args.out:
