@@ -26,7 +26,7 @@ from functools import lru_cache
 from instances.arch import ModelArch
 from instances.cluster import ClusterSpec
 from instances.gpus import get_gpu
-from instances.grid import Grid, Shape, pow2_upto
+from instances.grid import Grid, pow2_upto
 from instances.jobs import Job
 
 from .config import EstimatorConfig
@@ -90,31 +90,17 @@ def _candidate_grids(job: Job, cluster: ClusterSpec, counts: list[int], planner:
                      prune: bool) -> list[Grid]:
     arch = job.arch
     n_layers = len(arch.layers())
-    # nodes per (type, node size) available
-    avail: dict[str, dict[int, int]] = {}
-    for g in cluster.groups:
-        d = avail.setdefault(g.gpu_type, {})
-        d[g.gpus_per_node] = d.get(g.gpus_per_node, 0) + g.num_nodes
     out = []
-    for gtype in sorted(avail):
-        sizes = avail[gtype]
-        node_size = max(sizes)
-        for count in counts:
-            for gpn in pow2_upto(node_size):
-                if count % gpn:
-                    continue
-                nodes = count // gpn
-                if sum(n for size, n in sizes.items() if size >= gpn) < nodes:
-                    continue
-                shape = Shape(gtype, nodes, gpn)
-                for pp in range(1, min(count, n_layers) + 1):
-                    if count % pp or (dp_only and pp > 1):
-                        continue
-                    grid = Grid(shape, pp)
-                    if not planner.tp_options(arch, grid, within_node=False, dp_only=dp_only,
-                                              global_batch=job.global_batch):
-                        continue            # every plan would have more replicas than samples
-                    if prune and not grid_fits(arch, job.global_batch, grid, planner, dp_only=dp_only):
-                        continue
-                    out.append(grid)
+    for shape in cluster.shapes(counts):
+        count = shape.num_gpus
+        for pp in range(1, min(count, n_layers) + 1):
+            if count % pp or (dp_only and pp > 1):
+                continue
+            grid = Grid(shape, pp)
+            if not planner.tp_options(arch, grid, within_node=False, dp_only=dp_only,
+                                      global_batch=job.global_batch):
+                continue            # every plan would have more replicas than samples
+            if prune and not grid_fits(arch, job.global_batch, grid, planner, dp_only=dp_only):
+                continue
+            out.append(grid)
     return out

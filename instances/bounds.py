@@ -33,23 +33,11 @@ from .oracle import Oracle
 
 
 def cluster_shapes(cluster: ClusterSpec, max_gpus: int) -> list[Shape]:
-    """Every (GPU type, nodes, GPUs per node) with a power-of-two count of at most
-    ``max_gpus`` and power-of-two GPUs per node that the cluster has nodes for; for each
-    type and count, fewest nodes first."""
+    """The engine's candidate shapes (``ClusterSpec.shapes``) of power-of-two counts up to
+    ``max_gpus``."""
     if max_gpus < 1:
         raise ValueError(f"max_gpus must be >= 1, got {max_gpus}")
-    nodes_by_type: dict[str, dict[int, int]] = {}
-    for g in cluster.groups:
-        d = nodes_by_type.setdefault(g.gpu_type, {})
-        d[g.gpus_per_node] = d.get(g.gpus_per_node, 0) + g.num_nodes
-    out = []
-    for gtype in sorted(nodes_by_type):
-        sizes = nodes_by_type[gtype]
-        for count in pow2_upto(max_gpus):
-            for gpn in reversed(pow2_upto(max(sizes))):     # fewest nodes first: they win ties
-                if count % gpn == 0 and sum(n for s, n in sizes.items() if s >= gpn) >= count // gpn:
-                    out.append(Shape(gtype, count // gpn, gpn))
-    return out
+    return cluster.shapes(pow2_upto(max_gpus))
 
 
 @dataclass(frozen=True)
@@ -74,8 +62,10 @@ def jct_lower_bounds(jobs: tuple[Job, ...] | list[Job], cluster: ClusterSpec, or
                if job.requested_gpu_type and job.requested_gpus else None)
         for shape in shapes + ([req] if req is not None and req not in shapes else []):
             t = oracle.true_iteration_time(job, shape)
-            if t is not None and t < best_t:
-                best_t, best_s = t, shape
+            if t is None:
+                continue
+            if t < best_t or (t == best_t and best_s is not None and shape.num_nodes < best_s.num_nodes):
+                best_t, best_s = t, shape                     # ties: the fewest nodes
         k = math.ceil((job.arrival_s - t0) / round_interval_s - 1e-9)
         wait = t0 + k * round_interval_s - job.arrival_s
         out.append(JctBound(job.job_id, wait + job.num_iterations * best_t if best_s else math.inf, best_s, wait))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
-from .grid import Shape
+from .grid import Shape, pow2_upto
 
 SCHEMA_VERSION = 1
 
@@ -87,6 +87,23 @@ class ClusterSpec:
 
     def max_gpus_per_node(self, gpu_type: str) -> int:
         return max((g.gpus_per_node for g in self.groups if g.gpu_type == gpu_type), default=0)
+
+    def shapes(self, counts) -> list[Shape]:
+        """Every shape with a GPU count in ``counts`` and power-of-two GPUs per node that the
+        cluster has the nodes for, by GPU type (by name), count (in the order given), then
+        GPUs per node (ascending): the shapes of the engine's candidate grids."""
+        nodes_by_size: dict[str, dict[int, int]] = {}
+        for g in self.groups:
+            d = nodes_by_size.setdefault(g.gpu_type, {})
+            d[g.gpus_per_node] = d.get(g.gpus_per_node, 0) + g.num_nodes
+        out = []
+        for gtype in sorted(nodes_by_size):
+            sizes = nodes_by_size[gtype]
+            for count in counts:
+                for gpn in pow2_upto(max(sizes)):
+                    if count % gpn == 0 and sum(n for s, n in sizes.items() if s >= gpn) >= count // gpn:
+                        out.append(Shape(gtype, count // gpn, gpn))
+        return out
 
     def fewest_nodes_shape(self, gpu_type: str, num_gpus: int) -> Shape | None:
         """``num_gpus`` GPUs of ``gpu_type`` on the fewest nodes, equal GPUs on each (what
