@@ -7,18 +7,20 @@ to itself::
               + iterations_j x min over shapes of the truth's iteration time
 
 The shapes are those a policy can give it: every shape of the cluster with a
-power-of-two GPU count up to ``max_gpus`` and power-of-two GPUs per node (the engine's
-candidate shapes, ``estimators/grids.py``; the optimizing policies' ``max_gpus``
-defaults to 16), and the job's requested GPU count on its requested type in the
-fewest nodes (what ``fcfs`` runs). Rounds are at ``t0 + k x round_interval_s``, ``t0``
-the first arrival, as in the simulator. Nothing is charged for queueing, launching or
+power-of-two GPU count up to ``max_gpus`` and power-of-two GPUs per node (the shapes of
+the engine's candidate grids, ``ClusterSpec.shapes``; the optimizing policies'
+``max_gpus`` defaults to 16), and the job's requested GPU count on its requested type in
+the fewest nodes (what ``fcfs`` runs; ties between shapes go to the fewest nodes).
+Rounds are at ``t0 + k x round_interval_s``, ``t0`` the first arrival, as in the
+simulator. Nothing is charged for queueing, launching or
 moving, and the truth is taken without the simulator's iteration noise; so with that
 noise off (``simulate(..., iteration_noise_cv=0)``) no policy finishes a job earlier
 than its bound (tested). With the noise on, a short job can beat it by the noise.
 
 What it is for: how far a schedule is from running every job alone at its fastest (the
 ratio of average JCT to average bound), and, per class of job length, where a policy's
-gain over another comes from (``bench/jct_bound.py``). It is not an achievable target:
+gain over another comes from (``arena bench bound``, ``engine/commands/bound.py``;
+``arena bench policies`` adds the ratio to every row). It is not an achievable target:
 jobs share the cluster.
 """
 from __future__ import annotations

@@ -5,6 +5,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
@@ -88,7 +89,7 @@ class ClusterSpec:
     def max_gpus_per_node(self, gpu_type: str) -> int:
         return max((g.gpus_per_node for g in self.groups if g.gpu_type == gpu_type), default=0)
 
-    def shapes(self, counts) -> list[Shape]:
+    def shapes(self, counts: Iterable[int]) -> list[Shape]:
         """Every shape with a GPU count in ``counts`` and power-of-two GPUs per node that the
         cluster has the nodes for, by GPU type (by name), count (in the order given), then
         GPUs per node (ascending): the shapes of the engine's candidate grids."""

@@ -73,6 +73,9 @@ def report(bounds, runs: dict[str, dict[str, float | None]], max_gpus: int) -> d
 
 
 def print_report(name: str, rep: dict) -> None:
+    if rep["avg_bound_s"] is None:
+        print(f"{name}: {rep['jobs']:,} jobs; none fits any shape of <= {rep['max_gpus']} GPUs: no bound")
+        return
     print(f"{name}: {rep['jobs']:,} jobs; JCT lower bound (alone, fastest shape of <= {rep['max_gpus']} GPUs "
           f"or as requested): average {rep['avg_bound_s']:,.0f} s"
           + (f"; {rep['jobs_without_shape']} job(s) fit no shape" if rep["jobs_without_shape"] else ""))
