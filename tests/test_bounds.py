@@ -66,8 +66,10 @@ def test_report_reads_runs_and_refuses_foreign_ones(tmp_path, capsys):
     inst = get_instance("demo", 0)
     res = simulate(inst, make_policy("fcfs"), run_out=True)
     write_result(res, tmp_path / "fcfs")
-    assert main(["bench", "bound", "--instance", "demo", str(tmp_path / "fcfs"), "--json"]) == 0
+    png = tmp_path / "bound.png"
+    assert main(["bench", "bound", "--instance", "demo", str(tmp_path / "fcfs"), "--json", "--plot", str(png)]) == 0
     rep = json.loads(capsys.readouterr().out)
+    assert png.stat().st_size > 0
     run = rep["runs"][str(tmp_path / "fcfs")]
     assert run["unfinished"] == 0
     assert run["avg_jct_s"] == pytest.approx(res.summary["avg_jct_runout_s"])

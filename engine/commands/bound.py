@@ -118,6 +118,8 @@ def register(sub) -> None:
     b.add_argument("--max-gpus", type=int, default=16,
                    help="largest GPU count a job may get (default 16, the policies' max_gpus)")
     b.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    b.add_argument("--plot", default=None, metavar="PNG",
+                   help="also draw each run's JCT over the bound, per class of job length, to this PNG file")
     b.set_defaults(func=run_bound_bench)
 
 
@@ -127,6 +129,9 @@ def run_bound_bench(args) -> int:
     from .simulate import build_instance
     if args.max_gpus < 1:
         raise InputError(f"must be >= 1, got {args.max_gpus}", field="--max-gpus")
+    if args.plot:
+        from instances.paths import check_output_file
+        check_output_file(args.plot, "--plot")
     inst = build_instance(args)
     print(f"bounds of {len(inst.jobs):,} jobs ...", file=sys.stderr, flush=True)
     bounds = jct_lower_bounds(inst.jobs, inst.cluster, inst.oracle, round_interval_s=inst.round_interval_s,
@@ -138,4 +143,36 @@ def run_bound_bench(args) -> int:
         print(json.dumps({"instance": inst.name, **rep}))
     else:
         print_report(inst.name, rep)
+    if args.plot:
+        plot_report(inst.name, rep, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def plot_report(name: str, rep: dict, path) -> None:
+    """Grouped bars: per class of job length (and over all jobs), each finished run's
+    share of the average JCT over the bound's share."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = {label: r for label, r in rep["runs"].items() if not r["unfinished"]}
+    classes = [c for c in rep["classes"] if c["bound_share_s"]]
+    groups = [f"{c['class']}\n({c['jobs']} jobs)" for c in classes] + [f"all jobs\n({rep['jobs']})"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) * max(1, len(runs)) / 2), 4))
+    width = 0.8 / max(1, len(runs))
+    for k, (label, r) in enumerate(runs.items()):
+        vals = [r["class_share_s"][c["class"]] / c["bound_share_s"] for c in classes] + [r["ratio_to_bound"]]
+        xs = [i + (k - (len(runs) - 1) / 2) * width for i in range(len(groups))]
+        bars = ax.bar(xs, vals, width, label=Path(label).name or label)
+        for b, v in zip(bars, vals):
+            ax.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=6)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set_ylabel("JCT over the bound (1 = alone at fastest)")
+    ax.set_title(f"{name}: average JCT over each job's JCT alone at its fastest shape "
+                 f"(<= {rep['max_gpus']} GPUs), by job length", fontsize=9)
+    if runs:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
