@@ -519,12 +519,18 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
             if math.isfinite(v):
                 ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.2f}", (b.get_x() + b.get_width() / 2, v),
                             ha="center", va="bottom", fontsize=6)
-    perf = rows[0].get("perf") if rows else None
+    perf = _decided_with(rows)
     moves = rows[0].get("move_costs") if rows else None
     fig.suptitle(f"policies on {instance_name}: same oracle, move costs {moves}, decisions from {perf}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _decided_with(rows: list[dict]) -> str:
+    """The performance model the rows' policies decided with (fcfs decides without one)."""
+    kinds = sorted({r["perf"] for r in rows if r.get("perf")})
+    return ", ".join(kinds) if kinds else "no model (fcfs)"
 
 
 def _fmt(v, width, prec=0):
@@ -601,7 +607,7 @@ def run_policy_bench(args) -> int:
               f"shape (arena bench bound), when every job finished; "
               f"JCT common: over the {rows[0]['jobs_common']} jobs every policy finished; "
               f"reconf/job and GPU-h lost: moves and resumes per job of the instance, and GPU-hours held during "
-              f"their downtime, whole run; decisions from {rows[0]['perf']}, move costs {rows[0]['move_costs']}")
+              f"their downtime, whole run; decisions from {_decided_with(rows)}, move costs {rows[0]['move_costs']}")
     if args.out:
         print(f"wrote {args.out}/results.json, results.csv, comparison.png")
     return 0
