@@ -100,3 +100,30 @@ def test_arena_simulates_the_demo_without_packing_failures():
     s = res.summary
     assert s["jobs_finished"] > 0
     assert s["packing_failures"] == 0
+
+
+class NodeLocalPerf(TypeSpeedPerf):
+    """Stand-in estimator that prefers fewer nodes: 5% slower per extra node."""
+
+    def estimate(self, job, grid):
+        e = super().estimate(job, grid)
+        if not e.feasible:
+            return e
+        thr = e.throughput * 0.95 ** (grid.shape.num_nodes - 1)
+        return Estimate(job.global_batch / thr, thr, 1e9, None, True, "stand-in")
+
+
+def test_columns_option_separates_co_designed_placement_from_the_best_plan_per_count():
+    # one 2-GPU node and two 1-GPU nodes of a40: two 2-GPU jobs both run only if one of
+    # them takes the slower 2x1 shape, which the best-plan-per-count columns do not offer
+    cluster = ClusterSpec((NodeGroup("a40", 1, 2), NodeGroup("a40", 2, 1)), "mixed")
+    views = [JobView(job("a", gpus=2), 1000.0, None), JobView(job("b", gpus=2), 1000.0, None)]
+    ctx = ctx_of(views, NodeLocalPerf({"a40": 1.0}), cluster)
+    both = make_policy("arena").decide(ctx)
+    assert sorted((g.num_gpus, g.shape.num_nodes) for g in both.grids.values()) == [(2, 1), (2, 2)]
+    best = make_policy("arena", columns="best_per_count").decide(ctx)
+    assert [(g.num_gpus, g.shape.num_nodes) for g in best.grids.values() if g.num_gpus == 2] == [(2, 1)]
+    assert make_policy("sia-ap").best_per_count and not make_policy("sia-ap", columns="all").best_per_count
+    assert not make_policy("arena").best_per_count
+    with pytest.raises(InputError, match="columns"):
+        make_policy("arena", columns="some")

@@ -9,6 +9,11 @@ here, once:
 - ``backend`` (solver backend name, default ``auto``), ``time_limit_s`` (10), ``rel_gap``
   (0.01), ``threads`` (1), ``seed`` (0): the solver;
 - ``max_gpus`` (16): the largest grid a job may get;
+- ``columns``: ``all`` (every shape and pipeline depth of a GPU type and count; the
+  default of ``arena``, ``suika``, ``sia``, ``gavel``) or ``best_per_count`` (only the
+  planner's best shape and depth per GPU type and count; the default of the ``-ap``
+  variants): which candidate columns the round keeps, so that co-designed placement and
+  adaptive parallelism alone can be compared under one objective;
 - ``pinned_jobs``: comma-separated job ids that must be scheduled;
 - ``stability``, ``payback``, ``payback_max_s``, ``max_moves_per_hour``,
   ``max_changes_per_job``, ``move_backoff_s``, ``change_budget_per_job``: the stability rule
@@ -67,11 +72,12 @@ from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
 GridFilter = Callable[[JobView, Grid], bool]
 
 # Knobs every optimizing policy accepts (besides its objective keys w_<term>, <term>.<opt>).
-RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "threads", "seed", "pinned_jobs",
+RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "columns", "threads", "seed", "pinned_jobs",
                "dump_rounds_dir", "search", "queued_candidates", "other_type_candidates", "move_budget_jobs",
                "move_budget_gpus",
                "event_driven") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
+COLUMNS = ("all", "best_per_count")
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class MilpPolicySpec:
     grid_filter: GridFilter | None = None                 # candidate grids it keeps
     backend: str = "auto"
     # ``-ap`` variants: per GPU type and count, only the planner's best shape and depth
+    # (the default of the ``columns`` option)
     best_plan_per_count: bool = False
     searches: tuple[str, ...] = SEARCHES                  # allowed; the first is the default
     runner: Mapping[str, Any] = field(default_factory=dict)   # default runner options (e.g. budgets)
@@ -157,6 +164,11 @@ class MilpPolicy:
         self.time_limit_s: float = _number(spec.name, rest, "time_limit_s", 10.0, float, 0.01)
         self.rel_gap: float = _number(spec.name, rest, "rel_gap", 0.01, float, 0.0)
         self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1)
+        columns = str(rest.get("columns", "best_per_count" if spec.best_plan_per_count else "all"))
+        if columns not in COLUMNS:
+            raise InputError(f"policy {spec.name!r}: columns must be one of {', '.join(COLUMNS)}, got {columns!r}",
+                             field="columns")
+        self.best_per_count = columns == "best_per_count"
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
         self.stability = StabilityRule.from_config(spec.name, rest)
         self.event_driven = parse_bool(spec.name, "event_driven", rest.get("event_driven", False))
@@ -203,7 +215,7 @@ class MilpPolicy:
         perf = self._perf(ctx.perf)
         data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
                                 grid_filter=self._keep, cache=self._cache)
-        if self.spec.best_plan_per_count:
+        if self.best_per_count:
             data = best_plan_per_count(data)
         frozen = self.stability.frozen(ctx)
         allowance = self.stability.round_allowance(ctx)
