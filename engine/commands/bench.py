@@ -98,11 +98,8 @@ def register(subparsers) -> None:
                        description="Every policy on the same workload, truth oracle and reconfiguration cost "
                                    "model, side by side (run out by default), plus a comparison figure; spreads "
                                    "over MPI ranks under mpiexec -n K.")
-    q.add_argument("--instance", default=None, help="built-in instance name (default demo)")
-    q.add_argument("--cluster", default=None, help="cluster JSON (ours or Arena's), with --trace")
-    q.add_argument("--trace", default=None, help="job trace (ours, Arena's or Philly's CSV), with --cluster")
-    q.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="trace import option, e.g. iteration_divisor=5 (repeatable)")
+    from .simulate import add_workload_args
+    add_workload_args(q)
     q.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="move cost model for every policy: preset=arena (default) or preset=realistic, and "
                         "field overrides, e.g. restart_s=60 (repeatable)")
@@ -436,7 +433,6 @@ def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool,
     order = {p: i for i, p in enumerate(policies)}
     rows.sort(key=lambda r: order[r["policy"]])
     add_common_jct(rows)
-    add_jct_bound(rows, build_workload(workload), options)
     return rows
 
 
@@ -587,6 +583,7 @@ def run_policy_bench(args) -> int:
                         args.seed, args.out, log, comm, names, args.profile_store, args.perf_runtime)
     if rows is None:
         return 0
+    add_jct_bound(rows, inst, options)
     if args.out:
         write_outputs(rows, args.out, inst.name)
     if args.json:

@@ -109,11 +109,8 @@ def register(sub) -> None:
     b = sub.add_parser("bound", help="average JCT of simulated runs against every job alone at its fastest",
                        description=__doc__.split("\n\n")[0])
     b.add_argument("runs", nargs="*", metavar="RUN_DIR", help="`arena simulate --out` directories of this workload")
-    b.add_argument("--instance", default=None, help="built-in instance name (default demo)")
-    b.add_argument("--cluster", default=None, help="cluster JSON (ours or Arena's), with --trace")
-    b.add_argument("--trace", default=None, help="job trace (ours, Arena's or Philly's CSV), with --cluster")
-    b.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="trace import option, e.g. iteration_divisor=5 (repeatable)")
+    from .simulate import add_workload_args
+    add_workload_args(b)
     b.add_argument("--seed", type=int, default=0, help="instance seed (default 0)")
     b.add_argument("--max-gpus", type=int, default=16,
                    help="largest GPU count a job may get (default 16, the policies' max_gpus)")

@@ -54,12 +54,7 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    src = p.add_argument_group("workload (default: --instance demo)")
-    src.add_argument("--instance", default=None, help="built-in instance (see `arena instances`)")
-    src.add_argument("--cluster", default=None, help="cluster JSON (ours or Arena's sim_cluster_spec.json)")
-    src.add_argument("--trace", default=None, help="job trace (ours, Arena's or Philly's CSV; auto-detected)")
-    src.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
-                     help="trace import option, e.g. iteration_divisor=5 (repeatable)")
+    add_workload_args(p.add_argument_group("workload (default: --instance demo)"))
     from ..policy import policy_names
     p.add_argument("--policy", default="fcfs", metavar="NAME",
                    help=f"scheduling policy: {', '.join(policy_names())} (default fcfs)")
@@ -92,6 +87,17 @@ def register(subparsers) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
+
+
+def add_workload_args(p) -> None:
+    """``--instance`` or ``--cluster`` with ``--trace`` (and ``--trace-opt``): what
+    ``build_instance`` reads (simulate, bench policies, bench bound)."""
+    p.add_argument("--instance", default=None, help="built-in instance (see `arena instances`; default demo)")
+    p.add_argument("--cluster", default=None, help="cluster JSON (ours or Arena's sim_cluster_spec.json), with --trace")
+    p.add_argument("--trace", default=None,
+                   help="job trace (ours, Arena's or Philly's CSV; auto-detected), with --cluster")
+    p.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="trace import option, e.g. iteration_divisor=5 (repeatable)")
 
 
 def build_instance(args):
