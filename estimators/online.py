@@ -251,6 +251,7 @@ class OnlineModel:
         self._by_shape: dict = {}               # shape -> [(job id, family, model, grid, log error, share, n)]
         self._ids_by_shape: dict = {}           # shape -> the job ids among them
         self._effects: dict = {}                # shape -> {(family, model, excluded job): (mu, v, runs)}
+        self._shape_cov: dict = {}              # shape -> _ShapeRuns of its runs in _by_shape
         self._changed: list = []                # the shape of every run taken into _by_shape, in order
 
     # -- LearnsOnline ------------------------------------------------------------------
@@ -370,6 +371,7 @@ class OnlineModel:
             del runs[:-SHARED_WINDOW]
             self._ids_by_shape[r.grid.shape] = {x[0] for x in runs}
             self._effects.pop(r.grid.shape, None)
+            self._shape_cov.pop(r.grid.shape, None)
             self._changed.append(r.grid.shape)
         return self._by_shape
 
@@ -394,26 +396,43 @@ class OnlineModel:
         hit = memo.get(key)
         if hit is not None:
             return hit
-        others = [r for r in runs if r[0] != exclude]
-        if not others:
+        m = self._shape_runs(shape, runs) if runs else None
+        keep = None if m is None or exclude is None else m.ids != exclude      # leave the job's own runs out
+        if m is None or (keep is not None and not keep.any()):
             res = (0.0, prior_v, 0)
         else:
-            n = len(others)
-            ids, fams, models = (np.array([r[c] for r in others]) for c in (0, 1, 2))
-            C = np.asarray(p.shared(fams[:, None], models[:, None], fams[None, :], models[None, :]), dtype=float)
-            own = self.covariances([r[3] for r in others], [r[5] for r in others])
-            C = C + np.where(ids[:, None] == ids[None, :], own, 0.0)               # one job's runs: its own parts
-            C[np.diag_indices(n)] += [p.noise(r[6]) for r in others]
+            C, x, fams, models = ((m.cov, m.log_errors, m.families, m.models) if keep is None else
+                                  (m.cov[np.ix_(keep, keep)], m.log_errors[keep], m.families[keep], m.models[keep]))
+            n = len(x)
             t = np.asarray(p.shared(fam, model, fams, models), dtype=float)
-            sol = np.linalg.solve(C + 1e-12 * np.eye(n), np.column_stack([[r[4] for r in others], t]))
+            sol = np.linalg.solve(C + 1e-12 * np.eye(n), np.column_stack([x, t]))
             res = (float(t @ sol[:, 0]), max(0.0, prior_v - float(t @ sol[:, 1])), n)
         _bounded(memo, self.MAX_CACHED)[key] = res
         return res
 
+    def _shape_runs(self, shape, runs) -> "_ShapeRuns":
+        """The runs on ``shape`` as arrays, with the prior covariance of their log errors
+        (the shared parts, plus a run's own job's parts between runs of the same job, plus
+        measurement noise): built once per shape until a run is taken in there; a query
+        that leaves one job out takes the sub-matrix of the others, element for element
+        the matrix built from them alone."""
+        m = self._shape_cov.get(shape)
+        if m is None:
+            p = self.prior
+            ids, fams, models = (np.array([r[c] for r in runs]) for c in (0, 1, 2))
+            C = np.asarray(p.shared(fams[:, None], models[:, None], fams[None, :], models[None, :]), dtype=float)
+            C = C + np.where(ids[:, None] == ids[None, :], self.covariances([r[3] for r in runs],
+                                                                            [r[5] for r in runs]), 0.0)
+            C[np.diag_indices(len(runs))] += [p.noise(r[6]) for r in runs]
+            m = _bounded(self._shape_cov, self.MAX_CACHED)[shape] = _ShapeRuns(
+                ids, fams, models, np.array([r[4] for r in runs]), C)
+        return m
+
     def _fit(self, job: Job) -> "_Fit":
         """``job``'s own kriging on its residuals ``x - mu`` (``mu`` the observed shapes'
         shared effects), decomposed by what the covariance tests; kept until the job is
-        observed again or another run is established."""
+        observed again or another run established changes the shared effect of one of its
+        observed shapes."""
         key = (self.store.version(job.job_id), self.shared_key())
         f = self._fits.get(job.job_id)
         if f is not None and f.key == key:
@@ -423,6 +442,9 @@ class OnlineModel:
         for g, *_ in obs:
             if g.shape not in effects:
                 effects[g.shape] = self.shared_effect(job, g.shape)
+        if f is not None and f.key[0] == key[0] and f.effects == effects:
+            f.key = key                 # the runs established since changed none of its shapes' effects
+            return f
         f = _Fit(key, effects)
         if obs:
             p = self.prior
@@ -538,6 +560,16 @@ class OnlineModel:
                     by_grid[g.index[grid]] = c
             e = e + (f.const + f.comm * g.share + by_type + by_shape + by_grid)
         return e
+
+
+@dataclass(frozen=True, eq=False)
+class _ShapeRuns:
+    """Other jobs' established runs on one resource shape (``OnlineModel._shape_runs``)."""
+    ids: np.ndarray                 # job id per run
+    families: np.ndarray
+    models: np.ndarray
+    log_errors: np.ndarray          # observed log error of the base model
+    cov: np.ndarray                 # prior covariance between the runs, noise on the diagonal
 
 
 @dataclass(eq=False)

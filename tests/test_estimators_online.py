@@ -520,3 +520,75 @@ def test_derived_caches_stay_bounded_and_estimates_survive_their_clearing(base):
         grids = candidate_grids(job, cl, max_gpus=8)
         assert m.throughputs(job, grids) == before[job.job_id]
     assert type(m).MAX_CACHED == 20_000
+
+
+def _shared_effect_from_scratch(m: OnlineModel, job: Job, shape, runs) -> tuple[float, float, int]:
+    """The shared stage's kriging written out from the module docstring over ``runs``
+    ((job, grid, log error, iterations) of other jobs on ``shape``), nothing cached."""
+    p = m.prior
+    fam = m.family
+
+    def own(a, b):          # one job's own parts between two of its runs
+        (ja, ga), (jb, gb) = a, b
+        if ja.job_id != jb.job_id:
+            return 0.0
+        t = p.type if ga.gpu_type in m.calibrated_types else p.new_type
+        return (p.job ** 2 + p.comm ** 2 * m.comm_share(ja, ga) * m.comm_share(jb, gb) + t ** 2
+                + p.shape ** 2 + p.grid ** 2 * (ga == gb))
+
+    n = len(runs)
+    C = np.array([[p.shared(fam(a[0].model), a[0].model, fam(b[0].model), b[0].model) + own(a[:2], b[:2])
+                   + (math.log1p(p.iteration_cv ** 2) / a[3] if i == k else 0.0)
+                   for k, b in enumerate(runs)] for i, a in enumerate(runs)])
+    t = np.array([p.shared(fam(job.model), job.model, fam(r[0].model), r[0].model) for r in runs])
+    x = np.array([r[2] for r in runs])
+    prior_v = p.shared(fam(job.model), job.model, fam(job.model), job.model)
+    return float(t @ np.linalg.solve(C, x)), prior_v - float(t @ np.linalg.solve(C, t)), n
+
+
+def test_shared_effect_leaving_one_job_out_is_the_kriging_over_the_others(base):
+    """The shared stage keeps one covariance matrix per shape and, for a job that has runs
+    there itself, solves on the sub-matrix of the other jobs' runs: the same as kriging
+    over those runs alone, before and after another run is taken in."""
+    shape = G4.shape
+    jobs = [JOB, Job("k", JOB.model, 64, 10, 0.0), Job("l", "gpt__2.6B", 128, 10, 0.0),
+            Job("n", "moe__1.3B", 128, 10, 0.0)]
+    m = online(base, prior=OnlinePrior(grid=0.05, job=0.03))
+    runs = []
+    for i, (job, g, ratio) in enumerate([(jobs[0], G4, 1.3), (jobs[1], G4, 0.7), (jobs[1], G4PP2, 0.8),
+                                         (jobs[2], G4, 1.1), (jobs[0], G4PP2, 1.25), (jobs[3], G4, 0.9)]):
+        b = base.estimate(job, g).iteration_time_s
+        m.observe(job, g, ratio * b, 20 + 5 * i)
+        runs.append((job, g, math.log(ratio), 20 + 5 * i))
+        for who in jobs + [Job("new", "gpt__350M", 64, 10, 0.0)]:
+            others = [r for r in runs if r[0].job_id != who.job_id]
+            got = m.shared_effect(who, shape)
+            if not others:
+                assert got[2] == 0
+                continue
+            want = _shared_effect_from_scratch(m, who, shape, others)
+            assert got[2] == want[2] and got[0] == pytest.approx(want[0], rel=1e-9, abs=1e-12)
+            assert got[1] == pytest.approx(want[1], rel=1e-9, abs=1e-12)
+
+
+def test_a_fit_kept_across_runs_elsewhere_gives_the_estimates_of_a_fresh_model(base):
+    """A job's own kriging is kept when the runs established since touch none of its
+    shapes: its estimates then equal those of a model fed the same observations afresh."""
+    other_shape = Grid(Shape(A100, 2, 4), 1)
+    late = [Job(f"o{i}", "gpt__2.6B", 128, 10, 0.0) for i in range(3)]
+    kept = online(base)
+    kept.observe(JOB, G2, 1.3 * base.estimate(JOB, G2).iteration_time_s, 20)
+    before = [kept.estimate(JOB, g).iteration_time_s for g in (G4, G4PP2, other_shape)]
+    for o in late:              # runs on a shape JOB has no run on: its fit stays
+        kept.observe(o, other_shape, 0.6 * base.estimate(o, other_shape).iteration_time_s, 20)
+    fresh = online(base)
+    fresh.observe(JOB, G2, 1.3 * base.estimate(JOB, G2).iteration_time_s, 20)
+    for o in late:
+        fresh.observe(o, other_shape, 0.6 * base.estimate(o, other_shape).iteration_time_s, 20)
+    after = [kept.estimate(JOB, g).iteration_time_s for g in (G4, G4PP2, other_shape)]
+    assert after == [fresh.estimate(JOB, g).iteration_time_s for g in (G4, G4PP2, other_shape)]
+    assert after[:2] == before[:2] and after[2] < before[2]      # only the other shape moved
+    # a run on its own shape changes the fit
+    kept.observe(late[0], G2, 0.5 * base.estimate(late[0], G2).iteration_time_s, 20)
+    fresh.observe(late[0], G2, 0.5 * base.estimate(late[0], G2).iteration_time_s, 20)
+    assert kept.estimate(JOB, G4).iteration_time_s == fresh.estimate(JOB, G4).iteration_time_s != after[0]
