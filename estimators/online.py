@@ -437,7 +437,7 @@ class OnlineModel:
         f = self._fits.get(job.job_id)
         if f is not None and f.key == key:
             return f
-        obs = self.observations(job)
+        obs = f.obs if f is not None and f.key[0] == key[0] else self.observations(job)
         effects = {}
         for g, *_ in obs:
             if g.shape not in effects:
@@ -445,7 +445,7 @@ class OnlineModel:
         if f is not None and f.key[0] == key[0] and f.effects == effects:
             f.key = key                 # the runs established since changed none of its shapes' effects
             return f
-        f = _Fit(key, effects)
+        f = _Fit(key, effects, obs)
         if obs:
             p = self.prior
             K = self.covariances([o[0] for o in obs], [o[2] for o in obs], [effects[o[0].shape][1] for o in obs])
@@ -594,6 +594,7 @@ class _Fit:
     + by_grid[grid]`` (missing keys 0); ``own`` is None when no observation is usable."""
     key: tuple
     effects: dict                   # shape -> shared_effect(job, shape)
+    obs: list                       # OnlineModel.observations(job) at the key's version
     const: float = 0.0
     comm: float = 0.0
     by_type: dict = field(default_factory=dict)
