@@ -564,7 +564,8 @@ class OnlineModel:
 
 @dataclass(frozen=True, eq=False)
 class _ShapeRuns:
-    """Other jobs' established runs on one resource shape (``OnlineModel._shape_runs``)."""
+    """The shared stage's runs on one resource shape (``OnlineModel._shape_runs``); a query
+    for a job with runs there leaves them out."""
     ids: np.ndarray                 # job id per run
     families: np.ndarray
     models: np.ndarray
