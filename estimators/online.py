@@ -396,7 +396,7 @@ class OnlineModel:
         hit = memo.get(key)
         if hit is not None:
             return hit
-        m = self._shape_runs(shape, runs) if runs else None
+        m = self._shape_runs(shape) if runs else None
         keep = None if m is None or exclude is None else m.ids != exclude      # leave the job's own runs out
         if m is None or (keep is not None and not keep.any()):
             res = (0.0, prior_v, 0)
@@ -410,7 +410,7 @@ class OnlineModel:
         _bounded(memo, self.MAX_CACHED)[key] = res
         return res
 
-    def _shape_runs(self, shape, runs) -> "_ShapeRuns":
+    def _shape_runs(self, shape) -> "_ShapeRuns":
         """The runs on ``shape`` as arrays, with the prior covariance of their log errors
         (the shared parts, plus a run's own job's parts between runs of the same job, plus
         measurement noise): built once per shape until a run is taken in there; a query
@@ -418,7 +418,7 @@ class OnlineModel:
         the matrix built from them alone."""
         m = self._shape_cov.get(shape)
         if m is None:
-            p = self.prior
+            p, runs = self.prior, self._by_shape[shape]
             ids, fams, models = (np.array([r[c] for r in runs]) for c in (0, 1, 2))
             C = np.asarray(p.shared(fams[:, None], models[:, None], fams[None, :], models[None, :]), dtype=float)
             C = C + np.where(ids[:, None] == ids[None, :], self.covariances([r[3] for r in runs],
@@ -437,14 +437,15 @@ class OnlineModel:
         f = self._fits.get(job.job_id)
         if f is not None and f.key == key:
             return f
-        obs = f.obs if f is not None and f.key[0] == key[0] else self.observations(job)
+        kept = f if f is not None and f.key[0] == key[0] else None     # no new observation of the job since
+        obs = kept.obs if kept is not None else self.observations(job)
         effects = {}
         for g, *_ in obs:
             if g.shape not in effects:
                 effects[g.shape] = self.shared_effect(job, g.shape)
-        if f is not None and f.key[0] == key[0] and f.effects == effects:
-            f.key = key                 # the runs established since changed none of its shapes' effects
-            return f
+        if kept is not None and kept.effects == effects:
+            kept.key = key              # the runs established since changed none of its shapes' effects
+            return kept
         f = _Fit(key, effects, obs)
         if obs:
             p = self.prior

@@ -98,7 +98,7 @@ def register(subparsers) -> None:
                        description="Every policy on the same workload, truth oracle and reconfiguration cost "
                                    "model, side by side (run out by default), plus a comparison figure; spreads "
                                    "over MPI ranks under mpiexec -n K.")
-    from .simulate import add_workload_args
+    from .simulate import add_perf_runtime_arg, add_profile_store_arg, add_workload_args
     add_workload_args(q)
     q.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="move cost model for every policy: preset=arena (default) or preset=realistic, and "
@@ -119,7 +119,6 @@ def register(subparsers) -> None:
                         "iterations: arena and sia-ap decided better with it on philly, venus, pai and "
                         "overloaded (docs/engine.md), but replay slower; table = the oracle's own measurements, "
                         "the published comparison's mode")
-    from .simulate import add_perf_runtime_arg, add_profile_store_arg
     add_profile_store_arg(q)
     add_perf_runtime_arg(q)
     q.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
