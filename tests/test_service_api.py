@@ -177,3 +177,54 @@ def test_scenario_ports_lie_below_the_ephemeral_range():
     assert len(ports) > 1 and all(1024 <= p < low for p in ports)
     with socket.socket() as s:                  # and it is free
         s.bind(("127.0.0.1", ports.pop()))
+
+
+def test_a_service_that_goes_away_mid_answer_is_a_clear_error_that_warns_a_submitter():
+    """A service killed while it answers (headers sent, body cut short) is "no service
+    answers", as a refused connection is, so waiting for it and resubmitting after a
+    restart go the same way; a POST's error also says it may have been done."""
+    import socket
+    import threading
+
+    from engine.service.client import Client
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(2)
+        srv.settimeout(10)
+        port = srv.getsockname()[1]
+
+        def cut_short() -> None:          # two requests at most, then the thread ends
+            for _ in range(2):
+                conn, _ = srv.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 57\r\n\r\n{")
+
+        t = threading.Thread(target=cut_short, daemon=True)
+        t.start()
+        client = Client(f"http://127.0.0.1:{port}", timeout_s=5.0)
+        with pytest.raises(InputError, match="no service answers.*closed mid-answer") as got:
+            client.get("/api/health")
+        assert "may have done" not in str(got.value)
+        with pytest.raises(InputError, match="no service answers.*may have done what was asked"):
+            client.post("/api/jobs", GOOD)
+        t.join(10)
+
+
+def test_a_scenario_adopts_a_submission_the_service_recorded_before_it_went_away(api):
+    """After a submission went unanswered, the scenario looks for a job of that name it
+    has not seen before submitting again, so a cut answer never runs the job twice
+    (the real API's listing, called in-process)."""
+    from engine.service.scenario import _recorded
+
+    client, _, _ = api
+
+    class InProcess:                       # the Client's get, over the in-process app
+        def get(self, path: str):
+            return client.get(path).json()
+
+    first = client.post("/api/jobs", json=GOOD).json()["id"]
+    assert _recorded(InProcess(), "ok", {})["id"] == first
+    assert _recorded(InProcess(), "ok", {"ok": first}) is None       # already known: submit again
+    assert _recorded(InProcess(), "other", {}) is None

@@ -3,6 +3,7 @@
 service named, or saying that no service answers."""
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -37,10 +38,16 @@ class Client:
             msg = err.get("error") or err.get("detail") or e.reason
             raise InputError(f"the service answered {e.code}: {msg}", file=err.get("file"),
                              field=err.get("field")) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            reason = getattr(e, "reason", e)
-            raise InputError(f"no service answers at {self.url} ({reason}); is `arena serve` running?",
-                             field="--url") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
+            # URLError: nothing reached the service; the rest: it went away (or stalled) after the request
+            # was sent, in the middle of its answer (IncompleteRead, RemoteDisconnected) or before it
+            reason = getattr(e, "reason", None) or (f"no answer within {self.timeout_s} s"
+                                                    if isinstance(e, TimeoutError)
+                                                    else f"the connection closed mid-answer: {type(e).__name__}")
+            sent = not isinstance(e, urllib.error.URLError) and method != "GET"
+            raise InputError(f"no service answers at {self.url} ({reason}); is `arena serve` running?"
+                             + ("; it may have done what was asked before it went: look before asking again"
+                                if sent else ""), field="--url") from None
 
     def get(self, path: str) -> object:
         return self.request("GET", path)

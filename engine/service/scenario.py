@@ -192,6 +192,14 @@ class RunResult:
     wall_s: float = 0.0
 
 
+def _recorded(client: Client, name: str, ids: dict[str, int]) -> dict | None:
+    """The job of this name the service recorded and the scenario has not seen, if any."""
+    jobs = client.get("/api/jobs")
+    assert isinstance(jobs, list)
+    known = set(ids.values())
+    return next((j for j in jobs if j["name"] == name and j["id"] not in known), None)
+
+
 def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: list[Submission], *,
                  faults: tuple[str, ...] = (), random_kills: int = 0, seed: int = 0,
                  timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
@@ -225,6 +233,7 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
     faults_left_named = [f for f in faults_left if f != "random"]
     client = Client(url, timeout_s=10.0)
     random_now = [False]          # this start is to be killed at a random moment
+    unanswered: set[str] = set()  # jobs whose submission got no answer
 
     def start() -> ServiceProcess:
         fault = faults_left.pop(0) if faults_left else None
@@ -273,9 +282,12 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
             while pending and now - origin >= pending[0].at_s:
                 sub = pending[0]
                 try:
-                    ans = client.post("/api/jobs", sub.job)
+                    # a submission the service went away from may have been recorded: look first
+                    ans = _recorded(client, sub.job["name"], ids) if sub.job["name"] in unanswered else None
+                    ans = ans or client.post("/api/jobs", sub.job)
                 except InputError as e:
                     if "no service answers" in str(e):
+                        unanswered.add(sub.job["name"])
                         break                          # down: submit after the restart
                     raise
                 ids[sub.job["name"]] = int(ans["id"])
