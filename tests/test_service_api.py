@@ -179,14 +179,14 @@ def test_scenario_ports_lie_below_the_ephemeral_range():
         s.bind(("127.0.0.1", ports.pop()))
 
 
-def test_a_service_that_goes_away_mid_answer_is_a_clear_error_that_warns_a_submitter():
+def test_a_service_that_goes_away_mid_answer_is_a_clear_error_that_warns_a_submitter(capsys):
     """A service killed while it answers (headers sent, body cut short) is "no service
     answers", as a refused connection is, so waiting for it and resubmitting after a
     restart go the same way; a POST's error also says it may have been done."""
     import socket
     import threading
 
-    from engine.service.client import Client
+    from engine.service.client import Client, NoAnswer
 
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
@@ -203,28 +203,30 @@ def test_a_service_that_goes_away_mid_answer_is_a_clear_error_that_warns_a_submi
 
         t = threading.Thread(target=cut_short, daemon=True)
         t.start()
-        client = Client(f"http://127.0.0.1:{port}", timeout_s=5.0)
-        with pytest.raises(InputError, match="no service answers.*closed mid-answer") as got:
-            client.get("/api/health")
-        assert "may have done" not in str(got.value)
-        with pytest.raises(InputError, match="no service answers.*may have done what was asked"):
-            client.post("/api/jobs", GOOD)
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(NoAnswer, match="no service answers.*closed mid-answer") as got:
+            Client(url, timeout_s=5.0).get("/api/health")
+        assert not got.value.maybe_done and "may have done" not in str(got.value)
+        assert cli_main(["submit", "--name", "ok", "--model", "tiny-gpt__2L", "--batch", "8", "--steps", "10",
+                         "--url", url]) == 2
+        err = capsys.readouterr().err
+        assert "may have done what was asked" in err and "run this again with --key " in err
         t.join(10)
+    with pytest.raises(NoAnswer) as got:                    # nothing listens there now
+        Client(url, timeout_s=5.0).post("/api/jobs", GOOD)
+    assert not got.value.maybe_done and "--key" not in str(got.value)
 
 
-def test_a_scenario_adopts_a_submission_the_service_recorded_before_it_went_away(api):
-    """After a submission went unanswered, the scenario looks for a job of that name it
-    has not seen before submitting again, so a cut answer never runs the job twice
-    (the real API's listing, called in-process)."""
-    from engine.service.scenario import _recorded
-
-    client, _, _ = api
-
-    class InProcess:                       # the Client's get, over the in-process app
-        def get(self, path: str):
-            return client.get(path).json()
-
-    first = client.post("/api/jobs", json=GOOD).json()["id"]
-    assert _recorded(InProcess(), "ok", {})["id"] == first
-    assert _recorded(InProcess(), "ok", {"ok": first}) is None       # already known: submit again
-    assert _recorded(InProcess(), "other", {}) is None
+def test_a_keyed_submission_sent_again_gives_back_the_job_and_stores_nothing_new(api):
+    """What a client that got no answer does: it sends the same job with the same key."""
+    client, db, _ = api
+    first = client.post("/api/jobs", json=GOOD, headers={"Idempotency-Key": "k1"})
+    again = client.post("/api/jobs", json=GOOD, headers={"Idempotency-Key": "k1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json() == {"id": first.json()["id"], "name": "ok", "status": "queued", "replayed": True}
+    assert stored(db) == 1
+    other = client.post("/api/jobs", json={**GOOD, "steps": 11}, headers={"Idempotency-Key": "k1"})
+    assert other.status_code == 409 and "k1" in other.json()["error"]
+    bad = client.post("/api/jobs", json=GOOD, headers={"Idempotency-Key": "x" * 201})
+    assert bad.status_code == 400 and bad.json()["field"] == "Idempotency-Key"
+    assert client.post("/api/jobs", json=GOOD).status_code == 201 and stored(db) == 2   # no key: a new job

@@ -155,6 +155,7 @@ def test_migration_from_v1_keeps_the_data(tmp_path):
         assert s.job(1).status == "running" and s.running_launches()[0].generation == 1
         s.record_checkpoint(1, 1, 5, "/ck/5")             # v2 tables work on the migrated data
         s.mark_launch(1, 1, "finished")
+        assert s.submit_once(SPEC, "k")[0] == s.submit_once(SPEC, "k")[0] == 2   # v4's keys on old data
         assert s.check() == []
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
@@ -340,3 +341,18 @@ def test_fuzz_changes_commit_whole_or_leave_nothing(tmp_path_factory, ops):
             except (StateConflict, InputError):
                 assert list(s.conn.iterdump()) == before, op
             assert s.check() == [], op
+
+
+def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):
+    assert store.submit_once(SPEC, "abc") == (1, True)
+    assert store.submit_once(SPEC, "abc") == (1, False)         # sent again: the same job back
+    assert store.submit_once(SPEC, None) == (2, True) and store.submit_once(SPEC, None) == (3, True)
+    before = list(store.conn.iterdump())
+    other = JobSpec("other", SPEC.model, SPEC.global_batch, SPEC.steps)
+    with pytest.raises(StateConflict, match="'abc' was used for job 1"):
+        store.submit_once(other, "abc")
+    for bad in ("", "x" * 201, "a\nb", 7):
+        with pytest.raises(InputError, match="idempotency key"):
+            store.submit_once(SPEC, bad)
+    assert list(store.conn.iterdump()) == before
+    assert [h.to_status for h in store.history(1)] == ["queued"]  # the replay wrote no history

@@ -19,11 +19,12 @@ import os
 import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from instances.errors import InputError
 
-from ..service.client import DEFAULT_URL, Client
+from ..service.client import DEFAULT_URL, Client, NoAnswer
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -94,6 +95,9 @@ def register(subparsers) -> None:
     sub.add_argument("--steps", type=int, help="training steps")
     sub.add_argument("--gpus", type=int, help="GPU count asked for (optional)")
     sub.add_argument("--gpu-type", help="GPU type asked for (optional)")
+    sub.add_argument("--key", metavar="KEY",
+                     help="idempotency key: submitting again with the same key gives back the job it submitted, "
+                          "not a second one (default: a new random key, printed when no answer came)")
     sub.add_argument("--json", action="store_true", help="print the answer as JSON")
     _client_args(sub)
     sub.set_defaults(func=run_submit)
@@ -272,8 +276,18 @@ def run_submit(args) -> int:
         if str(flags["model"]).lower().endswith(".json"):
             flags["model"] = str(Path(flags["model"]).resolve())
         body = flags
-    ans = _client(args).post("/api/jobs", body)
-    print(json.dumps(ans) if args.json else f"submitted job {ans['id']} ({ans['name']})")
+    key = args.key if args.key is not None else uuid.uuid4().hex
+    try:
+        ans = _client(args).post("/api/jobs", body, key=key)
+    except NoAnswer as e:
+        if e.maybe_done:                          # it may have stored the job: the same key is safe to resend
+            raise InputError(f"{e.reason}; to submit without risking a second copy, run this again with "
+                             f"--key {key}", field=e.field) from None
+        raise
+    if args.json:
+        print(json.dumps(ans))
+    else:
+        print(f"{'already submitted as' if ans.get('replayed') else 'submitted'} job {ans['id']} ({ans['name']})")
     return 0
 
 

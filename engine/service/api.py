@@ -4,7 +4,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | method | path | what |
 |---|---|---|
 | GET | /api/health | the service is up; policy, cluster size |
-| POST | /api/jobs | submit: a JobSpec as JSON, or ``{"toml": "..."}``; 201 with the job's id |
+| POST | /api/jobs | submit: a JobSpec as JSON, or ``{"toml": "..."}``; 201 with the job's id (a key: below) |
 | GET | /api/jobs | every job (status, plan, GPUs, progress, loss) |
 | GET | /api/jobs/{id} | one job, with its history and loss curve |
 | POST | /api/jobs/{id}/cancel | ask the scheduler to cancel it (stopped with a checkpoint) |
@@ -13,6 +13,10 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | GET | /api/rounds | the last rounds' decisions, solve time and gap |
 | GET | /api/state | cluster, jobs, queue and rounds in one (what the page polls) |
 | GET | / | the status page |
+
+A submission with an ``Idempotency-Key`` header (1-200 printable characters) is stored
+once: the same key again answers 200 with the job it stored (``"replayed": true``), so a
+client that got no answer can resend it safely; the same key with another job is a 409.
 
 Bad input is a 4xx with ``{"error": ..., "field": ..., "file": ...}`` and nothing stored.
 A request body over ``MAX_BODY_BYTES`` is refused (413) before it is read whole. When a
@@ -140,7 +144,11 @@ def create_app(ctx: ApiContext):
         ctx.check(spec)
         spec = spec.with_frozen_model(Path(ctx.work_dir) / "models")
         with store() as s:
-            job_id = s.submit(spec)
+            job_id, new = s.submit_once(spec, request.headers.get("idempotency-key"))
+        if not new:              # the job this key already submitted: 200, as it was
+            with store() as s:
+                row = s.job(job_id)
+            return JSONResponse({"id": job_id, "name": row.name, "status": row.status, "replayed": True})
         ctx.wake()
         return JSONResponse({"id": job_id, "name": spec.name, "status": "queued"}, status_code=201)
 

@@ -1,6 +1,6 @@
 """The HTTP client of the ``arena submit/status/cancel/logs/jobs`` commands (stdlib
 ``urllib``; bounded timeouts). Errors come back as ``InputError`` naming the field the
-service named, or saying that no service answers."""
+service named, or as ``NoAnswer`` saying that no service answers."""
 from __future__ import annotations
 
 import http.client
@@ -13,15 +13,24 @@ from instances.errors import InputError
 DEFAULT_URL = "http://127.0.0.1:8765"
 
 
+class NoAnswer(InputError):
+    """No service answered, or it went away before its answer was whole. ``maybe_done``:
+    the request had reached it (a POST may have been carried out)."""
+
+    def __init__(self, message: str, *, maybe_done: bool):
+        super().__init__(message, field="--url")
+        self.maybe_done = maybe_done
+
+
 class Client:
     def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout_s: float = 30.0):
         if not url.startswith(("http://", "https://")):
             raise InputError(f"must start with http:// or https://, got {url!r}", field="--url")
         self.url, self.token, self.timeout_s = url.rstrip("/"), token, timeout_s
 
-    def request(self, method: str, path: str, body: object = None) -> object:
+    def request(self, method: str, path: str, body: object = None, headers: dict[str, str] | None = None) -> object:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
         req.add_header("Accept", "application/json")
         if data is not None:
             req.add_header("Content-Type", "application/json")
@@ -45,12 +54,15 @@ class Client:
                                                     if isinstance(e, TimeoutError)
                                                     else f"the connection closed mid-answer: {type(e).__name__}")
             sent = not isinstance(e, urllib.error.URLError) and method != "GET"
-            raise InputError(f"no service answers at {self.url} ({reason}); is `arena serve` running?"
-                             + ("; it may have done what was asked before it went: look before asking again"
-                                if sent else ""), field="--url") from None
+            raise NoAnswer(f"no service answers at {self.url} ({reason}); is `arena serve` running?"
+                           + ("; it may have done what was asked before it went: look before asking again"
+                              if sent else ""), maybe_done=sent) from None
 
     def get(self, path: str) -> object:
         return self.request("GET", path)
 
-    def post(self, path: str, body: object = None) -> object:
-        return self.request("POST", path, body if body is not None else {})
+    def post(self, path: str, body: object = None, *, key: str | None = None) -> object:
+        """``key``: an idempotency key (the service answers a repeated key with what it did
+        the first time; ``POST /api/jobs``)."""
+        return self.request("POST", path, body if body is not None else {},
+                            {"Idempotency-Key": key} if key is not None else None)

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from instances.errors import InputError
 from launcher.launch import read_events, read_results
 
-from .client import Client
+from .client import Client, NoAnswer
 from .store import Store
 from .views import loss_curve, run_dirs
 
@@ -163,7 +162,7 @@ class ServiceProcess:
             try:
                 client.get("/api/health")
                 return
-            except InputError:
+            except NoAnswer:
                 time.sleep(0.3)
         raise TimeoutError(f"arena serve did not answer within {timeout_s} s; log: {self.log_path}")
 
@@ -190,14 +189,6 @@ class RunResult:
     unfired: list[str] = field(default_factory=list)  # faults and kills the run ended before
     starts: int = 0
     wall_s: float = 0.0
-
-
-def _recorded(client: Client, name: str, ids: dict[str, int]) -> dict | None:
-    """The job of this name the service recorded and the scenario has not seen, if any."""
-    jobs = client.get("/api/jobs")
-    assert isinstance(jobs, list)
-    known = set(ids.values())
-    return next((j for j in jobs if j["name"] == name and j["id"] not in known), None)
 
 
 def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: list[Submission], *,
@@ -233,7 +224,6 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
     faults_left_named = [f for f in faults_left if f != "random"]
     client = Client(url, timeout_s=10.0)
     random_now = [False]          # this start is to be killed at a random moment
-    unanswered: set[str] = set()  # jobs whose submission got no answer
 
     def start() -> ServiceProcess:
         fault = faults_left.pop(0) if faults_left else None
@@ -282,14 +272,11 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
             while pending and now - origin >= pending[0].at_s:
                 sub = pending[0]
                 try:
-                    # a submission the service went away from may have been recorded: look first
-                    ans = _recorded(client, sub.job["name"], ids) if sub.job["name"] in unanswered else None
-                    ans = ans or client.post("/api/jobs", sub.job)
-                except InputError as e:
-                    if "no service answers" in str(e):
-                        unanswered.add(sub.job["name"])
-                        break                          # down: submit after the restart
-                    raise
+                    # keyed by name: a submission the service stored but did not answer, sent
+                    # again after the restart, gives back the job it stored
+                    ans = client.post("/api/jobs", sub.job, key=f"scenario:{sub.job['name']}")
+                except NoAnswer:
+                    break                              # down: submit after the restart
                 ids[sub.job["name"]] = int(ans["id"])
                 result.submitted.append(sub)
                 pending.pop(0)
@@ -297,7 +284,7 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
             if not pending:
                 try:
                     jobs = client.get("/api/jobs")
-                except InputError:
+                except NoAnswer:
                     jobs = None
                 if jobs is not None and len(jobs) == len(ids) and all(j["status"] in TERMINAL for j in jobs):
                     unfired = ([sp.fault] if sp.fault else []) + faults_left_named + ["random"] * kills_left

@@ -56,6 +56,7 @@ LAUNCH_TRANSITIONS = {
     "finished": frozenset(), "failed": frozenset(),
 }
 BUSY_TIMEOUT_MS = 10_000
+MAX_KEY_CHARS = 200          # a submission's idempotency key
 
 
 class StateConflict(ValueError):
@@ -145,6 +146,12 @@ MIGRATIONS: tuple[str, ...] = (
     # also after a restart)
     """
     ALTER TABLE jobs ADD COLUMN cancel_requested_at REAL;
+    """,
+    # v3 -> v4: a submission's idempotency key (a client that got no answer sends the same
+    # key again and gets the job it already submitted, not a second one)
+    """
+    ALTER TABLE jobs ADD COLUMN submit_key TEXT;
+    CREATE UNIQUE INDEX jobs_submit_key ON jobs(submit_key) WHERE submit_key IS NOT NULL;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -325,15 +332,33 @@ class Store:
 
     def submit(self, spec: JobSpec, reason: str = "submitted") -> int:
         """Store a validated job as ``queued``; returns its id."""
+        return self.submit_once(spec, None, reason)[0]
+
+    def submit_once(self, spec: JobSpec, key: str | None, reason: str = "submitted") -> tuple[int, bool]:
+        """``submit`` with an idempotency key: the job already stored under ``key`` comes
+        back (``(id, False)``) instead of a second one; the same key with another job is a
+        ``StateConflict``. ``key=None``: always a new job. Returns ``(id, stored now)``."""
         if not isinstance(spec, JobSpec):
             raise InputError("submit takes a JobSpec (validated)", field="spec")
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS
+                                    and key.isprintable()):
+            raise InputError(f"an idempotency key is 1-{MAX_KEY_CHARS} printable characters, got {key!r}",
+                             field="Idempotency-Key")
+        body = _dumps(spec.to_dict(), "spec")
         with self._tx() as now:
+            if key is not None:
+                had = self.conn.execute("SELECT id, spec FROM jobs WHERE submit_key = ?", (key,)).fetchone()
+                if had is not None:
+                    if had[1] != body:
+                        raise StateConflict(f"idempotency key {key!r} was used for job {had[0]}, "
+                                            "a different job; use a new key for a new job")
+                    return int(had[0]), False
             cur = self.conn.execute(
-                "INSERT INTO jobs(name, spec, status, submitted_at, updated_at) VALUES (?, ?, 'queued', ?, ?)",
-                (spec.name, _dumps(spec.to_dict(), "spec"), now, now))
+                "INSERT INTO jobs(name, spec, status, submitted_at, updated_at, submit_key) "
+                "VALUES (?, ?, 'queued', ?, ?, ?)", (spec.name, body, now, now, key))
             job_id = int(cur.lastrowid or 0)
             self._history(job_id, None, "queued", reason, now)
-        return job_id
+        return job_id, True
 
     def set_status(self, job_id: int, status: str, reason: str) -> None:
         """Move a job along an allowed transition (``TRANSITIONS``). Leaving ``running`` for
