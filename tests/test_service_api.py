@@ -230,3 +230,53 @@ def test_a_keyed_submission_sent_again_gives_back_the_job_and_stores_nothing_new
     bad = client.post("/api/jobs", json=GOOD, headers={"Idempotency-Key": "x" * 201})
     assert bad.status_code == 400 and bad.json()["field"] == "Idempotency-Key"
     assert client.post("/api/jobs", json=GOOD).status_code == 201 and stored(db) == 2   # no key: a new job
+
+
+def test_status_watch_waits_through_a_restart_within_its_patience(capsys):
+    """`arena status --watch` across a service that is down for a moment (a restart)
+    keeps watching, says so on stderr, and gives up only after --patience. The service
+    here is a stand-in that lists one finished job (the real service's status output is
+    tested end to end in test_service_e2e)."""
+    import http.server
+    import socket
+    import threading
+    import time
+
+    with socket.socket() as probe:                    # a port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    assert cli_main(["status", "--watch", "--patience", "0", "--url", url]) == 2
+    assert "no service answers" in capsys.readouterr().err
+
+    job = {"id": 1, "name": "ok", "status": "finished"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps([job]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    def come_back_later() -> None:
+        time.sleep(1.0)
+        with http.server.HTTPServer(("127.0.0.1", port), Handler) as srv:
+            srv.timeout = 10
+            srv.handle_request()                      # one request, then the server stops
+
+    t = threading.Thread(target=come_back_later, daemon=True)
+    t.start()
+    assert cli_main(["status", "--watch", "--json", "--patience", "30", "--url", url]) == 0
+    out, err = capsys.readouterr()
+    assert "no answer from" in err and json.loads(out) == [job]
+    t.join(15)
+    start = time.monotonic()
+    assert cli_main(["status", "--patience", "30", "--url", url]) == 2     # without --watch: no waiting
+    assert "no service answers" in capsys.readouterr().err and time.monotonic() - start < 10
+    assert cli_main(["status", "--watch", "--patience", "nan", "--url", url]) == 2
+    assert "field '--patience'" in capsys.readouterr().err

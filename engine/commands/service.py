@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import math
 import os
 import socket
 import sys
@@ -106,6 +107,9 @@ def register(subparsers) -> None:
                                description="Jobs with status, plan, progress and loss (one job: its history).")
     st.add_argument("id", nargs="?", type=int, help="job id")
     st.add_argument("--watch", action="store_true", help="refresh every 2 s until every job has ended (Ctrl-C stops)")
+    st.add_argument("--patience", type=float, default=120.0, metavar="S",
+                    help="with --watch: wait this long for a service that stopped answering (restarting) before "
+                         "giving up (default 120)")
     st.add_argument("--json", action="store_true", help="print JSON")
     _client_args(st)
     st.set_defaults(func=run_status)
@@ -313,28 +317,49 @@ def _table(jobs: list[dict]) -> str:
 
 
 def run_status(args) -> int:
+    if not (math.isfinite(args.patience) and args.patience >= 0):
+        raise InputError(f"must be a finite number of seconds >= 0, got {args.patience}", field="--patience")
     cl = _client(args)
+    silent_since = None                 # --watch: when the service stopped answering
     while True:
-        if args.id is not None:
-            job = cl.get(f"/api/jobs/{args.id}")
-            if args.json:
-                print(json.dumps(job, indent=1))
-            else:
-                print(_table([job]))
-                print("history:")
-                for h in job["history"]:
-                    print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "
-                          f"{h['reason']}")
-            ended = job["status"] in ("finished", "failed", "cancelled")
-        else:
-            jobs = cl.get("/api/jobs")
-            print(json.dumps(jobs, indent=1) if args.json else _table(jobs))
-            ended = all(j["status"] in ("finished", "failed", "cancelled") for j in jobs)
+        try:
+            ended = _show_status(cl, args)
+        except NoAnswer:
+            if not args.watch:
+                raise
+            now = time.monotonic()
+            silent_since = silent_since or now
+            if now - silent_since > args.patience:
+                raise
+            print(f"no answer from {args.url} for {now - silent_since:.0f} s (restarting?); waiting up to "
+                  f"{args.patience:g} s", file=sys.stderr)
+            time.sleep(2.0)
+            continue
+        silent_since = None
         if not args.watch or ended:
             return 0
         sys.stdout.flush()
         time.sleep(2.0)
         print()
+
+
+def _show_status(cl: Client, args) -> bool:
+    """Print the jobs (or one job); True when every one shown has ended."""
+    from ..service.store import TERMINAL
+    if args.id is not None:
+        job = cl.get(f"/api/jobs/{args.id}")
+        if args.json:
+            print(json.dumps(job, indent=1))
+        else:
+            print(_table([job]))
+            print("history:")
+            for h in job["history"]:
+                print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "
+                      f"{h['reason']}")
+        return job["status"] in TERMINAL
+    jobs = cl.get("/api/jobs")
+    print(json.dumps(jobs, indent=1) if args.json else _table(jobs))
+    return all(j["status"] in TERMINAL for j in jobs)
 
 
 def run_cancel(args) -> int:
