@@ -73,6 +73,7 @@ class RoundContext:
     seed: int = 0
     finished_jobs: int = 0              # jobs finished so far
     changes_total: int = 0              # moves and preemptions of every job so far, finished ones included
+    unavailable_nodes: frozenset[int] = frozenset()   # drained or down: no job may be placed there
 
     def job(self, job_id: str) -> JobView:
         for j in self.jobs:

@@ -59,6 +59,8 @@ def _check_gpus(state: EngineState) -> None:
         seen.update(dict.fromkeys(gpus, jid))
         if len(seen) != before + len(gpus):
             raise InvariantViolation(f"job {jid} holds a GPU twice or shares one: {gpus}")
+        if not cl.unavailable.isdisjoint(per_node):
+            raise InvariantViolation(f"job {jid} runs on unavailable node(s) {sorted(cl.unavailable & set(per_node))}")
         sh = a.grid.shape
         if len(per_node) != sh.num_nodes or any(c != sh.gpus_per_node for c in per_node.values()):
             raise InvariantViolation(f"job {jid}: GPUs {a.gpus} do not match shape {sh}")

@@ -197,6 +197,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         "peak_throughput": max(thr) if thr else math.nan,
         "reconfigurations": sum(r.reconfigurations for r in hrounds),
         "preemptions": sum(r.preemptions for r in hrounds),
+        "evictions": sum(r.evictions for r in hrounds),
         "reconfigurations_per_job": (sum(r.reconfigurations for r in hrounds) / len(submitted)) if submitted else 0.0,
         "reconfig_gpu_hours_lost": sum(r.reconfig_lost_gpu_s for r in hrounds) / 3600.0,
         "decision_time_median_s": _pct(dec, 50),

@@ -68,10 +68,12 @@ class Placer:
 
     # ------------------------------------------------------------------------------
     def place(self, requests: Mapping[str, Grid], current: Mapping[str, Allocation],
-              pinned: Mapping[str, Iterable[GpuId]] | None = None) -> PlacementResult:
-        """Place every requested grid; ``current`` holds the allocations jobs have now."""
+              pinned: Mapping[str, Iterable[GpuId]] | None = None,
+              unavailable: frozenset[int] = frozenset()) -> PlacementResult:
+        """Place every requested grid; ``current`` holds the allocations jobs have now;
+        nothing goes on an ``unavailable`` node (no job may hold one there)."""
         pinned = pinned or {}
-        free: list[set[int]] = [set(range(s)) for s in self.size]
+        free = self.empty_free_map(unavailable)
         out: dict[str, Allocation] = {}
         kept: list[str] = []
         rest: list[str] = []
@@ -117,9 +119,10 @@ class Placer:
         return PlacementResult(out, tuple(failed), repaired, tuple(pins_rejected), tuple(kept))
 
     # -- public helpers for policies that test fits the engine's way ---------------
-    def empty_free_map(self) -> list[set[int]]:
-        """Free GPU indices per node of the empty cluster (mutable; for ``choose``/``take``)."""
-        return [set(range(s)) for s in self.size]
+    def empty_free_map(self, unavailable: frozenset[int] = frozenset()) -> list[set[int]]:
+        """Free GPU indices per node of the empty cluster, none on ``unavailable`` nodes
+        (mutable; for ``choose``/``take``)."""
+        return [set() if n in unavailable else set(range(s)) for n, s in enumerate(self.size)]
 
     def choose(self, free: list[set[int]], shape: Shape,
                prefer: tuple[GpuId, ...] = ()) -> tuple[GpuId, ...] | None:
@@ -241,7 +244,7 @@ def place_with_repair(placers: dict[int, Placer], ctx: RoundContext, data: Round
     c = col_value
     for _ in range(MAX_PLACEMENT_REPAIRS):
         requests = {data.job_ids[j]: data.grids[k] for j, k in chosen.items()}
-        res = placer.place(requests, current)
+        res = placer.place(requests, current, unavailable=ctx.unavailable_nodes)
         if not res.failed:
             break
         for jid in res.failed:
@@ -256,10 +259,11 @@ def place_with_repair(placers: dict[int, Placer], ctx: RoundContext, data: Round
                 dropped.append(jid)
     else:
         requests = {data.job_ids[j]: data.grids[k] for j, k in chosen.items()}
-        res = placer.place(requests, current)
+        res = placer.place(requests, current, unavailable=ctx.unavailable_nodes)
         for jid in res.failed:
             chosen.pop(index[jid], None)
             dropped.append(jid)
-        res = placer.place({data.job_ids[j]: data.grids[k] for j, k in chosen.items()}, current)
+        res = placer.place({data.job_ids[j]: data.grids[k] for j, k in chosen.items()}, current,
+                           unavailable=ctx.unavailable_nodes)
     placements = {jid: a.gpus for jid, a in res.allocations.items()}
     return chosen, placements, repairs, dropped

@@ -54,6 +54,7 @@ class RoundRecord:
     launches: int = 0
     reconfigurations: int = 0        # moves of running jobs and resumes of preempted ones
     preemptions: int = 0
+    evictions: int = 0               # running jobs stopped since the previous round: their node left service
     infeasible_drops: int = 0
     packing_failures: int = 0        # chosen grids placement could not map to GPUs, as decided
     displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
@@ -87,6 +88,7 @@ class RoundLoop:
         self._need_decide = True
         self._ended = False               # jobs finished or failed since the last round
         self._failed_since = 0
+        self._evicted_since = 0
         self._checked_version = -1
         self._prev_iters: dict[str, float] = {}
         self._prev_now: float | None = None
@@ -115,6 +117,24 @@ class RoundLoop:
             self._prev_iters.pop(job_id, None)
         st.cancel(job_id, now)
         self._need_decide = True
+
+    def set_unavailable(self, nodes: Iterable[int], now: float) -> list[str]:
+        """Take nodes out of service (drained for maintenance, or down) from now on, and
+        back in: ``nodes`` is the whole set unavailable from now. A running job holding a
+        GPU there is stopped with its checkpoint and queued (an eviction; the next round
+        places it elsewhere, or it waits). Returns the evicted job ids."""
+        st = self.state
+        nodes = st.cluster.check_nodes(nodes)           # before anything is stopped
+        evicted = [jid for jid, r in st.running.items()
+                   if r.alloc is not None and any(n in nodes for n, _ in r.alloc.gpus)]
+        for jid in evicted:
+            self.executor.stop(jid, now)
+            st.stop(jid, now, kept_iterations=self.executor.progress(jid).iterations_done)
+            self._prev_iters.pop(jid, None)
+        st.cluster.set_unavailable(nodes)
+        self._evicted_since += len(evicted)
+        self._need_decide = True
+        return evicted
 
     def collect(self, now: float, interval_s: float) -> list[JobProgress]:
         """Bring the executor to ``now``; book completions and failures; account the
@@ -154,8 +174,8 @@ class RoundLoop:
     def round(self, now: float, index: int, submitted: int = 0) -> RoundRecord:
         """Decide (when due), place and carry out one round at ``now``."""
         st, ex = self.state, self.executor
-        rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since)
-        self._failed_since = 0
+        rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since, evictions=self._evicted_since)
+        self._failed_since = self._evicted_since = 0
         if self._prev_now is not None and any(self._prev_now < r.retry_after_s <= now for r in st.queued.values()):
             self._need_decide = True          # a failed job's backoff ended: it is offered again
         if self._need_decide or not self.event_driven:
@@ -210,7 +230,8 @@ class RoundLoop:
                                  None, r.known_infeasible))
         views.sort(key=lambda v: (v.job.arrival_s, v.job.job_id))
         return RoundContext(now, index, self.round_interval_s, self.cluster, tuple(views), self.perf,
-                            self.reconfig, self.seed, len(st.finished_ids), st.changes_count)
+                            self.reconfig, self.seed, len(st.finished_ids), st.changes_count,
+                            st.cluster.unavailable)
 
     def _apply(self, decisions: Decisions, now: float, rec: RoundRecord) -> None:
         st, ex = self.state, self.executor
@@ -237,12 +258,13 @@ class RoundLoop:
             requests[jid] = grid
         current = st.running_allocations()
         pinned = {j: g for j, g in decisions.placements.items() if j in requests and j not in dropped}
-        res = self.placer.place(requests, current, pinned)
+        res = self.placer.place(requests, current, pinned, st.cluster.unavailable)
         failed = set(res.failed)
         if dropped and failed:
             # which failures are the decision's own: place it as decided (dropped moves included)
             as_decided = self.placer.place({**requests, **dropped}, current,
-                                           {j: g for j, g in decisions.placements.items() if j in requests})
+                                           {j: g for j, g in decisions.placements.items() if j in requests},
+                                           st.cluster.unavailable)
             own = failed & set(as_decided.failed)
         else:
             own = failed

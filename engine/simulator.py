@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from instances.outages import Outage, down_at
+
 from . import metrics
 from .reconfig import ReconfigCostModel
 from .round_loop import RoundLoop, RoundRecord
@@ -56,6 +58,7 @@ class SimConfig:
     max_rounds: int = 1_000_000
     check_invariants: bool = True
     iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV   # jitter of measured iteration times (SimExecutor)
+    outages: tuple[Outage, ...] = ()    # nodes out of service over time (instances/outages.py)
 
     def __post_init__(self):
         if not self.round_interval_s > 0:
@@ -84,9 +87,12 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
              progress: Callable[[RoundProgress], None] | None = None, out_dir: str | Path | None = None,
              round_interval_s: float | None = None, stall_rounds: int = 20,
              check_invariants_every_round: bool = True, max_rounds: int | None = None,
-             iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV) -> metrics.SimResult:
+             iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV,
+             outages: tuple[Outage, ...] = ()) -> metrics.SimResult:
     """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc.
-    ``max_rounds``: the run-out safety limit (default ``SimConfig.max_rounds``)."""
+    ``max_rounds``: the run-out safety limit (default ``SimConfig.max_rounds``).
+    ``outages``: nodes out of service over time; at each round the nodes out then are
+    unavailable and the jobs on a node that just went out are evicted (``RoundLoop.set_unavailable``)."""
 
     max_rounds = SimConfig.max_rounds if max_rounds is None else max_rounds
     if rounds is None:
@@ -97,7 +103,7 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
                                            else getattr(instance, "round_interval_s", 300.0)),
                     rounds=int(rounds), run_out=run_out, seed=seed, stall_rounds=stall_rounds,
                     max_rounds=max_rounds, check_invariants=check_invariants_every_round,
-                    iteration_noise_cv=iteration_noise_cv)
+                    iteration_noise_cv=iteration_noise_cv, outages=tuple(outages))
     reconfig = reconfig or ReconfigCostModel()
     sim = _Simulation(instance, policy, perf, reconfig, cfg, progress)
     sim.run()
@@ -122,6 +128,7 @@ class _Simulation:
                               round_interval_s=cfg.round_interval_s, jobs=self.jobs, seed=cfg.seed,
                               check_invariants=cfg.check_invariants)
         self.state = self.loop.state
+        self.state.cluster.check_nodes(o.node for o in cfg.outages)      # before the first round
         self.rounds: list[RoundRecord] = self.loop.rounds
         self.t0 = self.jobs[0].arrival_s if self.jobs else 0.0
         self.horizon_s = self.t0 + cfg.rounds * cfg.round_interval_s
@@ -153,13 +160,18 @@ class _Simulation:
                     self.stopped_by_safety = True
                     self.end_s, self.end_reason = now, "safety limit"
                     break
+            if cfg.outages:
+                down = down_at(cfg.outages, now)
+                if down != st.cluster.unavailable:
+                    loop.set_unavailable(down, now)
             n_sub = 0
             while next_arrival < len(self.jobs) and self.jobs[next_arrival].arrival_s <= now:
                 loop.submit(self.jobs[next_arrival].job_id, now)
                 next_arrival += 1
                 n_sub += 1
             rec = loop.round(now, k, submitted=n_sub)
-            if cfg.run_out and next_arrival >= len(self.jobs) and not st.running and rec.launches == 0:
+            if (cfg.run_out and next_arrival >= len(self.jobs) and not st.running and rec.launches == 0
+                    and not any(o.end_s > now for o in cfg.outages)):     # a node still to come back: wait
                 stall += 1
                 if stall >= cfg.stall_rounds:
                     self.stopped_by_safety = True

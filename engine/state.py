@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from instances.cluster import ClusterSpec, Node
 from instances.jobs import Job
@@ -43,6 +44,25 @@ class ClusterState:
             self.nodes_by_type[n.gpu_type] += (n.node_id,)
         self.gpus_by_type: dict[str, int] = spec.gpus_by_type()
         self.version = 0            # bumped by every assign/release
+        self.unavailable: frozenset[int] = frozenset()     # nodes drained or down: nothing is placed there
+
+    def check_nodes(self, nodes: Iterable[int]) -> frozenset[int]:
+        """``nodes`` as a set of this cluster's node ids, or a ``StateError`` naming one it lacks."""
+        nodes = frozenset(nodes)
+        bad = sorted((n for n in nodes if not (isinstance(n, int) and 0 <= n < len(self.nodes))), key=repr)
+        if bad:
+            raise StateError(f"no node {bad[0]!r} in cluster {self.spec.name!r} (nodes 0-{len(self.nodes) - 1})")
+        return nodes
+
+    def set_unavailable(self, nodes: Iterable[int]) -> None:
+        """Nodes to keep empty from now on (their jobs must have left first)."""
+        nodes = self.check_nodes(nodes)
+        held = sorted({j for n in nodes for j in self.owner[n] if j is not None})
+        if held:
+            raise StateError(f"nodes {sorted(nodes)} still hold jobs {held}")
+        if nodes != self.unavailable:
+            self.unavailable = nodes
+            self.version += 1
 
     def assign(self, job_id: str, gpus: tuple[GpuId, ...]) -> None:
         if job_id in self.holdings:
@@ -52,6 +72,8 @@ class ClusterState:
                 raise StateError(f"job {job_id}: GPU {(n, i)} does not exist")
             if self.owner[n][i] is not None:
                 raise StateError(f"job {job_id}: GPU {(n, i)} already held by {self.owner[n][i]}")
+            if n in self.unavailable:
+                raise StateError(f"job {job_id}: GPU {(n, i)} is on node {n}, which is unavailable")
         self.version += 1
         for n, i in gpus:
             self.owner[n][i] = job_id

@@ -80,6 +80,26 @@ class ClusterSpec:
     def num_gpus(self) -> int:
         return sum(g.num_nodes * g.gpus_per_node for g in self.groups)
 
+    def node_id(self, name: str | int, *, field: str = "node") -> int:
+        """A node named by its id (0-based, in group order, as ``nodes()`` lists them) or
+        by its host name; an ``InputError`` naming ``field`` otherwise."""
+        nodes = self.nodes()
+        if isinstance(name, int) and not isinstance(name, bool):
+            key: str | int = name
+        elif isinstance(name, str) and name.strip().isdigit():
+            key = int(name.strip())
+        else:
+            key = str(name).strip()
+            hit = [n.node_id for n in nodes if n.host == key]
+            if len(hit) == 1:
+                return hit[0]
+        if isinstance(key, int) and 0 <= key < len(nodes):
+            return key
+        hosts = [n.host for n in nodes if n.host is not None]
+        raise InputError(f"no node {name!r} in cluster {self.name!r}: give a node id 0-{len(nodes) - 1}"
+                         + (f" or a host name ({', '.join(hosts[:6])}{', ...' if len(hosts) > 6 else ''})"
+                            if hosts else ""), field=field)
+
     def gpus_by_type(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for g in self.groups:

@@ -81,6 +81,10 @@ def register(subparsers) -> None:
     p.add_argument("--round-interval", type=float, default=None, metavar="S",
                    help="seconds between rounds (default: the instance's, 300)")
     p.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
+    p.add_argument("--outages", default=None, metavar="FILE",
+                   help="node outages: a CSV node,start_s,end_s[,reason] (node id or host; times on the trace's "
+                        "clock; empty end_s: never back); jobs on a node that goes out are evicted with their "
+                        "progress and placed again elsewhere")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default results/<instance>-<policy>)")
     p.add_argument("--dump-rounds", default=None, metavar="DIR",
                    help="ask the policy to dump each round's model to DIR (policies that support it)")
@@ -262,6 +266,10 @@ def run(args) -> int:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)
+    outages = ()
+    if args.outages:
+        from instances.outages import load_outages
+        outages = load_outages(args.outages, inst.cluster)
     perf = build_perf(args.perf, args.policy, args.profile_store, args.perf_runtime,
                       inst.oracle.training_runtime)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
@@ -271,7 +279,7 @@ def run(args) -> int:
     try:
         res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=args.rounds, run_out=args.run_out,
                        seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval,
-                       max_rounds=args.max_rounds)
+                       max_rounds=args.max_rounds, outages=outages)
     finally:
         if bar:
             bar.close()

@@ -48,11 +48,23 @@ class Capacity:
         return cls(types, tuple(levels), tuple(blocks), tuple(mx))
 
     @classmethod
-    def from_cluster(cls, cluster: ClusterSpec) -> "Capacity":
+    def from_cluster(cls, cluster: ClusterSpec, without: frozenset[int] = frozenset()) -> "Capacity":
+        """The cluster's capacity, less the nodes in ``without`` (drained or down): their
+        blocks are gone, the levels (the node sizes the hardware has) stay, so a shape
+        wider than every node left has a row that holds it at zero."""
         sizes: dict[str, list[int]] = {}
         for g in cluster.groups:
             sizes.setdefault(g.gpu_type, []).extend([g.gpus_per_node] * g.num_nodes)
-        return cls.from_node_sizes(sizes)
+        full = cls.from_node_sizes(sizes)
+        if not without:
+            return full
+        left: dict[str, list[int]] = {t: [] for t in full.types}
+        for n in cluster.nodes():
+            if n.node_id not in without:
+                left[n.gpu_type].append(n.num_gpus)
+        blocks = tuple(tuple(sum(s // lv for s in left[t]) for lv in levels)
+                       for t, levels in zip(full.types, full.levels))
+        return cls(full.types, full.levels, blocks, full.max_gpus_per_node)
 
     def total(self, type_index: int) -> int:
         return self.blocks[type_index][0]
@@ -304,7 +316,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     unchanged jobs' columns across rounds; the result is the same with or without it.
     """
     grids_fn = grids_fn or default_grids_fn()
-    cap = Capacity.from_cluster(ctx.cluster)
+    cap = Capacity.from_cluster(ctx.cluster, ctx.unavailable_nodes)
     type_index = {t: i for i, t in enumerate(cap.types)}
     if cache is None:
         cache = RoundDataCache()

@@ -70,9 +70,11 @@ class FcfsPolicy:
 
     def decide(self, ctx: RoundContext) -> Decisions:
         placer = self._placer(ctx.cluster)
-        free = placer.empty_free_map()
+        free = placer.empty_free_map(ctx.unavailable_nodes)
         grids: dict[str, Grid] = {}
         free_of_type = dict(ctx.cluster.gpus_by_type())
+        for n in ctx.unavailable_nodes:
+            free_of_type[placer.type_of[n]] -= placer.size[n]
         for v in ctx.jobs:
             if v.current is not None:
                 grids[v.job_id] = v.current.grid

@@ -1,0 +1,74 @@
+"""Node outages for a simulation: when nodes leave service (maintenance, failure) and
+come back. A CSV file with the header ``node,start_s,end_s`` (an optional fourth column
+``reason`` is kept for the reader); ``node`` is a node id (0-based, in the cluster's group
+order) or a host name; times are on the trace's clock (the jobs' ``arrival_s``); an empty
+``end_s`` means the node never comes back. Errors are ``InputError`` naming the file, the
+line and the field."""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cluster import ClusterSpec
+from .errors import InputError
+
+COLUMNS = ("node", "start_s", "end_s")
+
+
+@dataclass(frozen=True)
+class Outage:
+    node: int
+    start_s: float
+    end_s: float = math.inf             # inf: it never comes back
+    reason: str = ""
+
+    def __post_init__(self):
+        if not (math.isfinite(self.start_s) and self.end_s > self.start_s):
+            raise InputError(f"an outage needs a finite start before its end, got {self.start_s} - {self.end_s}",
+                             field="end_s")
+
+    def covers(self, t: float) -> bool:
+        return self.start_s <= t < self.end_s
+
+
+def down_at(outages: tuple[Outage, ...], t: float) -> frozenset[int]:
+    """The nodes out of service at time ``t``."""
+    return frozenset(o.node for o in outages if o.covers(t))
+
+
+def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("outage file not found" if not p.exists() else "not a file", file=str(p))
+    out = []
+    with open(p, newline="") as f:
+        rows = csv.reader(f)
+        header = next(rows, None)
+        if header is None or tuple(h.strip() for h in header[:3]) != COLUMNS or len(header) > 4:
+            raise InputError(f"the first line must be the header {','.join(COLUMNS)}[,reason], got {header!r}",
+                             file=str(p), line=1)
+        for line, row in enumerate(rows, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) < 3 or len(row) > len(header):
+                raise InputError(f"expected {len(header)} fields, got {len(row)}", file=str(p), line=line)
+            try:
+                node = cluster.node_id(row[0], field="node")
+                start = _seconds(row[1], "start_s")
+                end = math.inf if not row[2].strip() else _seconds(row[2], "end_s")
+                out.append(Outage(node, start, end, row[3].strip() if len(row) > 3 else ""))
+            except InputError as e:
+                raise InputError(e.reason, file=str(p), line=line, field=e.field) from None
+    return tuple(sorted(out, key=lambda o: (o.start_s, o.node)))
+
+
+def _seconds(text: str, field: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise InputError(f"must be a number of seconds, got {text!r}", field=field) from None
+    if not math.isfinite(v):
+        raise InputError(f"must be a finite number of seconds, got {text!r}", field=field)
+    return v

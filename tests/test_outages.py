@@ -1,0 +1,125 @@
+"""Nodes out of service: drained for maintenance or down (instances/outages.py,
+``RoundLoop.set_unavailable``). Every policy keeps every job off an unavailable node (the
+invariants assert it every round), the jobs evicted from it keep their progress and
+finish elsewhere, and the capacity the policies decide with shrinks by the nodes out."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.formulation.round_data import Capacity
+from engine.policy import make_policy
+from engine.simulator import simulate
+from engine.state import StateError
+from instances.builtin import get_instance
+from instances.cluster import ClusterSpec, NodeGroup
+from instances.errors import InputError
+from instances.outages import Outage, down_at, load_outages
+
+DEMO = get_instance("demo")      # nodes 0-3: 8 x a100-40gb each; 4-11: 2 x a40 each
+# jobs arrive over the first 2,940 s: three A100 nodes and two A40 nodes go out while the
+# cluster is full, and come back at different times
+OUTAGES = (Outage(0, 1500.0, 6000.0), Outage(1, 1800.0, 9000.0), Outage(2, 2400.0, 4000.0),
+           Outage(4, 1200.0, 5000.0), Outage(5, 1200.0, 7000.0))
+
+
+def _perf(policy: str):
+    from estimators import make_performance_model
+    return None if policy == "fcfs" else make_performance_model("analytic")
+
+
+@pytest.mark.parametrize("policy", ["arena", "suika", "sia-ap", "gavel-ap", "elasticflow-ls-ap", "fcfs"])
+def test_every_policy_keeps_jobs_off_nodes_out_and_finishes_every_job(policy):
+    res = simulate(DEMO, make_policy(policy), perf=_perf(policy), run_out=True, outages=OUTAGES)
+    s = res.summary
+    assert s["jobs_finished_runout"] == len(DEMO.jobs) and s["end_reason"] == "all jobs finished"
+    # the invariants (every round) refuse a job on an unavailable node; jobs were there to evict
+    assert s["evictions"] >= 1
+    assert sum(r.evictions for r in res.rounds) == s["evictions"]
+
+
+def test_nodes_out_lengthen_the_run_and_a_whole_cluster_out_waits_instead_of_stalling():
+    base = simulate(DEMO, make_policy("arena"), perf=_perf("arena"), run_out=True).summary
+    every = tuple(Outage(n, 3000.0, 3000.0 + 30 * 300.0) for n in range(12))    # longer than the stall limit
+    res = simulate(DEMO, make_policy("arena"), perf=_perf("arena"), run_out=True, outages=every)
+    s = res.summary
+    assert s["jobs_finished_runout"] == len(DEMO.jobs) and s["end_reason"] == "all jobs finished"
+    assert s["makespan_runout_s"] > base["makespan_runout_s"]
+    t0 = min(j.arrival_s for j in DEMO.jobs)
+    during = [r for r in res.rounds if 3000.0 <= r.time_s - t0 < 12000.0]
+    assert during and all(r.running == 0 and r.launches == 0 for r in during)
+
+
+def test_capacity_loses_the_nodes_out_and_keeps_the_levels():
+    full = Capacity.from_cluster(DEMO.cluster)
+    less = Capacity.from_cluster(DEMO.cluster, frozenset({0, 4, 5}))
+    assert less.types == full.types and less.levels == full.levels
+    a100, a40 = full.types.index("a100-40gb"), full.types.index("a40")
+    assert [b - c for b, c in zip(full.blocks[a100], less.blocks[a100])] == [8, 4, 2, 1]
+    assert [b - c for b, c in zip(full.blocks[a40], less.blocks[a40])] == [4, 2]
+    gone = Capacity.from_cluster(DEMO.cluster, frozenset(range(4)))
+    assert gone.blocks[a100] == (0, 0, 0, 0) and gone.levels == full.levels   # an 8-GPU shape is held at zero
+
+
+def test_a_bad_node_stops_nothing_and_names_the_node():
+    from engine.reconfig import ReconfigCostModel
+    from engine.round_loop import RoundLoop
+    from engine.sim_executor import SimExecutor
+    loop = RoundLoop(DEMO.cluster, make_policy("fcfs"), SimExecutor(DEMO.oracle, ReconfigCostModel()),
+                     round_interval_s=300.0,
+                     jobs=DEMO.jobs[:3])
+    for j in DEMO.jobs[:3]:
+        loop.submit(j.job_id, 0.0)
+    loop.round(0.0, 0)
+    running = set(loop.state.running)
+    assert running
+    with pytest.raises(StateError, match="no node 12"):
+        loop.set_unavailable({0, 12}, 10.0)
+    assert set(loop.state.running) == running and loop.state.cluster.unavailable == frozenset()
+    held = {n for r in loop.state.running.values() for n, _ in r.alloc.gpus}
+    evicted = loop.set_unavailable(held, 10.0)
+    assert set(evicted) == running and not loop.state.running
+    with pytest.raises(StateError, match="unavailable"):
+        loop.state.cluster.assign("x", ((min(held), 0),))
+    assert loop.round(20.0, 1).evictions == len(running)
+
+
+def test_outage_file_errors_name_the_file_line_and_field(tmp_path):
+    cl = ClusterSpec((NodeGroup("a100", 2, 8, hosts=("h0", "h1")),), "two")
+    good = tmp_path / "ok.csv"
+    good.write_text("node,start_s,end_s,reason\nh1,100,200,disk\n0,50,,dead\n\n")
+    got = load_outages(good, cl)
+    assert got == (Outage(0, 50.0, math.inf, "dead"), Outage(1, 100.0, 200.0, "disk"))
+    assert down_at(got, 150.0) == {0, 1} and down_at(got, 200.0) == {0} and down_at(got, 10.0) == set()
+    for text, line, field in [("nodes,start_s,end_s\n", 1, None),
+                              ("node,start_s,end_s\n7,1,2\n", 2, "node"),
+                              ("node,start_s,end_s\nh9,1,2\n", 2, "node"),
+                              ("node,start_s,end_s\n0,soon,2\n", 2, "start_s"),
+                              ("node,start_s,end_s\n0,5,2\n", 2, "end_s"),
+                              ("node,start_s,end_s\n0,1,2\n1,nan,3\n", 3, "start_s"),
+                              ("node,start_s,end_s\n0,1\n", 2, None)]:
+        bad = tmp_path / "bad.csv"
+        bad.write_text(text)
+        with pytest.raises(InputError) as e:
+            load_outages(bad, cl)
+        assert e.value.file == str(bad) and e.value.line == line and e.value.field == field, (text, e.value)
+    with pytest.raises(InputError, match="not found"):
+        load_outages(tmp_path / "none.csv", cl)
+    assert cl.node_id("h1") == 1 and cl.node_id(" 0 ") == 0 and cl.node_id(1) == 1
+    with pytest.raises(InputError, match="h0, h1"):
+        cl.node_id("nope")
+
+
+def test_simulate_cli_takes_an_outage_file_and_checks_it_first(tmp_path, capsys):
+    from engine.cli import main
+    f = tmp_path / "out.csv"
+    f.write_text("node,start_s,end_s\n99,0,10\n")
+    assert main(["simulate", "--instance", "demo", "--policy", "fcfs", "--outages", str(f), "--quiet",
+                 "--no-plots", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert str(f) in err and "line 2" in err and "no node '99'" in err
+    f.write_text("node,start_s,end_s\n0,300,\n")
+    assert main(["simulate", "--instance", "demo", "--policy", "fcfs", "--outages", str(f), "--quiet",
+                 "--no-plots", "--run-out", "--out", str(tmp_path / "r")]) == 0
+    assert "evictions" in capsys.readouterr().out
