@@ -280,3 +280,29 @@ def test_status_watch_waits_through_a_restart_within_its_patience(capsys):
     assert "no service answers" in capsys.readouterr().err and time.monotonic() - start < 10
     assert cli_main(["status", "--watch", "--patience", "nan", "--url", url]) == 2
     assert "field '--patience'" in capsys.readouterr().err
+
+
+def test_drain_and_undrain_name_the_node_and_are_stored(tmp_path):
+    db = tmp_path / "state.db"
+    Store(db).close()
+    woken = []
+    cluster = ClusterSpec((NodeGroup("cpu", 2, 2, hosts=("alpha", "beta")),), "two")
+    client = TestClient(create_app(ApiContext(str(db), str(tmp_path / "work"), cluster, "fcfs",
+                                              wake=lambda: woken.append(1))))
+    r = client.post("/api/nodes/beta/drain", json={"reason": "disk"})
+    assert r.status_code == 200 and r.json() == {"node": 1, "drained": True, "already": False} and woken
+    assert client.post("/api/nodes/1/drain").json()["already"]           # the first reason stays
+    nodes = client.get("/api/cluster").json()["nodes"]
+    assert nodes[0]["drained"] is None and nodes[1]["drained"]["reason"] == "disk" and nodes[1]["host"] == "beta"
+    for path, code, field in [("/api/nodes/gamma/drain", 404, "node"), ("/api/nodes/2/drain", 404, "node"),
+                              ("/api/nodes/gamma/undrain", 404, "node")]:
+        bad = client.post(path, json={})
+        assert bad.status_code == code and bad.json()["field"] == field, (path, bad.json())
+    bad = client.post("/api/nodes/0/drain", json={"reason": 5})
+    assert bad.status_code == 400 and bad.json()["field"] == "reason"
+    with Store(db, readonly=True) as st:
+        assert set(st.drained()) == {1}
+    assert client.post("/api/nodes/beta/undrain").json() == {"node": 1, "drained": False, "already": False}
+    assert client.post("/api/nodes/beta/undrain").json()["already"]
+    with Store(db, readonly=True) as st:
+        assert st.drained() == {}

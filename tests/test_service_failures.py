@@ -119,6 +119,40 @@ def test_cancel_and_sigterm_keep_the_work(tmp_path):
         sp.terminate()
 
 
+def test_a_drained_node_is_emptied_with_a_checkpoint_and_used_again_once_returned(tmp_path, capsys):
+    """The operator takes the (one) node out of service: the running job is stopped with
+    a checkpoint and waits, nothing is launched there while it is out, and once it is
+    back the job resumes from that checkpoint. Through the CLI, as an operator would."""
+    from engine.cli import main as cli_main
+    port = free_port()
+    sp = _start(tmp_path, port)
+    client = Client(sp.url)
+    try:
+        a = client.post("/api/jobs", {**JOB, "steps": 3000})["id"]
+        _wait(lambda: _checkpointed(client, a, 10), what="a checkpoint")
+        assert cli_main(["drain", "0", "--reason", "fan replaced", "--url", sp.url]) == 0
+        assert "node 0 drained" in capsys.readouterr().out
+        j = _wait(lambda: (lambda j: j if j["status"] == "queued" else None)(_job(client, a)), what="the eviction")
+        assert any("node 0 drained" in h["reason"] for h in j["history"])
+        node = client.get("/api/cluster")["nodes"][0]
+        assert node["drained"]["reason"] == "fan replaced" and all(g["job"] is None for g in node["gpus"])
+        assert cli_main(["drain", "0", "--url", sp.url]) == 0 and "already" in capsys.readouterr().out
+        time.sleep(5)                                    # two rounds at least: nothing goes there
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            assert st.job(a).status == "queued" and not st.running_launches()
+            saved = st.latest_checkpoint(a).step
+        assert cli_main(["undrain", "0", "--url", sp.url]) == 0
+        _wait(lambda: _running_step(client, a, saved + 1), what="the job back on the returned node")
+        assert client.get("/api/cluster")["nodes"][0]["drained"] is None
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
+            assert start == before == saved and st.check() == []
+        assert cli_main(["drain", "7", "--url", sp.url]) == 2
+        assert "no node '7'" in capsys.readouterr().err
+    finally:
+        sp.terminate()
+
+
 def test_scenario_resubmits_the_workload_while_a_fault_is_still_to_come(tmp_path):
     # fcfs never moves a job, so the mid-move fault never fires (nor does what ``until``
     # waits for): the scenario submits the workload again once (repeats=1), then reports

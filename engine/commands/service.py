@@ -7,6 +7,7 @@ HTTP API and a status page (http://127.0.0.1:8765/ by default). State is in SQLi
 stops every running job with a checkpoint.
 
 ``arena submit JOB.toml`` (or flags), ``arena status [ID] [--watch]``, ``arena cancel ID``,
+``arena drain NODE`` / ``arena undrain NODE``,
 ``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``--url``, ``--token``;
 environment ``ARENA_URL``, ``ARENA_TOKEN``).
 """
@@ -120,6 +121,21 @@ def register(subparsers) -> None:
     c.add_argument("id", type=int, help="job id")
     _client_args(c)
     c.set_defaults(func=run_cancel)
+
+    d = subparsers.add_parser("drain", help="take a node out of service (its jobs move off)",
+                              description="Take a node out of service for maintenance or repair: the service "
+                                          "stops the jobs on it with a checkpoint and places them elsewhere (or "
+                                          "queues them), and places nothing there until `arena undrain`.")
+    d.add_argument("node", help="node id (as `arena status --json` and the page show it) or host name")
+    d.add_argument("--reason", default="", help="why (shown on the page and in the log)")
+    _client_args(d)
+    d.set_defaults(func=run_drain, drain=True)
+
+    u = subparsers.add_parser("undrain", help="return a drained node to service",
+                              description="Return a drained node to service; the next round may place jobs on it.")
+    u.add_argument("node", help="node id or host name")
+    _client_args(u)
+    u.set_defaults(func=run_drain, drain=False)
 
     lg = subparsers.add_parser("logs", help="a job's latest launch output",
                                description="The stdout and stderr of a job's latest launch.")
@@ -365,6 +381,17 @@ def _show_status(cl: Client, args) -> bool:
 def run_cancel(args) -> int:
     ans = _client(args).post(f"/api/jobs/{args.id}/cancel")
     print(f"cancel of job {ans['id']} requested (it was {ans['status']})")
+    return 0
+
+
+def run_drain(args) -> int:
+    """``arena drain`` and ``arena undrain``."""
+    from urllib.parse import quote
+    drain = args.drain
+    path = f"/api/nodes/{quote(str(args.node), safe='')}/{'drain' if drain else 'undrain'}"
+    ans = _client(args).post(path, {"reason": args.reason} if drain else {})
+    state = "drained" if drain else "returned to service"
+    print(f"node {ans['node']} {'was already ' if ans['already'] else ''}{state}")
     return 0
 
 

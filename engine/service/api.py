@@ -9,7 +9,9 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | GET | /api/jobs/{id} | one job, with its history and loss curve |
 | POST | /api/jobs/{id}/cancel | ask the scheduler to cancel it (stopped with a checkpoint) |
 | GET | /api/jobs/{id}/logs | the latest launch's output |
-| GET | /api/cluster | every GPU and the job holding it |
+| POST | /api/nodes/{node}/drain | take a node (id or host) out of service; its jobs move off (``{"reason": ...}``) |
+| POST | /api/nodes/{node}/undrain | return it to service |
+| GET | /api/cluster | every GPU and the job holding it; drained nodes |
 | GET | /api/rounds | the last rounds' decisions, solve time and gap |
 | GET | /api/state | cluster, jobs, queue and rounds in one (what the page polls) |
 | GET | / | the status page |
@@ -116,7 +118,7 @@ def create_app(ctx: ApiContext):
 
     @app.exception_handler(InputError)
     async def input_error(_request: Request, e: InputError):
-        status = 404 if e.field == "job_id" else 400
+        status = 404 if e.field in ("job_id", "node") else 400
         return _error(status, e.reason, e.field, e.file)
 
     @app.exception_handler(StateConflict)
@@ -177,6 +179,30 @@ def create_app(ctx: ApiContext):
         with store() as s:
             s.job(job_id)
             return job_logs(s, ctx.work_dir, job_id, max(0, min(chars, 1_000_000)))
+
+    @app.post("/api/nodes/{node}/drain")
+    async def drain(node: str, request: Request) -> Any:
+        raw = await request.body()
+        try:
+            body = json.loads(raw or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"body is not JSON: {e}", field="body")
+        reason = body.get("reason", "") if isinstance(body, dict) else None
+        if not isinstance(reason, str):
+            return _error(400, "reason must be a string", field="reason")
+        nid = ctx.cluster.node_id(node)
+        with store() as s:
+            new = s.drain(nid, reason or "drained by the operator")
+        ctx.wake()
+        return {"node": nid, "drained": True, "already": not new}
+
+    @app.post("/api/nodes/{node}/undrain")
+    def undrain(node: str) -> Any:
+        nid = ctx.cluster.node_id(node)
+        with store() as s:
+            was = s.undrain(nid)
+        ctx.wake()
+        return {"node": nid, "drained": False, "already": not was}
 
     @app.get("/api/cluster")
     def cluster() -> dict:

@@ -175,6 +175,9 @@ class Service:
                 self._set_status(row.id, "finished", "training finished as its last launch was stopped")
             else:
                 self._adopt(row.id, row.spec, row.submitted_at)
+        for node in sorted(set(st.drained()) - set(range(len(self.cluster.nodes())))):
+            self.log(f"node {node} is drained in the database but cluster {self.cluster.name!r} has no such node; "
+                     f"ignored (`arena undrain {node}` clears it)")
         last = st.rounds(last=1)
         self._round_index = last[0].idx if last else 0
         problems = st.check()
@@ -240,6 +243,9 @@ class Service:
         if self.mpi.has_events() or self.executor.has_refused():
             self._trigger = "job finished or failed"
             return True
+        if self._drained() != self.loop.state.cluster.unavailable:
+            self._trigger = "node drained or returned"
+            return True
         known = set(self.loop.state.jobs)
         if any(str(r.id) not in known for r in self.store.jobs("queued")) or self.store.cancel_requests():
             self._trigger = "submission or cancel"
@@ -283,10 +289,31 @@ class Service:
             if str(row.id) not in st.jobs:
                 self._adopt(row.id, row.spec, row.submitted_at)
                 self.log(f"job {row.id} ({row.name}) submitted")
+        self._apply_drains(now)
         self._round_index += 1
         rec = loop.round(now, self._round_index)
         self._last_round, self._trigger = now, ""
         return rec
+
+    def _drained(self) -> frozenset[int]:
+        """The nodes drained in the store that this cluster has (others are logged at recovery)."""
+        return frozenset(n for n in self.store.drained() if n < len(self.loop.state.cluster.nodes))
+
+    def _apply_drains(self, now: float) -> None:
+        """Nodes drained or returned since the last round: the jobs on a drained node are
+        stopped with a checkpoint and queued; the round places them elsewhere (or they wait)."""
+        want, st = self._drained(), self.loop.state
+        before = st.cluster.unavailable
+        if want == before:
+            return
+        self.log(f"nodes out of service: {sorted(want) or 'none'} (drained: {sorted(want - before) or 'none'}, "
+                 f"returned: {sorted(before - want) or 'none'})")
+        for jid, r in st.running.items():
+            on = sorted({n for n, _ in r.alloc.gpus} & want) if r.alloc is not None else []
+            if on:
+                self.executor.stop_reasons[jid] = f"node {on[0]} drained"
+        for jid in self.loop.set_unavailable(want, now):
+            self.log(f"job {jid} moved off a drained node (stopped with a checkpoint)")
 
     def _last_shape(self, job_id: str) -> Shape:
         """The shape of the job's latest launch (from the store)."""

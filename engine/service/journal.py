@@ -68,6 +68,7 @@ class JournaledExecutor:
         self._checkpoint_seen: dict[str, float] = {}
         self._measured_at: dict[str, float] = {}
         self._moves_recorded: dict[str, int] = {}     # job -> measured moves already in the store
+        self.stop_reasons: dict[str, str] = {}         # job -> why its next stop happens (history)
 
     # -- effects -------------------------------------------------------------------
     def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
@@ -102,9 +103,11 @@ class JournaledExecutor:
                                                                "run_dir": self.mpi.run_dir(job_id)})
         self.store.set_status(jid, "running", f"launch {gen} on {alloc.grid}{how()}")
 
-    def stop(self, job_id: str, now_s: float, reason: str = "preempted") -> None:
+    def stop(self, job_id: str, now_s: float, reason: str | None = None) -> None:
+        """``reason``: for the job's history; else the one the service left in
+        ``stop_reasons`` for this job (e.g. its node was drained), else "preempted"."""
         self.mpi.stop(job_id, now_s)
-        self._journal_stop(job_id, reason)
+        self._journal_stop(job_id, reason or self.stop_reasons.pop(job_id, "preempted"))
 
     def _journal_stop(self, job_id: str, reason: str, *, in_place: bool = False) -> None:
         """The store's side of a stop: the checkpoint, the launch ended, the job queued.

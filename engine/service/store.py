@@ -153,6 +153,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN submit_key TEXT;
     CREATE UNIQUE INDEX jobs_submit_key ON jobs(submit_key) WHERE submit_key IS NOT NULL;
     """,
+    # v4 -> v5: nodes an operator took out of service (the scheduler moves their jobs off
+    # and places nothing there until they are returned)
+    """
+    CREATE TABLE drained_nodes (
+        node INTEGER PRIMARY KEY,                 -- the cluster's node id
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -387,6 +396,27 @@ class Store:
             self.conn.execute("UPDATE jobs SET cancel_requested_at = COALESCE(cancel_requested_at, ?), "
                               "updated_at = ? WHERE id = ?", (now, now, job_id))
         return True
+
+    def drain(self, node: int, reason: str) -> bool:
+        """Take a node out of service (its jobs are moved off by the scheduler); False if it
+        already was (its first reason is kept)."""
+        if not (isinstance(node, int) and not isinstance(node, bool) and node >= 0):
+            raise InputError(f"a node id is an integer >= 0, got {node!r}", field="node")
+        with self._tx() as now:
+            cur = self.conn.execute("INSERT OR IGNORE INTO drained_nodes(node, reason, at) VALUES (?, ?, ?)",
+                                    (node, str(reason)[:500], now))
+        return cur.rowcount == 1
+
+    def undrain(self, node: int) -> bool:
+        """Return a node to service; False if it was not drained."""
+        with self._tx():
+            cur = self.conn.execute("DELETE FROM drained_nodes WHERE node = ?", (node,))
+        return cur.rowcount == 1
+
+    def drained(self) -> dict[int, tuple[str, float]]:
+        """Drained nodes: node id -> (reason, when)."""
+        rows = self.conn.execute("SELECT node, reason, at FROM drained_nodes ORDER BY node")
+        return {n: (r, at) for n, r, at in rows}
 
     def cancel_requests(self) -> list[int]:
         """Jobs whose cancel was requested and that have not ended yet."""

@@ -105,9 +105,12 @@ def cluster_view(store: Store, cluster: ClusterSpec) -> dict:
     for lch in store.running_launches():
         for g in lch.gpus:
             owner[g] = lch.job_id
+    drained = store.drained()
     nodes = []
     for n in cluster.nodes():
-        nodes.append({"node": n.node_id, "gpu_type": n.gpu_type,
+        out = drained.get(n.node_id)
+        nodes.append({"node": n.node_id, "host": n.host, "gpu_type": n.gpu_type,
+                      "drained": None if out is None else {"reason": out[0], "at": out[1]},
                       "gpus": [{"gpu": f"{n.node_id}:{i}", "job": owner.get(f"{n.node_id}:{i}")}
                                for i in range(n.num_gpus)]})
     return {"name": cluster.name, "nodes": nodes, "gpus_by_type": cluster.gpus_by_type()}
