@@ -33,6 +33,7 @@ unfinished, never dropped.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +172,7 @@ class _Simulation:
                 n_sub += 1
             rec = loop.round(now, k, submitted=n_sub)
             if (cfg.run_out and next_arrival >= len(self.jobs) and not st.running and rec.launches == 0
-                    and not any(o.end_s > now for o in cfg.outages)):     # a node still to come back: wait
+                    and not any(now < o.end_s < math.inf for o in cfg.outages)):   # a node to come back: wait
                 stall += 1
                 if stall >= cfg.stall_rounds:
                     self.stopped_by_safety = True

@@ -123,3 +123,11 @@ def test_simulate_cli_takes_an_outage_file_and_checks_it_first(tmp_path, capsys)
     assert main(["simulate", "--instance", "demo", "--policy", "fcfs", "--outages", str(f), "--quiet",
                  "--no-plots", "--run-out", "--out", str(tmp_path / "r")]) == 0
     assert "evictions" in capsys.readouterr().out
+
+
+def test_a_cluster_out_for_good_ends_the_run_out_as_stalled_with_every_job_reported():
+    res = simulate(DEMO, make_policy("fcfs"), run_out=True, outages=tuple(Outage(n, 1000.0) for n in range(12)),
+                   max_rounds=5000)
+    s = res.summary
+    assert s["end_reason"] == "stalled"                  # not the safety limit: nothing is to come back
+    assert s["jobs_finished_runout"] + s["jobs_unfinished_runout"] == len(DEMO.jobs) and s["jobs_unfinished_runout"]
