@@ -30,6 +30,7 @@ from engine.service.scenario import (
     run_scenario,
 )
 from engine.service.store import Store
+from tests.browser import status_page
 
 pytestmark = pytest.mark.slow
 
@@ -132,33 +133,17 @@ def test_status_agrees_with_the_database(run, tmp_path):
 
 
 def check_page(url: str, shown: dict, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
-        pytest.skip("no chromium here (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, timeout=60_000,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                                          "--disable-background-networking", "--disable-component-update",
-                                          "--disable-sync"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url + "/", timeout=60_000)
-            page.wait_for_selector("body[data-loaded='1']", timeout=60_000)
-            rows = page.query_selector_all("#jobs tbody tr")
-            assert len(rows) == len(shown)
-            for row in rows:
-                jid = int(row.get_attribute("data-job"))
-                status = row.query_selector("td.status").inner_text().split()[0]
-                assert status == shown[jid]["status"]
-            assert len(page.query_selector_all("#cluster .gpu")) == 4
-            assert page.query_selector_all("#jobs svg.curve"), "no loss curve drawn"
-            shot = tmp_path / "status-page.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
-            if os.environ.get("ARENA_DOCS_SCREENSHOT"):
-                shutil.copy(shot, os.environ["ARENA_DOCS_SCREENSHOT"])
-        finally:
-            browser.close()
+    with status_page(url) as page:
+        rows = page.query_selector_all("#jobs tbody tr")
+        assert len(rows) == len(shown)
+        for row in rows:
+            jid = int(row.get_attribute("data-job"))
+            status = row.query_selector("td.status").inner_text().split()[0]
+            assert status == shown[jid]["status"]
+        assert len(page.query_selector_all("#cluster .gpu")) == 4
+        assert page.query_selector_all("#jobs svg.curve"), "no loss curve drawn"
+        shot = tmp_path / "status-page.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        if os.environ.get("ARENA_DOCS_SCREENSHOT"):
+            shutil.copy(shot, os.environ["ARENA_DOCS_SCREENSHOT"])

@@ -16,6 +16,7 @@ from engine.service.client import Client
 from engine.service.scenario import ServiceProcess, free_port, resumes
 from engine.service.store import Store
 from launcher.launch import rank_pids
+from tests.browser import status_page
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +138,9 @@ def test_a_drained_node_is_emptied_with_a_checkpoint_and_used_again_once_returne
         node = client.get("/api/cluster")["nodes"][0]
         assert node["drained"]["reason"] == "fan replaced" and all(g["job"] is None for g in node["gpus"])
         assert cli_main(["drain", "0", "--url", sp.url]) == 0 and "already" in capsys.readouterr().out
-        time.sleep(5)                                    # two rounds at least: nothing goes there
+        with status_page(sp.url) as page:                # the page marks the node with its reason
+            assert page.inner_text("#cluster .node.drained[data-node='0'] .drain-note") == "drained: fan replaced"
+        time.sleep(3)                                    # rounds every 2 s: nothing goes there
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert st.job(a).status == "queued" and not st.running_launches()
             saved = st.latest_checkpoint(a).step
