@@ -4,6 +4,7 @@ invariants assert it every round), the jobs evicted from it keep their progress 
 finish elsewhere, and the capacity the policies decide with shrinks by the nodes out."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -131,3 +132,17 @@ def test_a_cluster_out_for_good_ends_the_run_out_as_stalled_with_every_job_repor
     s = res.summary
     assert s["end_reason"] == "stalled"                  # not the safety limit: nothing is to come back
     assert s["jobs_finished_runout"] + s["jobs_unfinished_runout"] == len(DEMO.jobs) and s["jobs_unfinished_runout"]
+
+
+def test_bench_policies_runs_every_policy_under_the_same_outages(tmp_path, capsys):
+    from engine.cli import main
+    f = tmp_path / "out.csv"
+    f.write_text("node,start_s,end_s\n0,1500,6000\n4,1200,5000\n")
+    assert main(["bench", "policies", "--instance", "demo", "--policy", "arena", "--policy", "fcfs",
+                 "--outages", str(f), "--json", "--quiet"]) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"arena", "fcfs"} and all(r["jobs_unfinished_runout"] == 0 for r in rows.values())
+    assert sum(r["evictions"] for r in rows.values()) >= 1
+    f.write_text("node,start_s,end_s\nnode-x,1,2\n")
+    assert main(["bench", "policies", "--instance", "demo", "--outages", str(f), "--quiet"]) == 2
+    assert "line 2" in capsys.readouterr().err

@@ -41,7 +41,7 @@ POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs",
                   "jobs_common", "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
                   "active_span_s", "reconfigurations", "reconfigurations_per_job",
                   "reconfigurations_runout", "reconfigurations_per_job_runout",
-                  "reconfig_gpu_hours_lost_runout", "packing_failures", "decision_time_median_s",
+                  "reconfig_gpu_hours_lost_runout", "evictions", "packing_failures", "decision_time_median_s",
                   "decision_time_p99_s", "wall_time_s", "avg_jct_bound_s", "avg_jct_over_bound")
 
 
@@ -98,8 +98,9 @@ def register(subparsers) -> None:
                        description="Every policy on the same workload, truth oracle and reconfiguration cost "
                                    "model, side by side (run out by default), plus a comparison figure; spreads "
                                    "over MPI ranks under mpiexec -n K.")
-    from .simulate import add_perf_runtime_arg, add_profile_store_arg, add_workload_args
+    from .simulate import add_outages_arg, add_perf_runtime_arg, add_profile_store_arg, add_workload_args
     add_workload_args(q)
+    add_outages_arg(q)
     q.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="move cost model for every policy: preset=arena (default) or preset=realistic, and "
                         "field overrides, e.g. restart_s=60 (repeatable)")
@@ -346,7 +347,7 @@ def _mpi_comm():
 def workload_args(args) -> dict:
     """What names the workload, as plain values (each MPI rank builds it from them)."""
     return {"instance": args.instance, "cluster": args.cluster, "trace": args.trace,
-            "trace_opt": list(args.trace_opt), "seed": args.seed}
+            "trace_opt": list(args.trace_opt), "seed": args.seed, "outages": args.outages}
 
 
 def build_workload(w: dict):
@@ -365,10 +366,11 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
-    from .simulate import build_perf, decides_without_model
+    from .simulate import build_perf, decides_without_model, load_outages_arg
 
     name = name or policy
     inst = build_workload(workload)
+    outages = load_outages_arg(workload.get("outages"), inst.cluster)
     pol = make_policy(name, **options)
     bare = decides_without_model(perf_kind, name)
     perf = build_perf(perf_kind, name, None if bare else profile_store, None if bare else runtime,
@@ -386,7 +388,7 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
 
     t0 = time.perf_counter()
     res = simulate(inst, pol, perf=perf, reconfig=reconfig, rounds=rounds, run_out=run_out,
-                   seed=seed, progress=progress, out_dir=out_dir)
+                   seed=seed, progress=progress, out_dir=out_dir, outages=outages)
     from .simulate import report_incomplete
     report_incomplete(res, f"arena bench policies [{policy}]")
     row = {k: res.summary.get(k) for k in POLICY_COLUMNS
@@ -567,6 +569,8 @@ def run_policy_bench(args) -> int:
         raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
     workload = workload_args(args)
     inst = build_workload(workload)
+    from .simulate import load_outages_arg
+    load_outages_arg(args.outages, inst.cluster)                      # checked before any simulation
     if args.out:
         from instances.paths import check_output_dir
         check_output_dir(args.out, "--out")

@@ -81,10 +81,7 @@ def register(subparsers) -> None:
     p.add_argument("--round-interval", type=float, default=None, metavar="S",
                    help="seconds between rounds (default: the instance's, 300)")
     p.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
-    p.add_argument("--outages", default=None, metavar="FILE",
-                   help="node outages: a CSV node,start_s,end_s[,reason] (node id or host; times on the trace's "
-                        "clock; empty end_s: never back); jobs on a node that goes out are evicted with their "
-                        "progress and placed again elsewhere")
+    add_outages_arg(p)
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default results/<instance>-<policy>)")
     p.add_argument("--dump-rounds", default=None, metavar="DIR",
                    help="ask the policy to dump each round's model to DIR (policies that support it)")
@@ -102,6 +99,22 @@ def add_workload_args(p) -> None:
                    help="job trace (ours, Arena's or Philly's CSV; auto-detected), with --cluster")
     p.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="trace import option, e.g. iteration_divisor=5 (repeatable)")
+
+
+def add_outages_arg(p) -> None:
+    """``--outages FILE`` (simulate, bench policies)."""
+    p.add_argument("--outages", default=None, metavar="FILE",
+                   help="node outages: a CSV node,start_s,end_s[,reason] (node id or host; times on the trace's "
+                        "clock; empty end_s: never back); jobs on a node that goes out are evicted with their "
+                        "progress and placed again elsewhere")
+
+
+def load_outages_arg(path: str | None, cluster) -> tuple:
+    """The outages ``--outages`` names, checked against ``cluster`` (none: ())."""
+    if not path:
+        return ()
+    from instances.outages import load_outages
+    return load_outages(path, cluster)
 
 
 def build_instance(args):
@@ -266,10 +279,7 @@ def run(args) -> int:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)
-    outages = ()
-    if args.outages:
-        from instances.outages import load_outages
-        outages = load_outages(args.outages, inst.cluster)
+    outages = load_outages_arg(args.outages, inst.cluster)
     perf = build_perf(args.perf, args.policy, args.profile_store, args.perf_runtime,
                       inst.oracle.training_runtime)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
