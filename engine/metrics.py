@@ -67,6 +67,7 @@ class JobResult:
     packing_failures: int
     last_grid: str
     never_placed_reason: str = ""      # submitted, never ran: why (see never_placed_reason)
+    evictions: int = 0                 # stopped because its node went out of service (outages, drains)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -146,7 +147,8 @@ def build_result(sim) -> SimResult:
             (r.finish_s - j.arrival_s) if r.finish_s is not None else None,
             (r.first_start_s - j.arrival_s) if r.first_start_s is not None else None,
             max(r.iterations_done, p.iterations_done), r.launches, r.reconfigurations, r.preemptions,
-            st.attained_gpu_s_at(r, sim.end_s), la, rc, r.infeasible_drops, r.packing_failures, grid, why))
+            st.attained_gpu_s_at(r, sim.end_s), la, rc, r.infeasible_drops, r.packing_failures, grid, why,
+            r.evictions))
     summary = summarize(sim, jobs)
     return SimResult(summary, jobs, sim.rounds, getattr(sim.instance, "name", ""),
                      getattr(sim.policy, "name", type(sim.policy).__name__), dict(st.cluster.gpus_by_type))

@@ -129,7 +129,7 @@ class RoundLoop:
                    if r.alloc is not None and any(n in nodes for n, _ in r.alloc.gpus)]
         for jid in evicted:
             self.executor.stop(jid, now)
-            st.stop(jid, now, kept_iterations=self.executor.progress(jid).iterations_done)
+            st.stop(jid, now, kept_iterations=self.executor.progress(jid).iterations_done, evicted=True)
             self._prev_iters.pop(jid, None)
         st.cluster.set_unavailable(nodes)
         self._evicted_since += len(evicted)

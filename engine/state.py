@@ -110,6 +110,7 @@ class JobRecord:
     launches: int = 0               # starts from the queue (first start and resumes)
     reconfigurations: int = 0       # allocation changes of a job that had already run
     preemptions: int = 0
+    evictions: int = 0                  # stopped because its node went out of service
     attained_gpu_s: float = 0.0     # GPU-seconds held
     queued_s: float = 0.0           # time spent queued since submission
     infeasible_drops: int = 0       # policy decisions dropped because the oracle said infeasible
@@ -227,15 +228,20 @@ class EngineState:
         del self.running[job_id]
         return r
 
-    def stop(self, job_id: str, t: float, kept_iterations: float | None = None) -> None:
+    def stop(self, job_id: str, t: float, kept_iterations: float | None = None, *, evicted: bool = False) -> None:
         """Preempt a running job; it keeps ``kept_iterations`` (what its checkpoint holds;
-        default: all of its progress)."""
+        default: all of its progress). ``evicted``: stopped because its node went out of
+        service, not by a decision, so it is not a change the stability rule or the change
+        budget counts (as a failed run is not); its resume is still a reconfiguration."""
         r = self._leave_running(job_id, t, "stopped")
         self._keep(r, kept_iterations)
         r.status, r.alloc, r._since_s = JobStatus.QUEUED, None, t
         r.measured_iteration_time_s = None
-        r.preemptions += 1
-        self._count_change(r, t)
+        if evicted:
+            r.evictions += 1
+        else:
+            r.preemptions += 1
+            self._count_change(r, t)
         self.queued[job_id] = r
 
     def fail_run(self, job_id: str, t: float, kept_iterations: float, reason: str, max_failures: int,

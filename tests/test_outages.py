@@ -146,3 +146,12 @@ def test_bench_policies_runs_every_policy_under_the_same_outages(tmp_path, capsy
     f.write_text("node,start_s,end_s\nnode-x,1,2\n")
     assert main(["bench", "policies", "--instance", "demo", "--outages", str(f), "--quiet"]) == 2
     assert "line 2" in capsys.readouterr().err
+
+
+def test_an_eviction_is_not_a_change_the_stability_rule_counts():
+    res = simulate(DEMO, make_policy("arena"), perf=_perf("arena"), run_out=True, outages=OUTAGES)
+    evicted = [j for j in res.jobs if j.evictions]
+    assert sum(j.evictions for j in res.jobs) == res.summary["evictions"] and evicted
+    # its resume is a reconfiguration (it paid a restart), its stop is not a preemption
+    assert all(j.reconfigurations >= j.evictions for j in evicted)
+    assert sum(j.preemptions for j in res.jobs) == res.summary["preemptions"]
