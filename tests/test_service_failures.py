@@ -138,6 +138,8 @@ def test_a_drained_node_is_emptied_with_a_checkpoint_and_used_again_once_returne
         node = client.get("/api/cluster")["nodes"][0]
         assert node["drained"]["reason"] == "fan replaced" and all(g["job"] is None for g in node["gpus"])
         assert cli_main(["drain", "0", "--url", sp.url]) == 0 and "already" in capsys.readouterr().out
+        assert cli_main(["nodes", "--url", sp.url]) == 0
+        assert "0/2" in (shown := capsys.readouterr().out) and "drained: fan replaced" in shown
         with status_page(sp.url) as page:                # the page marks the node with its reason
             assert page.inner_text("#cluster .node.drained[data-node='0'] .drain-note") == "drained: fan replaced"
         time.sleep(3)                                    # rounds every 2 s: nothing goes there

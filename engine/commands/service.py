@@ -7,7 +7,7 @@ HTTP API and a status page (http://127.0.0.1:8765/ by default). State is in SQLi
 stops every running job with a checkpoint.
 
 ``arena submit JOB.toml`` (or flags), ``arena status [ID] [--watch]``, ``arena cancel ID``,
-``arena drain NODE`` / ``arena undrain NODE``,
+``arena drain NODE`` / ``arena undrain NODE``, ``arena nodes``,
 ``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``--url``, ``--token``;
 environment ``ARENA_URL``, ``ARENA_TOKEN``).
 """
@@ -130,6 +130,13 @@ def register(subparsers) -> None:
     d.add_argument("--reason", default="", help="why (shown on the page and in the log)")
     _client_args(d)
     d.set_defaults(func=run_drain, drain=True)
+
+    nd = subparsers.add_parser("nodes", help="the cluster's nodes: GPUs held, drained ones with why",
+                               description="Every node of the service's cluster: GPU type, GPUs held by jobs, "
+                                           "and whether it is drained (with the reason).")
+    nd.add_argument("--json", action="store_true", help="print JSON")
+    _client_args(nd)
+    nd.set_defaults(func=run_nodes)
 
     u = subparsers.add_parser("undrain", help="return a drained node to service",
                               description="Return a drained node to service; the next round may place jobs on it.")
@@ -392,6 +399,21 @@ def run_drain(args) -> int:
     ans = _client(args).post(path, {"reason": args.reason} if drain else {})
     state = "drained" if drain else "returned to service"
     print(f"node {ans['node']} {'was already ' if ans['already'] else ''}{state}")
+    return 0
+
+
+def run_nodes(args) -> int:
+    cl = _client(args).get("/api/cluster")
+    if args.json:
+        print(json.dumps(cl, indent=1))
+        return 0
+    print(f"{'node':>4} {'host':<16} {'type':<12} {'held':>7}  jobs / drained")
+    for n in cl["nodes"]:
+        jobs = sorted({g["job"] for g in n["gpus"] if g["job"] is not None})
+        held = sum(g["job"] is not None for g in n["gpus"])
+        note = f"drained: {n['drained']['reason']}" if n["drained"] else ""
+        print(f"{n['node']:>4} {str(n['host'] or '-'):<16} {n['gpu_type']:<12} {held:>3}/{len(n['gpus']):<3}  "
+              f"{' '.join(map(str, jobs)) or '-'}{'  ' + note if note else ''}")
     return 0
 
 
