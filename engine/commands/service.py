@@ -126,10 +126,16 @@ def register(subparsers) -> None:
                               description="Take a node out of service for maintenance or repair: the service "
                                           "stops the jobs on it with a checkpoint and places them elsewhere (or "
                                           "queues them), and places nothing there until `arena undrain`.")
-    d.add_argument("node", help="node id (as `arena status --json` and the page show it) or host name")
+    d.add_argument("node", help="node id (as `arena nodes` and the page show it) or host name")
     d.add_argument("--reason", default="", help="why (shown on the page and in the log)")
     _client_args(d)
     d.set_defaults(func=run_drain, drain=True)
+
+    u = subparsers.add_parser("undrain", help="return a drained node to service",
+                              description="Return a drained node to service; the next round may place jobs on it.")
+    u.add_argument("node", help="node id or host name")
+    _client_args(u)
+    u.set_defaults(func=run_drain, drain=False)
 
     nd = subparsers.add_parser("nodes", help="the cluster's nodes: GPUs held, drained ones with why",
                                description="Every node of the service's cluster: GPU type, GPUs held by jobs, "
@@ -137,12 +143,6 @@ def register(subparsers) -> None:
     nd.add_argument("--json", action="store_true", help="print JSON")
     _client_args(nd)
     nd.set_defaults(func=run_nodes)
-
-    u = subparsers.add_parser("undrain", help="return a drained node to service",
-                              description="Return a drained node to service; the next round may place jobs on it.")
-    u.add_argument("node", help="node id or host name")
-    _client_args(u)
-    u.set_defaults(func=run_drain, drain=False)
 
     lg = subparsers.add_parser("logs", help="a job's latest launch output",
                                description="The stdout and stderr of a job's latest launch.")
