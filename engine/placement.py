@@ -71,7 +71,8 @@ class Placer:
               pinned: Mapping[str, Iterable[GpuId]] | None = None,
               unavailable: frozenset[int] = frozenset()) -> PlacementResult:
         """Place every requested grid; ``current`` holds the allocations jobs have now;
-        nothing goes on an ``unavailable`` node (no job may hold one there)."""
+        nothing goes on an ``unavailable`` node (a job holding a GPU there is placed anew,
+        as if it asked for another shape)."""
         pinned = pinned or {}
         free = self.empty_free_map(unavailable)
         out: dict[str, Allocation] = {}
@@ -79,7 +80,8 @@ class Placer:
         rest: list[str] = []
         for jid, grid in requests.items():
             cur = current.get(jid)
-            if cur is not None and cur.grid.shape == grid.shape and jid not in pinned:
+            if (cur is not None and cur.grid.shape == grid.shape and jid not in pinned
+                    and not (unavailable and any(n in unavailable for n, _ in cur.gpus))):
                 self._take(free, cur.gpus)
                 out[jid] = cur if cur.grid == grid else Allocation(grid, cur.gpus)
                 kept.append(jid)

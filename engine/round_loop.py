@@ -54,7 +54,7 @@ class RoundRecord:
     launches: int = 0
     reconfigurations: int = 0        # moves of running jobs and resumes of preempted ones
     preemptions: int = 0
-    evictions: int = 0               # running jobs stopped since the previous round: their node left service
+    evictions: int = 0               # running jobs moved or stopped because their node left service
     infeasible_drops: int = 0
     packing_failures: int = 0        # chosen grids placement could not map to GPUs, as decided
     displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
@@ -88,7 +88,6 @@ class RoundLoop:
         self._need_decide = True
         self._ended = False               # jobs finished or failed since the last round
         self._failed_since = 0
-        self._evicted_since = 0
         self._checked_version = -1
         self._prev_iters: dict[str, float] = {}
         self._prev_now: float | None = None
@@ -120,21 +119,22 @@ class RoundLoop:
 
     def set_unavailable(self, nodes: Iterable[int], now: float) -> list[str]:
         """Take nodes out of service (drained for maintenance, or down) from now on, and
-        back in: ``nodes`` is the whole set unavailable from now. A running job holding a
-        GPU there is stopped with its checkpoint and queued (an eviction; the next round
-        places it elsewhere, or it waits). Returns the evicted job ids."""
+        back in: ``nodes`` is the whole set unavailable from now. The next round moves every
+        running job holding a GPU there elsewhere (the policy decides where, as for any
+        job; a move, device to device where the executor can) or, when there is no room,
+        stops it with its checkpoint (an eviction either way). Returns those jobs' ids."""
         st = self.state
-        nodes = st.cluster.check_nodes(nodes)           # before anything is stopped
-        evicted = [jid for jid, r in st.running.items()
-                   if r.alloc is not None and any(n in nodes for n, _ in r.alloc.gpus)]
-        for jid in evicted:
-            self.executor.stop(jid, now)
-            st.stop(jid, now, kept_iterations=self.executor.progress(jid).iterations_done, evicted=True)
-            self._prev_iters.pop(jid, None)
+        nodes = st.cluster.check_nodes(nodes)
         st.cluster.set_unavailable(nodes)
-        self._evicted_since += len(evicted)
         self._need_decide = True
-        return evicted
+        return self._leaving(nodes)
+
+    def _leaving(self, nodes: frozenset[int]) -> list[str]:
+        """Running jobs holding a GPU on one of ``nodes``."""
+        if not nodes:
+            return []
+        return [jid for jid, r in self.state.running.items()
+                if r.alloc is not None and any(n in nodes for n, _ in r.alloc.gpus)]
 
     def collect(self, now: float, interval_s: float) -> list[JobProgress]:
         """Bring the executor to ``now``; book completions and failures; account the
@@ -174,8 +174,8 @@ class RoundLoop:
     def round(self, now: float, index: int, submitted: int = 0) -> RoundRecord:
         """Decide (when due), place and carry out one round at ``now``."""
         st, ex = self.state, self.executor
-        rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since, evictions=self._evicted_since)
-        self._failed_since = self._evicted_since = 0
+        rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since)
+        self._failed_since = 0
         if self._prev_now is not None and any(self._prev_now < r.retry_after_s <= now for r in st.queued.values()):
             self._need_decide = True          # a failed job's backoff ended: it is offered again
         if self._need_decide or not self.event_driven:
@@ -274,20 +274,24 @@ class RoundLoop:
         for jid in own:
             st.jobs[jid].packing_failures += 1
         allocs = dict(res.allocations)
+        leaving = set(self._leaving(st.cluster.unavailable))     # must leave a node out of service
         # a running job whose new grid did not fit stays where it is, if its GPUs are still free
-        stuck = [j for j in res.failed if j in current]
+        stuck = [j for j in res.failed if j in current and j not in leaving]
         if stuck:
             taken = {g for a in allocs.values() for g in a.gpus}
             for jid in stuck:
                 if taken.isdisjoint(current[jid].gpus):
                     allocs[jid] = current[jid]
                     taken.update(current[jid].gpus)
-        # stops: running jobs with no allocation this round
+        # stops: running jobs with no allocation this round (evicted: they had to leave)
         for jid in [j for j in st.running if j not in allocs]:
             ex.stop(jid, now)
-            st.stop(jid, now, kept_iterations=ex.progress(jid).iterations_done)
+            st.stop(jid, now, kept_iterations=ex.progress(jid).iterations_done, evicted=jid in leaving)
             self._prev_iters.pop(jid, None)
-            rec.preemptions += 1
+            if jid in leaving:
+                rec.evictions += 1
+            else:
+                rec.preemptions += 1
         # moves: release first, then assign
         moving = [(jid, a) for jid, a in allocs.items() if jid in current
                   and (a.gpus != current[jid].gpus or a.grid != current[jid].grid)]
@@ -295,9 +299,10 @@ class RoundLoop:
             st.release_for_move(jid)
             ex.release(jid, now)
         for jid, a in moving:
-            st.move(jid, a, now)
+            st.move(jid, a, now, forced=jid in leaving)
             ex.reconfigure(jid, a, decisions.plans.get(jid), now)
             rec.reconfigurations += 1
+            rec.evictions += jid in leaving
         # launches
         for jid, a in allocs.items():
             r = st.jobs[jid]

@@ -55,11 +55,9 @@ class ClusterState:
         return nodes
 
     def set_unavailable(self, nodes: Iterable[int]) -> None:
-        """Nodes to keep empty from now on (their jobs must have left first)."""
+        """Nodes to keep empty from now on: no GPU there is assigned again, and the jobs
+        holding one must leave at the next round (``RoundLoop``; an invariant checks it)."""
         nodes = self.check_nodes(nodes)
-        held = sorted({j for n in nodes for j in self.owner[n] if j is not None})
-        if held:
-            raise StateError(f"nodes {sorted(nodes)} still hold jobs {held}")
         if nodes != self.unavailable:
             self.unavailable = nodes
             self.version += 1
@@ -110,7 +108,7 @@ class JobRecord:
     launches: int = 0               # starts from the queue (first start and resumes)
     reconfigurations: int = 0       # allocation changes of a job that had already run
     preemptions: int = 0
-    evictions: int = 0                  # stopped because its node went out of service
+    evictions: int = 0                  # moved or stopped because its node went out of service
     attained_gpu_s: float = 0.0     # GPU-seconds held
     queued_s: float = 0.0           # time spent queued since submission
     infeasible_drops: int = 0       # policy decisions dropped because the oracle said infeasible
@@ -187,17 +185,20 @@ class EngineState:
         del self.queued[job_id]
         self.running[job_id] = r
 
-    def move(self, job_id: str, alloc: Allocation, t: float) -> None:
-        """Reconfigure a running job; the caller has released its old GPUs first."""
+    def move(self, job_id: str, alloc: Allocation, t: float, *, forced: bool = False) -> None:
+        """Reconfigure a running job; the caller has released its old GPUs first.
+        ``forced``: it had to leave a node that went out of service (not a change the
+        stability rule or the change budget counts)."""
         r = self.jobs[job_id]
         if r.status is not JobStatus.RUNNING:
             raise StateError(f"job {job_id} reconfigured while {r.status.value}")
         self.cluster.assign(job_id, alloc.gpus)
         r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
         it = r.measured_iteration_time_s
-        self._changed(r, t, 1.0 / it if it else 0.0, counted=True)
+        self._changed(r, t, 1.0 / it if it else 0.0, counted=not forced)
         r.alloc, r._since_s = alloc, t
         r.reconfigurations += 1
+        r.evictions += forced
 
     #: how many move/preemption times a record keeps (the stability rule looks back one hour)
     CHANGE_HISTORY = 32

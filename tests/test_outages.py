@@ -63,27 +63,47 @@ def test_capacity_loses_the_nodes_out_and_keeps_the_levels():
     assert gone.blocks[a100] == (0, 0, 0, 0) and gone.levels == full.levels   # an 8-GPU shape is held at zero
 
 
-def test_a_bad_node_stops_nothing_and_names_the_node():
+def _fcfs_loop(n_jobs: int):
     from engine.reconfig import ReconfigCostModel
     from engine.round_loop import RoundLoop
     from engine.sim_executor import SimExecutor
     loop = RoundLoop(DEMO.cluster, make_policy("fcfs"), SimExecutor(DEMO.oracle, ReconfigCostModel()),
-                     round_interval_s=300.0,
-                     jobs=DEMO.jobs[:3])
-    for j in DEMO.jobs[:3]:
+                     round_interval_s=300.0, jobs=DEMO.jobs[:n_jobs])
+    for j in DEMO.jobs[:n_jobs]:
         loop.submit(j.job_id, 0.0)
     loop.round(0.0, 0)
-    running = set(loop.state.running)
+    return loop
+
+
+def test_jobs_on_a_node_out_move_elsewhere_or_are_stopped_and_a_bad_node_changes_nothing():
+    loop = _fcfs_loop(3)
+    running = {j: r.alloc for j, r in loop.state.running.items()}
     assert running
     with pytest.raises(StateError, match="no node 12"):
         loop.set_unavailable({0, 12}, 10.0)
-    assert set(loop.state.running) == running and loop.state.cluster.unavailable == frozenset()
-    held = {n for r in loop.state.running.values() for n, _ in r.alloc.gpus}
-    evicted = loop.set_unavailable(held, 10.0)
-    assert set(evicted) == running and not loop.state.running
+    assert loop.state.cluster.unavailable == frozenset()
+    mover = min(running, key=lambda j: running[j].grid.num_gpus)
+    held = {n for n, _ in running[mover].gpus}
+    assert loop.set_unavailable(held, 10.0) == [mover]
+    rec = loop.round(20.0, 1)                            # room elsewhere: it moves, same grid
     with pytest.raises(StateError, match="unavailable"):
         loop.state.cluster.assign("x", ((min(held), 0),))
-    assert loop.round(20.0, 1).evictions == len(running)
+    assert rec.evictions == 1 == rec.reconfigurations and rec.preemptions == 0
+    for jid, r in loop.state.running.items():
+        assert r.alloc.grid == running[jid].grid and held.isdisjoint(n for n, _ in r.alloc.gpus)
+        assert (r.alloc.gpus == running[jid].gpus) == (jid != mover)   # the others stay put
+    r = loop.state.jobs[mover]
+    assert r.evictions == 1 and r.changes_total == 0     # not a change the stability rule counts
+    # no room left anywhere: the jobs are stopped with their progress and wait
+    busy = loop.state.running.copy()
+    everything = frozenset(range(len(loop.state.cluster.nodes)))
+    loop.set_unavailable(everything, 30.0)
+    rec = loop.round(40.0, 2)
+    assert rec.evictions == len(busy) and not loop.state.running and rec.preemptions == 0
+    assert all(loop.state.jobs[j].evictions == 1 + (j == mover) and loop.state.jobs[j].preemptions == 0
+               for j in busy)
+    loop.set_unavailable((), 50.0)                       # all back: they resume
+    assert loop.round(60.0, 3).launches == len(busy)
 
 
 def test_outage_file_errors_name_the_file_line_and_field(tmp_path):

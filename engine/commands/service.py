@@ -123,9 +123,10 @@ def register(subparsers) -> None:
     c.set_defaults(func=run_cancel)
 
     d = subparsers.add_parser("drain", help="take a node out of service (its jobs move off)",
-                              description="Take a node out of service for maintenance or repair: the service "
-                                          "stops the jobs on it with a checkpoint and places them elsewhere (or "
-                                          "queues them), and places nothing there until `arena undrain`.")
+                              description="Take a node out of service for maintenance or repair: the next round "
+                                          "moves the jobs on it elsewhere (or, with no room, stops them with a "
+                                          "checkpoint and queues them), and nothing is placed there until "
+                                          "`arena undrain`.")
     d.add_argument("node", help="node id (as `arena nodes` and the page show it) or host name")
     d.add_argument("--reason", default="", help="why (shown on the page and in the log)")
     _client_args(d)

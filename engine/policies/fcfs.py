@@ -75,11 +75,21 @@ class FcfsPolicy:
         free_of_type = dict(ctx.cluster.gpus_by_type())
         for n in ctx.unavailable_nodes:
             free_of_type[placer.type_of[n]] -= placer.size[n]
+        leaving = []                      # running on a node out of service: they need GPUs elsewhere
         for v in ctx.jobs:
             if v.current is not None:
+                if ctx.unavailable_nodes and any(n in ctx.unavailable_nodes for n, _ in v.current.gpus):
+                    leaving.append(v)
+                    continue
                 grids[v.job_id] = v.current.grid
                 placer.take(free, v.current.gpus)
                 free_of_type[v.current.grid.gpu_type] -= v.current.grid.num_gpus
+        for v in leaving:                 # first in line: they were running (no room: stopped)
+            gpus = placer.choose(free, v.current.grid.shape)
+            if gpus is not None:
+                placer.take(free, gpus)
+                free_of_type[v.current.grid.gpu_type] -= v.current.grid.num_gpus
+                grids[v.job_id] = v.current.grid
         blocked: set[str] = set()
         shapes: dict = {}
         blocked_all = False

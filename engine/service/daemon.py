@@ -291,7 +291,10 @@ class Service:
                 self.log(f"job {row.id} ({row.name}) submitted")
         self._apply_drains(now)
         self._round_index += 1
-        rec = loop.round(now, self._round_index)
+        try:
+            rec = loop.round(now, self._round_index)
+        finally:
+            self.executor.stop_reasons.clear()         # a job that moved instead of stopping
         self._last_round, self._trigger = now, ""
         return rec
 
@@ -300,8 +303,9 @@ class Service:
         return frozenset(n for n in self.store.drained() if n < len(self.loop.state.cluster.nodes))
 
     def _apply_drains(self, now: float) -> None:
-        """Nodes drained or returned since the last round: the jobs on a drained node are
-        stopped with a checkpoint and queued; the round places them elsewhere (or they wait)."""
+        """Nodes drained or returned since the last round: this round moves the jobs on a
+        drained node elsewhere (device to device where the launcher can), or stops them
+        with a checkpoint when there is no room."""
         want, st = self._drained(), self.loop.state
         before = st.cluster.unavailable
         if want == before:
@@ -313,7 +317,7 @@ class Service:
             if on:
                 self.executor.stop_reasons[jid] = f"node {on[0]} drained"
         for jid in self.loop.set_unavailable(want, now):
-            self.log(f"job {jid} moved off a drained node (stopped with a checkpoint)")
+            self.log(f"job {jid} must leave a drained node: moved this round, or stopped with a checkpoint")
 
     def _last_shape(self, job_id: str) -> Shape:
         """The shape of the job's latest launch (from the store)."""
