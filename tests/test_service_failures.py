@@ -158,6 +158,30 @@ def test_a_drained_node_is_emptied_with_a_checkpoint_and_used_again_once_returne
         sp.terminate()
 
 
+def test_a_job_on_a_drained_node_moves_device_to_device_to_another_node(tmp_path):
+    """Two nodes of two slots on this host: the job's node is drained, and the next round
+    moves it to the other node, device to device, without stopping it through storage."""
+    port = free_port()
+    sp = _start(tmp_path, port, "--local-nodes", "2")
+    client = Client(sp.url)
+    try:
+        a = client.post("/api/jobs", {**JOB, "steps": 3000})["id"]
+        j = _wait(lambda: _running_step(client, a, 10), what="the job running")
+        node = int(j["gpus"][0].split(":")[0])
+        client.post(f"/api/nodes/{node}/drain", {"reason": "test"})
+        moved = _wait(lambda: (lambda j: j if j["status"] == "running" and j["gpus"]
+                               and all(int(g.split(":")[0]) != node for g in j["gpus"]) else None)(_job(client, a)),
+                      what="the job on the other node")
+        assert any("moved device to device" in h["reason"] for h in moved["history"]), moved["history"]
+        before = moved["progress"].get("iterations_done") or 0
+        _wait(lambda: _running_step(client, a, before + 5), what="steps on the other node")
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            assert st.check() == [] and all(not g.startswith(f"{node}:") for lch in st.running_launches()
+                                            for g in lch.gpus)
+    finally:
+        sp.terminate()
+
+
 def test_scenario_resubmits_the_workload_while_a_fault_is_still_to_come(tmp_path):
     # fcfs never moves a job, so the mid-move fault never fires (nor does what ``until``
     # waits for): the scenario submits the workload again once (repeats=1), then reports

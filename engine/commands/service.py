@@ -47,6 +47,9 @@ def register(subparsers) -> None:
                        help="cluster JSON (as for simulate) with \"hosts\": one host name per node in each group")
     where.add_argument("--local-slots", type=int, metavar="N",
                        help="one host (this one) whose CPU ranks stand in for N GPUs (type cpu)")
+    s.add_argument("--local-nodes", type=int, default=1, metavar="K",
+                   help="with --local-slots: K nodes of N slots each, all on this host (to try multi-node "
+                        "placement, moves and drains on one machine; default 1)")
     s.add_argument("--policy", default="arena", metavar="NAME", help="scheduling policy (default arena)")
     s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
     s.add_argument("--perf", default=None, metavar="KIND",
@@ -195,9 +198,15 @@ def build_service_parts(args):
     if args.local_slots is not None:
         if args.local_slots < 1:
             raise InputError(f"must be >= 1, got {args.local_slots}", field="--local-slots")
+        if args.local_nodes < 1:
+            raise InputError(f"must be >= 1, got {args.local_nodes}", field="--local-nodes")
         # no host names: every rank runs here, started by mpiexec without a hostfile
-        cluster = ClusterSpec((NodeGroup("cpu", 1, args.local_slots),), f"local-{args.local_slots}")
+        cluster = ClusterSpec((NodeGroup("cpu", args.local_nodes, args.local_slots),),
+                              f"local-{args.local_slots}" if args.local_nodes == 1
+                              else f"local-{args.local_nodes}x{args.local_slots}")
     else:
+        if args.local_nodes != 1:
+            raise InputError("--local-nodes goes with --local-slots", field="--local-nodes")
         cluster = load_cluster(args.cluster)
         missing = [g.gpu_type for g in cluster.groups if g.hosts is None]
         if missing:
