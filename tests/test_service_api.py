@@ -110,6 +110,7 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
     for argv, field in [(["--local-slots", "4", "--host", "0.0.0.0"], "--token"),
                         ([], "--cluster"),
                         (["--local-slots", "0"], "--local-slots"),
+                        (["--local-slots", "2", "--local-nodes", "0"], "--local-nodes"),
                         (["--local-slots", "2", "--policy", "nosuch"], "policy"),
                         (["--local-slots", "2", "--round-interval", "0"], "round_interval_s"),
                         (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store")]:
