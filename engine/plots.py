@@ -45,6 +45,10 @@ def write_plots(result, out_dir) -> list[Path]:
         n = gpus.get(t)
         if n:
             ax.plot(hours, [r.gpu_busy_s.get(t, 0.0) / (n * interval) for r in rounds], lw=0.8, label=t)
+    total = sum(gpus.values())
+    if total and any(r.gpus_out for r in rounds):       # nodes out of service (--outages)
+        ax.plot(hours, [1.0 - r.gpus_out / total for r in rounds], lw=0.8, ls="--", color="k",
+                label="GPUs in service")
     ax.set(xlabel="time (hours)", ylabel="GPUs held / GPUs", ylim=(0, 1.05), title=f"GPU utilization — {title}")
     ax.legend(fontsize=8); ax.grid(alpha=0.3)
     paths.append(out / PLOT_FILES[2])

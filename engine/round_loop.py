@@ -55,6 +55,7 @@ class RoundRecord:
     reconfigurations: int = 0        # moves of running jobs and resumes of preempted ones
     preemptions: int = 0
     evictions: int = 0               # running jobs moved or stopped because their node left service
+    gpus_out: int = 0                # GPUs on nodes out of service (drained or down) at this round
     infeasible_drops: int = 0
     packing_failures: int = 0        # chosen grids placement could not map to GPUs, as decided
     displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
@@ -174,7 +175,8 @@ class RoundLoop:
     def round(self, now: float, index: int, submitted: int = 0) -> RoundRecord:
         """Decide (when due), place and carry out one round at ``now``."""
         st, ex = self.state, self.executor
-        rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since)
+        rec = RoundRecord(index, now, submitted=submitted, failures=self._failed_since,
+                          gpus_out=sum(st.cluster.nodes[n].num_gpus for n in st.cluster.unavailable))
         self._failed_since = 0
         if self._prev_now is not None and any(self._prev_now < r.retry_after_s <= now for r in st.queued.values()):
             self._need_decide = True          # a failed job's backoff ended: it is offered again

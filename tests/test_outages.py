@@ -49,7 +49,8 @@ def test_nodes_out_lengthen_the_run_and_a_whole_cluster_out_waits_instead_of_sta
     assert s["makespan_runout_s"] > base["makespan_runout_s"]
     t0 = min(j.arrival_s for j in DEMO.jobs)
     during = [r for r in res.rounds if 3000.0 <= r.time_s - t0 < 12000.0]
-    assert during and all(r.running == 0 and r.launches == 0 for r in during)
+    assert during and all(r.running == 0 and r.launches == 0 and r.gpus_out == 48 for r in during)
+    assert res.rounds[0].gpus_out == 0 and res.rounds[-1].gpus_out == 0
 
 
 def test_capacity_loses_the_nodes_out_and_keeps_the_levels():
