@@ -19,6 +19,7 @@ from instances.errors import InputError
 COMMAND_MODULES = (
     "engine.commands.simulate",
     "engine.commands.instances",
+    "engine.commands.outages",
     "engine.commands.estimate",
     "engine.commands.profile",
     "engine.commands.bench",

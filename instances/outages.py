@@ -64,6 +64,36 @@ def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
     return tuple(sorted(out, key=lambda o: (o.start_s, o.node)))
 
 
+def synthetic_outages(cluster: ClusterSpec, *, mtbf_h: float, repair_h: float, start_s: float, hours: float,
+                      seed: int = 0) -> tuple[Outage, ...]:
+    """Node failures as a Poisson process per node (mean time between failures ``mtbf_h``
+    hours of service) with exponential repairs (mean ``repair_h`` hours), over ``hours``
+    from ``start_s``; seeded, so the same arguments give the same outages. Synthetic: no
+    correlation between nodes (a switch or power domain failing together) and no wear."""
+    import random
+    for name, v in (("mtbf_h", mtbf_h), ("repair_h", repair_h), ("hours", hours)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
+    rng = random.Random(seed)
+    end = start_s + hours * 3600.0
+    out = []
+    for node in cluster.nodes():
+        t = start_s + rng.expovariate(1.0 / mtbf_h) * 3600.0
+        while t < end:
+            back = t + rng.expovariate(1.0 / repair_h) * 3600.0
+            out.append(Outage(node.node_id, round(t, 1), round(back, 1), "synthetic failure"))
+            t = back + rng.expovariate(1.0 / mtbf_h) * 3600.0
+    return tuple(sorted(out, key=lambda o: (o.start_s, o.node)))
+
+
+def write_outages(outages: tuple[Outage, ...], path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*COLUMNS, "reason"])
+        for o in outages:
+            w.writerow([o.node, repr(o.start_s), "" if math.isinf(o.end_s) else repr(o.end_s), o.reason])
+
+
 def _seconds(text: str, field: str) -> float:
     try:
         v = float(text)

@@ -176,3 +176,29 @@ def test_an_eviction_is_not_a_change_the_stability_rule_counts():
     # its resume is a reconfiguration (it paid a restart), its stop is not a preemption
     assert all(j.reconfigurations >= j.evictions for j in evicted)
     assert sum(j.preemptions for j in res.jobs) == res.summary["preemptions"]
+
+
+def test_synthetic_outages_are_seeded_poisson_failures_that_the_simulator_reads_back(tmp_path, capsys):
+    from engine.cli import main
+    from instances.outages import synthetic_outages
+    big = ClusterSpec((NodeGroup("a100", 400, 8),), "big")
+    a = synthetic_outages(big, mtbf_h=100.0, repair_h=2.0, start_s=0.0, hours=50.0, seed=3)
+    assert a == synthetic_outages(big, mtbf_h=100.0, repair_h=2.0, start_s=0.0, hours=50.0, seed=3)
+    assert a != synthetic_outages(big, mtbf_h=100.0, repair_h=2.0, start_s=0.0, hours=50.0, seed=4)
+    # about 400 nodes x 50 h / 100 h = 200 failures (Poisson: within 4 standard deviations)
+    assert abs(len(a) - 200) < 4 * 200 ** 0.5
+    assert all(0.0 <= o.start_s < 50 * 3600 and o.end_s > o.start_s for o in a)
+    repairs = [(o.end_s - o.start_s) / 3600 for o in a]
+    assert 1.5 < sum(repairs) / len(repairs) < 2.6
+    per_node: dict[int, list] = {}
+    for o in a:
+        per_node.setdefault(o.node, []).append(o)
+    assert all(x.end_s <= y.start_s for os_ in per_node.values() for x, y in zip(os_, os_[1:]))  # one at a time
+    f = tmp_path / "gen.csv"
+    assert main(["outages", "--instance", "demo", "--mtbf-hours", "5", "--repair-hours", "1", "--hours", "5",
+                 "--seed", "1", "--out", str(f)]) == 0
+    got = load_outages(f, DEMO.cluster)
+    assert got and got == synthetic_outages(DEMO.cluster, mtbf_h=5, repair_h=1, start_s=0.0, hours=5, seed=1)
+    assert main(["outages", "--instance", "demo", "--mtbf-hours", "-1", "--repair-hours", "1", "--hours", "5",
+                 "--out", str(f)]) == 2
+    assert "field '--mtbf-hours'" in capsys.readouterr().err
