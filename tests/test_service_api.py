@@ -15,6 +15,7 @@ from engine.service.api import MAX_BODY_BYTES, ApiContext, create_app
 from engine.service.store import Store
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
+from tests.prometheus import parse_metrics
 
 CLUSTER = ClusterSpec((NodeGroup("cpu", 1, 4),), "local-4")
 GOOD = {"name": "ok", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 10}
@@ -307,3 +308,22 @@ def test_drain_and_undrain_name_the_node_and_are_stored(tmp_path):
     assert client.post("/api/nodes/beta/undrain").json()["already"]
     with Store(db, readonly=True) as st:
         assert st.drained() == {}
+
+
+def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
+    client, db, _ = api
+    for _ in range(3):
+        client.post("/api/jobs", json=GOOD)
+    client.post("/api/jobs/2/cancel")
+    with Store(db) as st:
+        st.set_status(3, "cancelled", "test")
+        st.record_round(policy="arena", trigger="test", solve_time_s=0.25, objective=None, gap=None, decisions={})
+    client.post("/api/nodes/0/drain")
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = parse_metrics(r.text)
+    assert m['arena_jobs{status="queued"}'] == 2 and m['arena_jobs{status="cancelled"}'] == 1
+    assert m['arena_jobs{status="running"}'] == 0
+    assert m['arena_gpus{gpu_type="cpu"}'] == 4 and m['arena_gpus_held{gpu_type="cpu"}'] == 0
+    assert m["arena_nodes_drained"] == 1 and m["arena_gpus_drained"] == 4
+    assert m['arena_rounds{policy="arena"}'] == 1 and m["arena_last_round_solve_seconds"] == 0.25

@@ -17,6 +17,7 @@ from engine.service.scenario import ServiceProcess, free_port, resumes
 from engine.service.store import Store
 from launcher.launch import rank_pids
 from tests.browser import status_page
+from tests.prometheus import parse_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -178,6 +179,11 @@ def test_a_job_on_a_drained_node_moves_device_to_device_to_another_node(tmp_path
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert st.check() == [] and all(not g.startswith(f"{node}:") for lch in st.running_launches()
                                             for g in lch.gpus)
+        import urllib.request
+        with urllib.request.urlopen(sp.url + "/metrics", timeout=10) as r:      # what monitoring scrapes
+            m = parse_metrics(r.read().decode())
+        assert m['arena_gpus_held{gpu_type="cpu"}'] == 2 and m["arena_nodes_drained"] == 1
+        assert m['arena_jobs{status="running"}'] == 1 and m['arena_rounds{policy="fcfs"}'] >= 2
     finally:
         sp.terminate()
 

@@ -14,6 +14,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | GET | /api/cluster | every GPU and the job holding it; drained nodes |
 | GET | /api/rounds | the last rounds' decisions, solve time and gap |
 | GET | /api/state | cluster, jobs, queue and rounds in one (what the page polls) |
+| GET | /metrics | the state for monitoring (Prometheus text format) |
 | GET | / | the status page |
 
 A submission with an ``Idempotency-Key`` header (1-200 printable characters) is stored
@@ -35,14 +36,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 
 from .jobspec import JobSpec
 from .store import StateConflict, Store
-from .views import cluster_view, job_logs, job_view, rounds_view, state_view
+from .views import cluster_view, job_logs, job_view, metrics_text, rounds_view, state_view
 
 MAX_BODY_BYTES = 64 * 1024
 
@@ -218,6 +219,12 @@ def create_app(ctx: ApiContext):
     def state() -> dict:
         with store() as s:
             return {**state_view(s, ctx.work_dir, ctx.cluster), "policy": ctx.policy}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        with store() as s:
+            text = metrics_text(s, ctx.cluster, ctx.policy)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     page = resources.files("engine.service").joinpath("page.html").read_text()
 

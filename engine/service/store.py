@@ -545,6 +545,12 @@ class Store:
 
     # ---- reads ------------------------------------------------------------------------
 
+    def status_counts(self) -> dict[str, int]:
+        """How many jobs are in each status (every status listed, zeros included)."""
+        out = dict.fromkeys(JOB_STATUSES, 0)
+        out.update(self.conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
+        return out
+
     def jobs(self, status: str | None = None) -> list[JobRow]:
         q = "SELECT id, name, spec, status, submitted_at, updated_at FROM jobs"
         rows = self.conn.execute(q + (" WHERE status = ? ORDER BY id" if status else " ORDER BY id"),

@@ -116,6 +116,49 @@ def cluster_view(store: Store, cluster: ClusterSpec) -> dict:
     return {"name": cluster.name, "nodes": nodes, "gpus_by_type": cluster.gpus_by_type()}
 
 
+def metrics_text(store: Store, cluster: ClusterSpec, policy: str) -> str:
+    """The service's state in Prometheus' text exposition format (version 0.0.4): what an
+    operator's monitoring scrapes and alerts on (a service whose rounds stopped, jobs
+    failing, nodes drained)."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[dict, float]]) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{lab}}} {float(value)!r}" if lab else f"{name} {float(value)!r}")
+
+    metric("arena_jobs", "gauge", "Jobs by status.",
+           [({"status": s}, n) for s, n in store.status_counts().items()])
+    held: dict[str, int] = dict.fromkeys(cluster.gpus_by_type(), 0)
+    for lch in store.running_launches():
+        t = str(lch.plan.get("gpu_type", "unknown"))
+        held[t] = held.get(t, 0) + len(lch.gpus)
+    metric("arena_gpus", "gauge", "GPUs of the cluster, by type.",
+           [({"gpu_type": t}, n) for t, n in cluster.gpus_by_type().items()])
+    metric("arena_gpus_held", "gauge", "GPUs held by active launches, by type.",
+           [({"gpu_type": t}, n) for t, n in held.items()])
+    drained = store.drained()
+    nodes = cluster.nodes()
+    metric("arena_nodes_drained", "gauge", "Nodes out of service (arena drain).", [({}, len(drained))])
+    metric("arena_gpus_drained", "gauge", "GPUs on drained nodes.",
+           [({}, sum(n.num_gpus for n in nodes if n.node_id in drained))])
+    last = store.rounds(last=1)
+    metric("arena_rounds", "counter", "Scheduling rounds decided so far.",
+           [({"policy": policy}, last[0].idx if last else 0)])
+    if last:
+        metric("arena_last_round_timestamp_seconds", "gauge", "When the last round was decided (Unix time).",
+               [({}, last[0].at)])
+        metric("arena_last_round_solve_seconds", "gauge", "The last round's decision time.",
+               [({}, last[0].solve_time_s)])
+    return "\n".join(lines) + "\n"
+
+
+def _label(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def rounds_view(store: Store, last: int = 20) -> list[dict]:
     return [{"index": r.idx, "at": r.at, "policy": r.policy, "trigger": r.trigger, "objective": r.objective,
              "gap": r.gap, "solve_time_s": r.solve_time_s, "decisions": r.decisions}
