@@ -93,6 +93,9 @@ class ClusterSpec:
             hit = [n.node_id for n in nodes if n.host == key]
             if len(hit) == 1:
                 return hit[0]
+            if hit:
+                raise InputError(f"host {key!r} names nodes {hit} of cluster {self.name!r}: give a node id",
+                                 field=field)
         if isinstance(key, int) and 0 <= key < len(nodes):
             return key
         hosts = [n.host for n in nodes if n.host is not None]

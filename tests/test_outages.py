@@ -131,6 +131,9 @@ def test_outage_file_errors_name_the_file_line_and_field(tmp_path):
     assert cl.node_id("h1") == 1 and cl.node_id(" 0 ") == 0 and cl.node_id(1) == 1
     with pytest.raises(InputError, match="h0, h1"):
         cl.node_id("nope")
+    two = ClusterSpec((NodeGroup("a100", 2, 8, hosts=("h", "h")),), "shared")
+    with pytest.raises(InputError, match=r"names nodes \[0, 1\]"):
+        two.node_id("h")
 
 
 def test_simulate_cli_takes_an_outage_file_and_checks_it_first(tmp_path, capsys):
