@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,6 @@ def test_a_job_on_a_drained_node_moves_device_to_device_to_another_node(tmp_path
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert st.check() == [] and all(not g.startswith(f"{node}:") for lch in st.running_launches()
                                             for g in lch.gpus)
-        import urllib.request
         with urllib.request.urlopen(sp.url + "/metrics", timeout=10) as r:      # what monitoring scrapes
             m = parse_metrics(r.read().decode())
         assert m['arena_gpus_held{gpu_type="cpu"}'] == 2 and m["arena_nodes_drained"] == 1
