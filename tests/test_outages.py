@@ -168,7 +168,7 @@ def test_bench_policies_runs_every_policy_under_the_same_outages(tmp_path, capsy
                  "--outages", str(f), "--json", "--quiet"]) == 0
     rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
     assert set(rows) == {"arena", "fcfs"} and all(r["jobs_unfinished_runout"] == 0 for r in rows.values())
-    assert sum(r["evictions"] for r in rows.values()) >= 1
+    assert sum(r["evictions"] for r in rows.values()) >= 1 and all(r["outages"] == str(f) for r in rows.values())
     f.write_text("node,start_s,end_s\nnode-x,1,2\n")
     assert main(["bench", "policies", "--instance", "demo", "--outages", str(f), "--quiet"]) == 2
     assert "line 2" in capsys.readouterr().err

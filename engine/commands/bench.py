@@ -398,6 +398,7 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     row["perf"] = getattr(perf, "name", None) if perf is not None else None
     row["perf_runtime"] = getattr(perf, "runtime", None) if perf is not None else None
     row["move_costs"] = reconfig.preset
+    row["outages"] = workload.get("outages")
     row["_jct_by_job"] = {j.job_id: j.jct_s for j in res.jobs if j.jct_s is not None}
     row["options"] = options
     row["wall_time_s"] = time.perf_counter() - t0
@@ -482,6 +483,8 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
     finished in the run-out and over the jobs all finished, the first over the JCT lower
     bound, makespan, reconfigurations per job, GPU-hours lost to moves and decision time,
     one bar per policy."""
+    from pathlib import Path
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -518,7 +521,10 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
                             ha="center", va="bottom", fontsize=6)
     perf = _decided_with(rows)
     moves = rows[0].get("move_costs") if rows else None
-    fig.suptitle(f"policies on {instance_name}: same oracle, move costs {moves}, decisions from {perf}", fontsize=10)
+    outages = rows[0].get("outages") if rows else None
+    fig.suptitle(f"policies on {instance_name}: same oracle, move costs {moves}, decisions from {perf}"
+                 + (f", node outages {Path(outages).name} (evictions: "
+                    f"{', '.join(str(r.get('evictions') or 0) for r in rows)})" if outages else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
