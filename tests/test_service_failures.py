@@ -122,68 +122,58 @@ def test_cancel_and_sigterm_keep_the_work(tmp_path):
         sp.terminate()
 
 
-def test_a_drained_node_is_emptied_with_a_checkpoint_and_used_again_once_returned(tmp_path, capsys):
-    """The operator takes the (one) node out of service: the running job is stopped with
-    a checkpoint and waits, nothing is launched there while it is out, and once it is
-    back the job resumes from that checkpoint. Through the CLI, as an operator would."""
+def test_draining_moves_a_job_device_to_device_then_stops_it_with_a_checkpoint_when_no_room_is_left(
+        tmp_path, capsys):
+    """Two nodes of two slots on this host, through the CLI as an operator would. Draining
+    the job's node moves it device to device to the other node, where it keeps training;
+    draining that one too leaves no room, so it is stopped with a checkpoint and nothing
+    is launched while both are out; returning a node resumes it from that checkpoint."""
     from engine.cli import main as cli_main
     port = free_port()
-    sp = _start(tmp_path, port)
+    sp = _start(tmp_path, port, "--local-nodes", "2")
     client = Client(sp.url)
+
+    def on_node(j: dict) -> int | None:
+        nodes = {int(g.split(":")[0]) for g in j["gpus"]}
+        return nodes.pop() if j["status"] == "running" and len(nodes) == 1 else None
+
     try:
         a = client.post("/api/jobs", {**JOB, "steps": 3000})["id"]
-        _wait(lambda: _checkpointed(client, a, 10), what="a checkpoint")
-        assert cli_main(["drain", "0", "--reason", "fan replaced", "--url", sp.url]) == 0
-        assert "node 0 drained" in capsys.readouterr().out
-        j = _wait(lambda: (lambda j: j if j["status"] == "queued" else None)(_job(client, a)), what="the eviction")
-        assert any("node 0 drained" in h["reason"] for h in j["history"])
-        node = client.get("/api/cluster")["nodes"][0]
-        assert node["drained"]["reason"] == "fan replaced" and all(g["job"] is None for g in node["gpus"])
-        assert cli_main(["drain", "0", "--url", sp.url]) == 0 and "already" in capsys.readouterr().out
+        first = on_node(_wait(lambda: _running_step(client, a, 10), what="the job running"))
+        other = 1 - first
+        assert cli_main(["drain", str(first), "--reason", "fan replaced", "--url", sp.url]) == 0
+        assert f"node {first} drained" in capsys.readouterr().out
+        moved = _wait(lambda: (lambda j: j if on_node(j) == other else None)(_job(client, a)),
+                      what="the job on the other node")
+        assert any("moved device to device" in h["reason"] for h in moved["history"]), moved["history"]
+        _wait(lambda: _checkpointed(client, a, (moved["progress"].get("iterations_done") or 0) + 5),
+              what="steps and a checkpoint on the other node")
+        assert cli_main(["drain", str(first), "--url", sp.url]) == 0 and "already" in capsys.readouterr().out
         assert cli_main(["nodes", "--url", sp.url]) == 0
-        assert "0/2" in (shown := capsys.readouterr().out) and "drained: fan replaced" in shown
+        assert "drained: fan replaced" in (shown := capsys.readouterr().out) and " 2/2 " in shown
         with status_page(sp.url) as page:                # the page marks the node with its reason
-            assert page.inner_text("#cluster .node.drained[data-node='0'] .drain-note") == "drained: fan replaced"
-        time.sleep(3)                                    # rounds every 2 s: nothing goes there
+            assert page.inner_text(f"#cluster .node.drained[data-node='{first}'] .drain-note") == \
+                "drained: fan replaced"
+        with urllib.request.urlopen(sp.url + "/metrics", timeout=10) as r:      # what monitoring scrapes
+            m = parse_metrics(r.read().decode())
+        assert m['arena_gpus_held{gpu_type="cpu"}'] == 2 and m["arena_nodes_drained"] == 1
+        assert m['arena_jobs{status="running"}'] == 1 and m['arena_rounds{policy="fcfs"}'] >= 2
+
+        assert cli_main(["drain", str(other), "--url", sp.url]) == 0      # no room left anywhere
+        j = _wait(lambda: (lambda j: j if j["status"] == "queued" else None)(_job(client, a)), what="the eviction")
+        assert any(f"node {other} drained" in h["reason"] for h in j["history"])
+        time.sleep(3)                                    # rounds every 2 s: nothing goes anywhere
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert st.job(a).status == "queued" and not st.running_launches()
             saved = st.latest_checkpoint(a).step
-        assert cli_main(["undrain", "0", "--url", sp.url]) == 0
-        _wait(lambda: _running_step(client, a, saved + 1), what="the job back on the returned node")
-        assert client.get("/api/cluster")["nodes"][0]["drained"] is None
+        assert cli_main(["undrain", str(first), "--url", sp.url]) == 0
+        back = _wait(lambda: _running_step(client, a, saved + 1), what="the job back on the returned node")
+        assert on_node(back) == first
         with Store(tmp_path / "state.db", readonly=True) as st:
             launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
             assert start == before == saved and st.check() == []
         assert cli_main(["drain", "7", "--url", sp.url]) == 2
         assert "no node '7'" in capsys.readouterr().err
-    finally:
-        sp.terminate()
-
-
-def test_a_job_on_a_drained_node_moves_device_to_device_to_another_node(tmp_path):
-    """Two nodes of two slots on this host: the job's node is drained, and the next round
-    moves it to the other node, device to device, without stopping it through storage."""
-    port = free_port()
-    sp = _start(tmp_path, port, "--local-nodes", "2")
-    client = Client(sp.url)
-    try:
-        a = client.post("/api/jobs", {**JOB, "steps": 3000})["id"]
-        j = _wait(lambda: _running_step(client, a, 10), what="the job running")
-        node = int(j["gpus"][0].split(":")[0])
-        client.post(f"/api/nodes/{node}/drain", {"reason": "test"})
-        moved = _wait(lambda: (lambda j: j if j["status"] == "running" and j["gpus"]
-                               and all(int(g.split(":")[0]) != node for g in j["gpus"]) else None)(_job(client, a)),
-                      what="the job on the other node")
-        assert any("moved device to device" in h["reason"] for h in moved["history"]), moved["history"]
-        before = moved["progress"].get("iterations_done") or 0
-        _wait(lambda: _running_step(client, a, before + 5), what="steps on the other node")
-        with Store(tmp_path / "state.db", readonly=True) as st:
-            assert st.check() == [] and all(not g.startswith(f"{node}:") for lch in st.running_launches()
-                                            for g in lch.gpus)
-        with urllib.request.urlopen(sp.url + "/metrics", timeout=10) as r:      # what monitoring scrapes
-            m = parse_metrics(r.read().decode())
-        assert m['arena_gpus_held{gpu_type="cpu"}'] == 2 and m["arena_nodes_drained"] == 1
-        assert m['arena_jobs{status="running"}'] == 1 and m['arena_rounds{policy="fcfs"}'] >= 2
     finally:
         sp.terminate()
 
