@@ -29,6 +29,10 @@ class Allocation:
     def nodes(self) -> tuple[int, ...]:
         return tuple(sorted({n for n, _ in self.gpus}))
 
+    def on_any(self, nodes: frozenset[int]) -> bool:
+        """Whether it holds a GPU on one of ``nodes`` (e.g. the nodes out of service)."""
+        return bool(nodes) and any(n in nodes for n, _ in self.gpus)
+
 
 @dataclass(frozen=True)
 class ChangeHistory:

@@ -81,7 +81,7 @@ class Placer:
         for jid, grid in requests.items():
             cur = current.get(jid)
             if (cur is not None and cur.grid.shape == grid.shape and jid not in pinned
-                    and not (unavailable and any(n in unavailable for n, _ in cur.gpus))):
+                    and not cur.on_any(unavailable)):
                 self._take(free, cur.gpus)
                 out[jid] = cur if cur.grid == grid else Allocation(grid, cur.gpus)
                 kept.append(jid)

@@ -132,10 +132,7 @@ class RoundLoop:
 
     def _leaving(self, nodes: frozenset[int]) -> list[str]:
         """Running jobs holding a GPU on one of ``nodes``."""
-        if not nodes:
-            return []
-        return [jid for jid, r in self.state.running.items()
-                if r.alloc is not None and any(n in nodes for n, _ in r.alloc.gpus)]
+        return [jid for jid, r in self.state.running.items() if r.alloc is not None and r.alloc.on_any(nodes)]
 
     def collect(self, now: float, interval_s: float) -> list[JobProgress]:
         """Bring the executor to ``now``; book completions and failures; account the

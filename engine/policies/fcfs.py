@@ -78,7 +78,7 @@ class FcfsPolicy:
         leaving = []                      # running on a node out of service: they need GPUs elsewhere
         for v in ctx.jobs:
             if v.current is not None:
-                if ctx.unavailable_nodes and any(n in ctx.unavailable_nodes for n, _ in v.current.gpus):
+                if v.current.on_any(ctx.unavailable_nodes):
                     leaving.append(v)
                     continue
                 grids[v.job_id] = v.current.grid

@@ -312,12 +312,10 @@ class Service:
             return
         self.log(f"nodes out of service: {sorted(want) or 'none'} (drained: {sorted(want - before) or 'none'}, "
                  f"returned: {sorted(before - want) or 'none'})")
-        for jid, r in st.running.items():
-            on = sorted({n for n, _ in r.alloc.gpus} & want) if r.alloc is not None else []
-            if on:
-                self.executor.stop_reasons[jid] = f"node {on[0]} drained"
         for jid in self.loop.set_unavailable(want, now):
-            self.log(f"job {jid} must leave a drained node: moved this round, or stopped with a checkpoint")
+            node = min(set(st.jobs[jid].alloc.nodes) & want)
+            self.executor.stop_reasons[jid] = f"node {node} drained"      # if this round stops it
+            self.log(f"job {jid} must leave drained node {node}: moved this round, or stopped with a checkpoint")
 
     def _last_shape(self, job_id: str) -> Shape:
         """The shape of the job's latest launch (from the store)."""
