@@ -273,7 +273,7 @@ class RoundLoop:
         for jid in own:
             st.jobs[jid].packing_failures += 1
         allocs = dict(res.allocations)
-        leaving = set(self._leaving(st.cluster.unavailable))     # must leave a node out of service
+        leaving = set(self._leaving(st.cluster.unavailable)) if st.cluster.unavailable else set()   # must leave
         # a running job whose new grid did not fit stays where it is, if its GPUs are still free
         stuck = [j for j in res.failed if j in current and j not in leaving]
         if stuck:
