@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cluster import ClusterSpec
+from .csv_rows import CsvRows, read_text
 from .errors import InputError
 
 COLUMNS = ("node", "start_s", "end_s")
@@ -39,28 +40,23 @@ def down_at(outages: tuple[Outage, ...], t: float) -> frozenset[int]:
 
 
 def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("outage file not found" if not p.exists() else "not a file", file=str(p))
+    text = read_text(path, "outage")
+    label = str(path)
+    header = next(csv.reader([text.lstrip("\ufeff").split("\n", 1)[0]]), [])
+    if tuple(h.strip() for h in header[:3]) != COLUMNS or len(header) > 4:
+        raise InputError(f"the first line must be the header {','.join(COLUMNS)}[,reason], got {header!r}",
+                         file=label, line=1)
+    rows = CsvRows(text, label, COLUMNS)
     out = []
-    with open(p, newline="") as f:
-        rows = csv.reader(f)
-        header = next(rows, None)
-        if header is None or tuple(h.strip() for h in header[:3]) != COLUMNS or len(header) > 4:
-            raise InputError(f"the first line must be the header {','.join(COLUMNS)}[,reason], got {header!r}",
-                             file=str(p), line=1)
-        for line, row in enumerate(rows, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < 3 or len(row) > len(header):
-                raise InputError(f"expected {len(header)} fields, got {len(row)}", file=str(p), line=line)
-            try:
-                node = cluster.node_id(row[0], field="node")
-                start = _seconds(row[1], "start_s")
-                end = math.inf if not row[2].strip() else _seconds(row[2], "end_s")
-                out.append(Outage(node, start, end, row[3].strip() if len(row) > 3 else ""))
-            except InputError as e:
-                raise InputError(e.reason, file=str(p), line=line, field=e.field) from None
+    for line, rec in rows:
+        try:
+            node = cluster.node_id(rows.raw(rec, "node"), field="node")
+            start = rows.float(rec, line, "start_s", minimum=None)
+            end = rows.float(rec, line, "end_s", minimum=None, optional=True)
+            out.append(Outage(node, start, math.inf if end is None else end,
+                              rec[3].strip() if len(header) > 3 else ""))
+        except InputError as e:
+            raise InputError(e.reason, file=label, line=line, field=e.field) from None
     return tuple(sorted(out, key=lambda o: (o.start_s, o.node)))
 
 
@@ -92,13 +88,3 @@ def write_outages(outages: tuple[Outage, ...], path: str | Path) -> None:
         w.writerow([*COLUMNS, "reason"])
         for o in outages:
             w.writerow([o.node, repr(o.start_s), "" if math.isinf(o.end_s) else repr(o.end_s), o.reason])
-
-
-def _seconds(text: str, field: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise InputError(f"must be a number of seconds, got {text!r}", field=field) from None
-    if not math.isfinite(v):
-        raise InputError(f"must be a finite number of seconds, got {text!r}", field=field)
-    return v

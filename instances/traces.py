@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .cluster import ClusterSpec
+from .csv_rows import CsvRows, read_text
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
 from .jobs import MAX_ITERATIONS, Job
-from .models import canonical_model_name
 
 OUR_MAGIC = "# arena-trace v1"
 OUR_COLUMNS = ("job_id", "model", "global_batch", "num_iterations", "arrival_s", "deadline_s",
@@ -126,22 +126,7 @@ def _make_options(cls, options: dict, label: str):
 
 def read_trace_text(path: str | Path) -> str:
     """The text of a trace file (gzip detected by its magic bytes)."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError("trace file not found", file=str(p)) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a trace file", file=str(p)) from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise InputError(f"corrupt gzip data: {e}", file=str(p)) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text (byte {e.start})", file=str(p)) from None
+    return read_text(path, "trace")
 
 
 def load_trace(path: str | Path, *, cluster: ClusterSpec | None = None, **import_options) -> tuple[Job, ...]:
@@ -208,108 +193,6 @@ def check_jobs_fit(jobs: Iterable[Job], cluster: ClusterSpec, label: str | None 
                              file=label, line=(lines or {}).get(j.job_id), field="requested_gpus")
 
 
-class _Rows:
-    """CSV rows after a header, with line numbers and typed field getters."""
-
-    def __init__(self, text: str, label: str, columns: tuple[str, ...], skip_lines: int = 0):
-        self.label = label
-        lines = text.lstrip("\ufeff").split("\n")[skip_lines:]
-        self.offset = skip_lines
-        self.reader = csv.reader(io.StringIO("\n".join(lines)))
-        try:
-            header = next(self.reader)
-        except StopIteration:
-            raise InputError("missing CSV header", file=label, line=skip_lines + 1) from None
-        except csv.Error as e:
-            raise InputError(f"malformed CSV: {e}", file=label, line=skip_lines + 1) from None
-        self.header = [h.strip() for h in header]
-        missing = [c for c in columns if c not in self.header]
-        if missing:
-            raise InputError(f"missing column(s) {', '.join(missing)}", file=label, line=skip_lines + 1,
-                             field=missing[0])
-        dup = [c for c in columns if self.header.count(c) > 1]
-        if dup:
-            raise InputError("duplicate column", file=label, line=skip_lines + 1, field=dup[0])
-        self.idx = {c: self.header.index(c) for c in columns}
-
-    def __iter__(self):
-        start = self.offset + self.reader.line_num + 1
-        while True:
-            try:
-                rec = next(self.reader)
-            except StopIteration:
-                return
-            except csv.Error as e:
-                raise InputError(f"malformed CSV: {e}", file=self.label,
-                                 line=self.offset + self.reader.line_num) from None
-            line = start
-            start = self.offset + self.reader.line_num + 1
-            if not rec or (len(rec) == 1 and not rec[0].strip()):
-                continue
-            if len(rec) != len(self.header):
-                raise InputError(f"expected {len(self.header)} fields, got {len(rec)}", file=self.label, line=line)
-            yield line, rec
-
-    # typed getters -----------------------------------------------------------------
-    def err(self, line: int, field: str, msg: str) -> InputError:
-        return InputError(msg, file=self.label, line=line, field=field)
-
-    def raw(self, rec, c):
-        return rec[self.idx[c]]
-
-    def int(self, rec, line, c, minimum: int = 1, optional: bool = False,
-            maximum: int | None = None) -> int | None:
-        s = rec[self.idx[c]].strip()
-        if not s and optional:
-            return None
-        try:
-            v = int(s)
-        except ValueError:
-            try:
-                f = float(s)
-            except ValueError:
-                raise self.err(line, c, f"not an integer: {s!r}") from None
-            if not (math.isfinite(f) and f.is_integer()):
-                raise self.err(line, c, f"not an integer: {s!r}") from None
-            v = int(f)
-        if v < minimum:
-            raise self.err(line, c, f"must be >= {minimum}, got {v}")
-        if maximum is not None and v > maximum:
-            raise self.err(line, c, f"must be <= {maximum:.3g}, got {s} (an absurd value would make the "
-                                    f"simulated span endless)")
-        return v
-
-    def float(self, rec, line, c, minimum: float | None = 0.0, optional: bool = False,
-              strict_min: bool = False) -> float | None:
-        s = rec[self.idx[c]].strip()
-        if not s and optional:
-            return None
-        try:
-            v = float(s)
-        except ValueError:
-            raise self.err(line, c, f"not a number: {s!r}") from None
-        if not math.isfinite(v):
-            raise self.err(line, c, f"must be finite, got {s!r}")
-        if minimum is not None and (v <= minimum if strict_min else v < minimum):
-            raise self.err(line, c, f"must be {'>' if strict_min else '>='} {minimum}, got {s!r}")
-        return v
-
-    def model(self, rec, line, c) -> str:
-        try:
-            return canonical_model_name(rec[self.idx[c]])
-        except InputError as e:
-            raise self.err(line, c, e.reason) from None
-
-    def gpu(self, rec, line, c, optional: bool = False) -> str | None:
-        s = rec[self.idx[c]].strip()
-        if not s and optional:
-            return None
-        try:
-            return canonical_gpu_name(s)
-        except InputError as e:
-            raise self.err(line, c, e.reason) from None
-
-
 def _check_unique(job_id: str, line: int, seen: dict[str, int], label: str, field: str = "job_id") -> None:
     if not job_id:
         raise InputError("must be non-empty", file=label, line=line, field=field)
@@ -333,7 +216,7 @@ def _job(label: str, line: int, **kw) -> Job:
 # ------------------------------------------------------------------------------------
 
 def _parse_ours(text: str, label: str) -> tuple[tuple[Job, ...], dict[str, int]]:
-    rows = _Rows(text, label, OUR_COLUMNS, skip_lines=1)
+    rows = CsvRows(text, label, OUR_COLUMNS, skip_lines=1)
     extra = [c for c in rows.header if c not in OUR_COLUMNS]
     if extra:
         raise InputError("unknown column", file=label, line=2, field=extra[0])
@@ -387,7 +270,7 @@ def write_trace(jobs: Iterable[Job], path: str | Path) -> None:
 # ------------------------------------------------------------------------------------
 
 def _parse_arena(text: str, label: str, opt: ArenaImportOptions) -> tuple[tuple[Job, ...], dict[str, int]]:
-    rows = _Rows(text, label, ARENA_COLUMNS)
+    rows = CsvRows(text, label, ARENA_COLUMNS)
     parsed, seen = [], {}
     for line, rec in rows:
         job_id = rows.raw(rec, "job_id").strip()
@@ -441,7 +324,7 @@ def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
     from .measurements import load_measured_iter_times
     from .oracle import TableOracle
 
-    rows = _Rows(text, label, PHILLY_COLUMNS)
+    rows = CsvRows(text, label, PHILLY_COLUMNS)
     recs = []
     for line, rec in rows:
         ts = rows.raw(rec, "timestamp").strip()

@@ -130,6 +130,12 @@ def test_outage_file_errors_name_the_file_line_and_field(tmp_path):
         assert e.value.file == str(bad) and e.value.line == line and e.value.field == field, (text, e.value)
     with pytest.raises(InputError, match="not found"):
         load_outages(tmp_path / "none.csv", cl)
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"node,start_s\xff\xfe\x00")
+    with pytest.raises(InputError, match="not UTF-8"):       # the shared CSV reader's check
+        load_outages(binary, cl)
+    with pytest.raises(InputError, match="not an outage file"):
+        load_outages(tmp_path, cl)
     assert cl.node_id("h1") == 1 and cl.node_id(" 0 ") == 0 and cl.node_id(1) == 1
     with pytest.raises(InputError, match="h0, h1"):
         cl.node_id("nope")
