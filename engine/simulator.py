@@ -143,6 +143,10 @@ class _Simulation:
         I = cfg.round_interval_s
         next_arrival = 0
         stall = 0
+        # the times an outage begins or ends: the nodes out change only there
+        changes = sorted({o.start_s for o in cfg.outages} | {o.end_s for o in cfg.outages if o.end_s < math.inf})
+        next_change = 0
+        last_return = max((o.end_s for o in cfg.outages if o.end_s < math.inf), default=-math.inf)
         start_wall = time.perf_counter()
         k = 0
         while True:
@@ -161,7 +165,9 @@ class _Simulation:
                     self.stopped_by_safety = True
                     self.end_s, self.end_reason = now, "safety limit"
                     break
-            if cfg.outages:
+            if next_change < len(changes) and now >= changes[next_change]:    # an outage began or ended
+                while next_change < len(changes) and changes[next_change] <= now:
+                    next_change += 1
                 down = down_at(cfg.outages, now)
                 if down != st.cluster.unavailable:
                     loop.set_unavailable(down, now)
@@ -172,7 +178,7 @@ class _Simulation:
                 n_sub += 1
             rec = loop.round(now, k, submitted=n_sub)
             if (cfg.run_out and next_arrival >= len(self.jobs) and not st.running and rec.launches == 0
-                    and not any(now < o.end_s < math.inf for o in cfg.outages)):   # a node to come back: wait
+                    and not now < last_return):           # a node is still to come back: wait
                 stall += 1
                 if stall >= cfg.stall_rounds:
                     self.stopped_by_safety = True
