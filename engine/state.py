@@ -198,7 +198,8 @@ class EngineState:
         self._changed(r, t, 1.0 / it if it else 0.0, counted=not forced)
         r.alloc, r._since_s = alloc, t
         r.reconfigurations += 1
-        r.evictions += forced
+        if forced:
+            r.evictions += 1
 
     #: how many move/preemption times a record keeps (the stability rule looks back one hour)
     CHANGE_HISTORY = 32

@@ -59,6 +59,17 @@ class ApiContext:
     check: Callable[[JobSpec], None] = lambda spec: None   # refuse a job the cluster cannot run
 
 
+async def _json_body(request: Request, empty: Any) -> Any:
+    """The request's JSON body (``empty`` when there is none), or a 400 naming the body."""
+    raw = await request.body()
+    if not raw:
+        return empty
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"body is not JSON: {e}", field="body") from None
+
+
 class _BodyLimit:
     """ASGI middleware: refuse a body larger than ``limit`` bytes (declared or streamed)."""
 
@@ -133,11 +144,7 @@ def create_app(ctx: ApiContext):
 
     @app.post("/api/jobs", status_code=201)
     async def submit(request: Request) -> Any:
-        raw = await request.body()
-        try:
-            body = json.loads(raw or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(400, f"body is not JSON: {e}", field="body")
+        body = await _json_body(request, None)
         if isinstance(body, dict) and set(body) == {"toml"}:
             if not isinstance(body["toml"], str):
                 return _error(400, "toml must be a string", field="toml")
@@ -183,11 +190,7 @@ def create_app(ctx: ApiContext):
 
     @app.post("/api/nodes/{node}/drain")
     async def drain(node: str, request: Request) -> Any:
-        raw = await request.body()
-        try:
-            body = json.loads(raw or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(400, f"body is not JSON: {e}", field="body")
+        body = await _json_body(request, {})
         reason = body.get("reason", "") if isinstance(body, dict) else None
         if not isinstance(reason, str):
             return _error(400, "reason must be a string", field="reason")
