@@ -29,10 +29,46 @@ COMMAND_MODULES = (
 )
 
 
+PLUGIN_HELP = ("a plug-in (repeatable, anywhere in the command): a Python file or an importable module that "
+               "registers its own policies, objective terms, solver backends or performance-model kinds with "
+               "the built-in decorators; also ARENA_PLUGINS (os.pathsep-separated) and installed entry points "
+               "of the group arena_sched.plugins (docs/architecture.md, \"Plug-ins\")")
+
+
+def _plugin_preparser() -> argparse.ArgumentParser:
+    """Takes ``--plugin`` out of the command wherever it stands, before the parser is
+    built (the commands' help lists the registered names, plug-ins' included)."""
+    pre = argparse.ArgumentParser(prog="arena", add_help=False, allow_abbrev=False)
+    pre.add_argument("--plugin", action="append", default=[], metavar="FILE.py|MODULE")
+    return pre
+
+
+def plugin_registries() -> tuple:
+    """Every registry a plug-in may add to (discovered before a plug-in runs)."""
+    from estimators.perf import KINDS
+    from instances.oracle import ORACLES
+
+    from .objectives.base import TERMS
+    from .policy import POLICIES
+    from .solvers.base import BACKENDS
+    return (POLICIES, TERMS, BACKENDS, KINDS, ORACLES)
+
+
+def load_requested_plugins(flags: list[str]) -> tuple:
+    """The command line's, the environment's and the installed entry points' plug-ins,
+    loaded (nothing is imported when there are none)."""
+    from instances.plugins import entry_point_specs, load_plugins, requested_specs
+    specs = requested_specs(flags) + entry_point_specs()
+    if not specs:
+        return ()
+    return tuple(load_plugins(specs, plugin_registries()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arena", description=__doc__.split("\n\n")[0],
                                      epilog="Documentation: README.md and docs/ (docs/architecture.md "
                                             "for the layout).")
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py|MODULE", help=PLUGIN_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in COMMAND_MODULES:
         try:
@@ -46,11 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:            # `arena` alone: the main job, a demo simulation
-        args = parser.parse_args(["simulate"])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    flags, argv = _plugin_preparser().parse_known_args(argv)
     try:
+        plugins = load_requested_plugins(flags.plugin)
+        for p in plugins:
+            print(f"arena: plugin {p.describe()} from {p.source}", file=sys.stderr)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:            # `arena` alone: the main job, a demo simulation
+            args = parser.parse_args(["simulate"])
+        args.plugins = plugins              # what the results record of the code that decided
         return int(args.func(args) or 0)
     except InputError as e:
         print(f"arena: error: {e}", file=sys.stderr)

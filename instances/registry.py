@@ -37,6 +37,10 @@ class Registry(Generic[F]):
             return factory
         return wrap
 
+    def unregister(self, name: str) -> None:
+        """Forget ``name`` (a plug-in that failed half-way is taken back out: instances/plugins.py)."""
+        self._items.pop(name, None)
+
     def _discover(self) -> None:
         if self._discovered:
             return

@@ -465,12 +465,14 @@ def add_common_jct(rows: list[dict]) -> None:
         r["avg_jct_common_s"] = (sum(jct[j] for j in common) / len(common)) if common else None
 
 
-def write_outputs(rows: list[dict], out_dir, instance_name: str) -> None:
+def write_outputs(rows: list[dict], out_dir, instance_name: str, plugins: tuple = ()) -> None:
     import csv
+    from dataclasses import asdict
     from pathlib import Path
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "results.json").write_text(json.dumps({"instance": instance_name, "rows": rows}, indent=2, default=str))
+    doc = {"instance": instance_name, "rows": rows, "plugins": [asdict(p) for p in plugins]}
+    (d / "results.json").write_text(json.dumps(doc, indent=2, default=str))
     with open(d / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(POLICY_COLUMNS), extrasaction="ignore")
         w.writeheader()
@@ -594,7 +596,7 @@ def run_policy_bench(args) -> int:
         return 0
     add_jct_bound(rows, inst, options)
     if args.out:
-        write_outputs(rows, args.out, inst.name)
+        write_outputs(rows, args.out, inst.name, args.plugins)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0

@@ -294,6 +294,8 @@ def run(args) -> int:
         if bar:
             bar.close()
     report_incomplete(res, "arena simulate")
+    if args.plugins:                    # which plug-in code took part, by file hash
+        res.summary["plugins"] = "; ".join(p.describe() for p in args.plugins)
     from ..metrics import write_result
     write_result(res, out)
     if not args.no_plots:
