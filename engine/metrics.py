@@ -87,6 +87,7 @@ class SimResult:
     instance_name: str = ""
     policy_name: str = ""
     gpus_by_type: dict = field(default_factory=dict)
+    moves: list = field(default_factory=list)   # move_ledger.MoveEntry, one per move of a running job
 
 
 NEVER_PLACED_KINDS = {          # short label in the summary -> what it means
@@ -151,7 +152,8 @@ def build_result(sim) -> SimResult:
             r.evictions))
     summary = summarize(sim, jobs)
     return SimResult(summary, jobs, sim.rounds, getattr(sim.instance, "name", ""),
-                     getattr(sim.policy, "name", type(sim.policy).__name__), dict(st.cluster.gpus_by_type))
+                     getattr(sim.policy, "name", type(sim.policy).__name__), dict(st.cluster.gpus_by_type),
+                     list(sim.loop.moves.entries))
 
 
 def summarize(sim, jobs: list[JobResult]) -> dict:
@@ -235,6 +237,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         s["reconfig_gpu_hours_lost_runout"] = sum(r.reconfig_lost_gpu_s for r in sim.rounds) / 3600.0
         s["stopped_by_safety"] = sim.stopped_by_safety
         s["safety_limit_rounds"] = cfg.max_rounds
+    s.update(sim.loop.moves.summary())      # what the moves expected and gave (engine/move_ledger.py)
     return s
 
 
@@ -247,7 +250,7 @@ def _clean(v):
 def write_result(result, out_dir) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "summary.json", out / "jobs.csv", out / "rounds.csv"]
+    paths = [out / "summary.json", out / "jobs.csv", out / "rounds.csv", out / "moves.csv"]
     paths[0].write_text(json.dumps({k: _clean(v) for k, v in result.summary.items()}, indent=2) + "\n")
     with paths[1].open("w", newline="") as f:
         fields = list(JobResult.__dataclass_fields__)
@@ -262,6 +265,12 @@ def write_result(result, out_dir) -> list[Path]:
         w.writerow(base + [f"gpu_busy_s_{t}" for t in types])
         for r in result.rounds:
             w.writerow([getattr(r, k) for k in base] + [r.gpu_busy_s.get(t, 0.0) for t in types])
+    from .move_ledger import COLUMNS as MOVE_COLUMNS
+    with paths[3].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(MOVE_COLUMNS))
+        w.writeheader()
+        for e in result.moves:
+            w.writerow({k: ("" if v is None else v) for k, v in e.row().items()})
     return paths
 
 

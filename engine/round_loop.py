@@ -36,6 +36,7 @@ from instances.jobs import Job
 from .context import ChangeHistory, Decisions, JobView, RoundContext
 from .executor import Executor, JobProgress
 from .invariants import check_invariants
+from .move_ledger import MoveEntry, MoveLedger
 from .online_feed import OnlineFeed
 from .placement import Placer
 from .policy import Policy
@@ -97,6 +98,7 @@ class RoundLoop:
         self._samples_prev = 0.0
         self._lost_prev = 0.0
         self._feed = OnlineFeed(perf)     # measured iteration times -> a perf model that learns online
+        self.moves = MoveLedger()         # every move: what the decision expected, what it gave
 
     # ------------------------------------------------------------------------------
     def add_job(self, job: Job) -> None:
@@ -114,6 +116,7 @@ class RoundLoop:
         if st.jobs[job_id].status is JobStatus.RUNNING:
             self.executor.stop(job_id, now)
             st.stop(job_id, now, kept_iterations=self.executor.progress(job_id).iterations_done)
+            self.moves.closed(job_id, now, st.jobs[job_id].iterations_done, "cancelled")
             self._prev_iters.pop(job_id, None)
         st.cancel(job_id, now)
         self._need_decide = True
@@ -149,12 +152,14 @@ class RoundLoop:
             at = p.finished_at_s if p.finished_at_s is not None else now
             freed_after[gt] += (now - at) * g
             if p.failed:
+                self.moves.closed(p.job_id, at, p.last_checkpoint_iteration, "failed")
                 st.fail_run(p.job_id, at, p.last_checkpoint_iteration, p.failed, self.max_failures,
                             self.failure_backoff_s, infeasible_shape=not ex.runs_on(r.job, r.alloc.grid.shape))
                 self._prev_iters.pop(p.job_id, None)     # it resumes from its last checkpoint
                 self._failed_since += 1
             else:
                 st.set_progress(p.job_id, p.iterations_done)
+                self.moves.closed(p.job_id, at, p.iterations_done, "finished")
                 st.finish(p.job_id, at)
         totals = ex.totals()
         if self.rounds:
@@ -181,6 +186,7 @@ class RoundLoop:
             for jid in st.running:
                 p = ex.progress(jid)
                 st.set_progress(jid, p.iterations_done)
+                self.moves.observe(jid, now, p.iterations_done)
                 st.jobs[jid].measured_iteration_time_s = p.measured_iteration_time_s
                 self._feed.report(st.jobs[jid].job, st.jobs[jid].alloc, p)
             self._feed.keep_only(st.running)
@@ -286,6 +292,7 @@ class RoundLoop:
         for jid in [j for j in st.running if j not in allocs]:
             ex.stop(jid, now)
             st.stop(jid, now, kept_iterations=ex.progress(jid).iterations_done, evicted=jid in leaving)
+            self.moves.closed(jid, now, st.jobs[jid].iterations_done, "evicted" if jid in leaving else "preempted")
             self._prev_iters.pop(jid, None)
             if jid in leaving:
                 rec.evictions += 1
@@ -299,6 +306,7 @@ class RoundLoop:
             ex.release(jid, now)
         for jid, a in moving:
             st.move(jid, a, now, forced=jid in leaving)
+            self._ledger_move(jid, current[jid], a, now, forced=jid in leaving)
             ex.reconfigure(jid, a, decisions.plans.get(jid), now)
             rec.reconfigurations += 1
             rec.evictions += jid in leaving
@@ -312,3 +320,18 @@ class RoundLoop:
                 rec.launches += 1
                 if resumed:
                     rec.reconfigurations += 1
+
+    def _ledger_move(self, job_id: str, old, new, now: float, *, forced: bool) -> None:
+        """Open the move's ledger entry: the rate measured before it, the performance
+        model's estimates of both grids and the move's price."""
+        r = self.state.jobs[job_id]
+
+        def rate(grid: Grid) -> float | None:
+            if self.perf is None:
+                return None
+            est = self.perf.estimate(r.job, grid)
+            t = est.iteration_time_s
+            return 1.0 / t if est.feasible and 0 < t < float("inf") else None
+        price = self.reconfig.cost_s(r.job, old, new) if self.reconfig is not None else None
+        self.moves.opened(MoveEntry(job_id, now, forced, str(old.grid), str(new.grid), r.rate_before_change,
+                                    rate(old.grid), rate(new.grid), price, r.iterations_done))

@@ -16,7 +16,7 @@ import math
 from typing import Iterable
 
 METRICS = ("avg_jct_runout_s", "makespan_runout_s", "avg_jct_over_bound", "reconfigurations_per_job_runout",
-           "reconfig_gpu_hours_lost_runout", "decision_time_median_s")
+           "reconfig_gpu_hours_lost_runout", "moves_paid_back_share", "decision_time_median_s")
 COUNTS = ("jobs_never_placed", "jobs_unfinished_runout")
 
 

@@ -194,4 +194,5 @@ class _Simulation:
                 self.progress_cb(RoundProgress(k, cfg.rounds, cfg.run_out, len(st.finished_ids),
                                                len(self.jobs), time.perf_counter() - start_wall,
                                                cfg.max_rounds))
+        loop.moves.close_all(self.end_s, {j: self.executor.progress(j).iterations_done for j in st.running})
         self.wall_s = time.perf_counter() - start_wall

@@ -15,6 +15,7 @@ from instances.bounds import cluster_shapes, jct_lower_bounds
 from instances.builtin import get_instance
 from instances.grid import Shape
 from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
+from tests.test_move_ledger import assert_ledger_consistent
 
 
 def test_cluster_shapes_are_the_engines_power_of_two_shapes():
@@ -60,6 +61,8 @@ def test_no_policy_finishes_a_job_before_its_bound(policy):
     for j in finished:
         assert j.finish_s - j.arrival_s >= bounds[j.job_id] - 1e-6, j.job_id
     assert min((j.finish_s - j.arrival_s) / bounds[j.job_id] for j in finished) < 1.5
+    assert_ledger_consistent(res)           # the same run's move ledger (tests/test_move_ledger.py)
+    assert (len(res.moves) > 0) == (policy != "fcfs")
 
 
 def test_report_reads_runs_and_refuses_foreign_ones(tmp_path, capsys):

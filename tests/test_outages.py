@@ -19,6 +19,7 @@ from instances.builtin import get_instance
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
 from instances.outages import Outage, down_at, load_outages
+from tests.test_move_ledger import assert_ledger_consistent
 
 DEMO = get_instance("demo")      # nodes 0-3: 8 x a100-40gb each; 4-11: 2 x a40 each
 # jobs arrive over the first 2,940 s: three A100 nodes and two A40 nodes go out while the
@@ -40,6 +41,9 @@ def test_every_policy_keeps_jobs_off_nodes_out_and_finishes_every_job(policy):
     # the invariants (every round) refuse a job on an unavailable node; jobs were there to evict
     assert s["evictions"] >= 1
     assert sum(r.evictions for r in res.rounds) == s["evictions"]
+    assert_ledger_consistent(res)           # forced moves and evictions close their ledger entries
+    forced = [e for e in res.moves if e.forced]
+    assert len(forced) == s["moves_forced"]
 
 
 def test_nodes_out_lengthen_the_run_and_a_whole_cluster_out_waits_instead_of_stalling():
@@ -233,5 +237,6 @@ def test_random_outages_keep_every_invariant_and_lose_no_job(spans, policy):
     assert s["end_reason"] in ("all jobs finished", "stalled")
     assert s["jobs_finished_runout"] + s["jobs_unfinished_runout"] == len(small.jobs)
     assert len(res.jobs) == len(small.jobs)
+    assert_ledger_consistent(res)
     if not any(o.end_s == math.inf for o in outages):
         assert s["end_reason"] == "all jobs finished"       # every node came back: every job finished

@@ -42,7 +42,9 @@ POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs",
                   "active_span_s", "reconfigurations", "reconfigurations_per_job",
                   "reconfigurations_runout", "reconfigurations_per_job_runout",
                   "reconfig_gpu_hours_lost_runout", "evictions", "packing_failures", "decision_time_median_s",
-                  "decision_time_p99_s", "wall_time_s", "avg_jct_bound_s", "avg_jct_over_bound")
+                  "decision_time_p99_s", "wall_time_s", "avg_jct_bound_s", "avg_jct_over_bound",
+                  "moves_decided", "moves_giving_way", "moves_paid_back_share", "moves_est_gain_median",
+                  "moves_realized_gain_median")
 
 
 def register(subparsers) -> None:
@@ -612,21 +614,23 @@ def run_policy_bench(args) -> int:
         print(json.dumps(rows, indent=2, default=str))
         return 0
     print(f"{'policy':<18} {'finished':>8} {'never':>5} {'JCT runout s':>12} {'/bound':>6} {'makespan s':>11} "
-          f"{'JCT common s':>12} {'util':>5} {'reconf/job':>10} {'GPU-h lost':>10} {'decide s':>9}")
+          f"{'JCT common s':>12} {'util':>5} {'reconf/job':>10} {'GPU-h lost':>10} {'paid':>5} {'decide s':>9}")
     for r in rows:
         print(f"{r['policy']:<18} {_fmt(r['jobs_finished'], 8)} {_fmt(r['jobs_never_placed'], 5)} "
               f"{_fmt(r['avg_jct_runout_s'], 12)} {_fmt(r['avg_jct_over_bound'], 6, 2)} "
               f"{_fmt(r['makespan_runout_s'], 11)} "
               f"{_fmt(r['avg_jct_common_s'], 12)} {_fmt(r['gpu_util'], 5, 3)} "
               f"{_fmt(r['reconfigurations_per_job_runout'], 10, 2)} {_fmt(r['reconfig_gpu_hours_lost_runout'], 10, 1)} "
-              f"{_fmt(r['decision_time_median_s'], 9, 3)}")
+              f"{_fmt(r['moves_paid_back_share'], 5, 2)} {_fmt(r['decision_time_median_s'], 9, 3)}")
     if rows:
         print(f"finished: by the horizon; never: jobs never placed (run out); JCT runout: over every job that "
               f"finished in the run-out; /bound: that over every job's JCT alone on the cluster at its fastest "
               f"shape (arena bench bound), when every job finished; "
               f"JCT common: over the {rows[0]['jobs_common']} jobs every policy finished; "
               f"reconf/job and GPU-h lost: moves and resumes per job of the instance, and GPU-hours held during "
-              f"their downtime, whole run; decisions from {_decided_with(rows)}, move costs {rows[0]['move_costs']}")
+              f"their downtime, whole run; paid: share of the moves expected to speed their job up that paid for "
+              f"themselves (progress since >= what staying would have made; moves.csv has every move); "
+              f"decisions from {_decided_with(rows)}, move costs {rows[0]['move_costs']}")
     if args.out:
         print(f"wrote {args.out}/results.json, results.csv, comparison.png")
     return 0

@@ -1,0 +1,68 @@
+"""The move ledger (engine/move_ledger.py): payback by hand, and a simulated run's ledger
+held to the jobs' own counts (called from tests/test_bounds.py on fcfs, arena and sia-ap)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.move_ledger import MoveEntry, MoveLedger
+
+ENDS = {"moved again", "preempted", "evicted", "failed", "finished", "cancelled", "run ended"}
+
+
+def entry(job="j", t=100.0, rate=1.0, est=(1.0, 2.0), forced=False, at=50.0):
+    return MoveEntry(job, t, forced, "a:1x1", "a:1x2", rate, est[0], est[1], 20.0, at)
+
+
+def test_payback_by_hand():
+    led = MoveLedger()
+    led.opened(entry())
+    led.observe("j", 200.0, 120.0)             # 70 made in 100 s at a rate before of 1/s: not yet
+    assert led.entries[0].paid_back_s is None
+    led.observe("j", 300.0, 260.0)             # 210 in 200 s: paid back, 200 s after the move
+    led.observe("j", 400.0, 261.0)             # later readings do not move it
+    led.closed("j", 500.0, 400.0, "finished")
+    e = led.entries[0]
+    assert (e.paid_back_s, e.iterations_after, e.end, e.paid_back) == (200.0, 350.0, "finished", True)
+    assert e.realized_gain == pytest.approx(350.0 / 400.0) and e.est_gain == 2.0
+    # moved again before it paid: the next entry closes this one, unpaid
+    led.opened(entry(job="k", t=0.0, at=0.0))
+    led.opened(entry(job="k", t=300.0, at=100.0))
+    k = [x for x in led.entries if x.job_id == "k"]
+    assert (k[0].end, k[0].paid_back, k[0].iterations_after, k[1].ended_s) == ("moved again", False, 100.0, None)
+    # a job finishing between rounds pays back at its closing reading
+    led.opened(entry(job="f", t=0.0, at=0.0))
+    led.closed("f", 50.0, 60.0, "finished")
+    assert led.entries[-1].paid_back_s == 50.0
+    # no rate before the move: it is not judged; a forced move is counted apart
+    led.opened(entry(job="n", rate=0.0))
+    led.opened(entry(job="g", est=(2.0, 1.0)))                      # gave GPUs up for others
+    led.opened(entry(job="x", forced=True))
+    led.close_all(1000.0, {"n": 500.0, "g": 60.0, "x": 60.0, "k": 900.0})
+    assert all(e.ended_s is not None for e in led.entries)
+    s = led.summary()
+    assert s["moves_decided"] == 6 and s["moves_forced"] == 1 and s["moves_giving_way"] == 1
+    assert s["moves_speeding_up"] == 5                               # j, k twice, f, n
+    # of j, k, k, f (n not judged): j, f and the second k (800 made in 700 s at 1/s)
+    assert s["moves_paid_back_share"] == pytest.approx(3 / 4)
+
+
+def assert_ledger_consistent(res) -> None:
+    """A simulated run's ledger against the run's own records: one entry per move of a
+    running job (a job's reconfigurations that were not resumes), every entry closed with
+    a known end, a job's entries in time order without overlap, and payback where the
+    rate made since the move beat the rate before it."""
+    by_job: dict[str, list] = {}
+    for e in res.moves:
+        by_job.setdefault(e.job_id, []).append(e)
+        assert e.end in ENDS and e.ended_s is not None and e.ended_s >= e.time_s
+        if e.rate_before and e.iterations_after > 0 and e.realized_gain is not None and e.realized_gain >= 1.0:
+            assert e.paid_back, e
+        if e.paid_back:
+            assert e.paid_back_s <= e.elapsed_s + 1e-9
+    for j in res.jobs:
+        resumes = max(0, j.launches - 1)
+        assert len(by_job.get(j.job_id, [])) == j.reconfigurations - resumes, j.job_id
+    for entries in by_job.values():
+        for a, b in zip(entries, entries[1:]):
+            assert a.end == "moved again" and a.ended_s == b.time_s or a.ended_s <= b.time_s
+    assert res.summary["moves_decided"] + res.summary["moves_forced"] == len(res.moves)
