@@ -71,6 +71,12 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
     with Store(str(run["tmp"] / "state.db"), readonly=True) as st:
         assert st.check() == []
         assert not st.running_launches()
+        # the move ledger has one entry per move, each closed, with the decision's estimates
+        for r in rows:
+            ledger = st.moves(r["id"])
+            assert len(ledger) == r["moves"], (r["name"], ledger)
+            assert all(m["ended_at"] is not None and m["est_rate_after"] and m["price_s"] is not None
+                       for m in ledger), ledger
         # every move that reached its first step is measured in the store
         moves = [m for r in rows for m in st.measurements(r["id"]) if "move_total_s" in m.reconfig]
         assert moves and all(m.reconfig["move_total_s"] > 0 for m in moves)
@@ -126,6 +132,13 @@ def test_status_agrees_with_the_database(run, tmp_path):
                 assert shown[row.id]["status"] == row.status
                 assert shown[row.id]["plan"] == last.plan
                 assert shown[row.id]["launches"] == len(st.launches(row.id))
+            moved = next(r["id"] for r in run["rows"] if r["moves"] > 0)
+            ledger = st.moves(moved)
+        out = subprocess.run([sys.executable, "-m", "engine.cli", "status", str(moved), "--url", run["url"]],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        lines = out.split("moves (expected", 1)[1].splitlines()[1:]
+        assert len(lines) == len(ledger) and all(f"{m['from_grid']} -> {m['to_grid']}" in ln and "expected " in ln
+                                                 for m, ln in zip(ledger, lines)), out
         check_page(run["url"], shown, tmp_path)
     finally:
         proc.terminate()

@@ -356,3 +356,29 @@ def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):
             store.submit_once(SPEC, bad)
     assert list(store.conn.iterdump()) == before
     assert [h.to_status for h in store.history(1)] == ["queued"]  # the replay wrote no history
+
+
+def test_the_move_ledger_is_stored_updated_closed_and_checked(store):
+    from engine.commands.service import move_line
+    from engine.move_ledger import MoveEntry
+    j = store.submit(SPEC)
+    e = MoveEntry(str(j), 100.0, False, "cpu:1x1:pp1", "cpu:1x2:pp1", 2.0, 2.1, 3.9, 8.0, 40.0)
+    store.record_moves([e])
+    (row,) = store.moves(j)
+    assert row["ended_at"] is None and row["est_rate_after"] == 3.9 and row["forced"] is False
+    assert "has not paid for itself yet" in move_line(row) and "expected 1.86x" in move_line(row)
+    e.paid_back_s = 30.0                                    # later rounds: paid back, then moved again
+    e.ended_s, e.end, e.iterations_after = 200.0, "moved again", 260.0
+    e2 = MoveEntry(str(j), 200.0, False, "cpu:1x2:pp1", "cpu:1x1:pp1", 2.6, 3.9, 2.1, 8.0, 300.0)
+    store.record_moves([e, e2])
+    first, second = store.moves(j)
+    assert (first["end_reason"], first["iterations_after"], first["paid_back_s"]) == ("moved again", 260.0, 30.0)
+    assert "made 1.30x the rate before until moved again; paid for itself after 30 s" in move_line(first)
+    assert store.check() == []
+    # a second open move of the same job is an inconsistency the check names
+    store.record_moves([MoveEntry(str(j), 300.0, True, "a", "b", 0.0, None, None, None, 310.0)])
+    assert any("2 moves open at once" in p for p in store.check())
+    # a restart ends what is still open
+    assert store.close_open_moves("service restarted") == 2
+    assert store.check() == [] and all(m["ended_at"] is not None for m in store.moves())
+    assert "no estimate" in move_line(store.moves(j)[-1]) and "forced" in move_line(store.moves(j)[-1])

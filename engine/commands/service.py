@@ -376,6 +376,26 @@ def run_status(args) -> int:
         print()
 
 
+def move_line(m: dict) -> str:
+    """One move-ledger row for people: when, where to, what was expected, what it made."""
+    when = time.strftime('%H:%M:%S', time.localtime(m["at"]))
+    exp = ""
+    if m.get("est_rate_before") and m.get("est_rate_after") is not None:
+        exp = f"expected {m['est_rate_after'] / m['est_rate_before']:.2f}x"
+    price = f", priced {m['price_s']:.0f} s down" if m.get("price_s") is not None else ""
+    rate = m.get("rate_before") or 0.0
+    if m.get("ended_at") is not None:
+        span = m["ended_at"] - m["at"]
+        made = (f"made {m['iterations_after'] / span / rate:.2f}x the rate before until {m['end_reason']}"
+                if rate and span > 0 else f"ended: {m['end_reason']}")
+    else:
+        made = "still there"
+    paid = ("" if not rate else f"; paid for itself after {m['paid_back_s']:.0f} s" if m.get("paid_back_s") is not None
+            else "; has not paid for itself" + (" yet" if m.get("ended_at") is None else ""))
+    kind = " (forced off a drained node)" if m.get("forced") else ""
+    return f"{when} {m['from_grid']} -> {m['to_grid']}{kind}: {exp or 'no estimate'}{price}; {made}{paid}"
+
+
 def _show_status(cl: Client, args) -> bool:
     """Print the jobs (or one job); True when every one shown has ended."""
     from ..service.store import TERMINAL
@@ -389,6 +409,10 @@ def _show_status(cl: Client, args) -> bool:
             for h in job["history"]:
                 print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "
                       f"{h['reason']}")
+            if job.get("move_ledger"):
+                print("moves (expected: the estimate the decision used; made: measured since the move):")
+                for m in job["move_ledger"]:
+                    print("  " + move_line(m))
         return job["status"] in TERMINAL
     jobs = cl.get("/api/jobs")
     print(json.dumps(jobs, indent=1) if args.json else _table(jobs))

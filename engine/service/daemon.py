@@ -136,11 +136,16 @@ class Service:
         self._last_round = -math.inf
         self._round_index = 0
         self.started_at = time.time()
+        self._moves_written = 0                # ledger entries stored so far ...
+        self._moves_open: list = []            # ... and those of them still open (rewritten as they change)
 
     # ------------------------------------------------------------------------------
     def recover(self) -> None:
         """Take over from a service that stopped (cleanly or not); see the module doc."""
         st = self.store
+        n = st.close_open_moves("service restarted")    # their jobs are stopped below and relaunch
+        if n:
+            self.log(f"{n} move(s) of the last run were still open; ended as 'service restarted'")
         for row in st.jobs():                 # ranks left training by a move the crash interrupted
             launches = st.launches(row.id)
             if row.status in TERMINAL or not launches or launches[-1].state == "started":
@@ -295,8 +300,18 @@ class Service:
             rec = loop.round(now, self._round_index)
         finally:
             self.executor.stop_reasons.clear()         # a job that moved instead of stopping
+        self._store_moves()
         self._last_round, self._trigger = now, ""
         return rec
+
+    def _store_moves(self) -> None:
+        """Write the move ledger's new entries, and the open ones again (they may have paid
+        back or ended since), to the store."""
+        entries = self.loop.moves.entries
+        changed = self._moves_open + entries[self._moves_written:]
+        self.store.record_moves(changed)
+        self._moves_written = len(entries)
+        self._moves_open = [e for e in changed if e.ended_s is None]
 
     def _drained(self) -> frozenset[int]:
         """The nodes drained in the store that this cluster has (others are logged at recovery)."""
@@ -345,8 +360,13 @@ class Service:
             try:
                 self.executor.stop(jid, now, reason="service shutdown")
                 self.loop.state.stop(jid, now, kept_iterations=self.mpi.progress(jid).iterations_done)
+                self.loop.moves.closed(jid, now, self.loop.state.jobs[jid].iterations_done, "service shutdown")
             except Exception as e:            # keep stopping the others; the next start recovers
                 self.log(f"job {jid}: stop at shutdown failed: {e}")
+        try:
+            self._store_moves()
+        except Exception as e:                # the next start ends what is left open
+            self.log(f"the move ledger was not stored at shutdown: {e}")
         self.mpi.close()
         self.store.close()
         self.log("stopped; running jobs were checkpointed")

@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from instances.errors import InputError
 
@@ -160,6 +160,27 @@ MIGRATIONS: tuple[str, ...] = (
         node INTEGER PRIMARY KEY,                 -- the cluster's node id
         reason TEXT NOT NULL,
         at REAL NOT NULL
+    );
+    """,
+    # v5 -> v6: the move ledger (engine/move_ledger.py): each move of a running job, what
+    # the decision expected of it and what it gave
+    """
+    CREATE TABLE moves (
+        job_id INTEGER NOT NULL REFERENCES jobs(id),
+        at REAL NOT NULL,
+        forced INTEGER NOT NULL,                  -- off a drained node, not a decision
+        from_grid TEXT NOT NULL,
+        to_grid TEXT NOT NULL,
+        rate_before REAL NOT NULL,                -- iterations/s measured before (0: not measured)
+        est_rate_before REAL,                     -- the performance model's, old and new grid
+        est_rate_after REAL,
+        price_s REAL,                             -- the downtime the move was priced at
+        iterations_at REAL NOT NULL,
+        ended_at REAL,                            -- NULL: the job still runs where this move put it
+        end_reason TEXT NOT NULL DEFAULT '',
+        iterations_after REAL NOT NULL DEFAULT 0,
+        paid_back_s REAL,                         -- from the move until it had paid for itself
+        PRIMARY KEY (job_id, at)
     );
     """,
 )
@@ -418,6 +439,42 @@ class Store:
         rows = self.conn.execute("SELECT node, reason, at FROM drained_nodes ORDER BY node")
         return {n: (r, at) for n, r, at in rows}
 
+    MOVE_FIELDS = ("job_id", "at", "forced", "from_grid", "to_grid", "rate_before", "est_rate_before",
+                   "est_rate_after", "price_s", "iterations_at", "ended_at", "end_reason", "iterations_after",
+                   "paid_back_s")
+
+    def record_moves(self, entries: Iterable[Any]) -> None:
+        """Insert or update move-ledger entries (``engine.move_ledger.MoveEntry``) in one
+        transaction: a new move, or what an open one has made since (its end, progress,
+        payback)."""
+        rows = [(int(e.job_id), float(e.time_s), int(bool(e.forced)), str(e.from_grid), str(e.to_grid),
+                 float(e.rate_before), e.est_rate_before, e.est_rate_after, e.price_s, float(e.iterations_at),
+                 e.ended_s, e.end, float(e.iterations_after), e.paid_back_s) for e in entries]
+        if not rows:
+            return
+        with self._tx():
+            self.conn.executemany(
+                f"INSERT INTO moves({', '.join(self.MOVE_FIELDS)}) VALUES ({', '.join('?' * len(self.MOVE_FIELDS))}) "
+                "ON CONFLICT(job_id, at) DO UPDATE SET ended_at = excluded.ended_at, "
+                "end_reason = excluded.end_reason, iterations_after = excluded.iterations_after, "
+                "paid_back_s = excluded.paid_back_s", rows)
+
+    def close_open_moves(self, end_reason: str) -> int:
+        """End every move still open (a restart: the jobs were stopped and relaunch); how many."""
+        with self._tx() as now:
+            cur = self.conn.execute("UPDATE moves SET ended_at = ?, end_reason = ? WHERE ended_at IS NULL",
+                                    (now, str(end_reason)))
+        return cur.rowcount
+
+    def moves(self, job_id: int | None = None) -> list[dict]:
+        """Move-ledger rows (one job's, or all), oldest first, as dicts of ``MOVE_FIELDS``."""
+        q = f"SELECT {', '.join(self.MOVE_FIELDS)} FROM moves"
+        if job_id is None:
+            rows = self.conn.execute(q + " ORDER BY at, job_id")
+        else:
+            rows = self.conn.execute(q + " WHERE job_id = ? ORDER BY at", (int(job_id),))
+        return [dict(zip(self.MOVE_FIELDS, r)) | {"forced": bool(r[2])} for r in rows]
+
     def cancel_requests(self) -> list[int]:
         """Jobs whose cancel was requested and that have not ended yet."""
         return [r[0] for r in self.conn.execute(
@@ -613,7 +670,8 @@ class Store:
         """Inconsistencies (empty: none): SQLite's integrity check, and this schema's rules:
         each job's history is a chain of allowed transitions ending at its status; launch
         generations are 1..n with at most one active, none for an ended job; a GPU is
-        active in one launch at most, exactly in the active launches."""
+        active in one launch at most, exactly in the active launches; a job has at most one
+        open move, and no move ends before it began."""
         out = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
         out += [f"foreign key: {r}" for r in self.conn.execute("PRAGMA foreign_key_check")]
         for job in self.jobs():
@@ -641,4 +699,9 @@ class Store:
             "SELECT g.job_id, g.generation, g.gpu, g.active, l.state FROM launch_gpus g JOIN launches l "
             "USING (job_id, generation) WHERE (g.active = 1) != (l.state IN ('intent', 'started'))").fetchall()
         out += [f"job {j} launch {g}: gpu {gpu} active={a} in state {s}" for j, g, gpu, a, s in bad_gpus]
+        for j, n in self.conn.execute("SELECT job_id, COUNT(*) FROM moves WHERE ended_at IS NULL GROUP BY job_id "
+                                      "HAVING COUNT(*) > 1"):
+            out.append(f"job {j}: {n} moves open at once (a move ends where the next begins)")
+        out += [f"job {j}: move at {at} ends before it began ({end})" for j, at, end in self.conn.execute(
+            "SELECT job_id, at, ended_at FROM moves WHERE ended_at IS NOT NULL AND ended_at < at")]
         return out

@@ -93,6 +93,7 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
         "launches": len(launches), "moves": moves, "failed_launches": failures,
         "time_in_status_s": in_state,
         "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
+        "move_ledger": store.moves(job_id),
         "loss": last_loss(work_dir, launches),
         "loss_curve": _thin(points, LOSS_POINTS) if curve else [],
         "cancel_requested": row.id in set(store.cancel_requests()),
