@@ -520,8 +520,7 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
     ax.set_title("jobs finished / never placed", fontsize=9)
     ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
     ax.legend(fontsize=7)
-    colours = ["tab:red" if r.get("policy_name", r["policy"]).startswith(("arena", "suika")) else "tab:gray"
-               for r in rows]                            # ours in red, variants included
+    colours = [policy_colour(r.get("policy_name", r["policy"])) for r in rows]
     for ax, (key, title, div) in zip(axes[1:], metrics):
         vals = [(r.get(key) if r.get(key) is not None else math.nan) / div for r in rows]
         bars = ax.bar(x, vals, color=colours)
@@ -540,6 +539,11 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def policy_colour(name: str) -> str:
+    """A comparison figure's bar colour: ours (and variants of ours) in red, the others grey."""
+    return "tab:red" if name.startswith(("arena", "suika")) else "tab:gray"
 
 
 def decided_with(rows: list[dict]) -> str:

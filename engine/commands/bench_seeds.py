@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 import math
 
-from .bench import POLICY_COLUMNS, add_jct_bound, build_workload, decided_with, policy_bench, workload_args
+from .bench import (
+    POLICY_COLUMNS,
+    add_jct_bound,
+    build_workload,
+    decided_with,
+    policy_bench,
+    policy_colour,
+    workload_args,
+)
 
 
 def seeds_arg(args, policies: list[str]) -> list[int] | None:
@@ -142,7 +150,7 @@ def plot_seeded_comparison(agg: list[dict], path, instance_name: str, seeds: lis
     axes = list(grid.flat)
     names = [e["policy"] for e in agg]
     x = list(range(len(agg)))
-    colours = ["tab:red" if e["policy_name"].startswith(("arena", "suika")) else "tab:gray" for e in agg]
+    colours = [policy_colour(e["policy_name"]) for e in agg]
     for ax, (key, title, div) in zip(axes, metrics):
         mean = [(e[key]["mean"] if e[key]["mean"] is not None else math.nan) / div for e in agg]
         sd = [(e[key]["sd"] or 0.0) / div for e in agg]
