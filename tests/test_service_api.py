@@ -105,6 +105,14 @@ def test_a_token_is_required_when_set(tmp_path):
     assert client.get("/?token=s3cret").status_code == 200
 
 
+def test_health_names_the_plugins_that_decide(tmp_path):
+    db = tmp_path / "state.db"
+    Store(db).close()
+    plugins = ("/p/energy.py sha256:284af2304def (policy arena-energy, objective term energy)",)
+    client = TestClient(create_app(ApiContext(str(db), str(tmp_path), CLUSTER, "arena-energy", plugins=plugins)))
+    assert client.get("/api/health").json()["plugins"] == list(plugins)
+
+
 def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("ARENA_TOKEN", raising=False)
     base = ["serve", "--db", str(tmp_path / "s.db"), "--work-dir", str(tmp_path / "w")]

@@ -256,7 +256,8 @@ def run_serve(args) -> int:
     log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log))
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
-                                wake=service.wake.set, check=service.check_runnable))
+                                wake=service.wake.set, check=service.check_runnable,
+                                plugins=tuple(p.describe() for p in args.plugins)))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     stop = threading.Event()

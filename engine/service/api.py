@@ -57,6 +57,7 @@ class ApiContext:
     token: str | None = None
     wake: Callable[[], None] = lambda: None       # tell the scheduler a request arrived
     check: Callable[[JobSpec], None] = lambda spec: None   # refuse a job the cluster cannot run
+    plugins: tuple[str, ...] = ()                  # plug-ins loaded (path, sha256, what they registered)
 
 
 async def _json_body(request: Request, empty: Any) -> Any:
@@ -140,7 +141,7 @@ def create_app(ctx: ApiContext):
     @app.get("/api/health")
     def health() -> dict:
         return {"ok": True, "policy": ctx.policy, "cluster": ctx.cluster.name,
-                "gpus": sum(ctx.cluster.gpus_by_type().values())}
+                "gpus": sum(ctx.cluster.gpus_by_type().values()), "plugins": list(ctx.plugins)}
 
     @app.post("/api/jobs", status_code=201)
     async def submit(request: Request) -> Any:
