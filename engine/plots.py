@@ -1,10 +1,11 @@
 """PNG plots of one simulation (matplotlib, Agg backend): JCT CDF, throughput over time,
-GPU utilization by type, queue length."""
+GPU utilization by type, queue length, and the move ledger (expected against realized
+gain of every move, how long a job stayed where a move put it)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-PLOT_FILES = ("jct_cdf.png", "throughput.png", "gpu_util.png", "queue_length.png")
+PLOT_FILES = ("jct_cdf.png", "throughput.png", "gpu_util.png", "queue_length.png", "moves.png")
 
 
 def write_plots(result, out_dir) -> list[Path]:
@@ -61,7 +62,47 @@ def write_plots(result, out_dir) -> list[Path]:
     ax.legend(fontsize=8); ax.grid(alpha=0.3)
     paths.append(out / PLOT_FILES[3])
     fig.tight_layout(); fig.savefig(paths[-1], dpi=100); plt.close(fig)
+
+    paths.append(out / PLOT_FILES[4])
+    _plot_moves(plt, np, result.moves, title, paths[-1])
     return paths
+
+
+def _plot_moves(plt, np, moves, title: str, path) -> None:
+    """Left: each decided move's expected gain (the model's) against its realized gain
+    (measured, downtime included), by whether it paid for itself; right: how long each
+    move's job stayed where it put it."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    judged = [m for m in moves if not m.forced and m.est_gain and m.realized_gain]
+    groups = (("paid for itself", "tab:green", lambda m: m.est_gain > 1 and m.paid_back),
+              ("did not", "tab:red", lambda m: m.est_gain > 1 and not m.paid_back),
+              ("gave way (expected slower)", "tab:gray", lambda m: m.est_gain <= 1))
+    for label, colour, keep in groups:
+        pts = [(m.est_gain, m.realized_gain) for m in judged if keep(m)]
+        if pts:
+            x, y = zip(*pts)
+            ax.scatter(x, y, s=6, alpha=0.5, color=colour, label=f"{label} ({len(pts)})")
+    if judged:
+        lo = min(min(m.est_gain, m.realized_gain) for m in judged)
+        hi = max(max(m.est_gain, m.realized_gain) for m in judged)
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.6)
+        ax.set(xscale="log", yscale="log")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no measured moves", ha="center", va="center", transform=ax.transAxes)
+    ax.set(xlabel="expected gain (new grid / old, estimate)", ylabel="realized rate / rate before",
+           title=f"Moves — {title}")
+    ax.grid(alpha=0.3)
+    stay = np.array([m.elapsed_s / 3600.0 for m in moves if m.elapsed_s and m.elapsed_s > 0])
+    if len(stay):
+        bins = np.logspace(np.log10(stay.min()), np.log10(stay.max()) + 1e-9, 30)
+        bx.hist(stay, bins=bins, color="tab:blue")
+        bx.set(xscale="log")
+    else:
+        bx.text(0.5, 0.5, "no moves", ha="center", va="center", transform=bx.transAxes)
+    bx.set(xlabel="hours on the grid a move chose (until the next change or the end)", ylabel="moves")
+    bx.grid(alpha=0.3)
+    fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
 
 
 def _gpus_by_type(result) -> dict[str, int]:

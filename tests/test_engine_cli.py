@@ -14,7 +14,7 @@ def test_simulate_demo_writes_all_files(tmp_path, capsys):
     rc = main(["simulate", "--instance", "demo", "--rounds", "40", "--run-out", "--out", str(out), "--quiet",
                "--policy-opt", "backfill=true"])
     assert rc == 0
-    for f in ("summary.json", "jobs.csv", "rounds.csv") + PLOT_FILES:
+    for f in ("summary.json", "jobs.csv", "rounds.csv", "moves.csv") + PLOT_FILES:
         assert (out / f).stat().st_size > 0, f
     s = json.loads((out / "summary.json").read_text())
     for k in ("jobs_total", "jobs_finished", "jobs_never_placed", "avg_jct_s", "median_jct_s", "p95_jct_s",
