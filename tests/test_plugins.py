@@ -109,11 +109,12 @@ def test_arena_with_the_plugin_anywhere_in_the_command(registries, tmp_path, cap
 
 
 def test_bench_policies_records_the_plugins(registries, tmp_path, capsys):
-    rc = main(["bench", "policies", "--plugin", str(ENERGY), "--instance", "demo", "--policy", "arena-energy",
+    # (fcfs decides: the plug-in's policy ran end to end above; here its record is what counts)
+    rc = main(["bench", "policies", "--plugin", str(ENERGY), "--instance", "demo", "--policy", "fcfs",
                "--rounds", "4", "--no-run-out", "--quiet", "--json", "--out", str(tmp_path)])
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)                   # --json: pure JSON on stdout
-    assert [r["policy"] for r in rows] == ["arena-energy"]
+    assert [r["policy"] for r in rows] == ["fcfs"]
     doc = json.loads((tmp_path / "results.json").read_text())
     assert [p["registered"] for p in doc["plugins"]] == [["policy arena-energy", "objective term energy"]]
 

@@ -32,7 +32,18 @@ def test_policy_bench_rejects_options_for_absent_policies():
     from instances.errors import InputError
     with pytest.raises(InputError):
         _policy_options(["arena:w_jct=2"], ["fcfs"])
-    assert _policy_options(["arena:w_jct=2"], ["arena"]) == {"arena": {"w_jct": "2"}}
+    # values are parsed as arena simulate's are (a policy that checks a bool gets a bool)
+    assert _policy_options(["arena:w_jct=2", "arena:stability=false"], ["arena"]) == \
+        {"arena": {"w_jct": 2, "stability": False}}
+
+
+def test_policy_bench_parses_option_values_and_names_a_bad_one(capsys):
+    base = ["bench", "policies", "--instance", "demo", "--policy", "fcfs", "--rounds", "3", "--no-run-out",
+            "--quiet", "--json"]
+    assert main(base + ["--policy-opt", "fcfs:backfill=true"]) == 0        # was a ValueError traceback
+    assert json.loads(capsys.readouterr().out)[0]["options"] == {"backfill": True}
+    assert main(base + ["--policy-opt", "fcfs:backfill=maybe"]) == 2
+    assert "backfill must be a bool" in capsys.readouterr().err
 
 
 def test_policy_bench_runs_labelled_variants_beside_the_default(tmp_path, capsys):
@@ -42,7 +53,7 @@ def test_policy_bench_runs_labelled_variants_beside_the_default(tmp_path, capsys
     assert main(args) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["policy"], r["policy_name"]) for r in rows] == [("arena", "arena"), ("arena-ms", "arena")]
-    assert rows[0]["options"] == {} and rows[1]["options"] == {"w_makespan": "10"}
+    assert rows[0]["options"] == {} and rows[1]["options"] == {"w_makespan": 10}
     assert (tmp_path / "arena-ms" / "summary.json").exists() and (tmp_path / "arena" / "summary.json").exists()
     assert "arena-ms,arena," in (tmp_path / "results.csv").read_text()          # the CSV says what a label ran
     # the option reached the variant's policy: its objective differs, so do its decisions

@@ -332,7 +332,11 @@ def _policy_labels(specs: list[str]) -> dict[str, str]:
 
 
 def _policy_options(specs: list[str], policies) -> dict[str, dict]:
+    """``--policy-opt LABEL:KEY=VALUE`` per label, values parsed as ``arena simulate``'s
+    (int, float, bool or str)."""
     from instances.errors import InputError
+
+    from .simulate import parse_value
     out: dict[str, dict] = {p: {} for p in policies}
     for spec in specs:
         pol, sep, kv = spec.partition(":")
@@ -341,7 +345,7 @@ def _policy_options(specs: list[str], policies) -> dict[str, dict]:
             raise InputError(f"expected POLICY:KEY=VALUE, got {spec!r}", field="--policy-opt")
         if pol not in out:
             raise InputError(f"--policy-opt for {pol!r}, which is not benchmarked", field="--policy-opt")
-        out[pol][k] = v
+        out[pol][k] = parse_value(v)
     return out
 
 
@@ -576,6 +580,8 @@ def run_policy_bench(args) -> int:
             if label == names[label]:
                 raise
             raise InputError(f"{label}={names[label]}: {e}", field="--policy") from None
+        except (TypeError, ValueError) as e:         # a policy's own check of an option's value
+            raise InputError(f"policy {label!r}: {e}", field="--policy-opt") from None
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
         move_costs = ReconfigCostModel.from_options(reconfig_opts)
