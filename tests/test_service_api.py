@@ -323,9 +323,13 @@ def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
     for _ in range(3):
         client.post("/api/jobs", json=GOOD)
     client.post("/api/jobs/2/cancel")
+    from engine.move_ledger import MoveEntry
     with Store(db) as st:
         st.set_status(3, "cancelled", "test")
         st.record_round(policy="arena", trigger="test", solve_time_s=0.25, objective=None, gap=None, decisions={})
+        paid = MoveEntry("1", 10.0, False, "a", "b", 1.0, 1.0, 2.0, 5.0, 0.0, paid_back_s=30.0)
+        st.record_moves([paid, MoveEntry("1", 20.0, False, "b", "a", 1.0, 2.0, 1.0, 5.0, 40.0),     # gave way
+                         MoveEntry("1", 30.0, True, "a", "c", 0.0, 1.0, 1.0, 5.0, 50.0)])            # forced
     client.post("/api/nodes/0/drain")
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -335,3 +339,6 @@ def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
     assert m['arena_gpus{gpu_type="cpu"}'] == 4 and m['arena_gpus_held{gpu_type="cpu"}'] == 0
     assert m["arena_nodes_drained"] == 1 and m["arena_gpus_drained"] == 4
     assert m['arena_rounds{policy="arena"}'] == 1 and m["arena_last_round_solve_seconds"] == 0.25
+    assert m['arena_moves_total{kind="decided"}'] == 2 and m['arena_moves_total{kind="forced"}'] == 1
+    assert m["arena_moves_giving_way_total"] == 1
+    assert m["arena_moves_judged_total"] == 1 and m["arena_moves_paid_back_total"] == 1

@@ -475,6 +475,20 @@ class Store:
             rows = self.conn.execute(q + " WHERE job_id = ? ORDER BY at", (int(job_id),))
         return [dict(zip(self.MOVE_FIELDS, r)) | {"forced": bool(r[2])} for r in rows]
 
+    def move_counts(self) -> dict[str, int]:
+        """Counts over the move ledger (each only grows): ``decided`` and ``forced`` moves;
+        of the decided ones ``giving_way`` (expected slower for the job), ``judged``
+        (expected faster, with a measured rate before) and ``paid_back`` (of those, paid for
+        itself so far)."""
+        faster = "est_rate_before > 0 AND est_rate_after > est_rate_before"
+        row = self.conn.execute(
+            "SELECT COALESCE(SUM(forced = 0), 0), COALESCE(SUM(forced = 1), 0), "
+            "COALESCE(SUM(forced = 0 AND est_rate_before > 0 AND est_rate_after <= est_rate_before), 0), "
+            f"COALESCE(SUM(forced = 0 AND {faster} AND rate_before > 0), 0), "
+            f"COALESCE(SUM(forced = 0 AND {faster} AND rate_before > 0 AND paid_back_s IS NOT NULL), 0) "
+            "FROM moves").fetchone()
+        return dict(zip(("decided", "forced", "giving_way", "judged", "paid_back"), map(int, row)))
+
     def cancel_requests(self) -> list[int]:
         """Jobs whose cancel was requested and that have not ended yet."""
         return [r[0] for r in self.conn.execute(

@@ -145,6 +145,19 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str) -> str:
     metric("arena_nodes_drained", "gauge", "Nodes out of service (arena drain).", [({}, len(drained))])
     metric("arena_gpus_drained", "gauge", "GPUs on drained nodes.",
            [({}, sum(n.num_gpus for n in nodes if n.node_id in drained))])
+    moves = store.move_counts()
+    metric("arena_moves_total", "counter",
+           "Moves of running jobs: decided by the policy, or forced off a drained node.",
+           [({"kind": "decided"}, moves["decided"]), ({"kind": "forced"}, moves["forced"])])
+    metric("arena_moves_giving_way_total", "counter",
+           "Decided moves the performance model expected to slow the job (it gave GPUs up for others).",
+           [({}, moves["giving_way"])])
+    metric("arena_moves_judged_total", "counter",
+           "Decided moves expected to speed the job up, with a measured rate before (judged for payback).",
+           [({}, moves["judged"])])
+    metric("arena_moves_paid_back_total", "counter",
+           "Of the judged moves, those that have paid for themselves (progress since >= staying's).",
+           [({}, moves["paid_back"])])
     last = store.rounds(last=1)
     metric("arena_rounds", "counter", "Scheduling rounds decided so far.",
            [({"policy": policy}, last[0].idx if last else 0)])
