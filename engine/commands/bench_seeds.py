@@ -1,12 +1,12 @@
 """``arena bench policies --seeds``: the comparison once per seed, then each policy's
 spread over the seeds and a paired JCT comparison against a baseline (the statistics:
-engine/seed_stats.py; one seed's comparison: engine/commands/bench.py)."""
+engine/seed_stats.py; one seed's comparison: engine/commands/bench.py, policy_runs.py)."""
 from __future__ import annotations
 
 import json
 import math
 
-from .bench import (
+from .policy_runs import (
     POLICY_COLUMNS,
     add_jct_bound,
     build_workload,
