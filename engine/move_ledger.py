@@ -8,9 +8,10 @@ failed), when it finishes, or when the run ends. It records:
 
 - the job's measured rate before the move (iterations/s, the stability rule's
   ``rate_before_change``; 0 when it had not been measured yet: then the entry cannot be
-  judged) and the decision's own view: the performance model's estimate of the old and
-  the new grid (``est_gain`` = new rate / old rate; the model the policy decided with,
-  not the truth) and the downtime the move was priced at (``ReconfigCostModel``);
+  judged) and the decision's own view: the round loop's performance model's estimate of
+  the old and the new grid (``est_gain`` = new rate / old rate; the model the policy
+  decided with — for the data-parallel-only baselines the full model, not their twin —
+  never the truth) and the downtime the move was priced at (``ReconfigCostModel``);
 - what followed: the iterations made from the move until the entry closed (real
   downtime included), the realized rate over that time and its ratio to the rate before
   (``realized_gain``), and **payback**: the move has paid for itself once the progress
@@ -44,7 +45,8 @@ class MoveEntry:
     price_s: float | None           # the downtime the move was priced at
     iterations_at: float            # the job's progress at the move
     ended_s: float | None = None
-    end: str = ""                   # moved again | preempted | evicted | failed | finished | run ended
+    end: str = ""                   # moved again | preempted | evicted | failed | cancelled | finished |
+                                    # run ended (live: service restarted | service shutdown)
     iterations_after: float = 0.0   # made from the move until the entry closed
     paid_back_s: float | None = None
 
@@ -94,14 +96,19 @@ class MoveLedger:
         self.entries.append(entry)
         self._open[entry.job_id] = entry
 
-    def observe(self, job_id: str, now_s: float, iterations_done: float) -> None:
-        """A round's progress reading: marks the open entry paid back once it is."""
-        e = self._open.get(job_id)
-        if e is None or e.paid_back_s is not None or not e.rate_before:
-            return
+    @staticmethod
+    def _reading(e: MoveEntry, now_s: float, iterations_done: float) -> None:
+        """Mark ``e`` paid back at ``now_s`` if the progress since the move is at least what
+        staying would have made (and it is not marked yet)."""
         made = iterations_done - e.iterations_at
-        if made > 0 and made >= e.rate_before * (now_s - e.time_s):
+        if e.paid_back_s is None and e.rate_before and made > 0 and made >= e.rate_before * (now_s - e.time_s):
             e.paid_back_s = now_s - e.time_s
+
+    def observe(self, job_id: str, now_s: float, iterations_done: float) -> None:
+        """A round's progress reading of a running job."""
+        e = self._open.get(job_id)
+        if e is not None:
+            self._reading(e, now_s, iterations_done)
 
     def closed(self, job_id: str, now_s: float, iterations_done: float, end: str) -> None:
         """Close the job's open entry (if any) at ``iterations_done``; the closing reading
@@ -109,11 +116,9 @@ class MoveLedger:
         e = self._open.pop(job_id, None)
         if e is None:
             return
+        self._reading(e, now_s, iterations_done)
         e.iterations_after = max(0.0, iterations_done - e.iterations_at)
         e.ended_s, e.end = now_s, end
-        if e.paid_back_s is None and e.rate_before and e.iterations_after > 0 \
-                and e.iterations_after >= e.rate_before * (now_s - e.time_s):
-            e.paid_back_s = now_s - e.time_s
 
     def close_all(self, now_s: float, progress: dict[str, float]) -> None:
         """The run ended: close what is still open at ``progress`` (iterations by job)."""
