@@ -374,8 +374,9 @@ def write_outputs(rows: list[dict], out_dir, instance_name: str, plugins: tuple 
 def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
     """One figure: jobs finished beside jobs never placed, average JCT over every job
     finished in the run-out and over the jobs all finished, the first over the JCT lower
-    bound, makespan, reconfigurations per job, GPU-hours lost to moves and decision time,
-    one bar per policy."""
+    bound, makespan, reconfigurations per job, GPU-hours lost to moves, the move ledger's
+    moves giving way and share of speed-up moves paid back, and decision time, one bar
+    per policy."""
     from pathlib import Path
 
     import matplotlib
@@ -388,17 +389,20 @@ def plot_comparison(rows: list[dict], path, instance_name: str) -> None:
                ("makespan_runout_s", "makespan, run out (h)", 3600.0),
                ("reconfigurations_per_job_runout", "reconfigurations per job", 1.0),
                ("reconfig_gpu_hours_lost_runout", "GPU-hours lost to moves", 1.0),
+               ("moves_giving_way", "moves giving way (expected slower for the job)", 1.0),
+               ("moves_paid_back_share", "speed-up moves that paid for themselves", 1.0),
                ("decision_time_median_s", "decision time, median (s)", 1.0)]
-    fig, grid = plt.subplots(2, 4, figsize=(14, 7.5))
+    fig, grid = plt.subplots(2, 5, figsize=(17, 7.5))
     axes = list(grid.flat)
     names = [r["policy"] for r in rows]
     x = range(len(rows))
     ax = axes[0]
-    fin = [r.get("jobs_finished_runout", r.get("jobs_finished")) or 0 for r in rows]
+    run_out = all(r.get("jobs_finished_runout") is not None for r in rows)
+    fin = [(r["jobs_finished_runout"] if run_out else r.get("jobs_finished")) or 0 for r in rows]
     never = [r.get("jobs_never_placed") or 0 for r in rows]
     ax.bar(x, fin, color="tab:green", label="finished")
     ax.bar(x, never, bottom=fin, color="tab:red", label="never placed")
-    ax.set_title("jobs finished / never placed", fontsize=9)
+    ax.set_title(f"jobs finished ({'run out' if run_out else 'by the horizon'}) / never placed", fontsize=9)
     ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
     ax.legend(fontsize=7)
     colours = [policy_colour(r.get("policy_name", r["policy"])) for r in rows]

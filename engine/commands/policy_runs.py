@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import time
 
-POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs", "jobs_finished", "avg_jct_s",
+POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs", "jobs_finished",
+                  "jobs_finished_runout", "avg_jct_s",
                   "avg_jct_runout_s",
                   "makespan_runout_s", "jobs_unfinished_runout", "jobs_never_placed", "avg_jct_common_s",
                   "jobs_common", "never_placed_reasons", "avg_throughput", "peak_throughput", "gpu_util",
