@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -53,14 +54,18 @@ class Energy:
     reference_w: float = 300.0
 
     def __post_init__(self):
-        parse_watts(self.watts)
+        self.table                          # parsed (and checked) once, not every round
         if not self.reference_w > 0:
             raise ValueError(f"energy.reference_w must be > 0, got {self.reference_w!r}")
+
+    @cached_property
+    def table(self) -> dict[str, float]:
+        return parse_watts(self.watts)
 
     def apply(self, data, builder, weight: float) -> None:
         if data.n_cols == 0:
             return
-        table = parse_watts(self.watts)
+        table = self.table
         missing = sorted(set(data.capacity.types) - set(table))
         if missing:
             raise InputError(f"energy.watts has no board power for GPU type(s) {', '.join(missing)} "
