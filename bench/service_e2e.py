@@ -57,6 +57,7 @@ def main(argv=None) -> int:
         demo_serve_args,
         format_moves,
         format_report,
+        format_shadow,
         free_port,
         job_report,
         loss_deviation,
@@ -77,12 +78,15 @@ def main(argv=None) -> int:
             shot.join()
         rows = job_report(str(tmp_p / "state.db"), str(tmp_p / "work"))
         dev = loss_deviation(str(tmp_p / "state.db"), str(tmp_p / "work"), res.submitted, res.ids)
+        shadow = format_shadow(str(tmp_p / "state.db"))
     if a.json:
         print(json.dumps({"jobs": rows, "loss_deviation": dev, "kills": res.kills, "unfired": res.unfired,
-                          "starts": res.starts, "wall_s": res.wall_s}, indent=1))
+                          "starts": res.starts, "wall_s": res.wall_s, "shadow": shadow}, indent=1))
     else:
         print(format_report(rows))
         print(format_moves(rows))
+        if shadow:
+            print(shadow)
         print("largest |loss - uninterrupted| per job: " + ", ".join(f"{k} {v:.1e}" for k, v in dev.items()))
         print(f"wall {res.wall_s:.0f} s, service starts {res.starts}, kills {res.kills or 'none'}"
               + (f", not reached: {res.unfired}" if res.unfired else ""))

@@ -27,6 +27,9 @@ Definitions (all times in seconds; "by the horizon" = up to ``t0 + rounds x inte
   completion of the last job - first arrival; ``reconfigurations_runout``,
   ``reconfigurations_per_job_runout`` (over every job of the instance) and
   ``reconfig_gpu_hours_lost_runout`` over the whole run.
+- with a shadow policy (``simulate(shadow=...)``, ``arena simulate --shadow-policy``):
+  ``shadow_*`` keys (``engine.shadow.summarize``) and ``shadow.csv``, one row per round
+  the shadow was asked.
 """
 from __future__ import annotations
 
@@ -38,7 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-TIMING_KEYS = ("decision_time_median_s", "decision_time_p99_s", "decision_time_total_s", "wall_time_s")
+from .shadow import COLUMNS as SHADOW_COLUMNS
+from .shadow import summarize as shadow_summary
+
+TIMING_KEYS = ("decision_time_median_s", "decision_time_p99_s", "decision_time_total_s", "wall_time_s",
+               "shadow_decision_time_median_s")
 
 
 @dataclass(frozen=True)
@@ -238,6 +245,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         s["stopped_by_safety"] = sim.stopped_by_safety
         s["safety_limit_rounds"] = cfg.max_rounds
     s.update(sim.loop.moves.summary())      # what the moves expected and gave (engine/move_ledger.py)
+    s.update(shadow_summary(sim.rounds))    # a shadow policy's agreement, when one was asked (engine/shadow.py)
     return s
 
 
@@ -260,7 +268,8 @@ def write_result(result, out_dir) -> list[Path]:
             w.writerow({k: ("" if v is None else v) for k, v in asdict(j).items()})
     types = sorted({t for r in result.rounds for t in r.gpu_busy_s})
     with paths[2].open("w", newline="") as f:
-        base = [k for k in result.rounds[0].__dataclass_fields__ if k != "gpu_busy_s"] if result.rounds else []
+        base = [k for k in result.rounds[0].__dataclass_fields__ if k not in ("gpu_busy_s", "shadow")] \
+            if result.rounds else []
         w = csv.writer(f)
         w.writerow(base + [f"gpu_busy_s_{t}" for t in types])
         for r in result.rounds:
@@ -271,6 +280,15 @@ def write_result(result, out_dir) -> list[Path]:
         w.writeheader()
         for e in result.moves:
             w.writerow({k: ("" if v is None else v) for k, v in e.row().items()})
+    compared = [r for r in result.rounds if r.shadow is not None]
+    if compared:
+        paths.append(out / "shadow.csv")
+        with paths[-1].open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(SHADOW_COLUMNS))
+            w.writeheader()
+            for r in compared:
+                w.writerow({"round": r.index, "time_s": r.time_s,
+                            **{k: ("" if v is None else v) for k, v in r.shadow.row().items()}})
     return paths
 
 

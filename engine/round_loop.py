@@ -17,7 +17,9 @@ wall clock (a timer, arrivals, completions, failures) with the launcher's
    returns ``Decisions``; decisions on shapes the executor knows the job cannot run on
    are dropped and shown to the policy next time (``JobView.known_infeasible_shapes``);
    placement maps grids to GPUs; the executor stops, moves and launches; invariants are
-   asserted; the round is recorded.
+   asserted; the round is recorded. A shadow policy (``shadow``), when given, is asked on
+   the same context and compared (``RoundRecord.shadow``, engine/shadow.py); its
+   decisions are never carried out.
 
 A policy with ``event_driven = True`` is asked only after an event (arrival,
 completion, failure) or when its last decisions were not all carried out.
@@ -41,6 +43,7 @@ from .online_feed import OnlineFeed
 from .placement import Placer
 from .policy import Policy
 from .reconfig import ReconfigCostModel
+from .shadow import Shadow, ShadowComparison
 from .state import EngineState, JobStatus
 
 
@@ -68,6 +71,7 @@ class RoundRecord:
     throughput_samples_per_s: float = 0.0
     gpu_busy_s: dict = field(default_factory=dict)       # per GPU type, GPU-seconds held
     reconfig_lost_gpu_s: float = 0.0
+    shadow: ShadowComparison | None = None   # a shadow policy's decision compared (engine/shadow.py)
 
 
 class RoundLoop:
@@ -76,13 +80,15 @@ class RoundLoop:
                  round_interval_s: float,
                  jobs: Iterable[Job] = (), seed: int = 0, check_invariants: bool = True,
                  max_failures: int = 3, failure_backoff_s: float = 30.0,
-                 on_decided: Callable[[RoundContext, Decisions, RoundRecord], None] | None = None):
+                 on_decided: Callable[[RoundContext, Decisions, RoundRecord], None] | None = None,
+                 shadow: Policy | None = None):
         self.cluster, self.policy, self.executor = cluster, policy, executor
         self.perf, self.reconfig = perf, reconfig
         self.round_interval_s, self.seed = round_interval_s, seed
         self.check = check_invariants
         self.max_failures, self.failure_backoff_s = max_failures, failure_backoff_s
         self.on_decided = on_decided          # called with each decision before it is carried out
+        self.shadow = None if shadow is None else Shadow(shadow)   # asked beside the policy, never carried out
         self.state = EngineState(cluster, list(jobs))
         self.placer = Placer(cluster)
         self.rounds: list[RoundRecord] = []
@@ -195,6 +201,8 @@ class RoundLoop:
             decisions = self.policy.decide(ctx)
             rec.decision_time_s = time.perf_counter() - t_dec
             rec.decided = True
+            if self.shadow is not None and ctx.jobs:      # (with no job, nothing to compare)
+                rec.shadow = self.shadow.observe(ctx, decisions)
             if self.on_decided is not None:
                 self.on_decided(ctx, decisions, rec)
             self._apply(decisions, now, rec)

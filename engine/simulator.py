@@ -89,11 +89,13 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
              round_interval_s: float | None = None, stall_rounds: int = 20,
              check_invariants_every_round: bool = True, max_rounds: int | None = None,
              iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV,
-             outages: tuple[Outage, ...] = ()) -> metrics.SimResult:
+             outages: tuple[Outage, ...] = (), shadow: Any = None) -> metrics.SimResult:
     """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc.
     ``max_rounds``: the run-out safety limit (default ``SimConfig.max_rounds``).
     ``outages``: nodes out of service over time; at each round the nodes out then are
-    unavailable and the jobs on a node that just went out are evicted (``RoundLoop.set_unavailable``)."""
+    unavailable and the jobs on a node that just went out are evicted (``RoundLoop.set_unavailable``).
+    ``shadow``: a second policy asked every round beside ``policy`` and compared, never
+    carried out (engine/shadow.py; ``shadow.csv`` and the ``shadow_*`` summary keys)."""
 
     max_rounds = SimConfig.max_rounds if max_rounds is None else max_rounds
     if rounds is None:
@@ -106,7 +108,7 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
                     max_rounds=max_rounds, check_invariants=check_invariants_every_round,
                     iteration_noise_cv=iteration_noise_cv, outages=tuple(outages))
     reconfig = reconfig or ReconfigCostModel()
-    sim = _Simulation(instance, policy, perf, reconfig, cfg, progress)
+    sim = _Simulation(instance, policy, perf, reconfig, cfg, progress, shadow)
     sim.run()
     result = metrics.build_result(sim)
     if out_dir is not None:
@@ -119,7 +121,8 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
 class _Simulation:
     """The virtual-clock driver of the round loop: round ``k`` at ``t0 + k x interval``."""
 
-    def __init__(self, instance, policy, perf, reconfig: ReconfigCostModel, cfg: SimConfig, progress):
+    def __init__(self, instance, policy, perf, reconfig: ReconfigCostModel, cfg: SimConfig, progress,
+                 shadow=None):
         self.instance, self.policy, self.cfg = instance, policy, cfg
         self.progress_cb = progress
         self.jobs = sorted(instance.jobs, key=lambda j: (j.arrival_s, j.job_id))
@@ -127,7 +130,7 @@ class _Simulation:
                                     seed=cfg.seed)
         self.loop = RoundLoop(instance.cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, jobs=self.jobs, seed=cfg.seed,
-                              check_invariants=cfg.check_invariants)
+                              check_invariants=cfg.check_invariants, shadow=shadow)
         self.state = self.loop.state
         self.state.cluster.check_nodes(o.node for o in cfg.outages)      # before the first round
         self.rounds: list[RoundRecord] = self.loop.rounds

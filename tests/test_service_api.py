@@ -342,3 +342,37 @@ def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
     assert m['arena_moves_total{kind="decided"}'] == 2 and m['arena_moves_total{kind="forced"}'] == 1
     assert m["arena_moves_giving_way_total"] == 1
     assert m["arena_moves_judged_total"] == 1 and m["arena_moves_paid_back_total"] == 1
+
+
+def test_shadow_comparisons_are_counted_for_the_api_metrics_and_the_rounds_command(api):
+    from engine.commands.service import shadow_line
+    from engine.shadow import JobDiff, ShadowComparison
+    client, db, _ = api
+    agree = ShadowComparison("sia-ap", 3, 3, (), 0, (3, 3), (4, 4), (0, 0), None, 0.01)
+    differ = ShadowComparison("sia-ap", 2, 1, (JobDiff("7", "cpu:1x2:pp1", "cpu:1x4:pp1", None),), 1, (2, 1),
+                              (4, 2), (1, 1), None, 0.02)
+    failed = ShadowComparison("sia-ap", 2, 0, (), 0, (0, 0), (0, 0), (0, 0), None, 0.0, error="ValueError: x")
+    with Store(db) as st:
+        st.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions={"grids": {}})   # no shadow
+        for c in (agree, differ, failed):
+            st.record_round(policy="arena", trigger="t", solve_time_s=0.1,
+                            decisions={"grids": {}, "shadow": c.to_dict()})
+    assert client.get("/api/shadow").json()["counts"] == {
+        "sia-ap": {"rounds": 3, "agreeing": 1, "failed": 1, "jobs": 5, "disagreeing": 1}}
+    m = parse_metrics(client.get("/metrics").text)
+    assert m['arena_shadow_rounds_total{shadow_policy="sia-ap"}'] == 3
+    assert m['arena_shadow_rounds_agreeing_total{shadow_policy="sia-ap"}'] == 1
+    assert m['arena_shadow_rounds_failed_total{shadow_policy="sia-ap"}'] == 1
+    assert m['arena_shadow_jobs_compared_total{shadow_policy="sia-ap"}'] == 5
+    assert m['arena_shadow_jobs_disagreeing_total{shadow_policy="sia-ap"}'] == 1
+    rounds = client.get("/api/rounds").json()
+    assert "shadow" not in rounds[0]["decisions"] and rounds[2]["decisions"]["shadow"]["disagreements"] == 1
+    line = shadow_line(rounds[2]["decisions"]["shadow"])
+    assert "same grid for 1/2 jobs" in line and "job 7 cpu:1x4:pp1 -> waits" in line
+    assert shadow_line(rounds[3]["decisions"]["shadow"]) == "shadow sia-ap: failed: ValueError: x"
+
+
+def test_metrics_have_no_shadow_series_without_a_shadow(api):
+    client, _, _ = api
+    assert "arena_shadow" not in client.get("/metrics").text
+    assert client.get("/api/shadow").json() == {"shadow_policy": None, "counts": {}}

@@ -139,10 +139,32 @@ def test_status_agrees_with_the_database(run, tmp_path):
         lines = out.split("moves (expected", 1)[1].splitlines()[1:]
         assert len(lines) == len(ledger) and all(f"{m['from_grid']} -> {m['to_grid']}" in ln and "expected " in ln
                                                  for m, ln in zip(ledger, lines)), out
+        check_shadow(run["url"], tmp)
         check_page(run["url"], shown, tmp_path)
     finally:
         proc.terminate()
         proc.wait(timeout=120)
+
+
+def check_shadow(url: str, tmp: Path) -> None:
+    """The shadow policy (sia-ap) was asked in every round that had a job, never failed,
+    and `arena rounds` reports what the database holds."""
+    with Store(str(tmp / "state.db"), readonly=True) as st:
+        rounds = st.rounds()
+    comps = [r.decisions["shadow"] for r in rounds if "shadow" in r.decisions]
+    assert comps and len(comps) == sum(1 for r in rounds if r.decisions.get("jobs")), "a round without its shadow"
+    assert all(c["policy"] == "sia-ap" and c["error"] is None and c["agree"] + c["disagreements"] == c["jobs"]
+               for c in comps), comps
+    ans = subprocess.run([sys.executable, "-m", "engine.cli", "rounds", "--last", "1000", "--json", "--url", url],
+                         capture_output=True, text=True, timeout=60, check=True)
+    counts = json.loads(ans.stdout)["shadow"]["counts"]["sia-ap"]
+    assert counts["rounds"] == len(comps) and counts["failed"] == 0
+    assert counts["agreeing"] == sum(c["all_agree"] for c in comps)
+    assert counts["disagreeing"] == sum(c["disagreements"] for c in comps)
+    text = subprocess.run([sys.executable, "-m", "engine.cli", "rounds", "--last", "1000", "--url", url],
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"shadow policy sia-ap: asked in {len(comps)} rounds (0 failed)" in text, text
+    print("\n" + text.splitlines()[-1], file=sys.stderr)
 
 
 def check_page(url: str, shown: dict, tmp_path: Path) -> None:
@@ -154,6 +176,8 @@ def check_page(url: str, shown: dict, tmp_path: Path) -> None:
             status = row.query_selector("td.status").inner_text().split()[0]
             assert status == shown[jid]["status"]
         assert len(page.query_selector_all("#cluster .gpu")) == 4
+        assert "shadow policy sia-ap" in page.inner_text("#policy")
+        assert any(c.inner_text().startswith("sia-ap: same grid for") for c in page.query_selector_all("td.shadow"))
         assert page.query_selector_all("#jobs svg.curve"), "no loss curve drawn"
         shot = tmp_path / "status-page.png"
         page.screenshot(path=str(shot), full_page=True)

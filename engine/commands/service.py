@@ -7,8 +7,9 @@ HTTP API and a status page (http://127.0.0.1:8765/ by default). State is in SQLi
 stops every running job with a checkpoint.
 
 ``arena submit JOB.toml`` (or flags), ``arena status [ID] [--watch]``, ``arena cancel ID``,
-``arena drain NODE`` / ``arena undrain NODE``, ``arena nodes``,
-``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``--url``, ``--token``;
+``arena drain NODE`` / ``arena undrain NODE``, ``arena nodes``, ``arena rounds`` (with
+``--shadow-policy P``: where P would have decided otherwise), ``arena logs ID`` and
+``arena jobs --json`` talk to it over HTTP (``--url``, ``--token``;
 environment ``ARENA_URL``, ``ARENA_TOKEN``).
 """
 from __future__ import annotations
@@ -56,8 +57,9 @@ def register(subparsers) -> None:
                    help="performance model the policy decides with: analytic, learned, learned-level, table, online "
                         "(default: analytic, which ranks grids best; "
                         "fcfs needs none)")
-    from .simulate import add_profile_store_arg
+    from .simulate import add_profile_store_arg, add_shadow_args
     add_profile_store_arg(s)
+    add_shadow_args(s)
     s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="reconfiguration cost option (repeatable), e.g. restart_s=10")
     s.add_argument("--db", default=".arena/state.db", metavar="PATH",
@@ -155,6 +157,15 @@ def register(subparsers) -> None:
     _client_args(lg)
     lg.set_defaults(func=run_logs)
 
+    r = subparsers.add_parser("rounds", help="the service's last scheduling rounds (and the shadow policy's view)",
+                              description="The last rounds as the database has them: trigger, decision time, the "
+                                          "grids decided; with `arena serve --shadow-policy P`, where P would have "
+                                          "decided otherwise, and its agreement over every round.")
+    r.add_argument("--last", type=int, default=10, metavar="N", help="rounds to show (1-1000, default 10)")
+    r.add_argument("--json", action="store_true", help="print JSON (the rounds and the shadow counts)")
+    _client_args(r)
+    r.set_defaults(func=run_rounds)
+
     j = subparsers.add_parser("jobs", help="every job of the service", description="Every job of the service.")
     j.add_argument("--json", action="store_true", help="print JSON")
     _client_args(j)
@@ -191,7 +202,7 @@ def build_service_parts(args):
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..service.daemon import ServiceConfig
-    from .simulate import build_perf, parse_options
+    from .simulate import build_perf, build_shadow, model_reader, parse_options
 
     if (args.cluster is None) == (args.local_slots is None):
         raise InputError("give exactly one of --cluster FILE and --local-slots N", field="--cluster")
@@ -219,7 +230,9 @@ def build_service_parts(args):
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
     policy = make_policy(args.policy, **opts)
-    perf = build_perf(args.perf, args.policy, args.profile_store)      # the jobs run on our launcher: its runtime
+    shadow = build_shadow(args)
+    # the jobs run on our launcher: its runtime
+    perf = build_perf(args.perf, model_reader(args), args.profile_store)
     try:
         reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
     except (TypeError, ValueError) as e:
@@ -240,7 +253,7 @@ def build_service_parts(args):
             sock.bind((args.host, args.port))
         except OSError as e:
             raise InputError(f"cannot bind {args.host}:{args.port}: {e.strerror or e}", field="--port") from None
-    return cluster, policy, perf, reconfig, cfg
+    return cluster, policy, shadow, perf, reconfig, cfg
 
 
 def run_serve(args) -> int:
@@ -252,10 +265,11 @@ def run_serve(args) -> int:
     from ..service.api import ApiContext, create_app
     from ..service.daemon import Service, fault_from_env
 
-    cluster, policy, perf, reconfig, cfg = build_service_parts(args)
+    cluster, policy, shadow, perf, reconfig, cfg = build_service_parts(args)
     log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log))
+    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow)
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
+                                shadow_policy=service.shadow_name,
                                 wake=service.wake.set, check=service.check_runnable,
                                 plugins=tuple(p.describe() for p in args.plugins)))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
@@ -462,6 +476,38 @@ def run_logs(args) -> int:
     print(f"== job {args.id}, launch {ans['launch']}: stderr ==")
     print(ans["stderr"].rstrip())
     return 0
+
+
+def run_rounds(args) -> int:
+    from ..shadow import counts_line
+    if not 1 <= args.last <= 1000:
+        raise InputError(f"must be in 1..1000, got {args.last}", field="--last")
+    client = _client(args)
+    rounds, shadow = client.get(f"/api/rounds?last={args.last}"), client.get("/api/shadow")
+    if args.json:
+        print(json.dumps({"rounds": rounds, "shadow": shadow}, indent=1))
+        return 0
+    for r in rounds:
+        d = r["decisions"]
+        print(f"round {r['index']:>5} {time.strftime('%H:%M:%S', time.localtime(r['at']))} {r['trigger']:<24} "
+              f"{d.get('jobs', 0):>3} jobs, {len(d.get('grids', {})):>3} placed, {r['solve_time_s']:.3f} s")
+        if d.get("shadow"):
+            print("      " + shadow_line(d["shadow"]))
+    for name, c in shadow["counts"].items():
+        print(counts_line(name, c))
+    return 0
+
+
+def shadow_line(c: dict) -> str:
+    """One round's shadow comparison (engine/shadow.py ``to_dict``) as one line."""
+    if c["error"]:
+        return f"shadow {c['policy']}: failed: {c['error']}"
+    diff = ", ".join(f"job {d['job']} {d['primary'] or 'waits'} -> {d['shadow'] or 'waits'}" for d in c["differ"])
+    more = c["disagreements"] - len(c["differ"])
+    ratio = "" if c["rate_ratio"] is None else f"; est. rate on the grids that differ x{c['rate_ratio']:.2f}"
+    return (f"shadow {c['policy']}: same grid for {c['agree']}/{c['jobs']} jobs; moves or stops "
+            f"{c['changes'][0]} vs {c['changes'][1]}; GPUs {c['gpus'][0]} vs {c['gpus'][1]}{ratio}"
+            + (f"; differs: {diff}" if diff else "") + (f" (+{more} more)" if more > 0 else ""))
 
 
 def run_jobs(args) -> int:

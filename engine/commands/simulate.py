@@ -7,10 +7,11 @@ Examples::
     arena simulate --instance demo --policy arena --perf analytic --policy-opt time_limit_s=5
     arena simulate --cluster sim_cluster_spec.json --trace simulate_trace_philly.csv \\
         --trace-opt iteration_divisor=5 --rounds 2000
+    arena simulate --instance demo --policy arena --shadow-policy sia-ap   # where would sia-ap differ?
 
-Writes summary.json, jobs.csv, rounds.csv and PNG plots to ``--out`` (default
-``results/<instance>-<policy>/``), prints a summary table, and shows a progress line on
-stderr while it runs.
+Writes summary.json, jobs.csv, rounds.csv, moves.csv (and shadow.csv with a shadow
+policy) and PNG plots to ``--out`` (default ``results/<instance>-<policy>/``), prints a
+summary table, and shows a progress line on stderr while it runs.
 """
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def register(subparsers) -> None:
                         "and sia-ap decided better with it on philly, venus, pai and overloaded "
                         "(docs/engine.md), but replay slower; table (the oracle's own measurements) is the labelled "
                         "mode that reproduces the published comparison")
+    add_shadow_args(p)
     add_profile_store_arg(p)
     add_perf_runtime_arg(p)
     p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
@@ -88,6 +90,38 @@ def register(subparsers) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
+
+
+def add_shadow_args(p) -> None:
+    p.add_argument("--shadow-policy", default=None, metavar="NAME",
+                   help="a second policy asked every round on the same state and compared with the one that "
+                        "decides; never carried out (engine/shadow.py)")
+    p.add_argument("--shadow-policy-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="the shadow policy's options (repeatable)")
+
+
+def build_shadow(args):
+    """The shadow policy of ``--shadow-policy`` (None without it), validated like ``--policy``."""
+    from ..policy import make_policy, policy_names
+    if args.shadow_policy is None:
+        if args.shadow_policy_opt:
+            raise InputError("given without --shadow-policy", field="--shadow-policy-opt")
+        return None
+    if args.shadow_policy not in policy_names():
+        raise InputError(f"unknown policy {args.shadow_policy!r}; known: {', '.join(policy_names())}",
+                         field="--shadow-policy")
+    try:
+        return make_policy(args.shadow_policy, **parse_options(args.shadow_policy_opt, "--shadow-policy-opt"))
+    except (TypeError, ValueError) as e:
+        raise InputError(f"policy {args.shadow_policy!r}: {e}", field="--shadow-policy-opt") from None
+
+
+def model_reader(args) -> str:
+    """The policy whose needs decide whether a performance model is built: the one that
+    decides, or the shadow when the one that decides needs none (fcfs beside a shadow)."""
+    if args.shadow_policy is not None and decides_without_model(args.perf, args.policy):
+        return args.shadow_policy
+    return args.policy
 
 
 def add_workload_args(p) -> None:
@@ -274,13 +308,14 @@ def run(args) -> int:
     except (TypeError, ValueError) as e:
         field = "--dump-rounds" if args.dump_rounds and "dump_rounds_dir" in str(e) else "--policy-opt"
         raise InputError(f"policy {args.policy!r}: {e}", field=field) from None
+    shadow = build_shadow(args)
     try:
         reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)
     outages = load_outages_arg(args.outages, inst.cluster)
-    perf = build_perf(args.perf, args.policy, args.profile_store, args.perf_runtime,
+    perf = build_perf(args.perf, model_reader(args), args.profile_store, args.perf_runtime,
                       inst.oracle.training_runtime)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
     check_output_dir(out, "--out")
@@ -289,7 +324,7 @@ def run(args) -> int:
     try:
         res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=args.rounds, run_out=args.run_out,
                        seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval,
-                       max_rounds=args.max_rounds, outages=outages)
+                       max_rounds=args.max_rounds, outages=outages, shadow=shadow)
     finally:
         if bar:
             bar.close()

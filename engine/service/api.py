@@ -3,7 +3,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 
 | method | path | what |
 |---|---|---|
-| GET | /api/health | the service is up; policy, cluster size |
+| GET | /api/health | the service is up; policy (and shadow policy), cluster size |
 | POST | /api/jobs | submit: a JobSpec as JSON, or ``{"toml": "..."}``; 201 with the job's id (a key: below) |
 | GET | /api/jobs | every job (status, plan, GPUs, progress, loss) |
 | GET | /api/jobs/{id} | one job, with its history and loss curve |
@@ -12,7 +12,8 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | POST | /api/nodes/{node}/drain | take a node (id or host) out of service; its jobs move off (``{"reason": ...}``) |
 | POST | /api/nodes/{node}/undrain | return it to service |
 | GET | /api/cluster | every GPU and the job holding it; drained nodes |
-| GET | /api/rounds | the last rounds' decisions, solve time and gap |
+| GET | /api/rounds | the last rounds' decisions, solve time and gap (and the shadow policy's comparison) |
+| GET | /api/shadow | the shadow policy's agreement counts over every round it was asked in |
 | GET | /api/state | cluster, jobs, queue and rounds in one (what the page polls) |
 | GET | /metrics | the state for monitoring (Prometheus text format) |
 | GET | / | the status page |
@@ -58,6 +59,7 @@ class ApiContext:
     wake: Callable[[], None] = lambda: None       # tell the scheduler a request arrived
     check: Callable[[JobSpec], None] = lambda spec: None   # refuse a job the cluster cannot run
     plugins: tuple[str, ...] = ()                  # plug-ins loaded (path, sha256, what they registered)
+    shadow_policy: str | None = None               # asked beside the policy, never carried out (--shadow-policy)
 
 
 async def _json_body(request: Request, empty: Any) -> Any:
@@ -140,7 +142,7 @@ def create_app(ctx: ApiContext):
 
     @app.get("/api/health")
     def health() -> dict:
-        return {"ok": True, "policy": ctx.policy, "cluster": ctx.cluster.name,
+        return {"ok": True, "policy": ctx.policy, "shadow_policy": ctx.shadow_policy, "cluster": ctx.cluster.name,
                 "gpus": sum(ctx.cluster.gpus_by_type().values()), "plugins": list(ctx.plugins)}
 
     @app.post("/api/jobs", status_code=201)
@@ -219,10 +221,16 @@ def create_app(ctx: ApiContext):
         with store() as s:
             return rounds_view(s, max(1, min(last, 1000)))
 
+    @app.get("/api/shadow")
+    def shadow() -> dict:
+        with store() as s:
+            return {"shadow_policy": ctx.shadow_policy, "counts": s.shadow_counts()}
+
     @app.get("/api/state")
     def state() -> dict:
         with store() as s:
-            return {**state_view(s, ctx.work_dir, ctx.cluster), "policy": ctx.policy}
+            return {**state_view(s, ctx.work_dir, ctx.cluster), "policy": ctx.policy,
+                    "shadow_policy": ctx.shadow_policy}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:

@@ -115,9 +115,10 @@ def _stderr(msg: str) -> None:
 class Service:
     def __init__(self, cluster: ClusterSpec, policy: Policy, perf: object, reconfig: ReconfigCostModel,
                  cfg: ServiceConfig, *, log: Callable[[str], None] = _stderr,
-                 fault: Callable[[str], None] | None = None):
+                 fault: Callable[[str], None] | None = None, shadow: Policy | None = None):
         self.cluster, self.cfg, self.log = cluster, cfg, log
         self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self.shadow_name = None if shadow is None else getattr(shadow, "name", type(shadow).__name__)
         self.fault = fault or (lambda point: None)
         Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
         self.store = Store(cfg.db_path)
@@ -130,7 +131,8 @@ class Service:
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
-                              failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round)
+                              failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
+                              shadow=shadow)
         self.wake = threading.Event()          # set by the API on a submission or cancel
         self._trigger = "start"
         self._last_round = -math.inf
@@ -346,11 +348,16 @@ class Service:
 
         def finite(x: object) -> float | None:
             return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+        recorded = {"grids": grids, "plans": plans, "before": current, "status": str(info.get("status", "")),
+                    "jobs": len(ctx.jobs)}
+        if rec.shadow is not None:           # the shadow policy's view of the same round (engine/shadow.py)
+            recorded["shadow"] = rec.shadow.to_dict()
+            if rec.shadow.error is not None:
+                self.log(f"shadow policy {rec.shadow.policy} failed this round: {rec.shadow.error}")
         self.store.record_round(policy=self.policy_name, trigger=self._trigger or "timer",
                                 solve_time_s=float(info.get("solve_wall_s", rec.decision_time_s)),
                                 objective=finite(info.get("objective")), gap=finite(info.get("gap")),
-                                decisions={"grids": grids, "plans": plans, "before": current,
-                                           "status": str(info.get("status", "")), "jobs": len(ctx.jobs)})
+                                decisions=recorded)
         self.fault("after-round-recorded")
 
     def shutdown(self) -> None:

@@ -93,10 +93,14 @@ def demo_jobs() -> list[Submission]:
 def demo_serve_args(tmp: Path, port: int) -> list[str]:
     """``arena serve`` options of the demo run (state and work under ``tmp``). Its jobs last
     seconds, not hours, so the stability rule is scaled to them: no per-hour move limit,
-    and a shrink that will never pay for itself is held 30 s instead of an hour."""
+    and a shrink that will never pay for itself is held 30 s instead of an hour. ``sia-ap``,
+    with the same stability scale, is asked beside it every round as a shadow policy
+    (compared, never carried out)."""
     return ["--local-slots", "4", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir",
             str(tmp / "work"), "--port", str(port), "--round-interval", "60", "--checkpoint-interval", "5",
             "--policy-opt", "max_moves_per_hour=0", "--policy-opt", "payback_max_s=30",
+            "--shadow-policy", "sia-ap", "--shadow-policy-opt", "max_moves_per_hour=0",
+            "--shadow-policy-opt", "payback_max_s=30",
             "--stop-timeout", "60", "--reconfig-opt", "replan_per_gpu_s=2", "--reconfig-opt", "replan_cap_s=8",
             "--stop-after", "900"]
 
@@ -381,6 +385,13 @@ def format_moves(rows: list[dict]) -> str:
             b = sorted(m.get("bytes_moved", 0.0) / 1e6 for m in ms)
             out.append(f"moves {name}: {len(ms)}, total {t[0]:.2f}-{t[-1]:.2f} s, {b[0]:.1f}-{b[-1]:.1f} MB moved")
     return "\n".join(out) or "no move reached a step"
+
+
+def format_shadow(db_path: str) -> str:
+    """The shadow policy's agreement over the run (empty without one)."""
+    from ..shadow import counts_line
+    with Store(db_path, readonly=True) as st:
+        return "\n".join(counts_line(p, c) for p, c in st.shadow_counts().items())
 
 
 def format_report(rows: list[dict]) -> str:

@@ -489,6 +489,22 @@ class Store:
             "FROM moves").fetchone()
         return dict(zip(("decided", "forced", "giving_way", "judged", "paid_back"), map(int, row)))
 
+    def shadow_counts(self) -> dict[str, dict[str, int]]:
+        """Per shadow policy, counts over the rounds it was compared in (each only grows):
+        ``rounds``, ``agreeing`` (every job given the same grid), ``failed`` (the shadow
+        raised), ``jobs`` compared (over the rounds it did not fail) and ``disagreeing``
+        jobs (engine/shadow.py)."""
+        rows = self.conn.execute(
+            "SELECT json_extract(decisions, '$.shadow.policy') AS p, COUNT(*), "
+            "COALESCE(SUM(json_extract(decisions, '$.shadow.all_agree')), 0), "
+            "COALESCE(SUM(json_extract(decisions, '$.shadow.error') IS NOT NULL), 0), "
+            "COALESCE(SUM(CASE WHEN json_extract(decisions, '$.shadow.error') IS NULL "
+            "THEN json_extract(decisions, '$.shadow.jobs') ELSE 0 END), 0), "
+            "COALESCE(SUM(json_extract(decisions, '$.shadow.disagreements')), 0) "
+            "FROM rounds WHERE p IS NOT NULL GROUP BY p ORDER BY p").fetchall()
+        return {str(p): dict(zip(("rounds", "agreeing", "failed", "jobs", "disagreeing"), map(int, rest)))
+                for p, *rest in rows}
+
     def cancel_requests(self) -> list[int]:
         """Jobs whose cancel was requested and that have not ended yet."""
         return [r[0] for r in self.conn.execute(
