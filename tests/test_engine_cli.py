@@ -38,6 +38,22 @@ def test_simulate_bad_options_are_input_errors(tmp_path, capsys):
     assert main(["simulate", "--instance", "demo", "--policy-opt", "novalue"]) == 2
 
 
+@pytest.mark.parametrize("args", [
+    ["simulate", "--instance", "demo", "--policy", "sia-ap", "--policy-opt", "bogus=1"],
+    ["simulate", "--instance", "demo", "--policy", "fcfs", "--policy-opt", "bogus=1"],
+    ["bench", "policies", "--instance", "demo", "--policy", "sia-ap", "--policy-opt", "sia-ap:bogus=1"],
+    ["serve", "--local-slots", "2", "--policy", "sia-ap", "--policy-opt", "bogus=1"],
+])
+def test_an_unknown_policy_option_names_the_flag_the_policy_and_the_key_once(args, tmp_path, capsys):
+    out = ["--db", str(tmp_path / "s.db"), "--work-dir", str(tmp_path / "w")] if args[0] == "serve" \
+        else [] if args[0] == "bench" else ["--out", str(tmp_path / "o")]
+    assert main(args + out) == 2
+    err = capsys.readouterr().err
+    name = args[args.index("--policy") + 1]
+    assert f"field '--policy-opt': policy '{name}': unknown option(s) ['bogus']" in err, err
+    assert err.count(f"'{name}'") == 1, err
+
+
 def test_simulate_cluster_and_trace_files(tmp_path):
     from instances.traces import write_trace
     from tests.test_engine_helpers import job

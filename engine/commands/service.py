@@ -202,7 +202,7 @@ def build_service_parts(args):
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..service.daemon import ServiceConfig
-    from .simulate import build_perf, build_shadow, model_reader, parse_options
+    from .simulate import build_perf, build_shadow, model_reader, parse_options, policy_error
 
     if (args.cluster is None) == (args.local_slots is None):
         raise InputError("give exactly one of --cluster FILE and --local-slots N", field="--cluster")
@@ -229,7 +229,10 @@ def build_service_parts(args):
         raise InputError(f"binding to {args.host} (not loopback) needs an API token (--token or ARENA_TOKEN)",
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
-    policy = make_policy(args.policy, **opts)
+    try:
+        policy = make_policy(args.policy, **opts)
+    except (TypeError, ValueError) as e:
+        raise policy_error(args.policy, e, "--policy-opt") from None
     shadow = build_shadow(args)
     # the jobs run on our launcher: its runtime
     perf = build_perf(args.perf, model_reader(args), args.profile_store)

@@ -100,6 +100,17 @@ def add_shadow_args(p) -> None:
                    help="the shadow policy's options (repeatable)")
 
 
+def policy_error(name: str, e: Exception, field: str) -> InputError:
+    """A policy factory's refusal of its options as one ``InputError`` on ``field`` (the
+    option flag); a policy's own message already names the policy and the key."""
+    reason = e.reason if isinstance(e, InputError) else str(e)
+    if not reason.startswith(f"policy {name!r}"):
+        reason = f"policy {name!r}: {reason}"
+    if isinstance(e, InputError) and e.field and e.field not in reason:
+        reason += f" (option {e.field})"
+    return InputError(reason, field=field)
+
+
 def build_shadow(args):
     """The shadow policy of ``--shadow-policy`` (None without it), validated like ``--policy``."""
     from ..policy import make_policy, policy_names
@@ -110,10 +121,11 @@ def build_shadow(args):
     if args.shadow_policy not in policy_names():
         raise InputError(f"unknown policy {args.shadow_policy!r}; known: {', '.join(policy_names())}",
                          field="--shadow-policy")
+    opts = parse_options(args.shadow_policy_opt, "--shadow-policy-opt")
     try:
-        return make_policy(args.shadow_policy, **parse_options(args.shadow_policy_opt, "--shadow-policy-opt"))
+        return make_policy(args.shadow_policy, **opts)
     except (TypeError, ValueError) as e:
-        raise InputError(f"policy {args.shadow_policy!r}: {e}", field="--shadow-policy-opt") from None
+        raise policy_error(args.shadow_policy, e, "--shadow-policy-opt") from None
 
 
 def model_reader(args) -> str:
@@ -307,7 +319,7 @@ def run(args) -> int:
         policy = make_policy(args.policy, **opts)
     except (TypeError, ValueError) as e:
         field = "--dump-rounds" if args.dump_rounds and "dump_rounds_dir" in str(e) else "--policy-opt"
-        raise InputError(f"policy {args.policy!r}: {e}", field=field) from None
+        raise policy_error(args.policy, e, field) from None
     shadow = build_shadow(args)
     try:
         reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))

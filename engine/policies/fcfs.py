@@ -125,5 +125,5 @@ def make_fcfs(**config) -> FcfsPolicy:
     known = {"backfill", "block_scope", "default_gpu_type", "default_gpus"}
     bad = sorted(set(config) - known)
     if bad:
-        raise ValueError(f"fcfs: unknown option(s) {bad}; known: {sorted(known)}")
+        raise ValueError(f"policy 'fcfs': unknown option(s) {bad}; known: {sorted(known)}")
     return FcfsPolicy(**config)
