@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from instances.errors import InputError
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"arena: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:             # the reader went away (`arena simulate | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (the exit's flush would raise again)
+        return 1
 
 
 if __name__ == "__main__":

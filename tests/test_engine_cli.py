@@ -209,3 +209,13 @@ def test_json_and_quiet_runs_print_no_solver_banner():
     assert r.returncode == 0, r.stderr
     json.loads(r.stdout)                              # pure JSON on stdout
     assert "HiGHS" not in r.stderr and "Copyright" not in r.stderr
+
+
+def test_a_reader_that_goes_away_is_no_traceback():
+    # `arena models --json | head -c 1`: stdout's reader is gone before the command writes
+    import subprocess
+    import sys
+    code = ("import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+            "from engine.cli import main; sys.exit(main(['models', '--json']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr

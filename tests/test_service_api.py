@@ -376,3 +376,41 @@ def test_metrics_have_no_shadow_series_without_a_shadow(api):
     client, _, _ = api
     assert "arena_shadow" not in client.get("/metrics").text
     assert client.get("/api/shadow").json() == {"shadow_policy": None, "counts": {}}
+
+
+def test_export_trace_writes_the_submitted_workload_and_it_replays(api, tmp_path, capsys):
+    from instances.traces import load_trace
+    client, db, _ = api
+    src = Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny-llama-config.json"
+    for body in (GOOD, {**GOOD, "name": "cfg", "model": str(src), "deadline_s": 600, "tenant": "team-a"},
+                 {**GOOD, "name": "moe", "model": "tiny-moe__2L", "gpus": 2, "priority": 2.0}):
+        assert client.post("/api/jobs", json=body).status_code == 201
+    client.post("/api/jobs/3/cancel")
+    with Store(db) as st:
+        st.set_status(3, "cancelled", "test")
+        subs = {r.id: r.submitted_at for r in st.jobs()}
+    out = tmp_path / "exported" / "trace.csv"
+    assert cli_main(["export-trace", "--db", str(db), "--out", str(out)]) == 0
+    assert "3 job(s)" in capsys.readouterr().err
+    jobs = load_trace(out)
+    assert [j.job_id for j in jobs] == ["1-ok", "2-cfg", "3-moe"]
+    assert [j.arrival_s for j in jobs] == pytest.approx([subs[i] - subs[1] for i in (1, 2, 3)])
+    assert jobs[1].model == str(tmp_path / "work" / "models" / Path(jobs[1].model).name)    # the frozen copy
+    assert jobs[1].deadline_s == pytest.approx(jobs[1].arrival_s + 600) and jobs[1].tenant == "team-a"
+    assert jobs[2].requested_gpus == 2 and jobs[2].priority == 2.0 and jobs[0].num_iterations == GOOD["steps"]
+    cluster = tmp_path / "local.json"
+    cluster.write_text(json.dumps({"name": "local-4", "node_groups": [{"gpu_type": "cpu", "num_nodes": 1,
+                                                                       "gpus_per_node": 4}]}))
+    assert cli_main(["simulate", "--cluster", str(cluster), "--trace", str(out), "--policy", "arena", "--run-out",
+                     "--round-interval", "5", "--out", str(tmp_path / "replay"), "--no-plots", "--quiet"]) == 0
+    summary = json.loads((tmp_path / "replay" / "summary.json").read_text())
+    assert summary["jobs_finished_runout"] == 3
+
+
+def test_export_trace_names_an_empty_or_missing_database(tmp_path, capsys):
+    Store(tmp_path / "empty.db").close()
+    assert cli_main(["export-trace", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "t.csv")]) == 2
+    assert "no job was ever submitted" in capsys.readouterr().err
+    assert cli_main(["export-trace", "--db", str(tmp_path / "none.db"), "--out", str(tmp_path / "t.csv")]) == 2
+    assert "no state database here" in capsys.readouterr().err
+    assert not (tmp_path / "t.csv").exists()

@@ -166,6 +166,17 @@ def register(subparsers) -> None:
     _client_args(r)
     r.set_defaults(func=run_rounds)
 
+    x = subparsers.add_parser("export-trace", help="the service's submitted jobs as a trace, to replay offline",
+                              description="Every job ever submitted to a service's state database, written in our "
+                                          "trace format (arrivals = submission times, the first at 0), to replay "
+                                          "the same workload under every policy: arena bench policies --cluster "
+                                          "FILE --trace TRACE. Reads the database; no service needs to run. The "
+                                          "replay's truth is the simulator's oracle, not what the service measured.")
+    x.add_argument("--db", default=".arena/state.db", metavar="PATH",
+                   help="the service's state database (default .arena/state.db)")
+    x.add_argument("--out", required=True, metavar="TRACE.csv", help="trace file to write")
+    x.set_defaults(func=run_export_trace)
+
     j = subparsers.add_parser("jobs", help="every job of the service", description="Every job of the service.")
     j.add_argument("--json", action="store_true", help="print JSON")
     _client_args(j)
@@ -511,6 +522,22 @@ def shadow_line(c: dict) -> str:
     return (f"shadow {c['policy']}: same grid for {c['agree']}/{c['jobs']} jobs; moves or stops "
             f"{c['changes'][0]} vs {c['changes'][1]}; GPUs {c['gpus'][0]} vs {c['gpus'][1]}{ratio}"
             + (f"; differs: {diff}" if diff else "") + (f" (+{more} more)" if more > 0 else ""))
+
+
+def run_export_trace(args) -> int:
+    from instances.traces import write_trace
+
+    from ..service.export import workload
+    from ..service.store import Store
+    out = _check_writable_file(args.out, "--out")
+    with Store(args.db, readonly=True) as st:
+        jobs, statuses = workload(st, args.db)
+    write_trace(jobs, out)
+    span = max(j.arrival_s for j in jobs)
+    print(f"arena export-trace: {len(jobs)} job(s) over {span:.0f} s of submissions written to {out} (live: "
+          + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + "; every one is replayed to its last step)",
+          file=sys.stderr)
+    return 0
 
 
 def run_jobs(args) -> int:
