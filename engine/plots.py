@@ -1,11 +1,13 @@
 """PNG plots of one simulation (matplotlib, Agg backend): JCT CDF, throughput over time,
 GPU utilization by type, queue length, and the move ledger (expected against realized
-gain of every move, how long a job stayed where a move put it)."""
+gain of every move, how long a job stayed where a move put it), and with a shadow policy
+where it parted ways with the policy that decided."""
 from __future__ import annotations
 
 from pathlib import Path
 
 PLOT_FILES = ("jct_cdf.png", "throughput.png", "gpu_util.png", "queue_length.png", "moves.png")
+SHADOW_PLOT = "shadow.png"      # with a shadow policy only (engine/shadow.py)
 
 
 def write_plots(result, out_dir) -> list[Path]:
@@ -65,7 +67,31 @@ def write_plots(result, out_dir) -> list[Path]:
 
     paths.append(out / PLOT_FILES[4])
     _plot_moves(plt, np, result.moves, title, paths[-1])
+    compared = [r for r in rounds if r.shadow is not None]
+    if compared:
+        paths.append(out / SHADOW_PLOT)
+        _plot_shadow(plt, np, compared, t0, title, paths[-1])
     return paths
+
+
+def _plot_shadow(plt, np, compared, t0: float, title: str, path) -> None:
+    """Left: per round, the share of jobs the shadow policy gives the same grid (x: time);
+    right: running jobs moved or stopped so far, by the decisions and by the shadow's."""
+    ok = [r for r in compared if r.shadow.error is None]
+    name = compared[0].shadow.policy
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    h = np.array([(r.time_s - t0) / 3600.0 for r in ok])
+    if len(ok):
+        ax.scatter(h, [r.shadow.agree / r.shadow.jobs for r in ok], s=6, alpha=0.6)
+        bx.step(h, np.cumsum([r.shadow.changes[0] for r in ok]), where="post", label="decided")
+        bx.step(h, np.cumsum([r.shadow.changes[1] for r in ok]), where="post", label=f"{name} (shadow)")
+        bx.legend(fontsize=8)
+    failed = len(compared) - len(ok)
+    ax.set(xlabel="time (hours)", ylabel="jobs given the same grid / active jobs", ylim=(-0.05, 1.05),
+           title=f"Shadow {name}{f' ({failed} rounds failed)' if failed else ''} — {title}")
+    bx.set(xlabel="time (hours)", ylabel="running jobs moved or stopped, cumulative")
+    ax.grid(alpha=0.3); bx.grid(alpha=0.3)
+    fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
 
 
 def _plot_moves(plt, np, moves, title: str, path) -> None:

@@ -38,7 +38,7 @@ def hand_instance():
     return Inst("hand", cluster(("a100", 1, 4)), (job("A", 0.0, 1000), job("B", 10.0, 100)), LinearOracle(10.0))
 
 
-def test_a_shadow_that_differs_in_one_round_is_counted_exactly_and_changes_nothing():
+def test_a_shadow_that_differs_in_one_round_is_counted_exactly_and_changes_nothing(tmp_path):
     # the hand-computed run of test_engine_simulator: B runs rounds 1-2 (300-820 s); at
     # round 3 (900 s) A is alone and the primary grows it 1x2 -> 1x4, the shadow keeps it
     plain = simulate(hand_instance(), ScriptedPolicy(_grow_when_alone), rounds=20, reconfig=ReconfigCostModel(),
@@ -65,6 +65,9 @@ def test_a_shadow_that_differs_in_one_round_is_counted_exactly_and_changes_nothi
     # job-rounds: A in rounds 0-9, B in rounds 1-2 (it ends at 820 s): 12, one of them differs
     assert s["shadow_job_agreement"] == pytest.approx(11 / 12)
     assert s["shadow_rate_ratio_geomean"] == pytest.approx(0.5)
+    from engine.plots import SHADOW_PLOT, write_plots
+    assert SHADOW_PLOT in [p.name for p in write_plots(res, tmp_path / "with")]
+    assert SHADOW_PLOT not in [p.name for p in write_plots(plain, tmp_path / "without")]
 
 
 def test_compare_counts_waits_stops_and_agreements():
