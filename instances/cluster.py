@@ -10,8 +10,14 @@ from typing import Iterable
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
 from .grid import Shape, pow2_upto
+from .paths import check_regular_file
 
 SCHEMA_VERSION = 1
+
+# The most GPUs a cluster may have in all. The engine keeps state per GPU (and walks it every
+# round), so a typo such as "num_nodes": 100000000 would run for minutes before any error; the
+# project measures clusters of up to 10,240 GPUs, and this leaves a hundredfold margin.
+MAX_CLUSTER_GPUS = 1 << 20              # 1,048,576
 
 
 @dataclass(frozen=True)
@@ -158,9 +164,10 @@ def read_json_file(path: str | Path, what: str):
     """Parse a JSON file, with an ``InputError`` naming the file for every way it can be
     unreadable (missing, a folder, binary, not JSON)."""
     path = Path(path)
+    check_regular_file(path, what)
     try:
         text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise InputError(f"{what} not found", file=str(path)) from None
     except IsADirectoryError:
         raise InputError(f"is a directory, not a {what}", file=str(path)) from None
@@ -168,8 +175,10 @@ def read_json_file(path: str | Path, what: str):
         raise InputError(f"{what} is not readable (permission denied)", file=str(path)) from None
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text (byte {e.start}); expected a JSON {what}", file=str(path)) from None
+    except OSError as e:
+        raise InputError(f"cannot read the {what}: {e.strerror or e}", file=str(path)) from None
     try:
-        return json.loads(text)
+        return json.loads(text.removeprefix("\ufeff"))        # a byte-order mark, as some editors write
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
     except RecursionError:
@@ -182,6 +191,10 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     path = Path(path)
     raw = read_json_file(path, "cluster file")
     if isinstance(raw, list) and raw and isinstance(raw[0], dict) and "node_groups" not in raw[0]:
+        if len(raw) > 1:
+            raise InputError(f"Arena's cluster spec is a list holding one object of {{gpu_type: {{node_num}}}}; "
+                             f"this list has {len(raw)} entries (put every GPU type in the first object)",
+                             file=str(path), field="[1]")
         return _from_arena(raw[0], path)
     if isinstance(raw, dict) and "node_groups" in raw:
         return _from_ours(raw, path)
@@ -193,7 +206,24 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+TOP_KEYS = ("schema_version", "name", "node_groups")
+
+
+def _check_size(total: int, g: dict, path: Path, where: str) -> None:
+    """Refuse a cluster past ``MAX_CLUSTER_GPUS`` GPUs, naming the larger factor of the
+    group that takes it there."""
+    if total > MAX_CLUSTER_GPUS:
+        n, per = g["num_nodes"], g["gpus_per_node"]
+        raise InputError(f"the cluster would have {total:,} GPUs, more than the {MAX_CLUSTER_GPUS:,} supported "
+                         f"(this group: {n:,} nodes of {per:,} GPUs)", file=str(path),
+                         field=f"{where}.{'num_nodes' if n >= per else 'gpus_per_node'}")
+
+
 def _from_ours(raw: dict, path: Path) -> ClusterSpec:
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(TOP_KEYS)}",
+                         file=str(path), field=unknown[0])
     ver = raw.get("schema_version", SCHEMA_VERSION)
     if ver != SCHEMA_VERSION:
         raise InputError(f"unsupported schema_version {ver!r}; supported: {SCHEMA_VERSION}", file=str(path),
@@ -204,7 +234,7 @@ def _from_ours(raw: dict, path: Path) -> ClusterSpec:
     if not isinstance(raw["node_groups"], list) or not raw["node_groups"]:
         raise InputError("must be a non-empty list of node groups (a cluster needs at least one)",
                          file=str(path), field="node_groups")
-    groups = []
+    groups, total, seen_hosts = [], 0, {}
     for i, g in enumerate(raw["node_groups"]):
         where = f"node_groups[{i}]"
         if not isinstance(g, dict):
@@ -231,6 +261,16 @@ def _from_ours(raw: dict, path: Path) -> ClusterSpec:
         if hosts is not None and not (isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)):
             raise InputError(f"must be a list of host names, one per node, got {hosts!r}", file=str(path),
                              field=f"{where}.hosts")
+        total += g["num_nodes"] * g["gpus_per_node"]
+        _check_size(total, g, path, where)
+        for h in hosts or ():
+            if h.strip() in seen_hosts:
+                other = seen_hosts[h.strip()]
+                also = "twice in this list" if other == where else f"also in {other}.hosts"
+                raise InputError(f"duplicate host name {h.strip()!r} ({also}): each node needs its own host",
+                                 file=str(path), field=f"{where}.hosts")
+            if h.strip():
+                seen_hosts[h.strip()] = where
         try:
             groups.append(NodeGroup(g["gpu_type"], g["num_nodes"], g["gpus_per_node"],
                                     g.get("nodes_per_switch"), None if bw is None else float(bw),
@@ -241,13 +281,17 @@ def _from_ours(raw: dict, path: Path) -> ClusterSpec:
 
 
 def _from_arena(raw: dict, path: Path) -> ClusterSpec:
-    groups = []
+    groups, total = [], 0
     for t, v in raw.items():
         if not isinstance(v, dict) or not _is_int(v.get("node_num")) or v["node_num"] < 0:
             raise InputError("expected {'node_num': non-negative integer}", file=str(path), field=t)
         if t.lower() not in ARENA_GPUS_PER_NODE:
             raise InputError(f"unknown GPU type {t!r} in Arena cluster spec; known: "
                              f"{', '.join(ARENA_GPUS_PER_NODE)}", file=str(path), field=t)
+        total += v["node_num"] * ARENA_GPUS_PER_NODE[t.lower()]
+        if total > MAX_CLUSTER_GPUS:
+            raise InputError(f"the cluster would have {total:,} GPUs, more than the {MAX_CLUSTER_GPUS:,} supported",
+                             file=str(path), field=f"{t}.node_num")
         if v["node_num"]:
             groups.append(NodeGroup(t, v["node_num"], ARENA_GPUS_PER_NODE[t.lower()]))
     if not groups:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .arch import DTYPE_BYTES, ModelArch
 from .errors import InputError
+from .paths import check_regular_file
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_TYPES = ("mixtral",)
@@ -55,8 +56,16 @@ def load_hf_config(path: str | Path) -> ModelArch:
     """Read and validate ``path`` (a ``config.json``); ``InputError`` naming the file and field."""
     p = Path(path)
     file = str(p)
-    if p.is_dir():
+    try:
+        is_dir = p.is_dir()
+    except OSError as e:                # a name too long
+        raise InputError(f"cannot read the model file: {e.strerror or e}", file=file, field="model") from None
+    if is_dir:
         raise InputError("is a folder; give the config.json file inside it", file=file)
+    try:
+        check_regular_file(p, "model file")
+    except InputError as e:
+        raise InputError(e.reason, file=file, field="model") from None
     try:
         with p.open("rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
@@ -80,6 +89,10 @@ def parse_hf_config(data, *, file: str) -> ModelArch:
     if not isinstance(data, dict):
         raise InputError(f"expected a JSON object, got {type(data).__name__}", file=file)
     kind = _model_type(data, file)
+    scaling = data.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise InputError(f"must be null or an object (such as {{\"rope_type\": \"llama3\", ...}}), got {scaling!r}",
+                         file=file, field="rope_scaling")
 
     def num(key: str, default=None, *, aliases: tuple[str, ...] = ()) -> int:
         for k in (key, *aliases):
@@ -162,19 +175,31 @@ def _pretraining_length(data: dict, positions: int, file: str) -> int:
     return v
 
 
+def _family(kind: str) -> str:
+    return "llama" if kind in LLAMA_TYPES else "moe" if kind in MOE_TYPES else "gpt"
+
+
 def _model_type(data: dict, file: str) -> str:
     known = LLAMA_TYPES + MOE_TYPES + GPT_TYPES
     mt = data.get("model_type")
+    archs = data.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise InputError(f"must be a list of strings (such as [\"LlamaForCausalLM\"]), got {archs!r}", file=file,
+                         field="architectures")
     if mt is None:
-        archs = data.get("architectures")
-        if not (isinstance(archs, list) and archs):
+        if not archs:
             raise InputError(f"missing (and no 'architectures' list); known: {', '.join(known)}", file=file,
                              field="model_type")
-        mapped = [ARCHITECTURES.get(a) for a in archs if isinstance(a, str)]
-        if not mapped or None in mapped or len(set(mapped)) != 1:
+        mapped = [ARCHITECTURES.get(a) for a in archs]
+        if None in mapped or len(set(mapped)) != 1:
             raise InputError(f"unknown architectures {archs!r}; known: {', '.join(sorted(ARCHITECTURES))}",
                              file=file, field="architectures")
         return mapped[0]
     if mt not in known:
         raise InputError(f"unknown model_type {mt!r}; known: {', '.join(known)}", file=file, field="model_type")
+    other = [a for a in archs or () if a in ARCHITECTURES and _family(ARCHITECTURES[a]) != _family(mt)]
+    if other:
+        raise InputError(f"model_type {mt!r} and architectures {other!r} name different families "
+                         f"({_family(mt)} and {_family(ARCHITECTURES[other[0]])}): fix one of them",
+                         file=file, field="architectures")
     return mt

@@ -108,11 +108,11 @@ def get_model(name: str) -> ModelArch:
 
 def _file_key(path: str) -> tuple[str, int, int]:
     """(absolute path, modification time, size): a changed file is read again."""
-    p = Path(path).resolve()
     try:
+        p = Path(path).resolve()
         st = p.stat()
-    except OSError:
-        return str(p), -1, -1                    # load_hf_config names the problem
+    except (OSError, RuntimeError):              # (a symlink loop is a RuntimeError in resolve on 3.11)
+        return str(Path(path).absolute()), -1, -1    # load_hf_config names the problem
     return str(p), st.st_mtime_ns, st.st_size
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from .cluster import ClusterSpec
 from .csv_rows import CsvRows, read_text
 from .errors import InputError
+from .paths import check_regular_file
 
 COLUMNS = ("node", "start_s", "end_s")
 
@@ -40,8 +41,14 @@ def down_at(outages: tuple[Outage, ...], t: float) -> frozenset[int]:
 
 
 def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
-    text = read_text(path, "outage")
     label = str(path)
+    check_regular_file(path, "outage file")
+    try:
+        text = read_text(path, "outage")
+    except NotADirectoryError:
+        raise InputError("outage file not found (a part of its path is a file, not a folder)", file=str(path)) from None
+    except OSError as e:                    # past the cases read_text names (a name too long, an I/O error)
+        raise InputError(f"cannot read the outage file: {e.strerror or e}", file=label) from None
     header = next(csv.reader([text.lstrip("\ufeff").split("\n", 1)[0]]), [])
     if tuple(h.strip() for h in header[:3]) != COLUMNS or len(header) > 4:
         raise InputError(f"the first line must be the header {','.join(COLUMNS)}[,reason], got {header!r}",
@@ -60,29 +67,53 @@ def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
     return tuple(sorted(out, key=lambda o: (o.start_s, o.node)))
 
 
+ROUND_S = 0.1                           # synthetic times are written to a tenth of a second
+MAX_SYNTHETIC_OUTAGES = 1_000_000       # about a second to draw; far past any useful failure model
+MAX_TIME_S = float(2 ** 46)             # below it a float's spacing is under ROUND_S / 10 (2^-7 s)
+
+
 def synthetic_outages(cluster: ClusterSpec, *, mtbf_h: float, repair_h: float, start_s: float, hours: float,
                       seed: int = 0) -> tuple[Outage, ...]:
     """Node failures as a Poisson process per node (mean time between failures ``mtbf_h``
     hours of service) with exponential repairs (mean ``repair_h`` hours), over ``hours``
     from ``start_s``; seeded, so the same arguments give the same outages. Synthetic: no
-    correlation between nodes (a switch or power domain failing together) and no wear."""
+    correlation between nodes (a switch or power domain failing together) and no wear.
+    Times are rounded to ``ROUND_S``; a repair shorter than that lasts ``ROUND_S``.
+    Arguments that would give more than ``MAX_SYNTHETIC_OUTAGES`` outages (on average), or
+    times too large to keep to ``ROUND_S``, are an ``InputError`` naming the argument."""
     import random
     for name, v in (("mtbf_h", mtbf_h), ("repair_h", repair_h), ("hours", hours)):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
             raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
-    rng = random.Random(seed)
     end = start_s + hours * 3600.0
+    if not end < MAX_TIME_S:
+        raise InputError(f"{hours:g} h is too long a span: its times would pass {MAX_TIME_S:.3g} s (about "
+                         f"{(MAX_TIME_S - max(start_s, 0.0)) / 3600:.3g} h from the start), past which a float "
+                         f"cannot keep them to {ROUND_S} s", field="hours")
+    nodes = cluster.nodes()
+    expected = len(nodes) * hours / (mtbf_h + repair_h)
+    if expected > MAX_SYNTHETIC_OUTAGES:
+        raise InputError(f"{len(nodes)} nodes failing every {mtbf_h:g} h (repaired in {repair_h:g} h) over "
+                         f"{hours:g} h would make about {expected:.3g} outages, more than "
+                         f"{MAX_SYNTHETIC_OUTAGES:,}: give a longer mean time between failures or a shorter span",
+                         field="mtbf_h")
+    rng = random.Random(seed)
     out = []
-    for node in cluster.nodes():
+    for node in nodes:
         t = start_s + rng.expovariate(1.0 / mtbf_h) * 3600.0
         while t < end:
             back = t + rng.expovariate(1.0 / repair_h) * 3600.0
-            out.append(Outage(node.node_id, round(t, 1), round(back, 1), "synthetic failure"))
+            down, up = round(t, 1), round(back, 1)
+            if up <= down:                  # a repair shorter than the rounding: one step long, and
+                up = round(down + ROUND_S, 1)   # the next failure after it (no overlap)
+                back = max(back, up)
+            out.append(Outage(node.node_id, down, up, "synthetic failure"))
             t = back + rng.expovariate(1.0 / mtbf_h) * 3600.0
     return tuple(sorted(out, key=lambda o: (o.start_s, o.node)))
 
 
 def write_outages(outages: tuple[Outage, ...], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow([*COLUMNS, "reason"])

@@ -1,52 +1,127 @@
 """Output paths checked before any work starts, so a bad ``--out`` or checkpoint folder
-fails in the first second, not after a long run."""
+fails in the first second, not after a long run. The checks are real, not ``os.access``
+(which says yes to root everywhere and to /proc): a temporary file is created in the
+folder and removed at once; a missing folder is created for that, with its missing
+parents, and removed again (a refused run leaves nothing behind; the writer creates it)."""
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 from .errors import InputError
 
 
+def _stat(p: Path, field: str) -> os.stat_result | None:
+    """``p``'s status (symbolic links followed), None where nothing is there, or an
+    ``InputError`` naming ``field`` for any other OS refusal (a name too long, a link loop)."""
+    try:
+        return p.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise InputError(f"cannot be used: {e.strerror or e}", file=str(p), field=field) from None
+
+
+def _probe_write(p: Path, field: str) -> None:
+    """Create and remove a temporary file in the folder ``p``: the only sure test that it
+    takes files."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".arena-write-check-"):
+            pass
+    except OSError as e:
+        raise InputError(f"directory is not writable: creating a file in it failed ({e.strerror or e})",
+                         file=str(p), field=field) from None
+
+
 def check_output_dir(path: str | os.PathLike, field: str) -> Path:
-    """A folder we can write into: an existing writable directory, or a path whose nearest
-    existing ancestor is a writable directory (it is created later, by the writer).
-    Raises ``InputError`` naming ``field`` otherwise."""
+    """A folder we can write into: an existing directory that takes a file, or a path that
+    can be created as one (tried here, then removed). Raises ``InputError`` naming ``field``
+    otherwise."""
     p = Path(path).expanduser()
-    if p.exists():
-        if not p.is_dir():
+    st = _stat(p, field)
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
             raise InputError("exists and is not a directory", file=str(p), field=field)
         if not os.access(p, os.W_OK | os.X_OK):
             raise InputError("directory is not writable", file=str(p), field=field)
+        _probe_write(p, field)
         return p
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
+    if p.is_symlink():
+        raise InputError(f"is a symbolic link to a missing target ({os.readlink(p)})", file=str(p), field=field)
+    missing, parent = [p], p.parent
+    while (pst := _stat(parent, field)) is None and parent != parent.parent:
+        missing.append(parent)
         parent = parent.parent
-    if not parent.is_dir():
+    if pst is None or not stat.S_ISDIR(pst.st_mode):
         raise InputError(f"cannot be created: {parent} is a file, not a directory", file=str(p), field=field)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"cannot be created: {parent} is not writable", file=str(p), field=field)
+    try:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot be created: {e.strerror or e}", file=str(p), field=field) from None
+        _probe_write(p, field)
+    finally:                            # leave nothing behind: a refused run makes no folder
+        for d in missing:               # (the writer creates it when it writes)
+            try:
+                d.rmdir()
+            except FileNotFoundError:   # never made (mkdir failed on the way down)
+                continue
+            except OSError:             # not empty: someone else's now
+                break
     return p
 
 
 def check_output_file(path: str | os.PathLike, field: str) -> Path:
-    """A file we can create or append to: not a directory, in a folder we can write into."""
+    """A file we can create or append to: not a directory, in a folder we can write into
+    (or create). An existing regular file is opened for appending (nothing
+    written) to prove it; a device such as /dev/null is taken as it is."""
     p = Path(path).expanduser()
-    if p.is_dir():
+    st = _stat(p, field)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory, not a file", file=str(p), field=field)
-    if p.exists() and not os.access(p, os.W_OK):
+    if st is not None and not os.access(p, os.W_OK):
         raise InputError("file is not writable", file=str(p), field=field)
+    if st is None and p.is_symlink():
+        raise InputError(f"is a symbolic link to a missing target ({os.readlink(p)})", file=str(p), field=field)
     check_output_dir(p.parent, field)
+    if st is not None and stat.S_ISREG(st.st_mode):
+        try:
+            with open(p, "ab"):
+                pass
+        except OSError as e:
+            raise InputError(f"file is not writable ({e.strerror or e})", file=str(p), field=field) from None
     return p
 
 
 def check_input_file(path: str | os.PathLike, field: str) -> Path:
     """An existing, readable regular file."""
     p = Path(path).expanduser()
-    if not p.exists():
+    st = _stat(p, field)
+    if st is None:
         raise InputError("file not found", file=str(p), field=field)
-    if p.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory, not a file", file=str(p), field=field)
     if not os.access(p, os.R_OK):
         raise InputError("file is not readable", file=str(p), field=field)
     return p
+
+
+def check_regular_file(path: str | os.PathLike, what: str) -> None:
+    """Before reading a ``what`` file: refuse a pipe or a device (reading one hangs or never
+    ends) and any OS refusal to look at the path (a name too long, a link loop), as an
+    ``InputError`` naming the file. A missing path or a directory passes: the reader says
+    so in its own words."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as e:
+        raise InputError(f"cannot read the {what}: {e.strerror or e}", file=str(p)) from None
+    if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
+        raise InputError(f"not a regular file (a pipe, a device or a socket): reading it as the {what} may "
+                         "never end", file=str(p))

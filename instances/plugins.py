@@ -113,6 +113,9 @@ def _load_error(e: Exception, spec: str, source: str, field: str, path_hint: str
     return InputError(f"plugin {spec} ({source}) failed to load: {type(e).__name__}: {e}{where}", field=field)
 
 
+PLUGIN_MARK = "__arena_plugin__"     # set on a module once it has loaded as a plug-in
+
+
 def load_plugin(spec: str, source: str = "--plugin", *, registries: Iterable[Registry] = (),
                 field: str = "--plugin") -> LoadedPlugin:
     """Import one plug-in after discovering ``registries``; an ``InputError`` naming it if
@@ -133,11 +136,18 @@ def load_plugin(spec: str, source: str = "--plugin", *, registries: Iterable[Reg
         raise _load_error(e, spec, source, field, path_hint) from None
     after = _snapshot(registries)
     added = tuple(f"{kind} {name}" for kind in after for name in sorted(after[kind] - before[kind]))
+    mod = sys.modules.get(module)
+    if not fresh and registries and not added and not getattr(mod, PLUGIN_MARK, False):
+        raise InputError(f"plugin {spec} ({source}) registered nothing: it is a module imported before that "
+                         "defines no policy, objective term, solver backend or performance-model kind",
+                         field=field)
     if fresh and registries and not added:
         sys.modules.pop(module, None)
         raise InputError(f"plugin {spec} ({source}) registered nothing; a plug-in registers what it defines "
                          "when imported (@register_policy, @register_term, @register_backend, @register_kind)",
                          field=field)
+    if mod is not None:
+        setattr(mod, PLUGIN_MARK, True)          # loaded as a plug-in: naming it again is no error
     digest = _sha256(Path(path)) if path is not None and Path(path).is_file() else None
     return LoadedPlugin(spec=spec, source=source, module=module, path=path, sha256=digest, registered=added)
 

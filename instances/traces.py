@@ -36,6 +36,7 @@ from .csv_rows import CsvRows, read_text
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
 from .jobs import MAX_ITERATIONS, Job
+from .paths import check_regular_file
 
 OUR_MAGIC = "# arena-trace v1"
 OUR_COLUMNS = ("job_id", "model", "global_batch", "num_iterations", "arrival_s", "deadline_s",
@@ -102,9 +103,18 @@ class PhillyImportOptions:
         if not isinstance(self.max_gpus, int) or self.max_gpus < 1 or self.max_gpus & (self.max_gpus - 1):
             raise InputError(f"must be a power of two >= 1, got {self.max_gpus!r}", field="max_gpus")
         if self.gpu_types is not None:
-            if not isinstance(self.gpu_types, (list, tuple)) or not self.gpu_types:
+            types = self.gpu_types
+            if isinstance(types, str):      # from the command line: gpu_types=a100,a40
+                types = [t.strip() for t in types.split(",")]
+                if not all(types):
+                    raise InputError(f"must be a comma-separated list of GPU type names, got {self.gpu_types!r}",
+                                     field="gpu_types")
+            if not isinstance(types, (list, tuple)) or not types:
                 raise InputError("must be a non-empty sequence of GPU type names", field="gpu_types")
-            object.__setattr__(self, "gpu_types", tuple(canonical_gpu_name(t) for t in self.gpu_types))
+            try:
+                object.__setattr__(self, "gpu_types", tuple(canonical_gpu_name(t) for t in types))
+            except InputError as e:
+                raise InputError(e.reason, field="gpu_types") from None
 
 
 def _make_options(cls, options: dict, label: str):
@@ -125,8 +135,32 @@ def _make_options(cls, options: dict, label: str):
 # ------------------------------------------------------------------------------------
 
 def read_trace_text(path: str | Path) -> str:
-    """The text of a trace file (gzip detected by its magic bytes)."""
-    return read_text(path, "trace")
+    """The text of a trace file (gzip detected by its magic bytes); ``InputError`` naming
+    the file when it cannot be read, or is a pipe or a device (reading one may never end)."""
+    check_regular_file(path, "trace file")
+    try:
+        return read_text(path, "trace")
+    except NotADirectoryError:
+        raise InputError("trace file not found (a part of its path is a file, not a folder)", file=str(path)) from None
+    except OSError as e:                    # past the cases read_text names (a name too long, an I/O error)
+        raise InputError(f"cannot read the trace file: {e.strerror or e}", file=str(path)) from None
+
+
+def _records(rows: CsvRows, text: str):
+    """``rows``' (line, record) pairs; a wrong field count on a line with an odd number of
+    quote characters is reported as the unterminated quote it is (the CSV reader reads the
+    quoted field on to the next quote, or to the end of the file)."""
+    try:
+        yield from rows
+    except InputError as e:
+        if e.line is None or not e.reason.startswith("expected "):
+            raise
+        lines = text.lstrip("\ufeff").split("\n")
+        raw = lines[e.line - 1] if 0 < e.line <= len(lines) else ""
+        if raw.count('"') % 2 == 0:
+            raise
+        raise InputError(f"unterminated quote: the line has an odd number of '\"', so its last quoted field "
+                         f"runs on past the line end ({e.reason})", file=e.file, line=e.line) from None
 
 
 def load_trace(path: str | Path, *, cluster: ClusterSpec | None = None, **import_options) -> tuple[Job, ...]:
@@ -221,7 +255,7 @@ def _parse_ours(text: str, label: str) -> tuple[tuple[Job, ...], dict[str, int]]
     if extra:
         raise InputError("unknown column", file=label, line=2, field=extra[0])
     jobs, seen = [], {}
-    for line, rec in rows:
+    for line, rec in _records(rows, text):
         job_id = rows.raw(rec, "job_id")
         _check_unique(job_id, line, seen, label)
         tenant = rows.raw(rec, "tenant")
@@ -272,7 +306,7 @@ def write_trace(jobs: Iterable[Job], path: str | Path) -> None:
 def _parse_arena(text: str, label: str, opt: ArenaImportOptions) -> tuple[tuple[Job, ...], dict[str, int]]:
     rows = CsvRows(text, label, ARENA_COLUMNS)
     parsed, seen = [], {}
-    for line, rec in rows:
+    for line, rec in _records(rows, text):
         job_id = rows.raw(rec, "job_id").strip()
         _check_unique(job_id, line, seen, label)
         sub = rows.float(rec, line, "submission_time")
@@ -326,7 +360,7 @@ def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
 
     rows = CsvRows(text, label, PHILLY_COLUMNS)
     recs = []
-    for line, rec in rows:
+    for line, rec in _records(rows, text):
         ts = rows.raw(rec, "timestamp").strip()
         try:
             stamp = datetime.fromisoformat(ts)

@@ -219,3 +219,77 @@ def test_a_reader_that_goes_away_is_no_traceback():
             "from engine.cli import main; sys.exit(main(['models', '--json']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
+def strict_json(text: str):
+    def refuse(c):
+        raise ValueError(f"non-standard JSON constant {c}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_json_without_nan_or_infinity(tmp_path, capsys):
+    import math
+
+    import numpy as np
+
+    from engine.commands.jsonout import dumps
+    assert strict_json(dumps({"a": math.nan, "b": [math.inf, 1.5, np.float32("nan"), np.float64(2.0)],
+                              "c": (np.int64(3),)})) == {"a": None, "b": [None, 1.5, None, 2.0], "c": [3]}
+    # the greedy backend proves no gap (infinite); fcfs over 3 rounds finishes no job (mean JCT over none)
+    assert main(["bench", "solver", "--gpus", "64", "--jobs", "10", "--repeat", "1", "--json"]) == 0
+    assert any(r.get("max_gap") is None for r in strict_json(capsys.readouterr().out))
+    assert main(["bench", "policies", "--instance", "demo", "--rounds", "3", "--no-run-out", "--policy", "fcfs",
+                 "--json", "--quiet", "--out", str(tmp_path / "b")]) == 0
+    rows = strict_json(capsys.readouterr().out)
+    assert rows[0]["avg_jct_s"] is None
+    strict_json((tmp_path / "b" / "results.json").read_text())
+
+
+BAD_OPTIONS = [   # (arguments, what the error must say): every one refused before any work, no traceback
+    (["simulate", "--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
+    (["bench", "policies", "--instance", "demo", "--seed", "-1"], "argument --seed"),
+    (["outages", "--instance", "demo", "--mtbf-hours", "1", "--repair-hours", "1", "--hours", "1", "--seed", "-2",
+      "--out", "{tmp}/o.csv"], "argument --seed"),
+    (["estimate", "accuracy", "--against", "arena-measured", "--refit-analytic", "--refit-evals", "-1"],
+     "field '--refit-evals': must be >= 1"),
+    (["estimate", "fit", "--out", "{tmp}"], "field '--out': is a folder"),
+    (["estimate", "proxy-quality", "--model", "gpt__1.3B", "--batch", "0"], "field '--batch': must be >= 1"),
+    (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--gpus-per-node", "0"],
+     "field '--gpus-per-node'"),
+    (["bench", "solver", "--gpus", "64", "--jobs", "-1"], "field '--jobs'"),
+    (["bench", "solver", "--gpus", "64", "--jobs", "10", "--repeat", "0"], "field '--repeat'"),
+    (["bench", "solver", "--gpus", "100000000", "--jobs", "10"], "field '--gpus': must be in 8..1,048,576"),
+    (["bench", "incremental", "--jobs", "100000000"], "field '--jobs'"),
+    (["bench", "solver", "--gpus", "64", "--jobs", "10", "--time-limit", "0"], "field '--time-limit'"),
+    (["bench", "incremental", "--rel-gap", "nan"], "field '--rel-gap'"),
+    (["bench", "incremental", "--objective", "jct=-1"], "field '--objective'"),
+    (["bench", "incremental", "--move-cost-cap", "-1"], "field '--move-cost-cap'"),
+    (["simulate", "--perf", "nosuch", "--policy", "arena"], "field '--perf': unknown performance model kind"),
+    (["simulate", "--instance", "nosuch"], "field '--instance': unknown instance 'nosuch'"),
+    (["serve", "--local-slots", "2", "--policy", "nosuch", "--db", "{tmp}/s.db", "--work-dir", "{tmp}/w"],
+     "field '--policy': unknown policy 'nosuch'"),
+    (["simulate", "--reconfig-opt", "nokv"], "arena: error: field '--reconfig-opt': expected KEY=VALUE"),
+    (["simulate", "--policy", "arena", "--profile-store", "{tmp}/afile"], "field '--profile-store': is a file"),
+    (["simulate", "--policy", "arena", "--policy-opt", "threads=1.5"], "threads must be a whole number"),
+    (["simulate", "--policy", "arena", "--policy-opt", "rel_gap=5"], "rel_gap must be a finite number in"),
+    (["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--num-nodes", "0", "--dry-run"],
+     "field '--num-nodes'"),
+    (["simulate", "--out", ""], "field '--out': is empty"),
+    (["--plugin", "os.path", "models"], "registered nothing"),
+    (["submit", "--name", "a", "--model", "tiny-gpt__2L", "--batch", "0", "--steps", "3"], "field '--batch'"),
+]
+
+
+@pytest.mark.parametrize("args, says", BAD_OPTIONS, ids=[" ".join(a[:3]) + " " + a[-1] for a, _ in BAD_OPTIONS])
+def test_a_bad_option_is_refused_first_by_its_own_flag(args, says, tmp_path, capsys):
+    import time
+    (tmp_path / "afile").write_text("x")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    t0 = time.perf_counter()
+    try:
+        rc = main(args)
+    except SystemExit as e:                 # argparse's own refusal
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err, err
+    assert time.perf_counter() - t0 < 30, "refused only after work"

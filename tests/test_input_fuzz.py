@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -238,3 +239,42 @@ def test_estimate_command_numbers_fuzzed(argv, capsys):
         assert e.code == 2
         return
     assert rc in (0, 2)
+
+
+# ----------------------------------------------------------------------------- paths the OS refuses
+def test_every_reader_names_a_path_the_os_refuses_or_that_is_no_regular_file(tmp_path):
+    """A name too long (errno 36), a symbolic link loop (errno 40), a FIFO and a device: an
+    ``InputError`` naming the file from each reader, never an ``OSError`` and never a hang."""
+    import os
+
+    from instances.hf_config import load_hf_config
+    from instances.outages import load_outages
+    from instances.traces import load_trace
+    (tmp_path / "loop1.json").symlink_to(tmp_path / "loop2.json")
+    (tmp_path / "loop2.json").symlink_to(tmp_path / "loop1.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    readers = {"cluster": load_cluster, "trace": load_trace, "outages": lambda p: load_outages(p, CLUSTER),
+               "model": load_hf_config}
+    for path, words in ((tmp_path / ("x" * 300 + ".json"), "too long"),
+                        (tmp_path / "loop1.json", "symbolic links"),
+                        (tmp_path / "fifo.json", "not a regular file"),
+                        (Path("/dev/zero"), "not a regular file")):
+        for name, read in readers.items():
+            with pytest.raises(InputError) as e:
+                read(path)
+            assert e.value.file == str(path) and words in e.value.reason, (name, path.name[:20], e.value)
+
+
+def test_output_paths_are_really_written_to_not_asked_of_os_access(tmp_path):
+    """``os.access`` says yes to root, and to /proc: the check creates a file (and a missing
+    folder) for real, then removes what it made."""
+    from instances.paths import check_output_dir, check_output_file
+    for check, path in ((check_output_dir, "/proc/nope"), (check_output_dir, "/proc"),
+                        (check_output_file, "/proc/nope.csv")):
+        with pytest.raises(InputError) as e:
+            check(path, "--out")
+        assert e.value.field == "--out", path
+    deep = tmp_path / "a" / "b"
+    assert check_output_dir(deep, "--out") == deep and not (tmp_path / "a").exists()
+    assert check_output_file(deep / "f.csv", "--out") and not (tmp_path / "a").exists()
+    assert check_output_dir(tmp_path, "--out") == tmp_path and not list(tmp_path.iterdir())

@@ -179,3 +179,56 @@ def test_cluster_hosts_one_per_node(tmp_path):
                                               "hosts": ["gpu-a"]}]}))
     with pytest.raises(InputError, match="hosts"):
         load_cluster(p)
+
+
+def test_arena_cluster_list_of_more_than_one_object_is_refused(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text('[{"a100": {"node_num": 2}}, {"v100": {"node_num": 1}}]')
+    with pytest.raises(InputError) as e:
+        load_cluster(p)
+    assert e.value.file == str(p) and e.value.field == "[1]" and "one object" in e.value.reason
+    p.write_text('[{"a100": {"node_num": 2}, "v100": {"node_num": 1}}]')
+    assert load_cluster(p).gpus_by_type() == {"a100-40gb": 8, "v100-32gb": 16}
+
+
+def test_cluster_json_top_keys_are_strict_a_bom_is_taken_and_hosts_are_unique(tmp_path):
+    p = tmp_path / "c.json"
+    group = {"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4}
+    p.write_text(json.dumps({"bogus": 1, "node_groups": [group]}))
+    with pytest.raises(InputError) as e:
+        load_cluster(p)
+    assert e.value.field == "bogus" and "unknown key" in e.value.reason
+    p.write_bytes("\ufeff".encode() + json.dumps({"name": "b", "node_groups": [group]}).encode())
+    assert load_cluster(p).num_gpus == 8
+    for groups, field, host in (([{**group, "hosts": ["a", "a"]}], "node_groups[0].hosts", "'a'"),
+                                ([{**group, "hosts": ["a", "b"]}, {**group, "hosts": ["c", " b"]}],
+                                 "node_groups[1].hosts", "'b'")):
+        p.write_text(json.dumps({"node_groups": groups}))
+        with pytest.raises(InputError) as e:
+            load_cluster(p)
+        assert e.value.field == field and f"duplicate host name {host}" in e.value.reason, e.value
+
+
+def test_an_absurd_cluster_size_is_refused_at_once(tmp_path):
+    import time
+
+    from instances.cluster import MAX_CLUSTER_GPUS
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 100_000_000, "gpus_per_node": 8}]}))
+    t0 = time.monotonic()
+    with pytest.raises(InputError) as e:
+        load_cluster(p)
+    assert e.value.field == "node_groups[0].num_nodes" and f"{MAX_CLUSTER_GPUS:,}" in e.value.reason
+    p.write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 4},
+                                             {"gpu_type": "v100", "num_nodes": 1, "gpus_per_node": 10**7}]}))
+    with pytest.raises(InputError) as e:
+        load_cluster(p)
+    assert e.value.field == "node_groups[1].gpus_per_node"
+    p.write_text('[{"a100": {"node_num": 1000000}}]')
+    with pytest.raises(InputError) as e:
+        load_cluster(p)
+    assert e.value.field == "a100.node_num"
+    assert time.monotonic() - t0 < 5
+    p.write_text(json.dumps({"node_groups": [{"gpu_type": "a100", "num_nodes": MAX_CLUSTER_GPUS // 8,
+                                              "gpus_per_node": 8}]}))
+    assert load_cluster(p).num_gpus == MAX_CLUSTER_GPUS

@@ -223,3 +223,23 @@ def test_cli_estimate_names_the_sequence_length_and_the_key_when_nothing_fits(tm
     assert rc == 0 and "batch 8 of 131072-token sequences" in out.getvalue()
     assert "no grid fits in memory at 131072-token sequences" in err.getvalue()
     assert f'from {p.resolve()}: add "seq_length"' in err.getvalue()
+
+
+def test_architectures_must_be_a_list_agree_with_model_type_and_rope_scaling_is_an_object(tmp_path):
+    no_type = {k: v for k, v in LLAMA.items() if k != "model_type"}
+    for data, field, words in (({**no_type, "architectures": "LlamaForCausalLM"}, "architectures", "list of strings"),
+                               ({**LLAMA, "architectures": ["MixtralForCausalLM"]}, "architectures",
+                                "different families"),
+                               ({**LLAMA, "rope_scaling": "yes"}, "rope_scaling", "null or an object")):
+        p = write(tmp_path, data)
+        with pytest.raises(InputError) as e:
+            load_hf_config(p)
+        assert e.value.field == field and words in e.value.reason, e.value
+        assert e.value.file == str(p.resolve())
+    mixed = str(write(tmp_path, {**LLAMA, "architectures": ["MixtralForCausalLM"]}))
+    with pytest.raises(InputError, match="'llama'.*MixtralForCausalLM"):        # names both
+        load_hf_config(mixed)
+    # the same family under another name, an architecture we do not know, and a null rope_scaling stay fine
+    for extra in ({"architectures": ["MistralForCausalLM"]}, {"architectures": ["LlamaForSequenceClassification"]},
+                  {"rope_scaling": None}):
+        assert load_hf_config(write(tmp_path, {**LLAMA, **extra})).family == "llama"

@@ -292,3 +292,32 @@ def test_arena_fuzz_valid_and_corrupted(rows, divisor, factor, data):
     with pytest.raises(InputError) as e:
         parse_trace(ARENA_HEAD + "".join(",".join(r) + "\n" for r in rows), "a.csv")
     assert (e.value.line, e.value.field) == (i + 2, col)
+
+
+def test_gpu_types_from_the_command_line_is_a_comma_separated_string(capsys, tmp_path):
+    from engine.cli import main
+    text = "timestamp,duration,num_gpus,gpu_time,cluster\n0,3600,2,7200,vc1\n60,600,1,600,vc1\n"
+    for value, types in (("a100,a40", {"a100-40gb", "a40"}), (" a40 ", {"a40"})):
+        jobs = parse_trace(text, "p.csv", gpu_types=value)
+        assert {j.requested_gpu_type for j in jobs} <= types and jobs, value
+    for value in ("", " , ", "a100,,a40", "tpu"):
+        with pytest.raises(InputError) as e:
+            parse_trace(text, "p.csv", gpu_types=value)
+        assert e.value.field == "gpu_types" and e.value.file == "p.csv", value
+    (tmp_path / "c.json").write_text('[{"a100": {"node_num": 2}, "a40": {"node_num": 2}}]')
+    (tmp_path / "p.csv").write_text(text)
+    assert main(["simulate", "--cluster", str(tmp_path / "c.json"), "--trace", str(tmp_path / "p.csv"),
+                 "--trace-opt", "gpu_types=a100,a40", "--rounds", "2", "--quiet", "--no-plots",
+                 "--out", str(tmp_path / "r")]) == 0, capsys.readouterr().err
+
+
+def test_an_unterminated_quote_is_named(tmp_path):
+    rows = ['j1,0,100,gpt__1.3B,1000,32,1,a100', '"j2,0,100,gpt__1.3B,1000,32,1,a100',
+            'j3,0,100,gpt__1.3B,1000,32,1,a100']
+    for text, line in ((ARENA_HEAD + "\n".join(rows) + "\n", 3),
+                       (OURS_HEAD + 'j1,"gpt__1.3B,32,10,0,,1,t,a100,1\nj2,gpt__1.3B,32,10,0,,1,t,a100,1\n', 3)):
+        with pytest.raises(InputError) as e:
+            parse_trace(text, "t.csv")
+        assert e.value.line == line and "unterminated quote" in e.value.reason, e.value
+    with pytest.raises(InputError, match="expected 8 fields, got 2"):          # no quote: the count as before
+        parse_trace(ARENA_HEAD + "j1,0\n", "t.csv")

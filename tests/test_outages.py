@@ -240,3 +240,32 @@ def test_random_outages_keep_every_invariant_and_lose_no_job(spans, policy):
     assert_ledger_consistent(res)
     if not any(o.end_s == math.inf for o in outages):
         assert s["end_reason"] == "all jobs finished"       # every node came back: every job finished
+
+
+def test_synthetic_outages_never_end_before_they_start_and_absurd_options_are_refused_up_front(tmp_path, capsys):
+    from engine.cli import main
+    from instances.outages import MAX_SYNTHETIC_OUTAGES, synthetic_outages
+    short = synthetic_outages(DEMO.cluster, mtbf_h=24.0, repair_h=0.01, start_s=0.0, hours=1000.0, seed=0)
+    assert len(short) > 100 and all(o.end_s > o.start_s for o in short)
+    assert min(o.end_s - o.start_s for o in short) == pytest.approx(0.1)       # a repair shorter than 0.1 s
+    per_node: dict[int, list] = {}
+    for o in short:
+        per_node.setdefault(o.node, []).append(o)
+    assert all(x.end_s <= y.start_s for os_ in per_node.values() for x, y in zip(os_, os_[1:]))
+    for kw, field in ((dict(hours=1e12), "hours"), (dict(mtbf_h=1e-6, repair_h=1e-6), "mtbf_h"),
+                      (dict(hours=1e7), "mtbf_h")):
+        args = dict(mtbf_h=24.0, repair_h=1.0, start_s=0.0, hours=1000.0, seed=0) | kw
+        with pytest.raises(InputError) as e:
+            synthetic_outages(DEMO.cluster, **args)
+        assert e.value.field == field, kw
+    assert MAX_SYNTHETIC_OUTAGES == 1_000_000
+    f = tmp_path / "new" / "o.csv"                      # a folder that is not there yet is made
+    for argv, flag in ((["--mtbf-hours", "24", "--repair-hours", "1", "--hours", "1e12"], "--hours"),
+                       (["--mtbf-hours", "1e-6", "--repair-hours", "1e-6", "--hours", "1000"], "--mtbf-hours")):
+        assert main(["outages", "--instance", "demo", *argv, "--out", str(f)]) == 2
+        err = capsys.readouterr().err
+        assert f"field '{flag}'" in err and "end_s" not in err and "Traceback" not in err
+    assert not (tmp_path / "new").exists()              # a refused run leaves nothing behind
+    assert main(["outages", "--instance", "demo", "--mtbf-hours", "24", "--repair-hours", "0.01", "--hours", "1000",
+                 "--out", str(f)]) == 0
+    assert load_outages(f, DEMO.cluster)

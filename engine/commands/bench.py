@@ -25,13 +25,13 @@
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import sys
 import time
 
+from .jsonout import dumps
 from .policy_runs import (
     POLICY_COLUMNS,
     add_jct_bound,
@@ -41,8 +41,10 @@ from .policy_runs import (
     policy_colour,
     workload_args,
 )
+from .simulate import seed_arg
 
 DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
+MAX_BENCH_JOBS = 100_000       # synthetic rounds' jobs (the project measures up to 4,000; 10^8 would not end)
 DEFAULT_POLICIES = ("arena", "arena-incremental", "suika", "sia", "sia-ap", "gavel", "gavel-ap", "elasticflow-ls",
                     "elasticflow-ls-ap", "fcfs")
 def register(subparsers) -> None:
@@ -61,7 +63,7 @@ def register(subparsers) -> None:
     s.add_argument("--time-limit", type=float, default=30.0, help="per-round solver time limit, s")
     s.add_argument("--rel-gap", type=float, default=0.01, help="relative gap to prove (default 0.01)")
     s.add_argument("--threads", type=int, default=1, help="solver threads (default 1)")
-    s.add_argument("--seed", type=int, default=0, help="synthetic rounds' seed (default 0)")
+    s.add_argument("--seed", type=seed_arg, default=0, help="synthetic rounds' seed (default 0)")
     s.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
                    help="term=weight list (default: arena's)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -77,7 +79,7 @@ def register(subparsers) -> None:
     i.add_argument("--backend", default="auto", help="the MILP's backend (default auto)")
     i.add_argument("--time-limit", type=float, default=30.0, help="the MILP's per-round time limit, s")
     i.add_argument("--rel-gap", type=float, default=0.01, help="the MILP's relative gap (default 0.01)")
-    i.add_argument("--seed", type=int, default=0, help="synthetic rounds' seed (default 0)")
+    i.add_argument("--seed", type=seed_arg, default=0, help="synthetic rounds' seed (default 0)")
     i.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
                    help="term=weight list (default: arena's)")
     i.add_argument("--move-cost-per-gpu", type=float, default=None,
@@ -123,7 +125,7 @@ def register(subparsers) -> None:
     add_profile_store_arg(q)
     add_perf_runtime_arg(q)
     seeds = q.add_mutually_exclusive_group()
-    seeds.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
+    seeds.add_argument("--seed", type=seed_arg, default=0, help="instance and policy seed (default 0)")
     seeds.add_argument("--seeds", default=None, metavar="LIST",
                        help="run every policy once per seed (0-4, or 0,1,7) and report each metric's mean, "
                             "sd, min and max over the seeds, and every policy's average JCT against "
@@ -159,7 +161,7 @@ def solver_bench(gpus: int, jobs: int, backends, repeat: int, time_limit_s: floa
     from ..solvers.base import BackendUnavailable
 
     if gpus < 8 or jobs < 1 or repeat < 1:
-        raise InputError("need --gpus >= 8, --jobs >= 1, --repeat >= 1", field="gpus")
+        raise InputError("need gpus >= 8, jobs >= 1, repeat >= 1", field="gpus")
     objective = parse_objective({}, weights or {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1})
     rounds = [synthetic_round_data(gpus, jobs, seed, round_index=r) for r in range(repeat)]
     rows = []
@@ -208,21 +210,43 @@ def _parse_weights(text: str) -> dict:
         try:
             out[k.strip()] = float(v)
         except ValueError:
-            raise InputError(f"expected term=weight, got {part!r}", field="objective") from None
+            raise InputError(f"expected term=weight, got {part!r}", field="--objective") from None
         if not sep:
-            raise InputError(f"expected term=weight, got {part!r}", field="objective")
+            raise InputError(f"expected term=weight, got {part!r}", field="--objective")
+        if not (math.isfinite(out[k.strip()]) and out[k.strip()] >= 0):
+            raise InputError(f"a term's weight is a finite number >= 0, got {part!r}", field="--objective")
     return out
 
 
+def _check_synthetic_args(args, rounds_flag: str) -> None:
+    """The synthetic benches' sizes and solver limits, each refused by its own flag before
+    any work (``rounds_flag``: ``--repeat`` or ``--rounds``)."""
+    from instances.cluster import MAX_CLUSTER_GPUS
+    from instances.errors import InputError
+    rounds = getattr(args, rounds_flag.lstrip("-"))
+    for flag, v, lo, hi in (("--gpus", args.gpus, 8, MAX_CLUSTER_GPUS), ("--jobs", args.jobs, 1, MAX_BENCH_JOBS),
+                            (rounds_flag, rounds, 1, None)):
+        if v < lo or (hi is not None and v > hi):
+            raise InputError(f"must be {'>= ' + str(lo) if hi is None else f'in {lo}..{hi:,}'}, got {v}", field=flag)
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise InputError(f"must be a finite number of seconds > 0, got {args.time_limit}", field="--time-limit")
+    if not (math.isfinite(args.rel_gap) and 0 <= args.rel_gap < 1):
+        raise InputError(f"must be in [0, 1), got {args.rel_gap}", field="--rel-gap")
+    if getattr(args, "threads", 1) < 1:
+        raise InputError(f"must be >= 1, got {args.threads}", field="--threads")
+
+
 def run_solver_bench(args) -> int:
+    _check_synthetic_args(args, "--repeat")
+    weights = _parse_weights(args.objective)
     backends = args.backend or list(DEFAULT_BENCH_BACKENDS)
     log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     if log:
         log(f"bench solver: {args.gpus} GPUs, {args.jobs} jobs, {args.repeat} rounds, backends {', '.join(backends)}")
     rows = solver_bench(args.gpus, args.jobs, backends, args.repeat, args.time_limit, args.rel_gap,
-                        args.threads, args.seed, _parse_weights(args.objective), log)
+                        args.threads, args.seed, weights, log)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps(rows, indent=2))
         return 0
     from ..solvers.base import STATUSES
     seen = [st for st in STATUSES if any(r["statuses"].get(st) for r in rows if not r["note"])]
@@ -251,8 +275,7 @@ def run_incremental_bench(args) -> int:
     from ..reconfig import ReconfigCostModel
     from ..solvers import make_backend
 
-    if args.gpus < 8 or args.jobs < 1 or args.rounds < 1:
-        raise InputError("need --gpus >= 8, --jobs >= 1, --rounds >= 1", field="gpus")
+    _check_synthetic_args(args, "--rounds")
     make_backend(args.backend)                     # an unknown name fails before any work
     try:
         config = IncrementalConfig(queued=args.queued, other_type=args.other_type,
@@ -263,8 +286,9 @@ def run_incremental_bench(args) -> int:
     defaults = ReconfigCostModel()
     per_gpu = defaults.replan_per_gpu_s if args.move_cost_per_gpu is None else args.move_cost_per_gpu
     cap = defaults.replan_cap_s if args.move_cost_cap is None else args.move_cost_cap
-    if not (per_gpu >= 0 and cap >= 0):
-        raise InputError("move costs must be >= 0", field="--move-cost-per-gpu")
+    for flag, v in (("--move-cost-per-gpu", per_gpu), ("--move-cost-cap", cap)):
+        if not (math.isfinite(v) and v >= 0):
+            raise InputError(f"must be a finite number of seconds >= 0, got {v}", field=flag)
     objective = parse_objective({}, _parse_weights(args.objective))
     log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     if log:
@@ -288,7 +312,7 @@ def run_incremental_bench(args) -> int:
                    backend=args.backend, follow=args.follow, queued=args.queued, other_type=args.other_type,
                    move_budget_jobs=args.move_budget_jobs, move_budget_gpus=args.move_budget_gpus)
     if args.json:
-        print(json.dumps({"summary": summary, "rounds": rows}, indent=2))
+        print(dumps({"summary": summary, "rounds": rows}, indent=2))
         return 0
     print(f"{'round':>5} {'cands':>7} {'ratio':>7} {'stay':>7} {'MILP s':>8} {'incr s':>8} {'speedup':>8} "
           f"{'moved':>6} {'MILP status':>11}")
@@ -363,7 +387,7 @@ def write_outputs(rows: list[dict], out_dir, instance_name: str, plugins: tuple 
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     doc = {"instance": instance_name, "rows": rows, "plugins": [asdict(p) for p in plugins]}
-    (d / "results.json").write_text(json.dumps(doc, indent=2, default=str))
+    (d / "results.json").write_text(dumps(doc, indent=2, default=str))
     with open(d / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(POLICY_COLUMNS), extrasaction="ignore")
         w.writeheader()
@@ -493,7 +517,7 @@ def run_policy_bench(args) -> int:
     if args.out:
         write_outputs(rows, args.out, inst.name, args.plugins)
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(dumps(rows, indent=2, default=str))
         return 0
     print(f"{'policy':<18} {'finished':>8} {'never':>5} {'JCT runout s':>12} {'/bound':>6} {'makespan s':>11} "
           f"{'JCT common s':>12} {'util':>5} {'reconf/job':>10} {'GPU-h lost':>10} {'paid':>5} {'decide s':>9}")

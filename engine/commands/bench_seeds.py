@@ -3,9 +3,9 @@ spread over the seeds and a paired JCT comparison against a baseline (the statis
 engine/seed_stats.py; one seed's comparison: engine/commands/bench.py, policy_runs.py)."""
 from __future__ import annotations
 
-import json
 import math
 
+from .jsonout import dumps
 from .policy_runs import (
     POLICY_COLUMNS,
     add_jct_bound,
@@ -68,7 +68,7 @@ def run_seeded_bench(args, seeds: list[int], policies: list[str], options: dict,
     if args.out:
         write_seeded_outputs(rows, agg, args.out, inst_name, seeds, args.plugins)
     if args.json:
-        print(json.dumps({"instance": inst_name, "seeds": seeds, "baseline": baseline,
+        print(dumps({"instance": inst_name, "seeds": seeds, "baseline": baseline,
                           "seeds_changed_nothing": same, "aggregate": agg, "rows": rows}, indent=2, default=str))
         return 0
 
@@ -115,7 +115,7 @@ def write_seeded_outputs(rows: list[dict], agg: list[dict], out_dir, instance_na
     d.mkdir(parents=True, exist_ok=True)
     doc = {"instance": instance_name, "seeds": seeds, "aggregate": agg, "rows": rows,
            "plugins": [asdict(p) for p in plugins]}
-    (d / "results.json").write_text(json.dumps(doc, indent=2, default=str))
+    (d / "results.json").write_text(dumps(doc, indent=2, default=str))
     with open(d / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["seed", *POLICY_COLUMNS], extrasaction="ignore")
         w.writeheader()

@@ -17,12 +17,14 @@ only JSON on stdout.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import sys
 from pathlib import Path
 
 from instances.errors import InputError
+
+from .jsonout import dumps
+from .simulate import seed_arg
 
 CLASSES = ((0.0, 3600.0, "< 1 h"), (3600.0, 86400.0, "1 h - 1 d"), (86400.0, 864000.0, "1 d - 10 d"),
            (864000.0, math.inf, "> 10 d"))
@@ -111,7 +113,7 @@ def register(sub) -> None:
     b.add_argument("runs", nargs="*", metavar="RUN_DIR", help="`arena simulate --out` directories of this workload")
     from .simulate import add_workload_args
     add_workload_args(b)
-    b.add_argument("--seed", type=int, default=0, help="instance seed (default 0)")
+    b.add_argument("--seed", type=seed_arg, default=0, help="instance seed (default 0)")
     b.add_argument("--max-gpus", type=int, default=16,
                    help="largest GPU count a job may get (default 16, the policies' max_gpus)")
     b.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -137,7 +139,7 @@ def run_bound_bench(args) -> int:
     runs = {r: read_run(Path(r), ids) for r in args.runs}
     rep = report(bounds, runs, args.max_gpus)
     if args.json:
-        print(json.dumps({"instance": inst.name, **rep}))
+        print(dumps({"instance": inst.name, **rep}))
     else:
         print_report(inst.name, rep)
     if args.plot:

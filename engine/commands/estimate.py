@@ -9,9 +9,11 @@ proxy-plan quality.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
+
+from .jsonout import dumps
+from .simulate import seed_arg
 
 ACTIONS = ("grids", "accuracy", "proxy-quality", "fit")
 
@@ -41,7 +43,7 @@ def register(subparsers) -> None:
                    "one, profiled just before the runs)")
     p.add_argument("--passes", type=int, default=3,
                    help="--against local: passes, each profiling afresh and running every plan")
-    p.add_argument("--seed", type=int, default=0, help="cross-validation folds' seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="cross-validation folds' seed (default 0)")
     p.add_argument("--max-splits", type=int, default=200, help="proxy-quality: exhaustive split limit per grid")
     p.add_argument("--refit-analytic", action="store_true",
                    help="accuracy: also refit the analytic constants in-sample and out of sample, with the "
@@ -86,6 +88,9 @@ def _fit(args) -> int:
     from estimators.perf import learned_artifact_path
     from instances.paths import check_output_dir
     out = Path(args.out) if args.out else learned_artifact_path()
+    if out.is_dir():                                        # before minutes of fitting
+        from instances.errors import InputError
+        raise InputError("is a folder; give the artifact's file name", file=str(out), field="--out")
     check_output_dir(str(out.parent), "--out")
     print("fitting the learned model on the measured table (minutes) ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -93,7 +98,7 @@ def _fit(args) -> int:
     path = model.save(out)
     info = {"artifact": str(path), "correction": model.chosen, "selection_cv_mape": model.selection,
             "fit_s": round(time.perf_counter() - t0, 1)}
-    print(json.dumps(info) if args.json else f"saved {path} (correction {model.chosen}, {info['fit_s']} s)")
+    print(dumps(info) if args.json else f"saved {path} (correction {model.chosen}, {info['fit_s']} s)")
     return 0
 
 
@@ -108,8 +113,11 @@ def _grids(args) -> int:
     for f in ("model", "gpu_type", "gpus"):
         if getattr(args, f) is None:
             raise InputError(f"--{f.replace('_', '-')} is required", field=f)
-    if args.gpus < 1 or args.batch < 1:
-        raise InputError("--gpus and --batch must be >= 1", field="gpus")
+    for flag, v in (("--gpus", args.gpus), ("--batch", args.batch)):
+        if v < 1:
+            raise InputError(f"must be >= 1, got {v}", field=flag)
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise InputError(f"must be >= 1, got {args.gpus_per_node}", field="--gpus-per-node")
     gpu = get_gpu(args.gpu_type)
     gpn = args.gpus_per_node or gpu.default_gpus_per_node
     cluster = ClusterSpec((NodeGroup(gpu.name, max(1, math.ceil(args.gpus / 1)), gpn),), "estimate")
@@ -139,7 +147,7 @@ def _grids(args) -> int:
               + (f"; tensor degree at most {tp_cap}" if tp_cap else "") + ")", file=sys.stderr)
         return 0
     if args.json:
-        print(json.dumps({"model": job.model, "batch": args.batch, "seq_len": job.arch.seq_len, "gpu_type": gpu.name,
+        print(dumps({"model": job.model, "batch": args.batch, "seq_len": job.arch.seq_len, "gpu_type": gpu.name,
                           "gpus": args.gpus, "perf": perf.name, "grids": rows}, indent=1, default=str))
         return 0
     print(f"{job.model}, batch {args.batch} of {job.arch.seq_len}-token sequences, {args.gpus} x {gpu.name} "
@@ -166,6 +174,12 @@ def _fmt(x) -> str:
 
 
 def _accuracy(args) -> int:
+    from instances.errors import InputError
+    if args.refit_analytic:                                     # before a minute of work
+        if args.refit_evals < 1:
+            raise InputError(f"must be >= 1, got {args.refit_evals}", field="--refit-evals")
+        if args.refit_starts < 1:
+            raise InputError(f"must be >= 1, got {args.refit_starts}", field="--refit-starts")
     if args.plot:
         from instances.paths import check_output_dir
         check_output_dir(args.plot, "--plot")                   # before a minute of work
@@ -185,11 +199,6 @@ def _accuracy(args) -> int:
     out["dp_memory"] = dp_memory_check()
     if args.refit_analytic:
         from estimators.evaluation.accuracy import analytic_refit
-        from instances.errors import InputError
-        if args.refit_evals < 1:
-            raise InputError("--refit-evals must be >= 1", field="refit_evals")
-        if args.refit_starts < 1:
-            raise InputError("--refit-starts must be >= 1", field="refit_starts")
         progress("refitting the analytic constants (minutes per fold)")
         out["analytic_refit"] = analytic_refit(max_evals=args.refit_evals, regimes=tuple(args.refit_regimes),
                                                seed=args.seed, starts=args.refit_starts)
@@ -199,7 +208,7 @@ def _accuracy(args) -> int:
         from ..accuracy_plots import write_accuracy_plots
         plots = write_accuracy_plots(out, args.plot)
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(dumps(out, indent=1))
         return 0
     for p in plots:
         print(f"wrote {p}")
@@ -328,7 +337,7 @@ def _accuracy_local(args) -> int:
     summary = summarize_passes(passes)
     summary["load_average_1min"] = loads
     if args.json:
-        print(json.dumps(local_json(passes, summary), indent=1))
+        print(dumps(local_json(passes, summary), indent=1))
         return 0
     print(f"local torch runs of {args.model or LOCAL_MODEL} (launcher, gloo on CPU) vs analytic estimate "
           f"from the profile store")
@@ -356,10 +365,16 @@ def _accuracy_local(args) -> int:
 
 def _proxy_quality(args) -> int:
     from estimators.evaluation.accuracy import proxy_quality
+    from instances.errors import InputError
+    if args.batch < 1:
+        raise InputError(f"must be >= 1, got {args.batch}", field="--batch")
+    if args.model:
+        from instances.models import get_model
+        get_model(args.model)                                   # an unknown name says so, with the known ones
     models = [args.model] if args.model else None
     out = proxy_quality(models=models, batches=(args.batch,), max_exhaustive_splits=args.max_splits)
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(dumps(out, indent=1))
         return 0
     print(f"proxy plan vs exhaustive best over {out['grids']} grids ({out['plans_evaluated']} plans searched, "
           f"{out['seconds']:.1f} s)")

@@ -7,6 +7,8 @@ Example::
 """
 from __future__ import annotations
 
+from .jsonout import dumps
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("models", help="list the model catalog with sizes (parameters, layers, width)",
@@ -36,10 +38,9 @@ def rows() -> list[dict]:
 
 
 def run(args) -> int:
-    import json
     table = rows()
     if args.json:
-        print(json.dumps(table, indent=1))
+        print(dumps(table, indent=1))
         return 0
     head = ("name", "family", "params", "layers", "hidden", "heads", "experts", "input", "dtype")
     lines = [head] + [(r["name"], r["family"], _params(r["parameters"]), str(r["layers"]),

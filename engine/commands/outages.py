@@ -18,6 +18,8 @@ import sys
 
 from instances.errors import InputError
 
+from .simulate import seed_arg
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("outages", help="write a synthetic node-outage file (failures and repairs)",
@@ -29,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--repair-hours", type=float, required=True, metavar="H", help="mean repair time, in hours")
     p.add_argument("--hours", type=float, required=True, metavar="H",
                    help="span with failures, from the first arrival, in hours")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed (default 0)")
     p.add_argument("--out", required=True, metavar="FILE", help="the CSV to write (node,start_s,end_s,reason)")
     p.set_defaults(func=run)
 

@@ -2,7 +2,7 @@
 the profiling cost against running every grid directly."""
 from __future__ import annotations
 
-import json
+from .jsonout import dumps
 
 
 def register(subparsers) -> None:
@@ -88,7 +88,7 @@ def run(args) -> int:
             "measured_cost_ratio": (measured["device_seconds"] / prof_s) if measured and prof_s > 0 else None,
             "scaled": sorted({f"{x.kind}: x{x.scale:.3g}" for x in r["records"] if x.scale != 1.0})}
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(dumps(out, indent=1))
         return 0
     print(f"profile store: {out['store']}")
     if "collectives" in out:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import math
 import os
 import socket
@@ -28,6 +27,7 @@ from pathlib import Path
 from instances.errors import InputError
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
+from .jsonout import dumps
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -210,7 +210,7 @@ def build_service_parts(args):
     """Everything ``arena serve`` needs, validated before anything starts."""
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 
-    from ..policy import make_policy
+    from ..policy import make_policy, policy_names
     from ..reconfig import ReconfigCostModel
     from ..service.daemon import ServiceConfig
     from .simulate import build_perf, build_shadow, model_reader, parse_options, policy_error
@@ -240,6 +240,8 @@ def build_service_parts(args):
         raise InputError(f"binding to {args.host} (not loopback) needs an API token (--token or ARENA_TOKEN)",
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
+    if args.policy not in policy_names():
+        raise InputError(f"unknown policy {args.policy!r}; known: {', '.join(policy_names())}", field="--policy")
     try:
         policy = make_policy(args.policy, **opts)
     except (TypeError, ValueError) as e:
@@ -247,8 +249,9 @@ def build_service_parts(args):
     shadow = build_shadow(args)
     # the jobs run on our launcher: its runtime
     perf = build_perf(args.perf, model_reader(args), args.profile_store)
+    reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
-        reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
+        reconfig = ReconfigCostModel.from_options(reconfig_opts)
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     db = _check_writable_file(args.db, "--db")
@@ -256,11 +259,15 @@ def build_service_parts(args):
     if work.exists() and not work.is_dir():
         raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
     work.mkdir(parents=True, exist_ok=True)
-    cfg = ServiceConfig(db_path=str(db), work_dir=str(work.resolve()), round_interval_s=args.round_interval,
-                        checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
-                        max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
-                        stop_after_s=args.stop_after, move_path=args.move_path,
-                        step_delay_s=args.step_delay)
+    try:
+        cfg = ServiceConfig(db_path=str(db), work_dir=str(work.resolve()), round_interval_s=args.round_interval,
+                            checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
+                            max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
+                            stop_after_s=args.stop_after, move_path=args.move_path,
+                            step_delay_s=args.step_delay)
+    except InputError as e:                       # the config's field, as the flag that set it
+        flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")
+        raise InputError(e.reason, field=flag) from None
     with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will
         try:
@@ -341,7 +348,13 @@ def run_submit(args) -> int:
             raise InputError(f"missing {', '.join(missing)} (or give a JOB.toml)", field=missing[0])
         if str(flags["model"]).lower().endswith(".json"):
             flags["model"] = str(Path(flags["model"]).resolve())
-        body = flags
+        from ..service.jobspec import JobSpec
+        try:                                      # checked here too, as a job file is
+            spec = JobSpec.from_dict(flags, source="the command line")
+        except InputError as e:
+            flag = {"global_batch": "--batch", "gpu_type": "--gpu-type"}.get(e.field or "", f"--{e.field}")
+            raise InputError(e.reason, field=flag) from None
+        body = {k: v for k, v in spec.to_dict().items() if k in flags}    # (the service fills the rest)
     key = args.key if args.key is not None else uuid.uuid4().hex
     try:
         ans = _client(args).post("/api/jobs", body, key=key)
@@ -351,7 +364,7 @@ def run_submit(args) -> int:
                              f"--key {key}", field=e.field) from None
         raise
     if args.json:
-        print(json.dumps(ans))
+        print(dumps(ans))
     else:
         print(f"{'already submitted as' if ans.get('replayed') else 'submitted'} job {ans['id']} ({ans['name']})")
     return 0
@@ -431,7 +444,7 @@ def _show_status(cl: Client, args) -> bool:
     if args.id is not None:
         job = cl.get(f"/api/jobs/{args.id}")
         if args.json:
-            print(json.dumps(job, indent=1))
+            print(dumps(job, indent=1))
         else:
             print(_table([job]))
             print("history:")
@@ -444,7 +457,7 @@ def _show_status(cl: Client, args) -> bool:
                     print("  " + move_line(m))
         return job["status"] in TERMINAL
     jobs = cl.get("/api/jobs")
-    print(json.dumps(jobs, indent=1) if args.json else _table(jobs))
+    print(dumps(jobs, indent=1) if args.json else _table(jobs))
     return all(j["status"] in TERMINAL for j in jobs)
 
 
@@ -468,7 +481,7 @@ def run_drain(args) -> int:
 def run_nodes(args) -> int:
     cl = _client(args).get("/api/cluster")
     if args.json:
-        print(json.dumps(cl, indent=1))
+        print(dumps(cl, indent=1))
         return 0
     print(f"{'node':>4} {'host':<16} {'type':<12} {'held':>7}  jobs / drained")
     for n in cl["nodes"]:
@@ -499,7 +512,7 @@ def run_rounds(args) -> int:
     client = _client(args)
     rounds, shadow = client.get(f"/api/rounds?last={args.last}"), client.get("/api/shadow")
     if args.json:
-        print(json.dumps({"rounds": rounds, "shadow": shadow}, indent=1))
+        print(dumps({"rounds": rounds, "shadow": shadow}, indent=1))
         return 0
     for r in rounds:
         d = r["decisions"]
@@ -542,5 +555,5 @@ def run_export_trace(args) -> int:
 
 def run_jobs(args) -> int:
     jobs = _client(args).get("/api/jobs")
-    print(json.dumps(jobs, indent=1) if args.json else _table(jobs))
+    print(dumps(jobs, indent=1) if args.json else _table(jobs))
     return 0

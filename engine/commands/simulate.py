@@ -40,6 +40,17 @@ def parse_value(text: str):
     return text
 
 
+def seed_arg(text: str) -> int:
+    """``--seed``: an integer >= 0 (numpy's generators refuse negative seeds)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
+    return v
+
+
 def parse_options(items: list[str] | None, flag: str) -> dict:
     out: dict = {}
     for item in items or []:
@@ -82,7 +93,7 @@ def register(subparsers) -> None:
                         "300 s and 0.5 GB of round records); a run stopped by it says so")
     p.add_argument("--round-interval", type=float, default=None, metavar="S",
                    help="seconds between rounds (default: the instance's, 300)")
-    p.add_argument("--seed", type=int, default=0, help="instance and policy seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="instance and policy seed (default 0)")
     add_outages_arg(p)
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default results/<instance>-<policy>)")
     p.add_argument("--dump-rounds", default=None, metavar="DIR",
@@ -183,7 +194,12 @@ def build_instance(args):
     if args.trace_opt:
         raise InputError("--trace-opt applies to --trace only", field="--trace-opt")
     from instances.builtin import get_instance
-    return get_instance(args.instance or "demo", args.seed)
+    try:
+        return get_instance(args.instance or "demo", args.seed)
+    except InputError as e:
+        if e.field == "name":
+            raise InputError(e.reason, field="--instance") from None
+        raise
 
 
 def decides_without_model(kind: str | None, policy_name: str) -> bool:
@@ -218,11 +234,15 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
         print(f"note: the learned artifact {unused} was fitted for another runtime; fitting the learned model "
               f"afresh for the {runtime} runtime (--perf-runtime default uses the artifact)",
               file=sys.stderr, flush=True)
+    if profile_store is not None and Path(profile_store).exists() and not Path(profile_store).is_dir():
+        raise InputError("is a file; a profile store is a folder (`arena profile --store DIR` fills one)",
+                         file=profile_store, field="--profile-store")
     try:
         return make_default_model(kind, profile_store=profile_store, runtime=runtime)
     except InputError as e:
-        if e.field in ("profile_store", "runtime"):
-            raise InputError(e.reason, field="--" + e.field.replace("_", "-")) from None
+        flags = {"kind": "--perf", "profile_store": "--profile-store", "runtime": "--perf-runtime"}
+        if e.field in flags:
+            raise InputError(e.reason, file=e.file, line=e.line, field=flags[e.field]) from None
         raise
 
 
@@ -306,6 +326,8 @@ def run(args) -> int:
     if args.rounds and args.max_rounds and args.rounds > args.max_rounds:
         raise InputError(f"the horizon {args.rounds} exceeds the safety limit {args.max_rounds}", field="--rounds")
     from instances.paths import check_output_dir
+    if args.out is not None and not args.out.strip():
+        raise InputError("is empty (leave it out for the default results/<instance>-<policy>)", field="--out")
     if args.out:
         check_output_dir(args.out, "--out")
     if args.dump_rounds:
@@ -321,8 +343,9 @@ def run(args) -> int:
         field = "--dump-rounds" if args.dump_rounds and "dump_rounds_dir" in str(e) else "--policy-opt"
         raise policy_error(args.policy, e, field) from None
     shadow = build_shadow(args)
+    reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
-        reconfig = ReconfigCostModel.from_options(parse_options(args.reconfig_opt, "--reconfig-opt"))
+        reconfig = ReconfigCostModel.from_options(reconfig_opts)
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)

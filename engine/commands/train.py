@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 
+from .jsonout import dumps
+from .simulate import seed_arg
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -24,7 +27,7 @@ def register(subparsers) -> None:
                    help="total steps of the run (a resumed run continues up to this step)")
     p.add_argument("--global-batch", type=int, default=None,
                    help="samples per step (default: the checkpoint's when resuming, else dp*microbatches)")
-    p.add_argument("--seed", type=int, default=0, help="model initialisation and data seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="model initialisation and data seed (default 0)")
     p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default: 3e-3)")
     p.add_argument("--data", default=None, help="local text file read as bytes (default: synthetic tokens)")
     p.add_argument("--hostfile", default=None, help="MPICH hostfile (host[:slots] per line)")
@@ -77,7 +80,10 @@ def _build_config(args, run_dir: str):
                         microbatches=degrees.pp if args.microbatches is None else args.microbatches,
                         schedule=args.schedule,
                         stage_layers=stage_layers)
-    num_nodes = args.num_nodes or (len(hostfile_hosts(args.hostfile)) if args.hostfile else 1)
+    if args.num_nodes is not None and args.num_nodes < 1:
+        raise InputError(f"must be >= 1, got {args.num_nodes}", field="--num-nodes")
+    num_nodes = args.num_nodes if args.num_nodes is not None else \
+        (len(hostfile_hosts(args.hostfile)) if args.hostfile else 1)
     if args.checkpoint_dir:
         from instances.paths import check_output_dir
         check_output_dir(args.checkpoint_dir, "--checkpoint-dir")       # before reading it
@@ -109,7 +115,6 @@ def checkpoint_plan_line(cfg) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import shutil
     import sys
     import tempfile
@@ -130,11 +135,11 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     plan = cfg.plan
-    if args.dry_run:
-        print(json.dumps({"plan": str(plan), "ranks": plan.world_size,
-                          "memory_per_rank_bytes": mem.per_rank_bytes, "device_memory_bytes":
-                          mem.device_memory_bytes, "command": build_command(cfg, Path(run_dir) / "config.json",
-                                                                            args.hostfile)}, indent=1))
+    if args.dry_run:                    # (a temporary run folder is removed below: the command names a stand-in)
+        where = Path("<run-dir>") if own_tmp else Path(run_dir)
+        print(dumps({"plan": str(plan), "ranks": plan.world_size,
+                     "memory_per_rank_bytes": mem.per_rank_bytes, "device_memory_bytes": mem.device_memory_bytes,
+                     "command": build_command(cfg, where / "config.json", args.hostfile)}, indent=1))
         if own_tmp:
             shutil.rmtree(run_dir, ignore_errors=True)
         return 0

@@ -118,14 +118,18 @@ def parse_job_list(value: object) -> frozenset[str]:
     raise InputError(f"expected comma-separated job ids, got {value!r}", field="pinned_jobs")
 
 
-def _number(policy: str, rest: Mapping[str, Any], key: str, default: float, cast: type, lo: float) -> Any:
-    v = rest.get(key, default)
+def _number(policy: str, rest: Mapping[str, Any], key: str, default: float, cast: type, lo: float,
+            hi: float = math.inf) -> Any:
+    raw = rest.get(key, default)
     try:
-        v = cast(v)
+        v = cast(raw)
     except (TypeError, ValueError):
-        raise InputError(f"policy {policy!r}: {key} must be a number, got {v!r}", field=key) from None
-    if not (v >= lo and math.isfinite(v)):
-        raise InputError(f"policy {policy!r}: {key} must be a finite number >= {lo}, got {v!r}", field=key)
+        raise InputError(f"policy {policy!r}: {key} must be a number, got {raw!r}", field=key) from None
+    if cast is int and v != raw:                      # 1.5 threads is not 1 thread
+        raise InputError(f"policy {policy!r}: {key} must be a whole number, got {raw!r}", field=key)
+    if not (lo <= v <= hi and math.isfinite(v)):
+        bound = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}]"
+        raise InputError(f"policy {policy!r}: {key} must be a finite number {bound}, got {raw!r}", field=key)
     return v
 
 
@@ -162,7 +166,7 @@ class MilpPolicy:
                                 seed=_number(spec.name, rest, "seed", 0, int, 0))
         self.backend: SolverBackend = make_backend(str(rest.get("backend", spec.backend)), options)
         self.time_limit_s: float = _number(spec.name, rest, "time_limit_s", 10.0, float, 0.01)
-        self.rel_gap: float = _number(spec.name, rest, "rel_gap", 0.01, float, 0.0)
+        self.rel_gap: float = _number(spec.name, rest, "rel_gap", 0.01, float, 0.0, 1.0)
         self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1)
         columns = str(rest.get("columns", "best_per_count" if spec.best_plan_per_count else "all"))
         if columns not in COLUMNS:

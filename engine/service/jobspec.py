@@ -192,8 +192,8 @@ def _check(spec: JobSpec) -> None:
         raise err("tenant", f"{spec.tenant!r}: 1-64 letters, digits, '.', '_' or '-'")
     try:
         object.__setattr__(spec, "model", canonical_model_name(text("model")))
-    except InputError as e:
-        raise err("model", str(e)) from None
+    except InputError as e:              # a config.json's own error names that file and its field
+        raise err("model", str(e) if e.file else e.reason) from None
     integer("global_batch", 1)
     integer("steps", 1, MAX_ITERATIONS)
     integer("gpus", 1, optional=True)
