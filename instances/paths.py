@@ -1,8 +1,9 @@
 """Output paths checked before any work starts, so a bad ``--out`` or checkpoint folder
 fails in the first second, not after a long run. The checks are real, not ``os.access``
-(which says yes to root everywhere and to /proc): a temporary file is created in the
-folder and removed at once; a missing folder is created for that, with its missing
-parents, and removed again (a refused run leaves nothing behind; the writer creates it)."""
+(which says yes to root everywhere and to /proc): a uniquely named temporary file is
+created in the folder, or for a folder still to be made in its nearest existing
+ancestor, and removed at once (a refused run leaves nothing behind; the writer creates
+the folder)."""
 from __future__ import annotations
 
 import os
@@ -36,9 +37,8 @@ def _probe_write(p: Path, field: str) -> None:
 
 
 def check_output_dir(path: str | os.PathLike, field: str) -> Path:
-    """A folder we can write into: an existing directory that takes a file, or a path that
-    can be created as one (tried here, then removed). Raises ``InputError`` naming ``field``
-    otherwise."""
+    """A folder we can write into: an existing directory that takes a file, or a path whose
+    nearest existing ancestor does. Raises ``InputError`` naming ``field`` otherwise."""
     p = Path(path).expanduser()
     st = _stat(p, field)
     if st is not None:
@@ -50,28 +50,20 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
         return p
     if p.is_symlink():
         raise InputError(f"is a symbolic link to a missing target ({os.readlink(p)})", file=str(p), field=field)
-    missing, parent = [p], p.parent
+    parent = p.parent
     while (pst := _stat(parent, field)) is None and parent != parent.parent:
-        missing.append(parent)
         parent = parent.parent
     if pst is None or not stat.S_ISDIR(pst.st_mode):
         raise InputError(f"cannot be created: {parent} is a file, not a directory", file=str(p), field=field)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"cannot be created: {parent} is not writable", file=str(p), field=field)
+    # a uniquely named file in the nearest existing ancestor: nothing is left behind, and no
+    # race with another process checking the same path at once (the ranks of an MPI run)
     try:
-        try:
-            p.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise InputError(f"cannot be created: {e.strerror or e}", file=str(p), field=field) from None
-        _probe_write(p, field)
-    finally:                            # leave nothing behind: a refused run makes no folder
-        for d in missing:               # (the writer creates it when it writes)
-            try:
-                d.rmdir()
-            except FileNotFoundError:   # never made (mkdir failed on the way down)
-                continue
-            except OSError:             # not empty: someone else's now
-                break
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".arena-write-check-"):
+            pass
+    except OSError as e:
+        raise InputError(f"cannot be created: {e.strerror or e}", file=str(p), field=field) from None
     return p
 
 

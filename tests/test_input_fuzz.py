@@ -266,8 +266,8 @@ def test_every_reader_names_a_path_the_os_refuses_or_that_is_no_regular_file(tmp
 
 
 def test_output_paths_are_really_written_to_not_asked_of_os_access(tmp_path):
-    """``os.access`` says yes to root, and to /proc: the check creates a file (and a missing
-    folder) for real, then removes what it made."""
+    """``os.access`` says yes to root, and to /proc: the check creates a file for real (in
+    the folder, or in a missing folder's nearest existing ancestor), then removes it."""
     from instances.paths import check_output_dir, check_output_file
     for check, path in ((check_output_dir, "/proc/nope"), (check_output_dir, "/proc"),
                         (check_output_file, "/proc/nope.csv")):
