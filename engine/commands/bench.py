@@ -461,22 +461,18 @@ def _fmt(v, width, prec=0):
 def run_policy_bench(args) -> int:
     from instances.errors import InputError
 
-    from ..policy import make_policy, policy_names
     from ..reconfig import ReconfigCostModel
-    from .simulate import parse_options, policy_error
+    from .simulate import build_policy, parse_options
     names = _policy_labels(args.policy or list(DEFAULT_POLICIES))
     policies = list(names)
     options = _policy_options(args.policy_opt, policies)
     for label in policies:          # names, options and inputs are checked before any simulation runs
-        if names[label] not in policy_names():
-            raise InputError(f"unknown policy {names[label]!r}; known: {', '.join(policy_names())}", field="--policy")
         try:
-            make_policy(names[label], **options[label])
-        except (TypeError, ValueError) as e:         # a policy's own check of its options
+            build_policy(names[label], options[label])
+        except InputError as e:
             if label == names[label]:
-                raise policy_error(label, e, "--policy-opt") from None
-            reason = policy_error(names[label], e, "").reason
-            raise InputError(f"label {label!r}: {reason}", field="--policy-opt") from None
+                raise
+            raise InputError(f"label {label!r}: {e.reason}", field=e.field) from None
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
         move_costs = ReconfigCostModel.from_options(reconfig_opts)

@@ -210,10 +210,9 @@ def build_service_parts(args):
     """Everything ``arena serve`` needs, validated before anything starts."""
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 
-    from ..policy import make_policy, policy_names
     from ..reconfig import ReconfigCostModel
     from ..service.daemon import ServiceConfig
-    from .simulate import build_perf, build_shadow, model_reader, parse_options, policy_error
+    from .simulate import build_perf, build_policy, build_shadow, model_reader, parse_options
 
     if (args.cluster is None) == (args.local_slots is None):
         raise InputError("give exactly one of --cluster FILE and --local-slots N", field="--cluster")
@@ -240,12 +239,7 @@ def build_service_parts(args):
         raise InputError(f"binding to {args.host} (not loopback) needs an API token (--token or ARENA_TOKEN)",
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
-    if args.policy not in policy_names():
-        raise InputError(f"unknown policy {args.policy!r}; known: {', '.join(policy_names())}", field="--policy")
-    try:
-        policy = make_policy(args.policy, **opts)
-    except (TypeError, ValueError) as e:
-        raise policy_error(args.policy, e, "--policy-opt") from None
+    policy = build_policy(args.policy, opts)
     shadow = build_shadow(args)
     # the jobs run on our launcher: its runtime
     perf = build_perf(args.perf, model_reader(args), args.profile_store)

@@ -111,32 +111,32 @@ def add_shadow_args(p) -> None:
                    help="the shadow policy's options (repeatable)")
 
 
-def policy_error(name: str, e: Exception, field: str) -> InputError:
-    """A policy factory's refusal of its options as one ``InputError`` on ``field`` (the
-    option flag); a policy's own message already names the policy and the key."""
-    reason = e.reason if isinstance(e, InputError) else str(e)
-    if not reason.startswith(f"policy {name!r}"):
-        reason = f"policy {name!r}: {reason}"
-    if isinstance(e, InputError) and e.field and e.field not in reason:
-        reason += f" (option {e.field})"
-    return InputError(reason, field=field)
+def build_policy(name: str, opts: dict, *, name_flag: str = "--policy", opt_flag: str = "--policy-opt"):
+    """The policy ``name`` built from ``opts``; an unknown name is an ``InputError`` on
+    ``name_flag``, a refused option one on ``opt_flag`` (the policy's own message names the
+    policy and the key, said once)."""
+    from ..policy import make_policy, policy_names
+    if name not in policy_names():
+        raise InputError(f"unknown policy {name!r}; known: {', '.join(policy_names())}", field=name_flag)
+    try:
+        return make_policy(name, **opts)
+    except (TypeError, ValueError) as e:
+        reason = e.reason if isinstance(e, InputError) else str(e)
+        if not reason.startswith(f"policy {name!r}"):
+            reason = f"policy {name!r}: {reason}"
+        if isinstance(e, InputError) and e.field and e.field not in reason:
+            reason += f" (option {e.field})"
+        raise InputError(reason, field=opt_flag) from None
 
 
 def build_shadow(args):
     """The shadow policy of ``--shadow-policy`` (None without it), validated like ``--policy``."""
-    from ..policy import make_policy, policy_names
     if args.shadow_policy is None:
         if args.shadow_policy_opt:
             raise InputError("given without --shadow-policy", field="--shadow-policy-opt")
         return None
-    if args.shadow_policy not in policy_names():
-        raise InputError(f"unknown policy {args.shadow_policy!r}; known: {', '.join(policy_names())}",
-                         field="--shadow-policy")
-    opts = parse_options(args.shadow_policy_opt, "--shadow-policy-opt")
-    try:
-        return make_policy(args.shadow_policy, **opts)
-    except (TypeError, ValueError) as e:
-        raise policy_error(args.shadow_policy, e, "--shadow-policy-opt") from None
+    return build_policy(args.shadow_policy, parse_options(args.shadow_policy_opt, "--shadow-policy-opt"),
+                        name_flag="--shadow-policy", opt_flag="--shadow-policy-opt")
 
 
 def model_reader(args) -> str:
@@ -313,7 +313,6 @@ def report_incomplete(res, prog: str) -> None:
 
 def run(args) -> int:
     from ..metrics import format_summary
-    from ..policy import make_policy, policy_names
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
 
@@ -335,13 +334,12 @@ def run(args) -> int:
     opts = parse_options(args.policy_opt, "--policy-opt")
     if args.dump_rounds:
         opts["dump_rounds_dir"] = args.dump_rounds
-    if args.policy not in policy_names():
-        raise InputError(f"unknown policy {args.policy!r}; known: {', '.join(policy_names())}", field="--policy")
     try:
-        policy = make_policy(args.policy, **opts)
-    except (TypeError, ValueError) as e:
-        field = "--dump-rounds" if args.dump_rounds and "dump_rounds_dir" in str(e) else "--policy-opt"
-        raise policy_error(args.policy, e, field) from None
+        policy = build_policy(args.policy, opts)
+    except InputError as e:
+        if args.dump_rounds and "dump_rounds_dir" in e.reason:
+            raise InputError(e.reason, field="--dump-rounds") from None
+        raise
     shadow = build_shadow(args)
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
