@@ -416,3 +416,5 @@ def test_export_trace_names_an_empty_or_missing_database(tmp_path, capsys):
     assert cli_main(["export-trace", "--db", str(tmp_path / "none.db"), "--out", str(tmp_path / "t.csv")]) == 2
     assert "no state database here" in capsys.readouterr().err
     assert not (tmp_path / "t.csv").exists()
+    assert cli_main(["export-trace", "--db", str(tmp_path / "empty.db"), "--out", "/proc/t.csv"]) == 2
+    assert "field '--out'" in capsys.readouterr().err     # (as root os.access would have said yes)

@@ -194,15 +194,13 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_writable_file(path: str, flag: str) -> Path:
+    """A file this command may create or write (its folder made if missing)."""
+    from instances.paths import check_output_file
     p = Path(path)
     if p.is_dir():
         raise InputError("is a folder, not a file", file=str(p), field=flag)
-    parent = p.parent
-    if parent.exists() and not parent.is_dir():
-        raise InputError(f"{parent} is not a folder", file=str(p), field=flag)
-    parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"cannot write in {parent}", file=str(p), field=flag)
+    check_output_file(p, flag)                # really written to: os.access says yes to root and /proc
+    p.parent.mkdir(parents=True, exist_ok=True)
     return p
 
 
