@@ -158,8 +158,8 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str) -> str:
     metric("arena_moves_paid_back_total", "counter",
            "Of the judged moves, those that have paid for themselves (progress since >= staying's).",
            [({}, moves["paid_back"])])
-    shadow = store.shadow_counts()
-    for name, key, help_ in (
+    shadow = store.shadow_counts()          # (no series at all without a shadow policy)
+    for name, key, help_ in () if not shadow else (
             ("arena_shadow_rounds_total", "rounds", "Rounds in which the shadow policy was asked beside the policy."),
             ("arena_shadow_rounds_agreeing_total", "agreeing",
              "Of those, rounds in which it gave every job the same grid as the policy."),
@@ -167,8 +167,7 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str) -> str:
             ("arena_shadow_jobs_compared_total", "jobs", "Jobs compared over those rounds (one per job per round)."),
             ("arena_shadow_jobs_disagreeing_total", "disagreeing",
              "Of those, jobs the shadow policy would have given another grid or left waiting.")):
-        if shadow:
-            metric(name, "counter", help_, [({"shadow_policy": p}, c[key]) for p, c in shadow.items()])
+        metric(name, "counter", help_, [({"shadow_policy": p}, c[key]) for p, c in shadow.items()])
     last = store.rounds(last=1)
     metric("arena_rounds", "counter", "Scheduling rounds decided so far.",
            [({"policy": policy}, last[0].idx if last else 0)])
