@@ -4,7 +4,7 @@
 - capacities: every allocation uses GPUs that exist, of its grid's type, on as many
   distinct nodes as its shape says with the same count on each;
 - the clock is monotone;
-- every submitted job is accounted for: queued, running, finished or failed — none lost;
+- every submitted job is accounted for: queued, running, held, finished or failed — none lost;
 - iterations never decrease.
 """
 from __future__ import annotations
@@ -81,12 +81,16 @@ def _check_gpus(state: EngineState) -> None:
 
 def _check_accounting(state: EngineState, prev_iterations: dict[str, float] | None, full: bool) -> None:
     submitted = state.submitted_count
-    accounted = len(state.queued) + len(state.running) + len(state.finished_ids) + len(state.failed_ids)
+    accounted = (len(state.queued) + len(state.running) + len(state.held) + len(state.finished_ids)
+                 + len(state.failed_ids))
     if submitted != accounted:
-        raise InvariantViolation(f"{submitted} jobs submitted but {accounted} queued/running/finished/failed")
+        raise InvariantViolation(f"{submitted} jobs submitted but {accounted} queued/running/held/finished/failed")
     for jid in (state.queued if full else ()):
         if state.jobs[jid].status is not JobStatus.QUEUED:
             raise InvariantViolation(f"job {jid} in the queue with status {state.jobs[jid].status.value}")
+    for jid, r in state.held.items():
+        if r.status is not JobStatus.HELD or r.alloc is not None:
+            raise InvariantViolation(f"job {jid} held with status {r.status.value} and allocation {r.alloc}")
     if prev_iterations is not None:
         for jid, it in prev_iterations.items():
             if state.jobs[jid].iterations_done < it - 1e-9:

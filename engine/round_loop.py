@@ -120,11 +120,26 @@ class RoundLoop:
         checkpoint is kept)."""
         st = self.state
         if st.jobs[job_id].status is JobStatus.RUNNING:
-            self.executor.stop(job_id, now)
-            st.stop(job_id, now, kept_iterations=self.executor.progress(job_id).iterations_done)
-            self.moves.closed(job_id, now, st.jobs[job_id].iterations_done, "cancelled")
-            self._prev_iters.pop(job_id, None)
+            self.hold(job_id, now, why="cancelled")
         st.cancel(job_id, now)
+        self._need_decide = True
+
+    def hold(self, job_id: str, now: float, *, why: str = "held") -> None:
+        """Set a queued or running job aside at a user's request (``EngineState.hold``); a
+        running one is stopped with a checkpoint and keeps what it holds."""
+        st = self.state
+        if st.jobs[job_id].status is JobStatus.RUNNING:
+            self.executor.stop(job_id, now)
+            st.hold(job_id, now, kept_iterations=self.executor.progress(job_id).iterations_done)
+            self.moves.closed(job_id, now, st.jobs[job_id].iterations_done, why)
+            self._prev_iters.pop(job_id, None)
+        else:
+            st.hold(job_id, now)
+        self._need_decide = True
+
+    def release(self, job_id: str, now: float) -> None:
+        """A held job goes back to the queue; it resumes from where it was held."""
+        self.state.release(job_id, now)
         self._need_decide = True
 
     def set_unavailable(self, nodes: Iterable[int], now: float) -> list[str]:

@@ -1,7 +1,8 @@
 """Cluster and job state of the engine (simulated or live).
 
 ``ClusterState`` records which GPU ``(node_id, index)`` holds which job; ``JobRecord``
-the lifecycle of one job (pending arrival -> queued -> running <-> queued -> finished).
+the lifecycle of one job (pending arrival -> queued -> running <-> queued -> finished;
+live, a job can also be held: set aside by a user, off the queue, until released).
 Both change only through the methods here, which the simulator calls; policies never
 see them (they read an immutable ``RoundContext``).
 """
@@ -27,6 +28,7 @@ class JobStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"          # its runs kept failing (live only); the reason is recorded
+    HELD = "held"              # set aside by a user (live only): keeps its progress, not offered to the policy
 
 
 class ClusterState:
@@ -148,6 +150,7 @@ class EngineState:
             self.jobs[j.job_id] = JobRecord(j)
         self.queued: dict[str, JobRecord] = {}    # insertion order = submission order
         self.running: dict[str, JobRecord] = {}
+        self.held: dict[str, JobRecord] = {}
         self.finished_ids: list[str] = []
         self.failed_ids: list[str] = []           # failed for good or cancelled (live only)
         self.submitted_count = 0
@@ -286,13 +289,44 @@ class EngineState:
         r.iterations_done = kept
 
     def cancel(self, job_id: str, t: float, reason: str = "cancelled") -> None:
-        """End a queued job for good (a running one is stopped first)."""
+        """End a queued or held job for good (a running one is stopped first)."""
         r = self.jobs[job_id]
-        if r.status is not JobStatus.QUEUED:
+        if r.status is JobStatus.QUEUED:
+            r.queued_s += t - r._since_s
+            del self.queued[job_id]
+        elif r.status is JobStatus.HELD:
+            del self.held[job_id]
+        else:
             raise StateError(f"job {job_id} cancelled while {r.status.value}")
-        del self.queued[job_id]
         r.status, r.finish_s, r.failure_reason = JobStatus.FAILED, t, reason
         self.failed_ids.append(job_id)
+
+    def hold(self, job_id: str, t: float, kept_iterations: float | None = None) -> None:
+        """Set a job aside at a user's request: a running one leaves its GPUs keeping
+        ``kept_iterations`` (what its checkpoint holds); it is not offered to the policy
+        until ``release``. Not a preemption: the stability rule and the change budget do
+        not count it (the user decided it, not the scheduler)."""
+        r = self.jobs[job_id]
+        if r.status is JobStatus.RUNNING:
+            self._leave_running(job_id, t, "held")
+            self._keep(r, kept_iterations)
+            r.alloc, r.measured_iteration_time_s = None, None
+        elif r.status is JobStatus.QUEUED:
+            r.queued_s += t - r._since_s
+            del self.queued[job_id]
+        else:
+            raise StateError(f"job {job_id} held while {r.status.value}")
+        r.status, r._since_s = JobStatus.HELD, t
+        self.held[job_id] = r
+
+    def release(self, job_id: str, t: float) -> None:
+        """A held job goes back to the queue (behind the jobs queued before it)."""
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.HELD:
+            raise StateError(f"job {job_id} released while {r.status.value}")
+        del self.held[job_id]
+        r.status, r._since_s = JobStatus.QUEUED, t
+        self.queued[job_id] = r
 
     def add_job(self, job: Job) -> JobRecord:
         """A job that becomes known while the engine runs (live submissions)."""

@@ -95,6 +95,61 @@ def test_unknown_job_is_404_and_cancelling_an_ended_job_is_409(api):
     assert client.post("/api/jobs/1/cancel").status_code == 409
 
 
+def test_hold_and_release_are_requests_the_scheduler_carries_out_and_bad_ones_are_refused(api):
+    client, db, woken = api
+    client.post("/api/jobs", json=GOOD)
+    woken.clear()
+    r = client.post("/api/jobs/1/hold", json={"reason": "urgent run first"})
+    assert r.status_code == 200 and r.json() == {"id": 1, "hold_requested": True, "already": False,
+                                                 "status": "queued"} and woken
+    assert client.get("/api/jobs/1").json()["hold_requested"] is True
+    assert client.post("/api/jobs/1/hold").json()["already"] is True
+    assert client.post("/api/jobs/1/hold", json={"reason": 3}).json()["field"] == "reason"
+    with Store(db) as st:                             # the scheduler carries it out
+        assert st.hold_requests() == [(1, "urgent run first")] and st.hold(1)
+    job = client.get("/api/jobs/1").json()
+    assert job["status"] == "held" and job["hold_requested"] is False
+    assert client.post("/api/jobs/1/release").json() == {"id": 1, "released": "released", "status": "queued"}
+    r = client.post("/api/jobs/1/release")
+    assert r.status_code == 409 and "not held" in r.json()["error"]
+    assert client.post("/api/jobs/99/hold").status_code == 404
+    assert client.post("/api/jobs/99/release").status_code == 404
+    with Store(db) as st:
+        st.request_cancel(1)
+        st.set_status(1, "cancelled", "test")
+    assert client.post("/api/jobs/1/hold").status_code == 409
+    m = parse_metrics(client.get("/metrics").text)
+    assert m['arena_jobs{status="held"}'] == 0 and m['arena_jobs{status="cancelled"}'] == 1
+
+
+def test_a_page_of_another_site_cannot_make_the_browser_change_anything(tmp_path):
+    """Without a token the API acts for whoever reaches it; what a page elsewhere can make
+    the operator's browser send is refused: a POST from another origin, a form or
+    plain-text body, and (DNS rebinding) a request for another host name. The CLI's
+    requests, and the page's own, still pass."""
+    db = tmp_path / "state.db"
+    Store(db).close()
+    ctx = ApiContext(str(db), str(tmp_path / "work"), CLUSTER, "arena", local_hosts=frozenset({"127.0.0.1"}))
+    client = TestClient(create_app(ctx), base_url="http://127.0.0.1:8765")
+    assert client.post("/api/jobs", json=GOOD).status_code == 201
+    for headers, content, says in (
+            ({"origin": "https://evil.example"}, None, "cross-site request from 'https://evil.example'"),
+            ({"origin": "http://127.0.0.1:9999"}, None, "cross-site"),           # another port: another origin
+            ({"content-type": "application/x-www-form-urlencoded"}, b"reason=x", "must send JSON"),
+            ({"content-type": "text/plain"}, b'{"reason": "x"}', "must send JSON"),
+            ({"host": "evil.example:8765"}, None, "host 'evil.example:8765' refused")):
+        for path in ("/api/jobs/1/cancel", "/api/jobs/1/hold", "/api/nodes/0/drain"):
+            r = client.post(path, content=content, headers=headers)
+            assert r.status_code == 403 and says in r.json()["error"], (path, headers, r.json())
+    r = client.get("/api/jobs", headers={"host": "evil.example:8765"})       # nothing is read either
+    assert r.status_code == 403
+    with Store(db, readonly=True) as st:
+        assert st.cancel_requests() == [] and st.hold_requests() == [] and st.drained() == {}
+    same = {"origin": "http://127.0.0.1:8765", "content-type": "application/json"}
+    assert client.post("/api/jobs/1/hold", json={"reason": "r"}, headers=same).status_code == 200
+    assert client.get("/").status_code == 200 and client.get("/api/state").status_code == 200
+
+
 def test_a_token_is_required_when_set(tmp_path):
     db = tmp_path / "state.db"
     Store(db).close()

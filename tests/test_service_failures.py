@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -94,25 +95,57 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
         sp.terminate()
 
 
-def test_cancel_and_sigterm_keep_the_work(tmp_path):
+def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
+    """As an operator would, through the CLI, on four slots: two long jobs hold them all;
+    holding one stops it with a checkpoint and an urgent job runs in its slots; cancelling
+    the other stops it with a checkpoint; the held job stays held while slots are free;
+    released, it resumes from the checkpoint it was held at; SIGTERM stops it with a
+    checkpoint and the next start resumes it from there."""
+    from engine.cli import main as cli_main
     port = free_port()
     sp = _start(tmp_path, port, slots=4)
     client = Client(sp.url)
     try:
         a = client.post("/api/jobs", {**JOB, "steps": 3000})["id"]
         b = client.post("/api/jobs", {**JOB, "name": "other", "steps": 3000})["id"]
-        _wait(lambda: _running_step(client, a, 10) and _running_step(client, b, 10), what="both jobs running")
+        foreign = urllib.request.Request(f"{sp.url}/api/jobs/{a}/hold", data=b"{}", method="POST",
+                                         headers={"Host": "evil.example", "Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:       # DNS rebinding: not this service's name
+            urllib.request.urlopen(foreign, timeout=10)
+        assert refused.value.code == 403
+        _wait(lambda: _checkpointed(client, a, 10) and _running_step(client, b, 10), what="both jobs running")
+        c = client.post("/api/jobs", {**JOB, "name": "urgent", "steps": 40})["id"]
+        assert _job(client, c)["status"] == "queued"                 # no room
+        assert cli_main(["hold", str(a), "--reason", "urgent run first", "--url", sp.url]) == 0
+        assert f"hold of job {a} requested" in capsys.readouterr().out
+        _wait(lambda: _job(client, a)["status"] == "held", what="the hold")
         client.post(f"/api/jobs/{b}/cancel")
         jb = _wait(lambda: (lambda j: j if j["status"] == "cancelled" else None)(_job(client, b)), what="cancel")
         assert "stopped with a checkpoint" in jb["launch"]["reason"] or jb["launch"]["state"] == "finished"
-        _wait(lambda: _running_step(client, a, 30), what="30 steps")
+        _wait(lambda: _job(client, c)["status"] == "finished", what="the urgent job")
+        time.sleep(3)                                                # rounds with free slots: still held
+        held = _job(client, a)
+        assert held["status"] == "held" and held["gpus"] == []
+        assert "held by the user: urgent run first" in held["history"][-1]["reason"]
+        assert "stopped with a checkpoint" in held["launch"]["reason"]
+        assert cli_main(["release", str(a), "--url", sp.url]) == 0
+        assert f"job {a} released" in capsys.readouterr().out
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            at_hold = st.latest_checkpoint(a).step
+        _wait(lambda: _running_step(client, a, at_hold + 30), what="the released job")
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
+            assert start == before == at_hold                        # nothing past the checkpoint lost
+            assert [h.to_status for h in st.history(a)][-4:] == ["queued", "held", "queued", "running"]
+        assert cli_main(["release", str(a), "--url", sp.url]) == 2      # not held: a clear refusal
+        assert "not held" in capsys.readouterr().err
         assert sp.terminate() == 0                   # SIGTERM: clean exit
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert st.job(a).status == "queued" and not st.running_launches() and st.check() == []
             last = st.launches(a)[-1]
             assert last.state == "finished" and "service shutdown" in last.reason
             saved = st.latest_checkpoint(a).step
-        assert saved >= 30
+        assert saved >= at_hold + 30
         sp = _start(tmp_path, port, slots=4)         # the next start resumes it from there
         _wait(lambda: _running_step(client, a, saved + 1), what="the resumed job")
         with Store(tmp_path / "state.db", readonly=True) as st:

@@ -297,12 +297,13 @@ GEN = st.sampled_from(["latest", "latest", "latest", "older", 0, 9])   # resolve
 MARK = st.tuples(st.just("mark"), st.integers(1, 2), GEN,
                  st.sampled_from(["started", "started", "finished", "failed", "intent", "gone"]))
 STATUS = st.tuples(st.just("status"), st.integers(1, 2), st.sampled_from(["queued", "running", "running", "finished",
-                                                                          "failed", "cancelled", "bogus"]))
+                                                                          "failed", "cancelled", "held", "bogus"]))
+HOLD = st.tuples(st.sampled_from(["request_hold", "hold", "release"]), st.integers(1, 2))
 OPS = st.one_of(
     st.tuples(st.just("submit")),
     STATUS,
     st.tuples(st.just("intent"), st.integers(1, 2), GPUS),
-    MARK, MARK, MARK, MARK, STATUS,
+    MARK, MARK, MARK, MARK, STATUS, HOLD,
     st.tuples(st.just("ckpt"), st.integers(1, 2), GEN, st.integers(-1, 50)),
     st.tuples(st.just("measure"), st.integers(1, 2), GEN, st.floats(allow_nan=True)),
 )
@@ -321,6 +322,10 @@ def _apply(s: Store, op) -> None:
         s.record_launch_intent(a[0], {}, a[1])
     elif kind == "mark":
         s.mark_launch(a[0], a[1], a[2])
+    elif kind == "request_hold":
+        s.request_hold(a[0], "fuzz")
+    elif kind in ("hold", "release"):
+        getattr(s, kind)(a[0])
     elif kind == "ckpt":
         s.record_checkpoint(a[0], a[1], a[2], "/ck")
     else:
@@ -341,6 +346,39 @@ def test_fuzz_changes_commit_whole_or_leave_nothing(tmp_path_factory, ops):
             except (StateConflict, InputError):
                 assert list(s.conn.iterdump()) == before, op
             assert s.check() == [], op
+
+
+def test_hold_and_release_follow_the_state_machine_and_a_withdrawn_hold_is_not_carried_out(store):
+    a, b = store.submit(SPEC), store.submit(SPEC)
+    assert store.request_hold(a, "urgent run first") is True
+    assert store.request_hold(a, "again") is False                  # the first reason is kept
+    assert store.hold_requests() == [(a, "urgent run first")]
+    assert store.hold(a) is True and store.job(a).status == "held" and store.hold_requests() == []
+    assert store.history(a)[-1].reason == "held by the user: urgent run first"
+    assert store.request_hold(a, "x") is False                      # already held
+    assert store.release(a) == "released" and store.job(a).status == "queued"
+    with pytest.raises(StateConflict, match="not held"):
+        store.release(a)
+    store.request_hold(b, "")                                        # requested, then withdrawn
+    assert store.release(b) == "withdrawn" and store.hold(b) is False and store.job(b).status == "queued"
+    g = launch(store, b)                                             # a running job is stopped first
+    store.set_status(b, "running", "launched")
+    store.request_hold(b, "")
+    with pytest.raises(StateConflict, match="running -> held"):
+        store.hold(b)
+    store.mark_launch(b, g, "finished", reason="held by the user: stopped with a checkpoint at step 3")
+    store.set_status(b, "queued", "held by the user (resumes from step 3)")
+    assert store.hold(b) is True
+    store.request_cancel(b)
+    assert store.cancel_requests() == [b]                            # a held job can be cancelled
+    store.set_status(b, "cancelled", "cancelled by the user")
+    with pytest.raises(StateConflict, match="cancelled; only a queued or running job"):
+        store.request_hold(b, "")
+    with pytest.raises(InputError, match="no job 99"):
+        store.request_hold(99, "")
+    assert [h.to_status for h in store.history(b)] == ["queued", "running", "queued", "held", "cancelled"]
+    assert [h.to_status for h in store.history(a)] == ["queued", "held", "queued"]
+    assert store.check() == []
 
 
 def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):

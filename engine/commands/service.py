@@ -7,10 +7,10 @@ HTTP API and a status page (http://127.0.0.1:8765/ by default). State is in SQLi
 stops every running job with a checkpoint.
 
 ``arena submit JOB.toml`` (or flags), ``arena status [ID] [--watch]``, ``arena cancel ID``,
-``arena drain NODE`` / ``arena undrain NODE``, ``arena nodes``, ``arena rounds`` (with
-``--shadow-policy P``: where P would have decided otherwise), ``arena logs ID`` and
-``arena jobs --json`` talk to it over HTTP (``--url``, ``--token``;
-environment ``ARENA_URL``, ``ARENA_TOKEN``).
+``arena hold ID`` / ``arena release ID``, ``arena drain NODE`` / ``arena undrain NODE``,
+``arena nodes``, ``arena rounds`` (with ``--shadow-policy P``: where P would have decided
+otherwise), ``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``--url``,
+``--token``; environment ``ARENA_URL``, ``ARENA_TOKEN``).
 """
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ from ..service.client import DEFAULT_URL, Client, NoAnswer
 from .jsonout import dumps
 
 LOOPBACK_NAMES = ("localhost",)
+# the host names a loopback service answers to without a token, beside its --host
+# (engine/service/api.py, ``_foreign``: a guard against DNS rebinding)
+LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", *LOOPBACK_NAMES})
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
@@ -126,6 +129,24 @@ def register(subparsers) -> None:
     c.add_argument("id", type=int, help="job id")
     _client_args(c)
     c.set_defaults(func=run_cancel)
+
+    h = subparsers.add_parser("hold", help="set a job aside (stopped with a checkpoint) until released",
+                              description="Ask the service to set a job aside: a running one is stopped with a "
+                                          "checkpoint, a queued one leaves the queue; it keeps its progress and is "
+                                          "not scheduled until `arena release ID` (e.g. to let an urgent job through "
+                                          "or to inspect a run). A held job stays held across service restarts.")
+    h.add_argument("id", type=int, help="job id")
+    h.add_argument("--reason", default="", help="why (in the job's history and the log)")
+    _client_args(h)
+    h.set_defaults(func=run_hold)
+
+    rl = subparsers.add_parser("release", help="return a held job to the queue",
+                               description="Return a held job to the queue; it resumes from the checkpoint it was "
+                                           "held at when the policy next places it. A hold not yet carried out is "
+                                           "withdrawn.")
+    rl.add_argument("id", type=int, help="job id")
+    _client_args(rl)
+    rl.set_defaults(func=run_release)
 
     d = subparsers.add_parser("drain", help="take a node out of service (its jobs move off)",
                               description="Take a node out of service for maintenance or repair: the next round "
@@ -284,7 +305,8 @@ def run_serve(args) -> int:
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
                                 shadow_policy=service.shadow_name,
                                 wake=service.wake.set, check=service.check_runnable,
-                                plugins=tuple(p.describe() for p in args.plugins)))
+                                plugins=tuple(p.describe() for p in args.plugins),
+                                local_hosts=None if args.token else LOCAL_HOSTS | {args.host.lower()}))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     stop = threading.Event()
@@ -456,6 +478,24 @@ def _show_status(cl: Client, args) -> bool:
 def run_cancel(args) -> int:
     ans = _client(args).post(f"/api/jobs/{args.id}/cancel")
     print(f"cancel of job {ans['id']} requested (it was {ans['status']})")
+    return 0
+
+
+def run_hold(args) -> int:
+    ans = _client(args).post(f"/api/jobs/{args.id}/hold", {"reason": args.reason})
+    if ans["already"]:
+        print(f"job {ans['id']} is already held or its hold requested ({ans['status']})")
+    else:
+        print(f"hold of job {ans['id']} requested (it was {ans['status']}); `arena release {ans['id']}` returns it")
+    return 0
+
+
+def run_release(args) -> int:
+    ans = _client(args).post(f"/api/jobs/{args.id}/release")
+    if ans["released"] == "released":
+        print(f"job {ans['id']} released: back in the queue")
+    else:
+        print(f"job {ans['id']}: its hold, not yet carried out, was withdrawn ({ans['status']})")
     return 0
 
 

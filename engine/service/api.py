@@ -8,6 +8,8 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | GET | /api/jobs | every job (status, plan, GPUs, progress, loss) |
 | GET | /api/jobs/{id} | one job, with its history and loss curve |
 | POST | /api/jobs/{id}/cancel | ask the scheduler to cancel it (stopped with a checkpoint) |
+| POST | /api/jobs/{id}/hold | ask the scheduler to set it aside until released (``{"reason": ...}``) |
+| POST | /api/jobs/{id}/release | a held job back to the queue (or a hold not yet carried out withdrawn) |
 | GET | /api/jobs/{id}/logs | the latest launch's output |
 | POST | /api/nodes/{node}/drain | take a node (id or host) out of service; its jobs move off (``{"reason": ...}``) |
 | POST | /api/nodes/{node}/undrain | return it to service |
@@ -25,7 +27,9 @@ client that got no answer can resend it safely; the same key with another job is
 Bad input is a 4xx with ``{"error": ..., "field": ..., "file": ...}`` and nothing stored.
 A request body over ``MAX_BODY_BYTES`` is refused (413) before it is read whole. When a
 token is set (required off loopback), every request needs ``Authorization: Bearer
-<token>`` (the page: ``?token=``).
+<token>`` (the page: ``?token=``). A change sent by a page of another site (cross-site
+``Origin``, or a body that is not JSON) and, without a token, a request for another host
+name than the service's own are refused (403): see ``_foreign``.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
@@ -60,6 +65,9 @@ class ApiContext:
     check: Callable[[JobSpec], None] = lambda spec: None   # refuse a job the cluster cannot run
     plugins: tuple[str, ...] = ()                  # plug-ins loaded (path, sha256, what they registered)
     shadow_policy: str | None = None               # asked beside the policy, never carried out (--shadow-policy)
+    # without a token: the host names the API answers to (a page on another site that
+    # resolves its own name to 127.0.0.1 -- DNS rebinding -- is refused); None: any
+    local_hosts: frozenset[str] | None = None
 
 
 async def _json_body(request: Request, empty: Any) -> Any:
@@ -115,6 +123,32 @@ def _error(status: int, message: str, field: str | None = None, file: str | None
     return JSONResponse({"error": message, "field": field, "file": file}, status_code=status)
 
 
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _foreign(request: Request, local_hosts: frozenset[str] | None) -> str | None:
+    """Why a request that a web page on another site made the operator's browser send is
+    refused (None: it is not one). Without a token the API acts for whoever reaches it, so
+    a page elsewhere must not be able to make the browser cancel, drain or submit:
+    a change from another origin (the ``Origin`` header browsers send with every
+    cross-site POST) is refused, and so is one whose body is not JSON (a cross-site form
+    or "simple" request cannot send ``application/json`` without the browser asking first,
+    which this API never allows); ``local_hosts`` also refuses a ``Host`` that is not the
+    service's own name (DNS rebinding)."""
+    host = request.headers.get("host", "")
+    if local_hosts is not None and (urlsplit("//" + host).hostname or "") not in local_hosts:
+        return (f"request for host {host!r} refused: without a token this service answers only as "
+                f"{', '.join(sorted(local_hosts))}")
+    if request.method in UNSAFE_METHODS:
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc.lower() != host.lower():
+            return f"cross-site request from {origin!r} refused (a change must come from this service's own origin)"
+        kind = request.headers.get("content-type")
+        if kind is not None and kind.split(";")[0].strip().lower() != "application/json":
+            return f"a change must send JSON (Content-Type: application/json), got {kind!r}"
+    return None
+
+
 def create_app(ctx: ApiContext):
     app = FastAPI(title="arena serve", description=__doc__.split("\n\n")[0], docs_url="/api/docs",
                   openapi_url="/api/openapi.json", redoc_url=None)
@@ -123,7 +157,10 @@ def create_app(ctx: ApiContext):
         return Store(ctx.db_path)
 
     @app.middleware("http")
-    async def auth(request: Request, call_next):
+    async def guard(request: Request, call_next):
+        refused = _foreign(request, ctx.local_hosts)
+        if refused is not None:
+            return _error(403, refused, field="origin")
         if ctx.token is not None:
             given = request.headers.get("authorization", "").removeprefix("Bearer ").strip() \
                 or request.query_params.get("token", "")
@@ -184,6 +221,26 @@ def create_app(ctx: ApiContext):
             return _error(409, f"job {job_id} has already ended ({status})", field="job_id")
         ctx.wake()
         return {"id": job_id, "cancel_requested": True, "status": status}
+
+    @app.post("/api/jobs/{job_id}/hold")
+    async def hold(job_id: int, request: Request) -> Any:
+        body = await _json_body(request, {})
+        reason = body.get("reason", "") if isinstance(body, dict) else None
+        if not isinstance(reason, str):
+            return _error(400, "reason must be a string", field="reason")
+        with store() as s:
+            new = s.request_hold(job_id, reason)
+            status = s.job(job_id).status
+        ctx.wake()
+        return {"id": job_id, "hold_requested": True, "already": not new, "status": status}
+
+    @app.post("/api/jobs/{job_id}/release")
+    def release(job_id: int) -> Any:
+        with store() as s:
+            what = s.release(job_id)
+            status = s.job(job_id).status
+        ctx.wake()
+        return {"id": job_id, "released": what, "status": status}
 
     @app.get("/api/jobs/{job_id}/logs")
     def logs(job_id: int, chars: int = 20_000) -> dict:

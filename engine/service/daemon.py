@@ -1,11 +1,12 @@
 """The live rescheduling service: the round loop (engine/round_loop.py) on the wall clock,
 with the launcher's ``MpiExecutor`` journaled in the SQLite state store.
 
-A round happens on a timer (``round_interval_s``), when a job is submitted or cancelled,
-and when a run finishes or fails (never closer together than ``min_round_gap_s``). Each
-round: the executor is polled (completions, failed runs), cancel requests and new
-submissions are taken from the store, the policy decides, the decision is recorded in
-the store (``rounds``) *before* it is carried out, then the journaled executor stops,
+A round happens on a timer (``round_interval_s``), when a job is submitted, cancelled,
+held or released, and when a run finishes or fails (never closer together than
+``min_round_gap_s``). Each round: the executor is polled (completions, failed runs);
+cancel and hold requests, releases and new submissions are taken from the store; the
+policy decides; the decision is recorded in the store (``rounds``) *before* it is
+carried out; then the journaled executor stops,
 moves and launches (see journal.py).
 
 Crash safety. Everything the service knows is in the store, committed before its effect
@@ -23,6 +24,10 @@ loses no step past a job's last checkpoint. ``SIGTERM`` (``shutdown``) stops eve
 A run that fails goes back to the queue from its last checkpoint and is offered to the
 policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
 ``max_failures`` failed runs the job fails for good with the reason.
+
+A held job (``arena hold``; a running one is stopped with a checkpoint first) is outside
+the loop's queue and holds no GPU until ``arena release`` queues it again; a restart does
+not adopt it, so it stays held.
 """
 from __future__ import annotations
 
@@ -133,7 +138,7 @@ class Service:
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
                               shadow=shadow)
-        self.wake = threading.Event()          # set by the API on a submission or cancel
+        self.wake = threading.Event()          # set by the API on a submission, cancel, hold or release
         self._trigger = "start"
         self._last_round = -math.inf
         self._round_index = 0
@@ -253,9 +258,8 @@ class Service:
         if self._drained() != self.loop.state.cluster.unavailable:
             self._trigger = "node drained or returned"
             return True
-        known = set(self.loop.state.jobs)
-        if any(str(r.id) not in known for r in self.store.jobs("queued")) or self.store.cancel_requests():
-            self._trigger = "submission or cancel"
+        if self._admissions() or self.store.cancel_requests() or self.store.hold_requests():
+            self._trigger = "submission, cancel, hold or release"
             return True
         if any(self._last_round < r.retry_after_s <= now for r in self.loop.state.queued.values()):
             self._trigger = "a failed job's backoff ended"
@@ -288,12 +292,18 @@ class Service:
                 self.log(f"job {p.job_id} run failed ({r.failures}/{self.cfg.max_failures}): {str(p.failed)[:200]}")
         for jid in self.store.cancel_requests():
             key = str(jid)
-            if key in st.jobs and st.jobs[key].status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            if key in st.jobs and st.jobs[key].status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.HELD):
+                if st.jobs[key].status is JobStatus.RUNNING:
+                    self.executor.stop_reasons[key] = "cancelled by the user"
                 loop.cancel(key, now)
             self._set_status(jid, "cancelled", "cancelled by the user")
             self.log(f"job {jid} cancelled")
-        for row in self.store.jobs("queued"):
-            if str(row.id) not in st.jobs:
+        self._carry_out_holds(now)
+        for row in self._admissions():
+            if str(row.id) in st.jobs:                 # held, released since
+                loop.release(str(row.id), now)
+                self.log(f"job {row.id} ({row.name}) released")
+            else:
                 self._adopt(row.id, row.spec, row.submitted_at)
                 self.log(f"job {row.id} ({row.name}) submitted")
         self._apply_drains(now)
@@ -305,6 +315,30 @@ class Service:
         self._store_moves()
         self._last_round, self._trigger = now, ""
         return rec
+
+    def _admissions(self) -> list:
+        """Jobs queued in the store that the loop does not have queued or running: new
+        submissions (and jobs queued before a restart), and held jobs released since."""
+        jobs = self.loop.state.jobs
+        return [r for r in self.store.jobs("queued")
+                if str(r.id) not in jobs or jobs[str(r.id)].status is JobStatus.HELD]
+
+    def _carry_out_holds(self, now: float) -> None:
+        """Requested holds: a running job is stopped with a checkpoint (the store queues it),
+        then the store holds it. A hold withdrawn in between (``release`` before it was
+        carried out) leaves the job queued, in the store and in the loop."""
+        st = self.loop.state
+        for jid, reason in self.store.hold_requests():
+            key = str(jid)
+            rec = st.jobs.get(key)
+            if rec is not None and rec.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+                if rec.status is JobStatus.RUNNING:
+                    self.executor.stop_reasons[key] = "held by the user"
+                self.loop.hold(key, now)
+            if self.store.hold(jid):
+                self.log(f"job {jid} held" + (f": {reason}" if reason else ""))
+            elif rec is not None and rec.status is JobStatus.HELD:
+                self.loop.release(key, now)
 
     def _store_moves(self) -> None:
         """Write the move ledger's new entries, and the open ones again (they may have paid

@@ -39,13 +39,16 @@ from instances.errors import InputError
 
 from .jobspec import JobSpec
 
-JOB_STATUSES = ("queued", "running", "finished", "failed", "cancelled")
+JOB_STATUSES = ("queued", "running", "held", "finished", "failed", "cancelled")
 TERMINAL = frozenset({"finished", "failed", "cancelled"})
 TRANSITIONS = {
     # queued -> finished: a job whose last launch completed its training as it was being
     # stopped (a preemption or a move decided at its last step)
-    "queued": frozenset({"running", "cancelled", "failed", "finished"}),
+    "queued": frozenset({"running", "held", "cancelled", "failed", "finished"}),
     "running": frozenset({"queued", "finished", "failed", "cancelled"}),   # queued: preempted
+    # held: set aside by a user (a running job is stopped with a checkpoint first, so it
+    # is held from the queue); released back to the queue, or cancelled
+    "held": frozenset({"queued", "cancelled"}),
     "finished": frozenset(), "failed": frozenset(), "cancelled": frozenset(),
 }
 LAUNCH_STATES = ("intent", "started", "finished", "failed")
@@ -182,6 +185,12 @@ MIGRATIONS: tuple[str, ...] = (
         paid_back_s REAL,                         -- from the move until it had paid for itself
         PRIMARY KEY (job_id, at)
     );
+    """,
+    # v6 -> v7: a hold request (the API commits it; the scheduler stops the job with a
+    # checkpoint and sets it aside, also after a restart) and the reason given for it
+    """
+    ALTER TABLE jobs ADD COLUMN hold_requested_at REAL;
+    ALTER TABLE jobs ADD COLUMN hold_reason TEXT;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -417,6 +426,63 @@ class Store:
             self.conn.execute("UPDATE jobs SET cancel_requested_at = COALESCE(cancel_requested_at, ?), "
                               "updated_at = ? WHERE id = ?", (now, now, job_id))
         return True
+
+    def request_hold(self, job_id: int, reason: str) -> bool:
+        """Record that a user asked to set the job aside (the scheduler stops a running one
+        with a checkpoint and holds it until ``release``). False if it already is held or
+        a hold is already requested (the first reason is kept); a job that has ended
+        cannot be held."""
+        with self._tx() as now:
+            cur = self._job_status(job_id)
+            if cur in TERMINAL:
+                raise StateConflict(f"job {job_id} is {cur}; only a queued or running job can be held")
+            if cur == "held":
+                return False
+            changed = self.conn.execute(
+                "UPDATE jobs SET hold_requested_at = ?, hold_reason = ?, updated_at = ? "
+                "WHERE id = ? AND hold_requested_at IS NULL", (now, str(reason)[:500], now, job_id)).rowcount
+        return changed == 1
+
+    def hold_requests(self) -> list[tuple[int, str]]:
+        """Jobs (id, reason) whose hold was requested and not yet carried out."""
+        return [(int(i), str(r)) for i, r in self.conn.execute(
+            "SELECT id, COALESCE(hold_reason, '') FROM jobs WHERE hold_requested_at IS NOT NULL "
+            "AND status IN ('queued', 'running') ORDER BY id")]
+
+    def hold(self, job_id: int) -> bool:
+        """Carry out a requested hold on a queued job (the scheduler stopped it if it ran):
+        held, with the request's reason, and the request cleared, in one transaction.
+        False if the request was withdrawn meanwhile (``release`` before it was carried out)."""
+        with self._tx() as now:
+            cur = self._job_status(job_id)
+            requested, reason = self.conn.execute("SELECT hold_requested_at, hold_reason FROM jobs WHERE id = ?",
+                                                  (job_id,)).fetchone()
+            if requested is None:
+                return False
+            if cur != "queued":
+                raise StateConflict(f"job {job_id}: {cur} -> held is not allowed (a running job is stopped first)")
+            self.conn.execute("UPDATE jobs SET status = 'held', hold_requested_at = NULL, updated_at = ? "
+                              "WHERE id = ?", (now, job_id))
+            self._history(job_id, cur, "held", f"held by the user: {reason}" if reason else "held by the user", now)
+        return True
+
+    def release(self, job_id: int) -> str:
+        """A user's release: a held job goes back to the queue (``"released"``); a hold
+        not yet carried out is withdrawn (``"withdrawn"``). Any other job: ``StateConflict``."""
+        with self._tx() as now:
+            cur = self._job_status(job_id)
+            if cur == "held":
+                self.conn.execute("UPDATE jobs SET status = 'queued', hold_reason = NULL, updated_at = ? "
+                                  "WHERE id = ?", (now, job_id))
+                self._history(job_id, cur, "queued", "released by the user", now)
+                return "released"
+            withdrawn = self.conn.execute(
+                "UPDATE jobs SET hold_requested_at = NULL, hold_reason = NULL, updated_at = ? "
+                "WHERE id = ? AND hold_requested_at IS NOT NULL AND status IN ('queued', 'running')",
+                (now, job_id)).rowcount
+            if not withdrawn:
+                raise StateConflict(f"job {job_id} is {cur}, not held; only a held job can be released")
+        return "withdrawn"
 
     def drain(self, node: int, reason: str) -> bool:
         """Take a node out of service (its jobs are moved off by the scheduler); False if it

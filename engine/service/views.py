@@ -97,6 +97,7 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
         "loss": last_loss(work_dir, launches),
         "loss_curve": _thin(points, LOSS_POINTS) if curve else [],
         "cancel_requested": row.id in set(store.cancel_requests()),
+        "hold_requested": row.id in {jid for jid, _ in store.hold_requests()},
     }
 
 
