@@ -137,6 +137,11 @@ class RoundLoop:
             st.hold(job_id, now)
         self._need_decide = True
 
+    def set_priority(self, job_id: str, priority: float) -> None:
+        """A user changed the job's priority; the next round decides with it."""
+        self.state.set_priority(job_id, priority)
+        self._need_decide = True
+
     def release(self, job_id: str, now: float) -> None:
         """A held job goes back to the queue; it resumes from where it was held."""
         self.state.release(job_id, now)

@@ -9,7 +9,7 @@ see them (they read an immutable ``RoundContext``).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from instances.cluster import ClusterSpec, Node
@@ -327,6 +327,13 @@ class EngineState:
         del self.held[job_id]
         r.status, r._since_s = JobStatus.QUEUED, t
         self.queued[job_id] = r
+
+    def set_priority(self, job_id: str, priority: float) -> None:
+        """A user changed the job's priority (live): the job is the same but for it."""
+        r = self.jobs[job_id]
+        if r.status not in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.HELD):
+            raise StateError(f"job {job_id}: priority changed while {r.status.value}")
+        r.job = replace(r.job, priority=float(priority))
 
     def add_job(self, job: Job) -> JobRecord:
         """A job that becomes known while the engine runs (live submissions)."""

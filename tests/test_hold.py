@@ -1,8 +1,9 @@
-"""Holding and releasing a job (``arena hold`` / ``arena release``) in the engine: a held
-job leaves the queue (a running one its GPUs, keeping its progress), is never offered to
-the policy, and is not a preemption; released, it is queued again and resumes from what
-it kept. The live side (store, API, a real service) is in test_service_store.py,
-test_service_api.py and test_service_failures.py."""
+"""A user's hand on a live job, in the engine: holding and releasing it (``arena hold`` /
+``arena release``: a held job leaves the queue (a running one its GPUs, keeping its
+progress), is never offered to the policy, and is not a preemption; released, it is
+queued again and resumes from what it kept) and changing its priority (``arena
+priority``: the next round decides with it). The live side (store, API, a real service)
+is in test_service_store.py, test_service_api.py and test_service_failures.py."""
 from __future__ import annotations
 
 import pytest
@@ -150,5 +151,49 @@ def test_a_restarted_service_leaves_a_held_job_held_and_takes_it_back_once_relea
         assert svc.store.job(pending).status == "held" and svc.loop.state.jobs[str(pending)].status is JobStatus.HELD
         assert svc.store.release(held) == "released" and svc.store.release(pending) == "released"
         assert sorted(r.id for r in svc._admissions()) == [held, pending]   # new to the loop, and held in it
+    finally:
+        svc.shutdown()
+
+
+def test_a_raised_priority_decides_which_of_two_jobs_gets_the_only_gpu():
+    """One GPU, two identical jobs queued at once: ``sia-ap`` (whose throughput term weighs
+    a job by its priority) places whichever has the higher priority; ``fcfs`` ignores it."""
+    from estimators import make_performance_model
+    from tests.test_engine_helpers import LinearOracle, cluster, job
+
+    def placed(policy: str, raise_: str | None) -> set[str]:
+        perf = None if policy == "fcfs" else make_performance_model("analytic")
+        jobs = [job("A", 0.0, 10_000), job("B", 0.0, 10_000)]
+        loop = RoundLoop(cluster(("a100", 1, 1)), make_policy(policy), SimExecutor(LinearOracle(), ReconfigCostModel()),
+                         perf=perf, round_interval_s=INTERVAL, jobs=jobs)
+        for j in jobs:
+            loop.submit(j.job_id, 0.0)
+        if raise_ is not None:
+            loop.set_priority(raise_, 5.0)
+            assert loop.state.jobs[raise_].job.priority == 5.0
+        loop.round(0.0, 0)
+        return set(loop.state.running)
+
+    assert placed("sia-ap", "A") == {"A"} and placed("sia-ap", "B") == {"B"}
+    assert placed("fcfs", "B") == placed("fcfs", None) == {"A"}
+
+
+def test_the_service_hands_a_priority_set_in_the_store_to_the_loop(tmp_path):
+    from engine.service.daemon import Service, ServiceConfig
+    from engine.service.jobspec import JobSpec
+    from engine.service.store import Store
+    from instances.cluster import ClusterSpec, NodeGroup
+    db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
+    with Store(db) as s:
+        before, after = s.submit(JobSpec("j", "tiny-gpt__2L", 8, 20)), s.submit(JobSpec("k", "tiny-gpt__2L", 8, 20))
+        s.set_priority(before, 2.0)                     # before a restart: the adopted job has it
+    svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None,
+                  ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=work), log=lambda m: None)
+    try:
+        svc.recover()
+        assert svc.loop.state.jobs[str(before)].job.priority == 2.0
+        svc.store.set_priority(after, 7.0)               # while it runs: at the next round
+        svc._sync_priorities()
+        assert svc.loop.state.jobs[str(after)].job.priority == 7.0
     finally:
         svc.shutdown()

@@ -122,6 +122,27 @@ def test_hold_and_release_are_requests_the_scheduler_carries_out_and_bad_ones_ar
     assert m['arena_jobs{status="held"}'] == 0 and m['arena_jobs{status="cancelled"}'] == 1
 
 
+def test_a_priority_change_is_stored_shown_and_bad_ones_are_refused(api, capsys):
+    from engine.cli import main as cli_main
+    client, db, woken = api
+    client.post("/api/jobs", json=GOOD)
+    woken.clear()
+    r = client.post("/api/jobs/1/priority", json={"priority": 4, "reason": "paper deadline"})
+    assert r.json() == {"id": 1, "priority": 4.0, "was": 1.0, "status": "queued"} and woken
+    job = client.get("/api/jobs/1").json()
+    assert job["priority"] == 4.0 and "priority 1 -> 4 by the user: paper deadline" in job["history"][-1]["reason"]
+    for body in ({}, {"priority": 0}, {"priority": "high"}, {"priority": 2, "reason": 1}, [2]):
+        r = client.post("/api/jobs/1/priority", json=body)
+        assert r.status_code == 400 and r.json()["field"] in ("priority", "reason"), (body, r.json())
+    assert client.post("/api/jobs/99/priority", json={"priority": 2}).status_code == 404
+    assert cli_main(["priority", "1", "0", "--url", "http://127.0.0.1:9"]) == 2   # refused before sending
+    assert "field 'priority': must be a finite number > 0" in capsys.readouterr().err
+    with Store(db) as st:
+        st.request_cancel(1)
+        st.set_status(1, "cancelled", "test")
+    assert client.post("/api/jobs/1/priority", json={"priority": 2}).status_code == 409
+
+
 def test_a_page_of_another_site_cannot_make_the_browser_change_anything(tmp_path):
     """Without a token the API acts for whoever reaches it; what a page elsewhere can make
     the operator's browser send is refused: a POST from another origin, a form or

@@ -299,11 +299,12 @@ MARK = st.tuples(st.just("mark"), st.integers(1, 2), GEN,
 STATUS = st.tuples(st.just("status"), st.integers(1, 2), st.sampled_from(["queued", "running", "running", "finished",
                                                                           "failed", "cancelled", "held", "bogus"]))
 HOLD = st.tuples(st.sampled_from(["request_hold", "hold", "release"]), st.integers(1, 2))
+PRIORITY = st.tuples(st.just("priority"), st.integers(1, 2), st.sampled_from([2.0, 0.5, 0.0, float("nan")]))
 OPS = st.one_of(
     st.tuples(st.just("submit")),
     STATUS,
     st.tuples(st.just("intent"), st.integers(1, 2), GPUS),
-    MARK, MARK, MARK, MARK, STATUS, HOLD,
+    MARK, MARK, MARK, MARK, STATUS, HOLD, PRIORITY,
     st.tuples(st.just("ckpt"), st.integers(1, 2), GEN, st.integers(-1, 50)),
     st.tuples(st.just("measure"), st.integers(1, 2), GEN, st.floats(allow_nan=True)),
 )
@@ -324,6 +325,8 @@ def _apply(s: Store, op) -> None:
         s.mark_launch(a[0], a[1], a[2])
     elif kind == "request_hold":
         s.request_hold(a[0], "fuzz")
+    elif kind == "priority":
+        s.set_priority(a[0], a[1])
     elif kind in ("hold", "release"):
         getattr(s, kind)(a[0])
     elif kind == "ckpt":
@@ -379,6 +382,29 @@ def test_hold_and_release_follow_the_state_machine_and_a_withdrawn_hold_is_not_c
     assert [h.to_status for h in store.history(b)] == ["queued", "running", "queued", "held", "cancelled"]
     assert [h.to_status for h in store.history(a)] == ["queued", "held", "queued"]
     assert store.check() == []
+
+
+def test_a_priority_set_after_submission_is_read_back_noted_and_keeps_the_submission_key(store):
+    j, _ = store.submit_once(SPEC, "k1")
+    assert store.set_priority(j, 3, "deadline tomorrow") == 1.0
+    assert store.job(j).spec["priority"] == 3.0 and store.jobs()[0].spec["priority"] == 3.0
+    assert store.priorities_set() == {j: 3.0}
+    note = store.history(j)[-1]
+    assert (note.from_status, note.to_status) == ("queued", "queued")
+    assert note.reason == "priority 1 -> 3 by the user: deadline tomorrow"
+    assert store.submit_once(SPEC, "k1") == (j, False)               # a resend still finds its job
+    assert store.set_priority(j, 0.5) == 3.0 and store.check() == []
+    before = list(store.conn.iterdump())
+    for bad in (0, -1, float("nan"), float("inf"), "2", True, None):
+        with pytest.raises(InputError, match="finite number > 0"):
+            store.set_priority(j, bad)
+    assert list(store.conn.iterdump()) == before                    # refused: nothing written
+    store.request_cancel(j)
+    store.set_status(j, "cancelled", "test")
+    with pytest.raises(StateConflict, match="only a queued, running or held job's priority"):
+        store.set_priority(j, 2)
+    assert store.priorities_set() == {} and store.check() == []
+    assert store.job(j).spec["priority"] == 0.5
 
 
 def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):

@@ -7,7 +7,7 @@ HTTP API and a status page (http://127.0.0.1:8765/ by default). State is in SQLi
 stops every running job with a checkpoint.
 
 ``arena submit JOB.toml`` (or flags), ``arena status [ID] [--watch]``, ``arena cancel ID``,
-``arena hold ID`` / ``arena release ID``, ``arena drain NODE`` / ``arena undrain NODE``,
+``arena hold ID`` / ``arena release ID``, ``arena priority ID P``, ``arena drain NODE`` / ``arena undrain NODE``,
 ``arena nodes``, ``arena rounds`` (with ``--shadow-policy P``: where P would have decided
 otherwise), ``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``--url``,
 ``--token``; environment ``ARENA_URL``, ``ARENA_TOKEN``).
@@ -147,6 +147,19 @@ def register(subparsers) -> None:
     rl.add_argument("id", type=int, help="job id")
     _client_args(rl)
     rl.set_defaults(func=run_release)
+
+    pr = subparsers.add_parser("priority", help="change a job's priority",
+                               description="Set a queued, running or held job's priority (a finite number > 0; "
+                                           "submitted jobs have 1 unless their spec says otherwise). The next round "
+                                           "decides with it: the policies whose objective has the throughput term, "
+                                           "which weighs a job by its priority (arena, arena-incremental, suika, sia, "
+                                           "sia-ap), favour it; fcfs, gavel and elasticflow-ls ignore priorities. The "
+                                           "job's history notes the change.")
+    pr.add_argument("id", type=int, help="job id")
+    pr.add_argument("priority", type=float, help="the new priority (> 0)")
+    pr.add_argument("--reason", default="", help="why (in the job's history)")
+    _client_args(pr)
+    pr.set_defaults(func=run_priority)
 
     d = subparsers.add_parser("drain", help="take a node out of service (its jobs move off)",
                               description="Take a node out of service for maintenance or repair: the next round "
@@ -496,6 +509,15 @@ def run_release(args) -> int:
         print(f"job {ans['id']} released: back in the queue")
     else:
         print(f"job {ans['id']}: its hold, not yet carried out, was withdrawn ({ans['status']})")
+    return 0
+
+
+def run_priority(args) -> int:
+    if not (math.isfinite(args.priority) and args.priority > 0):      # checked here too: nothing sent
+        raise InputError(f"must be a finite number > 0, got {args.priority}", field="priority")
+    ans = _client(args).post(f"/api/jobs/{args.id}/priority", {"priority": args.priority, "reason": args.reason})
+    print(f"job {ans['id']}: priority {ans['was']:g} -> {ans['priority']:g} ({ans['status']}); the next round "
+          f"decides with it")
     return 0
 
 

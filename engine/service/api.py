@@ -10,6 +10,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | POST | /api/jobs/{id}/cancel | ask the scheduler to cancel it (stopped with a checkpoint) |
 | POST | /api/jobs/{id}/hold | ask the scheduler to set it aside until released (``{"reason": ...}``) |
 | POST | /api/jobs/{id}/release | a held job back to the queue (or a hold not yet carried out withdrawn) |
+| POST | /api/jobs/{id}/priority | set its priority (``{"priority": P, "reason": ...}``) for the next round |
 | GET | /api/jobs/{id}/logs | the latest launch's output |
 | POST | /api/nodes/{node}/drain | take a node (id or host) out of service; its jobs move off (``{"reason": ...}``) |
 | POST | /api/nodes/{node}/undrain | return it to service |
@@ -241,6 +242,20 @@ def create_app(ctx: ApiContext):
             status = s.job(job_id).status
         ctx.wake()
         return {"id": job_id, "released": what, "status": status}
+
+    @app.post("/api/jobs/{job_id}/priority")
+    async def priority(job_id: int, request: Request) -> Any:
+        body = await _json_body(request, {})
+        if not isinstance(body, dict) or "priority" not in body:
+            return _error(400, 'send {"priority": P} (P a finite number > 0)', field="priority")
+        reason = body.get("reason", "")
+        if not isinstance(reason, str):
+            return _error(400, "reason must be a string", field="reason")
+        with store() as s:
+            was = s.set_priority(job_id, body["priority"], reason)
+            status = s.job(job_id).status
+        ctx.wake()
+        return {"id": job_id, "priority": float(body["priority"]), "was": was, "status": status}
 
     @app.get("/api/jobs/{job_id}/logs")
     def logs(job_id: int, chars: int = 20_000) -> dict:

@@ -299,6 +299,7 @@ class Service:
             self._set_status(jid, "cancelled", "cancelled by the user")
             self.log(f"job {jid} cancelled")
         self._carry_out_holds(now)
+        self._sync_priorities()
         for row in self._admissions():
             if str(row.id) in st.jobs:                 # held, released since
                 loop.release(str(row.id), now)
@@ -339,6 +340,16 @@ class Service:
                 self.log(f"job {jid} held" + (f": {reason}" if reason else ""))
             elif rec is not None and rec.status is JobStatus.HELD:
                 self.loop.release(key, now)
+
+    def _sync_priorities(self) -> None:
+        """Priorities users set since the loop took the jobs (``arena priority``)."""
+        jobs = self.loop.state.jobs
+        for jid, prio in self.store.priorities_set().items():
+            r = jobs.get(str(jid))
+            if r is not None and r.status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.HELD) \
+                    and r.job.priority != prio:
+                self.loop.set_priority(str(jid), prio)
+                self.log(f"job {jid}: priority {prio:g}")
 
     def _store_moves(self) -> None:
         """Write the move ledger's new entries, and the open ones again (they may have paid

@@ -187,10 +187,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     """,
     # v6 -> v7: a hold request (the API commits it; the scheduler stops the job with a
-    # checkpoint and sets it aside, also after a restart) and the reason given for it
+    # checkpoint and sets it aside, also after a restart) and the reason given for it; a
+    # priority set after submission (NULL: the submitted spec's; the spec column stays as
+    # submitted, which an idempotency key's replay compares against)
     """
     ALTER TABLE jobs ADD COLUMN hold_requested_at REAL;
     ALTER TABLE jobs ADD COLUMN hold_reason TEXT;
+    ALTER TABLE jobs ADD COLUMN priority REAL;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -484,6 +487,31 @@ class Store:
                 raise StateConflict(f"job {job_id} is {cur}, not held; only a held job can be released")
         return "withdrawn"
 
+    def set_priority(self, job_id: int, priority: float, reason: str = "") -> float:
+        """A user's change of a job's priority (queued, running or held; the scheduler
+        reads it at its next round): stored beside the submitted spec, with a note in the
+        job's history (from and to its status). Returns the priority it had."""
+        ok = not isinstance(priority, bool) and isinstance(priority, (int, float)) and math.isfinite(priority) \
+            and priority > 0
+        if not ok:
+            raise InputError(f"must be a finite number > 0, got {priority!r}", field="priority")
+        with self._tx() as now:
+            cur = self._job_status(job_id)
+            if cur in TERMINAL:
+                raise StateConflict(f"job {job_id} is {cur}; only a queued, running or held job's priority can change")
+            spec, prio = self.conn.execute("SELECT spec, priority FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            was = float(prio if prio is not None else json.loads(spec)["priority"])
+            self.conn.execute("UPDATE jobs SET priority = ?, updated_at = ? WHERE id = ?",
+                              (float(priority), now, job_id))
+            self._history(job_id, cur, cur, f"priority {was:g} -> {float(priority):g} by the user"
+                          + (f": {str(reason)[:500]}" if reason else ""), now)
+        return was
+
+    def priorities_set(self) -> dict[int, float]:
+        """Priorities set since submission, of the jobs that have not ended (id -> priority)."""
+        return {int(i): float(p) for i, p in self.conn.execute(
+            "SELECT id, priority FROM jobs WHERE priority IS NOT NULL AND status IN ('queued', 'running', 'held')")}
+
     def drain(self, node: int, reason: str) -> bool:
         """Take a node out of service (its jobs are moved off by the scheduler); False if it
         already was (its first reason is kept)."""
@@ -704,19 +732,27 @@ class Store:
         out.update(self.conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
         return out
 
+    _JOB_COLUMNS = "id, name, spec, status, submitted_at, updated_at, priority"
+
+    @staticmethod
+    def _job_row(i, n, s, st, sub, up, prio) -> JobRow:
+        """A job's row; its spec carries the priority set since submission, if any."""
+        spec = json.loads(s)
+        if prio is not None:
+            spec["priority"] = prio
+        return JobRow(i, n, spec, st, sub, up)
+
     def jobs(self, status: str | None = None) -> list[JobRow]:
-        q = "SELECT id, name, spec, status, submitted_at, updated_at FROM jobs"
+        q = f"SELECT {self._JOB_COLUMNS} FROM jobs"
         rows = self.conn.execute(q + (" WHERE status = ? ORDER BY id" if status else " ORDER BY id"),
                                  (status,) if status else ()).fetchall()
-        return [JobRow(i, n, json.loads(s), st, sub, up) for i, n, s, st, sub, up in rows]
+        return [self._job_row(*r) for r in rows]
 
     def job(self, job_id: int) -> JobRow:
-        row = self.conn.execute("SELECT id, name, spec, status, submitted_at, updated_at FROM jobs WHERE id = ?",
-                                (job_id,)).fetchone()
+        row = self.conn.execute(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise InputError(f"no job {job_id!r}", field="job_id")
-        i, n, s, st, sub, up = row
-        return JobRow(i, n, json.loads(s), st, sub, up)
+        return self._job_row(*row)
 
     def history(self, job_id: int) -> list[HistoryRow]:
         return [HistoryRow(*r) for r in self.conn.execute(
@@ -764,7 +800,8 @@ class Store:
 
     def check(self) -> list[str]:
         """Inconsistencies (empty: none): SQLite's integrity check, and this schema's rules:
-        each job's history is a chain of allowed transitions ending at its status; launch
+        each job's history is a chain of allowed transitions ending at its status (and of
+        notes from a status to itself, e.g. a priority change); launch
         generations are 1..n with at most one active, none for an ended job; a GPU is
         active in one launch at most, exactly in the active launches; a job has at most one
         open move, and no move ends before it began."""
@@ -775,7 +812,8 @@ class Store:
             prev = None
             for h in hist:
                 ok = (h.from_status is None and prev is None and h.to_status == "queued") or (
-                    prev is not None and h.from_status == prev and h.to_status in TRANSITIONS[prev])
+                    prev is not None and h.from_status == prev and (h.to_status in TRANSITIONS[prev]
+                                                                    or h.to_status == prev))   # a note
                 if not ok:
                     out.append(f"job {job.id}: history step {h.from_status} -> {h.to_status} after {prev}")
                 prev = h.to_status

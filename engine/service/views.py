@@ -82,7 +82,7 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
     failures = sum(1 for lch in launches if lch.state == "failed")
     return {
         "id": row.id, "name": row.name, "status": row.status, "model": spec["model"],
-        "global_batch": spec["global_batch"], "steps": spec["steps"],
+        "global_batch": spec["global_batch"], "steps": spec["steps"], "priority": spec["priority"],
         "submitted_at": row.submitted_at, "updated_at": row.updated_at,
         "progress": {"iterations_done": prog.get("iterations_done"), "status": prog.get("status"),
                      "last_checkpoint_step": prog.get("last_checkpoint_step"), "iteration_time_s": it,
