@@ -2,7 +2,8 @@
 ``arena release``: a held job leaves the queue (a running one its GPUs, keeping its
 progress), is never offered to the policy, and is not a preemption; released, it is
 queued again and resumes from what it kept) and changing its priority (``arena
-priority``: the next round decides with it). The live side (store, API, a real service)
+priority``: the next round decides with it), and a job that waits for others (``after``).
+The live side (store, API, a real service)
 is in test_service_store.py, test_service_api.py and test_service_failures.py."""
 from __future__ import annotations
 
@@ -195,5 +196,40 @@ def test_the_service_hands_a_priority_set_in_the_store_to_the_loop(tmp_path):
         svc.store.set_priority(after, 7.0)               # while it runs: at the next round
         svc._sync_priorities()
         assert svc.loop.state.jobs[str(after)].job.priority == 7.0
+    finally:
+        svc.shutdown()
+
+
+def test_a_job_after_others_waits_for_them_and_fails_when_one_cannot_finish(tmp_path):
+    """A job submitted ``after`` others is not handed to the loop (at recovery nor as an
+    admission) until they have all finished; when one fails or is cancelled it fails too."""
+    from engine.service.daemon import Service, ServiceConfig
+    from engine.service.jobspec import JobSpec
+    from engine.service.store import Store
+    from instances.cluster import ClusterSpec, NodeGroup
+    db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
+
+    def spec(name, *after):
+        return JobSpec(name, "tiny-gpt__2L", 8, 20, after=after)
+    with Store(db) as s:
+        a, b = s.submit(spec("a")), s.submit(spec("b"))
+        c = s.submit(spec("c", a, b))                  # after both
+        d = s.submit(spec("d", b))
+    svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None,
+                  ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=work), log=lambda m: None)
+    try:
+        svc.recover()
+        assert set(svc.loop.state.jobs) == {str(a), str(b)}       # c and d wait
+        assert svc._admissions() == []
+        svc.store.set_status(a, "finished", "test")
+        assert svc._admissions() == []                           # c still waits for b
+        svc.store.request_cancel(b)
+        svc.store.set_status(b, "cancelled", "test")
+        svc._end_orphans()
+        for j in (c, d):
+            assert svc.store.job(j).status == "failed"
+            assert svc.store.history(j)[-1].reason == f"job {b}, which it was to run after, is cancelled"
+        e = svc.store.submit(spec("e", a))                 # after a finished job: ready at once
+        assert [r.id for r in svc._admissions()] == [e] and svc.store.check() == []
     finally:
         svc.shutdown()

@@ -122,6 +122,16 @@ def test_hold_and_release_are_requests_the_scheduler_carries_out_and_bad_ones_ar
     assert m['arena_jobs{status="held"}'] == 0 and m['arena_jobs{status="cancelled"}'] == 1
 
 
+def test_a_job_after_an_unknown_job_is_refused_and_one_after_a_queued_job_waits_for_it(api):
+    client, db, _ = api
+    client.post("/api/jobs", json=GOOD)
+    r = client.post("/api/jobs", json={**GOOD, "after": [7]})
+    assert r.status_code == 400 and r.json()["field"] == "after" and "no job 7" in r.json()["error"]
+    assert client.post("/api/jobs", json={**GOOD, "after": [1]}).status_code == 201
+    job = client.get("/api/jobs/2").json()
+    assert job["after"] == [1] and job["waiting_for"] == [1]
+
+
 def test_a_priority_change_is_stored_shown_and_bad_ones_are_refused(api, capsys):
     from engine.cli import main as cli_main
     client, db, woken = api

@@ -97,8 +97,9 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
 
 def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
     """As an operator would, through the CLI, on four slots: two long jobs hold them all;
-    holding one stops it with a checkpoint and an urgent job runs in its slots; cancelling
-    the other stops it with a checkpoint; the held job stays held while slots are free;
+    holding one stops it with a checkpoint and an urgent job runs in its slots, and a job
+    submitted after it waits for it; cancelling the other long job stops it with a
+    checkpoint; the held job stays held while slots are free;
     released, it resumes from the checkpoint it was held at; SIGTERM stops it with a
     checkpoint and the next start resumes it from there."""
     from engine.cli import main as cli_main
@@ -116,13 +117,21 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
         _wait(lambda: _checkpointed(client, a, 10) and _running_step(client, b, 10), what="both jobs running")
         c = client.post("/api/jobs", {**JOB, "name": "urgent", "steps": 40})["id"]
         assert _job(client, c)["status"] == "queued"                 # no room
+        assert cli_main(["submit", "--name", "eval", "--model", JOB["model"], "--batch", "8", "--steps", "20",
+                         "--gpus", "2", "--after", str(c), "--url", sp.url]) == 0
+        d = int(capsys.readouterr().out.split("job ")[1].split()[0])
         assert cli_main(["hold", str(a), "--reason", "urgent run first", "--url", sp.url]) == 0
         assert f"hold of job {a} requested" in capsys.readouterr().out
         _wait(lambda: _job(client, a)["status"] == "held", what="the hold")
         client.post(f"/api/jobs/{b}/cancel")
         jb = _wait(lambda: (lambda j: j if j["status"] == "cancelled" else None)(_job(client, b)), what="cancel")
         assert "stopped with a checkpoint" in jb["launch"]["reason"] or jb["launch"]["state"] == "finished"
+        assert _job(client, d)["waiting_for"] == [c]
         _wait(lambda: _job(client, c)["status"] == "finished", what="the urgent job")
+        jd = _wait(lambda: (lambda j: j if j["status"] == "finished" else None)(_job(client, d)),
+                   what="the job after it")
+        ran = [h for h in jd["history"] if h["to"] == "running"]
+        assert ran and ran[0]["at"] >= _job(client, c)["updated_at"] - 1e-6  # it started once c had finished
         time.sleep(3)                                                # rounds with free slots: still held
         held = _job(client, a)
         assert held["status"] == "held" and held["gpus"] == []

@@ -24,10 +24,11 @@ def test_toml_file_with_every_key_and_relative_paths(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('name = "ft-1"\nmodel = "models/mine.json"\nglobal_batch = 8\nsteps = 50\n'
                    'gpu_type = "A100"\ngpus = 4\npriority = 2\ntenant = "team-a"\ndeadline_s = 600\n'
-                   'seed = 7\ndata = "corpus.txt"\n')
+                   'seed = 7\ndata = "corpus.txt"\nafter = [3, 1]\n')
     spec = JobSpec.from_toml(job, cluster=CLUSTER)
     assert spec.model == str(cfg) and spec.data == str(tmp_path / "corpus.txt")
     assert (spec.gpu_type, spec.gpus, spec.priority, spec.tenant, spec.seed) == ("a100-40gb", 4, 2.0, "team-a", 7)
+    assert spec.after == (3, 1) and spec.to_dict()["after"] == [3, 1]
     assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec      # stored form round-trips
     j = spec.to_job("42", arrival_s=100.0)
     assert (j.job_id, j.model, j.global_batch, j.num_iterations, j.deadline_s) == ("42", str(cfg), 8, 50, 700.0)
@@ -68,6 +69,9 @@ def test_refusals_name_the_field(tmp_path):
     bad(GOOD | {"colour": "red"}, "colour", match="unknown key")
     bad({k: v for k, v in GOOD.items() if k != "steps"}, "steps", match="missing")
     bad(GOOD | {"data": str(tmp_path / "absent.txt")}, "data", match="not a file")
+    for after in (3, [0], [True], ["1"], [1.0], [1, 1], list(range(1, 66)), "1,2"):
+        bad(GOOD | {"after": after}, "after")
+    assert "after" not in JobSpec.from_dict(GOOD | {"after": []}).to_dict()     # none: the stored form is as before
     (tmp_path / "c.txt").write_text("x")
     bad(GOOD | {"model": "tiny-wide_resnet__50", "data": str(tmp_path / "c.txt")}, "data", match="synthetic")
 
@@ -103,7 +107,7 @@ VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 40), st.integers(),
                    st.sampled_from(["tiny-gpt__2L", "a100", "v100", "gpt__1.3B", "x.json"]),
                    st.lists(st.integers(), max_size=2))
 KEYS = st.sampled_from(["name", "model", "global_batch", "steps", "gpu_type", "gpus", "priority", "tenant",
-                        "deadline_s", "seed", "data", "other"])
+                        "deadline_s", "seed", "data", "after", "other"])
 
 
 @settings(max_examples=300, deadline=None)

@@ -407,6 +407,21 @@ def test_a_priority_set_after_submission_is_read_back_noted_and_keeps_the_submis
     assert store.job(j).spec["priority"] == 0.5
 
 
+def test_a_job_after_others_names_jobs_that_exist_and_can_still_finish(store):
+    a, b = store.submit(SPEC), store.submit(SPEC)
+    store.request_cancel(b)
+    store.set_status(b, "cancelled", "test")
+    after_a = JobSpec("later", SPEC.model, SPEC.global_batch, SPEC.steps, after=(a,))
+    c = store.submit(after_a)
+    assert store.job(c).spec["after"] == [a] and store.statuses([a, b, 99]) == {a: "queued", b: "cancelled"}
+    before = list(store.conn.iterdump())
+    for deps, says in (((99,), "no job 99 to run after"), ((a, b), f"job {b} is cancelled")):
+        with pytest.raises(InputError, match=says) as e:
+            store.submit(JobSpec("x", SPEC.model, SPEC.global_batch, SPEC.steps, after=deps))
+        assert e.value.field == "after"
+    assert list(store.conn.iterdump()) == before                    # refused: nothing stored
+
+
 def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):
     assert store.submit_once(SPEC, "abc") == (1, True)
     assert store.submit_once(SPEC, "abc") == (1, False)         # sent again: the same job back

@@ -105,6 +105,9 @@ def register(subparsers) -> None:
     sub.add_argument("--steps", type=int, help="training steps")
     sub.add_argument("--gpus", type=int, help="GPU count asked for (optional)")
     sub.add_argument("--gpu-type", help="GPU type asked for (optional)")
+    sub.add_argument("--after", type=int, action="append", metavar="ID",
+                     help="start only once job ID of this service has finished (repeatable; optional); if it "
+                          "fails or is cancelled, this job fails")
     sub.add_argument("--key", metavar="KEY",
                      help="idempotency key: submitting again with the same key gives back the job it submitted, "
                           "not a second one (default: a new random key, printed when no answer came)")
@@ -357,7 +360,7 @@ def _client(args) -> Client:
 
 
 def run_submit(args) -> int:
-    flags = {k: getattr(args, k) for k in ("name", "model", "global_batch", "steps", "gpus", "gpu_type")
+    flags = {k: getattr(args, k) for k in ("name", "model", "global_batch", "steps", "gpus", "gpu_type", "after")
              if getattr(args, k) is not None}
     if args.file:
         if flags:
@@ -599,11 +602,13 @@ def run_export_trace(args) -> int:
     out = _check_writable_file(args.out, "--out")
     with Store(args.db, readonly=True) as st:
         jobs, statuses = workload(st, args.db)
+        after = sum(1 for r in st.jobs() if r.spec.get("after"))
     write_trace(jobs, out)
     span = max(j.arrival_s for j in jobs)
     print(f"arena export-trace: {len(jobs)} job(s) over {span:.0f} s of submissions written to {out} (live: "
-          + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + "; every one is replayed to its last step)",
-          file=sys.stderr)
+          + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + "; every one is replayed to its last step)"
+          + (f"; {after} ran after others and arrive at their submission (a trace has no dependencies)"
+             if after else ""), file=sys.stderr)
     return 0
 
 

@@ -179,13 +179,14 @@ class Service:
             ck = int(prog.get("last_checkpoint_step") or 0)
             st.mark_launch(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
             self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
+        self._end_orphans()
         for row in st.jobs():
             if row.status not in ("queued", "running"):
                 continue
             prog = read_progress(Path(self.cfg.work_dir) / str(row.id) / "progress.json") or {}
             if prog.get("status") == "finished":      # its last launch completed as it was being stopped
                 self._set_status(row.id, "finished", "training finished as its last launch was stopped")
-            else:
+            elif row.status == "running" or self._ready(row):   # (one still waiting for others is left out)
                 self._adopt(row.id, row.spec, row.submitted_at)
         for node in sorted(set(st.drained()) - set(range(len(self.cluster.nodes())))):
             self.log(f"node {node} is drained in the database but cluster {self.cluster.name!r} has no such node; "
@@ -300,6 +301,7 @@ class Service:
             self.log(f"job {jid} cancelled")
         self._carry_out_holds(now)
         self._sync_priorities()
+        self._end_orphans()
         for row in self._admissions():
             if str(row.id) in st.jobs:                 # held, released since
                 loop.release(str(row.id), now)
@@ -319,10 +321,28 @@ class Service:
 
     def _admissions(self) -> list:
         """Jobs queued in the store that the loop does not have queued or running: new
-        submissions (and jobs queued before a restart), and held jobs released since."""
+        submissions whose ``after`` jobs have all finished (and jobs queued before a
+        restart), and held jobs released since."""
         jobs = self.loop.state.jobs
         return [r for r in self.store.jobs("queued")
-                if str(r.id) not in jobs or jobs[str(r.id)].status is JobStatus.HELD]
+                if (jobs[str(r.id)].status is JobStatus.HELD if str(r.id) in jobs else self._ready(r))]
+
+    def _ready(self, row) -> bool:
+        """Every job it runs after (``JobSpec.after``) has finished."""
+        after = row.spec.get("after") or ()
+        return not after or set(self.store.statuses(after).values()) == {"finished"}
+
+    def _end_orphans(self) -> None:
+        """A job waiting for others (``after``) fails when one of them failed or was
+        cancelled: it would never start."""
+        for row in self.store.jobs("queued"):
+            if str(row.id) in self.loop.state.jobs or not row.spec.get("after"):
+                continue
+            ended = {d: s for d, s in self.store.statuses(row.spec["after"]).items() if s in ("failed", "cancelled")}
+            if ended:
+                d, why = min(ended.items())
+                self._set_status(row.id, "failed", f"job {d}, which it was to run after, is {why}")
+                self.log(f"job {row.id} failed: job {d}, which it was to run after, is {why}")
 
     def _carry_out_holds(self, now: float) -> None:
         """Requested holds: a running job is stopped with a checkpoint (the store queues it),

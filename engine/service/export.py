@@ -9,7 +9,8 @@ deadline, relative to the submission. Arrivals are the submission times, the fir
 What does not: how the jobs ran. A replay's truth is the simulator's oracle (for the GPU
 types of the Arena table, its measurements), not the iteration times the service
 measured; jobs that were cancelled or failed live are replayed to their last step, like
-every job (``arena export-trace`` counts them on stderr).
+every job, and a job that ran after others (``after``) arrives at its submission, since
+the trace format has no dependencies (``arena export-trace`` counts both on stderr).
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ A TOML job file holds flat keys::
     deadline_s = 3600                       # optional: seconds after submission
     seed = 0                                # optional: initialisation and synthetic data
     data = "corpus.txt"                     # optional: a local text file (relative: to this file)
+    after = [3, 4]                          # optional: start only once these jobs (of this service) finished
 
 Any other key is refused. Every refusal is an ``InputError`` naming the source (the TOML
 file, or ``request`` for a dict) and the key.
@@ -36,6 +37,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_SEED = 2**63 - 1
 MAX_TOML_BYTES = 64 * 1024          # a job file is a few lines; more is not one
 REQUEST = "request"                 # the source named in errors for a dict
+MAX_AFTER = 64                      # jobs a job may wait for
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class JobSpec:
     deadline_s: float | None = None # seconds after submission
     seed: int = 0
     data: str | None = None         # absolute path of a local text file; None: synthetic data
+    after: tuple[int, ...] = ()     # ids of this service's jobs that must finish before it starts
 
     def __post_init__(self):
         _check(self)
@@ -137,7 +140,12 @@ class JobSpec:
 
     def to_dict(self) -> dict:
         """JSON-ready; ``from_dict`` of it gives this spec back."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        d = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.after:
+            d["after"] = list(self.after)
+        else:
+            del d["after"]
+        return d
 
     def with_frozen_model(self, folder: str | Path) -> "JobSpec":
         """This spec with a ``config.json`` model copied into ``folder`` under its content's
@@ -198,6 +206,14 @@ def _check(spec: JobSpec) -> None:
     integer("steps", 1, MAX_ITERATIONS)
     integer("gpus", 1, optional=True)
     integer("seed", 0, MAX_SEED)
+    after = spec.after
+    if isinstance(after, list):
+        after = tuple(after)
+    if not isinstance(after, tuple) or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in after):
+        raise err("after", f"a list of job ids (integers >= 1), got {spec.after!r}")
+    if len(after) > MAX_AFTER or len(set(after)) != len(after):
+        raise err("after", f"at most {MAX_AFTER} distinct job ids, got {list(after)}")
+    object.__setattr__(spec, "after", after)
     if spec.gpu_type is not None:
         try:
             object.__setattr__(spec, "gpu_type", canonical_gpu_name(text("gpu_type")))

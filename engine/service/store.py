@@ -388,6 +388,12 @@ class Store:
                              field="Idempotency-Key")
         body = _dumps(spec.to_dict(), "spec")
         with self._tx() as now:
+            for dep in spec.after:               # checked with the insert: no dependency ends in between
+                row = self.conn.execute("SELECT status FROM jobs WHERE id = ?", (dep,)).fetchone()
+                if row is None:
+                    raise InputError(f"no job {dep} to run after", field="after")
+                if row[0] in ("failed", "cancelled"):
+                    raise InputError(f"job {dep} is {row[0]}: a job after it would never start", field="after")
             if key is not None:
                 had = self.conn.execute("SELECT id, spec FROM jobs WHERE submit_key = ?", (key,)).fetchone()
                 if had is not None:
@@ -506,6 +512,14 @@ class Store:
             self._history(job_id, cur, cur, f"priority {was:g} -> {float(priority):g} by the user"
                           + (f": {str(reason)[:500]}" if reason else ""), now)
         return was
+
+    def statuses(self, job_ids) -> dict[int, str]:
+        """The status of each of ``job_ids`` that exists."""
+        ids = sorted({int(i) for i in job_ids})
+        if not ids:
+            return {}
+        q = f"SELECT id, status FROM jobs WHERE id IN ({', '.join('?' * len(ids))})"
+        return {int(i): str(st) for i, st in self.conn.execute(q, ids)}
 
     def priorities_set(self) -> dict[int, float]:
         """Priorities set since submission, of the jobs that have not ended (id -> priority)."""

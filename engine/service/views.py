@@ -98,6 +98,9 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
         "loss_curve": _thin(points, LOSS_POINTS) if curve else [],
         "cancel_requested": row.id in set(store.cancel_requests()),
         "hold_requested": row.id in {jid for jid, _ in store.hold_requests()},
+        "after": list(spec.get("after") or ()),
+        "waiting_for": sorted(d for d, st in store.statuses(spec.get("after") or ()).items() if st != "finished")
+        if row.status == "queued" else [],
     }
 
 
