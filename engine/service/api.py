@@ -82,6 +82,14 @@ async def _json_body(request: Request, empty: Any) -> Any:
         raise InputError(f"body is not JSON: {e}", field="body") from None
 
 
+async def _body_and_reason(request: Request) -> tuple[Any, str | None]:
+    """The JSON body (``{}`` when there is none) and its optional ``reason`` (``""`` when
+    absent; None when it is not a string, or the body not an object)."""
+    body = await _json_body(request, {})
+    reason = body.get("reason", "") if isinstance(body, dict) else None
+    return body, reason if isinstance(reason, str) else None
+
+
 class _BodyLimit:
     """ASGI middleware: refuse a body larger than ``limit`` bytes (declared or streamed)."""
 
@@ -225,9 +233,8 @@ def create_app(ctx: ApiContext):
 
     @app.post("/api/jobs/{job_id}/hold")
     async def hold(job_id: int, request: Request) -> Any:
-        body = await _json_body(request, {})
-        reason = body.get("reason", "") if isinstance(body, dict) else None
-        if not isinstance(reason, str):
+        _, reason = await _body_and_reason(request)
+        if reason is None:
             return _error(400, "reason must be a string", field="reason")
         with store() as s:
             new = s.request_hold(job_id, reason)
@@ -245,11 +252,10 @@ def create_app(ctx: ApiContext):
 
     @app.post("/api/jobs/{job_id}/priority")
     async def priority(job_id: int, request: Request) -> Any:
-        body = await _json_body(request, {})
+        body, reason = await _body_and_reason(request)
         if not isinstance(body, dict) or "priority" not in body:
             return _error(400, 'send {"priority": P} (P a finite number > 0)', field="priority")
-        reason = body.get("reason", "")
-        if not isinstance(reason, str):
+        if reason is None:
             return _error(400, "reason must be a string", field="reason")
         with store() as s:
             was = s.set_priority(job_id, body["priority"], reason)
@@ -265,9 +271,8 @@ def create_app(ctx: ApiContext):
 
     @app.post("/api/nodes/{node}/drain")
     async def drain(node: str, request: Request) -> Any:
-        body = await _json_body(request, {})
-        reason = body.get("reason", "") if isinstance(body, dict) else None
-        if not isinstance(reason, str):
+        _, reason = await _body_and_reason(request)
+        if reason is None:
             return _error(400, "reason must be a string", field="reason")
         nid = ctx.cluster.node_id(node)
         with store() as s:
