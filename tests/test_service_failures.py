@@ -127,6 +127,8 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
         jb = _wait(lambda: (lambda j: j if j["status"] == "cancelled" else None)(_job(client, b)), what="cancel")
         assert "stopped with a checkpoint" in jb["launch"]["reason"] or jb["launch"]["state"] == "finished"
         assert _job(client, d)["waiting_for"] == [c]
+        assert cli_main(["status", str(d), "--url", sp.url]) == 0
+        assert f"after job(s) {c}, waiting for {c}" in capsys.readouterr().out
         _wait(lambda: _job(client, c)["status"] == "finished", what="the urgent job")
         jd = _wait(lambda: (lambda j: j if j["status"] == "finished" else None)(_job(client, d)),
                    what="the job after it")

@@ -477,6 +477,15 @@ def _show_status(cl: Client, args) -> bool:
             print(dumps(job, indent=1))
         else:
             print(_table([job]))
+            extra = [f"priority {job['priority']:g}"] if job.get("priority", 1.0) != 1.0 else []
+            if job.get("after"):
+                waiting = ", ".join(map(str, job["waiting_for"]))
+                extra.append(f"after job(s) {', '.join(map(str, job['after']))}"
+                             + (f", waiting for {waiting}" if waiting else ""))
+            if job.get("hold_requested") or job.get("cancel_requested"):
+                extra.append("hold requested" if job.get("hold_requested") else "cancel requested")
+            if extra:
+                print("; ".join(extra))
             print("history:")
             for h in job["history"]:
                 print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "

@@ -27,7 +27,9 @@ policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
 
 A held job (``arena hold``; a running one is stopped with a checkpoint first) is outside
 the loop's queue and holds no GPU until ``arena release`` queues it again; a restart does
-not adopt it, so it stays held.
+not adopt it, so it stays held. A job submitted ``after`` others waits in the store's
+queue, outside the loop (at rounds and at recovery), until they have all finished; it
+fails when one of them fails or is cancelled.
 """
 from __future__ import annotations
 
