@@ -168,7 +168,9 @@ def test_a_page_of_another_site_cannot_make_the_browser_change_anything(tmp_path
             ({"origin": "http://127.0.0.1:9999"}, None, "cross-site"),           # another port: another origin
             ({"content-type": "application/x-www-form-urlencoded"}, b"reason=x", "must send JSON"),
             ({"content-type": "text/plain"}, b'{"reason": "x"}', "must send JSON"),
-            ({"host": "evil.example:8765"}, None, "host 'evil.example:8765' refused")):
+            ({"host": "evil.example:8765"}, None, "host 'evil.example:8765' refused"),
+            ({"origin": "http://[::1"}, None, "malformed Host"),                   # no 500
+            ({"host": "[::1"}, None, "malformed Host")):
         for path in ("/api/jobs/1/cancel", "/api/jobs/1/hold", "/api/nodes/0/drain"):
             r = client.post(path, content=content, headers=headers)
             assert r.status_code == 403 and says in r.json()["error"], (path, headers, r.json())

@@ -145,12 +145,17 @@ def _foreign(request: Request, local_hosts: frozenset[str] | None) -> str | None
     which this API never allows); ``local_hosts`` also refuses a ``Host`` that is not the
     service's own name (DNS rebinding)."""
     host = request.headers.get("host", "")
-    if local_hosts is not None and (urlsplit("//" + host).hostname or "") not in local_hosts:
+    origin = request.headers.get("origin")
+    try:
+        name = urlsplit("//" + host).hostname or ""
+        origin_host = None if origin is None else urlsplit(origin).netloc.lower()
+    except ValueError:                               # e.g. "[::1" (an unclosed IPv6 bracket)
+        return f"malformed Host {host!r} or Origin {origin!r} refused"
+    if local_hosts is not None and name not in local_hosts:
         return (f"request for host {host!r} refused: without a token this service answers only as "
                 f"{', '.join(sorted(local_hosts))}")
     if request.method in UNSAFE_METHODS:
-        origin = request.headers.get("origin")
-        if origin is not None and urlsplit(origin).netloc.lower() != host.lower():
+        if origin_host is not None and origin_host != host.lower():
             return f"cross-site request from {origin!r} refused (a change must come from this service's own origin)"
         kind = request.headers.get("content-type")
         if kind is not None and kind.split(";")[0].strip().lower() != "application/json":
