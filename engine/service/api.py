@@ -17,7 +17,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | GET | /api/cluster | every GPU and the job holding it; drained nodes |
 | GET | /api/rounds | the last rounds' decisions, solve time and gap (and the shadow policy's comparison) |
 | GET | /api/shadow | the shadow policy's agreement counts over every round it was asked in |
-| GET | /api/state | cluster, jobs, queue and rounds in one (what the page polls) |
+| GET | /api/state | what the page polls: cluster, queue, rounds, jobs not ended, the ``?ended=N`` (50) last ended |
 | GET | /metrics | the state for monitoring (Prometheus text format) |
 | GET | / | the status page |
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -49,10 +49,12 @@ from instances.cluster import ClusterSpec
 from instances.errors import InputError
 
 from .jobspec import JobSpec
+from .losses import LossLog
 from .store import StateConflict, Store
-from .views import cluster_view, job_logs, job_view, metrics_text, rounds_view, state_view
+from .views import STATE_ENDED_JOBS, cluster_view, job_logs, job_view, jobs_view, metrics_text, rounds_view, state_view
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_ENDED = 100_000               # /api/state?ended=N: at most this many ended jobs listed
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class ApiContext:
     # without a token: the host names the API answers to (a page on another site that
     # resolves its own name to 127.0.0.1 -- DNS rebinding -- is refused); None: any
     local_hosts: frozenset[str] | None = None
+    # loss curves read from the run folders, kept between requests (engine/service/losses.py)
+    losses: LossLog = field(default_factory=LossLog)
 
 
 async def _json_body(request: Request, empty: Any) -> Any:
@@ -219,12 +223,12 @@ def create_app(ctx: ApiContext):
     @app.get("/api/jobs")
     def jobs() -> list:
         with store() as s:
-            return [job_view(s, ctx.work_dir, r.id, curve=False) for r in s.jobs()]
+            return jobs_view(s, ctx.work_dir, s.jobs(), losses=ctx.losses)
 
     @app.get("/api/jobs/{job_id}")
     def job(job_id: int) -> dict:
         with store() as s:
-            return job_view(s, ctx.work_dir, job_id)
+            return job_view(s, ctx.work_dir, job_id, losses=ctx.losses)
 
     @app.post("/api/jobs/{job_id}/cancel")
     def cancel(job_id: int) -> Any:
@@ -309,9 +313,11 @@ def create_app(ctx: ApiContext):
             return {"shadow_policy": ctx.shadow_policy, "counts": s.shadow_counts()}
 
     @app.get("/api/state")
-    def state() -> dict:
+    def state(ended: int = STATE_ENDED_JOBS) -> Any:
+        if not 0 <= ended <= MAX_ENDED:
+            return _error(422, f"must be in 0..{MAX_ENDED}, got {ended}", field="ended")
         with store() as s:
-            return {**state_view(s, ctx.work_dir, ctx.cluster), "policy": ctx.policy,
+            return {**state_view(s, ctx.work_dir, ctx.cluster, losses=ctx.losses, ended=ended), "policy": ctx.policy,
                     "shadow_policy": ctx.shadow_policy}
 
     @app.get("/metrics", response_class=PlainTextResponse)

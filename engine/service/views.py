@@ -7,15 +7,19 @@ time, loss) from the job's ``progress.json`` and each launch's ``results.jsonl``
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from instances.cluster import ClusterSpec
-from launcher.launch import read_results, tail
+from launcher.launch import tail
 from launcher.telemetry import read_progress
 
-from .store import LaunchRow, Store
+from .losses import LossLog, merged
+from .store import TERMINAL, JobRow, LaunchRow, Store
 
-LOSS_POINTS = 200                 # at most this many points of a loss curve in a job view
+LOSS_POINTS = 200                 # at most about this many points of a loss curve in a job view
+STATE_CURVE_POINTS = 60           # ... in each row of the page's table (a sparkline 160 px wide)
+STATE_ENDED_JOBS = 50             # the page lists every job not ended and this many of the last to end
 
 
 def launch_dir(work_dir: str, launch: LaunchRow) -> Path:
@@ -36,50 +40,89 @@ def run_dirs(work_dir: str, launches: list[LaunchRow]) -> list[tuple[int, Path]]
     return out
 
 
-def loss_curve(work_dir: str, launches: list[LaunchRow]) -> list[dict]:
-    """(step, loss, time) of every step trained, over all launches in order; a step
-    trained again after a restart from an earlier checkpoint replaces the lost one."""
-    by_step: dict[int, dict] = {}
-    for g, d in run_dirs(work_dir, launches):
-        for r in read_results(d):
-            if "step" in r and "loss" in r:
-                by_step[int(r["step"])] = {"step": int(r["step"]), "loss": float(r["loss"]),
-                                           "time": r.get("time"), "launch": g}
-    return [by_step[k] for k in sorted(by_step)]
+def loss_curve(work_dir: str, launches: list[LaunchRow], losses: LossLog | None = None,
+               max_points: int | None = None) -> list[dict]:
+    """(step, loss, time, launch) of every step trained, over all launches in order; a step
+    trained again after a restart from an earlier checkpoint replaces the lost one.
+    ``max_points``: thinned to about that many (every k-th point and the last)."""
+    steps, loss, times, launch = merged(losses or LossLog(), run_dirs(work_dir, launches))
+    idx = _thin(len(steps), max_points) if max_points is not None else range(len(steps))
+    return [{"step": int(steps[i]), "loss": float(loss[i]),
+             "time": None if math.isnan(times[i]) else float(times[i]), "launch": int(launch[i])} for i in idx]
 
 
-def last_loss(work_dir: str, launches: list[LaunchRow]) -> float | None:
+def last_loss(work_dir: str, launches: list[LaunchRow], losses: LossLog | None = None) -> float | None:
     """The loss of the latest step trained (only the newest launch with results is read)."""
+    log = losses or LossLog()
     for _, d in reversed(run_dirs(work_dir, launches)):
-        res = [r for r in read_results(d) if "loss" in r]
-        if res:
-            return float(res[-1]["loss"])
+        _, loss, _ = log.points(d)
+        if len(loss):
+            return float(loss[-1])
     return None
 
 
-def _thin(points: list[dict], n: int) -> list[dict]:
-    if len(points) <= n:
-        return points
-    stride = math.ceil(len(points) / n)
-    return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
+def _thin(n: int, k: int) -> list[int]:
+    """Indices of at most about ``k`` of ``n`` points: every stride-th and the last."""
+    if n <= k:
+        return list(range(n))
+    stride = math.ceil(n / k)
+    return list(range(0, n, stride)) + ([n - 1] if (n - 1) % stride else [])
 
 
-def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) -> dict:
+@dataclass(frozen=True)
+class Pending:
+    """What a job view reads of other jobs, read once for a list of views: the jobs with a
+    cancel or a hold requested and not carried out, and the status of every job."""
+    cancel: frozenset[int]
+    hold: frozenset[int]
+    status: dict[int, str]
+
+    @classmethod
+    def read(cls, store: Store, rows: list[JobRow]) -> Pending:
+        return cls(frozenset(store.cancel_requests()), frozenset(j for j, _ in store.hold_requests()),
+                   {r.id: r.status for r in rows})
+
+    def statuses(self, store: Store, ids) -> dict[int, str]:
+        """Status of each of ``ids`` (read from the store for one not in the list)."""
+        ids = [int(i) for i in ids]
+        missing = [i for i in ids if i not in self.status]
+        found = store.statuses(missing) if missing else {}
+        return {i: self.status[i] if i in self.status else found[i] for i in ids if i in self.status or i in found}
+
+
+def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True, losses: LossLog | None = None,
+             curve_points: int = LOSS_POINTS) -> dict:
     row = store.job(job_id)
+    return _job_view(store, work_dir, row, Pending.read(store, [row]), losses or LossLog(),
+                     curve_points if curve else 0)
+
+
+def jobs_view(store: Store, work_dir: str, rows: list[JobRow], *, losses: LossLog | None = None,
+              curve_points: int = 0) -> list[dict]:
+    """Views of ``rows`` (``curve_points``: points of each loss curve; 0: none)."""
+    pending = Pending.read(store, rows)
+    log = losses or LossLog()
+    return [_job_view(store, work_dir, r, pending, log, curve_points) for r in rows]
+
+
+def _job_view(store: Store, work_dir: str, row: JobRow, pending: Pending, losses: LossLog,
+              curve_points: int) -> dict:
+    job_id = row.id
     launches = store.launches(job_id)
     history = store.history(job_id)
     prog = read_progress(Path(work_dir) / str(job_id) / "progress.json") or {}
     current = next((lch for lch in reversed(launches) if lch.state in ("intent", "started")), None)
     last = launches[-1] if launches else None
+    shown = current or last
     spec = row.spec
     it = prog.get("iteration_time_s")
-    points = loss_curve(work_dir, launches) if curve else []
     # time in each status, from the history (the current status up to its last change: now)
     in_state: dict[str, float] = {}
     for a, b in zip(history, history[1:]):
         in_state[a.to_status] = in_state.get(a.to_status, 0.0) + (b.at - a.at)
     moves = sum(1 for lch in launches if "moving" in lch.reason)
     failures = sum(1 for lch in launches if lch.state == "failed")
+    after = list(spec.get("after") or ())
     return {
         "id": row.id, "name": row.name, "status": row.status, "model": spec["model"],
         "global_batch": spec["global_batch"], "steps": spec["steps"], "priority": spec["priority"],
@@ -87,19 +130,19 @@ def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True) ->
         "progress": {"iterations_done": prog.get("iterations_done"), "status": prog.get("status"),
                      "last_checkpoint_step": prog.get("last_checkpoint_step"), "iteration_time_s": it,
                      "throughput_samples_per_s": (spec["global_batch"] / it) if it else None},
-        "plan": (current or last).plan if (current or last) else None,
+        "plan": shown.plan if shown else None,
         "gpus": list(current.gpus) if current else [],
         "launch": {"generation": last.generation, "state": last.state, "reason": last.reason} if last else None,
         "launches": len(launches), "moves": moves, "failed_launches": failures,
         "time_in_status_s": in_state,
         "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
         "move_ledger": store.moves(job_id),
-        "loss": last_loss(work_dir, launches),
-        "loss_curve": _thin(points, LOSS_POINTS) if curve else [],
-        "cancel_requested": row.id in set(store.cancel_requests()),
-        "hold_requested": row.id in {jid for jid, _ in store.hold_requests()},
-        "after": list(spec.get("after") or ()),
-        "waiting_for": sorted(d for d, st in store.statuses(spec.get("after") or ()).items() if st != "finished")
+        "loss": last_loss(work_dir, launches, losses),
+        "loss_curve": loss_curve(work_dir, launches, losses, curve_points) if curve_points else [],
+        "cancel_requested": row.id in pending.cancel,
+        "hold_requested": row.id in pending.hold,
+        "after": after,
+        "waiting_for": sorted(d for d, st in pending.statuses(store, after).items() if st != "finished")
         if row.status == "queued" else [],
     }
 
@@ -193,10 +236,18 @@ def rounds_view(store: Store, last: int = 20) -> list[dict]:
             for r in store.rounds(last=last)]
 
 
-def state_view(store: Store, work_dir: str, cluster: ClusterSpec) -> dict:
-    jobs = [job_view(store, work_dir, r.id) for r in store.jobs()]
+def state_view(store: Store, work_dir: str, cluster: ClusterSpec, *, losses: LossLog | None = None,
+               ended: int = STATE_ENDED_JOBS) -> dict:
+    """What the page shows: the cluster, every job that has not ended and the ``ended``
+    that ended last (``ended_total`` counts them all), the queue and the last rounds."""
+    rows = store.jobs()
+    done = sorted((r for r in rows if r.status in TERMINAL), key=lambda r: (r.updated_at, r.id))
+    shown = {r.id for r in done[len(done) - ended:]} if ended > 0 else set()
+    rows = [r for r in rows if r.status not in TERMINAL or r.id in shown]
+    jobs = jobs_view(store, work_dir, rows, losses=losses, curve_points=STATE_CURVE_POINTS)
     return {"cluster": cluster_view(store, cluster), "jobs": jobs,
             "queue": [j["id"] for j in jobs if j["status"] == "queued"],
+            "ended_total": len(done), "ended_shown": len(shown),
             "rounds": rounds_view(store, 10)}
 
 
