@@ -422,6 +422,16 @@ def test_a_job_after_others_names_jobs_that_exist_and_can_still_finish(store):
     assert list(store.conn.iterdump()) == before                    # refused: nothing stored
 
 
+def test_statuses_of_more_ids_than_sqlite_takes_parameters(store):
+    """The service asks once for every queued job's dependencies: possibly more ids than
+    one statement takes (999 before SQLite 3.32, 32,766 since by default; builds differ,
+    so the limit is set to the old one here)."""
+    store.conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    ids = [store.submit(SPEC) for _ in range(1001)]
+    got = store.statuses(ids + list(range(5000, 7000)))               # 3,001 ids, 2,000 unknown
+    assert got == dict.fromkeys(ids, "queued") and store.statuses([]) == {}
+
+
 def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):
     assert store.submit_once(SPEC, "abc") == (1, True)
     assert store.submit_once(SPEC, "abc") == (1, False)         # sent again: the same job back

@@ -182,13 +182,13 @@ class Service:
             st.mark_launch(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
             self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
         self._end_orphans()
-        for row in st.jobs():
-            if row.status not in ("queued", "running"):
-                continue
+        rows = [r for r in st.jobs() if r.status in ("queued", "running")]
+        deps = self._dep_statuses(rows)
+        for row in rows:
             prog = read_progress(Path(self.cfg.work_dir) / str(row.id) / "progress.json") or {}
             if prog.get("status") == "finished":      # its last launch completed as it was being stopped
                 self._set_status(row.id, "finished", "training finished as its last launch was stopped")
-            elif row.status == "running" or self._ready(row):   # (one still waiting for others is left out)
+            elif row.status == "running" or self._ready(row, deps):   # (one waiting for others is left out)
                 self._adopt(row.id, row.spec, row.submitted_at)
         for node in sorted(set(st.drained()) - set(range(len(self.cluster.nodes())))):
             self.log(f"node {node} is drained in the database but cluster {self.cluster.name!r} has no such node; "
@@ -326,21 +326,28 @@ class Service:
         submissions whose ``after`` jobs have all finished (and jobs queued before a
         restart), and held jobs released since."""
         jobs = self.loop.state.jobs
-        return [r for r in self.store.jobs("queued")
-                if (jobs[str(r.id)].status is JobStatus.HELD if str(r.id) in jobs else self._ready(r))]
+        rows = self.store.jobs("queued")
+        deps = self._dep_statuses(r for r in rows if str(r.id) not in jobs)
+        return [r for r in rows
+                if (jobs[str(r.id)].status is JobStatus.HELD if str(r.id) in jobs else self._ready(r, deps))]
 
-    def _ready(self, row) -> bool:
-        """Every job it runs after (``JobSpec.after``) has finished."""
-        after = row.spec.get("after") or ()
-        return not after or set(self.store.statuses(after).values()) == {"finished"}
+    def _dep_statuses(self, rows) -> dict[int, str]:
+        """The status of every job that one of ``rows`` runs after, in one query."""
+        return self.store.statuses({d for r in rows for d in (r.spec.get("after") or ())})
+
+    @staticmethod
+    def _ready(row, deps: dict[int, str]) -> bool:
+        """Every job it runs after (``JobSpec.after``) has finished (``deps``: their statuses)."""
+        return all(deps.get(int(d)) == "finished" for d in row.spec.get("after") or ())
 
     def _end_orphans(self) -> None:
         """A job waiting for others (``after``) fails when one of them failed or was
         cancelled: it would never start."""
-        for row in self.store.jobs("queued"):
-            if str(row.id) in self.loop.state.jobs or not row.spec.get("after"):
-                continue
-            ended = {d: s for d, s in self.store.statuses(row.spec["after"]).items() if s in ("failed", "cancelled")}
+        rows = [r for r in self.store.jobs("queued")
+                if str(r.id) not in self.loop.state.jobs and r.spec.get("after")]
+        deps = self._dep_statuses(rows)
+        for row in rows:
+            ended = {int(d): deps[int(d)] for d in row.spec["after"] if deps.get(int(d)) in ("failed", "cancelled")}
             if ended:
                 d, why = min(ended.items())
                 self._set_status(row.id, "failed", f"job {d}, which it was to run after, is {why}")

@@ -516,10 +516,12 @@ class Store:
     def statuses(self, job_ids) -> dict[int, str]:
         """The status of each of ``job_ids`` that exists."""
         ids = sorted({int(i) for i in job_ids})
-        if not ids:
-            return {}
-        q = f"SELECT id, status FROM jobs WHERE id IN ({', '.join('?' * len(ids))})"
-        return {int(i): str(st) for i, st in self.conn.execute(q, ids)}
+        out: dict[int, str] = {}
+        for k in range(0, len(ids), 900):          # under SQLite's limit on parameters (999 before 3.32)
+            part = ids[k:k + 900]
+            q = f"SELECT id, status FROM jobs WHERE id IN ({', '.join('?' * len(part))})"
+            out.update((int(i), str(st)) for i, st in self.conn.execute(q, part))
+        return out
 
     def priorities_set(self) -> dict[int, float]:
         """Priorities set since submission, of the jobs that have not ended (id -> priority)."""
