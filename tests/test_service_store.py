@@ -471,3 +471,55 @@ def test_the_move_ledger_is_stored_updated_closed_and_checked(store):
     assert store.close_open_moves("service restarted") == 2
     assert store.check() == [] and all(m["ended_at"] is not None for m in store.moves())
     assert "no estimate" in move_line(store.moves(j)[-1]) and "forced" in move_line(store.moves(j)[-1])
+
+
+def test_a_backup_taken_while_the_service_writes_is_one_committed_state(tmp_path, capsys):
+    """``arena backup`` from another connection while a writer commits job after job
+    (each submitted, launched, run and finished, several transactions): every copy
+    passes ``check()``, holds a prefix of the writer's jobs, and opens as a service's
+    store; an existing file is refused, never overwritten."""
+    import threading
+
+    from engine.cli import main as cli_main
+    db = tmp_path / "state.db"
+    Store(db).close()
+    done = threading.Event()
+    written: list[int] = []
+
+    def writer():
+        with Store(db) as w:
+            while not done.is_set() and len(written) < 400:
+                j = w.submit(SPEC)
+                g = w.record_launch_intent(j, {"dp": 1}, ["n0:0"])
+                w.mark_launch(j, g, "started")
+                w.set_status(j, "running", "test")
+                w.mark_launch(j, g, "finished")
+                w.set_status(j, "finished", "test")
+                written.append(j)
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        copies = []
+        while len(written) < 20:
+            time.sleep(0.01)
+        for i in range(5):
+            out = tmp_path / f"copy{i}.db"
+            assert cli_main(["backup", "--db", str(db), "--out", str(out), "--json"]) == 0
+            copies.append((out, json.loads(capsys.readouterr().out)))
+    finally:
+        done.set()
+        t.join()
+    for out, report in copies:
+        with Store(out, readonly=True) as c:
+            ids = [r.id for r in c.jobs()]
+            assert c.check() == [] and ids == list(range(1, len(ids) + 1))
+            assert all(r.status == "finished" for r in c.jobs()[:-1])     # at most the last one mid-way
+            assert report["jobs"] == {k: v for k, v in c.status_counts().items() if v}
+        assert not list(tmp_path.glob(".*.partial"))
+    with Store(copies[-1][0]) as reopened:                              # a service can start on it
+        assert reopened.check() == [] and len(reopened.jobs()) >= 20
+    before = copies[0][0].read_bytes()
+    assert cli_main(["backup", "--db", str(db), "--out", str(copies[0][0])]) == 2
+    assert "already exists" in capsys.readouterr().err and copies[0][0].read_bytes() == before
+    assert cli_main(["backup", "--db", str(tmp_path / "none.db"), "--out", str(tmp_path / "x.db")]) == 2
+    assert "no state database here" in capsys.readouterr().err and not (tmp_path / "x.db").exists()

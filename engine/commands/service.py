@@ -214,6 +214,19 @@ def register(subparsers) -> None:
     x.add_argument("--out", required=True, metavar="TRACE.csv", help="trace file to write")
     x.set_defaults(func=run_export_trace)
 
+    b = subparsers.add_parser("backup", help="a consistent copy of the service's state database, while it runs",
+                              description="A consistent copy of a service's state database, taken with SQLite's "
+                                          "online backup while the service may be writing; checked (Store.check) "
+                                          "before it is put in place. To restore: stop the service, start it with "
+                                          "--db BACKUP (or copy it over the database and remove the database's "
+                                          "-wal and -shm files); recovery then reconciles the jobs with what the "
+                                          "work folder holds (see docs/service.md).")
+    b.add_argument("--db", default=".arena/state.db", metavar="PATH",
+                   help="the service's state database (default .arena/state.db)")
+    b.add_argument("--out", required=True, metavar="FILE", help="the copy to write (must not exist)")
+    b.add_argument("--json", action="store_true", help="print what was copied as JSON")
+    b.set_defaults(func=run_backup)
+
     j = subparsers.add_parser("jobs", help="every job of the service", description="Every job of the service.")
     j.add_argument("--json", action="store_true", help="print JSON")
     _client_args(j)
@@ -618,6 +631,28 @@ def run_export_trace(args) -> int:
           + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + "; every one is replayed to its last step)"
           + (f"; {after} ran after others and arrive at their submission (a trace has no dependencies)"
              if after else ""), file=sys.stderr)
+    return 0
+
+
+def run_backup(args) -> int:
+    from ..service.store import SCHEMA_VERSION, Store
+    out = Path(args.out)
+    if out.exists():
+        raise InputError("already exists; a backup does not overwrite", file=str(out), field="--out")
+    out = _check_writable_file(args.out, "--out")
+    t0 = time.monotonic()
+    with Store(args.db, readonly=True) as st:
+        st.backup(out)
+    with Store(out, readonly=True) as copy:
+        counts = {k: v for k, v in copy.status_counts().items() if v}
+        last = copy.rounds(last=1)
+    report = {"db": str(args.db), "out": str(out), "bytes": out.stat().st_size, "schema_version": SCHEMA_VERSION,
+              "jobs": counts, "last_round": last[0].idx if last else None, "seconds": time.monotonic() - t0}
+    if args.json:
+        print(dumps(report))
+    print(f"arena backup: {out} ({report['bytes']:,} bytes, schema {SCHEMA_VERSION}, checked): "
+          + (", ".join(f"{n} {s}" for s, n in counts.items()) or "no jobs")
+          + (f"; last round {report['last_round']}" if last else ""), file=sys.stderr)
     return 0
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -349,6 +350,32 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+
+    def backup(self, dest: str | Path) -> Path:
+        """A consistent copy of the database at ``dest``, taken while the service may be
+        writing (SQLite's online backup: one step, under a read transaction, so the copy is
+        one committed state), written beside ``dest`` and renamed into place only once it
+        passes ``check()``. ``dest`` must not exist. Returns ``dest``."""
+        dest = Path(dest)
+        if dest.exists():
+            raise InputError("already exists; a backup does not overwrite", file=str(dest))
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+        tmp.unlink(missing_ok=True)
+        try:
+            out = sqlite3.connect(str(tmp))
+            try:
+                self.conn.backup(out)
+                out.execute("PRAGMA journal_mode = DELETE")     # a single file, whatever the source used
+            finally:
+                out.close()
+            with Store(tmp, readonly=True) as copy:
+                problems = copy.check()
+            if problems:
+                raise StateConflict("the copy is inconsistent: " + "; ".join(problems[:5]))
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return dest
 
     def __enter__(self) -> "Store":
         return self
