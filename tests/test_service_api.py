@@ -212,6 +212,7 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
                         (["--local-slots", "2", "--round-interval", "0"], "--round-interval"),
                         (["--local-slots", "2", "--failure-backoff", "-1"], "--failure-backoff"),
                         (["--local-slots", "2", "--max-failures", "0"], "--max-failures"),
+                        (["--local-slots", "2", "--keep-rounds", "-1"], "--keep-rounds"),
                         (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store")]:
         assert cli_main(base + argv) == 2
         assert f"field '{field}'" in capsys.readouterr().err

@@ -138,6 +138,63 @@ def test_rounds_and_bad_values(store):
     assert len(store.rounds()) == 2
 
 
+def shadow_round(policy, jobs, agree, error=None):
+    from engine.shadow import JobDiff, ShadowComparison
+    differ = tuple(JobDiff(str(i), "cpu:1x1:pp1", None, None) for i in range(jobs - agree))
+    return {"grids": {}, "shadow": ShadowComparison(policy, jobs, agree, differ, len(differ), (1, 1), (1, 1),
+                                                    (0, 0), None, 0.01, error=error).to_dict()}
+
+
+OLD_SHADOW_QUERY = (          # how v7 counted, over every round's decisions
+    "SELECT json_extract(decisions, '$.shadow.policy') AS p, COUNT(*), "
+    "COALESCE(SUM(json_extract(decisions, '$.shadow.all_agree')), 0), "
+    "COALESCE(SUM(json_extract(decisions, '$.shadow.error') IS NOT NULL), 0), "
+    "COALESCE(SUM(CASE WHEN json_extract(decisions, '$.shadow.error') IS NULL "
+    "THEN json_extract(decisions, '$.shadow.jobs') ELSE 0 END), 0), "
+    "COALESCE(SUM(json_extract(decisions, '$.shadow.disagreements')), 0) "
+    "FROM rounds WHERE p IS NOT NULL GROUP BY p ORDER BY p")
+
+
+def test_v8_counts_the_rounds_a_v7_database_holds_as_v7_did_and_keeps_counting(tmp_path):
+    path = tmp_path / "v7.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, target=7)
+    rng = random.Random(3)
+    rounds = [{"grids": {}}] + [shadow_round(rng.choice(["sia-ap", "fcfs"]), j, rng.randint(0, j),
+                                             rng.choice([None, None, "ValueError: x"]))
+                                for j in (rng.randint(0, 5) for _ in range(40))]
+    for d in rounds:
+        conn.execute("INSERT INTO rounds(at, policy, trigger, solve_time_s, decisions) "
+                     "VALUES (1, 'arena', 't', 0.1, ?)", (json.dumps(d),))
+    v7 = {p: dict(zip(("rounds", "agreeing", "failed", "jobs", "disagreeing"), rest))
+          for p, *rest in conn.execute(OLD_SHADOW_QUERY)}
+    conn.close()
+    with Store(path) as s:
+        assert s.shadow_counts() == v7 and set(v7) == {"sia-ap", "fcfs"}
+        more = [shadow_round("sia-ap", 3, 1), shadow_round("fcfs", 2, 2, "E"), {"grids": {}}]
+        for d in more:
+            s.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions=d)
+        both = {p: dict(zip(("rounds", "agreeing", "failed", "jobs", "disagreeing"), rest))
+                for p, *rest in s.conn.execute(OLD_SHADOW_QUERY)}
+        assert s.shadow_counts() == both and both["sia-ap"]["rounds"] == v7["sia-ap"]["rounds"] + 1
+
+
+def test_old_rounds_are_deleted_beyond_keep_and_the_shadow_totals_stay_whole(store):
+    for i in range(12):
+        store.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions=shadow_round("sia-ap", 2, i % 3),
+                           keep=5)
+    assert [r.idx for r in store.rounds()] == list(range(8, 13))        # the last 5, numbered on
+    assert store.shadow_counts() == {"sia-ap": {"rounds": 12, "agreeing": 4, "failed": 0, "jobs": 24,
+                                                "disagreeing": 12}}
+    store.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions={})       # keep=0: nothing deleted
+    assert len(store.rounds()) == 6 and store.check() == []
+    for bad in (-1, 1.5, True):
+        with pytest.raises(InputError) as e:
+            store.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions={}, keep=bad)
+        assert e.value.field == "keep_rounds"
+    assert len(store.rounds()) == 6
+
+
 def test_migration_from_v1_keeps_the_data(tmp_path):
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path, isolation_level=None)
@@ -523,3 +580,27 @@ def test_a_backup_taken_while_the_service_writes_is_one_committed_state(tmp_path
     assert "already exists" in capsys.readouterr().err and copies[0][0].read_bytes() == before
     assert cli_main(["backup", "--db", str(tmp_path / "none.db"), "--out", str(tmp_path / "x.db")]) == 2
     assert "no state database here" in capsys.readouterr().err and not (tmp_path / "x.db").exists()
+
+
+def test_the_service_keeps_its_last_rounds(tmp_path):
+    """``--keep-rounds`` reaches the store: a service deciding every round (``arena``, not
+    event-driven) over four rounds with keep_rounds=2 holds rounds 3 and 4."""
+    from engine.policy import make_policy
+    from engine.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from estimators import make_performance_model
+    from instances.cluster import ClusterSpec, NodeGroup
+    with pytest.raises(InputError) as e:
+        ServiceConfig(db_path="x", work_dir="y", keep_rounds=-1)
+    assert e.value.field == "keep_rounds"
+    svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("arena"),
+                  make_performance_model("analytic"), ReconfigCostModel(),
+                  ServiceConfig(db_path=str(tmp_path / "s.db"), work_dir=str(tmp_path / "w"), keep_rounds=2),
+                  log=lambda m: None)
+    try:
+        svc.recover()
+        for _ in range(4):
+            svc.step(time.time())
+        assert [r.idx for r in svc.store.rounds()] == [3, 4]
+    finally:
+        svc.shutdown()

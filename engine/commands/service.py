@@ -72,6 +72,10 @@ def register(subparsers) -> None:
     s.add_argument("--round-interval", type=float, default=60.0, metavar="S",
                    help="seconds between timer rounds (rounds also run on arrival, completion, failure; "
                         "default 60)")
+    s.add_argument("--keep-rounds", type=int, default=100_000, metavar="N",
+                   help="rounds kept in the database, older ones deleted as new ones are recorded (the shadow "
+                        "policy's totals and every job's history are kept whole; 0: keep every round; "
+                        "default 100000)")
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="every launch checkpoints at least this often, in seconds of training (default 60)")
     s.add_argument("--move-path", choices=("d2d", "storage"), default="d2d",
@@ -306,7 +310,7 @@ def build_service_parts(args):
                             checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
                             max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
                             stop_after_s=args.stop_after, move_path=args.move_path,
-                            step_delay_s=args.step_delay)
+                            step_delay_s=args.step_delay, keep_rounds=args.keep_rounds)
     except InputError as e:                       # the config's field, as the flag that set it
         flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")
         raise InputError(e.reason, field=flag) from None

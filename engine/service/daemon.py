@@ -79,6 +79,7 @@ class ServiceConfig:
     step_delay_s: float = 0.0                # tests and demos: slow tiny jobs down
     stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
     move_path: str = "d2d"                   # "d2d" where the launcher can, else storage; "storage": always
+    keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
 
     def __post_init__(self):
         for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s"):
@@ -91,6 +92,9 @@ class ServiceConfig:
                 raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
         if not isinstance(self.max_failures, int) or self.max_failures < 1:
             raise InputError(f"must be an integer >= 1, got {self.max_failures!r}", field="max_failures")
+        if not isinstance(self.keep_rounds, int) or isinstance(self.keep_rounds, bool) or self.keep_rounds < 0:
+            raise InputError(f"must be an integer >= 0 (0: keep every round), got {self.keep_rounds!r}",
+                             field="keep_rounds")
         if self.stop_after_s is not None and not self.stop_after_s > 0:
             raise InputError(f"must be > 0, got {self.stop_after_s!r}", field="stop_after_s")
 
@@ -431,7 +435,7 @@ class Service:
         self.store.record_round(policy=self.policy_name, trigger=self._trigger or "timer",
                                 solve_time_s=float(info.get("solve_wall_s", rec.decision_time_s)),
                                 objective=finite(info.get("objective")), gap=finite(info.get("gap")),
-                                decisions=recorded)
+                                decisions=recorded, keep=self.cfg.keep_rounds)
         self.fault("after-round-recorded")
 
     def shutdown(self) -> None:

@@ -196,6 +196,28 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN hold_reason TEXT;
     ALTER TABLE jobs ADD COLUMN priority REAL;
     """,
+    # v7 -> v8: the shadow policy's counts kept as running totals (updated with each round),
+    # so that /metrics and /api/shadow read one row per shadow policy instead of every
+    # round's decisions, and old rounds can be deleted (ServiceConfig.keep_rounds)
+    """
+    CREATE TABLE shadow_totals (
+        policy TEXT PRIMARY KEY,
+        rounds INTEGER NOT NULL,
+        agreeing INTEGER NOT NULL,
+        failed INTEGER NOT NULL,
+        jobs INTEGER NOT NULL,
+        disagreeing INTEGER NOT NULL
+    );
+    INSERT INTO shadow_totals(policy, rounds, agreeing, failed, jobs, disagreeing)
+        SELECT p, COUNT(*), COALESCE(SUM(a), 0), COALESCE(SUM(f), 0), COALESCE(SUM(j), 0), COALESCE(SUM(d), 0)
+        FROM (SELECT json_extract(decisions, '$.shadow.policy') AS p,
+                     json_extract(decisions, '$.shadow.all_agree') AS a,
+                     json_extract(decisions, '$.shadow.error') IS NOT NULL AS f,
+                     CASE WHEN json_extract(decisions, '$.shadow.error') IS NULL
+                          THEN json_extract(decisions, '$.shadow.jobs') ELSE 0 END AS j,
+                     json_extract(decisions, '$.shadow.disagreements') AS d FROM rounds)
+        WHERE p IS NOT NULL GROUP BY p;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -627,18 +649,12 @@ class Store:
         return dict(zip(("decided", "forced", "giving_way", "judged", "paid_back"), map(int, row)))
 
     def shadow_counts(self) -> dict[str, dict[str, int]]:
-        """Per shadow policy, counts over the rounds it was compared in (each only grows):
-        ``rounds``, ``agreeing`` (every job given the same grid), ``failed`` (the shadow
-        raised), ``jobs`` compared (over the rounds it did not fail) and ``disagreeing``
-        jobs (engine/shadow.py)."""
-        rows = self.conn.execute(
-            "SELECT json_extract(decisions, '$.shadow.policy') AS p, COUNT(*), "
-            "COALESCE(SUM(json_extract(decisions, '$.shadow.all_agree')), 0), "
-            "COALESCE(SUM(json_extract(decisions, '$.shadow.error') IS NOT NULL), 0), "
-            "COALESCE(SUM(CASE WHEN json_extract(decisions, '$.shadow.error') IS NULL "
-            "THEN json_extract(decisions, '$.shadow.jobs') ELSE 0 END), 0), "
-            "COALESCE(SUM(json_extract(decisions, '$.shadow.disagreements')), 0) "
-            "FROM rounds WHERE p IS NOT NULL GROUP BY p ORDER BY p").fetchall()
+        """Per shadow policy, counts over the rounds it was compared in (each only grows,
+        also when old rounds are deleted): ``rounds``, ``agreeing`` (every job given the
+        same grid), ``failed`` (the shadow raised), ``jobs`` compared (over the rounds it
+        did not fail) and ``disagreeing`` jobs (engine/shadow.py)."""
+        rows = self.conn.execute("SELECT policy, rounds, agreeing, failed, jobs, disagreeing FROM shadow_totals "
+                                 "ORDER BY policy").fetchall()
         return {str(p): dict(zip(("rounds", "agreeing", "failed", "jobs", "disagreeing"), map(int, rest)))
                 for p, *rest in rows}
 
@@ -724,15 +740,32 @@ class Store:
     # ---- rounds, measurements, checkpoints --------------------------------------------
 
     def record_round(self, *, policy: str, trigger: str, solve_time_s: float, decisions: dict,
-                     objective: float | None = None, gap: float | None = None) -> int:
-        """One scheduling round's decision; returns its index (1, 2, ...)."""
+                     objective: float | None = None, gap: float | None = None, keep: int = 0) -> int:
+        """One scheduling round's decision; returns its index (1, 2, ...). Its shadow
+        comparison, if any, is added to the shadow policy's totals in the same transaction;
+        ``keep`` > 0: rounds older than the last ``keep`` are deleted (0: every round kept)."""
         args = (str(policy), str(trigger), _finite(objective, "objective", optional=True),
                 _finite(gap, "gap", optional=True), _finite(solve_time_s, "solve_time_s"),
                 _dumps(decisions, "decisions"))
+        if not (isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0):
+            raise InputError(f"must be an integer >= 0, got {keep!r}", field="keep_rounds")
         with self._tx() as now:
             cur = self.conn.execute("INSERT INTO rounds(at, policy, trigger, objective, gap, solve_time_s, decisions) "
                                     "VALUES (?, ?, ?, ?, ?, ?, ?)", (now, *args))
-        return int(cur.lastrowid or 0)
+            idx = int(cur.lastrowid or 0)
+            shadow = decisions.get("shadow") if isinstance(decisions, dict) else None
+            if isinstance(shadow, dict) and shadow.get("policy") is not None:
+                failed = shadow.get("error") is not None
+                self.conn.execute(
+                    "INSERT INTO shadow_totals(policy, rounds, agreeing, failed, jobs, disagreeing) "
+                    "VALUES (?, 1, ?, ?, ?, ?) ON CONFLICT(policy) DO UPDATE SET rounds = rounds + 1, "
+                    "agreeing = agreeing + excluded.agreeing, failed = failed + excluded.failed, "
+                    "jobs = jobs + excluded.jobs, disagreeing = disagreeing + excluded.disagreeing",
+                    (str(shadow["policy"]), int(bool(shadow.get("all_agree"))), int(failed),
+                     0 if failed else int(shadow.get("jobs") or 0), int(shadow.get("disagreements") or 0)))
+            if keep:
+                self.conn.execute("DELETE FROM rounds WHERE idx <= ?", (idx - keep,))
+        return idx
 
     def record_measurement(self, job_id: int, generation: int, *, iteration_time_s: float | None = None,
                            reconfig: dict[str, float] | None = None, step: int | None = None) -> None:
