@@ -487,6 +487,12 @@ def test_statuses_of_more_ids_than_sqlite_takes_parameters(store):
     ids = [store.submit(SPEC) for _ in range(1001)]
     got = store.statuses(ids + list(range(5000, 7000)))               # 3,001 ids, 2,000 unknown
     assert got == dict.fromkeys(ids, "queued") and store.statuses([]) == {}
+    store.request_cancel(ids[5])
+    store.set_status(ids[5], "cancelled", "test")
+    assert store.job_ids("queued") == ids[:5] + ids[6:] and store.job_ids("cancelled") == [ids[5]]
+    rows = store.jobs("queued", ids=ids[3:1000] + [99999])             # 997 ids: two statements
+    assert [r.id for r in rows] == ids[3:5] + ids[6:1000] and store.jobs(ids=[ids[5]])[0].status == "cancelled"
+    assert store.jobs("queued", ids=[]) == [] and len(store.jobs()) == 1001
 
 
 def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):

@@ -330,10 +330,18 @@ class Service:
         submissions whose ``after`` jobs have all finished (and jobs queued before a
         restart), and held jobs released since."""
         jobs = self.loop.state.jobs
-        rows = self.store.jobs("queued")
+        rows = self._queued_outside_loop()
         deps = self._dep_statuses(r for r in rows if str(r.id) not in jobs)
         return [r for r in rows
                 if (jobs[str(r.id)].status is JobStatus.HELD if str(r.id) in jobs else self._ready(r, deps))]
+
+    def _queued_outside_loop(self) -> list:
+        """Rows of the jobs queued in the store that the loop has not queued or running (new,
+        waiting for others, or released): the ids are polled, only these rows read whole."""
+        jobs = self.loop.state.jobs
+        ids = [i for i in self.store.job_ids("queued")
+               if str(i) not in jobs or jobs[str(i)].status is JobStatus.HELD]
+        return self.store.jobs("queued", ids=ids) if ids else []
 
     def _dep_statuses(self, rows) -> dict[int, str]:
         """The status of every job that one of ``rows`` runs after, in one query."""
@@ -347,8 +355,7 @@ class Service:
     def _end_orphans(self) -> None:
         """A job waiting for others (``after``) fails when one of them failed or was
         cancelled: it would never start."""
-        rows = [r for r in self.store.jobs("queued")
-                if str(r.id) not in self.loop.state.jobs and r.spec.get("after")]
+        rows = [r for r in self._queued_outside_loop() if str(r.id) not in self.loop.state.jobs and r.spec.get("after")]
         deps = self._dep_statuses(rows)
         for row in rows:
             ended = {int(d): deps[int(d)] for d in row.spec["after"] if deps.get(int(d)) in ("failed", "cancelled")}

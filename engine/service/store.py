@@ -818,11 +818,23 @@ class Store:
             spec["priority"] = prio
         return JobRow(i, n, spec, st, sub, up)
 
-    def jobs(self, status: str | None = None) -> list[JobRow]:
-        q = f"SELECT {self._JOB_COLUMNS} FROM jobs"
-        rows = self.conn.execute(q + (" WHERE status = ? ORDER BY id" if status else " ORDER BY id"),
-                                 (status,) if status else ()).fetchall()
+    def jobs(self, status: str | None = None, ids: Iterable[int] | None = None) -> list[JobRow]:
+        """Jobs by id, all or those in ``status`` (and, given ``ids``, only those)."""
+        q = f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE (? IS NULL OR status = ?)"
+        if ids is None:
+            rows = self.conn.execute(q + " ORDER BY id", (status, status)).fetchall()
+        else:
+            want = sorted({int(i) for i in ids})
+            rows = []
+            for k in range(0, len(want), 900):      # under SQLite's limit on parameters
+                part = want[k:k + 900]
+                rows += self.conn.execute(q + f" AND id IN ({', '.join('?' * len(part))}) ORDER BY id",
+                                          (status, status, *part)).fetchall()
         return [self._job_row(*r) for r in rows]
+
+    def job_ids(self, status: str) -> list[int]:
+        """Ids of the jobs in ``status`` (nothing parsed: cheap to poll)."""
+        return [int(r[0]) for r in self.conn.execute("SELECT id FROM jobs WHERE status = ? ORDER BY id", (status,))]
 
     def job(self, job_id: int) -> JobRow:
         row = self.conn.execute(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
