@@ -213,8 +213,7 @@ def register(subparsers) -> None:
                                           "the same workload under every policy: arena bench policies --cluster "
                                           "FILE --trace TRACE. Reads the database; no service needs to run. The "
                                           "replay's truth is the simulator's oracle, not what the service measured.")
-    x.add_argument("--db", default=".arena/state.db", metavar="PATH",
-                   help="the service's state database (default .arena/state.db)")
+    _db_arg(x)
     x.add_argument("--out", required=True, metavar="TRACE.csv", help="trace file to write")
     x.set_defaults(func=run_export_trace)
 
@@ -225,8 +224,7 @@ def register(subparsers) -> None:
                                           "--db BACKUP (or copy it over the database and remove the database's "
                                           "-wal and -shm files); recovery then reconciles the jobs with what the "
                                           "work folder holds (see docs/service.md).")
-    b.add_argument("--db", default=".arena/state.db", metavar="PATH",
-                   help="the service's state database (default .arena/state.db)")
+    _db_arg(b)
     b.add_argument("--out", required=True, metavar="FILE", help="the copy to write (must not exist)")
     b.add_argument("--json", action="store_true", help="print what was copied as JSON")
     b.set_defaults(func=run_backup)
@@ -245,6 +243,12 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _db_arg(p) -> None:
+    """``--db``, for the commands that read a service's database directly (no service needed)."""
+    p.add_argument("--db", default=".arena/state.db", metavar="PATH",
+                   help="the service's state database (default .arena/state.db)")
 
 
 def _check_writable_file(path: str, flag: str) -> Path:
