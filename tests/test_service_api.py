@@ -213,6 +213,7 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
                         (["--local-slots", "2", "--failure-backoff", "-1"], "--failure-backoff"),
                         (["--local-slots", "2", "--max-failures", "0"], "--max-failures"),
                         (["--local-slots", "2", "--keep-rounds", "-1"], "--keep-rounds"),
+                        (["--local-slots", "2", "--stall-after", "0"], "--stall-after"),
                         (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store")]:
         assert cli_main(base + argv) == 2
         assert f"field '{field}'" in capsys.readouterr().err
@@ -507,3 +508,61 @@ def test_export_trace_names_an_empty_or_missing_database(tmp_path, capsys):
     assert not (tmp_path / "t.csv").exists()
     assert cli_main(["export-trace", "--db", str(tmp_path / "empty.db"), "--out", "/proc/t.csv"]) == 2
     assert "field '--out'" in capsys.readouterr().err     # (as root os.access would have said yes)
+
+
+def test_health_is_503_while_the_scheduler_is_stuck_in_a_round_and_metrics_say_so(tmp_path):
+    """A real service thread whose policy blocks in its first decision (a stand-in for a
+    hung solver): with --stall-after 3 s, health turns 503 naming the round, /metrics
+    reports the phase and the stall, and both recover once the round ends."""
+    import threading
+    import time as _time
+
+    from engine.context import Decisions
+    from engine.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+
+    class Blocking:
+        name = "blocking"
+
+        def __init__(self):
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def decide(self, ctx):
+            self.entered.set()
+            self.release.wait(30)
+            return Decisions({})
+
+    policy = Blocking()
+    svc = Service(CLUSTER, policy, None, ReconfigCostModel(),
+                  ServiceConfig(db_path=str(tmp_path / "s.db"), work_dir=str(tmp_path / "w"), stall_after_s=3,
+                                round_interval_s=3600), log=lambda m: None)
+    client = TestClient(create_app(ApiContext(str(tmp_path / "s.db"), str(tmp_path / "w"), CLUSTER, "blocking",
+                                              liveness=svc.liveness)))
+    stop = threading.Event()
+    thread = threading.Thread(target=svc.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert policy.entered.wait(30)
+        r = client.get("/api/health")
+        assert r.status_code == 200 and r.json()["scheduler"]["phase"] == "round 1" and r.json()["ok"]
+        _time.sleep(3.2)
+        r = client.get("/api/health")
+        assert r.status_code == 503 and r.json()["ok"] is False
+        assert r.json()["error"].startswith("the scheduler has been in 'round 1' for ")
+        m = parse_metrics(client.get("/metrics").text)
+        assert m['arena_scheduler_phase_seconds{phase="round 1"}'] > 3 and m["arena_scheduler_stalled"] == 1
+        policy.release.set()
+        deadline = _time.monotonic() + 30
+        while client.get("/api/health").status_code != 200 and _time.monotonic() < deadline:
+            _time.sleep(0.05)
+        r = client.get("/api/health").json()
+        assert r["ok"] and r["scheduler"]["phase"] == "idle" and r["scheduler"]["stalled"] is False
+        assert parse_metrics(client.get("/metrics").text)["arena_scheduler_stalled"] == 0
+    finally:
+        policy.release.set()
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive() and svc.liveness()["phase"] == "stopped" and not svc.liveness()["stalled"]
+    with pytest.raises(InputError) as e:
+        ServiceConfig(db_path="x", work_dir="y", stall_after_s=0)
+    assert e.value.field == "stall_after_s"

@@ -76,6 +76,9 @@ def register(subparsers) -> None:
                    help="rounds kept in the database, older ones deleted as new ones are recorded (the shadow "
                         "policy's totals and every job's history are kept whole; 0: keep every round; "
                         "default 100000)")
+    s.add_argument("--stall-after", type=float, default=600.0, metavar="S",
+                   help="/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
+                        "been in one round, or without a poll, for this long (default 600)")
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="every launch checkpoints at least this often, in seconds of training (default 60)")
     s.add_argument("--move-path", choices=("d2d", "storage"), default="d2d",
@@ -314,7 +317,8 @@ def build_service_parts(args):
                             checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
                             max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
                             stop_after_s=args.stop_after, move_path=args.move_path,
-                            step_delay_s=args.step_delay, keep_rounds=args.keep_rounds)
+                            step_delay_s=args.step_delay, keep_rounds=args.keep_rounds,
+                            stall_after_s=args.stall_after)
     except InputError as e:                       # the config's field, as the flag that set it
         flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")
         raise InputError(e.reason, field=flag) from None
@@ -341,7 +345,7 @@ def run_serve(args) -> int:
     service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow)
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
                                 shadow_policy=service.shadow_name,
-                                wake=service.wake.set, check=service.check_runnable,
+                                wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
                                 plugins=tuple(p.describe() for p in args.plugins),
                                 local_hosts=None if args.token else LOCAL_HOSTS | {args.host.lower()}))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",

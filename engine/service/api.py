@@ -3,7 +3,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 
 | method | path | what |
 |---|---|---|
-| GET | /api/health | the service is up; policy (and shadow policy), cluster size |
+| GET | /api/health | the service is up; policy (and shadow policy), cluster size, scheduler (503: stalled) |
 | POST | /api/jobs | submit: a JobSpec as JSON, or ``{"toml": "..."}``; 201 with the job's id (a key: below) |
 | GET | /api/jobs | every job (status, plan, GPUs, progress, loss) |
 | GET | /api/jobs/{id} | one job, with its history and loss curve |
@@ -71,6 +71,8 @@ class ApiContext:
     # without a token: the host names the API answers to (a page on another site that
     # resolves its own name to 127.0.0.1 -- DNS rebinding -- is refused); None: any
     local_hosts: frozenset[str] | None = None
+    # the scheduler thread's liveness (Service.liveness): health answers 503 when it stalled
+    liveness: Callable[[], dict] | None = None
     # loss curves read from the run folders, kept between requests (engine/service/losses.py)
     losses: LossLog = field(default_factory=LossLog)
 
@@ -196,9 +198,17 @@ def create_app(ctx: ApiContext):
         return _error(409, str(e))
 
     @app.get("/api/health")
-    def health() -> dict:
-        return {"ok": True, "policy": ctx.policy, "shadow_policy": ctx.shadow_policy, "cluster": ctx.cluster.name,
+    def health() -> Any:
+        body = {"ok": True, "policy": ctx.policy, "shadow_policy": ctx.shadow_policy, "cluster": ctx.cluster.name,
                 "gpus": sum(ctx.cluster.gpus_by_type().values()), "plugins": list(ctx.plugins)}
+        if ctx.liveness is not None:
+            live = ctx.liveness()
+            body["scheduler"] = live
+            if live["stalled"]:                   # a supervisor's liveness probe restarts the service
+                body["ok"] = False
+                body["error"] = f"the scheduler has been in '{live['phase']}' for {live['since_s']:.0f} s"
+                return JSONResponse(body, status_code=503)
+        return body
 
     @app.post("/api/jobs", status_code=201)
     async def submit(request: Request) -> Any:
@@ -323,7 +333,7 @@ def create_app(ctx: ApiContext):
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
         with store() as s:
-            text = metrics_text(s, ctx.cluster, ctx.policy)
+            text = metrics_text(s, ctx.cluster, ctx.policy, None if ctx.liveness is None else ctx.liveness())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     page = resources.files("engine.service").joinpath("page.html").read_text()

@@ -80,9 +80,10 @@ class ServiceConfig:
     stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
     move_path: str = "d2d"                   # "d2d" where the launcher can, else storage; "storage": always
     keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
+    stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
 
     def __post_init__(self):
-        for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s"):
+        for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
@@ -149,12 +150,28 @@ class Service:
         self._last_round = -math.inf
         self._round_index = 0
         self.started_at = time.time()
+        self._beat = time.monotonic()          # the scheduler's last sign of life (liveness())
+        self._phase = "starting"
         self._moves_written = 0                # ledger entries stored so far ...
         self._moves_open: list = []            # ... and those of them still open (rewritten as they change)
 
     # ------------------------------------------------------------------------------
+    def _alive(self, phase: str) -> None:
+        self._beat, self._phase = time.monotonic(), phase
+
+    def liveness(self) -> dict:
+        """What the scheduler thread is doing and for how long (read by the API's health
+        check, from another thread): ``phase`` (starting, recovering, idle, round N,
+        stopping, stopped), ``since_s`` (seconds since it entered that phase or, when idle,
+        since its last poll) and ``stalled`` (longer than ``stall_after_s``, but for
+        stopped)."""
+        since = time.monotonic() - self._beat
+        return {"phase": self._phase, "since_s": since,
+                "stalled": self._phase != "stopped" and since > self.cfg.stall_after_s}
+
     def recover(self) -> None:
         """Take over from a service that stopped (cleanly or not); see the module doc."""
+        self._alive("recovering")
         st = self.store
         n = st.close_open_moves("service restarted")    # their jobs are stopped below and relaunch
         if n:
@@ -242,6 +259,7 @@ class Service:
                  f"rounds every {self.cfg.round_interval_s:g} s and on events; state in {self.cfg.db_path}")
         try:
             while not stop.is_set():
+                self._alive("idle")
                 now = time.time()
                 if self.cfg.stop_after_s is not None and now - self.started_at >= self.cfg.stop_after_s:
                     self.log(f"stop-after {self.cfg.stop_after_s:g} s reached")
@@ -251,7 +269,9 @@ class Service:
                 self.wake.wait(self.cfg.poll_interval_s)
                 self.wake.clear()
         finally:
+            self._alive("stopping")
             self.shutdown()
+            self._alive("stopped")
 
     def _due(self, now: float) -> bool:
         if now - self._last_round < self.cfg.min_round_gap_s:
@@ -279,6 +299,7 @@ class Service:
     def step(self, now: float) -> RoundRecord:
         """One round at ``now`` (wall clock)."""
         loop, st = self.loop, self.loop.state
+        self._alive(f"round {self._round_index + 1}")
         interval = now - self._last_round if math.isfinite(self._last_round) else self.cfg.round_interval_s
         now = max(now, st.now_s)
         ended = loop.collect(now, max(interval, 1e-6))

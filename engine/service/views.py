@@ -164,7 +164,7 @@ def cluster_view(store: Store, cluster: ClusterSpec) -> dict:
     return {"name": cluster.name, "nodes": nodes, "gpus_by_type": cluster.gpus_by_type()}
 
 
-def metrics_text(store: Store, cluster: ClusterSpec, policy: str) -> str:
+def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict | None = None) -> str:
     """The service's state in Prometheus' text exposition format (version 0.0.4): what an
     operator's monitoring scrapes and alerts on (a service whose rounds stopped, jobs
     failing, nodes drained)."""
@@ -223,6 +223,11 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str) -> str:
                [({}, last[0].at)])
         metric("arena_last_round_solve_seconds", "gauge", "The last round's decision time.",
                [({}, last[0].solve_time_s)])
+    if liveness is not None:
+        metric("arena_scheduler_phase_seconds", "gauge", "Seconds the scheduler thread has been in its phase "
+               "(idle: since its last poll).", [({"phase": liveness["phase"]}, liveness["since_s"])])
+        metric("arena_scheduler_stalled", "gauge", "1 when that is longer than --stall-after.",
+               [({}, int(liveness["stalled"]))])
     return "\n".join(lines) + "\n"
 
 
