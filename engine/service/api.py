@@ -206,7 +206,7 @@ def create_app(ctx: ApiContext):
             body["scheduler"] = live
             if live["stalled"]:                   # a supervisor's liveness probe restarts the service
                 body["ok"] = False
-                body["error"] = f"the scheduler has been in '{live['phase']}' for {live['since_s']:.0f} s"
+                body["error"] = f"no sign of life from the scheduler for {live['since_s']:.0f} s (in '{live['phase']}')"
                 return JSONResponse(body, status_code=503)
         return body
 

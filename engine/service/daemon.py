@@ -140,7 +140,7 @@ class Service:
             poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
             move_path=cfg.move_path,
             node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
-        self.executor = JournaledExecutor(self.mpi, self.store, self.fault)
+        self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
@@ -158,6 +158,11 @@ class Service:
     # ------------------------------------------------------------------------------
     def _alive(self, phase: str) -> None:
         self._beat, self._phase = time.monotonic(), phase
+
+    def _renew(self) -> None:
+        """A sign of life inside a phase: each job's launch, stop or move (a round or a
+        shutdown that stops many jobs, each within stop_timeout_s, is not a stall)."""
+        self._beat = time.monotonic()
 
     def liveness(self) -> dict:
         """What the scheduler thread is doing and for how long (read by the API's health
@@ -181,11 +186,13 @@ class Service:
             if row.status in TERMINAL or not launches or launches[-1].state == "started":
                 continue                      # (a started launch is stopped below)
             ran = [lch for lch in launches if (lch.pid_info or {}).get("run_dir")]
+            self._alive("recovering")             # each job's stop takes up to stop_timeout_s
             if ran and live_rank_pids(ran[-1].pid_info["run_dir"]):
                 clean = stop_detached(ran[-1].pid_info["run_dir"], None, self.cfg.stop_timeout_s)
                 self.log(f"job {row.id}: ranks of launch {ran[-1].generation} were still training (a move "
                          f"the restart interrupted); {'asked to checkpoint and stopped' if clean else 'killed'}")
         for launch in st.running_launches():
+            self._alive("recovering")
             jid, gen = launch.job_id, launch.generation
             info = launch.pid_info or {}
             run_dir = info.get("run_dir") or str(Path(self.cfg.work_dir) / str(jid) / f"launch_{gen}")

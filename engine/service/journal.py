@@ -59,9 +59,11 @@ def plan_record(alloc: Allocation, plan: Plan | None) -> dict:
 
 
 class JournaledExecutor:
-    def __init__(self, mpi: MpiExecutor, store: Store, fault: Fault | None = None):
+    def __init__(self, mpi: MpiExecutor, store: Store, fault: Fault | None = None,
+                 beat: Callable[[], None] | None = None):
         self.mpi, self.store = mpi, store
         self.fault = fault or (lambda point: None)
+        self.beat = beat or (lambda: None)            # each effect is a sign of life (Service.liveness)
         self.generation: dict[str, int] = {}          # job -> its current launch's generation
         self._refused: list[JobProgress] = []         # launches refused before starting
         self._infeasible: set[tuple[str, Shape]] = set()
@@ -72,6 +74,7 @@ class JournaledExecutor:
 
     # -- effects -------------------------------------------------------------------
     def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
+        self.beat()
         self._start(job.job_id, alloc, plan, now_s,
                     lambda gen: self.mpi.launch(job, alloc, plan, now_s, launch_index=gen))
 
@@ -106,6 +109,7 @@ class JournaledExecutor:
     def stop(self, job_id: str, now_s: float, reason: str | None = None) -> None:
         """``reason``: for the job's history; else the one the service left in
         ``stop_reasons`` for this job (e.g. its node was drained), else "preempted"."""
+        self.beat()
         self.mpi.stop(job_id, now_s)
         self._journal_stop(job_id, reason or self.stop_reasons.pop(job_id, "preempted"))
 
@@ -130,6 +134,7 @@ class JournaledExecutor:
         device: the launch ends in the store (its GPUs are free for other movers) while
         its ranks keep training; a crash before ``reconfigure`` leaves a queued job whose
         ranks the restart asks to checkpoint and stop."""
+        self.beat()
         self.mpi.release(job_id, now_s)
         d2d = self.mpi.released_path(job_id) == "d2d"
         self._journal_stop(job_id, "moving (device to device)" if d2d else "moving", in_place=d2d)
@@ -139,6 +144,7 @@ class JournaledExecutor:
         """Second half of a move, journaled like a launch: device to device in the same run
         folder where the launcher can (else, or when that fails, a relaunch from the
         checkpoint in ``launch_<generation>``)."""
+        self.beat()
         if self.mpi.released_path(job_id) is None:
             self.release(job_id, now_s)
         self._start(job_id, alloc, plan, now_s,
