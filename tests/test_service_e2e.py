@@ -165,6 +165,9 @@ def check_shadow(url: str, tmp: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=True).stdout
     assert f"shadow policy sia-ap: asked in {len(comps)} rounds (0 failed)" in text, text
     print("\n" + text.splitlines()[-1], file=sys.stderr)
+    from engine.service.client import Client
+    live = Client(url).get("/api/health")["scheduler"]          # `arena serve` hands its liveness to the API
+    assert not live["stalled"] and (live["phase"] == "idle" or live["phase"].startswith("round ")), live
 
 
 def check_page(url: str, shown: dict, tmp_path: Path) -> None:
