@@ -40,6 +40,7 @@ from ..executor import ExecutorTotals, JobProgress
 from .store import StateConflict, Store
 
 Fault = Callable[[str], None]            # test hook: called at named points (see daemon.FaultPoints)
+MEASURE_EVERY_S = 60.0                   # a running job's iteration time is stored at most this often
 
 
 def gpu_names(alloc: Allocation) -> list[str]:
@@ -167,7 +168,7 @@ class JournaledExecutor:
         self._record_checkpoint(job_id, p)
         self._record_moves(job_id)
         it = p.measured_iteration_time_s
-        if it is not None and p.running and time.monotonic() - self._measured_at.get(job_id, -1e9) >= 5.0:
+        if it is not None and p.running and time.monotonic() - self._measured_at.get(job_id, -1e9) >= MEASURE_EVERY_S:
             self._measured_at[job_id] = time.monotonic()
             self.store.record_measurement(int(job_id), self.generation[job_id], iteration_time_s=float(it),
                                           step=int(p.iterations_done))
