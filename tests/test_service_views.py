@@ -144,18 +144,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_page_says_how_many_ended_jobs_it_leaves_out(tmp_path):
+def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
     """A real browser on the API (no scheduler): 53 ended jobs and one queued; the page
-    lists the queued one and the last 50 to end, and says so."""
+    lists the queued one and the last 50 to end, and says so. Clicking a job's row shows
+    its history, its loss curve and its latest launch's output, and the address names the
+    job, so that the same view opens from a link."""
     import uvicorn
     db, work = tmp_path / "state.db", tmp_path / "work"
-    finished_jobs(db, work, 53, steps=5)
+    done = finished_jobs(db, work, 53, steps=5)
+    (work / str(done[-1]) / "launch_1" / "stderr.log").write_text("rank 0: step 5 <done>\n")
+    (work / str(done[-1]) / "launch_1" / "stdout.log").write_text("")
     with Store(db) as st:
         queued = st.submit(JobSpec.from_dict({"name": "q", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 5}))
     port = free_port()
     app = create_app(ApiContext(str(db), str(work), CLUSTER, "arena", local_hosts=frozenset({"127.0.0.1"})))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           limit_max_requests=200, timeout_graceful_shutdown=2))
+                                           limit_max_requests=400, timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -169,6 +173,24 @@ def test_the_page_says_how_many_ended_jobs_it_leaves_out(tmp_path):
             assert page.locator("#jobs tbody tr[data-job='3']").count() == 0          # among the first to end
             assert page.locator("#ended").inner_text() == \
                 "ended jobs: the last 50 of 53 to end are listed (every job: /api/jobs, arena jobs)"
+            assert page.locator("#job-detail").is_hidden()
+            page.locator(f"#jobs tbody tr[data-job='{done[-1]}']").click()
+            page.wait_for_selector(f"#job-detail[data-job='{done[-1]}']", state="visible", timeout=30_000)
+            assert page.locator("#job-title").inner_text() == f"job {done[-1]}: done (finished)"
+            assert page.locator("#job-stderr").inner_text().strip() == "rank 0: step 5 <done>"   # text, not markup
+            assert page.locator("#job-stdout").inner_text() == "(empty)"
+            assert page.locator("#job-history tbody tr").count() == 3                      # queued, running, finished
+            assert page.locator("#job-curve svg").get_attribute("data-points") == "5"
+            assert page.locator("#job-curve .muted").inner_text() == \
+                "loss 2.8000 at step 1 → 2.0000 at step 5 (5 points shown)"
+            assert page.evaluate("location.hash") == f"#job={done[-1]}"
+            assert page.locator("#jobs tbody tr.selected").get_attribute("data-job") == str(done[-1])
+            page.goto(f"http://127.0.0.1:{port}/#job={queued}")                              # a link to a job
+            page.reload()
+            page.wait_for_selector(f"#job-detail[data-job='{queued}']", state="visible", timeout=30_000)
+            assert "(queued)" in page.locator("#job-title").inner_text()
+            assert page.locator("#job-curve").inner_text() == "no loss recorded yet"
+            assert page.locator("#job-stderr").inner_text() == "(empty)"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
