@@ -78,7 +78,8 @@ def register(subparsers) -> None:
                         "default 100000)")
     s.add_argument("--stall-after", type=float, default=600.0, metavar="S",
                    help="/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
-                        "been in one round, or without a poll, for this long (default 600)")
+                        "shown no sign of life (a poll, a round begun, a job launched, stopped, moved or "
+                        "recovered) for this long (default 600)")
     s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
                    help="every launch checkpoints at least this often, in seconds of training (default 60)")
     s.add_argument("--move-path", choices=("d2d", "storage"), default="d2d",
