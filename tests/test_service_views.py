@@ -135,6 +135,10 @@ def test_state_lists_the_jobs_not_ended_and_the_last_to_end(tmp_path):
         assert r.status_code == 422 and r.json()["field"] == "ended"
     jobs = client.get("/api/jobs").json()
     assert [j["id"] for j in jobs] == done + [waiting] and all(j["loss_curve"] == [] for j in jobs)
+    assert [j["id"] for j in client.get("/api/jobs", params={"status": "queued"}).json()] == [waiting]
+    assert client.get("/api/jobs", params={"status": "held"}).json() == []
+    r = client.get("/api/jobs", params={"status": "done"})
+    assert r.status_code == 422 and r.json()["field"] == "status" and "known: queued, running" in r.json()["error"]
     assert jobs[0]["loss"] == 2.0 and client.get(f"/api/jobs/{done[0]}").json()["loss_curve"] == full
 
 

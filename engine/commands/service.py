@@ -233,7 +233,10 @@ def register(subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print what was copied as JSON")
     b.set_defaults(func=run_backup)
 
-    j = subparsers.add_parser("jobs", help="every job of the service", description="Every job of the service.")
+    from ..service.store import JOB_STATUSES
+    j = subparsers.add_parser("jobs", help="every job of the service (or those in one status)",
+                              description="Every job of the service, or those in one status.")
+    j.add_argument("--status", choices=JOB_STATUSES, default=None, help="only the jobs in this status")
     j.add_argument("--json", action="store_true", help="print JSON")
     _client_args(j)
     j.set_defaults(func=run_jobs)
@@ -670,6 +673,6 @@ def run_backup(args) -> int:
 
 
 def run_jobs(args) -> int:
-    jobs = _client(args).get("/api/jobs")
+    jobs = _client(args).get("/api/jobs" + (f"?status={args.status}" if args.status else ""))
     print(dumps(jobs, indent=1) if args.json else _table(jobs))
     return 0
