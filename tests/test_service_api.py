@@ -217,6 +217,7 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
                         (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store")]:
         assert cli_main(base + argv) == 2
         assert f"field '{field}'" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "s.db").exists()   # refused before making anything
     (tmp_path / "dir.db").mkdir()
     assert cli_main(["serve", "--local-slots", "2", "--db", str(tmp_path / "dir.db")]) == 2
     assert "is a folder" in capsys.readouterr().err

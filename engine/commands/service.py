@@ -311,13 +311,10 @@ def build_service_parts(args):
         reconfig = ReconfigCostModel.from_options(reconfig_opts)
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
-    db = _check_writable_file(args.db, "--db")
     work = Path(args.work_dir)
-    if work.exists() and not work.is_dir():
-        raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        cfg = ServiceConfig(db_path=str(db), work_dir=str(work.resolve()), round_interval_s=args.round_interval,
+    try:                                          # every option checked before a file or folder is made
+        cfg = ServiceConfig(db_path=str(Path(args.db)), work_dir=str(work.resolve()),
+                            round_interval_s=args.round_interval,
                             checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
                             max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
                             stop_after_s=args.stop_after, move_path=args.move_path,
@@ -326,6 +323,10 @@ def build_service_parts(args):
     except InputError as e:                       # the config's field, as the flag that set it
         flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")
         raise InputError(e.reason, field=flag) from None
+    _check_writable_file(args.db, "--db")
+    if work.exists() and not work.is_dir():
+        raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
+    work.mkdir(parents=True, exist_ok=True)
     with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will
         try:
