@@ -149,8 +149,9 @@ def free_port() -> int:
 
 
 def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
-    """A real browser on the API (no scheduler): 53 ended jobs and one queued; the page
-    lists the queued one and the last 50 to end, and says so. Clicking a job's row shows
+    """A real browser on the API (no scheduler; its liveness given as a dict the test
+    changes): 53 ended jobs and one queued; the page lists the queued one and the last
+    50 to end, and says so; it shows the scheduler's phase, in red once stalled. Clicking a job's row shows
     its history, its loss curve and its latest launch's output, and the address names the
     job, so that the same view opens from a link."""
     import uvicorn
@@ -161,7 +162,9 @@ def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
     with Store(db) as st:
         queued = st.submit(JobSpec.from_dict({"name": "q", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 5}))
     port = free_port()
-    app = create_app(ApiContext(str(db), str(work), CLUSTER, "arena", local_hosts=frozenset({"127.0.0.1"})))
+    live = {"phase": "round 7", "since_s": 12.0, "stalled": False}
+    app = create_app(ApiContext(str(db), str(work), CLUSTER, "arena", local_hosts=frozenset({"127.0.0.1"}),
+                                liveness=lambda: dict(live)))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            limit_max_requests=400, timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -177,6 +180,10 @@ def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
             assert page.locator("#jobs tbody tr[data-job='3']").count() == 0          # among the first to end
             assert page.locator("#ended").inner_text() == \
                 "ended jobs: the last 50 of 53 to end are listed (every job: /api/jobs, arena jobs)"
+            assert page.locator("#scheduler").inner_text() == "scheduler: round 7, last sign of life 12 s ago"
+            live.update(since_s=700.0, stalled=True)                          # the next poll shows the stall
+            page.wait_for_selector("#scheduler.stalled", timeout=10_000)
+            assert page.locator("#scheduler").inner_text().endswith("700 s ago — stalled (health answers 503)")
             assert page.locator("#job-detail").is_hidden()
             page.locator(f"#jobs tbody tr[data-job='{done[-1]}']").click()
             page.wait_for_selector(f"#job-detail[data-job='{done[-1]}']", state="visible", timeout=30_000)

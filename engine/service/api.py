@@ -330,7 +330,8 @@ def create_app(ctx: ApiContext):
             return _error(422, f"must be in 0..{MAX_ENDED}, got {ended}", field="ended")
         with store() as s:
             return {**state_view(s, ctx.work_dir, ctx.cluster, losses=ctx.losses, ended=ended), "policy": ctx.policy,
-                    "shadow_policy": ctx.shadow_policy}
+                    "shadow_policy": ctx.shadow_policy,
+                    "scheduler": None if ctx.liveness is None else ctx.liveness()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
