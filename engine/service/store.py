@@ -319,6 +319,15 @@ def _statements(script: str) -> list[str]:
     return out
 
 
+def _id_chunks(ids: Iterable[int], size: int = 900) -> Iterator[tuple[list[int], str]]:
+    """Distinct ids in ascending order, in parts under SQLite's limit on a statement's
+    parameters (999 before 3.32), each with its ``?, ?, ...`` placeholders."""
+    want = sorted({int(i) for i in ids})
+    for k in range(0, len(want), size):
+        part = want[k:k + size]
+        yield part, ", ".join("?" * len(part))
+
+
 def _dumps(value, field: str) -> str:
     try:
         return json.dumps(value, allow_nan=False, sort_keys=True)
@@ -564,12 +573,10 @@ class Store:
 
     def statuses(self, job_ids) -> dict[int, str]:
         """The status of each of ``job_ids`` that exists."""
-        ids = sorted({int(i) for i in job_ids})
         out: dict[int, str] = {}
-        for k in range(0, len(ids), 900):          # under SQLite's limit on parameters (999 before 3.32)
-            part = ids[k:k + 900]
-            q = f"SELECT id, status FROM jobs WHERE id IN ({', '.join('?' * len(part))})"
-            out.update((int(i), str(st)) for i, st in self.conn.execute(q, part))
+        for part, marks in _id_chunks(job_ids):
+            out.update((int(i), str(st)) for i, st in self.conn.execute(
+                f"SELECT id, status FROM jobs WHERE id IN ({marks})", part))
         return out
 
     def priorities_set(self) -> dict[int, float]:
@@ -824,12 +831,9 @@ class Store:
         if ids is None:
             rows = self.conn.execute(q + " ORDER BY id", (status, status)).fetchall()
         else:
-            want = sorted({int(i) for i in ids})
             rows = []
-            for k in range(0, len(want), 900):      # under SQLite's limit on parameters
-                part = want[k:k + 900]
-                rows += self.conn.execute(q + f" AND id IN ({', '.join('?' * len(part))}) ORDER BY id",
-                                          (status, status, *part)).fetchall()
+            for part, marks in _id_chunks(ids):
+                rows += self.conn.execute(q + f" AND id IN ({marks}) ORDER BY id", (status, status, *part)).fetchall()
         return [self._job_row(*r) for r in rows]
 
     def job_ids(self, status: str) -> list[int]:

@@ -90,11 +90,10 @@ class Pending:
         return {i: self.status[i] if i in self.status else found[i] for i in ids if i in self.status or i in found}
 
 
-def job_view(store: Store, work_dir: str, job_id: int, *, curve: bool = True, losses: LossLog | None = None,
+def job_view(store: Store, work_dir: str, job_id: int, *, losses: LossLog | None = None,
              curve_points: int = LOSS_POINTS) -> dict:
     row = store.job(job_id)
-    return _job_view(store, work_dir, row, Pending.read(store, [row]), losses or LossLog(),
-                     curve_points if curve else 0)
+    return _job_view(store, work_dir, row, Pending.read(store, [row]), losses or LossLog(), curve_points)
 
 
 def jobs_view(store: Store, work_dir: str, rows: list[JobRow], *, losses: LossLog | None = None,
