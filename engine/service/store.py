@@ -836,6 +836,17 @@ class Store:
                 rows += self.conn.execute(q + f" AND id IN ({marks}) ORDER BY id", (status, status, *part)).fetchall()
         return [self._job_row(*r) for r in rows]
 
+    def page_jobs(self, ended: int) -> tuple[list[JobRow], int]:
+        """Every job that has not ended and the ``ended`` that ended last (by the time of
+        their last change), by id; and how many have ended in all. Only those rows are read."""
+        done = "(" + ", ".join(f"'{st}'" for st in sorted(TERMINAL)) + ")"
+        q = (f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE status NOT IN {done} UNION ALL SELECT * FROM "
+             f"(SELECT {self._JOB_COLUMNS} FROM jobs WHERE status IN {done} ORDER BY updated_at DESC, id DESC "
+             "LIMIT ?) ORDER BY id")
+        rows = [self._job_row(*r) for r in self.conn.execute(q, (max(0, int(ended)),))]
+        total = self.conn.execute(f"SELECT COUNT(*) FROM jobs WHERE status IN {done}")
+        return rows, int(total.fetchone()[0])
+
     def job_ids(self, status: str) -> list[int]:
         """Ids of the jobs in ``status`` (nothing parsed: cheap to poll)."""
         return [int(r[0]) for r in self.conn.execute("SELECT id FROM jobs WHERE status = ? ORDER BY id", (status,))]

@@ -244,14 +244,11 @@ def state_view(store: Store, work_dir: str, cluster: ClusterSpec, *, losses: Los
                ended: int = STATE_ENDED_JOBS) -> dict:
     """What the page shows: the cluster, every job that has not ended and the ``ended``
     that ended last (``ended_total`` counts them all), the queue and the last rounds."""
-    rows = store.jobs()
-    done = sorted((r for r in rows if r.status in TERMINAL), key=lambda r: (r.updated_at, r.id))
-    shown = {r.id for r in done[len(done) - ended:]} if ended > 0 else set()
-    rows = [r for r in rows if r.status not in TERMINAL or r.id in shown]
+    rows, ended_total = store.page_jobs(ended)
     jobs = jobs_view(store, work_dir, rows, losses=losses, curve_points=STATE_CURVE_POINTS)
     return {"cluster": cluster_view(store, cluster), "jobs": jobs,
             "queue": [j["id"] for j in jobs if j["status"] == "queued"],
-            "ended_total": len(done), "ended_shown": len(shown),
+            "ended_total": ended_total, "ended_shown": sum(1 for r in rows if r.status in TERMINAL),
             "rounds": rounds_view(store, 10)}
 
 
