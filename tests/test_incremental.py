@@ -5,6 +5,7 @@ its CLI."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,14 @@ from hypothesis import strategies as st
 from engine.cli import main
 from engine.formulation import build_model, synthetic_round_data, tiny_round_data
 from engine.formulation.synthetic import local_columns
-from engine.incremental import IncrementalConfig, SearchSteps, candidate_columns, search_round
+from engine.incremental import (
+    OTHER_TYPE_CHOICES,
+    QUEUED_CHOICES,
+    IncrementalConfig,
+    SearchSteps,
+    candidate_columns,
+    search_round,
+)
 from engine.incremental.yardstick import summarize, yardstick
 from engine.objectives import parse_objective
 from engine.policy import make_policy
@@ -140,6 +148,105 @@ def test_restricted_model_is_the_full_model_restricted():
     assert np.allclose(part.c[: part.n_x], full.c[cols]) and part.offset == full.offset
     assert (abs(part.A - full.A[:, cols]) > 1e-12).nnz == 0
     assert np.array_equal(part.row_ub, full.row_ub)
+
+
+def _plain_candidates(data, queued, other_type):
+    """The candidate rule written with numpy over every column (the compiled pass in
+    candidate_columns must give exactly these)."""
+    k = np.arange(data.n_cols)
+    cur = data.current_col[data.col_job]
+    running = cur >= 0
+    safe = np.where(running, cur, 0)
+    g, t = data.col_gpus, data.col_type
+    same_type = t == t[safe]
+    compact = data.col_gpn == np.minimum(g, np.asarray(data.capacity.max_gpus_per_node)[t])
+    neighbour = (k == cur) | (same_type & ((g == 2 * g[safe]) | (2 * g == g[safe]) | (g == g[safe]))) \
+        | (~same_type & ((g == g[safe]) | (other_type == "any")) & compact)
+    if queued == "all":
+        queued_ok = np.ones(data.n_cols, dtype=bool)
+    else:
+        min_g = np.full(data.n_jobs, np.iinfo(np.int64).max)
+        np.minimum.at(min_g, data.col_job, g)
+        ref_g = np.where(data.requested_gpus > 0, np.maximum(data.requested_gpus, min_g), min_g)
+        queued_ok = g <= ref_g[data.col_job]
+    return np.flatnonzero(np.where(running, neighbour, queued_ok))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpus=st.sampled_from([16, 64, 256]), jobs=st.integers(0, 60), seed=st.integers(0, 10_000),
+       running=st.floats(0.0, 1.0), queued=st.sampled_from(QUEUED_CHOICES),
+       other_type=st.sampled_from(OTHER_TYPE_CHOICES))
+def test_compiled_candidates_equal_the_plain_rule(gpus, jobs, seed, running, queued, other_type):
+    data = synthetic_round_data(gpus, jobs, seed, running_fraction=running)
+    assert candidate_columns(data, queued, other_type).tolist() == _plain_candidates(data, queued, other_type).tolist()
+
+
+def _varied(data, seed):
+    """The round with random per-job fields that terms read (deadlines, priorities,
+    tenants, attained service, queueing, resume costs)."""
+    rng = np.random.default_rng(seed)
+    n = data.n_jobs
+    return replace(data, deadline_s=np.where(rng.random(n) < 0.5, data.now_s + rng.uniform(1e2, 1e6, n), np.inf),
+                   priority=rng.choice([0.5, 1.0, 2.0], n), tenants=tuple(rng.choice(["a", "b"], n).tolist()),
+                   attained_gpu_s=rng.uniform(0, 1e6, n), queued_s=rng.uniform(0, 1e5, n),
+                   resume_s=np.where(data.current_col >= 0, rng.uniform(0, 300, n), 0.0))
+
+
+COLUMNWISE = [{}, {"w_las": 1.0}, {"w_deadline": 2.0}, {"w_quota": 1.0, "quota.quotas": "a=24,b=40"},
+              {"w_makespan": 1.0, "makespan.basis": "reference"}, {"queue.aging_s": 600.0},
+              {"reconfig.per_move": 0.25, "reconfig.horizon_rounds": 4.0}, {"w_jct": 0.0}]
+NOT_COLUMNWISE = [{"w_makespan": 1.0}, {"throughput.reference": "smallest"}, {"w_fairness": 1.0},
+                  {"w_deadline": 1.0, "deadline.mode": "constraint"}]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpus=st.sampled_from([16, 64]), jobs=st.integers(1, 30), seed=st.integers(0, 10_000),
+       running=st.floats(0.0, 1.0), cfg=st.sampled_from(COLUMNWISE), queued=st.sampled_from(QUEUED_CHOICES))
+def test_columnwise_objectives_build_the_restricted_model_from_the_candidates_alone(gpus, jobs, seed, running,
+                                                                                   cfg, queued):
+    data = _varied(synthetic_round_data(gpus, jobs, seed, running_fraction=running), seed)
+    obj = parse_objective(cfg, ARENA)
+    assert obj.columnwise
+    cols = candidate_columns(data, queued)
+    part, alone = build_model(data, obj, columns=cols), build_model(data.restricted(cols), obj)
+    assert np.array_equal(part.c, alone.c) and part.offset == alone.offset
+    assert part.A.shape == alone.A.shape and (abs(part.A - alone.A) > 0).nnz == 0
+    assert np.array_equal(part.row_lb, alone.row_lb) and np.array_equal(part.row_ub, alone.row_ub)
+    assert list(part.row_names) == list(alone.row_names) and np.array_equal(part.col_job, alone.col_job)
+
+
+def test_terms_that_read_a_jobs_other_columns_are_not_columnwise():
+    """Each of these gives another model when built from a subset of columns, so the
+    flag is what keeps search_round on the build-over-all path for them."""
+    data = _varied(synthetic_round_data(64, 30, 3, running_fraction=0.5), 3)
+    # deadlines only a job's fastest column meets: a queued job's is often not a small one
+    need = data.remaining_iterations[data.col_job] / data.col_rate_iters_per_s()
+    fastest = np.full(data.n_jobs, np.inf)
+    np.minimum.at(fastest, data.col_job, need)
+    data = replace(data, deadline_s=data.now_s + fastest * 1.0001)
+    cols = candidate_columns(data, "small")
+    for cfg in NOT_COLUMNWISE:
+        obj = parse_objective(cfg, ARENA)
+        assert not obj.columnwise, cfg
+        part, alone = build_model(data, obj, columns=cols), build_model(data.restricted(cols), obj)
+        same = part.A.shape == alone.A.shape and np.array_equal(part.c, alone.c) \
+            and (abs(part.A - alone.A) > 0).nnz == 0 and np.array_equal(part.row_lb, alone.row_lb)
+        assert not same, cfg
+
+
+def test_restricted_round_keeps_every_job_and_refuses_to_drop_a_current_column():
+    data = synthetic_round_data(64, 20, 1, running_fraction=0.5)
+    cols = candidate_columns(data, "small")
+    r = data.restricted(cols)
+    assert r.n_jobs == data.n_jobs and r.n_cols == len(cols)
+    run = data.current_col >= 0
+    assert np.array_equal(cols[r.current_col[run]], data.current_col[run]) and np.all(r.current_col[~run] == -1)
+    assert np.array_equal(r.speedup, data.speedup[cols])
+    running_col = int(data.current_col[np.flatnonzero(run)[0]])
+    with pytest.raises(ValueError, match="current column"):
+        data.restricted(cols[cols != running_col])
+    with pytest.raises(ValueError, match="sorted"):
+        data.restricted(cols[::-1])
 
 
 def test_candidates_of_a_running_job_are_its_neighbours():

@@ -12,8 +12,9 @@ floor(GPUs / l)). See ``build.py`` for how the node-shape rows use it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from operator import itemgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -134,6 +135,33 @@ class RoundData:
     def remaining_time_ref_s(self) -> np.ndarray:
         """Per job: time to finish at the reference throughput."""
         return _frozen(self.remaining_iterations * self.global_batch / self.ref_throughput)
+
+    def restricted(self, columns: np.ndarray) -> RoundData:
+        """The same round with only ``columns`` (sorted, distinct column indices): every
+        job kept, the per-column arrays cut to those columns, ``current_col`` renumbered.
+        Every running job's current column must be among them. A columnwise objective
+        (``engine/objectives/base.py``) applied to it gives the full model restricted to
+        those columns."""
+        cols = np.asarray(columns, dtype=np.int64)
+        if len(cols) and (np.any(np.diff(cols) <= 0) or cols[0] < 0 or cols[-1] >= self.n_cols):
+            raise ValueError("restricted: columns must be sorted, distinct column indices")
+        cur = self.current_col
+        run = cur >= 0
+        pos = np.minimum(np.searchsorted(cols, np.maximum(cur, 0)), max(len(cols) - 1, 0))
+        if run.any() and (not len(cols) or np.any(cols[pos[run]] != cur[run])):
+            raise ValueError("restricted: a running job's current column is not among the columns")
+        pick = itemgetter(*cols.tolist()) if len(cols) > 1 and (self.grids or self.plans) else None
+
+        def cut(t: tuple) -> tuple:
+            if not t or not len(cols):
+                return ()
+            return pick(t) if pick is not None else (t[int(cols[0])],)
+
+        return replace(self, current_col=np.where(run, pos, -1), col_job=self.col_job[cols],
+                       col_type=self.col_type[cols], col_nodes=self.col_nodes[cols], col_gpn=self.col_gpn[cols],
+                       col_pp=self.col_pp[cols], col_throughput=self.col_throughput[cols],
+                       col_reconfig_s=self.col_reconfig_s[cols],
+                       grids=cut(self.grids), plans=cut(self.plans))
 
     def col_rate_iters_per_s(self) -> np.ndarray:
         return self.col_throughput / self.global_batch[self.col_job]

@@ -33,22 +33,17 @@ def candidate_columns(data: RoundData, queued: str = "all", other_type: str = "s
         raise ValueError(f"other_type must be one of {OTHER_TYPE_CHOICES}, got {other_type!r}")
     if data.n_cols == 0:
         return np.zeros(0, dtype=np.int64)
-    k = np.arange(data.n_cols)
-    cur = data.current_col[data.col_job]              # per column: its job's current column
-    running = cur >= 0
-    safe = np.where(running, cur, 0)
     g = data.col_gpus
-    t = data.col_type
-    cur_g, cur_t = g[safe], t[safe]
-    same_type = t == cur_t
-    compact = data.col_gpn == np.minimum(g, np.asarray(data.capacity.max_gpus_per_node)[t])
-    neighbour = (k == cur) | (same_type & ((g == 2 * cur_g) | (2 * g == cur_g) | (g == cur_g))) \
-        | (~same_type & ((g == cur_g) | (other_type == "any")) & compact)
     if queued == "all":
-        queued_ok = np.ones(data.n_cols, dtype=bool)
+        ref_g = np.zeros(0, dtype=np.int64)
     else:
         min_g = np.full(data.n_jobs, np.iinfo(np.int64).max)
         np.minimum.at(min_g, data.col_job, g)
-        ref_g = np.where(data.requested_gpus > 0, np.maximum(data.requested_gpus, min_g), min_g)
-        queued_ok = g <= ref_g[data.col_job]
-    return np.flatnonzero(np.where(running, neighbour, queued_ok))
+        ref_g = np.where(data.requested_gpus > 0, np.maximum(data.requested_gpus, min_g), min_g).astype(np.int64)
+    from .kernel import neighbour_columns  # compiled: one pass over the round's columns
+    out = np.empty(data.n_cols, dtype=np.int64)
+    i64 = (np.asarray(a, dtype=np.int64) for a in (data.col_job, data.current_col, g, data.col_type, data.col_gpn,
+                                                    data.capacity.max_gpus_per_node))
+    n = neighbour_columns(*i64,
+                          other_type == "any", queued == "all", ref_g, out)
+    return out[:n].copy()

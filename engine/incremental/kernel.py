@@ -1,6 +1,7 @@
-"""The incremental search's expand and balance steps, compiled (numba): sequential loops
-over moves, each a few array reads (engine/incremental/search.py holds the data layout
-and the module doc that describes the steps).
+"""The incremental search's compiled loops (numba): the candidate columns (the rule is
+candidates.py's), and the expand and balance steps: sequential loops over moves, each a
+few array reads (engine/incremental/search.py holds the data layout and the module doc
+that describes the steps).
 
 Conventions: columns 0..n_x-1 of the restricted model, grouped by job (job j owns
 ``lo[j]:hi[j]``); index ``n_x`` is "no column" (value 0, no GPUs, type -1, no row
@@ -17,6 +18,32 @@ EPS = 1e-9                     # tolerance of every row check (search.py's start
 
 MAX_DONORS_EXAMINED = 32       # per receiver in balance
 BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange
+
+
+@njit(cache=True)
+def neighbour_columns(col_job, current_col, col_gpus, col_type, col_gpn, max_gpn, any_type, queued_all, ref_g,
+                      out):
+    """The candidate columns (candidates.py's rule) into ``out``, in column order; returns
+    how many. ``ref_g``: per job, the GPU count a queued job's columns may reach (read only
+    when not ``queued_all``)."""
+    n = 0
+    for k in range(col_job.shape[0]):
+        j = col_job[k]
+        cur = current_col[j]
+        g = col_gpus[k]
+        if cur < 0:
+            ok = queued_all or g <= ref_g[j]
+        elif k == cur:
+            ok = True
+        elif col_type[k] == col_type[cur]:
+            cg = col_gpus[cur]
+            ok = g == 2 * cg or 2 * g == cg or g == cg
+        else:
+            ok = (any_type or g == col_gpus[cur]) and col_gpn[k] == min(g, max_gpn[col_type[k]])
+        if ok:
+            out[n] = k
+            n += 1
+    return n
 
 
 @njit(cache=True, inline="always")
@@ -339,5 +366,7 @@ def warm_up() -> float:
             np.array([[1.0], [0.0]]), np.ones(3), np.zeros(3), np.zeros(2, dtype=np.int64))
     expand(*args, np.zeros(1, dtype=np.int64), np.zeros(1), np.full(1, -1, dtype=np.int64))
     balance(*args)
+    for queued_all in (True, False):
+        neighbour_columns(one, one - 1, one, one, one, one, False, queued_all, one, np.empty(1, dtype=np.int64))
     return time.perf_counter() - t0
 

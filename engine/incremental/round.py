@@ -61,7 +61,10 @@ def search_round(data: RoundData, objective: Objective, config: IncrementalConfi
     t0 = time.perf_counter()
     cols = candidate_columns(data, config.queued, config.other_type)
     t1 = time.perf_counter()
-    model = build_model(data, objective, pinned, columns=cols)
+    if objective.columnwise:            # the same model, built from the candidate columns alone
+        model = build_model(data.restricted(cols), objective, pinned)
+    else:                               # a term reads a job's other columns: build over all, then restrict
+        model = build_model(data, objective, pinned, columns=cols)
     t2 = time.perf_counter()
     cur = data.current_col
     start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)

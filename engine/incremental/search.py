@@ -77,9 +77,9 @@ class _State:
             raise ValueError("incremental search: the model must know its job rows")
         n_x = model.n_x
         self.n_x = n_x
-        jobs = np.arange(model.n_jobs)
-        self.lo = np.searchsorted(model.col_job, jobs).astype(np.int64)   # columns are grouped by job
-        self.hi = np.searchsorted(model.col_job, jobs, side="right").astype(np.int64)
+        per_job = np.bincount(model.col_job, minlength=model.n_jobs)       # columns are grouped by job
+        self.hi = np.cumsum(per_job).astype(np.int64)
+        self.lo = self.hi - per_job
         self.c = np.append(model.c[:n_x], 0.0)          # index n_x: "no column"
         self.gpus = np.append(np.asarray(col_gpus, dtype=float), 0.0)
         self.ctype = np.append(np.asarray(col_type, dtype=np.int64), -1)

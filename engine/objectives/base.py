@@ -5,6 +5,14 @@ A term is a frozen dataclass (its fields are the term's options, validated in
 the choice variables and/or extra variables and rows to the shared model. The model is
 maximized; a penalty is a negative coefficient. Adding a research objective means one
 new module here with ``@register_term("name")`` plus a test, nothing else.
+
+A term may declare itself ``columnwise`` (a class attribute or a property; absent means
+no): what it adds on a column depends only on that column and on per-job arrays, never
+on the job's other columns, and the rows it adds do not depend on which columns exist.
+Applying it to a round restricted to some columns (``RoundData.restricted``) then gives
+exactly the full model restricted to them, which lets the incremental search build its
+model from its candidate columns alone (``engine/incremental/round.py``); a test holds
+every term that declares it to that.
 """
 from __future__ import annotations
 
@@ -96,6 +104,11 @@ class Objective:
             if not math.isfinite(w) or w < 0:
                 raise InputError(f"weight of term {t.name!r} must be finite and >= 0, got {w}",
                                  field=f"w_{t.name}")
+
+    @property
+    def columnwise(self) -> bool:
+        """Whether every weighted term is columnwise (module doc)."""
+        return all(bool(getattr(t, "columnwise", False)) for w, t in self.terms if w > 0)
 
     def apply(self, data: RoundData, builder: ModelBuilder) -> None:
         for w, term in self.terms:

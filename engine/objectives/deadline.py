@@ -26,6 +26,10 @@ class Deadline:
         if self.mode not in MODES:
             raise ValueError(f"deadline.mode must be one of {MODES}, got {self.mode!r}")
 
+    @property
+    def columnwise(self) -> bool:
+        return self.mode == "penalty"           # a constraint row exists only if some column meets it
+
     def meets(self, data) -> np.ndarray:
         left_s = data.deadline_s[data.col_job] - data.now_s
         need_s = data.remaining_iterations[data.col_job] / np.maximum(data.col_rate_iters_per_s(), 1e-300)

@@ -8,6 +8,7 @@ cannot dominate the round.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from .base import register_term
 class ShortRemainingWork:
     exponent: float = 1.0
     max_factor: float = 100.0
+    columnwise: ClassVar[bool] = True
 
     def __post_init__(self):
         if not self.exponent >= 0:

@@ -8,6 +8,7 @@ tau = ``tau_gpu_s`` (smooths newcomers); the factor is clipped to [1/max_factor,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -20,6 +21,7 @@ class LeastAttainedService:
     exponent: float = 1.0
     tau_gpu_s: float = 3600.0
     max_factor: float = 100.0
+    columnwise: ClassVar[bool] = True
 
     def __post_init__(self):
         if not self.exponent >= 0 or not self.tau_gpu_s > 0 or not self.max_factor >= 1:

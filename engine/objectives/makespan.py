@@ -34,6 +34,10 @@ class LongestRemainingWork:
         if self.basis not in BASES:
             raise ValueError(f"makespan.basis must be one of {', '.join(BASES)}, got {self.basis!r}")
 
+    @property
+    def columnwise(self) -> bool:
+        return self.basis != "fastest"          # the fastest basis reads every column of a job
+
     def apply(self, data, builder, weight: float) -> None:
         if data.n_jobs == 0:
             return

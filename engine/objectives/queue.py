@@ -7,6 +7,7 @@ penalties goes to the model offset), so it adds no variables.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from .base import register_term
 @dataclass(frozen=True)
 class QueuePenalty:
     aging_s: float = 0.0
+    columnwise: ClassVar[bool] = True
 
     def __post_init__(self):
         if not self.aging_s >= 0:

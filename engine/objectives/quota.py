@@ -6,6 +6,7 @@ adds rows only (its weight just switches it on).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -32,6 +33,7 @@ def parse_quotas(text: str) -> dict[str, int]:
 @dataclass(frozen=True)
 class TenantQuota:
     quotas: str = ""
+    columnwise: ClassVar[bool] = True
 
     def __post_init__(self):
         parse_quotas(self.quotas)

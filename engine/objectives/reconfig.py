@@ -22,6 +22,7 @@ the stability rule every optimizing policy applies, engine/stability.py); 0 turn
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class ReconfigPenalty:
     per_move: float = 0.0
     hysteresis: float = 0.05
     preemption: bool = True
+    columnwise: ClassVar[bool] = True     # a running job's current column is always kept
 
     def __post_init__(self):
         if not self.horizon_rounds > 0:

@@ -25,6 +25,10 @@ class NormalizedThroughput:
         if self.reference not in ("requested", "smallest"):
             raise ValueError(f"throughput.reference must be 'requested' or 'smallest', got {self.reference!r}")
 
+    @property
+    def columnwise(self) -> bool:
+        return self.reference == "requested"   # the smallest reference reads every column of a job
+
     def apply(self, data, builder, weight: float) -> None:
         coef = data.speedup if self.reference == "requested" else smallest_speedup(data)
         if self.use_priority:
