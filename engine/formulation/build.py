@@ -40,17 +40,18 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
     cap = data.capacity
     rows, cols, vals, ub, names = [], [], [], [], []
     r = 0
-    base = np.arange(data.n_cols) if columns is None else np.asarray(columns, dtype=np.int64)
-    gpus = data.col_gpus[base]
-    col_type, col_gpn = data.col_type[base], data.col_gpn[base]
+    sub = columns is not None
+    at = np.asarray(columns, dtype=np.int64) if sub else None
+    col_type = data.col_type[at] if sub else data.col_type
+    col_gpn = data.col_gpn[at] if sub else data.col_gpn
+    gpus = np.asarray(data.col_gpus[at] if sub else data.col_gpus, dtype=float)
     for ti, t in enumerate(cap.types):
-        of_type = np.flatnonzero(col_type == ti)
-        cols_t, gpn_t, gpus_t = base[of_type], col_gpn[of_type], gpus[of_type]
+        of_type = col_type == ti
         for li, lvl in enumerate(cap.levels[ti]):
-            sel = gpn_t >= lvl
-            cols.append(cols_t[sel])
-            rows.append(np.full(len(cols[-1]), r))
-            vals.append(gpus_t[sel] / lvl)
+            idx = np.flatnonzero(of_type & (col_gpn >= lvl)) if lvl > 1 else np.flatnonzero(of_type)
+            cols.append(at[idx] if at is not None else idx)
+            rows.append(np.full(len(idx), r))
+            vals.append(gpus[idx] / lvl)
             ub.append(cap.blocks[ti][li])
             names.append(f"cap_{t}_l{lvl}")
             r += 1
