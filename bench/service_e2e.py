@@ -7,7 +7,8 @@ job's largest loss deviation from the same job trained uninterrupted in one proc
 
 ``--crash``: the crash test's schedule (``scenario.CRASH_FAULTS``: SIGKILL after a launch
 intent, mid-move, after a recorded decision, at a random moment; restart each time). ``--screenshot``: a headless
-Chromium screenshot of the status page taken while jobs run (Debian's chromium).
+Chromium screenshot of the status page taken while jobs run, the first listed job's
+detail panel open (Debian's chromium).
 Progress on stderr; the report (or JSON) on stdout.
 """
 from __future__ import annotations
@@ -33,6 +34,10 @@ def _screenshot(url: str, out: Path, after_s: float) -> None:
         page.goto(url + "/", timeout=60_000)
         page.wait_for_selector("body[data-loaded='1']", timeout=60_000)
         time.sleep(2.5)                       # a refresh with the loss curves drawn
+        row = page.locator("#jobs tbody tr[data-job]").first
+        row.click()                           # the job detail panel, under the lists
+        page.wait_for_selector("#job-detail:not([hidden])", timeout=30_000)
+        time.sleep(2.5)
         page.screenshot(path=str(out), full_page=True)
         browser.close()
     print(f"screenshot: {out}", file=sys.stderr)
