@@ -20,6 +20,8 @@ in the store) has them stopped the same way. Queued jobs are read back with thei
 progress (the step of that checkpoint). So a ``kill -9`` at any moment loses no job,
 gives no GPU to two jobs (the store refuses it, the loop's invariants assert it) and
 loses no step past a job's last checkpoint. ``SIGTERM`` (``shutdown``) stops every running job with a checkpoint.
+Recovery first sets aside what the work folder holds and the database does not know (a
+database restored from an older copy): workdir.py.
 
 A run that fails goes back to the queue from its last checkpoint and is offered to the
 policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
@@ -58,6 +60,7 @@ from ..state import JobStatus
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
 from .store import TERMINAL, Store
+from .workdir import set_aside_unknown
 
 # Named points where a test may kill the service (``ARENA_FAULT=point[:n]``: SIGKILL at the
 # n-th time the point is reached; test use only).
@@ -178,6 +181,9 @@ class Service:
         """Take over from a service that stopped (cleanly or not); see the module doc."""
         self._alive("recovering")
         st = self.store
+        # what the work folder holds and the database does not know (restored from an older copy)
+        set_aside_unknown(self.cfg.work_dir, st.last_generations(), self.cfg.stop_timeout_s, self.log,
+                          alive=lambda: self._alive("recovering"))
         n = st.close_open_moves("service restarted")    # their jobs are stopped below and relaunch
         if n:
             self.log(f"{n} move(s) of the last run were still open; ended as 'service restarted'")

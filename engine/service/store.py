@@ -851,6 +851,12 @@ class Store:
         """Ids of the jobs in ``status`` (nothing parsed: cheap to poll)."""
         return [int(r[0]) for r in self.conn.execute("SELECT id FROM jobs WHERE status = ? ORDER BY id", (status,))]
 
+    def last_generations(self) -> dict[int, int]:
+        """Per job in the store, its latest launch generation (0: never launched)."""
+        return {int(j): int(g) for j, g in self.conn.execute(
+            "SELECT j.id, COALESCE(MAX(l.generation), 0) FROM jobs j LEFT JOIN launches l ON l.job_id = j.id "
+            "GROUP BY j.id")}
+
     def job(self, job_id: int) -> JobRow:
         row = self.conn.execute(f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
