@@ -195,6 +195,26 @@ def test_old_rounds_are_deleted_beyond_keep_and_the_shadow_totals_stay_whole(sto
     assert len(store.rounds()) == 6
 
 
+def test_a_job_keeps_its_newest_iteration_times_and_every_measured_move(store):
+    a, b = (store.submit(JobSpec.from_dict({"name": n, "model": "tiny-gpt__2L", "global_batch": 8, "steps": 9}))
+            for n in ("a", "b"))
+    ga, gb = launch(store, a, ["n0:0"]), launch(store, b, ["n0:1"])
+    for i in range(8):
+        store.record_measurement(a, ga, iteration_time_s=0.1 + i, step=i, keep=3)
+        store.record_measurement(b, gb, iteration_time_s=0.1, step=i)               # keep=0: every one kept
+        if i == 2:
+            store.record_measurement(a, ga, reconfig={"stop_s": 1.0}, keep=3)     # a measured move: kept
+    got = store.measurements(a)
+    assert [m.step for m in got if not m.reconfig] == [5, 6, 7] and [m.reconfig for m in got if m.reconfig] == [
+        {"stop_s": 1.0}]
+    assert len(store.measurements(b)) == 8 and store.check() == []
+    for bad in (-1, 2.5, True):
+        with pytest.raises(InputError) as e:
+            store.record_measurement(a, ga, iteration_time_s=0.1, keep=bad)
+        assert e.value.field == "keep_measurements"
+    assert len(store.measurements(a)) == 4
+
+
 def test_migration_from_v1_keeps_the_data(tmp_path):
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path, isolation_level=None)
@@ -590,7 +610,8 @@ def test_a_backup_taken_while_the_service_writes_is_one_committed_state(tmp_path
 
 def test_the_service_keeps_its_last_rounds(tmp_path):
     """``--keep-rounds`` reaches the store: a service deciding every round (``arena``, not
-    event-driven) over four rounds with keep_rounds=2 holds rounds 3 and 4."""
+    event-driven) over four rounds with keep_rounds=2 holds rounds 3 and 4; and
+    ``--keep-measurements`` reaches the executor that records them."""
     from engine.policy import make_policy
     from engine.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
@@ -599,11 +620,16 @@ def test_the_service_keeps_its_last_rounds(tmp_path):
     with pytest.raises(InputError) as e:
         ServiceConfig(db_path="x", work_dir="y", keep_rounds=-1)
     assert e.value.field == "keep_rounds"
+    with pytest.raises(InputError) as e:
+        ServiceConfig(db_path="x", work_dir="y", keep_measurements=-1)
+    assert e.value.field == "keep_measurements"
     svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("arena"),
                   make_performance_model("analytic"), ReconfigCostModel(),
-                  ServiceConfig(db_path=str(tmp_path / "s.db"), work_dir=str(tmp_path / "w"), keep_rounds=2),
+                  ServiceConfig(db_path=str(tmp_path / "s.db"), work_dir=str(tmp_path / "w"), keep_rounds=2,
+                                keep_measurements=7),
                   log=lambda m: None)
     try:
+        assert svc.executor.keep_measurements == 7
         svc.recover()
         for _ in range(4):
             svc.step(time.time())

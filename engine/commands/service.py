@@ -76,6 +76,9 @@ def register(subparsers) -> None:
                    help="rounds kept in the database, older ones deleted as new ones are recorded (the shadow "
                         "policy's totals and every job's history are kept whole; 0: keep every round; "
                         "default 100000)")
+    s.add_argument("--keep-measurements", type=int, default=10_080, metavar="N",
+                   help="per job, the newest iteration-time measurements kept in the database (one a minute at "
+                        "most while it runs; measured moves are all kept; 0: keep all; default 10080, a week)")
     s.add_argument("--stall-after", type=float, default=600.0, metavar="S",
                    help="/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
                         "shown no sign of life (a poll, a round begun, a job launched, stopped, moved or "
@@ -319,6 +322,7 @@ def build_service_parts(args):
                             max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
                             stop_after_s=args.stop_after, move_path=args.move_path,
                             step_delay_s=args.step_delay, keep_rounds=args.keep_rounds,
+                            keep_measurements=args.keep_measurements,
                             stall_after_s=args.stall_after)
     except InputError as e:                       # the config's field, as the flag that set it
         flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")

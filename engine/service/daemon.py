@@ -83,6 +83,7 @@ class ServiceConfig:
     stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
     move_path: str = "d2d"                   # "d2d" where the launcher can, else storage; "storage": always
     keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
+    keep_measurements: int = 10_080          # per job, newest iteration-time measurements kept (a week; 0: all)
     stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
 
     def __post_init__(self):
@@ -96,9 +97,10 @@ class ServiceConfig:
                 raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
         if not isinstance(self.max_failures, int) or self.max_failures < 1:
             raise InputError(f"must be an integer >= 1, got {self.max_failures!r}", field="max_failures")
-        if not isinstance(self.keep_rounds, int) or isinstance(self.keep_rounds, bool) or self.keep_rounds < 0:
-            raise InputError(f"must be an integer >= 0 (0: keep every round), got {self.keep_rounds!r}",
-                             field="keep_rounds")
+        for name in ("keep_rounds", "keep_measurements"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InputError(f"must be an integer >= 0 (0: keep all), got {v!r}", field=name)
         if self.stop_after_s is not None and not self.stop_after_s > 0:
             raise InputError(f"must be > 0, got {self.stop_after_s!r}", field="stop_after_s")
 
@@ -143,7 +145,8 @@ class Service:
             poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
             move_path=cfg.move_path,
             node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
-        self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew)
+        self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew,
+                                          keep_measurements=self.cfg.keep_measurements)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,

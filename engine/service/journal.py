@@ -61,8 +61,9 @@ def plan_record(alloc: Allocation, plan: Plan | None) -> dict:
 
 class JournaledExecutor:
     def __init__(self, mpi: MpiExecutor, store: Store, fault: Fault | None = None,
-                 beat: Callable[[], None] | None = None):
+                 beat: Callable[[], None] | None = None, keep_measurements: int = 0):
         self.mpi, self.store = mpi, store
+        self.keep_measurements = keep_measurements     # per job, newest iteration times kept (0: all)
         self.fault = fault or (lambda point: None)
         self.beat = beat or (lambda: None)            # each effect is a sign of life (Service.liveness)
         self.generation: dict[str, int] = {}          # job -> its current launch's generation
@@ -171,7 +172,7 @@ class JournaledExecutor:
         if it is not None and p.running and time.monotonic() - self._measured_at.get(job_id, -1e9) >= MEASURE_EVERY_S:
             self._measured_at[job_id] = time.monotonic()
             self.store.record_measurement(int(job_id), self.generation[job_id], iteration_time_s=float(it),
-                                          step=int(p.iterations_done))
+                                          step=int(p.iterations_done), keep=self.keep_measurements)
         return JobProgress(**p.__dict__)
 
     def advance(self, until_s: float) -> list[JobProgress]:

@@ -775,9 +775,15 @@ class Store:
         return idx
 
     def record_measurement(self, job_id: int, generation: int, *, iteration_time_s: float | None = None,
-                           reconfig: dict[str, float] | None = None, step: int | None = None) -> None:
+                           reconfig: dict[str, float] | None = None, step: int | None = None,
+                           keep: int = 0) -> None:
         """A measured iteration time and/or reconfiguration time parts (seconds) of one
-        launch. Any launch of the job may report (a measurement names its launch)."""
+        launch. Any launch of the job may report (a measurement names its launch).
+        ``keep`` > 0: of the job's iteration-time measurements, only those among its
+        ``keep`` newest measurements stay (older ones are deleted in the same
+        transaction); measured moves (with reconfiguration parts) are always kept."""
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise InputError(f"must be an integer >= 0, got {keep!r}", field="keep_measurements")
         parts = {str(k): _finite(v, f"reconfig.{k}") for k, v in (reconfig or {}).items()}
         it = _finite(iteration_time_s, "iteration_time_s", optional=True)
         if it is None and not parts:
@@ -789,6 +795,11 @@ class Store:
             self.conn.execute("INSERT INTO measurements(job_id, generation, at, step, iteration_time_s, reconfig) "
                               "VALUES (?, ?, ?, ?, ?, ?)",
                               (job_id, generation, now, step, it, _dumps(parts, "reconfig")))
+            if keep and not parts:
+                self.conn.execute(            # the cut-off from the (job_id, id) index alone
+                    "DELETE FROM measurements WHERE job_id = ? AND reconfig = '{}' AND id <= "
+                    "(SELECT id FROM measurements WHERE job_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (job_id, job_id, keep))
 
     def record_checkpoint(self, job_id: int, generation: int, step: int, path: str) -> None:
         """A completed checkpoint of the job's latest launch (an older launch's late report
