@@ -227,6 +227,8 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
 def test_cli_clients_name_a_missing_service_and_a_bad_job_file(tmp_path, capsys):
     assert cli_main(["jobs", "--url", "http://127.0.0.1:9"]) == 2
     assert "no service answers" in capsys.readouterr().err
+    assert cli_main(["jobs", "--last", "0", "--url", "http://127.0.0.1:9"]) == 2     # refused before asking
+    assert "field '--last'" in capsys.readouterr().err
     bad = tmp_path / "job.toml"
     bad.write_text("name = 'x'\nmodel = 'tiny-gpt__2L'\nglobal_batch = 8\nsteps = -1\n")
     assert cli_main(["submit", str(bad), "--url", "http://127.0.0.1:9"]) == 2

@@ -126,6 +126,11 @@ def test_status_agrees_with_the_database(run, tmp_path):
         out = subprocess.run([sys.executable, "-m", "engine.cli", "jobs", "--json", "--url", run["url"]],
                              capture_output=True, text=True, timeout=60, check=True)
         shown = {j["id"]: j for j in json.loads(out.stdout)}
+        newest = subprocess.run([sys.executable, "-m", "engine.cli", "jobs", "--json", "--last", "2", "--status",
+                                 "finished", "--url", run["url"]], capture_output=True, text=True, timeout=60,
+                                check=True)
+        done = sorted(i for i, j in shown.items() if j["status"] == "finished")
+        assert [j["id"] for j in json.loads(newest.stdout)] == done[-2:] and len(done) >= 2
         with Store(str(tmp / "state.db"), readonly=True) as st:
             for row in st.jobs():
                 last = st.launches(row.id)[-1]

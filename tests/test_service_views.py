@@ -20,6 +20,7 @@ from engine.service.losses import LossLog, merged
 from engine.service.store import Store
 from engine.service.views import loss_curve, state_view
 from instances.cluster import ClusterSpec, NodeGroup
+from instances.errors import InputError
 from launcher.launch import read_results
 from tests.browser import status_page
 
@@ -139,6 +140,14 @@ def test_state_lists_the_jobs_not_ended_and_the_last_to_end(tmp_path):
     assert client.get("/api/jobs", params={"status": "held"}).json() == []
     r = client.get("/api/jobs", params={"status": "done"})
     assert r.status_code == 422 and r.json()["field"] == "status" and "known: queued, running" in r.json()["error"]
+    assert [j["id"] for j in client.get("/api/jobs", params={"last": 2}).json()] == [done[3], waiting]
+    assert [j["id"] for j in client.get("/api/jobs", params={"last": 2, "status": "finished"}).json()] == done[2:]
+    for bad in (0, 10**9):
+        r = client.get("/api/jobs", params={"last": bad})
+        assert r.status_code == 422 and r.json()["field"] == "last"
+    with Store(db) as st:
+        with pytest.raises(InputError):
+            st.jobs(last=2, ids=[1])
     assert jobs[0]["loss"] == 2.0 and client.get(f"/api/jobs/{done[0]}").json()["loss_curve"] == full
 
 

@@ -240,6 +240,8 @@ def register(subparsers) -> None:
     j = subparsers.add_parser("jobs", help="every job of the service (or those in one status)",
                               description="Every job of the service, or those in one status.")
     j.add_argument("--status", choices=JOB_STATUSES, default=None, help="only the jobs in this status")
+    j.add_argument("--last", type=int, default=None, metavar="N",
+                   help="only the N newest jobs (of that status), still listed by id")
     j.add_argument("--json", action="store_true", help="print JSON")
     _client_args(j)
     j.set_defaults(func=run_jobs)
@@ -678,6 +680,9 @@ def run_backup(args) -> int:
 
 
 def run_jobs(args) -> int:
-    jobs = _client(args).get("/api/jobs" + (f"?status={args.status}" if args.status else ""))
+    if args.last is not None and args.last < 1:
+        raise InputError(f"must be >= 1, got {args.last}", field="--last")
+    query = [f"status={args.status}"] * bool(args.status) + [f"last={args.last}"] * (args.last is not None)
+    jobs = _client(args).get("/api/jobs" + ("?" + "&".join(query) if query else ""))
     print(dumps(jobs, indent=1) if args.json else _table(jobs))
     return 0

@@ -5,7 +5,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 |---|---|---|
 | GET | /api/health | the service is up; policy (and shadow policy), cluster size, scheduler (503: stalled) |
 | POST | /api/jobs | submit: a JobSpec as JSON, or ``{"toml": "..."}``; 201 with the job's id (a key: below) |
-| GET | /api/jobs | every job (status, plan, GPUs, progress, loss); ``?status=S``: those in one status |
+| GET | /api/jobs | every job (status, plan, GPUs, progress, loss); ``?status=S``: one status; ``?last=N``: N newest |
 | GET | /api/jobs/{id} | one job, with its history and loss curve |
 | POST | /api/jobs/{id}/cancel | ask the scheduler to cancel it (stopped with a checkpoint) |
 | POST | /api/jobs/{id}/hold | ask the scheduler to set it aside until released (``{"reason": ...}``) |
@@ -54,7 +54,7 @@ from .store import JOB_STATUSES, StateConflict, Store
 from .views import STATE_ENDED_JOBS, cluster_view, job_logs, job_view, jobs_view, metrics_text, rounds_view, state_view
 
 MAX_BODY_BYTES = 64 * 1024
-MAX_ENDED = 100_000               # /api/state?ended=N: at most this many ended jobs listed
+MAX_ENDED = 100_000               # /api/state?ended=N, /api/jobs?last=N: at most this many jobs listed
 
 
 @dataclass(frozen=True)
@@ -231,11 +231,13 @@ def create_app(ctx: ApiContext):
         return JSONResponse({"id": job_id, "name": spec.name, "status": "queued"}, status_code=201)
 
     @app.get("/api/jobs")
-    def jobs(status: str | None = None) -> Any:
+    def jobs(status: str | None = None, last: int | None = None) -> Any:
         if status is not None and status not in JOB_STATUSES:
             return _error(422, f"unknown status {status!r}; known: {', '.join(JOB_STATUSES)}", field="status")
+        if last is not None and not 1 <= last <= MAX_ENDED:
+            return _error(422, f"must be in 1..{MAX_ENDED}, got {last}", field="last")
         with store() as s:
-            return jobs_view(s, ctx.work_dir, s.jobs(status), losses=ctx.losses)
+            return jobs_view(s, ctx.work_dir, s.jobs(status, last=last), losses=ctx.losses)
 
     @app.get("/api/jobs/{job_id}")
     def job(job_id: int) -> dict:

@@ -836,10 +836,17 @@ class Store:
             spec["priority"] = prio
         return JobRow(i, n, spec, st, sub, up)
 
-    def jobs(self, status: str | None = None, ids: Iterable[int] | None = None) -> list[JobRow]:
-        """Jobs by id, all or those in ``status`` (and, given ``ids``, only those)."""
+    def jobs(self, status: str | None = None, ids: Iterable[int] | None = None,
+             last: int | None = None) -> list[JobRow]:
+        """Jobs by id, all or those in ``status`` (and, given ``ids``, only those; given
+        ``last``, only the ``last`` newest of them, still by id)."""
         q = f"SELECT {self._JOB_COLUMNS} FROM jobs WHERE (? IS NULL OR status = ?)"
-        if ids is None:
+        if last is not None:
+            if ids is not None or isinstance(last, bool) or not isinstance(last, int) or last < 0:
+                raise InputError(f"must be an integer >= 0 (and no ids), got {last!r}", field="last")
+            rows = self.conn.execute(f"SELECT * FROM ({q} ORDER BY id DESC LIMIT ?) ORDER BY id",
+                                     (status, status, last)).fetchall()
+        elif ids is None:
             rows = self.conn.execute(q + " ORDER BY id", (status, status)).fetchall()
         else:
             rows = []
