@@ -1,6 +1,7 @@
 """Small hand-built clusters, jobs, oracles and scripted policies for the engine tests."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from engine.context import Decisions
@@ -59,3 +60,15 @@ class ScriptedPolicy:
     def decide(self, ctx):
         self.seen.append(ctx)
         return Decisions(dict(self.rule(ctx)))
+
+
+def wait_until(pred, timeout_s: float = 180.0, what: str = "condition", poll_s: float = 0.5):
+    """``pred()``'s first truthy value, polled every ``poll_s``; an AssertionError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")

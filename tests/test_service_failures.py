@@ -20,6 +20,7 @@ from engine.service.store import Store
 from launcher.launch import rank_pids
 from tests.browser import status_page
 from tests.prometheus import parse_metrics
+from tests.test_engine_helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +37,6 @@ def _start(tmp: Path, port: int, *extra: str, slots: int = 2) -> ServiceProcess:
     sp.start()
     sp.wait_healthy(120)
     return sp
-
-
-def _wait(pred, timeout_s: float = 180.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _job(client: Client, jid: int) -> dict:
@@ -65,7 +56,7 @@ def _checkpointed(client: Client, jid: int, at_least: int):
 
 def _kill_a_rank(work: Path, jid: int, gen: int) -> None:
     run_dir = work / str(jid) / f"launch_{gen}"
-    pids = _wait(lambda: rank_pids(run_dir), what="rank pids")
+    pids = wait_until(lambda: rank_pids(run_dir), what="rank pids")
     os.kill(pids[max(pids)][0], signal.SIGKILL)
 
 
@@ -75,11 +66,11 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
     client = Client(sp.url)
     try:
         jid = client.post("/api/jobs", JOB)["id"]
-        ck = _wait(lambda: _checkpointed(client, jid, 10), what="a checkpoint")["progress"]["last_checkpoint_step"]
+        ck = wait_until(lambda: _checkpointed(client, jid, 10), what="a checkpoint")["progress"]["last_checkpoint_step"]
         first = _job(client, jid)["launch"]["generation"]
         _kill_a_rank(tmp_path / "work", jid, first)
         # the run fails, the job waits its backoff, then a new launch resumes from the checkpoint
-        _wait(lambda: (_job(client, jid)["launch"]["generation"] > first
+        wait_until(lambda: (_job(client, jid)["launch"]["generation"] > first
                        and _running_step(client, jid, ck + 1)), what="the relaunch")
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert any(h.to_status == "queued" and "run failed (1 of 2)" in h.reason for h in st.history(jid))
@@ -88,7 +79,7 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
             assert rs[-1][1] >= ck
         second = _job(client, jid)["launch"]["generation"]
         _kill_a_rank(tmp_path / "work", jid, second)
-        j = _wait(lambda: (lambda j: j if j["status"] == "failed" else None)(_job(client, jid)),
+        j = wait_until(lambda: (lambda j: j if j["status"] == "failed" else None)(_job(client, jid)),
                   what="the job to fail for good")
         assert "failed 2 times" in j["history"][-1]["reason"] and "mpiexec exited" in j["history"][-1]["reason"]
     finally:
@@ -114,7 +105,7 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
         with pytest.raises(urllib.error.HTTPError) as refused:       # DNS rebinding: not this service's name
             urllib.request.urlopen(foreign, timeout=10)
         assert refused.value.code == 403
-        _wait(lambda: _checkpointed(client, a, 10) and _running_step(client, b, 10), what="both jobs running")
+        wait_until(lambda: _checkpointed(client, a, 10) and _running_step(client, b, 10), what="both jobs running")
         c = client.post("/api/jobs", {**JOB, "name": "urgent", "steps": 40})["id"]
         assert _job(client, c)["status"] == "queued"                 # no room
         assert cli_main(["submit", "--name", "eval", "--model", JOB["model"], "--batch", "8", "--steps", "20",
@@ -122,15 +113,15 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
         d = int(capsys.readouterr().out.split("job ")[1].split()[0])
         assert cli_main(["hold", str(a), "--reason", "urgent run first", "--url", sp.url]) == 0
         assert f"hold of job {a} requested" in capsys.readouterr().out
-        _wait(lambda: _job(client, a)["status"] == "held", what="the hold")
+        wait_until(lambda: _job(client, a)["status"] == "held", what="the hold")
         client.post(f"/api/jobs/{b}/cancel")
-        jb = _wait(lambda: (lambda j: j if j["status"] == "cancelled" else None)(_job(client, b)), what="cancel")
+        jb = wait_until(lambda: (lambda j: j if j["status"] == "cancelled" else None)(_job(client, b)), what="cancel")
         assert "stopped with a checkpoint" in jb["launch"]["reason"] or jb["launch"]["state"] == "finished"
         assert _job(client, d)["waiting_for"] == [c]
         assert cli_main(["status", str(d), "--url", sp.url]) == 0
         assert f"after job(s) {c}, waiting for {c}" in capsys.readouterr().out
-        _wait(lambda: _job(client, c)["status"] == "finished", what="the urgent job")
-        jd = _wait(lambda: (lambda j: j if j["status"] == "finished" else None)(_job(client, d)),
+        wait_until(lambda: _job(client, c)["status"] == "finished", what="the urgent job")
+        jd = wait_until(lambda: (lambda j: j if j["status"] == "finished" else None)(_job(client, d)),
                    what="the job after it")
         ran = [h for h in jd["history"] if h["to"] == "running"]
         assert ran and ran[0]["at"] >= _job(client, c)["updated_at"] - 1e-6  # it started once c had finished
@@ -143,7 +134,7 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
         assert f"job {a} released" in capsys.readouterr().out
         with Store(tmp_path / "state.db", readonly=True) as st:
             at_hold = st.latest_checkpoint(a).step
-        _wait(lambda: _running_step(client, a, at_hold + 30), what="the released job")
+        wait_until(lambda: _running_step(client, a, at_hold + 30), what="the released job")
         with Store(tmp_path / "state.db", readonly=True) as st:
             launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
             assert start == before == at_hold                        # nothing past the checkpoint lost
@@ -158,7 +149,7 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
             saved = st.latest_checkpoint(a).step
         assert saved >= at_hold + 30
         sp = _start(tmp_path, port, slots=4)         # the next start resumes it from there
-        _wait(lambda: _running_step(client, a, saved + 1), what="the resumed job")
+        wait_until(lambda: _running_step(client, a, saved + 1), what="the resumed job")
         with Store(tmp_path / "state.db", readonly=True) as st:
             launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
             assert start == before == saved
@@ -183,14 +174,14 @@ def test_draining_moves_a_job_device_to_device_then_stops_it_with_a_checkpoint_w
 
     try:
         a = client.post("/api/jobs", {**JOB, "steps": 3000})["id"]
-        first = on_node(_wait(lambda: _running_step(client, a, 10), what="the job running"))
+        first = on_node(wait_until(lambda: _running_step(client, a, 10), what="the job running"))
         other = 1 - first
         assert cli_main(["drain", str(first), "--reason", "fan replaced", "--url", sp.url]) == 0
         assert f"node {first} drained" in capsys.readouterr().out
-        moved = _wait(lambda: (lambda j: j if on_node(j) == other else None)(_job(client, a)),
+        moved = wait_until(lambda: (lambda j: j if on_node(j) == other else None)(_job(client, a)),
                       what="the job on the other node")
         assert any("moved device to device" in h["reason"] for h in moved["history"]), moved["history"]
-        _wait(lambda: _checkpointed(client, a, (moved["progress"].get("iterations_done") or 0) + 5),
+        wait_until(lambda: _checkpointed(client, a, (moved["progress"].get("iterations_done") or 0) + 5),
               what="steps and a checkpoint on the other node")
         assert cli_main(["drain", str(first), "--url", sp.url]) == 0 and "already" in capsys.readouterr().out
         assert cli_main(["nodes", "--url", sp.url]) == 0
@@ -204,14 +195,14 @@ def test_draining_moves_a_job_device_to_device_then_stops_it_with_a_checkpoint_w
         assert m['arena_jobs{status="running"}'] == 1 and m['arena_rounds{policy="fcfs"}'] >= 2
 
         assert cli_main(["drain", str(other), "--url", sp.url]) == 0      # no room left anywhere
-        j = _wait(lambda: (lambda j: j if j["status"] == "queued" else None)(_job(client, a)), what="the eviction")
+        j = wait_until(lambda: (lambda j: j if j["status"] == "queued" else None)(_job(client, a)), what="the eviction")
         assert any(f"node {other} drained" in h["reason"] for h in j["history"])
         time.sleep(3)                                    # rounds every 2 s: nothing goes anywhere
         with Store(tmp_path / "state.db", readonly=True) as st:
             assert st.job(a).status == "queued" and not st.running_launches()
             saved = st.latest_checkpoint(a).step
         assert cli_main(["undrain", str(first), "--url", sp.url]) == 0
-        back = _wait(lambda: _running_step(client, a, saved + 1), what="the job back on the returned node")
+        back = wait_until(lambda: _running_step(client, a, saved + 1), what="the job back on the returned node")
         assert on_node(back) == first
         with Store(tmp_path / "state.db", readonly=True) as st:
             launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
@@ -274,7 +265,7 @@ def _interrupted_move_then_restart(store, mpi, journal, jid, db, work, run_dir):
     from instances.cluster import ClusterSpec, NodeGroup
     from launcher.launch import live_rank_pids
 
-    _wait(lambda: journal.progress(str(jid)).last_checkpoint_iteration >= 2, what="a checkpoint")
+    wait_until(lambda: journal.progress(str(jid)).last_checkpoint_iteration >= 2, what="a checkpoint")
     journal.release(str(jid), 0.0)
     assert mpi.released_path(str(jid)) == "d2d"
     assert live_rank_pids(run_dir), "the ranks keep training through the first half of the move"

@@ -5,24 +5,14 @@ of the jobs it does know."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from engine.service.jobspec import JobSpec
 from engine.service.store import Store
 from engine.service.workdir import ASIDE, set_aside_unknown, unknown_folders
+from tests.test_engine_helpers import wait_until
 
 SPEC = {"name": "a", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400}
-
-
-def _wait(pred, timeout_s: float = 180.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_folders_the_database_does_not_know_are_found_and_moved_aside(tmp_path):
@@ -76,7 +66,7 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
     try:
         journal.launch(spec.to_job(str(a), 0.0), one, None, 0.0)
         runs.append(Path(mpi.run_dir(str(a))))
-        _wait(lambda: journal.progress(str(a)).last_checkpoint_iteration >= 2, what="a checkpoint of launch 1")
+        wait_until(lambda: journal.progress(str(a)).last_checkpoint_iteration >= 2, what="a checkpoint of launch 1")
         store.backup(copy)                                   # the copy: A running in launch 1
         journal.stop(str(a), 1.0, "stopped for the test")
         at_copy = store.latest_checkpoint(a).step
@@ -87,9 +77,9 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
         journal.launch(b_spec.to_job(str(b), 0.0), Allocation(grid("cpu", 1, 1), ((0, 1),)), None, 2.0)
         runs.append(Path(mpi.run_dir(str(b))))
         assert [r.name for r in runs] == ["launch_1", "launch_2", "launch_1"]
-        _wait(lambda: journal.progress(str(a)).last_checkpoint_iteration >= at_copy + 3,
+        wait_until(lambda: journal.progress(str(a)).last_checkpoint_iteration >= at_copy + 3,
               what="a checkpoint of launch 2 past the copy's")
-        _wait(lambda: all(live_rank_pids(r) for r in runs[1:]), what="both later runs training")
+        wait_until(lambda: all(live_rank_pids(r) for r in runs[1:]), what="both later runs training")
         pids = [pid for r in runs[1:] for pid, _ in rank_pids(r).values()]
         store.close()                                        # the service dies; its ranks train on
         _restart_on_the_copy(copy, work, a, b, at_copy, pids)
