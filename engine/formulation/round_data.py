@@ -150,12 +150,11 @@ class RoundData:
         pos = np.minimum(np.searchsorted(cols, np.maximum(cur, 0)), max(len(cols) - 1, 0))
         if run.any() and (not len(cols) or np.any(cols[pos[run]] != cur[run])):
             raise ValueError("restricted: a running job's current column is not among the columns")
-        pick = itemgetter(*cols.tolist()) if len(cols) > 1 and (self.grids or self.plans) else None
-
-        def cut(t: tuple) -> tuple:
+        def cut(t: tuple) -> tuple:               # grids, plans: empty in synthetic rounds
             if not t or not len(cols):
                 return ()
-            return pick(t) if pick is not None else (t[int(cols[0])],)
+            got = itemgetter(*cols.tolist())(t)
+            return got if len(cols) > 1 else (got,)
 
         return replace(self, current_col=np.where(run, pos, -1), col_job=self.col_job[cols],
                        col_type=self.col_type[cols], col_nodes=self.col_nodes[cols], col_gpn=self.col_gpn[cols],

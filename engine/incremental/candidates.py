@@ -42,8 +42,9 @@ def candidate_columns(data: RoundData, queued: str = "all", other_type: str = "s
         ref_g = np.where(data.requested_gpus > 0, np.maximum(data.requested_gpus, min_g), min_g).astype(np.int64)
     from .kernel import neighbour_columns  # compiled: one pass over the round's columns
     out = np.empty(data.n_cols, dtype=np.int64)
-    i64 = (np.asarray(a, dtype=np.int64) for a in (data.col_job, data.current_col, g, data.col_type, data.col_gpn,
-                                                    data.capacity.max_gpus_per_node))
-    n = neighbour_columns(*i64,
-                          other_type == "any", queued == "all", ref_g, out)
+    col_job, current, gpus, col_type, gpn, max_gpn = (
+        np.asarray(a, dtype=np.int64) for a in (data.col_job, data.current_col, g, data.col_type, data.col_gpn,
+                                                data.capacity.max_gpus_per_node))
+    n = neighbour_columns(col_job, current, gpus, col_type, gpn, max_gpn, other_type == "any", queued == "all",
+                          ref_g, out)
     return out[:n].copy()
