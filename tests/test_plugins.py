@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from engine.cli import main, plugin_registries
-from engine.formulation import tiny_round_data
+from engine.formulation import build_model, tiny_round_data
 from engine.formulation.model import ModelBuilder
-from engine.objectives import make_term
+from engine.objectives import make_term, parse_objective
 from engine.policy import policy_names
 from instances.errors import InputError
 from instances.plugins import ENV_DISABLE_AUTOLOAD, ENV_PLUGINS, entry_point_specs, load_plugin, load_plugins
@@ -77,6 +77,11 @@ def test_the_example_energy_term_follows_its_formula(registries):
     watts = {"a100-40gb": 400.0, "v100-32gb": 300.0}
     want = [-0.5 * g * watts[data.capacity.types[t]] / 300.0 for g, t in zip(data.col_gpus, data.col_type)]
     np.testing.assert_allclose(b.build().c[: data.n_cols], want)
+    # it says it is columnwise: built from a subset of columns, the same model restricted
+    obj = parse_objective({"w_energy": 0.5}, {"throughput": 1.0})
+    cols = np.array([0, 2])
+    assert obj.columnwise
+    np.testing.assert_array_equal(build_model(data.restricted(cols), obj).c, build_model(data, obj, columns=cols).c)
     # a GPU type without a board power is an error naming it, not a free GPU
     b = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
     with pytest.raises(InputError, match="v100-32gb"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
@@ -52,6 +53,9 @@ def parse_watts(text: str) -> dict[str, float]:
 class Energy:
     watts: str = DEFAULT_WATTS
     reference_w: float = 300.0
+    # a column's coefficient reads only that column (its GPUs and type): the incremental
+    # search may build its model from its candidate columns alone (docs/engine.md)
+    columnwise: ClassVar[bool] = True
 
     def __post_init__(self):
         self.table                          # parsed (and checked) once, not every round
