@@ -309,6 +309,8 @@ def test_yardstick_rounds_and_cli_json(capsys):
     for r in rows:
         assert 0.5 < r["ratio"] <= 1.0 + 0.011        # the MILP is proved within 1%
         assert r["incremental_value"] >= r["stay_value"] - 1e-9
+        parts = [r[f"incremental_{k}_s"] for k in ("setup", "expand", "balance")]
+        assert all(p >= 0 for p in parts) and sum(parts) <= r["incremental_search_s"]
     assert summarize(rows)["rounds"] == 2
     assert main(["bench", "incremental", "--gpus", "64", "--jobs", "20", "--rounds", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

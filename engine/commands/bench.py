@@ -327,7 +327,10 @@ def run_incremental_bench(args) -> int:
           f"stay = the start allocation's value")
     print(f"incremental decision time, medians: candidates {summary['median_incremental_candidates_s']:.4f} s, "
           f"restricted model {summary['median_incremental_model_s']:.4f} s, "
-          f"search {summary['median_incremental_search_s']:.4f} s")
+          f"search {summary['median_incremental_search_s']:.4f} s (its setup "
+          f"{summary['median_incremental_setup_s']:.4f} s, first expand "
+          f"{summary['median_incremental_expand_s']:.4f} s, balance and the second expand "
+          f"{summary['median_incremental_balance_s']:.4f} s)")
     return 0
 
 

@@ -94,6 +94,7 @@ def yardstick(gpus: int, jobs: int, rounds: int, objective: Objective, config: I
                "milp_cpu_s": c_milp, "incremental_cpu_s": c_inc,
                "incremental_candidates_s": inc.extra["candidates_s"], "incremental_model_s": inc.extra["model_s"],
                "incremental_search_s": inc.solve_time_s, "incremental_status": inc.status,
+               **{f"incremental_{k}_s": inc.extra[f"{k}_s"] for k in ("setup", "expand", "balance")},
                **{k: inc.extra[k] for k in ("moved_jobs", "moved_gpus", "expand_moves", "balance_moves",
                                             "repair_stops")}}
         rows.append(row)
@@ -116,7 +117,7 @@ def summarize(rows: list[dict]) -> dict:
             "median_milp_time_s": float(np.median(tm)), "median_incremental_time_s": float(np.median(ti)),
             "median_speedup": float(np.median(tm / ti)), "min_speedup": float(np.min(tm / ti)),
             **{f"median_incremental_{k}_s": float(np.median([r[f"incremental_{k}_s"] for r in rows]))
-               for k in ("candidates", "model", "search")},
+               for k in ("candidates", "model", "search", "setup", "expand", "balance")},
             "median_cpu_speedup": float(np.median([r["milp_cpu_s"] / max(r["incremental_cpu_s"], 1e-9)
                                                    for r in rows])),
             "moved_jobs_mean": float(np.mean([r["moved_jobs"] for r in rows]))}
