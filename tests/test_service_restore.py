@@ -84,10 +84,10 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
         store.close()                                        # the service dies; its ranks train on
         _restart_on_the_copy(copy, work, a, b, at_copy, pids)
     finally:                                                 # whatever failed, no rank outlives the test
-        for r in [*runs, *(Path(work) / ASIDE).glob("*")]:
-            for d in ([r] if r.name.startswith("launch_") or "launch_" in r.name else list(r.glob("launch_*"))):
-                if d.is_dir() and live_rank_pids(d):
-                    stop_detached(d, None, 10)
+        aside = Path(work) / ASIDE
+        for d in [*runs, *aside.glob("*"), *aside.glob("*/launch_*")]:
+            if d.is_dir() and live_rank_pids(d):
+                stop_detached(d, None, 10)
 
 
 def _restart_on_the_copy(copy, work, a, b, at_copy, pids):

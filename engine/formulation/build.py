@@ -48,7 +48,7 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
     for ti, t in enumerate(cap.types):
         of_type = col_type == ti
         for li, lvl in enumerate(cap.levels[ti]):
-            idx = np.flatnonzero(of_type & (col_gpn >= lvl)) if lvl > 1 else np.flatnonzero(of_type)
+            idx = np.flatnonzero(of_type & (col_gpn >= lvl))
             cols.append(at[idx] if at is not None else idx)
             rows.append(np.full(len(idx), r))
             vals.append(gpus[idx] / lvl)

@@ -136,6 +136,20 @@ class RoundData:
         """Per job: time to finish at the reference throughput."""
         return _frozen(self.remaining_iterations * self.global_batch / self.ref_throughput)
 
+    def current_among(self, columns: np.ndarray) -> np.ndarray:
+        """Per job, the position of its current column among ``columns`` (sorted,
+        distinct column indices), -1 for a job that holds none; every running job's
+        current column must be among them."""
+        cols = np.asarray(columns, dtype=np.int64)
+        if len(cols) and (np.any(np.diff(cols) <= 0) or cols[0] < 0 or cols[-1] >= self.n_cols):
+            raise ValueError("columns must be sorted, distinct column indices")
+        cur = self.current_col
+        run = cur >= 0
+        pos = np.minimum(np.searchsorted(cols, np.maximum(cur, 0)), max(len(cols) - 1, 0))
+        if run.any() and (not len(cols) or np.any(cols[pos[run]] != cur[run])):
+            raise ValueError("a running job's current column is not among the columns")
+        return np.where(run, pos, -1)
+
     def restricted(self, columns: np.ndarray) -> RoundData:
         """The same round with only ``columns`` (sorted, distinct column indices): every
         job kept, the per-column arrays cut to those columns, ``current_col`` renumbered.
@@ -143,20 +157,15 @@ class RoundData:
         (``engine/objectives/base.py``) applied to it gives the full model restricted to
         those columns."""
         cols = np.asarray(columns, dtype=np.int64)
-        if len(cols) and (np.any(np.diff(cols) <= 0) or cols[0] < 0 or cols[-1] >= self.n_cols):
-            raise ValueError("restricted: columns must be sorted, distinct column indices")
-        cur = self.current_col
-        run = cur >= 0
-        pos = np.minimum(np.searchsorted(cols, np.maximum(cur, 0)), max(len(cols) - 1, 0))
-        if run.any() and (not len(cols) or np.any(cols[pos[run]] != cur[run])):
-            raise ValueError("restricted: a running job's current column is not among the columns")
+        current = self.current_among(cols)
+
         def cut(t: tuple) -> tuple:               # grids, plans: empty in synthetic rounds
             if not t or not len(cols):
                 return ()
             got = itemgetter(*cols.tolist())(t)
             return got if len(cols) > 1 else (got,)
 
-        return replace(self, current_col=np.where(run, pos, -1), col_job=self.col_job[cols],
+        return replace(self, current_col=current, col_job=self.col_job[cols],
                        col_type=self.col_type[cols], col_nodes=self.col_nodes[cols], col_gpn=self.col_gpn[cols],
                        col_pp=self.col_pp[cols], col_throughput=self.col_throughput[cols],
                        col_reconfig_s=self.col_reconfig_s[cols],

@@ -62,12 +62,11 @@ def search_round(data: RoundData, objective: Objective, config: IncrementalConfi
     cols = candidate_columns(data, config.queued, config.other_type)
     t1 = time.perf_counter()
     if objective.columnwise:            # the same model, built from the candidate columns alone
-        model = build_model(data.restricted(cols), objective, pinned)
+        part = data.restricted(cols)
+        model, start = build_model(part, objective, pinned), part.current_col
     else:                               # a term reads a job's other columns: build over all, then restrict
-        model = build_model(data, objective, pinned, columns=cols)
+        model, start = build_model(data, objective, pinned, columns=cols), data.current_among(cols)
     t2 = time.perf_counter()
-    cur = data.current_col
-    start = np.where(cur >= 0, np.searchsorted(cols, np.maximum(cur, 0)), -1)
     frozen_mask = np.zeros(data.n_jobs, dtype=bool)
     if frozen:
         frozen_mask[:] = [jid in frozen for jid in data.job_ids]
