@@ -12,6 +12,8 @@ from pathlib import Path
 
 from instances.errors import InputError
 
+MOVE_PATHS = ("d2d", "storage")       # how a running job moves: device to device where it can, or via storage
+
 SCHEDULES = ("gpipe", "1f1b")
 DEVICES = ("auto", "cpu", "cuda")
 # Periodic checkpoints whenever a checkpoint folder is given (a killed run loses at most

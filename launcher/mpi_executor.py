@@ -52,12 +52,10 @@ from instances.models import get_model
 
 from . import d2d, move_record
 from . import launch as _launch
-from .config import OptimizerConfig, ParallelPlan, TrainConfig
+from .config import MOVE_PATHS, OptimizerConfig, ParallelPlan, TrainConfig
 from .telemetry import read_progress, write_progress
 from .validate import validate
 from .worker import STOP_FILE
-
-MOVE_PATHS = ("d2d", "storage")
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,31 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
     assert "is a folder" in capsys.readouterr().err
 
 
+def test_serve_flags_default_to_the_service_config(tmp_path):
+    """Every setting ``arena serve`` does not name comes from ``ServiceConfig``'s own
+    defaults (one place for each), and ``--move-path`` offers the launcher's move paths."""
+    import dataclasses
+    import socket
+
+    from engine.cli import build_parser
+    from engine.commands.service import build_service_parts
+    from engine.service.config import ServiceConfig
+    from launcher.config import MOVE_PATHS
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = build_parser().parse_args(["serve", "--local-slots", "2", "--db", str(tmp_path / "s.db"),
+                                      "--work-dir", str(tmp_path / "w"), "--port", str(port)])
+    cfg = build_service_parts(args)[-1]
+    given = ServiceConfig(db_path=cfg.db_path, work_dir=cfg.work_dir)
+    assert dataclasses.asdict(cfg) == dataclasses.asdict(given)
+    serve = next(a for a in build_parser()._subparsers._group_actions[0].choices["serve"]._actions
+                 if "--move-path" in a.option_strings)
+    assert tuple(serve.choices) == MOVE_PATHS
+    with pytest.raises(InputError, match="move_path"):
+        ServiceConfig(db_path="x", work_dir="y", move_path="tape")
+
+
 def test_cli_clients_name_a_missing_service_and_a_bad_job_file(tmp_path, capsys):
     assert cli_main(["jobs", "--url", "http://127.0.0.1:9"]) == 2
     assert "no service answers" in capsys.readouterr().err

@@ -25,8 +25,10 @@ import uuid
 from pathlib import Path
 
 from instances.errors import InputError
+from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
+from ..service.config import default
 from .jsonout import dumps
 
 LOOPBACK_NAMES = ("localhost",)
@@ -69,40 +71,43 @@ def register(subparsers) -> None:
                    help="SQLite state database (default .arena/state.db under the working folder)")
     s.add_argument("--work-dir", default=".arena/work", metavar="DIR",
                    help="jobs' checkpoints, logs and progress (default .arena/work)")
-    s.add_argument("--round-interval", type=float, default=60.0, metavar="S",
+    s.add_argument("--round-interval", type=float, default=default("round_interval_s"), metavar="S",
                    help="seconds between timer rounds (rounds also run on arrival, completion, failure; "
-                        "default 60)")
-    s.add_argument("--keep-rounds", type=int, default=100_000, metavar="N",
+                        "default %(default)s)")
+    s.add_argument("--keep-rounds", type=int, default=default("keep_rounds"), metavar="N",
                    help="rounds kept in the database, older ones deleted as new ones are recorded (the shadow "
                         "policy's totals and every job's history are kept whole; 0: keep every round; "
-                        "default 100000)")
-    s.add_argument("--keep-measurements", type=int, default=10_080, metavar="N",
+                        "default %(default)s)")
+    s.add_argument("--keep-measurements", type=int, default=default("keep_measurements"), metavar="N",
                    help="per job, the newest iteration-time measurements kept in the database (one a minute at "
-                        "most while it runs; measured moves are all kept; 0: keep all; default 10080, a week)")
-    s.add_argument("--stall-after", type=float, default=600.0, metavar="S",
+                        "most while it runs; measured moves are all kept; 0: keep all; default %(default)s, a "
+                        "week at one a minute)")
+    s.add_argument("--stall-after", type=float, default=default("stall_after_s"), metavar="S",
                    help="/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
                         "shown no sign of life (a poll, a round begun, a job launched, stopped, moved or "
-                        "recovered) for this long (default 600)")
-    s.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="S",
-                   help="every launch checkpoints at least this often, in seconds of training (default 60)")
-    s.add_argument("--move-path", choices=("d2d", "storage"), default="d2d",
+                        "recovered) for this long (default %(default)s)")
+    s.add_argument("--checkpoint-interval", type=float, default=default("checkpoint_interval_s"), metavar="S",
+                   help="every launch checkpoints at least this often, in seconds of training "
+                        "(default %(default)s)")
+    s.add_argument("--move-path", choices=MOVE_PATHS, default=default("move_path"),
                    help="how running jobs move: d2d = device to device where the launcher can (a running job "
                         "on one host), else through a checkpoint; storage = always stop, checkpoint and "
-                        "relaunch (default d2d)")
-    s.add_argument("--stop-timeout", type=float, default=60.0, metavar="S",
-                   help="grace period for ranks to checkpoint and exit before they are killed (default 60)")
-    s.add_argument("--max-failures", type=int, default=3, metavar="N",
-                   help="failed runs before a job is marked failed (default 3)")
-    s.add_argument("--failure-backoff", type=float, default=30.0, metavar="S",
+                        "relaunch (default %(default)s)")
+    s.add_argument("--stop-timeout", type=float, default=default("stop_timeout_s"), metavar="S",
+                   help="grace period for ranks to checkpoint and exit before they are killed "
+                        "(default %(default)s)")
+    s.add_argument("--max-failures", type=int, default=default("max_failures"), metavar="N",
+                   help="failed runs before a job is marked failed (default %(default)s)")
+    s.add_argument("--failure-backoff", type=float, default=default("failure_backoff_s"), metavar="S",
                    help="a job whose run failed waits S seconds before it is offered again, doubling with every "
-                        "failure (default 30)")
+                        "failure (default %(default)s)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs --token)")
     s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     s.add_argument("--token", default=os.environ.get("ARENA_TOKEN"),
                    help="API token (default $ARENA_TOKEN); required when --host is not a loopback address")
-    s.add_argument("--stop-after", type=float, default=None, metavar="S",
+    s.add_argument("--stop-after", type=float, default=default("stop_after_s"), metavar="S",
                    help="shut down (checkpointing every job) after S seconds: a bound for demos and tests")
-    s.add_argument("--step-delay", type=float, default=0.0, metavar="S",
+    s.add_argument("--step-delay", type=float, default=default("step_delay_s"), metavar="S",
                    help="sleep S seconds after every training step (demos: slow tiny jobs to watch them move)")
     s.set_defaults(func=run_serve)
 
@@ -279,7 +284,7 @@ def build_service_parts(args):
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 
     from ..reconfig import ReconfigCostModel
-    from ..service.daemon import ServiceConfig
+    from ..service.config import ServiceConfig
     from .simulate import build_perf, build_policy, build_shadow, model_reader, parse_options
 
     if (args.cluster is None) == (args.local_slots is None):

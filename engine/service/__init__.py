@@ -1,2 +1,3 @@
-"""Foundations of the live rescheduling service (issue 10): job specifications and the
-SQLite state store. The daemon, its HTTP API and status page are not built yet."""
+"""The live rescheduling service (``arena serve``): its settings (``config``), job
+specifications, the SQLite state store, the daemon that runs rounds over the launcher,
+its HTTP API and status page, and the clients (docs/service.md)."""

@@ -41,7 +41,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -57,6 +56,7 @@ from ..policy import Policy
 from ..reconfig import ReconfigCostModel
 from ..round_loop import RoundLoop, RoundRecord
 from ..state import JobStatus
+from .config import ServiceConfig
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
 from .store import TERMINAL, Store
@@ -65,44 +65,6 @@ from .workdir import set_aside_unknown
 # Named points where a test may kill the service (``ARENA_FAULT=point[:n]``: SIGKILL at the
 # n-th time the point is reached; test use only).
 FAULT_POINTS = ("after-round-recorded", "after-launch-intent", "mid-move")
-
-
-@dataclass(frozen=True)
-class ServiceConfig:
-    db_path: str
-    work_dir: str
-    round_interval_s: float = 60.0
-    min_round_gap_s: float = 2.0
-    poll_interval_s: float = 0.5
-    max_failures: int = 3
-    failure_backoff_s: float = 30.0
-    stop_timeout_s: float = 60.0
-    checkpoint_interval_s: float = 60.0      # every launch checkpoints at least this often
-    checkpoint_every: int = 0                # and every this many steps (0: time-based only)
-    step_delay_s: float = 0.0                # tests and demos: slow tiny jobs down
-    stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
-    move_path: str = "d2d"                   # "d2d" where the launcher can, else storage; "storage": always
-    keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
-    keep_measurements: int = 10_080          # per job, newest iteration-time measurements kept (a week; 0: all)
-    stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
-
-    def __post_init__(self):
-        for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
-        for name in ("min_round_gap_s", "failure_backoff_s", "checkpoint_interval_s", "step_delay_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
-        if not isinstance(self.max_failures, int) or self.max_failures < 1:
-            raise InputError(f"must be an integer >= 1, got {self.max_failures!r}", field="max_failures")
-        for name in ("keep_rounds", "keep_measurements"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise InputError(f"must be an integer >= 0 (0: keep all), got {v!r}", field=name)
-        if self.stop_after_s is not None and not self.stop_after_s > 0:
-            raise InputError(f"must be > 0, got {self.stop_after_s!r}", field="stop_after_s")
 
 
 def fault_from_env(log: Callable[[str], None]) -> Callable[[str], None]:

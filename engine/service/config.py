@@ -1,0 +1,58 @@
+"""The live service's settings (``arena serve``'s options), validated: the one place
+their defaults live. A light module (no torch; of the launcher only its config module), so the
+command line reads its defaults without importing the daemon."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from instances.errors import InputError
+from launcher.config import MOVE_PATHS
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    db_path: str
+    work_dir: str
+    round_interval_s: float = 60.0
+    min_round_gap_s: float = 2.0
+    poll_interval_s: float = 0.5
+    max_failures: int = 3
+    failure_backoff_s: float = 30.0
+    stop_timeout_s: float = 60.0
+    checkpoint_interval_s: float = 60.0      # every launch checkpoints at least this often
+    checkpoint_every: int = 0                # and every this many steps (0: time-based only)
+    step_delay_s: float = 0.0                # tests and demos: slow tiny jobs down
+    stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
+    move_path: str = "d2d"                   # "d2d" where the launcher can, else storage; "storage": always
+    keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
+    keep_measurements: int = 10_080          # per job, newest iteration-time measurements kept (a week; 0: all)
+    stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
+
+    def __post_init__(self):
+        for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
+        for name in ("min_round_gap_s", "failure_backoff_s", "checkpoint_interval_s", "step_delay_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
+        if not isinstance(self.max_failures, int) or self.max_failures < 1:
+            raise InputError(f"must be an integer >= 1, got {self.max_failures!r}", field="max_failures")
+        for name in ("keep_rounds", "keep_measurements"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InputError(f"must be an integer >= 0 (0: keep all), got {v!r}", field=name)
+        if self.move_path not in MOVE_PATHS:
+            raise InputError(f"must be one of {', '.join(MOVE_PATHS)}, got {self.move_path!r}", field="move_path")
+        if self.stop_after_s is not None and not self.stop_after_s > 0:
+            raise InputError(f"must be > 0, got {self.stop_after_s!r}", field="stop_after_s")
+
+
+def default(name: str):
+    """The default of ``ServiceConfig.<name>``: what ``arena serve``'s flag shows and uses."""
+    for f in fields(ServiceConfig):
+        if f.name == name:
+            return f.default
+    raise KeyError(name)
