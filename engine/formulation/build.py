@@ -36,9 +36,12 @@ def add_job_rows(data: RoundData, builder: ModelBuilder, pinned: frozenset[str] 
 
 
 def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray | None = None) -> None:
-    """The node-shape rows; ``columns`` (optional) limits the entries written to those columns."""
+    """The node-shape rows; ``columns`` (optional) limits the entries written to those
+    columns. Each type's level-1 row (its plain capacity) is recorded in
+    ``builder.capacity_rows``."""
     cap = data.capacity
     rows, cols, vals, ub, names = [], [], [], [], []
+    level1 = np.full(len(cap.types), -1, dtype=np.int64)
     r = 0
     sub = columns is not None
     at = np.asarray(columns, dtype=np.int64) if sub else None
@@ -46,17 +49,21 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
     col_gpn = data.col_gpn[at] if sub else data.col_gpn
     gpus = np.asarray(data.col_gpus[at] if sub else data.col_gpus, dtype=float)
     for ti, t in enumerate(cap.types):
-        of_type = col_type == ti
+        of_type = np.flatnonzero(col_type == ti)
+        gpn_t, gpus_t = col_gpn[of_type], gpus[of_type]
         for li, lvl in enumerate(cap.levels[ti]):
-            idx = np.flatnonzero(of_type & (col_gpn >= lvl))
+            idx = of_type[gpn_t >= lvl] if lvl > 1 else of_type
             cols.append(at[idx] if at is not None else idx)
             rows.append(np.full(len(idx), r))
-            vals.append(gpus[idx] / lvl)
+            vals.append((gpus_t[gpn_t >= lvl] if lvl > 1 else gpus_t) / lvl)
             ub.append(cap.blocks[ti][li])
             names.append(f"cap_{t}_l{lvl}")
+            if lvl == 1:
+                level1[ti] = r
             r += 1
-    builder.add_rows(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), -np.inf,
-                     np.array(ub, dtype=float), names)
+    first = builder.add_rows(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), -np.inf,
+                             np.array(ub, dtype=float), names)
+    builder.capacity_rows = np.where(level1 >= 0, level1 + (first[0] if len(first) else 0), -1)
 
 
 def add_move_budget_row(data: RoundData, builder: ModelBuilder, max_moves: int,

@@ -77,6 +77,7 @@ class MilpModel:
     offset: float = 0.0           # constant added to the objective
     extra_names: tuple[str, ...] = ()   # the continuous variables' names, as the objective terms gave them
     job_rows: np.ndarray | None = None   # indices of the one-grid-per-job rows, when known
+    capacity_rows: np.ndarray | None = None   # per GPU type, the index of its capacity row (-1: none), when known
 
     def __post_init__(self):
         n = len(self.c)
@@ -155,6 +156,7 @@ class ModelBuilder:
         self._n_rows = 0
         self.offset = 0.0
         self.job_rows: np.ndarray | None = None
+        self.capacity_rows: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -271,4 +273,5 @@ class ModelBuilder:
         return MilpModel(c=c, col_lb=col_lb, col_ub=col_ub, integral=integral, A=A,
                          row_lb=row_lb, row_ub=row_ub, row_names=RowNames(self._row_names),
                          n_x=n_x, col_job=col_job, n_jobs=self.n_jobs,
-                         offset=offset, extra_names=tuple(self._var_names), job_rows=self.job_rows)
+                         offset=offset, extra_names=tuple(self._var_names), job_rows=self.job_rows,
+                         capacity_rows=self.capacity_rows)

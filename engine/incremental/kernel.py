@@ -50,14 +50,17 @@ def neighbour_columns(col_job, current_col, col_gpus, col_type, col_gpn, max_gpn
 def _density(j, k, cur, c, gpus, ctype, frozen, pinned, n_x):
     """Gain per GPU added on the destination type of moving job ``j`` from ``cur`` to
     ``k``; -inf when the move gains nothing (or the job is frozen), +inf for a pinned job
-    without a column."""
+    without a column. Written with one return: numba compiles the early-return form into
+    branches that took five times as long here (a ranking of 44,000 columns: 1.0 ms
+    against 0.2 ms)."""
     gain = c[k] - c[cur]
-    if frozen[j] or k == cur or gain <= EPS:
-        return -np.inf
+    added = gpus[k] - (gpus[cur] if ctype[k] == ctype[cur] else 0.0)
+    d = gain / max(added, 1.0)
     if pinned[j] and cur == n_x:
-        return np.inf
-    added = gpus[k] - gpus[cur] if ctype[k] == ctype[cur] else gpus[k]
-    return gain / max(added, 1.0)
+        d = np.inf
+    if frozen[j] or k == cur or gain <= EPS:
+        d = -np.inf
+    return d
 
 
 @njit(cache=True)
@@ -88,23 +91,23 @@ def _delta(j, k, assign, start, running0, gpus, U, out):
 @njit(cache=True, inline="always")
 def _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
     """Whether job ``j``'s move to column ``k`` fits the rows' slack: the row changes
-    ``_delta`` gives, checked row by row, stopping at the first row that refuses it."""
+    ``_delta`` gives, every row checked (no early exit: cheaper than its branches)."""
     old = assign[j]
     R = U.shape[1]
+    ok = True
     for r in range(R):
-        if U[k, r] - U[old, r] > ub[r] - act[r] + EPS:
-            return False
+        ok &= U[k, r] - U[old, r] <= ub[r] - act[r] + EPS
     was = 1.0 if (running0[j] and old != start[j]) else 0.0
     now = 1.0 if (running0[j] and k != start[j]) else 0.0
-    if now - was > ub[R] - act[R] + EPS:
-        return False
-    return gpus[k] * now - gpus[old] * was <= ub[R + 1] - act[R + 1] + EPS
+    ok &= now - was <= ub[R] - act[R] + EPS
+    ok &= gpus[k] * now - gpus[old] * was <= ub[R + 1] - act[R + 1] + EPS
+    return ok
 
 
 @njit(cache=True)
 def _before(hk, hj, a, b):
     """Heap order: the larger density (smaller key) first, then the lower job index."""
-    return hk[a] < hk[b] or (hk[a] == hk[b] and hj[a] < hj[b])
+    return (hk[a] < hk[b]) | ((hk[a] == hk[b]) & (hj[a] < hj[b]))        # no branches
 
 
 @njit(cache=True)
@@ -139,14 +142,38 @@ def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
 
 
 @njit(cache=True)
-def _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr):
+def _all_closed(cap, min_g, ub, act):
+    """Whether every GPU type is closed: its capacity row's slack below the least any of
+    its columns uses of it (``cap[t]``: that row's index among the coupling rows, -1 when
+    unknown, which keeps the type open; ``min_g[t]``: ``type_min_usage``). Then no
+    column of a job that holds no GPUs fits."""
+    for t in range(cap.shape[0]):
+        r = cap[t]
+        if r < 0 or ub[r] - act[r] + EPS >= min_g[t]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g):
     """Job ``j``'s best move that fits now, from its pointer on: columns passed over do
     not fit (slack only shrinks in expand, but for sideways moves) and are not looked at
-    again until the job moves. -1 when none is left."""
+    again until the job moves. -1 when none is left. Two short cuts that skip only moves
+    that would not fit (so the result is the same): the destination type's capacity row
+    is checked first, and a queued job is passed over whole while every type is closed."""
+    n_x = U.shape[0] - 1
+    old = assign[j]
+    if old == n_x and ptr[j] < hi[j] and _all_closed(cap, min_g, ub, act):
+        ptr[j] = hi[j]
+        return -1
     while ptr[j] < hi[j]:
         k = order[ptr[j]]
         if dens[k] == -np.inf:
             break
+        r = cap[ctype[k]]
+        if r >= 0 and U[k, r] - U[old, r] > ub[r] - act[r] + EPS:
+            ptr[j] += 1
+            continue
         if _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
             return k
         ptr[j] += 1
@@ -155,8 +182,34 @@ def _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr
 
 
 @njit(cache=True)
+def type_min_usage(ctype, U, cap):
+    """Per GPU type ``t``, the least any of its columns puts on its capacity row
+    ``cap[t]`` (inf for a type with no columns or no known row): a queued job's column of
+    a type whose slack is below this cannot fit."""
+    out = np.full(cap.shape[0], np.inf)
+    for k in range(ctype.shape[0]):
+        t = ctype[k]
+        if t >= 0 and cap[t] >= 0 and U[k, cap[t]] < out[t]:
+            out[t] = U[k, cap[t]]
+    return out
+
+
+@njit(cache=True)
+def dense_usage(indptr, indices, data, rows, n_x, U):
+    """``U[k, i]`` = the CSR matrix's entry (``rows[i]``, ``k``) for the choice columns
+    ``k < n_x`` (``U`` zeroed by the caller; entries summed, as a canonical CSR holds each
+    once)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for p in range(indptr[r], indptr[r + 1]):
+            k = indices[p]
+            if k < n_x:
+                U[k, i] += data[p]
+
+
+@njit(cache=True)
 def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, ub, act, counts,
-           order, dens, ranked):
+           order, dens, ranked, cap, min_g):
     """The expand step: every job's best move that fits, in one heap (one entry per job),
     best gain per GPU added first. The top move is taken if it still fits (other moves
     took slack since); either way the job's next move that fits replaces its entry, so a
@@ -179,7 +232,7 @@ def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, u
         if ranked[j] != assign[j]:
             _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
             ranked[j] = assign[j]
-        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr)
+        k = _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g)
         if k >= 0:
             hk[n], hj[n] = -dens[k], j
             n += 1
@@ -198,7 +251,7 @@ def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, u
             ptr[j] = lo[j]
         else:
             ptr[j] += 1
-        k = _next_fit(j, hi, assign, start, running0, gpus, U, ub, act, order, dens, ptr)
+        k = _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g)
         if k >= 0:                             # the job's next move replaces its entry
             hk[0] = -dens[k]
         else:                                  # none: the last entry takes the top
@@ -364,7 +417,10 @@ def warm_up() -> float:
     args = (one, one + 1, one + 1, one + 1, np.zeros(1, dtype=np.bool_), np.zeros(1, dtype=np.bool_),
             np.zeros(1, dtype=np.bool_), np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.array([0, -1]),
             np.array([[1.0], [0.0]]), np.ones(3), np.zeros(3), np.zeros(2, dtype=np.int64))
-    expand(*args, np.zeros(1, dtype=np.int64), np.zeros(1), np.full(1, -1, dtype=np.int64))
+    U, cap = args[10], np.zeros(1, dtype=np.int64)
+    dense_usage(np.array([0, 1]), one, np.ones(1), one, 1, U)
+    expand(*args, np.zeros(1, dtype=np.int64), np.zeros(1), np.full(1, -1, dtype=np.int64), cap,
+           type_min_usage(args[9], U, cap))
     balance(*args)
     for queued_all in (True, False):
         neighbour_columns(one, one - 1, one, one, one, one, False, queued_all, one, np.empty(1, dtype=np.int64))

@@ -91,8 +91,19 @@ class _State:
         coupling[model.job_rows] = False
         rows = np.flatnonzero(coupling)
         # few rows: each column's usage of them, densely (a row of U per column, "no column" last)
+        from .kernel import dense_usage, type_min_usage
         self.U = np.zeros((n_x + 1, len(rows)))
-        self.U[:n_x] = A[rows][:, :n_x].toarray().T
+        dense_usage(A.indptr.astype(np.int64), A.indices.astype(np.int64), A.data, rows, n_x, self.U)
+        # per GPU type, its capacity row among these (-1: not known, or not a coupling row)
+        # and the least a column of the type uses of it: expand's exact short cuts
+        n_types = int(self.ctype.max()) + 1 if n_x else 0
+        local = np.full(model.n_rows, -1, dtype=np.int64)
+        local[rows] = np.arange(len(rows))
+        known = model.capacity_rows if model.capacity_rows is not None else np.zeros(0, dtype=np.int64)
+        self.cap = np.full(n_types, -1, dtype=np.int64)
+        m = min(n_types, len(known))
+        self.cap[:m] = np.where(known[:m] >= 0, local[np.maximum(known[:m], 0)], -1)
+        self.min_use = type_min_usage(self.ctype, self.U, self.cap)
         self.ub = np.concatenate([model.row_ub[rows], [max_moved_jobs, max_moved_gpus]]).astype(float)
         self.pinned = np.zeros(model.n_jobs, dtype=bool)
         self.pinned[np.flatnonzero(model.row_lb[model.job_rows] > 0.5)] = True
@@ -137,7 +148,7 @@ class _State:
     # second, which a process that never searches incrementally should not pay
     def expand(self) -> None:
         from . import kernel
-        kernel.expand(*(self._args() + (self.order, self.dens, self.ranked)))
+        kernel.expand(*(self._args() + (self.order, self.dens, self.ranked, self.cap, self.min_use)))
 
     def balance(self) -> bool:
         from . import kernel
