@@ -49,13 +49,12 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
     col_gpn = data.col_gpn[at] if sub else data.col_gpn
     gpus = np.asarray(data.col_gpus[at] if sub else data.col_gpus, dtype=float)
     for ti, t in enumerate(cap.types):
-        of_type = np.flatnonzero(col_type == ti)
-        gpn_t, gpus_t = col_gpn[of_type], gpus[of_type]
+        of_type = col_type == ti
         for li, lvl in enumerate(cap.levels[ti]):
-            idx = of_type[gpn_t >= lvl] if lvl > 1 else of_type
+            idx = np.flatnonzero(of_type & (col_gpn >= lvl))
             cols.append(at[idx] if at is not None else idx)
             rows.append(np.full(len(idx), r))
-            vals.append((gpus_t[gpn_t >= lvl] if lvl > 1 else gpus_t) / lvl)
+            vals.append(gpus[idx] / lvl)
             ub.append(cap.blocks[ti][li])
             names.append(f"cap_{t}_l{lvl}")
             if lvl == 1:

@@ -318,13 +318,13 @@ def balance(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, 
     order = np.argsort(d_per[:nd], kind="mergesort")
     d_j, d_k, d_loss, d_per = d_j[:nd][order], d_k[:nd][order], d_loss[:nd][order], d_per[:nd][order]
     # row changes, from the assignment at the start of the step (every job moves at most once)
-    rcv_D = np.empty((nr, R + 2))
-    for i in range(nr):
-        _delta(r_j[i], r_k[i], assign, start, running0, gpus, U, rcv_D[i])
+    # (computed when first needed: a job's row changes are read only while it has not
+    # moved in this step, so its assignment is still the one at the start)
+    rcv = np.empty(R + 2)
     don_D = np.empty((nd, R + 2))
+    don_known = np.zeros(nd, dtype=np.bool_)
     dtype = np.empty(nd, dtype=np.int64)
     for i in range(nd):
-        _delta(d_j[i], d_k[i], assign, start, running0, gpus, U, don_D[i])
         dtype[i] = ctype[assign[d_j[i]]]
     # donors by GPU type, cheapest first: pool[t] = donor indices of type t, front[t] its first unused
     n_types = int(ctype.max()) + 1
@@ -354,10 +354,11 @@ def balance(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, 
             front[t] += 1                          # drop used donors from the front
         if used[j] or front[t] == end[t] or r_d[i] <= d_per[pool[front[t]]]:
             continue                               # no donor of its type is cheap enough
+        _delta(j, r_k[i], assign, start, running0, gpus, U, rcv)
         for r in range(R + 2):
-            need[r] = act[r] + rcv_D[i, r] - ub[r]
+            need[r] = act[r] + rcv[r] - ub[r]
         if np.all(need <= EPS):
-            act += rcv_D[i]
+            act += rcv
             assign[j] = r_k[i]
             counts[1] += 1
             used[j] = True
@@ -372,6 +373,9 @@ def balance(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, 
             dn = pool[p]
             if used[d_j[dn]] or d_j[dn] == j:
                 continue
+            if not don_known[dn]:
+                _delta(d_j[dn], d_k[dn], assign, start, running0, gpus, U, don_D[dn])
+                don_known[dn] = True
             helps = False
             for r in range(R):
                 if need[r] > EPS and don_D[dn, r] < -EPS:
@@ -393,7 +397,7 @@ def balance(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, 
             if not lacking:
                 break
         if n_take and np.all(need <= EPS) and lost < gain:
-            act += rcv_D[i]
+            act += rcv
             assign[j] = r_k[i]
             used[j] = True
             for q in range(n_take):
