@@ -8,6 +8,13 @@ Conventions: columns 0..n_x-1 of the restricted model, grouped by job (job j own
 usage). ``U`` (n_x + 1, R): each column's usage of the R coupling rows; ``ub`` and
 ``act`` have R + 2 entries, the last two the move budget rows (running jobs moved, GPUs
 in the columns they land on). ``assign``, ``act`` and ``counts`` are updated in place.
+
+Speed notes (measured at 10,240 GPUs, ``arena bench incremental``; docs/engine.md): the
+helpers called from the loops allocate nothing and are compiled without numba's
+reference counting (``_nrt=False``): with it, every call counted references to its array
+arguments with atomic instructions, a third of expand's time under ``perf``; and the
+hottest helpers are written without early returns, which numba compiled into branches
+that cost several times the arithmetic.
 """
 from __future__ import annotations
 
@@ -46,7 +53,7 @@ def neighbour_columns(col_job, current_col, col_gpus, col_type, col_gpn, max_gpn
     return n
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _density(j, k, cur, c, gpus, ctype, frozen, pinned, n_x):
     """Gain per GPU added on the destination type of moving job ``j`` from ``cur`` to
     ``k``; -inf when the move gains nothing (or the job is frozen), +inf for a pinned job
@@ -63,7 +70,7 @@ def _density(j, k, cur, c, gpus, ctype, frozen, pinned, n_x):
     return d
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _best(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x):
     """Job ``j``'s best move whether it fits or not (the first column of ties); (-1, 0)
     when it has none."""
@@ -75,7 +82,7 @@ def _best(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x):
     return (bk, bd) if bk >= 0 else (-1, 0.0)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _delta(j, k, assign, start, running0, gpus, U, out):
     """Row changes (R + 2) if job ``j`` goes to column ``k``, into ``out``."""
     old = assign[j]
@@ -88,7 +95,7 @@ def _delta(j, k, assign, start, running0, gpus, U, out):
     out[R + 1] = gpus[k] * now - gpus[old] * was
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
     """Whether job ``j``'s move to column ``k`` fits the rows' slack: the row changes
     ``_delta`` gives, every row checked (no early exit: cheaper than its branches)."""
@@ -104,28 +111,31 @@ def _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
     return ok
 
 
-@njit(cache=True)
-def _before(hk, hj, a, b):
+@njit(cache=True, _nrt=False)
+def _before(ka, ja, kb, jb):
     """Heap order: the larger density (smaller key) first, then the lower job index."""
-    return (hk[a] < hk[b]) | ((hk[a] == hk[b]) & (hj[a] < hj[b]))        # no branches
+    return (ka < kb) | ((ka == kb) & (ja < jb))        # no branches
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _sift_down(hk, hj, i, n):
+    """Move the entry at ``i`` down to its place (``_before``'s order), holding it aside
+    instead of swapping at every level."""
+    ki, ji = hk[i], hj[i]
     while True:
-        m, left = i, 2 * i + 1
-        if left < n and _before(hk, hj, left, m):
-            m = left
-        if left + 1 < n and _before(hk, hj, left + 1, m):
-            m = left + 1
-        if m == i:
-            return
-        hk[i], hk[m] = hk[m], hk[i]
-        hj[i], hj[m] = hj[m], hj[i]
+        m = 2 * i + 1
+        if m >= n:
+            break
+        if m + 1 < n and _before(hk[m + 1], hj[m + 1], hk[m], hj[m]):
+            m += 1
+        if not _before(hk[m], hj[m], ki, ji):
+            break
+        hk[i], hj[i] = hk[m], hj[m]
         i = m
+    hk[i], hj[i] = ki, ji
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
     """Sort job ``j``'s columns in ``order[lo[j]:hi[j]]`` by their move's gain per GPU
     added (best first, ties in column order; ``dens``: per column, -inf where the move
@@ -141,7 +151,23 @@ def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
         order[p] = k
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
+def _live_end(j, lo, hi, assign, order, dens, ctype, U, cap, min_g):
+    """The last position in job ``j``'s ranked columns of a move that could still fit
+    while every type is closed (its gain positive, and what it adds to its type's
+    capacity row below the least a column of that type uses); ``lo[j] - 1`` when none.
+    Past it, a closed cluster has nothing for the job."""
+    old = assign[j]
+    end = lo[j] - 1
+    for p in range(lo[j], hi[j]):
+        k = order[p]
+        r = cap[ctype[k]]
+        if dens[k] > -np.inf and (r < 0 or U[k, r] - U[old, r] < min_g[ctype[k]]):
+            end = p
+    return end
+
+
+@njit(cache=True, _nrt=False)
 def _all_closed(cap, min_g, ub, act):
     """Whether every GPU type is closed: its capacity row's slack below the least any of
     its columns uses of it (``cap[t]``: that row's index among the coupling rows, -1 when
@@ -154,16 +180,16 @@ def _all_closed(cap, min_g, ub, act):
     return True
 
 
-@njit(cache=True)
-def _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g):
+@njit(cache=True, _nrt=False)
+def _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g, live):
     """Job ``j``'s best move that fits now, from its pointer on: columns passed over do
     not fit (slack only shrinks in expand, but for sideways moves) and are not looked at
     again until the job moves. -1 when none is left. Two short cuts that skip only moves
     that would not fit (so the result is the same): the destination type's capacity row
-    is checked first, and a queued job is passed over whole while every type is closed."""
-    n_x = U.shape[0] - 1
+    is checked first, and while every type is closed a job is passed over whole once its
+    pointer is past ``live[j]`` (``_live_end``; a queued job's is before its first)."""
     old = assign[j]
-    if old == n_x and ptr[j] < hi[j] and _all_closed(cap, min_g, ub, act):
+    if ptr[j] < hi[j] and ptr[j] > live[j] and _all_closed(cap, min_g, ub, act):
         ptr[j] = hi[j]
         return -1
     while ptr[j] < hi[j]:
@@ -209,7 +235,7 @@ def dense_usage(indptr, indices, data, rows, n_x, U):
 
 @njit(cache=True)
 def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, ub, act, counts,
-           order, dens, ranked, cap, min_g):
+           order, dens, ranked, cap, min_g, live):
     """The expand step: every job's best move that fits, in one heap (one entry per job),
     best gain per GPU added first. The top move is taken if it still fits (other moves
     took slack since); either way the job's next move that fits replaces its entry, so a
@@ -231,8 +257,9 @@ def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, u
     for j in range(n_jobs):
         if ranked[j] != assign[j]:
             _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
+            live[j] = _live_end(j, lo, hi, assign, order, dens, ctype, U, cap, min_g)
             ranked[j] = assign[j]
-        k = _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g)
+        k = _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g, live)
         if k >= 0:
             hk[n], hj[n] = -dens[k], j
             n += 1
@@ -247,11 +274,12 @@ def expand(lo, hi, assign, start, running0, frozen, pinned, c, gpus, ctype, U, u
             assign[j] = k
             counts[0] += 1
             _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens)
+            live[j] = _live_end(j, lo, hi, assign, order, dens, ctype, U, cap, min_g)
             ranked[j] = k
             ptr[j] = lo[j]
         else:
             ptr[j] += 1
-        k = _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g)
+        k = _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g, live)
         if k >= 0:                             # the job's next move replaces its entry
             hk[0] = -dens[k]
         else:                                  # none: the last entry takes the top
@@ -424,7 +452,7 @@ def warm_up() -> float:
     U, cap = args[10], np.zeros(1, dtype=np.int64)
     dense_usage(np.array([0, 1]), one, np.ones(1), one, 1, U)
     expand(*args, np.zeros(1, dtype=np.int64), np.zeros(1), np.full(1, -1, dtype=np.int64), cap,
-           type_min_usage(args[9], U, cap))
+           type_min_usage(args[9], U, cap), np.zeros(1, dtype=np.int64))
     balance(*args)
     for queued_all in (True, False):
         neighbour_columns(one, one - 1, one, one, one, one, False, queued_all, one, np.empty(1, dtype=np.int64))

@@ -117,6 +117,7 @@ class _State:
         self.order = np.empty(n_x, dtype=np.int64)      # expand's rankings, kept between its calls
         self.dens = np.empty(n_x)
         self.ranked = np.full(model.n_jobs, -1, dtype=np.int64)
+        self.live = np.zeros(model.n_jobs, dtype=np.int64)       # with the rankings: see kernel._live_end
 
     def moved(self, j: np.ndarray, new: np.ndarray) -> np.ndarray:
         return self.running0[j] & (new != self.start[j])
@@ -148,7 +149,7 @@ class _State:
     # second, which a process that never searches incrementally should not pay
     def expand(self) -> None:
         from . import kernel
-        kernel.expand(*(self._args() + (self.order, self.dens, self.ranked, self.cap, self.min_use)))
+        kernel.expand(*(self._args() + (self.order, self.dens, self.ranked, self.cap, self.min_use, self.live)))
 
     def balance(self) -> bool:
         from . import kernel
