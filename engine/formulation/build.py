@@ -48,10 +48,11 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
     col_type = data.col_type[at] if sub else data.col_type
     col_gpn = data.col_gpn[at] if sub else data.col_gpn
     gpus = np.asarray(data.col_gpus[at] if sub else data.col_gpus, dtype=float)
+    at_least = {lvl: col_gpn >= lvl for lvl in sorted(set().union(*cap.levels)) if lvl > 1}
     for ti, t in enumerate(cap.types):
         of_type = col_type == ti
         for li, lvl in enumerate(cap.levels[ti]):
-            idx = np.flatnonzero(of_type & (col_gpn >= lvl))
+            idx = np.flatnonzero(of_type & at_least[lvl] if lvl > 1 else of_type)
             cols.append(at[idx] if at is not None else idx)
             rows.append(np.full(len(idx), r))
             vals.append(gpus[idx] / lvl)
