@@ -437,3 +437,29 @@ def test_compiled_expand_equals_the_plain_reference(gpus, jobs, seed, running, b
     _reference_expand(b)
     assert a.assign.tolist() == b.assign.tolist() and a.counts.tolist() == b.counts.tolist()
     assert np.allclose(a.act, b.act)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_expand_short_cuts_on_a_closed_cluster_equal_the_plain_reference(seed):
+    """Expand's two short cuts (the destination type's capacity row first; a job passed
+    over whole while every type is closed) skip only moves that would not fit. On a
+    round where the queued jobs want far more than the cluster has, every type closes
+    during expand, so the short cuts are taken; the decision equals the plain reference,
+    which has none."""
+    from engine.incremental import kernel
+    from engine.incremental.search import _State
+    data = synthetic_round_data(32, 60, seed, running_fraction=0.3)
+    cols = candidate_columns(data)
+    model = build_model(data, OBJ, columns=cols)
+    assert model.capacity_rows is not None and np.all(model.capacity_rows >= 0)
+    start = data.current_among(cols)
+    a, b = (_State(model, start, data.col_gpus[cols], data.col_type[cols], np.zeros(data.n_jobs, dtype=bool),
+                   np.inf, np.inf) for _ in range(2))
+    assert np.all(a.cap >= 0)                  # every type's capacity row is known to the kernel
+    a.repair_start()
+    b.repair_start()
+    a.expand()
+    _reference_expand(b)
+    assert kernel._all_closed(a.cap, a.min_use, a.ub, a.act)
+    assert a.assign.tolist() == b.assign.tolist() and a.counts[0] == b.counts[0]
+    assert np.allclose(a.act, b.act)
