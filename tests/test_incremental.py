@@ -463,3 +463,10 @@ def test_expand_short_cuts_on_a_closed_cluster_equal_the_plain_reference(seed):
     assert kernel._all_closed(a.cap, a.min_use, a.ub, a.act)
     assert a.assign.tolist() == b.assign.tolist() and a.counts[0] == b.counts[0]
     assert np.allclose(a.act, b.act)
+
+
+def test_the_kernels_helpers_are_compiled_without_reference_counting():
+    """The speed the bench measures depends on it (docs/engine.md): a numba that no
+    longer has the flag still runs the kernels, but this test says it lost it."""
+    from engine.incremental import kernel
+    assert kernel.HELPER == {"_nrt": False}

@@ -11,8 +11,9 @@ in the columns they land on). ``assign``, ``act`` and ``counts`` are updated in 
 
 Speed notes (measured at 10,240 GPUs, ``arena bench incremental``; docs/engine.md): the
 helpers called from the loops allocate nothing and are compiled without numba's
-reference counting (``_nrt=False``): with it, every call counted references to its array
-arguments with atomic instructions, a third of expand's time under ``perf``; and the
+reference counting (``HELPER``: the private flag ``_nrt=False``, where this numba has it):
+with it, every call counted references to its array arguments with atomic instructions,
+a third of expand's time under ``perf``; and the
 hottest helpers are written without early returns, which numba compiled into branches
 that cost several times the arithmetic.
 """
@@ -22,6 +23,19 @@ import numpy as np
 from numba import njit
 
 EPS = 1e-9                     # tolerance of every row check (search.py's start repair too)
+
+
+def _helper_options() -> dict:
+    """numba's options for the helpers: no reference counting where this numba knows the
+    (private) flag; without it the kernels are the same, only slower."""
+    try:
+        from numba.core.cpu import CPUTargetOptions
+        return {"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {}
+    except ImportError:
+        return {}
+
+
+HELPER = _helper_options()
 
 MAX_DONORS_EXAMINED = 32       # per receiver in balance
 BALANCE_PATIENCE = 128         # balance stops after this many receivers in a row found no exchange
@@ -53,7 +67,7 @@ def neighbour_columns(col_job, current_col, col_gpus, col_type, col_gpn, max_gpn
     return n
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, inline="always", **HELPER)
 def _density(j, k, cur, c, gpus, ctype, frozen, pinned, n_x):
     """Gain per GPU added on the destination type of moving job ``j`` from ``cur`` to
     ``k``; -inf when the move gains nothing (or the job is frozen), +inf for a pinned job
@@ -70,7 +84,7 @@ def _density(j, k, cur, c, gpus, ctype, frozen, pinned, n_x):
     return d
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _best(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x):
     """Job ``j``'s best move whether it fits or not (the first column of ties); (-1, 0)
     when it has none."""
@@ -82,7 +96,7 @@ def _best(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x):
     return (bk, bd) if bk >= 0 else (-1, 0.0)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _delta(j, k, assign, start, running0, gpus, U, out):
     """Row changes (R + 2) if job ``j`` goes to column ``k``, into ``out``."""
     old = assign[j]
@@ -95,7 +109,7 @@ def _delta(j, k, assign, start, running0, gpus, U, out):
     out[R + 1] = gpus[k] * now - gpus[old] * was
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, inline="always", **HELPER)
 def _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
     """Whether job ``j``'s move to column ``k`` fits the rows' slack: the row changes
     ``_delta`` gives, every row checked (no early exit: cheaper than its branches)."""
@@ -111,13 +125,13 @@ def _move_fits(j, k, assign, start, running0, gpus, U, ub, act):
     return ok
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _before(ka, ja, kb, jb):
     """Heap order: the larger density (smaller key) first, then the lower job index."""
     return (ka < kb) | ((ka == kb) & (ja < jb))        # no branches
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _sift_down(hk, hj, i, n):
     """Move the entry at ``i`` down to its place (``_before``'s order), holding it aside
     instead of swapping at every level."""
@@ -135,7 +149,7 @@ def _sift_down(hk, hj, i, n):
     hk[i], hj[i] = ki, ji
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
     """Sort job ``j``'s columns in ``order[lo[j]:hi[j]]`` by their move's gain per GPU
     added (best first, ties in column order; ``dens``: per column, -inf where the move
@@ -151,7 +165,7 @@ def _rank(j, lo, hi, assign, c, gpus, ctype, frozen, pinned, n_x, order, dens):
         order[p] = k
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _live_end(j, lo, hi, assign, order, dens, ctype, U, cap, min_g):
     """The last position in job ``j``'s ranked columns of a move that could still fit
     while every type is closed (its gain positive, and what it adds to its type's
@@ -167,7 +181,7 @@ def _live_end(j, lo, hi, assign, order, dens, ctype, U, cap, min_g):
     return end
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _all_closed(cap, min_g, ub, act):
     """Whether every GPU type is closed: its capacity row's slack below the least any of
     its columns uses of it (``cap[t]``: that row's index among the coupling rows, -1 when
@@ -180,7 +194,7 @@ def _all_closed(cap, min_g, ub, act):
     return True
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, **HELPER)
 def _next_fit(j, hi, assign, start, running0, gpus, ctype, U, ub, act, order, dens, ptr, cap, min_g, live):
     """Job ``j``'s best move that fits now, from its pointer on: columns passed over do
     not fit (slack only shrinks in expand, but for sideways moves) and are not looked at
