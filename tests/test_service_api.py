@@ -215,6 +215,8 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
                         (["--local-slots", "2", "--keep-rounds", "-1"], "--keep-rounds"),
                         (["--local-slots", "2", "--keep-measurements", "-1"], "--keep-measurements"),
                         (["--local-slots", "2", "--stall-after", "0"], "--stall-after"),
+                        (["--local-slots", "2", "--drain-after-failures", "-1"], "--drain-after-failures"),
+                        (["--local-slots", "2", "--failure-window", "0"], "--failure-window"),
                         (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store")]:
         assert cli_main(base + argv) == 2
         assert f"field '{field}'" in capsys.readouterr().err

@@ -213,6 +213,50 @@ def test_draining_moves_a_job_device_to_device_then_stops_it_with_a_checkpoint_w
         sp.terminate()
 
 
+def test_a_node_where_runs_of_different_jobs_keep_failing_is_drained_and_the_jobs_finish_elsewhere(tmp_path):
+    """Two nodes of one slot; every run on node 1 is killed (a bad node, as a test can make
+    one). Once runs of two different jobs failed there, the service drains node 1 with the
+    jobs named in the reason, and the three jobs finish on node 0, each resumed from its
+    checkpoints (nothing past one lost); nothing is counted for node 0."""
+    port = free_port()
+    sp = _start(tmp_path, port, "--local-nodes", "2", "--drain-after-failures", "2", "--max-failures", "3",
+                slots=1)
+    client = Client(sp.url)
+    work = tmp_path / "work"
+
+    def on_node_1() -> tuple[int, int] | None:
+        for jid in ids:
+            j = _job(client, jid)
+            if j["status"] == "running" and j["progress"].get("status") == "running" and \
+                    {int(g.split(":")[0]) for g in j["gpus"]} == {1}:
+                return jid, j["launch"]["generation"]
+        return None
+
+    try:
+        ids = [client.post("/api/jobs", {**JOB, "name": f"j{i}", "steps": 40, "gpus": 1})["id"] for i in range(3)]
+        killed: list[int] = []
+        while len(set(killed)) < 2:
+            jid, gen = wait_until(on_node_1, what="a job running on node 1")
+            _kill_a_rank(work, jid, gen)
+            killed.append(jid)
+            wait_until(lambda: _job(client, jid)["launch"]["generation"] > gen or
+                       _job(client, jid)["status"] == "queued", what="the failure booked")
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            drained = wait_until(lambda: st.drained().get(1), what="node 1 drained")
+        assert drained[0].startswith("auto: runs of 2 jobs failed on it") and all(f"{j}" in drained[0] for j in killed)
+        for jid in ids:
+            wait_until(lambda: _job(client, jid)["status"] == "finished", what=f"job {jid} finished")
+        with Store(tmp_path / "state.db", readonly=True) as st:
+            assert set(st.drained()) == {1} and st.check() == []
+            for jid in ids:
+                rs = resumes(str(work), jid, st)
+                assert all(start == saved for _, start, saved in rs), rs      # nothing past a checkpoint lost
+            assert any("run failed (1 of 3)" in h.reason for jid in killed for h in st.history(jid))
+        assert "node 1 drained, auto: runs of 2 jobs" in (tmp_path / "serve.log").read_text()
+    finally:
+        sp.terminate()
+
+
 def test_scenario_resubmits_the_workload_while_a_fault_is_still_to_come(tmp_path):
     # fcfs never moves a job, so the mid-move fault never fires (nor does what ``until``
     # waits for): the scenario submits the workload again once (repeats=1), then reports

@@ -101,6 +101,12 @@ def register(subparsers) -> None:
     s.add_argument("--failure-backoff", type=float, default=default("failure_backoff_s"), metavar="S",
                    help="a job whose run failed waits S seconds before it is offered again, doubling with every "
                         "failure (default %(default)s)")
+    s.add_argument("--drain-after-failures", type=int, default=default("drain_after_failures"), metavar="N",
+                   help="take a node out of service (as `arena drain` would, the jobs named in the reason) once "
+                        "runs of N different jobs have failed on it within --failure-window; never the last "
+                        "node in service; 0: never (default %(default)s)")
+    s.add_argument("--failure-window", type=float, default=default("failure_window_s"), metavar="S",
+                   help="the window of --drain-after-failures, in seconds (default %(default)s)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs --token)")
     s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     s.add_argument("--token", default=os.environ.get("ARENA_TOKEN"),
@@ -330,7 +336,8 @@ def build_service_parts(args):
                             stop_after_s=args.stop_after, move_path=args.move_path,
                             step_delay_s=args.step_delay, keep_rounds=args.keep_rounds,
                             keep_measurements=args.keep_measurements,
-                            stall_after_s=args.stall_after)
+                            stall_after_s=args.stall_after, drain_after_failures=args.drain_after_failures,
+                            failure_window_s=args.failure_window)
     except InputError as e:                       # the config's field, as the flag that set it
         flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")
         raise InputError(e.reason, field=flag) from None

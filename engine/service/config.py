@@ -28,9 +28,12 @@ class ServiceConfig:
     keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
     keep_measurements: int = 10_080          # per job, newest iteration-time measurements kept (a week; 0: all)
     stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
+    drain_after_failures: int = 3            # drain a node where runs of this many different jobs failed ...
+    failure_window_s: float = 3600.0         # ... within this long (node_health.py; 0 jobs: never)
 
     def __post_init__(self):
-        for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s"):
+        for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s",
+                     "failure_window_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
@@ -44,6 +47,10 @@ class ServiceConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InputError(f"must be an integer >= 0 (0: keep all), got {v!r}", field=name)
+        v = self.drain_after_failures
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise InputError(f"must be an integer >= 0 (0: never drain a node), got {v!r}",
+                             field="drain_after_failures")
         if self.move_path not in MOVE_PATHS:
             raise InputError(f"must be one of {', '.join(MOVE_PATHS)}, got {self.move_path!r}", field="move_path")
         if self.stop_after_s is not None and not self.stop_after_s > 0:

@@ -59,6 +59,7 @@ from ..state import JobStatus
 from .config import ServiceConfig
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
+from .node_health import NodeHealth
 from .store import TERMINAL, Store
 from .workdir import set_aside_unknown
 
@@ -113,6 +114,7 @@ class Service:
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
                               shadow=shadow)
+        self.health = NodeHealth(cfg.drain_after_failures, cfg.failure_window_s)
         self.wake = threading.Event()          # set by the API on a submission, cancel, hold or release
         self._trigger = "start"
         self._last_round = -math.inf
@@ -280,9 +282,12 @@ class Service:
         self._alive(f"round {self._round_index + 1}")
         interval = now - self._last_round if math.isfinite(self._last_round) else self.cfg.round_interval_s
         now = max(now, st.now_s)
+        nodes_of = {jid: r.alloc.nodes for jid, r in st.running.items() if r.alloc is not None}
         ended = loop.collect(now, max(interval, 1e-6))
         for p in ended:
             r = st.jobs[p.job_id]
+            if p.failed and p.job_id in nodes_of and self.executor.runs_on(r.job, self._last_shape(p.job_id)):
+                self._count_node_failure(p.job_id, nodes_of[p.job_id], now)
             if r.status is JobStatus.FINISHED:
                 self._set_status(int(p.job_id), "finished", "training finished")
                 self.log(f"job {p.job_id} finished")
@@ -399,6 +404,24 @@ class Service:
         self._moves_written = len(entries)
         self._moves_open = [e for e in changed if e.ended_s is None]
 
+    def _count_node_failure(self, job_id: str, nodes, now: float) -> None:
+        """A run that failed on ``nodes`` (not for its shape): drain a node where runs of
+        ``drain_after_failures`` different jobs failed within ``failure_window_s``, unless
+        it is the last node in service (node_health.py)."""
+        for node in self.health.record(nodes, job_id, now):
+            jobs = self.health.jobs(node)
+            in_service = len(self.loop.state.cluster.nodes) - len(self._drained())
+            if node in self._drained():
+                continue
+            if in_service <= 1:
+                self.log(f"node {node}: runs of jobs {', '.join(jobs)} failed on it; not drained: it is the last "
+                         "node in service")
+                continue
+            reason = (f"auto: runs of {len(jobs)} jobs failed on it within {self.cfg.failure_window_s:g} s "
+                      f"(jobs {', '.join(jobs)})")
+            self.store.drain(node, reason)
+            self.log(f"node {node} drained, {reason}; `arena undrain {node}` returns it")
+
     def _drained(self) -> frozenset[int]:
         """The nodes drained in the store that this cluster has (others are logged at recovery)."""
         return frozenset(n for n in self.store.drained() if n < len(self.loop.state.cluster.nodes))
@@ -413,6 +436,8 @@ class Service:
             return
         self.log(f"nodes out of service: {sorted(want) or 'none'} (drained: {sorted(want - before) or 'none'}, "
                  f"returned: {sorted(before - want) or 'none'})")
+        for node in before - want:
+            self.health.cleared(node)                  # back in service: its failures count afresh
         for jid in self.loop.set_unavailable(want, now):
             node = min(set(st.jobs[jid].alloc.nodes) & want)
             self.executor.stop_reasons[jid] = f"node {node} drained"      # if this round stops it

@@ -1,0 +1,58 @@
+"""Failed runs counted per node (engine/service/node_health.py): a node is flagged once runs
+of ``threshold`` different jobs failed on it within the window, once until cleared."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.service.node_health import NodeHealth
+
+
+def test_different_jobs_within_the_window_flag_a_node_once():
+    h = NodeHealth(3, 100.0)
+    assert h.record([0], "1", 0.0) == []
+    assert h.record([0], "1", 1.0) == []              # the same job again: still one job
+    assert h.record([0, 1], "2", 2.0) == []           # a run on two nodes counts on each
+    assert h.record([0], "3", 3.0) == [0]
+    assert h.jobs(0) == ["1", "2", "3"] and h.jobs(1) == ["2"]
+    assert h.record([0], "4", 4.0) == []              # flagged once ...
+    h.cleared(0)
+    assert h.jobs(0) == [] and h.record([0], "5", 5.0) == []     # ... until it is back in service
+
+
+def test_failures_older_than_the_window_are_forgotten_and_zero_switches_it_off():
+    h = NodeHealth(2, 10.0)
+    assert h.record([4], "a", 0.0) == []
+    assert h.record([4], "b", 20.0) == []             # "a" was 20 s ago: outside the window
+    assert h.record([4], "c", 25.0) == [4]
+    off = NodeHealth(0, 10.0)
+    assert all(off.record([0], str(j), float(j)) == [] for j in range(10))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError):
+            NodeHealth(bad, 10.0)                     # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        NodeHealth(2, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(threshold=st.integers(1, 4), window=st.floats(1.0, 50.0),
+       events=st.lists(st.tuples(st.floats(0.0, 5.0), st.lists(st.integers(0, 3), min_size=1, max_size=2),
+                                 st.integers(0, 5)), max_size=40))
+def test_a_node_is_flagged_exactly_when_enough_different_jobs_failed_within_the_window(threshold, window, events):
+    """Against the rule written plainly: at each failure, the distinct jobs among the
+    failures on that node in the last ``window`` seconds; flagged the first time they reach
+    the threshold, never again."""
+    h = NodeHealth(threshold, window)
+    t, seen, flagged = 0.0, [], set()
+    for dt, nodes, job in events:
+        t += dt
+        got = h.record(nodes, str(job), t)
+        seen.append((t, set(nodes), str(job)))
+        want = []
+        for node in sorted(set(nodes)):
+            jobs = {j for at, ns, j in seen if node in ns and at >= t - window}
+            if node not in flagged and len(jobs) >= threshold:
+                flagged.add(node)
+                want.append(node)
+        assert got == want
