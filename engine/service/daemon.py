@@ -414,6 +414,7 @@ class Service:
             if node in self._drained():
                 continue
             if in_service <= 1:
+                self.health.cleared(node)              # its count starts again
                 self.log(f"node {node}: runs of jobs {', '.join(jobs)} failed on it; not drained: it is the last "
                          "node in service")
                 continue
