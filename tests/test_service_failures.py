@@ -253,6 +253,10 @@ def test_a_node_where_runs_of_different_jobs_keep_failing_is_drained_and_the_job
                 assert all(start == saved for _, start, saved in rs), rs      # nothing past a checkpoint lost
             assert any("run failed (1 of 3)" in h.reason for jid in killed for h in st.history(jid))
         assert "node 1 drained, auto: runs of 2 jobs" in (tmp_path / "serve.log").read_text()
+        with urllib.request.urlopen(sp.url + "/metrics", timeout=10) as r:      # what an alert would watch
+            m = parse_metrics(r.read().decode())
+        assert m['arena_node_failed_jobs{node="1"}'] == 2 and m['arena_node_failed_jobs{node="0"}'] == 0
+        assert m["arena_nodes_drained"] == 1
     finally:
         sp.terminate()
 

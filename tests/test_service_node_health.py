@@ -26,6 +26,7 @@ def test_failures_older_than_the_window_are_forgotten_and_zero_switches_it_off()
     assert h.record([4], "a", 0.0) == []
     assert h.record([4], "b", 20.0) == []             # "a" was 20 s ago: outside the window
     assert h.record([4], "c", 25.0) == [4]
+    assert h.counts(25.0) == {4: 2} and h.counts(31.0) == {4: 1} and h.counts(40.0) == {}   # /metrics' view
     off = NodeHealth(0, 10.0)
     assert all(off.record([0], str(j), float(j)) == [] for j in range(10))
     for bad in (-1, 1.5, True):

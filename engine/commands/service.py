@@ -369,6 +369,7 @@ def run_serve(args) -> int:
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
                                 shadow_policy=service.shadow_name,
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
+                                node_failures=service.node_failures,
                                 plugins=tuple(p.describe() for p in args.plugins),
                                 local_hosts=None if args.token else LOCAL_HOSTS | {args.host.lower()}))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",

@@ -73,6 +73,8 @@ class ApiContext:
     local_hosts: frozenset[str] | None = None
     # the scheduler thread's liveness (Service.liveness): health answers 503 when it stalled
     liveness: Callable[[], dict] | None = None
+    # per node, the different jobs whose runs failed on it lately (Service.node_failures)
+    node_failures: Callable[[], dict[int, int]] | None = None
     # loss curves read from the run folders, kept between requests (engine/service/losses.py)
     losses: LossLog = field(default_factory=LossLog)
 
@@ -338,7 +340,8 @@ def create_app(ctx: ApiContext):
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
         with store() as s:
-            text = metrics_text(s, ctx.cluster, ctx.policy, None if ctx.liveness is None else ctx.liveness())
+            text = metrics_text(s, ctx.cluster, ctx.policy, None if ctx.liveness is None else ctx.liveness(),
+                                None if ctx.node_failures is None else ctx.node_failures())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     page = resources.files("engine.service").joinpath("page.html").read_text()

@@ -144,6 +144,11 @@ class Service:
         return {"phase": self._phase, "since_s": since,
                 "stalled": self._phase != "stopped" and since > self.cfg.stall_after_s}
 
+    def node_failures(self) -> dict[int, int]:
+        """Per node, the different jobs whose runs failed on it within ``failure_window_s``
+        (node_health.py; read by the API's ``/metrics``, from another thread)."""
+        return self.health.counts(time.time())
+
     def recover(self) -> None:
         """Take over from a service that stopped (cleanly or not); see the module doc."""
         self._alive("recovering")

@@ -163,7 +163,8 @@ def cluster_view(store: Store, cluster: ClusterSpec) -> dict:
     return {"name": cluster.name, "nodes": nodes, "gpus_by_type": cluster.gpus_by_type()}
 
 
-def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict | None = None) -> str:
+def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict | None = None,
+                 node_failures: dict[int, int] | None = None) -> str:
     """The service's state in Prometheus' text exposition format (version 0.0.4): what an
     operator's monitoring scrapes and alerts on (a service whose rounds stopped, jobs
     failing, nodes drained)."""
@@ -191,6 +192,10 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict
     metric("arena_nodes_drained", "gauge", "Nodes out of service (arena drain).", [({}, len(drained))])
     metric("arena_gpus_drained", "gauge", "GPUs on drained nodes.",
            [({}, sum(n.num_gpus for n in nodes if n.node_id in drained))])
+    if node_failures is not None:
+        metric("arena_node_failed_jobs", "gauge", "Different jobs whose runs failed on the node within "
+               "--failure-window (the service drains it at --drain-after-failures).",
+               [({"node": n.node_id}, node_failures.get(n.node_id, 0)) for n in nodes])
     moves = store.move_counts()
     metric("arena_moves_total", "counter",
            "Moves of running jobs: decided by the policy, or forced off a drained node.",
