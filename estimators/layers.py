@@ -158,8 +158,9 @@ def layer_costs(arch: ModelArch, *, micro_batch: int = 1, tp: int = 1, seq_len: 
 def _layer_costs(arch: ModelArch, micro_batch: int, tp: int, backward_ratio: float) -> tuple[LayerCost, ...]:
     """``layer_costs`` once per (architecture, micro-batch, tp): a replay's planner asks for
     the same ones for every data-parallel degree and GPU type (the costs are frozen). The
-    first 400 rounds of the `arena` philly replay: 8.5 s before, 6.5 s after (same
-    decisions); the whole every-round replay gains about 2%."""
+    first 400 rounds of the `arena` philly replay, where new estimates dominate: 7.9 s
+    before, 6.7–6.9 s after (two alternated runs each; same decisions); over the whole
+    every-round replay the gain is within this host's noise."""
     units = _unit_costs(arch, tp, backward_ratio)
     if micro_batch == 1:
         return units
