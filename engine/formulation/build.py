@@ -61,9 +61,10 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
             if lvl == 1:
                 level1[ti] = r
             r += 1
-    first = builder.add_rows(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), -np.inf,
-                             np.array(ub, dtype=float), names)
-    builder.capacity_rows = np.where(level1 >= 0, level1 + (first[0] if len(first) else 0), -1)
+    base = builder.n_rows
+    builder.add_rows(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), -np.inf,
+                     np.array(ub, dtype=float), names)
+    builder.capacity_rows = np.where(level1 >= 0, level1 + base, -1)
 
 
 def add_move_budget_row(data: RoundData, builder: ModelBuilder, max_moves: int,

@@ -28,8 +28,8 @@ class ServiceConfig:
     keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
     keep_measurements: int = 10_080          # per job, newest iteration-time measurements kept (a week; 0: all)
     stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
-    drain_after_failures: int = 3            # drain a node where runs of this many different jobs failed ...
-    failure_window_s: float = 3600.0         # ... within this long (node_health.py; 0 jobs: never)
+    drain_after_failures: int = 3            # drain a node where runs of this many different jobs failed
+    failure_window_s: float = 3600.0         # within this long (node_health.py; 0 jobs: never drain)
 
     def __post_init__(self):
         for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s",

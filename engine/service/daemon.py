@@ -291,7 +291,9 @@ class Service:
         ended = loop.collect(now, max(interval, 1e-6))
         for p in ended:
             r = st.jobs[p.job_id]
-            if p.failed and p.job_id in nodes_of and self.executor.runs_on(r.job, self._last_shape(p.job_id)):
+            # a run refused or out of memory for its shape: the shape's fault, not the node's or the job's
+            shape_ok = r.status is JobStatus.FINISHED or self.executor.runs_on(r.job, self._last_shape(p.job_id))
+            if p.failed and p.job_id in nodes_of and shape_ok:
                 self._count_node_failure(p.job_id, nodes_of[p.job_id], now)
             if r.status is JobStatus.FINISHED:
                 self._set_status(int(p.job_id), "finished", "training finished")
@@ -299,7 +301,7 @@ class Service:
             elif r.status is JobStatus.FAILED:
                 self._set_status(int(p.job_id), "failed", f"failed {r.failures} times; last: {r.failure_reason}")
                 self.log(f"job {p.job_id} failed for good: {r.failure_reason}")
-            elif not self.executor.runs_on(r.job, self._last_shape(p.job_id)):
+            elif not shape_ok:
                 self._set_status(int(p.job_id), "queued", f"shape refused, not counted as a failure (the policy will "
                                  f"not choose it again): {str(p.failed)[:300]}")
             else:
@@ -414,11 +416,10 @@ class Service:
         ``drain_after_failures`` different jobs failed within ``failure_window_s``, unless
         it is the last node in service (node_health.py)."""
         for node in self.health.record(nodes, job_id, now):
-            jobs = self.health.jobs(node)
-            in_service = len(self.loop.state.cluster.nodes) - len(self._drained())
-            if node in self._drained():
+            jobs, drained = self.health.jobs(node), self._drained()
+            if node in drained:
                 continue
-            if in_service <= 1:
+            if len(self.loop.state.cluster.nodes) - len(drained) <= 1:
                 self.health.cleared(node)              # its count starts again
                 self.log(f"node {node}: runs of jobs {', '.join(jobs)} failed on it; not drained: it is the last "
                          "node in service")
