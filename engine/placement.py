@@ -20,6 +20,7 @@ Order of work, per round:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
@@ -33,6 +34,47 @@ if TYPE_CHECKING:
     from .formulation.round_data import RoundData
 
 MAX_PLACEMENT_REPAIRS = 4       # rounds of "shrink the jobs that did not fit, place again"
+
+FreeMap = list[int]             # per node, a bit mask of its free GPU indices
+
+
+@lru_cache(maxsize=1 << 14)
+def node_masks(gpus: tuple[GpuId, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """``gpus`` as (node, bit mask of its indices, count) per node in node order (None:
+    a negative index); repeated GPU ids count once. Memoized: running jobs' GPUs recur
+    every round."""
+    masks: dict[int, int] = {}
+    for n, i in gpus:
+        if i < 0:
+            return None
+        masks[int(n)] = masks.get(int(n), 0) | (1 << int(i))
+    return tuple((n, m, m.bit_count()) for n, m in sorted(masks.items()))
+
+
+@lru_cache(maxsize=1 << 14)
+def _canonical(gpus: tuple[GpuId, ...]) -> tuple[GpuId, ...]:
+    """``gpus`` sorted, each once."""
+    return tuple(sorted(set(gpus)))
+
+
+def _lowest(mask: int, count: int) -> int:
+    """The ``count`` lowest set bits of ``mask``."""
+    out = 0
+    while count > 0 and mask:
+        b = mask & -mask
+        out |= b
+        mask ^= b
+        count -= 1
+    return out
+
+
+def _indices(mask: int) -> list[int]:
+    out = []
+    while mask:
+        b = mask & -mask
+        out.append(b.bit_length() - 1)
+        mask ^= b
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,6 +99,7 @@ class Placer:
         for n in self.nodes:
             self.nodes_by_type.setdefault(n.gpu_type, []).append(n.node_id)
         self._fits: dict[Shape, bool] = {}
+        self._full: FreeMap = [(1 << s) - 1 for s in self.size]
 
     def fits_somewhere(self, shape: Shape) -> bool:
         """Whether ``shape`` fits on the empty cluster."""
@@ -91,7 +134,7 @@ class Placer:
         normal: list[str] = []
         for jid in rest:
             if jid in pinned:
-                gpus = tuple(sorted(set(pinned[jid])))
+                gpus = _canonical(tuple(pinned[jid]))
                 if self._pin_ok(free, requests[jid], gpus):
                     self._take(free, gpus)
                     out[jid] = Allocation(requests[jid], gpus)
@@ -121,56 +164,64 @@ class Placer:
         return PlacementResult(out, tuple(failed), repaired, tuple(pins_rejected), tuple(kept))
 
     # -- public helpers for policies that test fits the engine's way ---------------
-    def empty_free_map(self, unavailable: frozenset[int] = frozenset()) -> list[set[int]]:
-        """Free GPU indices per node of the empty cluster, none on ``unavailable`` nodes
-        (mutable; for ``choose``/``take``)."""
-        return [set() if n in unavailable else set(range(s)) for n, s in enumerate(self.size)]
+    def empty_free_map(self, unavailable: frozenset[int] = frozenset()) -> FreeMap:
+        """Free GPUs per node of the empty cluster, none on ``unavailable`` nodes
+        (mutable, opaque: for ``choose``/``take``)."""
+        free = self._full.copy()
+        for n in unavailable:
+            if 0 <= n < len(free):
+                free[n] = 0
+        return free
 
-    def choose(self, free: list[set[int]], shape: Shape,
+    def choose(self, free: FreeMap, shape: Shape,
                prefer: tuple[GpuId, ...] = ()) -> tuple[GpuId, ...] | None:
         """GPUs the engine's rule would pick for ``shape`` in ``free`` (None: no fit)."""
         return self._choose(free, shape, prefer)
 
-    def take(self, free: list[set[int]], gpus: Iterable[GpuId]) -> None:
-        self._take(free, gpus)
+    def take(self, free: FreeMap, gpus: Iterable[GpuId]) -> None:
+        self._take(free, tuple(gpus))
 
     # ------------------------------------------------------------------------------
     @staticmethod
-    def _take(free: list[set[int]], gpus: Iterable[GpuId]) -> None:
-        for n, i in gpus:
-            free[n].remove(i)
+    def _take(free: FreeMap, gpus: tuple[GpuId, ...]) -> None:
+        masks = node_masks(gpus)
+        if masks is None:
+            raise KeyError(f"GPUs {gpus} hold a negative index")
+        for n, m, _ in masks:
+            if free[n] & m != m:
+                raise KeyError(f"GPUs {gpus}: not all free on node {n}")
+            free[n] &= ~m
 
     @staticmethod
-    def _give(free: list[set[int]], gpus: Iterable[GpuId]) -> None:
-        for n, i in gpus:
-            free[n].add(i)
+    def _give(free: FreeMap, gpus: tuple[GpuId, ...]) -> None:
+        for n, m, _ in node_masks(gpus) or ():
+            free[n] |= m
 
-    def _pin_ok(self, free: list[set[int]], grid: Grid, gpus: tuple[GpuId, ...]) -> bool:
+    def _pin_ok(self, free: FreeMap, grid: Grid, gpus: tuple[GpuId, ...]) -> bool:
         if len(gpus) != grid.num_gpus:
             return False
-        per_node: dict[int, int] = {}
-        for n, i in gpus:
-            if not (0 <= n < len(self.nodes)) or self.type_of[n] != grid.gpu_type or i not in free[n]:
+        masks = node_masks(gpus)
+        if masks is None or len(masks) != grid.shape.num_nodes:
+            return False
+        gtype, gpn, n_nodes = grid.gpu_type, grid.shape.gpus_per_node, len(self.nodes)
+        for n, m, c in masks:
+            if not (0 <= n < n_nodes) or self.type_of[n] != gtype or free[n] & m != m or c != gpn:
                 return False
-            per_node[n] = per_node.get(n, 0) + 1
-        return (len(per_node) == grid.shape.num_nodes
-                and all(c == grid.shape.gpus_per_node for c in per_node.values()))
+        return True
 
-    def _choose(self, free: list[set[int]], shape: Shape, prefer: tuple[GpuId, ...]) -> tuple[GpuId, ...] | None:
+    def _choose(self, free: FreeMap, shape: Shape, prefer: tuple[GpuId, ...]) -> tuple[GpuId, ...] | None:
         k, m = shape.num_nodes, shape.gpus_per_node
-        pref: dict[int, set[int]] = {}
-        for n, i in prefer:
-            pref.setdefault(n, set()).add(i)
+        pref = {n: mask for n, mask, _ in node_masks(prefer) or ()} if prefer else {}
         nodes = self.nodes_by_type.get(shape.gpu_type, ())
         if pref:
             cands = []
             for n in nodes:
-                f = len(free[n])
+                f = free[n].bit_count()
                 if f >= m:
-                    ov = min(m, len(pref[n] & free[n])) if n in pref else 0
+                    ov = min(m, (pref[n] & free[n]).bit_count()) if n in pref else 0
                     cands.append((-ov, f, n))
         else:                                           # fast path: no overlap to score
-            cands = [(0, f, n) for n, f in zip(nodes, map(len, map(free.__getitem__, nodes))) if f >= m]
+            cands = [(0, f, n) for n, f in zip(nodes, map(int.bit_count, map(free.__getitem__, nodes))) if f >= m]
         if len(cands) < k:
             return None
         if k == 1:
@@ -195,9 +246,10 @@ class Placer:
             chosen = [c[2] for c in top]
         gpus: list[GpuId] = []
         for n in chosen:
-            own = sorted(pref.get(n, set()) & free[n])[:m]
-            others = sorted(free[n] - set(own))[: m - len(own)]
-            gpus.extend((n, i) for i in sorted(own + others))
+            # the GPUs it holds here first (lowest indices), then the lowest free others
+            own = _lowest(pref.get(n, 0) & free[n], m)
+            picked = own | _lowest(free[n] & ~own, m - own.bit_count())
+            gpus.extend((n, i) for i in _indices(picked))
         return tuple(sorted(gpus))
 
     def _repair(self, free: list[set[int]], jid: str, requests: Mapping[str, Grid],

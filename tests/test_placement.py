@@ -131,3 +131,37 @@ def test_impossible_shape_fails_and_pins():
     assert res.allocations["p"].gpus == pin and not res.pins_rejected
     res = p.place({"p": Grid(Shape("a100-40gb", 1, 2))}, {}, {"p": ((0, 0), (1, 0))})   # wrong type
     assert res.pins_rejected == ("p",) and len(res.allocations["p"].gpus) == 2
+
+
+def test_pins_are_checked_gpu_by_gpu():
+    spec = _spec(("a100", 2, 4), ("a40", 1, 2))
+    p = Placer(spec)
+    grid = Grid(Shape("a100-40gb", 1, 2))
+    held = Allocation(Grid(Shape("a100-40gb", 1, 1)), ((0, 1),))
+    bad = {
+        "negative index": ((0, -1), (0, 0)),
+        "index past the node": ((0, 3), (0, 4)),
+        "a GPU twice (one GPU short)": ((0, 2), (0, 2)),
+        "unknown node": ((5, 0), (5, 1)),
+        "two nodes for a one-node shape": ((0, 2), (1, 2)),
+        "another type's node": ((2, 0), (2, 1)),
+        "a GPU a kept job holds": ((0, 1), (0, 2)),
+    }
+    for why, pin in bad.items():
+        res = p.place({"p": grid, "k": held.grid}, {"k": held}, {"p": pin})
+        assert res.pins_rejected == ("p",), why
+        assert res.allocations["k"].gpus == held.gpus
+        assert (0, 1) not in res.allocations["p"].gpus, why              # placed normally, not on k's GPU
+    res = p.place({"p": grid, "k": held.grid}, {"k": held}, {"p": ((0, 3), (0, 2), (0, 3))})
+    assert not res.pins_rejected and res.allocations["p"].gpus == ((0, 2), (0, 3))   # sorted, each once
+
+
+def test_a_move_takes_its_own_gpus_then_the_lowest_free():
+    spec = _spec(("a100", 1, 8))
+    p = Placer(spec)
+    other = Allocation(Grid(Shape("a100-40gb", 1, 2)), ((0, 0), (0, 2)))
+    mine = Allocation(Grid(Shape("a100-40gb", 1, 2)), ((0, 5), (0, 7)))
+    res = p.place({"o": other.grid, "m": Grid(Shape("a100-40gb", 1, 4))}, {"o": other, "m": mine})
+    assert res.allocations["m"].gpus == ((0, 1), (0, 3), (0, 5), (0, 7))
+    free = p.empty_free_map(frozenset({0}))
+    assert p.choose(free, Shape("a100-40gb", 1, 1)) is None                 # its only node is out of service

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -416,8 +417,8 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         col_job=np.repeat(np.arange(len(blocks), dtype=np.int64), [len(b.grids) for b in blocks]),
         col_type=cat("col_type", np.int64), col_nodes=cat("col_nodes", np.int64), col_gpn=cat("col_gpn", np.int64),
         col_pp=cat("col_pp", np.int64), col_throughput=cat("col_throughput", float),
-        col_reconfig_s=cat("col_reconfig_s", float), grids=tuple(g for b in blocks for g in b.grids),
-        plans=tuple(p for b in blocks for p in b.plans), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
+        col_reconfig_s=cat("col_reconfig_s", float), grids=tuple(chain.from_iterable(b.grids for b in blocks)),
+        plans=tuple(chain.from_iterable(b.plans for b in blocks)), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
         attained_gpu_s=np.array(attained), arrival_s=np.array(arrival),
         resume_s=np.array([b.resume_s for b in blocks], dtype=float))
 
@@ -466,8 +467,8 @@ def keep_columns(data: RoundData, keep: np.ndarray) -> RoundData:
         data, current_col=cur.astype(np.int64), col_job=data.col_job[keep], col_type=data.col_type[keep],
         col_nodes=data.col_nodes[keep], col_gpn=data.col_gpn[keep], col_pp=data.col_pp[keep],
         col_throughput=data.col_throughput[keep], col_reconfig_s=data.col_reconfig_s[keep],
-        grids=tuple(data.grids[k] for k in idx) if data.grids else (),
-        plans=tuple(data.plans[k] for k in idx) if data.plans else ())
+        grids=tuple(map(data.grids.__getitem__, idx.tolist())) if data.grids else (),
+        plans=tuple(map(data.plans.__getitem__, idx.tolist())) if data.plans else ())
 
 
 def freeze_jobs(data: RoundData, frozen: frozenset[str]) -> RoundData:

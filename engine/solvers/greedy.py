@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -43,10 +44,15 @@ class _Structure:
             coupling[model.job_rows] = False
             self.coupling = np.flatnonzero(coupling)
             self.Bc = Ax[self.coupling].tocsc()
-        # resource use of each column relative to the checked rows' capacities (job rows excluded)
+        self._Ax = Ax
+
+    @cached_property
+    def usage(self) -> np.ndarray:
+        """Resource use of each column relative to the checked rows' capacities (only the
+        greedy backend's orders read it)."""
         ub_safe = np.where(np.isfinite(self.ub) & (self.ub > 0), self.ub, np.inf)
-        rel = Ax.multiply(1.0 / ub_safe[:, None]).tocsc() if model.n_rows else Ax
-        self.usage = np.asarray(abs(rel).sum(axis=0)).ravel()
+        rel = self._Ax.multiply(1.0 / ub_safe[:, None]).tocsc() if self.model.n_rows else self._Ax
+        return np.asarray(abs(rel).sum(axis=0)).ravel()
 
 
 def greedy_select(model, order: np.ndarray, start: np.ndarray | None = None,
