@@ -20,6 +20,40 @@ EPS = 1e-9
 CHUNK = 64
 
 
+@dataclass(frozen=True)
+class RowBlock:
+    """Some rows of a model's choice columns, column-major as plain arrays (scipy's
+    indexing costs more than the work at these sizes): column ``k``'s entries are
+    ``indptr[k]:indptr[k + 1]``, with rows local to the block."""
+    indptr: np.ndarray
+    rows: np.ndarray
+    data: np.ndarray
+
+    @classmethod
+    def of(cls, Ax, rows: np.ndarray, n_rows: int) -> RowBlock:
+        """``rows`` (sorted) of the column-major matrix ``Ax`` (one row per model row)."""
+        local = np.full(n_rows, -1, dtype=np.int64)
+        local[rows] = np.arange(len(rows))
+        mapped = local[Ax.indices]
+        keep = mapped >= 0
+        col = np.repeat(np.arange(Ax.shape[1]), np.diff(Ax.indptr))
+        indptr = np.zeros(Ax.shape[1] + 1, dtype=np.int64)
+        np.cumsum(np.bincount(col[keep], minlength=Ax.shape[1]), out=indptr[1:])
+        return cls(indptr, mapped[keep], Ax.data[keep])
+
+    def entries(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(entry positions, each one's index in ``cols``) of the columns ``cols``, in order."""
+        starts = self.indptr[cols]
+        lens = self.indptr[cols + 1] - starts
+        pos = np.repeat(np.arange(len(cols)), lens)
+        return np.arange(len(pos)) + np.repeat(starts - (np.cumsum(lens) - lens), lens), pos
+
+    def column_sums(self, cols: np.ndarray, n: int) -> np.ndarray:
+        """Per row of the block, the sum of the columns ``cols``."""
+        idx, _ = self.entries(cols)
+        return np.bincount(self.rows[idx], weights=self.data[idx], minlength=n)
+
+
 class _Structure:
     """Per-model arrays that the greedy needs (built once per model)."""
 
@@ -27,10 +61,11 @@ class _Structure:
         self.model = model
         n_x = model.n_x
         A = model.A.tocsc()
-        Ax = A[:, :n_x]
+        Ax = A[:, :n_x] if model.n_vars > n_x else A
         cont_rows = np.zeros(model.n_rows, dtype=bool)
         if model.n_vars > n_x:
             cont_rows[np.unique(A[:, n_x:].indices)] = True
+        self.Ax = Ax
         self.checked = (~cont_rows) & np.isfinite(model.row_ub)
         self.ub = np.where(self.checked, model.row_ub, np.inf)
         self.indptr = Ax.indptr.tolist()
@@ -43,15 +78,14 @@ class _Structure:
             coupling = self.checked.copy()
             coupling[model.job_rows] = False
             self.coupling = np.flatnonzero(coupling)
-            self.Bc = Ax[self.coupling].tocsc()
-        self._Ax = Ax
+            self.Bc = RowBlock.of(Ax, self.coupling, model.n_rows)
 
     @cached_property
     def usage(self) -> np.ndarray:
         """Resource use of each column relative to the checked rows' capacities (only the
         greedy backend's orders read it)."""
         ub_safe = np.where(np.isfinite(self.ub) & (self.ub > 0), self.ub, np.inf)
-        rel = self._Ax.multiply(1.0 / ub_safe[:, None]).tocsc() if self.model.n_rows else self._Ax
+        rel = self.Ax.multiply(1.0 / ub_safe[:, None]).tocsc() if self.model.n_rows else self.Ax
         return np.asarray(abs(rel).sum(axis=0)).ravel()
 
 
@@ -130,9 +164,11 @@ def _vector_pass(model, s, order, taken, act_l, try_take) -> None:
     # accept the longest prefix of the jobs' first columns that fits
     act = np.array(act_l)[s.coupling]
     ub = s.ub[s.coupling]
-    M = s.Bc[:, firsts]
-    if M.shape[0]:
-        cum = np.cumsum(M.toarray(), axis=1) + act[:, None]
+    if len(s.coupling):
+        idx, pos = s.Bc.entries(firsts)
+        M = np.zeros((len(s.coupling), len(firsts)))
+        M[s.Bc.rows[idx], pos] = s.Bc.data[idx]
+        cum = np.cumsum(M, axis=1) + act[:, None]
         ok = np.all(cum <= ub[:, None] + EPS, axis=0)
         bad = np.flatnonzero(~ok)
         cut = int(bad[0]) if len(bad) else len(firsts)
@@ -151,11 +187,10 @@ def _vector_pass(model, s, order, taken, act_l, try_take) -> None:
         if not len(rest):
             break
         slack = s.ub[s.coupling] - np.array(act_l)[s.coupling]
-        B = s.Bc[:, rest]
-        too_big = B.data > slack[B.indices] + EPS
-        col_of_entry = np.repeat(np.arange(len(rest)), np.diff(B.indptr))
+        idx, pos = s.Bc.entries(rest)
+        too_big = s.Bc.data[idx] > slack[s.Bc.rows[idx]] + EPS
         blocked = np.zeros(len(rest), dtype=bool)
-        blocked[col_of_entry[too_big]] = True
+        blocked[pos[too_big]] = True
         rest = rest[~blocked]
         head, rest = rest[:chunk], rest[chunk:]
         for k in head.tolist():

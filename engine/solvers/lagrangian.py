@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 
 from .base import Solution, SolverOptions, register_backend, relative_gap
-from .greedy import _Structure, greedy_select
+from .greedy import RowBlock, _Structure, greedy_select
 
 MAX_ITERS = 200
 PRIMAL_EVERY = 8
@@ -42,13 +43,13 @@ def applicable(model) -> bool:
 
 
 class _Dual:
-    def __init__(self, model):
+    def __init__(self, model, s: _Structure):
         self.model = model
         mask = np.ones(model.n_rows, dtype=bool)
         mask[model.job_rows] = False
         self.rows = np.flatnonzero(mask)
-        self.B = model.A[self.rows][:, : model.n_x].tocsr()
-        self.BT = self.B.T.tocsr()
+        self.B = RowBlock.of(s.Ax, self.rows, model.n_rows)
+        self.BT = sp.csr_matrix((self.B.data, self.B.rows, self.B.indptr), shape=(model.n_x, len(self.rows)))
         self.b = model.row_ub[self.rows]
         self.c = model.c[: model.n_x]
         self.starts = np.searchsorted(model.col_job, np.arange(model.n_jobs))
@@ -68,7 +69,7 @@ class _Dual:
         idx = np.flatnonzero(is_max)
         _, first = np.unique(col_job[idx], return_index=True)
         chosen = idx[first]
-        g = self.b - np.asarray(self.B[:, chosen].sum(axis=1)).ravel()
+        g = self.b - self.B.column_sums(chosen, len(self.rows))
         return val, g, r, chosen
 
 
@@ -155,10 +156,10 @@ class LagrangianBackend:
             from .highs import lp_round_solve
             sol = lp_round_solve(model, self.options, time_limit_s, rel_gap, self.name)
             return Solution(**{**sol.__dict__, "message": "model outside the Lagrangian's scope; " + sol.message})
-        dual = _Dual(model)
+        s = _Structure(model)
+        dual = _Dual(model, s)
         names = [model.row_names[i] for i in dual.rows]
         lam0 = np.array([self._prices.get(n, 0.0) for n in names])
-        s = _Structure(model)
         x_hint = None if hint is None else np.asarray(hint[: model.n_x], dtype=float)
 
         def primal_fn(r):
