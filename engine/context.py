@@ -3,6 +3,7 @@ decisions it returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Mapping
 
 from estimators.base import PerformanceModel, Plan
@@ -32,6 +33,24 @@ class Allocation:
     def on_any(self, nodes: frozenset[int]) -> bool:
         """Whether it holds a GPU on one of ``nodes`` (e.g. the nodes out of service)."""
         return bool(nodes) and any(n in nodes for n, _ in self.gpus)
+
+    @cached_property
+    def node_masks(self) -> tuple[tuple[int, int, int], ...] | None:
+        """``node_masks(gpus)``, kept with the allocation (placement reads it every round)."""
+        return node_masks(self.gpus)
+
+
+@lru_cache(maxsize=1 << 14)
+def node_masks(gpus: tuple[GpuId, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """``gpus`` as (node, bit mask of its GPU indices, count) per node, in node order
+    (None: a negative index); a GPU listed twice counts once. Memoized: pinned GPUs
+    recur every round."""
+    masks: dict[int, int] = {}
+    for n, i in gpus:
+        if i < 0:
+            return None
+        masks[int(n)] = masks.get(int(n), 0) | (1 << int(i))
+    return tuple((n, m, m.bit_count()) for n, m in sorted(masks.items()))
 
 
 @dataclass(frozen=True)

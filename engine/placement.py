@@ -28,7 +28,7 @@ import numpy as np
 from instances.cluster import ClusterSpec
 from instances.grid import Grid, Shape
 
-from .context import Allocation, GpuId, RoundContext
+from .context import Allocation, GpuId, RoundContext, node_masks
 
 if TYPE_CHECKING:
     from .formulation.round_data import RoundData
@@ -36,19 +36,6 @@ if TYPE_CHECKING:
 MAX_PLACEMENT_REPAIRS = 4       # rounds of "shrink the jobs that did not fit, place again"
 
 FreeMap = list[int]             # per node, a bit mask of its free GPU indices
-
-
-@lru_cache(maxsize=1 << 14)
-def node_masks(gpus: tuple[GpuId, ...]) -> tuple[tuple[int, int, int], ...] | None:
-    """``gpus`` as (node, bit mask of its indices, count) per node in node order (None:
-    a negative index); repeated GPU ids count once. Memoized: running jobs' GPUs recur
-    every round."""
-    masks: dict[int, int] = {}
-    for n, i in gpus:
-        if i < 0:
-            return None
-        masks[int(n)] = masks.get(int(n), 0) | (1 << int(i))
-    return tuple((n, m, m.bit_count()) for n, m in sorted(masks.items()))
 
 
 @lru_cache(maxsize=1 << 14)
@@ -125,7 +112,7 @@ class Placer:
             cur = current.get(jid)
             if (cur is not None and cur.grid.shape == grid.shape and jid not in pinned
                     and not cur.on_any(unavailable)):
-                self._take(free, cur.gpus)
+                self._take_masks(free, cur.node_masks, cur.gpus)
                 out[jid] = cur if cur.grid == grid else Allocation(grid, cur.gpus)
                 kept.append(jid)
             else:
@@ -135,9 +122,12 @@ class Placer:
         for jid in rest:
             if jid in pinned:
                 gpus = _canonical(tuple(pinned[jid]))
-                if self._pin_ok(free, requests[jid], gpus):
-                    self._take(free, gpus)
-                    out[jid] = Allocation(requests[jid], gpus)
+                cur = current.get(jid)
+                same = cur is not None and cur.gpus == gpus          # pinned where it is (the usual case)
+                masks = cur.node_masks if same else node_masks(gpus)
+                if self._pin_ok(free, requests[jid], gpus, masks):
+                    self._take_masks(free, masks, gpus)
+                    out[jid] = cur if same and cur.grid == requests[jid] else Allocation(requests[jid], gpus)
                     continue
                 pins_rejected.append(jid)
             normal.append(jid)
@@ -184,7 +174,10 @@ class Placer:
     # ------------------------------------------------------------------------------
     @staticmethod
     def _take(free: FreeMap, gpus: tuple[GpuId, ...]) -> None:
-        masks = node_masks(gpus)
+        Placer._take_masks(free, node_masks(gpus), gpus)
+
+    @staticmethod
+    def _take_masks(free: FreeMap, masks: tuple[tuple[int, int, int], ...] | None, gpus: tuple[GpuId, ...]) -> None:
         if masks is None:
             raise KeyError(f"GPUs {gpus} hold a negative index")
         for n, m, _ in masks:
@@ -197,10 +190,11 @@ class Placer:
         for n, m, _ in node_masks(gpus) or ():
             free[n] |= m
 
-    def _pin_ok(self, free: FreeMap, grid: Grid, gpus: tuple[GpuId, ...]) -> bool:
+    def _pin_ok(self, free: FreeMap, grid: Grid, gpus: tuple[GpuId, ...],
+                masks: tuple[tuple[int, int, int], ...] | None) -> bool:
+        """Whether the GPUs ``gpus`` (with their ``node_masks``) are free and fit ``grid``."""
         if len(gpus) != grid.num_gpus:
             return False
-        masks = node_masks(gpus)
         if masks is None or len(masks) != grid.shape.num_nodes:
             return False
         gtype, gpn, n_nodes = grid.gpu_type, grid.shape.gpus_per_node, len(self.nodes)

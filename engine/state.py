@@ -46,6 +46,7 @@ class ClusterState:
             self.nodes_by_type[n.gpu_type] += (n.node_id,)
         self.gpus_by_type: dict[str, int] = spec.gpus_by_type()
         self.version = 0            # bumped by every assign/release
+        self._used: tuple[int, dict[str, int]] = (-1, {})     # used_by_type at a version
         self.unavailable: frozenset[int] = frozenset()     # nodes drained or down: nothing is placed there
 
     def check_nodes(self, nodes: Iterable[int]) -> frozenset[int]:
@@ -91,10 +92,13 @@ class ClusterState:
         return gpus
 
     def used_by_type(self) -> dict[str, int]:
-        out = {t: 0 for t in self.gpus_by_type}
-        for t, ids in self.nodes_by_type.items():
-            out[t] = sum(self.nodes[n].num_gpus - self.free_count[n] for n in ids)
-        return out
+        """GPUs held per type (a fresh dict; counted again only after an assign/release)."""
+        if self._used[0] != self.version:
+            out = {t: 0 for t in self.gpus_by_type}
+            for t, ids in self.nodes_by_type.items():
+                out[t] = sum(self.nodes[n].num_gpus - self.free_count[n] for n in ids)
+            self._used = (self.version, out)
+        return dict(self._used[1])
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import chain
 from operator import itemgetter
 from typing import Any, Callable
@@ -53,7 +53,12 @@ class Capacity:
     def from_cluster(cls, cluster: ClusterSpec, without: frozenset[int] = frozenset()) -> "Capacity":
         """The cluster's capacity, less the nodes in ``without`` (drained or down): their
         blocks are gone, the levels (the node sizes the hardware has) stay, so a shape
-        wider than every node left has a row that holds it at zero."""
+        wider than every node left has a row that holds it at zero. (Memoized: specs
+        are frozen values.)"""
+        return _capacity(cls, cluster, frozenset(without))
+
+    @classmethod
+    def _from_cluster(cls, cluster: ClusterSpec, without: frozenset[int]) -> "Capacity":
         sizes: dict[str, list[int]] = {}
         for g in cluster.groups:
             sizes.setdefault(g.gpu_type, []).extend([g.gpus_per_node] * g.num_nodes)
@@ -70,6 +75,11 @@ class Capacity:
 
     def total(self, type_index: int) -> int:
         return self.blocks[type_index][0]
+
+
+@lru_cache(maxsize=64)
+def _capacity(cls: type[Capacity], cluster: ClusterSpec, without: frozenset[int]) -> Capacity:
+    return cls._from_cluster(cluster, without)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

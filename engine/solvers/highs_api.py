@@ -34,12 +34,18 @@ def to_highs_lp(model, *, relax: bool = False, col_lb=None, col_ub=None, row_lb=
 
 
 _SCHEDULER_THREADS: list = [None]     # thread count HiGHS's global scheduler was started with
+_BANNER_SHOWN: list = [False]         # HiGHS prints its banner at the process's first Highs() only
 
 
 def _highs_without_banner(highspy):
     """``highspy.Highs()``, with the version and copyright banner that HiGHS's C++ code
     prints on the process's stdout at its first construction discarded: stdout carries
-    tables and ``--json`` output, and stderr is for progress (``--quiet`` means quiet)."""
+    tables and ``--json`` output, and stderr is for progress (``--quiet`` means quiet).
+    After that first construction stdout is left alone (redirecting it costs more than
+    a small round's solve)."""
+    if _BANNER_SHOWN[0]:
+        return highspy.Highs()
+    _BANNER_SHOWN[0] = True
     import os
     import sys
     sys.stdout.flush()
