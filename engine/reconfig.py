@@ -115,6 +115,10 @@ class ReconfigCostModel:
         assuming a move on GPUs of the same type keeps the GPUs both grids can share."""
         if old is not None and old.grid == grid:
             return 0.0
+        if self.moves is None:                      # ``cost_s`` without a move-cost model, GPUs aside
+            if old is None and not self.charge_launch:
+                return 0.0
+            return min(self.replan_per_gpu_s * grid.num_gpus, self.replan_cap_s) + self.restart_s
         new = nominal_allocation(grid)
         if old is not None and old.grid.gpu_type == grid.gpu_type:
             n = min(len(old.gpus), len(new.gpus))

@@ -219,6 +219,20 @@ def test_reconfig_cost_model_terms():
     assert dm.cost_s(j, a, grow) == pytest.approx(1.0 + 20.0 + 3.0 + 2 * state / bw)   # two new replicas
     assert dm.cost_s(j, a, b) == pytest.approx(1.0 + 2.0 + 3.0 + 2 * state / bw)       # nothing kept
     assert dm.cost_to_grid_s(j, a, grow.grid) == pytest.approx(dm.cost_s(j, a, grow))  # prices keeping GPUs
+    # without a move-cost model the price skips building the nominal allocation: the same figures
+    from engine.reconfig import nominal_allocation
+    for model in (m, ReconfigCostModel(charge_launch=False), ReconfigCostModel(restart_s=7.0, replan_cap_s=25.0)):
+        for old in (None, a, b, c):
+            for g in (g2, g8, grid("a100", 2, 2), grid("a40", 1, 4)):
+                for resumed in (False, True):
+                    if old is not None and old.grid == g:
+                        assert model.cost_to_grid_s(j, old, g, resumed) == 0.0
+                        continue
+                    new = nominal_allocation(g)
+                    if old is not None and old.grid.gpu_type == g.gpu_type:
+                        n = min(len(old.gpus), len(new.gpus))
+                        new = Allocation(g, old.gpus[:n] + new.gpus[n:])
+                    assert model.cost_to_grid_s(j, old, g, resumed) == model.cost_s(j, old, new, resumed)
     with pytest.raises(ValueError, match="unknown"):
         ReconfigCostModel.from_options({"nope": 1})
     with pytest.raises(ValueError, match="preset"):

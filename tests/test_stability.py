@@ -232,8 +232,10 @@ def test_fixed_columns_leave_the_model_but_keep_their_capacity_and_value():
     np.testing.assert_allclose(part.row_ub, full.row_ub - act)
     assert part.offset == pytest.approx(full.offset + full.c[fixed].sum())
     np.testing.assert_allclose(part.c[: part.n_x], full.c[cols])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="outside the given columns"):
         build_model(data, obj, columns=np.arange(data.n_cols), fixed=fixed)
+    with pytest.raises(ValueError, match="choice-variable indices"):
+        build_model(data, obj, columns=cols[:-1], fixed=np.array([data.n_cols]))
 
 
 def test_preemption_is_charged_the_resume_it_will_cost():

@@ -220,16 +220,21 @@ class ModelBuilder:
         n_extra = len(self._var_lb)
         offset = self.offset
         fixed_act = None
-        if fixed is not None and len(fixed):
-            fixed = np.asarray(fixed, dtype=np.int64)
-            if columns is None or np.isin(fixed, columns).any():
-                raise ValueError("build: fixed variables must lie outside the given columns")
-            offset = offset + float(self.c_x[fixed].sum())
         keep = None
         if columns is not None:
             keep = np.asarray(columns, dtype=np.int64)
             if len(keep) and (np.any(np.diff(keep) <= 0) or keep[0] < 0 or keep[-1] >= self.n_x):
                 raise ValueError("build: columns must be sorted, distinct choice-variable indices")
+        is_fixed = None
+        if fixed is not None and len(fixed):
+            fixed = np.asarray(fixed, dtype=np.int64)
+            if fixed.min() < 0 or fixed.max() >= self.n_x:
+                raise ValueError("build: fixed variables must be choice-variable indices")
+            is_fixed = np.zeros(self.n_x + n_extra, dtype=bool)
+            is_fixed[fixed] = True
+            if columns is None or is_fixed[keep].any():
+                raise ValueError("build: fixed variables must lie outside the given columns")
+            offset = offset + float(self.c_x[fixed].sum())
         n_x = self.n_x if keep is None else len(keep)
         n = n_x + n_extra
         c_x = self.c_x if keep is None else self.c_x[keep]
@@ -247,8 +252,8 @@ class ModelBuilder:
             v = np.zeros(0)
         if len(cc) and (cc.min() < 0 or cc.max() >= self.n_x + n_extra):
             raise ValueError("a row refers to a variable that does not exist")
-        if fixed is not None and len(fixed):
-            hit = np.isin(cc, fixed)
+        if is_fixed is not None:
+            hit = is_fixed[cc]
             fixed_act = np.bincount(r[hit], weights=v[hit], minlength=self.n_rows)
         if keep is not None:
             new_index = np.full(self.n_x, -1, dtype=np.int64)

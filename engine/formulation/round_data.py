@@ -247,10 +247,10 @@ class _Block:
 
 
 @dataclass
-class _Layout:
-    """One job's candidate grids in one state (current grid, resumed or not, known
-    infeasible shapes), before estimates: enumerated, filtered, grouped by shape (in
-    shape order) and priced as moves."""
+class _Candidates:
+    """One job's candidate grids (for its known infeasible shapes), before estimates:
+    enumerated, filtered and grouped by shape (in shape order). The same whatever grid the
+    job holds, so a move does not enumerate them again."""
     grids: list
     group: np.ndarray               # per grid: the index of its shape in ``keys``
     keys: list                      # (GPU type, nodes, GPUs per node), sorted
@@ -258,6 +258,13 @@ class _Layout:
     col_nodes: np.ndarray
     col_gpn: np.ndarray
     col_pp: np.ndarray
+    index: dict                     # grid -> its first index in ``grids``
+
+
+@dataclass
+class _Layout:
+    """One job's candidates in one state (current grid, resumed or not), priced as moves."""
+    cand: _Candidates
     col_reconfig_s: np.ndarray      # nan until priced (only the grids a block keeps are)
     current: int                    # index of the current grid, -1 if none
     resume_s: float
@@ -266,10 +273,14 @@ class _Layout:
 class RoundDataCache:
     """What ``build_round_data`` may reuse from round to round, for one performance model.
 
-    - each job's candidate grids and move prices (``_Layout``) by (job id, current grid,
-      resumed or not, known infeasible shapes): enumeration and filter run only when one
-      of those changes. Grid filters must therefore be functions of the job, the grid and
-      the job's known infeasible shapes (every registered policy's are);
+    - each job's candidate grids (``_Candidates``) by (job id, known infeasible shapes):
+      enumeration and filter run only when one of those changes. Grid filters must
+      therefore be functions of the job, the grid and the job's known infeasible shapes
+      (every registered policy's are), not of what the job holds;
+    - their move prices (``_Layout``) by (job id, current grid, resumed or not, known
+      infeasible shapes);
+    - a job's estimates on its candidates by the candidates' key and the model's
+      ``estimate_key`` for the job;
     - estimates by (model, global batch, grid), for performance models that estimate grid
       by grid: they depend on the job only through those — except for a job a model
       that learns online (``estimators.LearnsOnline``) has measurements of, whose
@@ -278,15 +289,18 @@ class RoundDataCache:
       the job where it learns online: estimates and the best depth per shape are
       recomputed only when one of those changes.
 
-    A new performance model (``perf`` is not the one cached for) empties all three; a new
-    ``shared_key()`` of one that learns online across jobs (another job's run was
-    established) the estimates and blocks; a new move cost model the layouts and blocks.
+    A new performance model (``perf`` is not the one cached for) empties all but the
+    candidates; a new ``shared_key()`` of one that learns online across jobs (another
+    job's run was established) the estimates and blocks; a new move cost model the
+    layouts and blocks.
     """
 
     def __init__(self) -> None:
         self.estimates: dict = {}
+        self.job_estimates: dict = {}
         self.blocks: dict = {}
         self.layouts: dict = {}
+        self.candidates: dict = {}
         self._owner: object = None
         self._reconfig: object = None
         self._shared: object = None
@@ -296,19 +310,17 @@ class RoundDataCache:
         if perf is not self._owner:
             self.layouts = {}
         if perf is not self._owner or shared != self._shared:
-            self.estimates, self.blocks, self._owner, self._shared = {}, {}, perf, shared
+            self.estimates, self.job_estimates, self.blocks, self._owner, self._shared = {}, {}, {}, perf, shared
         if reconfig is not self._reconfig:
             self.blocks, self.layouts, self._reconfig = {}, {}, reconfig
         bound = 4 * active_jobs + 1000                    # bounded: drop entries of ended jobs
-        if len(self.blocks) > bound:
-            self.blocks = {}
-        if len(self.layouts) > bound:
-            self.layouts = {}
+        for name in ("blocks", "layouts", "candidates", "job_estimates"):
+            if len(getattr(self, name)) > bound:
+                setattr(self, name, {})
 
 
-def _layout(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, grids_fn: GridsFn,
-            max_gpus: int, grid_filter) -> _Layout:
-    cur_grid = view.current.grid if view.current is not None else None
+def _candidates(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, grids_fn: GridsFn,
+                max_gpus: int, grid_filter) -> _Candidates:
     grids = []
     for grid in grids_fn(view.job, ctx.cluster, max_gpus=max_gpus):
         t = grid.gpu_type
@@ -320,12 +332,20 @@ def _layout(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, g
     skeys = [(g.gpu_type, g.shape.num_nodes, g.shape.gpus_per_node) for g in grids]
     keys = sorted(set(skeys))
     position = {k: i for i, k in enumerate(keys)}
-    return _Layout(grids, np.array([position[k] for k in skeys], dtype=np.int64), keys,
-                   np.array([type_index[t] for t, _, _ in skeys], dtype=np.int64),
-                   np.array([n for _, n, _ in skeys], dtype=np.int64),
-                   np.array([m for _, _, m in skeys], dtype=np.int64),
-                   np.array([g.pp for g in grids], dtype=np.int64), np.full(len(grids), np.nan),
-                   next((i for i, g in enumerate(grids) if g == cur_grid), -1), _resume_cost_s(ctx, view))
+    index: dict = {}
+    for i, g in enumerate(grids):
+        index.setdefault(g, i)
+    return _Candidates(grids, np.array([position[k] for k in skeys], dtype=np.int64), keys,
+                       np.array([type_index[t] for t, _, _ in skeys], dtype=np.int64),
+                       np.array([n for _, n, _ in skeys], dtype=np.int64),
+                       np.array([m for _, _, m in skeys], dtype=np.int64),
+                       np.array([g.pp for g in grids], dtype=np.int64), index)
+
+
+def _layout(ctx: RoundContext, view: JobView, cand: _Candidates) -> _Layout:
+    cur_grid = view.current.grid if view.current is not None else None
+    return _Layout(cand, np.full(len(cand.grids), np.nan), cand.index.get(cur_grid, -1) if cur_grid is not None else -1,
+                   _resume_cost_s(ctx, view))
 
 
 def _block(ctx: RoundContext, view: JobView, lay: _Layout, thr: list[float], plans: list) -> _Block | None:
@@ -335,20 +355,21 @@ def _block(ctx: RoundContext, view: JobView, lay: _Layout, thr: list[float], pla
     valid = (t > 0) & np.isfinite(t)
     if not valid.any():
         return None
+    cand = lay.cand
     rank = np.where(valid, t, -np.inf)
     if lay.current >= 0 and valid[lay.current]:
         rank[lay.current] = np.inf
-    order = np.lexsort((np.arange(len(t)), -rank, lay.group))     # by shape, best first, then enumeration
-    g = lay.group[order]
+    order = np.lexsort((np.arange(len(t)), -rank, cand.group))     # by shape, best first, then enumeration
+    g = cand.group[order]
     first = order[np.concatenate(([True], g[1:] != g[:-1]))]
     win = first[valid[first]]
     for i in win[np.isnan(lay.col_reconfig_s[win])]:
-        lay.col_reconfig_s[i] = _reconfig_cost_s(ctx, view, lay.grids[i])
-    keys = [lay.keys[i] for i in lay.group[win]]
+        lay.col_reconfig_s[i] = _reconfig_cost_s(ctx, view, cand.grids[i])
+    keys = [cand.keys[i] for i in cand.group[win]]
     thr_of = {k: float(t[i]) for k, i in zip(keys, win)}
     current = int(np.flatnonzero(win == lay.current)[0]) if lay.current >= 0 and valid[lay.current] else -1
-    return _Block(tuple(lay.grids[i] for i in win), tuple(plans[i] for i in win), lay.col_type[win],
-                  lay.col_nodes[win], lay.col_gpn[win], lay.col_pp[win], t[win], lay.col_reconfig_s[win], current,
+    return _Block(tuple(cand.grids[i] for i in win), tuple(plans[i] for i in win), cand.col_type[win],
+                  cand.col_nodes[win], cand.col_gpn[win], cand.col_pp[win], t[win], lay.col_reconfig_s[win], current,
                   _reference_throughput(view.job, thr_of), lay.resume_s)
 
 
@@ -383,17 +404,25 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         # what the job's own estimates depend on beyond its model and batch (a model that
         # learns online and has measurements of it: its estimate_key, new with each one)
         version = perf.estimate_key(job) if learns else None
-        lkey = (job.job_id, cur_grid, _resumed(view), view.known_infeasible_shapes)
+        ckey = (job.job_id, view.known_infeasible_shapes)
+        lkey = (ckey, cur_grid, _resumed(view))
         bkey = (lkey, version)
         if bkey in cache.blocks:
             block = cache.blocks[bkey]
         else:
             lay = cache.layouts.get(lkey)
             if lay is None:
-                lay = cache.layouts[lkey] = _layout(ctx, view, cap, type_index, grids_fn, max_gpus, grid_filter)
-            # a job with its own estimates does not share (nor fill) the per-model memo
-            thr, plans = throughputs(perf, job, lay.grids, cache.estimates if version is None else {})
-            block = cache.blocks[bkey] = _block(ctx, view, lay, thr, plans)
+                cand = cache.candidates.get(ckey)
+                if cand is None:
+                    cand = cache.candidates[ckey] = _candidates(ctx, view, cap, type_index, grids_fn, max_gpus,
+                                                                grid_filter)
+                lay = cache.layouts[lkey] = _layout(ctx, view, cand)
+            est = cache.job_estimates.get((ckey, version))
+            if est is None:
+                # a job with its own estimates does not share (nor fill) the per-model memo
+                est = cache.job_estimates[(ckey, version)] = throughputs(
+                    perf, job, lay.cand.grids, cache.estimates if version is None else {})
+            block = cache.blocks[bkey] = _block(ctx, view, lay, *est)
         if block is None:
             unschedulable.append(job.job_id)
             continue
@@ -472,13 +501,13 @@ def keep_columns(data: RoundData, keep: np.ndarray) -> RoundData:
     new_index = np.cumsum(keep) - 1
     cur = np.where((data.current_col >= 0) & keep[np.maximum(data.current_col, 0)],
                    new_index[np.maximum(data.current_col, 0)], -1)
-    idx = np.flatnonzero(keep)
+    idx = np.flatnonzero(keep).tolist()
+    pick = itemgetter(*idx) if len(idx) > 1 else (lambda t: tuple(t[k] for k in idx))
     return dataclasses.replace(
         data, current_col=cur.astype(np.int64), col_job=data.col_job[keep], col_type=data.col_type[keep],
         col_nodes=data.col_nodes[keep], col_gpn=data.col_gpn[keep], col_pp=data.col_pp[keep],
         col_throughput=data.col_throughput[keep], col_reconfig_s=data.col_reconfig_s[keep],
-        grids=tuple(map(data.grids.__getitem__, idx.tolist())) if data.grids else (),
-        plans=tuple(map(data.plans.__getitem__, idx.tolist())) if data.plans else ())
+        grids=pick(data.grids) if data.grids else (), plans=pick(data.plans) if data.plans else ())
 
 
 def freeze_jobs(data: RoundData, frozen: frozenset[str]) -> RoundData:

@@ -237,14 +237,16 @@ class MilpPolicy:
             # shrink by what they hold, and no job row gets a lower bound (the fast path stays open)
             fixed = np.sort(np.array([data.current_col[j] for j, jid in enumerate(data.job_ids) if jid in frozen],
                                      dtype=np.int64))
-            cols = np.setdiff1d(np.arange(data.n_cols), fixed) if len(fixed) else None
+            free = np.ones(data.n_cols, dtype=bool)
+            free[fixed] = False
+            cols = np.flatnonzero(free) if len(fixed) else None
             model = build_model(data, self.objective, self.pinned, cols, fixed if len(fixed) else None,
                                 max_moves=allowance or None)
             t2 = time.perf_counter()
             hint = np.zeros(model.n_x)
             cur = data.current_col[data.current_col >= 0]
             if cols is not None:
-                cur = np.searchsorted(cols, cur[~np.isin(cur, fixed)])
+                cur = np.searchsorted(cols, cur[free[cur]])
             hint[cur] = 1.0
             sol = solve_safely(self.backend, model, self.time_limit_s, hint, self.rel_gap)
         t3 = time.perf_counter()
