@@ -63,6 +63,16 @@ def _highs_without_banner(highspy):
         os.close(null)
 
 
+def reuse_highs(h, threads: int = 1):
+    """``h`` emptied for another model (its options kept), or a ``new_highs`` when there is
+    none or HiGHS's scheduler has since been restarted with another thread count.
+    Constructing a Highs costs more than a small cutting-plane solve."""
+    if h is None or _SCHEDULER_THREADS[0] != threads:
+        return new_highs(threads)
+    h.clearModel()
+    return h
+
+
 def new_highs(threads: int = 1):
     """A silent Highs instance. HiGHS runs one global thread scheduler per process and
     refuses a run whose ``threads`` differs from it, so a change of thread count

@@ -23,6 +23,7 @@ import scipy.sparse as sp
 
 from .base import Solution, SolverOptions, register_backend, relative_gap
 from .greedy import RowBlock, _Structure, greedy_select
+from .highs_api import reuse_highs
 
 MAX_ITERS = 200
 PRIMAL_EVERY = 8
@@ -48,7 +49,8 @@ class _Dual:
         mask = np.ones(model.n_rows, dtype=bool)
         mask[model.job_rows] = False
         self.rows = np.flatnonzero(mask)
-        self.B = RowBlock.of(s.Ax, self.rows, model.n_rows)
+        same = s.vector_ok and np.array_equal(self.rows, s.coupling)     # the usual case: reuse the greedy's
+        self.B = s.Bc if same else RowBlock.of(s.Ax, self.rows, model.n_rows)
         self.BT = sp.csr_matrix((self.B.data, self.B.rows, self.B.indptr), shape=(model.n_x, len(self.rows)))
         self.b = model.row_ub[self.rows]
         self.c = model.c[: model.n_x]
@@ -73,8 +75,9 @@ class _Dual:
         return val, g, r, chosen
 
 
-def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, primal_fn, threads: int = 1):
-    """Minimize L over lambda >= 0; ``primal_fn(r)`` gives a primal value at reduced profits r."""
+def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, primal_fn, h):
+    """Minimize L over lambda >= 0; ``primal_fn(r)`` gives a primal value at reduced profits r;
+    ``h`` an empty Highs instance for the cutting-plane LP."""
     import highspy
     R = len(lam0)
     best_lam = lam0.copy()
@@ -84,8 +87,6 @@ def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, p
     scale = max(1.0, float(np.abs(dual.c).max(initial=1.0)))
     # a warm start begins with a small trust region around the previous prices
     delta = 0.1 * float(lam0.max()) if lam0.max() > 0 else scale
-    from .highs_api import new_highs
-    h = new_highs(threads)
     h.setOptionValue("presolve", "off")
     inf = highspy.kHighsInf
     # variables: theta, lambda_1..R ; minimize theta
@@ -146,6 +147,7 @@ class LagrangianBackend:
     options: SolverOptions = SolverOptions()
     name: str = "lagrangian"
     _prices: dict = field(default_factory=dict, repr=False)
+    _highs: object = field(default=None, repr=False)     # the cutting-plane LP's, cleared between solves
 
     def available(self) -> bool:
         return True
@@ -174,8 +176,8 @@ class LagrangianBackend:
                     best_x, best_v = x, v
             return best_v, best_x
 
-        lam, bound, val, x, iters = _kelley(dual, lam0, t0 + time_limit_s, rel_gap, primal_fn,
-                                                self.options.threads)
+        self._highs = reuse_highs(self._highs, self.options.threads)
+        lam, bound, val, x, iters = _kelley(dual, lam0, t0 + time_limit_s, rel_gap, primal_fn, self._highs)
         self._prices = dict(zip(names, lam.tolist()))
         return Solution.of(model, x, bound, value=val, rel_gap=rel_gap, solve_time_s=time.perf_counter() - t0,
                            backend=self.name, message=f"{iters} price iterations",
