@@ -12,6 +12,7 @@ floor(GPUs / l)). See ``build.py`` for how the node-shape rows use it.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from itertools import chain
@@ -301,6 +302,7 @@ class RoundDataCache:
         self.blocks: dict = {}
         self.layouts: dict = {}
         self.candidates: dict = {}
+        self._columns: tuple[list, dict] = ([], _columns([]))       # the last round's blocks, joined
         self._owner: object = None
         self._reconfig: object = None
         self._shared: object = None
@@ -317,6 +319,15 @@ class RoundDataCache:
         for name in ("blocks", "layouts", "candidates", "job_estimates"):
             if len(getattr(self, name)) > bound:
                 setattr(self, name, {})
+
+    def columns_of(self, blocks: list[_Block]) -> dict:
+        """``_columns(blocks)``, reused when the blocks are the last round's, one by one
+        (the usual round: no job moved, arrived, ended or was estimated anew)."""
+        last, cols = self._columns
+        if len(last) != len(blocks) or not all(map(operator.is_, last, blocks)):
+            cols = _columns(blocks)
+            self._columns = (blocks, cols)
+        return cols
 
 
 def _candidates(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dict, grids_fn: GridsFn,
@@ -444,22 +455,29 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         blocks.append(block)
         ref.append(block.ref_throughput)
 
-    def cat(field: str, dtype) -> np.ndarray:
-        return np.concatenate([getattr(b, field) for b in blocks]) if blocks else np.zeros(0, dtype=dtype)
+    cols = cache.columns_of(blocks)
     return RoundData(
         now_s=float(ctx.now_s), round_interval_s=float(ctx.round_interval_s), capacity=cap,
         job_ids=tuple(job_ids), remaining_iterations=np.array(rem), ref_throughput=np.array(ref),
         global_batch=np.array(gb), current_col=np.array(cur_col, dtype=np.int64),
         running=np.array(running, dtype=bool), queued_s=np.array(queued), deadline_s=np.array(deadline),
         priority=np.array(prio), tenants=tuple(tenants), requested_gpus=np.array(req_g, dtype=np.int64),
-        requested_type=tuple(req_t),
+        requested_type=tuple(req_t), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
+        attained_gpu_s=np.array(attained), arrival_s=np.array(arrival), **cols)
+
+
+def _columns(blocks: list[_Block]) -> dict:
+    """The round's per-column fields (and the blocks' resume costs), joined from ``blocks``
+    in order; read-only, since a round with the same blocks reuses them."""
+    def cat(field: str, dtype) -> np.ndarray:
+        return np.concatenate([getattr(b, field) for b in blocks]) if blocks else np.zeros(0, dtype=dtype)
+    arrays = dict(
         col_job=np.repeat(np.arange(len(blocks), dtype=np.int64), [len(b.grids) for b in blocks]),
         col_type=cat("col_type", np.int64), col_nodes=cat("col_nodes", np.int64), col_gpn=cat("col_gpn", np.int64),
         col_pp=cat("col_pp", np.int64), col_throughput=cat("col_throughput", float),
-        col_reconfig_s=cat("col_reconfig_s", float), grids=tuple(chain.from_iterable(b.grids for b in blocks)),
-        plans=tuple(chain.from_iterable(b.plans for b in blocks)), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
-        attained_gpu_s=np.array(attained), arrival_s=np.array(arrival),
-        resume_s=np.array([b.resume_s for b in blocks], dtype=float))
+        col_reconfig_s=cat("col_reconfig_s", float), resume_s=np.array([b.resume_s for b in blocks], dtype=float))
+    return {**{k: _frozen(v) for k, v in arrays.items()}, "grids": tuple(chain.from_iterable(b.grids for b in blocks)),
+            "plans": tuple(chain.from_iterable(b.plans for b in blocks))}
 
 
 def _reference_throughput(job, thr_of: dict[tuple, float]) -> float:
