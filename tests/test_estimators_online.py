@@ -481,15 +481,16 @@ def test_best_depth_per_shape_is_the_first_best_grid_and_keeps_the_current_one(c
     """``_block``'s vectorized pick against the rule written as a loop: per shape, the
     current grid if its estimate is usable, else the first grid (enumeration order) of
     the highest positive finite throughput; shapes without one are dropped."""
-    from engine.formulation.round_data import _block, _Layout
+    from engine.formulation.round_data import _block, _Candidates, _Layout
     grids = [Grid(Shape(A100, 1, 2 ** s), 1) for s, _ in cols]
     thr = [t for _, t in cols]
     current = current if current < len(cols) else -1
     keys = sorted({(A100, 1, 2 ** s) for s, _ in cols})
     group = np.array([keys.index((A100, 1, 2 ** s)) for s, _ in cols])
     z = np.zeros(len(cols))
-    lay = _Layout(grids, group, keys, z.astype(np.int64), z.astype(np.int64), z.astype(np.int64),
-                  z.astype(np.int64), np.arange(len(cols), dtype=float), current, 0.0)
+    cand = _Candidates(grids, group, keys, z.astype(np.int64), z.astype(np.int64), z.astype(np.int64),
+                       z.astype(np.int64), {})
+    lay = _Layout(cand, np.arange(len(cols), dtype=float), current, 0.0)
     best: dict = {}
     for i, (k, t) in enumerate(zip(group, thr)):
         if not (t > 0 and math.isfinite(t)):

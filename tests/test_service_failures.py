@@ -233,7 +233,9 @@ def test_a_node_where_runs_of_different_jobs_keep_failing_is_drained_and_the_job
         return None
 
     try:
-        ids = [client.post("/api/jobs", {**JOB, "name": f"j{i}", "steps": 40, "gpus": 1})["id"] for i in range(3)]
+        # long enough that node 0 is still busy when the next job is placed (a short one
+        # could finish first, and the next job would take node 0, the lower id, again)
+        ids = [client.post("/api/jobs", {**JOB, "name": f"j{i}", "steps": 150, "gpus": 1})["id"] for i in range(3)]
         killed: list[int] = []
         while len(set(killed)) < 2:
             jid, gen = wait_until(on_node_1, what="a job running on node 1")

@@ -146,3 +146,34 @@ def test_mps_and_lp_export_round_trip(tmp_path, via):
         # PuLP's files drop the constant offset; HiGHS's keep it
         expect = opt.objective - model.offset if via == "pulp" else opt.objective
         assert val == pytest.approx(expect, rel=1e-6, abs=1e-6), (fmt, val, expect)
+
+
+def test_row_block_reads_columns_as_scipy_does():
+    import scipy.sparse as sp
+
+    from engine.solvers.greedy import RowBlock
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n_rows, n_cols = int(rng.integers(1, 12)), int(rng.integers(1, 40))
+        A = sp.random(n_rows, n_cols, density=0.3, random_state=rng, format="csc")
+        rows = np.flatnonzero(rng.random(n_rows) < 0.6)
+        block = RowBlock.of(A, rows, n_rows)
+        sub = A[rows].tocsc()
+        cols = rng.choice(n_cols, size=int(rng.integers(0, n_cols + 1)), replace=False)
+        idx, pos = block.entries(cols)
+        dense = np.zeros((len(rows), len(cols)))
+        dense[block.rows[idx], pos] = block.data[idx]
+        np.testing.assert_array_equal(dense, sub[:, cols].toarray())
+        np.testing.assert_allclose(block.column_sums(cols, len(rows)), np.asarray(sub[:, cols].sum(axis=1)).ravel())
+
+
+def test_lagrangian_reusing_its_highs_solves_as_a_fresh_one():
+    models = [small_model(seed, gpus=128, jobs=40) for seed in (1, 2, 3)]
+    reused = make_backend("lagrangian")
+    for m in models:
+        fresh = make_backend("lagrangian")
+        fresh._prices = dict(reused._prices)          # the same warm start
+        a = reused.solve(m, time_limit_s=1e9)
+        b = fresh.solve(m, time_limit_s=1e9)
+        np.testing.assert_array_equal(a.values, b.values)
+        assert a.bound == b.bound and a.extra == b.extra
