@@ -290,10 +290,10 @@ class RoundDataCache:
       the job where it learns online: estimates and the best depth per shape are
       recomputed only when one of those changes.
 
-    A new performance model (``perf`` is not the one cached for) empties all but the
-    candidates; a new ``shared_key()`` of one that learns online across jobs (another
-    job's run was established) the estimates and blocks; a new move cost model the
-    layouts and blocks.
+    A new performance model (``perf`` is not the one cached for, as in a new simulation)
+    empties them all; a new ``shared_key()`` of one that learns online across jobs
+    (another job's run was established) the estimates and blocks; a new move cost model
+    the layouts and blocks.
     """
 
     def __init__(self) -> None:
@@ -310,7 +310,7 @@ class RoundDataCache:
     def bind(self, perf: object, reconfig: object, active_jobs: int) -> None:
         shared = perf.shared_key() if isinstance(perf, LearnsOnline) else None
         if perf is not self._owner:
-            self.layouts = {}
+            self.layouts, self.candidates = {}, {}
         if perf is not self._owner or shared != self._shared:
             self.estimates, self.job_estimates, self.blocks, self._owner, self._shared = {}, {}, {}, perf, shared
         if reconfig is not self._reconfig:
