@@ -246,7 +246,7 @@ class Placer:
             gpus.extend((n, i) for i in _indices(picked))
         return tuple(sorted(gpus))
 
-    def _repair(self, free: list[set[int]], jid: str, requests: Mapping[str, Grid],
+    def _repair(self, free: FreeMap, jid: str, requests: Mapping[str, Grid],
                 current: Mapping[str, Allocation], placed: list[str],
                 out: dict[str, Allocation]) -> dict[str, Allocation] | None:
         """Lift this round's placed jobs of the same type, place ``jid`` first, re-place them."""
