@@ -57,3 +57,55 @@ def test_a_node_is_flagged_exactly_when_enough_different_jobs_failed_within_the_
                 flagged.add(node)
                 want.append(node)
         assert got == want
+
+
+def test_failures_counted_before_a_restart_count_on_after_it(tmp_path):
+    """The service side without launching anything: a failed run counted on node 1 is in
+    the store; after a restart a second job's failure there drains it, naming both; one
+    older than the window is not counted; returned to service, the node's count is
+    cleared in the store too."""
+    import time
+
+    from engine.policy import make_policy
+    from engine.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from engine.service.jobspec import JobSpec
+    from engine.service.store import Store
+    from instances.cluster import ClusterSpec, NodeGroup
+    db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
+    with Store(db) as s:
+        a, b, c = (s.submit(JobSpec(n, "tiny-gpt__2L", 8, 20)) for n in "abc")
+    cfg = ServiceConfig(db_path=db, work_dir=work, drain_after_failures=2, failure_window_s=600.0)
+
+    def service() -> Service:
+        svc = Service(ClusterSpec((NodeGroup("cpu", 2, 1),), "two"), make_policy("fcfs"), None, ReconfigCostModel(),
+                      cfg, log=lambda m: None)
+        svc.recover()
+        return svc
+
+    now = time.time()
+    svc = service()
+    try:
+        svc._count_node_failure(str(c), (1,), now - 700.0)       # outside the window by the restart
+        svc._count_node_failure(str(a), (1,), now - 10.0)
+        assert svc.store.drained() == {} and svc.node_failures() == {1: 1}
+    finally:
+        svc.shutdown()
+    svc = service()                                               # the restart
+    try:
+        assert svc.node_failures() == {1: 1} and svc.store.drained() == {}
+        svc._count_node_failure(str(b), (1,), now)
+        reason = svc.store.drained()[1][0]
+        assert reason.startswith("auto: runs of 2 jobs failed on it") and f"jobs {a}, {b}" in reason
+        svc._apply_drains(now)                                     # the next round takes it out of service
+        assert svc.loop.state.cluster.unavailable == {1}
+        svc.store.undrain(1)                                       # `arena undrain 1`
+        svc._apply_drains(now)
+        assert svc.node_failures() == {} and svc.store.node_failures(since=0.0) == []
+    finally:
+        svc.shutdown()
+    svc = service()
+    try:
+        assert svc.node_failures() == {}
+    finally:
+        svc.shutdown()

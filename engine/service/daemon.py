@@ -199,6 +199,14 @@ class Service:
         for node in sorted(set(st.drained()) - set(range(len(self.cluster.nodes())))):
             self.log(f"node {node} is drained in the database but cluster {self.cluster.name!r} has no such node; "
                      f"ignored (`arena undrain {node}` clears it)")
+        if self.health.threshold:             # the failed runs counted toward a drain before the restart
+            failures = st.node_failures(since=time.time() - self.cfg.failure_window_s)
+            for node, jid, at in failures:
+                if node < len(self.loop.state.cluster.nodes):
+                    self._drain_flagged(self.health.record([node], str(jid), at))
+            if failures:
+                self.log(f"{len(failures)} failed run(s) within the last {self.cfg.failure_window_s:g} s count on "
+                         f"toward their nodes' drain: {self.health.counts(time.time())}")
         last = st.rounds(last=1)
         self._round_index = last[0].idx if last else 0
         problems = st.check()
@@ -412,15 +420,26 @@ class Service:
         self._moves_open = [e for e in changed if e.ended_s is None]
 
     def _count_node_failure(self, job_id: str, nodes, now: float) -> None:
-        """A run that failed on ``nodes`` (not for its shape): drain a node where runs of
-        ``drain_after_failures`` different jobs failed within ``failure_window_s``, unless
-        it is the last node in service (node_health.py)."""
-        for node in self.health.record(nodes, job_id, now):
+        """A run that failed on ``nodes`` (not for its shape): stored (a restart counts on
+        from it), and counted toward the node's drain (``_drain_flagged``)."""
+        if self.health.threshold:
+            self.store.record_node_failure(nodes, int(job_id), now, forget_before=now - self.cfg.failure_window_s)
+        self._drain_flagged(self.health.record(nodes, job_id, now))
+
+    def _clear_node(self, node: int) -> None:
+        """The node's failed runs count afresh (in memory and in the store)."""
+        self.health.cleared(node)
+        self.store.clear_node_failures(node)
+
+    def _drain_flagged(self, flagged: list[int]) -> None:
+        """Drain each node where runs of ``drain_after_failures`` different jobs failed
+        within ``failure_window_s``, unless it is the last node in service (node_health.py)."""
+        for node in flagged:
             jobs, drained = self.health.jobs(node), self._drained()
             if node in drained:
                 continue
             if len(self.loop.state.cluster.nodes) - len(drained) <= 1:
-                self.health.cleared(node)              # its count starts again
+                self._clear_node(node)                 # its count starts again
                 self.log(f"node {node}: runs of jobs {', '.join(jobs)} failed on it; not drained: it is the last "
                          "node in service")
                 continue
@@ -444,7 +463,7 @@ class Service:
         self.log(f"nodes out of service: {sorted(want) or 'none'} (drained: {sorted(want - before) or 'none'}, "
                  f"returned: {sorted(before - want) or 'none'})")
         for node in before - want:
-            self.health.cleared(node)                  # back in service: its failures count afresh
+            self._clear_node(node)                     # back in service: its failures count afresh
         for jid in self.loop.set_unavailable(want, now):
             node = min(set(st.jobs[jid].alloc.nodes) & want)
             self.executor.stop_reasons[jid] = f"node {node} drained"      # if this round stops it

@@ -11,9 +11,10 @@ again on a healthy node is that job's problem, which its own failure count handl
 
 Not counted: a launch refused or out of memory for its shape (the job's shape, not the
 node: ``MpiExecutor.runs_on``), and stops the service asked for. A run on several
-nodes counts on each. The counts live in the service's memory: a restart starts them
-afresh (a drain, once made, is in the database). The scheduler thread records; the API's
-thread reads ``counts`` for ``/metrics`` (a lock keeps the two apart).
+nodes counts on each. The service also stores each counted failure (``node_failures``,
+schema v9) and, after a restart, counts the ones still within the window again, so a
+restart does not give a bad node a fresh allowance. The scheduler thread records; the
+API's thread reads ``counts`` for ``/metrics`` (a lock keeps the two apart).
 """
 from __future__ import annotations
 

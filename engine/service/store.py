@@ -218,6 +218,16 @@ MIGRATIONS: tuple[str, ...] = (
                      json_extract(decisions, '$.shadow.disagreements') AS d FROM rounds)
         WHERE p IS NOT NULL GROUP BY p;
     """,
+    # v8 -> v9: failed runs per node (engine/service/node_health.py), so that the count
+    # toward a node's automatic drain survives a restart of the service
+    """
+    CREATE TABLE node_failures (
+        node INTEGER NOT NULL,                    -- the cluster's node id
+        job_id INTEGER NOT NULL,
+        at REAL NOT NULL                          -- when the run's failure was seen
+    );
+    CREATE INDEX node_failures_node ON node_failures(node, at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -604,6 +614,24 @@ class Store:
         """Drained nodes: node id -> (reason, when)."""
         rows = self.conn.execute("SELECT node, reason, at FROM drained_nodes ORDER BY node")
         return {n: (r, at) for n, r, at in rows}
+
+    def record_node_failure(self, nodes: Iterable[int], job_id: int, at: float, forget_before: float) -> None:
+        """A run of ``job_id`` failed on ``nodes`` at ``at``; failures before
+        ``forget_before`` (outside the window) are deleted in the same transaction."""
+        with self._tx():
+            self.conn.execute("DELETE FROM node_failures WHERE at < ?", (float(forget_before),))
+            self.conn.executemany("INSERT INTO node_failures(node, job_id, at) VALUES (?, ?, ?)",
+                                  [(int(n), int(job_id), float(at)) for n in sorted(set(nodes))])
+
+    def node_failures(self, since: float) -> list[tuple[int, int, float]]:
+        """Failed runs at or after ``since``: (node, job id, when), oldest first."""
+        return [(int(n), int(j), float(a)) for n, j, a in self.conn.execute(
+            "SELECT node, job_id, at FROM node_failures WHERE at >= ? ORDER BY at, rowid", (float(since),))]
+
+    def clear_node_failures(self, node: int) -> None:
+        """The node's failed runs are forgotten (it is back in service)."""
+        with self._tx():
+            self.conn.execute("DELETE FROM node_failures WHERE node = ?", (int(node),))
 
     MOVE_FIELDS = ("job_id", "at", "forced", "from_grid", "to_grid", "rate_before", "est_rate_before",
                    "est_rate_after", "price_s", "iterations_at", "ended_at", "end_reason", "iterations_after",
