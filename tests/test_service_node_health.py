@@ -109,3 +109,32 @@ def test_failures_counted_before_a_restart_count_on_after_it(tmp_path):
         assert svc.node_failures() == {}
     finally:
         svc.shutdown()
+
+
+def test_a_node_at_the_threshold_when_the_service_died_is_drained_at_recovery(tmp_path):
+    """Two different jobs' failures on node 1 were stored, and the service died before it
+    drained the node: the recovery drains it (naming both); node 0 has one and stays."""
+    import time
+
+    from engine.policy import make_policy
+    from engine.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from engine.service.jobspec import JobSpec
+    from engine.service.store import Store
+    from instances.cluster import ClusterSpec, NodeGroup
+    db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
+    now = time.time()
+    with Store(db) as s:
+        a, b = (s.submit(JobSpec(n, "tiny-gpt__2L", 8, 20)) for n in "ab")
+        s.record_node_failure([1], a, now - 20.0, forget_before=now - 600.0)
+        s.record_node_failure([0, 1], b, now - 10.0, forget_before=now - 600.0)   # a run on both nodes
+    cfg = ServiceConfig(db_path=db, work_dir=work, drain_after_failures=2, failure_window_s=600.0)
+    svc = Service(ClusterSpec((NodeGroup("cpu", 2, 1),), "two"), make_policy("fcfs"), None, ReconfigCostModel(),
+                  cfg, log=lambda m: None)
+    try:
+        svc.recover()
+        drained = svc.store.drained()
+        assert set(drained) == {1} and f"jobs {a}, {b}" in drained[1][0]
+        assert svc.node_failures() == {0: 1, 1: 2}
+    finally:
+        svc.shutdown()
