@@ -56,7 +56,7 @@ class Capacity:
         blocks are gone, the levels (the node sizes the hardware has) stay, so a shape
         wider than every node left has a row that holds it at zero. (Memoized: specs
         are frozen values.)"""
-        return _capacity(cls, cluster, frozenset(without))
+        return _capacity(cluster, frozenset(without))
 
     @classmethod
     def _from_cluster(cls, cluster: ClusterSpec, without: frozenset[int]) -> "Capacity":
@@ -79,8 +79,8 @@ class Capacity:
 
 
 @lru_cache(maxsize=64)
-def _capacity(cls: type[Capacity], cluster: ClusterSpec, without: frozenset[int]) -> Capacity:
-    return cls._from_cluster(cluster, without)
+def _capacity(cluster: ClusterSpec, without: frozenset[int]) -> Capacity:
+    return Capacity._from_cluster(cluster, without)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
