@@ -24,8 +24,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[torch,service,test]' || exit 1
 .venv/bin/ruff check . || exit 1
-# mypy (about 30 s cold, one core) runs beside the first tests, which use one core; its
-# verdict is awaited before the tests' exit code is returned.
+# mypy (about 30 s cold, one core) runs beside the first tests; its verdict is awaited
+# before the tests' exit code is returned.
 mypy_log=$(mktemp)
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
@@ -34,7 +34,11 @@ if [ -n "$browser_pid" ] && ! wait "$browser_pid"; then
   tail -20 "$browser_log" >&2
   exit 1
 fi
-.venv/bin/python -m pytest -q --durations=15 "$@"     # the slowest tests: where the CI budget goes
+# One pytest worker per core (pytest-xdist; at most 4): most tests wait on subprocesses
+# (mpiexec, torch ranks, a service) part of the time. The long ones start first
+# (tests/conftest.py) and an idle worker takes tests from a busy one (worksteal).
+.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal \
+  --durations=15 "$@"     # the slowest tests: where the CI budget goes
 rc=$?
 wait "$mypy_pid"
 mypy_rc=$?

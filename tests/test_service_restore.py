@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from engine.service.jobspec import JobSpec
 from engine.service.store import Store
 from engine.service.workdir import ASIDE, set_aside_unknown, unknown_folders
@@ -43,6 +45,7 @@ def test_folders_the_database_does_not_know_are_found_and_moved_aside(tmp_path):
     assert set_aside_unknown(tmp_path / "absent", last, 5.0, logs.append) == []
 
 
+@pytest.mark.slow
 def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know(tmp_path):
     # job A runs (launch 1) and checkpoints; the copy is taken; then A is stopped and
     # launched again (launch 2) and job B is submitted and launched: both train for real
