@@ -177,3 +177,30 @@ def test_lagrangian_reusing_its_highs_solves_as_a_fresh_one():
         b = fresh.solve(m, time_limit_s=1e9)
         np.testing.assert_array_equal(a.values, b.values)
         assert a.bound == b.bound and a.extra == b.extra
+
+
+def test_lagrangian_reuses_a_structure_only_when_the_next_model_has_it_and_solves_as_a_fresh_one():
+    import dataclasses
+    data = synthetic_round_data(128, 40, 4)
+    base = build_model(data, parse_objective({}, ARENA))
+    other_objective = build_model(data, parse_objective({}, {**ARENA, "jct": 3}))     # same rows, new c
+    coupling = np.setdiff1d(np.arange(base.n_rows), base.job_rows)
+    tighter = dataclasses.replace(other_objective, row_ub=np.where(np.isin(np.arange(base.n_rows), coupling),
+                                                                   np.floor(base.row_ub * 0.5), base.row_ub))
+    A = base.A.copy()
+    A.data[np.flatnonzero(A.data > 1)[0]] += 1.0                                          # one coefficient
+    heavier = dataclasses.replace(base, A=A)
+    assert len(np.setdiff1d(other_objective.c, base.c)) and np.array_equal(other_objective.A.data, base.A.data)
+    reused = make_backend("lagrangian")
+    structures = []
+    for m in (base, other_objective, tighter, heavier, base):
+        fresh = make_backend("lagrangian")
+        fresh._prices = dict(reused._prices)          # the same warm start
+        a = reused.solve(m, time_limit_s=1e9)
+        b = fresh.solve(m, time_limit_s=1e9)
+        np.testing.assert_array_equal(a.values, b.values)
+        assert a.bound == b.bound and a.extra == b.extra
+        structures.append(reused._memo.structure)
+    s0, s1, s2, s3, s4 = structures
+    assert s1 is s0                                   # only the objective changed: taken as is
+    assert s2 is not s1 and s3 is not s2 and s4 is not s3

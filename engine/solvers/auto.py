@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .base import Solution, SolverOptions, register_backend
 from .highs import lp_round_solve, milp_solve
-from .lagrangian import LagrangianBackend, applicable
+from .lagrangian import LagrangianBackend
 
 
 @register_backend("auto")
@@ -33,7 +33,7 @@ class AutoBackend:
         t0 = time.perf_counter()
         steps = []
         tries: list[Solution] = []
-        if applicable(model):
+        if self._lagr.applies_to(model):
             tries.append(self._lagr.solve(model, time_limit_s * 0.3, hint, rel_gap))
             steps.append(f"lagrangian gap {tries[-1].gap:.4f}")
         if not tries or tries[-1].status not in ("optimal", "infeasible"):

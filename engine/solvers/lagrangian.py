@@ -9,7 +9,10 @@ around the best point; each cut costs one sparse product over the columns. The p
 is the greedy in decreasing priced profit (each job's priced best column first).
 
 Warm start: the backend keeps the last prices by row name and starts the next call
-from them (rounds change little, so a few iterations usually prove the gap).
+from them (rounds change little, so a few iterations usually prove the gap). It also
+keeps the last model's structure (``_Memo``: the greedy's arrays, the dual's row block)
+and takes it as is when the next model's matrix, row bounds and job rows are equal to
+it element for element (most rounds change only the objective).
 Applies to models whose extra rows are all "<=" rows with non-negative coefficients
 and no continuous variables; on any other model it answers with HiGHS's LP rounding.
 """
@@ -44,18 +47,24 @@ def applicable(model) -> bool:
 
 
 class _Dual:
-    def __init__(self, model, s: _Structure):
+    def __init__(self, model, s: _Structure, like: _Dual | None = None):
+        """``like``: a dual of a model with the same structure (``_Memo``), whose row
+        block is taken as is; only the objective is read from ``model``."""
         self.model = model
-        mask = np.ones(model.n_rows, dtype=bool)
-        mask[model.job_rows] = False
-        self.rows = np.flatnonzero(mask)
-        same = s.vector_ok and np.array_equal(self.rows, s.coupling)     # the usual case: reuse the greedy's
-        self.B = s.Bc if same else RowBlock.of(s.Ax, self.rows, model.n_rows)
-        self.BT = sp.csr_matrix((self.B.data, self.B.rows, self.B.indptr), shape=(model.n_x, len(self.rows)))
-        self.b = model.row_ub[self.rows]
+        if like is not None:
+            self.rows, self.B, self.BT, self.b = like.rows, like.B, like.BT, like.b
+            self.starts, self.has_cols = like.starts, like.has_cols
+        else:
+            mask = np.ones(model.n_rows, dtype=bool)
+            mask[model.job_rows] = False
+            self.rows = np.flatnonzero(mask)
+            same = s.vector_ok and np.array_equal(self.rows, s.coupling)     # the usual case: reuse the greedy's
+            self.B = s.Bc if same else RowBlock.of(s.Ax, self.rows, model.n_rows)
+            self.BT = sp.csr_matrix((self.B.data, self.B.rows, self.B.indptr), shape=(model.n_x, len(self.rows)))
+            self.b = model.row_ub[self.rows]
+            self.starts = np.searchsorted(model.col_job, np.arange(model.n_jobs))
+            self.has_cols = np.r_[self.starts[1:], model.n_x] > self.starts
         self.c = model.c[: model.n_x]
-        self.starts = np.searchsorted(model.col_job, np.arange(model.n_jobs))
-        self.has_cols = np.r_[self.starts[1:], model.n_x] > self.starts
 
     def evaluate(self, lam: np.ndarray):
         r = self.c - self.BT @ lam
@@ -73,6 +82,58 @@ class _Dual:
         chosen = idx[first]
         g = self.b - self.B.column_sums(chosen, len(self.rows))
         return val, g, r, chosen
+
+
+class _Memo:
+    """The last model's structure — whether the Lagrangian applies, the greedy's arrays,
+    the dual's row block — reused for the next model when everything they are computed
+    from is equal element for element: the matrix, the row bounds, the job rows, the
+    columns' jobs (the usual round: only the objective changed). The compared arrays are
+    copies, so a reuse is exact even if a caller later writes into an old model."""
+
+    def __init__(self) -> None:
+        self.model: object = None          # the last model looked at (the same object: no comparison)
+        self.key: tuple | None = None
+        self.applies = False
+        self.structure: _Structure | None = None
+        self.dual: _Dual | None = None
+
+    @staticmethod
+    def _key_of(model) -> tuple:
+        A = model.A
+        return (A.shape, model.n_x, model.n_jobs, A.indptr, A.indices, A.data, model.row_lb, model.row_ub,
+                model.col_job, model.job_rows)
+
+    @staticmethod
+    def _same(a: tuple, b: tuple) -> bool:
+        for x, y in zip(a, b):
+            if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+                if x is None or y is None or not np.array_equal(x, y):
+                    return False
+            elif x != y:
+                return False
+        return True
+
+    def look(self, model) -> bool:
+        """Whether the Lagrangian applies to ``model``; afterwards ``structure`` and
+        ``dual`` are the last model's when its structure is ``model``'s, else None."""
+        if model is self.model:
+            return self.applies
+        key = self._key_of(model)
+        if self.key is None or not self._same(key, self.key):
+            self.key = tuple(x.copy() if isinstance(x, np.ndarray) else x for x in key)
+            self.applies = applicable(model)
+            self.structure = self.dual = None
+        self.model = model
+        return self.applies
+
+    def structures(self, model) -> tuple[_Structure, _Dual]:
+        """The greedy's structure and the dual of ``model`` (after ``look(model)``)."""
+        if self.structure is None or self.dual is None:
+            self.structure = _Structure(model)
+            self.dual = _Dual(model, self.structure)
+            return self.structure, self.dual
+        return self.structure, _Dual(model, self.structure, like=self.dual)
 
 
 def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, primal_fn, h):
@@ -148,18 +209,22 @@ class LagrangianBackend:
     name: str = "lagrangian"
     _prices: dict = field(default_factory=dict, repr=False)
     _highs: object = field(default=None, repr=False)     # the cutting-plane LP's, cleared between solves
+    _memo: _Memo = field(default_factory=_Memo, repr=False)
 
     def available(self) -> bool:
         return True
 
+    def applies_to(self, model) -> bool:
+        """``applicable(model)``, remembered for a model of the last one's structure."""
+        return self._memo.look(model)
+
     def solve(self, model, time_limit_s: float = 10.0, hint=None, rel_gap: float = 0.01) -> Solution:
         t0 = time.perf_counter()
-        if not applicable(model):
+        if not self.applies_to(model):
             from .highs import lp_round_solve
             sol = lp_round_solve(model, self.options, time_limit_s, rel_gap, self.name)
             return Solution(**{**sol.__dict__, "message": "model outside the Lagrangian's scope; " + sol.message})
-        s = _Structure(model)
-        dual = _Dual(model, s)
+        s, dual = self._memo.structures(model)
         names = [model.row_names[i] for i in dual.rows]
         lam0 = np.array([self._prices.get(n, 0.0) for n in names])
         x_hint = None if hint is None else np.asarray(hint[: model.n_x], dtype=float)
