@@ -89,7 +89,9 @@ class _Memo:
     the dual's row block — reused for the next model when everything they are computed
     from is equal element for element: the matrix, the row bounds, the job rows, the
     columns' jobs (the usual round: only the objective changed). The compared arrays are
-    copies, so a reuse is exact even if a caller later writes into an old model."""
+    copies, so a model made by writing into an earlier model's arrays is still compared
+    with what the structure was built from; the same model object asked about twice in a
+    row (``auto``, then the solve) is not compared again (models are read-only)."""
 
     def __init__(self) -> None:
         self.model: object = None          # the last model looked at (the same object: no comparison)
