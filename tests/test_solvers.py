@@ -167,16 +167,21 @@ def test_row_block_reads_columns_as_scipy_does():
         np.testing.assert_allclose(block.column_sums(cols, len(rows)), np.asarray(sub[:, cols].sum(axis=1)).ravel())
 
 
+def _solves_as_a_fresh_one(reused, model) -> None:
+    """``reused`` (a Lagrangian backend that solved other models before) solves ``model``
+    as a new backend with the same warm-start prices does."""
+    fresh = make_backend("lagrangian")
+    fresh._prices = dict(reused._prices)
+    a = reused.solve(model, time_limit_s=1e9)
+    b = fresh.solve(model, time_limit_s=1e9)
+    np.testing.assert_array_equal(a.values, b.values)
+    assert a.bound == b.bound and a.extra == b.extra
+
+
 def test_lagrangian_reusing_its_highs_solves_as_a_fresh_one():
-    models = [small_model(seed, gpus=128, jobs=40) for seed in (1, 2, 3)]
     reused = make_backend("lagrangian")
-    for m in models:
-        fresh = make_backend("lagrangian")
-        fresh._prices = dict(reused._prices)          # the same warm start
-        a = reused.solve(m, time_limit_s=1e9)
-        b = fresh.solve(m, time_limit_s=1e9)
-        np.testing.assert_array_equal(a.values, b.values)
-        assert a.bound == b.bound and a.extra == b.extra
+    for seed in (1, 2, 3):
+        _solves_as_a_fresh_one(reused, small_model(seed, gpus=128, jobs=40))
 
 
 def test_lagrangian_reuses_a_structure_only_when_the_next_model_has_it_and_solves_as_a_fresh_one():
@@ -194,12 +199,7 @@ def test_lagrangian_reuses_a_structure_only_when_the_next_model_has_it_and_solve
     reused = make_backend("lagrangian")
     structures = []
     for m in (base, other_objective, tighter, heavier, base):
-        fresh = make_backend("lagrangian")
-        fresh._prices = dict(reused._prices)          # the same warm start
-        a = reused.solve(m, time_limit_s=1e9)
-        b = fresh.solve(m, time_limit_s=1e9)
-        np.testing.assert_array_equal(a.values, b.values)
-        assert a.bound == b.bound and a.extra == b.extra
+        _solves_as_a_fresh_one(reused, m)
         structures.append(reused._memo.structure)
     s0, s1, s2, s3, s4 = structures
     assert s1 is s0                                   # only the objective changed: taken as is
