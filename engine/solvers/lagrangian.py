@@ -138,9 +138,10 @@ class _Memo:
         return self.structure, _Dual(model, self.structure, like=self.dual)
 
 
-def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, primal_fn, h):
+def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, primal_fn, empty_lp):
     """Minimize L over lambda >= 0; ``primal_fn(r)`` gives a primal value at reduced profits r;
-    ``h`` an empty Highs instance for the cutting-plane LP."""
+    ``empty_lp()`` an empty Highs instance for the cutting-plane LP, asked for only when
+    the warm start does not already prove the gap (most rounds)."""
     import highspy
     R = len(lam0)
     best_lam = lam0.copy()
@@ -150,13 +151,8 @@ def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, p
     scale = max(1.0, float(np.abs(dual.c).max(initial=1.0)))
     # a warm start begins with a small trust region around the previous prices
     delta = 0.1 * float(lam0.max()) if lam0.max() > 0 else scale
-    h.setOptionValue("presolve", "off")
     inf = highspy.kHighsInf
-    # variables: theta, lambda_1..R ; minimize theta
-    h.addVar(-inf, inf)
-    h.changeColCost(0, 1.0)
-    for i in range(R):
-        h.addVar(0.0, inf)
+    h = None
 
     def add_cut(val, g, lam):
         # theta - g . lambda >= val - g . lam
@@ -164,12 +160,19 @@ def _kelley(dual: _Dual, lam0: np.ndarray, deadline: float, target_gap: float, p
         coef = np.concatenate([[1.0], -g])
         h.addRow(float(val - g @ lam), inf, R + 1, idx, coef)
 
-    add_cut(best_val, g, best_lam)
     since_primal = 0
     best_r = r
     while iters < MAX_ITERS and time.perf_counter() < deadline:
         if relative_gap(best_primal, best_val) <= target_gap:
             break
+        if h is None:               # the LP: variables theta, lambda_1..R; minimize theta; the start's cut
+            h = empty_lp()
+            h.setOptionValue("presolve", "off")
+            h.addVar(-inf, inf)
+            h.changeColCost(0, 1.0)
+            for i in range(R):
+                h.addVar(0.0, inf)
+            add_cut(best_val, g, best_lam)
         lo = np.maximum(best_lam - delta, 0.0)
         hi = best_lam + delta
         h.changeColsBounds(R, np.arange(1, R + 1, dtype=np.int32), lo, hi)
@@ -243,8 +246,11 @@ class LagrangianBackend:
                     best_x, best_v = x, v
             return best_v, best_x
 
-        self._highs = reuse_highs(self._highs, self.options.threads)
-        lam, bound, val, x, iters = _kelley(dual, lam0, t0 + time_limit_s, rel_gap, primal_fn, self._highs)
+        def empty_lp():
+            self._highs = reuse_highs(self._highs, self.options.threads)
+            return self._highs
+
+        lam, bound, val, x, iters = _kelley(dual, lam0, t0 + time_limit_s, rel_gap, primal_fn, empty_lp)
         self._prices = dict(zip(names, lam.tolist()))
         return Solution.of(model, x, bound, value=val, rel_gap=rel_gap, solve_time_s=time.perf_counter() - t0,
                            backend=self.name, message=f"{iters} price iterations",
