@@ -204,3 +204,62 @@ def test_the_model_matrix_is_the_same_whichever_way_it_is_assembled():
     dense = np.zeros((6, 9))
     np.add.at(dense, (r, c), v)
     assert np.allclose(mats[0], dense) and np.allclose(mats[1], dense)
+
+
+def _same_model(a, b) -> None:
+    for f in ("c", "col_lb", "col_ub", "integral", "row_lb", "row_ub", "col_job"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    assert a.A.shape == b.A.shape and (a.A != b.A).nnz == 0
+    assert list(a.row_names) == list(b.row_names)
+    assert (a.n_x, a.n_jobs, a.offset, a.extra_names) == (b.n_x, b.n_jobs, b.offset, b.extra_names)
+    for f in ("job_rows", "capacity_rows"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert (x is None and y is None) or np.array_equal(x, y), f
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans(), st.integers(0, 2), st.integers(0, 2)),
+                min_size=2, max_size=12))
+def test_rows_kept_across_rounds_build_the_model_built_afresh(calls):
+    """``build_model`` with a ``RowsMemo`` over any sequence of rounds (other jobs or
+    capacity, other objectives, some adding rows and variables, pinned jobs, a model
+    restricted to some columns with or without a frozen job's column fixed, move budgets)
+    gives the model built without it."""
+    from engine.formulation import synthetic_round_data
+    from engine.formulation.build import RowsMemo
+    datas = [synthetic_round_data(64, 12, 0), synthetic_round_data(64, 12, 0, round_index=1),
+             synthetic_round_data(64, 12, 1), synthetic_round_data(128, 12, 0)]
+    objectives = [parse_objective({}, {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1}),
+                  parse_objective({}, {"throughput": 1, "jct": 3}),
+                  parse_objective({}, {"throughput": 1, "fairness": 1})]
+    memo = RowsMemo()
+    for d, o, pin, freeze, budget in calls:
+        data = datas[d]
+        pinned = frozenset(data.job_ids[:1]) if pin else frozenset()
+        columns = fixed = None
+        if freeze:
+            out = data.current_col[data.current_col >= 0][:1]
+            keep = np.ones(data.n_cols, dtype=bool)
+            keep[out] = False
+            columns = np.flatnonzero(keep)
+            fixed = out if freeze == 2 else None
+        moves = budget or None
+        _same_model(build_model(data, objectives[o], pinned, columns, fixed, moves, memo=memo),
+                    build_model(data, objectives[o], pinned, columns, fixed, moves))
+
+
+def test_rows_kept_across_rounds_are_taken_as_they_are_only_while_their_inputs_stay_equal():
+    from engine.formulation import synthetic_round_data
+    from engine.formulation.build import RowsMemo
+    data = synthetic_round_data(64, 12, 0)
+    arena = parse_objective({}, {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1})
+    memo = RowsMemo()
+    first = build_model(data, arena, memo=memo)
+    again = build_model(data, parse_objective({}, {"throughput": 1, "jct": 3}), memo=memo)
+    assert again.A is first.A and not np.array_equal(again.c, first.c)      # only the objective is new
+    other = build_model(synthetic_round_data(64, 12, 0, round_index=1), arena, memo=memo)
+    assert other.A is not first.A
+    pinned = build_model(data, arena, frozenset(data.job_ids[:1]), memo=memo)
+    assert pinned.A is not first.A and pinned.row_lb.max() == 1.0
+    one, two = (build_model(data, arena, max_moves=k, memo=memo) for k in (1, 2))
+    assert two.A is not one.A and (one.row_ub[-1], two.row_ub[-1]) == (1.0, 2.0)

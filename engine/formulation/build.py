@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..same_inputs import kept, same
 from .model import MilpModel, ModelBuilder, Prefixed
 from .round_data import RoundData
 
@@ -78,9 +79,38 @@ def add_move_budget_row(data: RoundData, builder: ModelBuilder, max_moves: int,
                      np.array([float(max_moves)]), ["move_budget"])
 
 
+class RowsMemo:
+    """The last round's rows before the objective terms (job rows, node-shape rows, the
+    move budget row) and, when the terms added neither rows nor variables, its model:
+    ``build_model`` takes them as they are when the next round's inputs to them — the
+    capacity, the jobs and their columns' types and shapes, pinned jobs, the restricted
+    and fixed columns, the move budget — are equal element for element (most rounds:
+    only the objective changed). Kept by a policy, like ``RoundDataCache``."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.rows: ModelBuilder | None = None       # a builder holding only the rows
+        self.model: MilpModel | None = None         # built from them with no term's rows or variables
+
+    def builder(self, key: tuple) -> ModelBuilder | None:
+        """A builder with the remembered rows when ``key`` is the remembered one."""
+        if self.rows is None or not same(self.key, key):
+            return None
+        return self.rows.with_rows()
+
+    def remember(self, key: tuple, rows: ModelBuilder) -> None:
+        self.key, self.rows, self.model = kept(key), rows.with_rows(), None
+
+
+def _rows_key(data: RoundData, pinned: frozenset[str], columns, fixed, max_moves) -> tuple:
+    """What the rows before the objective terms are computed from (``RowsMemo``)."""
+    return (data.capacity, data.job_ids, pinned, max_moves, data.col_job, data.col_type, data.col_nodes,
+            data.col_gpn, columns, fixed, data.current_col if max_moves is not None else None)
+
+
 def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset(),
                 columns: np.ndarray | None = None, fixed: np.ndarray | None = None,
-                max_moves: int | None = None) -> MilpModel:
+                max_moves: int | None = None, memo: RowsMemo | None = None) -> MilpModel:
     """The round's MILP: job rows, node-shape rows, then ``objective.apply``. With
     ``columns`` (sorted column indices of ``data``), the same model restricted to those
     columns: identical coefficients and rows, the other columns fixed at 0 (what the
@@ -88,9 +118,10 @@ def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = 
     ``columns``) are fixed at 1 — the stability rule's frozen jobs — their capacity taken
     from the rows and their value added to the offset, so the model keeps the form the
     fast Lagrangian path needs (no lower bounds on job rows). ``max_moves``: the move
-    budget row (see the module doc)."""
+    budget row (see the module doc). ``memo``: the last round's rows, taken as they are
+    when their inputs are equal (``RowsMemo``; the model is the same either way)."""
     unknown = set(pinned) - set(data.job_ids) if pinned else set()      # (4,000 ids: 0.1 ms a round)
-    builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
+    known = frozenset(pinned) - unknown
     written = columns
     if fixed is not None and columns is not None:        # sorted, distinct: a mask is faster than union1d
         if len(fixed) and (np.min(fixed) < 0 or np.max(fixed) >= data.n_cols):
@@ -99,12 +130,24 @@ def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = 
         mark[columns] = True
         mark[fixed] = True
         written = np.flatnonzero(mark)
-    add_job_rows(data, builder, frozenset(pinned) - unknown, written)
-    add_shape_rows(data, builder, written)
-    if max_moves is not None:
-        add_move_budget_row(data, builder, max_moves, written)
+    key = None if memo is None else _rows_key(data, known, columns, fixed, max_moves)
+    builder = None if memo is None or key is None else memo.builder(key)
+    if builder is None:
+        builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
+        add_job_rows(data, builder, known, written)
+        add_shape_rows(data, builder, written)
+        if max_moves is not None:
+            add_move_budget_row(data, builder, max_moves, written)
+        if memo is not None and key is not None:
+            memo.remember(key, builder)
+    rows = builder.n_rows
     objective.apply(data, builder)
-    return builder.build(columns, fixed)
+    if memo is None or builder.n_rows != rows or builder.has_extras:
+        return builder.build(columns, fixed)
+    if memo.model is None:
+        memo.model = builder.build(columns, fixed)
+        return memo.model
+    return builder.build_like(memo.model, columns, fixed)
 
 
 def hint_from_columns(model: MilpModel, cols) -> np.ndarray:

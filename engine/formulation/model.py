@@ -10,6 +10,7 @@ modelling layer; the other backends translate from the same arrays.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -162,6 +163,21 @@ class ModelBuilder:
     def n_rows(self) -> int:
         return self._n_rows
 
+    @property
+    def has_extras(self) -> bool:
+        """Whether continuous variables were added."""
+        return bool(self._var_lb)
+
+    def with_rows(self) -> ModelBuilder:
+        """A new builder over the same choice variables with this one's rows (and
+        job and capacity row indices), and neither objective nor continuous variables.
+        The row arrays are shared: treat them as read-only."""
+        b = ModelBuilder(self.n_x, self.col_job, self.n_jobs)
+        b._rows_r, b._rows_c, b._rows_v = list(self._rows_r), list(self._rows_c), list(self._rows_v)
+        b._row_lb, b._row_ub, b._row_names = list(self._row_lb), list(self._row_ub), list(self._row_names)
+        b._n_rows, b.job_rows, b.capacity_rows = self._n_rows, self.job_rows, self.capacity_rows
+        return b
+
     def add_x_objective(self, coeffs: np.ndarray) -> None:
         coeffs = np.asarray(coeffs, dtype=float)
         if coeffs.shape != (self.n_x,):
@@ -218,7 +234,6 @@ class ModelBuilder:
         indices outside ``columns``) are fixed at 1: their row activities move to the
         row bounds and their objective to the offset."""
         n_extra = len(self._var_lb)
-        offset = self.offset
         fixed_act = None
         keep = None
         if columns is not None:
@@ -234,11 +249,9 @@ class ModelBuilder:
             is_fixed[fixed] = True
             if columns is None or is_fixed[keep].any():
                 raise ValueError("build: fixed variables must lie outside the given columns")
-            offset = offset + float(self.c_x[fixed].sum())
+        c, offset = self._objective(keep, fixed)
         n_x = self.n_x if keep is None else len(keep)
         n = n_x + n_extra
-        c_x = self.c_x if keep is None else self.c_x[keep]
-        c = np.concatenate([c_x, np.asarray(self._var_obj, dtype=float)])
         col_lb = np.concatenate([np.zeros(n_x), np.asarray(self._var_lb, dtype=float)])
         col_ub = np.concatenate([np.ones(n_x), np.asarray(self._var_ub, dtype=float)])
         integral = np.concatenate([np.ones(n_x, dtype=bool), np.zeros(n_extra, dtype=bool)])
@@ -280,3 +293,23 @@ class ModelBuilder:
                          n_x=n_x, col_job=col_job, n_jobs=self.n_jobs,
                          offset=offset, extra_names=tuple(self._var_names), job_rows=self.job_rows,
                          capacity_rows=self.capacity_rows)
+
+    def build_like(self, like: MilpModel, columns: np.ndarray | None = None,
+                   fixed: np.ndarray | None = None) -> MilpModel:
+        """``build(columns, fixed)`` when ``like`` was built by ``build(columns, fixed)``
+        from equal rows, with the same (checked) ``columns`` and ``fixed`` and no
+        continuous variables, as this builder: ``like``'s matrix, bounds and names, this
+        builder's objective."""
+        if self._var_lb or like.n_vars != like.n_x:
+            raise ValueError("build_like: only for models without continuous variables")
+        keep = None if columns is None else np.asarray(columns, dtype=np.int64)
+        fixed = None if fixed is None or not len(fixed) else np.asarray(fixed, dtype=np.int64)
+        c, offset = self._objective(keep, fixed)
+        return dataclasses.replace(like, c=c, offset=offset)
+
+    def _objective(self, keep: np.ndarray | None, fixed: np.ndarray | None) -> tuple[np.ndarray, float]:
+        """The model's objective coefficients over the kept choice variables and the
+        continuous ones, and its offset (with the ``fixed`` columns' coefficients)."""
+        offset = self.offset if fixed is None or not len(fixed) else self.offset + float(self.c_x[fixed].sum())
+        c_x = self.c_x if keep is None else self.c_x[keep]
+        return np.concatenate([c_x, np.asarray(self._var_obj, dtype=float)]), offset

@@ -33,7 +33,8 @@ here, once:
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/objectives).
 
 Candidate grids are cached per (model, global batch); estimates and each job's columns
-per performance model (``RoundDataCache``). Frozen jobs (the stability rule) keep exactly
+per performance model (``RoundDataCache``); the model's rows before the objective terms,
+while their inputs stay equal (``RowsMemo``). Frozen jobs (the stability rule) keep exactly
 their current column in both searches: the round data keeps only that column for them;
 the full model fixes it at 1 outside the model (capacity taken from the rows, no lower
 bound on a job row, so the fast Lagrangian path stays open), the incremental search
@@ -59,6 +60,7 @@ from instances.grid import Grid
 
 from ..context import Decisions, JobView, RoundContext
 from ..formulation import build_model, build_round_data
+from ..formulation.build import RowsMemo
 from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
 from ..incremental import OTHER_TYPE_CHOICES, QUEUED_CHOICES, IncrementalConfig, search_round
@@ -200,6 +202,7 @@ class MilpPolicy:
         self._placers: dict[int, Placer] = {}
         self._dp_only = DpOnlyTwin()
         self._cache = RoundDataCache()
+        self._rows = RowsMemo()
 
     # ------------------------------------------------------------------------------
     def _perf(self, perf: PerformanceModel | None) -> PerformanceModel:
@@ -241,7 +244,7 @@ class MilpPolicy:
             free[fixed] = False
             cols = np.flatnonzero(free) if len(fixed) else None
             model = build_model(data, self.objective, self.pinned, cols, fixed if len(fixed) else None,
-                                max_moves=allowance or None)
+                                max_moves=allowance or None, memo=self._rows)
             t2 = time.perf_counter()
             hint = np.zeros(model.n_x)
             cur = data.current_col[data.current_col >= 0]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..same_inputs import kept, same
 from .base import Solution, SolverOptions, register_backend, relative_gap
 from .greedy import RowBlock, _Structure, greedy_select
 from .highs_api import reuse_highs
@@ -106,24 +107,14 @@ class _Memo:
         return (A.shape, model.n_x, model.n_jobs, A.indptr, A.indices, A.data, model.row_lb, model.row_ub,
                 model.col_job, model.job_rows)
 
-    @staticmethod
-    def _same(a: tuple, b: tuple) -> bool:
-        for x, y in zip(a, b):
-            if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-                if x is None or y is None or not np.array_equal(x, y):
-                    return False
-            elif x != y:
-                return False
-        return True
-
     def look(self, model) -> bool:
         """Whether the Lagrangian applies to ``model``; afterwards ``structure`` and
         ``dual`` are the last model's when its structure is ``model``'s, else None."""
         if model is self.model:
             return self.applies
         key = self._key_of(model)
-        if self.key is None or not self._same(key, self.key):
-            self.key = tuple(x.copy() if isinstance(x, np.ndarray) else x for x in key)
+        if not same(self.key, key):
+            self.key = kept(key)
             self.applies = applicable(model)
             self.structure = self.dual = None
         self.model = model
