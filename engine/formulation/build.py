@@ -130,15 +130,15 @@ def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = 
         mark[columns] = True
         mark[fixed] = True
         written = np.flatnonzero(mark)
-    key = None if memo is None else _rows_key(data, known, columns, fixed, max_moves)
-    builder = None if memo is None or key is None else memo.builder(key)
+    key = _rows_key(data, known, columns, fixed, max_moves)
+    builder = None if memo is None else memo.builder(key)
     if builder is None:
         builder = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
         add_job_rows(data, builder, known, written)
         add_shape_rows(data, builder, written)
         if max_moves is not None:
             add_move_budget_row(data, builder, max_moves, written)
-        if memo is not None and key is not None:
+        if memo is not None:
             memo.remember(key, builder)
     rows = builder.n_rows
     objective.apply(data, builder)
