@@ -246,6 +246,7 @@ class OnlineModel:
         self._shares: dict = {}                 # (model, batch, grid) -> communication share
         self._fits: dict[str, _Fit] = {}        # job -> its own kriging, with its (version, shared key)
         self._grid_sets: dict = {}              # (model, batch, grids) -> _Grids
+        self._grid_tuples: dict = {}            # id of a grids tuple -> (it, model, batch, _Grids)
         self._families: dict[str, str] = {}
         self._n_shared = 0                      # established runs taken into _by_shape
         self._by_shape: dict = {}               # shape -> [(job id, family, model, grid, log error, share, n)]
@@ -434,22 +435,33 @@ class OnlineModel:
         observed again or another run established changes the shared effect of one of its
         observed shapes."""
         key = (self.store.version(job.job_id), self.shared_key())
-        f = self._fits.get(job.job_id)
-        if f is not None and f.key == key:
-            return f
-        kept = f if f is not None and f.key[0] == key[0] else None     # no new observation of the job since
+        last = self._fits.get(job.job_id)
+        if last is not None and last.key == key:
+            return last
+        self._shared_runs()
+        taken = len(self._changed)
+        kept = last if last is not None and last.key[0] == key[0] else None     # no new observation of the job since
         obs = kept.obs if kept is not None else self.observations(job)
+        # an observed shape's shared effect is the last fit's while no run was taken in there since
+        moved = set(self._changed[last.taken:]) if last is not None else set()
         effects = {}
         for g, *_ in obs:
-            if g.shape not in effects:
-                effects[g.shape] = self.shared_effect(job, g.shape)
+            s = g.shape
+            if s not in effects:
+                effects[s] = (last.effects[s] if last is not None and s in last.effects and s not in moved
+                              else self.shared_effect(job, s))
         if kept is not None and kept.effects == effects:
-            kept.key = key              # the runs established since changed none of its shapes' effects
+            kept.key, kept.taken = key, taken   # the runs established since changed none of its shapes' effects
             return kept
-        f = _Fit(key, effects, obs)
+        f = _Fit(key, effects, obs, taken)
         if obs:
             p = self.prior
-            K = self.covariances([o[0] for o in obs], [o[2] for o in obs], [effects[o[0].shape][1] for o in obs])
+            # the prior part of the covariance, the last fit's while the grids and their shapes' effects are
+            f.cov_key = (tuple(o[0] for o in obs), tuple(o[2] for o in obs),
+                         tuple(effects[o[0].shape][1] for o in obs))
+            f.cov = (last.cov if last is not None and last.cov is not None and last.cov_key == f.cov_key
+                     else self.covariances(*f.cov_key))
+            K = f.cov.copy()
             K += np.diag([p.noise(n) for *_, n in obs])
             r = np.array([x - effects[g.shape][0] for g, x, _, _ in obs])
             alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), r)
@@ -503,6 +515,10 @@ class OnlineModel:
     def _grids(self, job: Job, grids) -> "_Grids":
         """What the correction reads of ``grids`` that depends on the job only through its
         model and batch (kept per such key and grid list)."""
+        if type(grids) is tuple:        # immutable, so known by identity: cheaper than hashing its grids
+            hit = self._grid_tuples.get(id(grids))
+            if hit is not None and hit[0] is grids and hit[1] == job.model and hit[2] == job.global_batch:
+                return hit[3]
         key = (job.model, job.global_batch, tuple(grids))
         g = self._grid_sets.get(key)
         if g is None:
@@ -517,6 +533,8 @@ class OnlineModel:
                 np.array([types.setdefault(x.gpu_type, len(types)) for x in key[2]], dtype=np.int64), types,
                 np.array([shapes.setdefault(x.shape, len(shapes)) for x in key[2]], dtype=np.int64), shapes,
                 [b.plan for b in base])
+        if type(grids) is tuple:        # the entry holds the tuple: its id is not reused while it is kept
+            _bounded(self._grid_tuples, self.MAX_CACHED)[id(grids)] = (grids, job.model, job.global_batch, g)
         return g
 
     def _log_errors(self, job: Job, g: "_Grids") -> np.ndarray | None:
@@ -597,6 +615,9 @@ class _Fit:
     key: tuple
     effects: dict                   # shape -> shared_effect(job, shape)
     obs: list                       # OnlineModel.observations(job) at the key's version
+    taken: int                      # len(OnlineModel._changed) when the effects were last checked
+    cov_key: tuple = ()             # (grids, shares, shape variances) of ``cov``
+    cov: np.ndarray | None = None   # the prior covariance of the observed grids, without measurement noise
     const: float = 0.0
     comm: float = 0.0
     by_type: dict = field(default_factory=dict)

@@ -514,9 +514,9 @@ def test_derived_caches_stay_bounded_and_estimates_survive_their_clearing(base):
     m.MAX_CACHED = 3                     # an instance attribute: the class default is untouched
     before = {}
     for job in jobs:
-        grids = candidate_grids(job, cl, max_gpus=8)
+        grids = tuple(candidate_grids(job, cl, max_gpus=8))        # a tuple: the model keeps it by identity too
         before[job.job_id] = m.throughputs(job, grids)
-        assert len(m._fits) <= 3 and len(m._grid_sets) <= 3 and len(m._shares) <= 3
+        assert len(m._fits) <= 3 and len(m._grid_sets) <= 3 and len(m._grid_tuples) <= 3 and len(m._shares) <= 3
     for job in jobs:                     # recomputed after being dropped: the same estimates
         grids = candidate_grids(job, cl, max_gpus=8)
         assert m.throughputs(job, grids) == before[job.job_id]
@@ -593,3 +593,35 @@ def test_a_fit_kept_across_runs_elsewhere_gives_the_estimates_of_a_fresh_model(b
     kept.observe(late[0], G2, 0.5 * base.estimate(late[0], G2).iteration_time_s, 20)
     fresh.observe(late[0], G2, 0.5 * base.estimate(late[0], G2).iteration_time_s, 20)
     assert kept.estimate(JOB, G4).iteration_time_s == fresh.estimate(JOB, G4).iteration_time_s != after[0]
+
+
+_HISTORY_JOBS = (Job("a", "gpt__1.3B", 128, 1000, 0.0), Job("b", "gpt__1.3B", 128, 1000, 0.0),
+                 Job("c", "gpt__350M", 64, 1000, 0.0), Job("d", "moe__690M", 64, 1000, 0.0))
+_HISTORY_GRIDS = (G2, G4, G4PP2, Grid(Shape(A100, 2, 4), 1), Grid(Shape(A100, 2, 4), 2), CPU2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.floats(0.5, 2.0), st.sampled_from([5.0, 15.0, 25.0]),
+                          st.booleans()), min_size=1, max_size=14))
+def test_estimates_kept_through_a_history_equal_a_fresh_models(base, history):
+    """Whatever the order of observations, established runs and queries, a model that kept
+    its fits, shared effects and grid arrays from query to query estimates every job as a
+    model fed the same observations afresh, to the last bit (the kept parts: the last
+    fit's effects on shapes without new runs, its prior covariance, grids known by identity)."""
+    prior = OnlinePrior(grid=0.05, job=0.03)
+    kept = online(base, prior=prior)
+    fed = []
+    for j, k, ratio, iterations, query in history:
+        job, grid = _HISTORY_JOBS[j], _HISTORY_GRIDS[k]
+        b = base.estimate(job, grid)
+        if not b.feasible:
+            continue
+        kept.observe(job, grid, ratio * b.iteration_time_s, iterations)
+        fed.append((job, grid, ratio * b.iteration_time_s, iterations))
+        if not query:                   # the kept model falls behind by more than one change
+            continue
+        fresh = online(base, prior=prior)
+        for obs in fed:
+            fresh.observe(*obs)
+        for job in _HISTORY_JOBS:
+            assert kept.throughputs(job, _HISTORY_GRIDS) == fresh.throughputs(job, list(_HISTORY_GRIDS))

@@ -252,7 +252,7 @@ class _Candidates:
     """One job's candidate grids (for its known infeasible shapes), before estimates:
     enumerated, filtered and grouped by shape (in shape order). The same whatever grid the
     job holds, so a move does not enumerate them again."""
-    grids: list
+    grids: tuple                    # a tuple: bulk estimators may know it by identity
     group: np.ndarray               # per grid: the index of its shape in ``keys``
     keys: list                      # (GPU type, nodes, GPUs per node), sorted
     col_type: np.ndarray            # per grid, as the block's arrays
@@ -346,7 +346,7 @@ def _candidates(ctx: RoundContext, view: JobView, cap: Capacity, type_index: dic
     index: dict = {}
     for i, g in enumerate(grids):
         index.setdefault(g, i)
-    return _Candidates(grids, np.array([position[k] for k in skeys], dtype=np.int64), keys,
+    return _Candidates(tuple(grids), np.array([position[k] for k in skeys], dtype=np.int64), keys,
                        np.array([type_index[t] for t, _, _ in skeys], dtype=np.int64),
                        np.array([n for _, n, _ in skeys], dtype=np.int64),
                        np.array([m for _, _, m in skeys], dtype=np.int64),
@@ -374,13 +374,13 @@ def _block(ctx: RoundContext, view: JobView, lay: _Layout, thr: list[float], pla
     g = cand.group[order]
     first = order[np.concatenate(([True], g[1:] != g[:-1]))]
     win = first[valid[first]]
-    for i in win[np.isnan(lay.col_reconfig_s[win])]:
+    for i in win[np.isnan(lay.col_reconfig_s[win])].tolist():
         lay.col_reconfig_s[i] = _reconfig_cost_s(ctx, view, cand.grids[i])
-    keys = [cand.keys[i] for i in cand.group[win]]
-    thr_of = {k: float(t[i]) for k, i in zip(keys, win)}
-    current = int(np.flatnonzero(win == lay.current)[0]) if lay.current >= 0 and valid[lay.current] else -1
-    return _Block(tuple(cand.grids[i] for i in win), tuple(plans[i] for i in win), cand.col_type[win],
-                  cand.col_nodes[win], cand.col_gpn[win], cand.col_pp[win], t[win], lay.col_reconfig_s[win], current,
+    wins, t_win = win.tolist(), t[win]          # Python ints and floats: cheaper to index and key with
+    thr_of = dict(zip(map(cand.keys.__getitem__, cand.group[win].tolist()), t_win.tolist()))
+    current = wins.index(lay.current) if lay.current >= 0 and valid[lay.current] else -1
+    return _Block(tuple(map(cand.grids.__getitem__, wins)), tuple(map(plans.__getitem__, wins)), cand.col_type[win],
+                  cand.col_nodes[win], cand.col_gpn[win], cand.col_pp[win], t_win, lay.col_reconfig_s[win], current,
                   _reference_throughput(view.job, thr_of), lay.resume_s)
 
 
