@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol, Sequence, runtime_checkable
+from typing import Hashable, Protocol, Sequence, cast, runtime_checkable
 
 from instances.grid import Grid
 from instances.jobs import Job
@@ -70,12 +70,14 @@ class EstimatesInBulk(Protocol):
 
 
 def throughputs(perf: PerformanceModel, job: Job, grids: Sequence[Grid],
-                memo: dict | None = None) -> tuple[list[float], list[Plan | None]]:
+                memo: dict | None = None, bulk: bool | None = None) -> tuple[list[float], list[Plan | None]]:
     """Per grid: ``perf``'s estimated throughput of ``job`` (0 where infeasible) and proxy
     plan. ``memo``, keyed by (model, global batch, grid), keeps estimates that depend on
-    the job only through those (unused by a model that estimates in bulk)."""
-    if isinstance(perf, EstimatesInBulk):
-        return perf.throughputs(job, grids)
+    the job only through those (unused by a model that estimates in bulk). ``bulk``:
+    whether ``perf`` is ``EstimatesInBulk``, for callers that ask job after job (the
+    protocol check costs more than a memo hit); None checks it here."""
+    if isinstance(perf, EstimatesInBulk) if bulk is None else bulk:
+        return cast(EstimatesInBulk, perf).throughputs(job, grids)
     thr: list[float] = []
     plans: list[Plan | None] = []
     for grid in grids:

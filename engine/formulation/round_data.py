@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from estimators.base import LearnsOnline, throughputs
+from estimators.base import EstimatesInBulk, LearnsOnline, throughputs
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
@@ -401,6 +401,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         cache = RoundDataCache()
     cache.bind(perf, ctx.reconfig, len(ctx.jobs))
     learns = isinstance(perf, LearnsOnline)         # protocol checks are slow: once per round
+    bulk = isinstance(perf, EstimatesInBulk)
 
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
     attained, arrival = [], []
@@ -432,7 +433,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
             if est is None:
                 # a job with its own estimates does not share (nor fill) the per-model memo
                 est = cache.job_estimates[(ckey, version)] = throughputs(
-                    perf, job, lay.cand.grids, cache.estimates if version is None else {})
+                    perf, job, lay.cand.grids, cache.estimates if version is None else {}, bulk)
             block = cache.blocks[bkey] = _block(ctx, view, lay, *est)
         if block is None:
             unschedulable.append(job.job_id)
