@@ -456,7 +456,7 @@ class OnlineModel:
         f = _Fit(key, effects, obs, taken)
         if obs:
             p = self.prior
-            # the prior part of the covariance, the last fit's while the grids and their shapes' effects are
+            # the prior part of the covariance: the last fit's while the grids, shares and shape effects stay
             f.cov_key = (tuple(o[0] for o in obs), tuple(o[2] for o in obs),
                          tuple(effects[o[0].shape][1] for o in obs))
             f.cov = (last.cov if last is not None and last.cov is not None and last.cov_key == f.cov_key
