@@ -2,8 +2,13 @@
 every available backend."""
 from __future__ import annotations
 
+import math
+import struct
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.formulation import build_model, tiny_round_data
 from engine.objectives import make_term, parse_objective, term_names
@@ -197,3 +202,16 @@ def test_queue_offset_makes_the_objective_a_penalty():
     v = np.zeros(model.n_vars)
     v[0] = 1
     assert model.objective_value(v) == pytest.approx(-1.0)     # one of two jobs waits
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=False, min_value=1e-9, max_value=1e12), st.sampled_from([1.0, 2.0, 3.0]),
+                          st.just(math.inf), st.just(math.nan)), min_size=1, max_size=40))
+def test_the_jct_terms_median_is_numpys_to_the_bit(values):
+    """The `jct` term's median (its own, for speed) against ``np.median`` on the same
+    array: odd and even sizes, ties, infinities and nans."""
+    from engine.objectives.jct import median
+    a = np.array(values)
+    want = float(np.median(a))
+    got = median(a)
+    assert (math.isnan(got) and math.isnan(want)) or struct.pack("<d", got) == struct.pack("<d", want)

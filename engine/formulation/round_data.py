@@ -306,9 +306,13 @@ class RoundDataCache:
         self._owner: object = None
         self._reconfig: object = None
         self._shared: object = None
+        self.learns = False             # the bound model learns online (``LearnsOnline``)
+        self.bulk = False               # ... and estimates in bulk (``EstimatesInBulk``)
 
-    def bind(self, perf: object, reconfig: object, active_jobs: int) -> None:
-        shared = perf.shared_key() if isinstance(perf, LearnsOnline) else None
+    def bind(self, perf: Any, reconfig: object, active_jobs: int) -> None:
+        if perf is not self._owner:     # protocol checks are slow: once per model, not per round
+            self.learns, self.bulk = isinstance(perf, LearnsOnline), isinstance(perf, EstimatesInBulk)
+        shared = perf.shared_key() if self.learns else None
         if perf is not self._owner:
             self.layouts, self.candidates = {}, {}
         if perf is not self._owner or shared != self._shared:
@@ -400,8 +404,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     if cache is None:
         cache = RoundDataCache()
     cache.bind(perf, ctx.reconfig, len(ctx.jobs))
-    learns = isinstance(perf, LearnsOnline)         # protocol checks are slow: once per round
-    bulk = isinstance(perf, EstimatesInBulk)
+    learns, bulk = cache.learns, cache.bulk
 
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
     attained, arrival = [], []

@@ -7,12 +7,24 @@ cannot dominate the round.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from .base import register_term
+
+
+def median(t: np.ndarray) -> float:
+    """``np.median`` of a non-empty 1-D array, to the bit (the mean of the two middle
+    values is their sum halved, as ``np.mean`` computes it; nan when any value is nan),
+    without its overhead: every round of a replay asks for one."""
+    s = np.sort(t)
+    if np.isnan(s[-1]):                 # nan sorts last
+        return math.nan
+    h = len(s) // 2
+    return float(s[h]) if len(s) % 2 else (float(s[h - 1]) + float(s[h])) / 2
 
 
 @register_term("jct")
@@ -32,6 +44,6 @@ class ShortRemainingWork:
         if data.n_jobs == 0:
             return
         t = np.maximum(data.remaining_time_ref_s, 1e-9)
-        factor = (np.median(t) / t) ** self.exponent
+        factor = (median(t) / t) ** self.exponent
         factor = np.clip(factor, 1.0 / self.max_factor, self.max_factor)
         builder.add_x_objective(weight * data.speedup * factor[data.col_job])
