@@ -312,9 +312,8 @@ class RoundDataCache:
     def bind(self, perf: Any, reconfig: object, active_jobs: int) -> None:
         if perf is not self._owner:     # protocol checks are slow: once per model, not per round
             self.learns, self.bulk = isinstance(perf, LearnsOnline), isinstance(perf, EstimatesInBulk)
-        shared = perf.shared_key() if self.learns else None
-        if perf is not self._owner:
             self.layouts, self.candidates = {}, {}
+        shared = perf.shared_key() if self.learns else None
         if perf is not self._owner or shared != self._shared:
             self.estimates, self.job_estimates, self.blocks, self._owner, self._shared = {}, {}, {}, perf, shared
         if reconfig is not self._reconfig:
