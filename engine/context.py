@@ -11,12 +11,15 @@ from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
 
+from .quick_init import quick_init
+
 if TYPE_CHECKING:
     from .reconfig import ReconfigCostModel
 
 GpuId = tuple[int, int]          # (node_id, local GPU index on that node)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Allocation:
     grid: Grid
@@ -53,6 +56,7 @@ def node_masks(gpus: tuple[GpuId, ...]) -> tuple[tuple[int, int, int], ...] | No
     return tuple((n, m, m.bit_count()) for n, m in sorted(masks.items()))
 
 
+@quick_init
 @dataclass(frozen=True)
 class ChangeHistory:
     """A job's last change of allocation (start, resume or move), what the stability rule
@@ -64,6 +68,7 @@ class ChangeHistory:
     total: int = 0                      # its moves and preemptions over its whole life
 
 
+@quick_init
 @dataclass(frozen=True)
 class JobView:
     """A job as a policy sees it at a round."""

@@ -15,8 +15,10 @@ from instances.grid import Shape
 from instances.jobs import Job
 
 from .context import Allocation
+from .quick_init import quick_init
 
 
+@quick_init
 @dataclass(frozen=True)
 class JobProgress:
     job_id: str

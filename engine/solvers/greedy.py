@@ -70,7 +70,10 @@ class _Structure:
         self.ub = np.where(self.checked, model.row_ub, np.inf)
         self.indptr = Ax.indptr.tolist()
         self.indices = Ax.indices.tolist()
-        self.data = Ax.data.tolist()
+        # whole-number coefficients (GPU counts, ones) as Python ints: their list is built
+        # 3x faster than floats', and int + float is the float sum, so the checks are the same
+        whole = Ax.data.size and np.abs(Ax.data).max() < 2.0 ** 53 and np.array_equal(Ax.data, np.rint(Ax.data))
+        self.data = (Ax.data.astype(np.int64) if whole else Ax.data).tolist()
         self.lb_rows = np.flatnonzero((~cont_rows) & (model.row_lb > EPS))
         # the checked rows other than the one-grid-per-job rows, for the vectorized path
         self.vector_ok = model.job_rows is not None
