@@ -38,6 +38,13 @@ class Allocation:
         return bool(nodes) and any(n in nodes for n, _ in self.gpus)
 
     @cached_property
+    def gpus_canonical(self) -> bool:
+        """Whether ``gpus`` is sorted with each GPU once (the placer's form; kept with the
+        allocation, as placement asks every round)."""
+        g = self.gpus
+        return all(a < b for a, b in zip(g, g[1:]))
+
+    @cached_property
     def node_masks(self) -> tuple[tuple[int, int, int], ...] | None:
         """``node_masks(gpus)``, kept with the allocation (placement reads it every round)."""
         return node_masks(self.gpus)

@@ -110,10 +110,10 @@ class Placer:
         rest: list[str] = []
         for jid, grid in requests.items():
             cur = current.get(jid)
-            if (cur is not None and cur.grid.shape == grid.shape and jid not in pinned
+            if (cur is not None and (cur.grid is grid or cur.grid.shape == grid.shape) and jid not in pinned
                     and not cur.on_any(unavailable)):
                 self._take_masks(free, cur.node_masks, cur.gpus)
-                out[jid] = cur if cur.grid == grid else Allocation(grid, cur.gpus)
+                out[jid] = cur if cur.grid is grid or cur.grid == grid else Allocation(grid, cur.gpus)
                 kept.append(jid)
             else:
                 rest.append(jid)
@@ -121,13 +121,17 @@ class Placer:
         normal: list[str] = []
         for jid in rest:
             if jid in pinned:
-                gpus = _canonical(tuple(pinned[jid]))
                 cur = current.get(jid)
-                same = cur is not None and cur.gpus == gpus          # pinned where it is (the usual case)
+                if cur is not None and pinned[jid] is cur.gpus and cur.gpus_canonical:
+                    gpus, same = cur.gpus, True                      # pinned where it is (the usual case)
+                else:
+                    gpus = _canonical(tuple(pinned[jid]))
+                    same = cur is not None and cur.gpus == gpus
                 masks = cur.node_masks if same else node_masks(gpus)
                 if self._pin_ok(free, requests[jid], gpus, masks):
                     self._take_masks(free, masks, gpus)
-                    out[jid] = cur if same and cur.grid == requests[jid] else Allocation(requests[jid], gpus)
+                    out[jid] = (cur if same and (cur.grid is requests[jid] or cur.grid == requests[jid])
+                                else Allocation(requests[jid], gpus))
                     continue
                 pins_rejected.append(jid)
             normal.append(jid)

@@ -327,7 +327,7 @@ class RoundLoop:
             else:
                 rec.preemptions += 1
         # moves: release first, then assign
-        moving = [(jid, a) for jid, a in allocs.items() if jid in current
+        moving = [(jid, a) for jid, a in allocs.items() if jid in current and a is not current[jid]
                   and (a.gpus != current[jid].gpus or a.grid != current[jid].grid)]
         for jid, _ in moving:          # every mover leaves its GPUs before any takes new ones
             st.release_for_move(jid)

@@ -185,7 +185,7 @@ class SimExecutor:
                 r.noise_sum += k
             elif k <= EXACT_NOISE_DRAWS:
                 sigma2 = math.log1p(cv * cv)
-                r.noise_sum += float(self._noise_rng.lognormal(-0.5 * sigma2, math.sqrt(sigma2), k).sum())
+                r.noise_sum += float(np.add.reduce(self._noise_rng.lognormal(-0.5 * sigma2, math.sqrt(sigma2), k)))
             else:
                 r.noise_sum += max(0.0, k + cv * math.sqrt(k) * float(self._noise_rng.standard_normal()))
             r.noise_n = n

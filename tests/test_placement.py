@@ -156,6 +156,21 @@ def test_pins_are_checked_gpu_by_gpu():
     assert not res.pins_rejected and res.allocations["p"].gpus == ((0, 2), (0, 3))   # sorted, each once
 
 
+def test_a_job_pinned_to_its_own_gpus_keeps_them_sorted():
+    """Pinned to the very tuple it holds (what a policy passes back): kept as is when the
+    tuple is in the placer's form, put in that form when it is not."""
+    p = Placer(_spec(("a100", 1, 4)))
+    grid = Grid(Shape("a100-40gb", 1, 2))
+    for gpus in (((0, 1), (0, 3)), ((0, 3), (0, 1))):
+        cur = Allocation(grid, gpus)
+        assert cur.gpus_canonical == (gpus == ((0, 1), (0, 3)))
+        res = p.place({"j": grid}, {"j": cur}, {"j": cur.gpus})
+        assert not res.pins_rejected and res.allocations["j"].gpus == ((0, 1), (0, 3))
+        assert (res.allocations["j"] is cur) == cur.gpus_canonical
+    twice = Allocation(Grid(Shape("a100-40gb", 1, 1)), ((0, 2),))
+    assert twice.gpus_canonical and not Allocation(grid, ((0, 2), (0, 2))).gpus_canonical
+
+
 def test_a_move_takes_its_own_gpus_then_the_lowest_free():
     spec = _spec(("a100", 1, 8))
     p = Placer(spec)
