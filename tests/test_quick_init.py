@@ -12,7 +12,6 @@ from engine.executor import JobProgress
 from engine.quick_init import quick_init
 from instances.grid import Grid, Shape
 
-CLASSES = (JobProgress, JobView, ChangeHistory, Allocation)
 GRID = Grid(Shape("a100", 1, 2), pp=1)
 
 
