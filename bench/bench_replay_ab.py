@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_replay_ab.py --old REV [--new REV] [--instance arena-philly]
         [--policy arena] [--pairs 2] [--sim-arg=--perf=online ...] [--keep DIR] [--json]
+        [--different-results]
 
 Each pair runs ``arena simulate --instance I --policy P --run-out --no-plots --quiet`` for
 the old and the new code at once, each pinned to one core (``taskset``); the next pair
@@ -14,7 +15,10 @@ not after the first pair. Prints per pair the wall seconds, the decision time su
 the rounds (``rounds.csv``) and the new/old ratio, and whether ``jobs.csv`` and
 ``moves.csv`` are byte-identical (an exact change must leave them so); ``--json`` prints
 the rows as JSON on stdout instead (progress is on stderr). Exits 1 when a pair's
-outputs differ, 2 on bad input.
+outputs differ, 2 on bad input. ``--different-results``: the two commits are known to
+decide differently (e.g. ``--old`` is the commit a speed target was first measured at,
+before later changes of behaviour); the ratio is then that of two different replays,
+the outputs are still compared and reported, and a difference does not fail the run.
 """
 from __future__ import annotations
 
@@ -71,7 +75,10 @@ def _decision_s(out: Path) -> float:
 
 
 def _same(a: Path, b: Path) -> bool:
-    return all(filecmp.cmp(a / n, b / n, shallow=False) for n in ("jobs.csv", "moves.csv"))
+    """``jobs.csv`` and ``moves.csv`` byte-identical; a file one side did not write (a
+    commit older than the move ledger writes no ``moves.csv``) is a difference."""
+    names = ["jobs.csv"] + (["moves.csv"] if (a / "moves.csv").exists() or (b / "moves.csv").exists() else [])
+    return all((a / n).exists() and (b / n).exists() and filecmp.cmp(a / n, b / n, shallow=False) for n in names)
 
 
 def main(argv=None) -> int:
@@ -85,6 +92,8 @@ def main(argv=None) -> int:
                     help="one more `arena simulate` argument for both, e.g. --sim-arg=--perf=online (repeatable)")
     ap.add_argument("--keep", default=None, help="keep the runs' output folders under this folder")
     ap.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
+    ap.add_argument("--different-results", action="store_true",
+                    help="the commits decide differently: report, do not fail on, differing outputs")
     args = ap.parse_args(argv)
     if args.pairs < 1:
         return _fail(f"--pairs must be >= 1, got {args.pairs}")
@@ -156,7 +165,7 @@ def main(argv=None) -> int:
             for r in rows:
                 print(f"| {r['pair']} | {r['old_core']} | {r['new_core']} | {r['old_wall_s']} | {r['new_wall_s']} | "
                       f"{r['ratio']} | {r['old_decision_s']} -> {r['new_decision_s']} | {r['identical']} |")
-        return 0 if all(r["identical"] for r in rows) else 1
+        return 0 if args.different_results or all(r["identical"] for r in rows) else 1
     finally:
         for p in _RUNNING:
             if p.poll() is None:
