@@ -68,6 +68,12 @@ class EstimatesInBulk(Protocol):
         infeasible) and its proxy plan."""
         ...
 
+    def prepare(self, jobs: Sequence[Job]) -> None:
+        """Told the jobs whose ``throughputs`` are about to be asked for: compute what
+        their estimates need in one go where that is cheaper (the estimates are the same
+        with or without it)."""
+        ...
+
 
 def throughputs(perf: PerformanceModel, job: Job, grids: Sequence[Grid],
                 memo: dict | None = None, bulk: bool | None = None) -> tuple[list[float], list[Plan | None]]:

@@ -244,6 +244,7 @@ class OnlineModel:
         self.name = f"online({model.name})"
         self._twin: OnlineModel | None = None
         self._shares: dict = {}                 # (model, batch, grid) -> communication share
+        self._observed_base: dict = {}          # (model, batch, grid) -> (base iteration time or None, share)
         self._fits: dict[str, _Fit] = {}        # job -> its own kriging, with its (version, shared key)
         self._grid_sets: dict = {}              # (model, batch, grids) -> _Grids
         self._grid_tuples: dict = {}            # id of a grids tuple -> (it, model, batch, _Grids)
@@ -331,9 +332,14 @@ class OnlineModel:
         of every grid ``job`` was measured on that the base model estimates."""
         out = []
         for g, s in self.store.of(job.job_id).items():
-            b = self.base.estimate(job, g)
-            if _usable(b):
-                out.append((g, math.log(s.mean_s / b.iteration_time_s), self.comm_share(job, g), s.iterations))
+            key = (job.model, job.global_batch, g)
+            base = self._observed_base.get(key)
+            if base is None:
+                b = self.base.estimate(job, g)
+                base = _bounded(self._observed_base, self.MAX_CACHED)[key] = (
+                    (b.iteration_time_s, self.comm_share(job, g)) if _usable(b) else (None, 0.0))
+            if base[0] is not None:
+                out.append((g, math.log(s.mean_s / base[0]), base[1], s.iterations))
         return out
 
     def covariances(self, grids, shares, shape_var=None) -> np.ndarray:
@@ -429,17 +435,55 @@ class OnlineModel:
                 ids, fams, models, np.array([r[4] for r in runs]), C)
         return m
 
+    def prepare(self, jobs) -> None:
+        """``EstimatesInBulk``: fit, before their estimates are asked for, the own kriging
+        of every job of ``jobs`` that has observations and a stale fit, with one
+        ``np.linalg.solve`` per system size over all of them (a stack of systems, each
+        solved by the same LAPACK call as alone: the same solution, bit for bit)."""
+        self._fits_of([j for j in jobs if self.store.of(j.job_id)])
+
     def _fit(self, job: Job) -> "_Fit":
         """``job``'s own kriging on its residuals ``x - mu`` (``mu`` the observed shapes'
         shared effects), decomposed by what the covariance tests; kept until the job is
         observed again or another run established changes the shared effect of one of its
         observed shapes."""
-        key = (self.store.version(job.job_id), self.shared_key())
         last = self._fits.get(job.job_id)
-        if last is not None and last.key == key:
+        if last is not None and last.key == (self.store.version(job.job_id), self.shared_key()):
             return last
+        return self._fits_of([job])[0]
+
+    def _fits_of(self, jobs) -> list["_Fit"]:
+        """``_fit`` of every job of ``jobs`` (each once): the systems of the stale ones
+        solved together, by size."""
         self._shared_runs()
         taken = len(self._changed)
+        shared = self.shared_key()
+        out: list[_Fit] = []
+        due: dict[int, list] = {}           # system size -> [(fit, job id, prior covariance, noise, residuals)]
+        for job in jobs:
+            f, system = self._fit_begin(job, (self.store.version(job.job_id), shared), taken)
+            out.append(f)
+            if system is not None:
+                due.setdefault(len(system[2]), []).append((f, job.job_id) + system)
+        for n, group in due.items():
+            # K + 1e-12·I with K = cov + diag(noise), element for element as for one system
+            K = np.array([g[2] for g in group])
+            d = np.arange(n)
+            K[:, d, d] += np.array([g[3] for g in group])
+            K += 1e-12 * np.eye(n)
+            alpha = np.linalg.solve(K, np.array([g[4] for g in group])[:, :, None])[:, :, 0]
+            for (f, job_id, *_), a in zip(group, alpha):
+                self._fit_end(f, a)
+                _bounded(self._fits, self.MAX_CACHED)[job_id] = f
+        return out
+
+    def _fit_begin(self, job: Job, key: tuple, taken: int):
+        """(the fit of ``job`` at ``key``, None) when nothing is left to solve; else (a new
+        fit, (its prior covariance, its observations' noise, its residuals)) for
+        ``_fit_end`` to finish from the solution."""
+        last = self._fits.get(job.job_id)
+        if last is not None and last.key == key:
+            return last, None
         kept = last if last is not None and last.key[0] == key[0] else None     # no new observation of the job since
         obs = kept.obs if kept is not None else self.observations(job)
         # an observed shape's shared effect is the last fit's while no run was taken in there since
@@ -452,32 +496,33 @@ class OnlineModel:
                               else self.shared_effect(job, s))
         if kept is not None and kept.effects == effects:
             kept.key, kept.taken = key, taken   # the runs established since changed none of its shapes' effects
-            return kept
+            return kept, None
         f = _Fit(key, effects, obs, taken)
-        if obs:
-            p = self.prior
-            # the prior part of the covariance: the last fit's while the grids, shares and shape effects stay
-            f.cov_key = (tuple(o[0] for o in obs), tuple(o[2] for o in obs),
-                         tuple(effects[o[0].shape][1] for o in obs))
-            f.cov = (last.cov if last is not None and last.cov is not None and last.cov_key == f.cov_key
-                     else self.covariances(*f.cov_key))
-            K = f.cov.copy()
-            K += np.diag([p.noise(n) for *_, n in obs])
-            r = np.array([x - effects[g.shape][0] for g, x, _, _ in obs])
-            alpha = np.linalg.solve(K + 1e-12 * np.eye(len(obs)), r)
-            # sum_i covariance(grid, s, g_i, s_i) alpha_i, term by term (``covariances``' terms)
-            f.const = p.job ** 2 * float(alpha.sum())
-            f.comm = p.comm ** 2 * float(sum(a * si for a, (_, _, si, _) in zip(alpha, obs)))
-            for a, (g, *_) in zip(alpha, obs):
-                t = g.gpu_type
-                tc = p.type if t in self.calibrated_types else p.new_type
-                f.by_type[t] = f.by_type.get(t, 0.0) + tc ** 2 * float(a)
-                f.by_shape[g.shape] = f.by_shape.get(g.shape, 0.0) + (p.shape ** 2 + effects[g.shape][1]) * float(a)
-                if p.grid:
-                    f.by_grid[g] = f.by_grid.get(g, 0.0) + p.grid ** 2 * float(a)
-            f.own = f"{sum(o[3] for o in obs):g} measured iterations on {len(obs)} grid(s)"
-        _bounded(self._fits, self.MAX_CACHED)[job.job_id] = f
-        return f
+        if not obs:
+            _bounded(self._fits, self.MAX_CACHED)[job.job_id] = f
+            return f, None
+        # the prior part of the covariance: the last fit's while the grids, shares and shape effects stay
+        f.cov_key = (tuple(o[0] for o in obs), tuple(o[2] for o in obs),
+                     tuple(effects[o[0].shape][1] for o in obs))
+        f.cov = (last.cov if last is not None and last.cov is not None and last.cov_key == f.cov_key
+                 else self.covariances(*f.cov_key))
+        p = self.prior
+        return f, (f.cov, [p.noise(n) for *_, n in obs], [x - effects[g.shape][0] for g, x, _, _ in obs])
+
+    def _fit_end(self, f: "_Fit", alpha: np.ndarray) -> None:
+        """``f``'s terms from the solution ``alpha`` of its system."""
+        p, obs, effects = self.prior, f.obs, f.effects
+        # sum_i covariance(grid, s, g_i, s_i) alpha_i, term by term (``covariances``' terms)
+        f.const = p.job ** 2 * float(alpha.sum())
+        f.comm = p.comm ** 2 * float(sum(a * si for a, (_, _, si, _) in zip(alpha, obs)))
+        for a, (g, *_) in zip(alpha, obs):
+            t = g.gpu_type
+            tc = p.type if t in self.calibrated_types else p.new_type
+            f.by_type[t] = f.by_type.get(t, 0.0) + tc ** 2 * float(a)
+            f.by_shape[g.shape] = f.by_shape.get(g.shape, 0.0) + (p.shape ** 2 + effects[g.shape][1]) * float(a)
+            if p.grid:
+                f.by_grid[g] = f.by_grid.get(g, 0.0) + p.grid ** 2 * float(a)
+        f.own = f"{sum(o[3] for o in obs):g} measured iterations on {len(obs)} grid(s)"
 
     def predicted_log_error(self, job: Job, grid: Grid) -> tuple[float, str] | None:
         """Posterior mean of the base model's log error of ``job`` on ``grid`` and what it

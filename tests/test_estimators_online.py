@@ -607,21 +607,27 @@ def test_estimates_kept_through_a_history_equal_a_fresh_models(base, history):
     """Whatever the order of observations, established runs and queries, a model that kept
     its fits, shared effects and grid arrays from query to query estimates every job as a
     model fed the same observations afresh, to the last bit (the kept parts: the last
-    fit's effects on shapes without new runs, its prior covariance, grids known by identity)."""
+    fit's effects on shapes without new runs, its prior covariance, grids known by identity),
+    and so does one told every job at once before the queries (``prepare``: the jobs'
+    systems solved as one stack)."""
     prior = OnlinePrior(grid=0.05, job=0.03)
-    kept = online(base, prior=prior)
+    kept, bulk = online(base, prior=prior), online(base, prior=prior)
     fed = []
     for j, k, ratio, iterations, query in history:
         job, grid = _HISTORY_JOBS[j], _HISTORY_GRIDS[k]
         b = base.estimate(job, grid)
         if not b.feasible:
             continue
-        kept.observe(job, grid, ratio * b.iteration_time_s, iterations)
+        for m in (kept, bulk):
+            m.observe(job, grid, ratio * b.iteration_time_s, iterations)
         fed.append((job, grid, ratio * b.iteration_time_s, iterations))
         if not query:                   # the kept model falls behind by more than one change
             continue
         fresh = online(base, prior=prior)
         for obs in fed:
             fresh.observe(*obs)
+        bulk.prepare(_HISTORY_JOBS)     # every job's fit, solved together with the others of its size
         for job in _HISTORY_JOBS:
-            assert kept.throughputs(job, _HISTORY_GRIDS) == fresh.throughputs(job, list(_HISTORY_GRIDS))
+            want = fresh.throughputs(job, list(_HISTORY_GRIDS))
+            assert kept.throughputs(job, _HISTORY_GRIDS) == want
+            assert bulk.throughputs(job, _HISTORY_GRIDS) == want

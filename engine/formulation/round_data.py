@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -412,15 +412,20 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     ref = []
     unschedulable = []
     n_cols = 0
+    keyed = []
     for view in ctx.jobs:
         job = view.job
-        cur_grid = view.current.grid if view.current is not None else None
         # what the job's own estimates depend on beyond its model and batch (a model that
         # learns online and has measurements of it: its estimate_key, new with each one)
         version = perf.estimate_key(job) if learns else None
         ckey = (job.job_id, view.known_infeasible_shapes)
-        lkey = (ckey, cur_grid, _resumed(view))
-        bkey = (lkey, version)
+        lkey = (ckey, view.current.grid if view.current is not None else None, _resumed(view))
+        keyed.append((view, job, version, ckey, lkey, (lkey, version)))
+    if bulk:        # the jobs with estimates of their own to make this round, told in one go
+        cast(EstimatesInBulk, perf).prepare([
+            job for _, job, version, ckey, _, bkey in keyed
+            if version is not None and bkey not in cache.blocks and (ckey, version) not in cache.job_estimates])
+    for view, job, version, ckey, lkey, bkey in keyed:
         if bkey in cache.blocks:
             block = cache.blocks[bkey]
         else:
