@@ -612,17 +612,25 @@ class OnlineModel:
             return None
         e = mu[g.shape_of]
         if f is not None and f.own is not None:
-            by_type, by_shape, by_grid = (np.zeros(len(g.index)) for _ in range(3))
+            # the fit's term per GPU type, shape and grid, spread over g's grids
+            of_type, of_shape = np.zeros(len(g.types)), np.zeros(len(g.shapes))
             for t, c in f.by_type.items():
-                if t in g.types:
-                    by_type[g.type_of == g.types[t]] = c
+                i = g.types.get(t)
+                if i is not None:
+                    of_type[i] = c
             for shape, c in f.by_shape.items():
-                if shape in g.shapes:
-                    by_shape[g.shape_of == g.shapes[shape]] = c
-            for grid, c in f.by_grid.items():
-                if grid in g.index:
-                    by_grid[g.index[grid]] = c
-            e = e + (f.const + f.comm * g.share + by_type + by_shape + by_grid)
+                i = g.shapes.get(shape)
+                if i is not None:
+                    of_shape[i] = c
+            own = f.const + f.comm * g.share + of_type[g.type_of] + of_shape[g.shape_of]
+            if f.by_grid:       # (0 everywhere else: adding it would change no exp(e))
+                by_grid = np.zeros(len(g.index))
+                for grid, c in f.by_grid.items():
+                    i = g.index.get(grid)
+                    if i is not None:
+                        by_grid[i] = c
+                own = own + by_grid
+            e = e + own
         return e
 
 
