@@ -204,3 +204,22 @@ def test_lagrangian_reuses_a_structure_only_when_the_next_model_has_it_and_solve
     s0, s1, s2, s3, s4 = structures
     assert s1 is s0                                   # only the objective changed: taken as is
     assert s2 is not s1 and s3 is not s2 and s4 is not s3
+
+
+@pytest.mark.skipif("pulp-highs" not in available_backends(), reason="PuLP's HiGHS is not installed")
+def test_highs_solves_after_pulps_highs_started_the_scheduler(monkeypatch):
+    """HiGHS keeps one thread scheduler per process and refuses a run with another thread
+    count ("Not Set", then a greedy decision). PuLP's HiGHS in the same process, run first
+    in a fresh process, must not leave the scheduler at a count our backends then trip
+    on (it did: a test order under pytest-xdist failed 24 objective tests)."""
+    import highspy
+
+    from engine.solvers import highs_api
+    highspy.Highs.resetGlobalScheduler(True)                 # as in a fresh process
+    monkeypatch.setattr(highs_api, "_SCHEDULER_THREADS", [None])
+    model = small_model(0)
+    first = make_backend("pulp-highs").solve(model, 30.0, rel_gap=1e-9)
+    assert first.status == "optimal", first.message
+    for name in ("highs", "highs-lp", "lagrangian"):
+        sol = make_backend(name).solve(model, 30.0, rel_gap=1e-9)
+        assert sol.status in ("optimal", "feasible") and "greedy decision" not in sol.message, (name, sol.message)

@@ -73,14 +73,21 @@ def reuse_highs(h, threads: int = 1):
     return h
 
 
-def new_highs(threads: int = 1):
-    """A silent Highs instance. HiGHS runs one global thread scheduler per process and
-    refuses a run whose ``threads`` differs from it, so a change of thread count
-    restarts the scheduler first."""
+def claim_scheduler(threads: int) -> None:
+    """Before any HiGHS run in this process with ``threads`` threads, ours or PuLP's:
+    HiGHS runs one global thread scheduler per process and refuses a run whose
+    ``threads`` differs from the count it was started with (the run ends with model
+    status "Not Set"), so a change of thread count restarts the scheduler first."""
     import highspy
     if _SCHEDULER_THREADS[0] not in (None, threads):
         highspy.Highs.resetGlobalScheduler(True)
     _SCHEDULER_THREADS[0] = threads
+
+
+def new_highs(threads: int = 1):
+    """A silent Highs instance for ``threads`` threads (``claim_scheduler``)."""
+    import highspy
+    claim_scheduler(threads)
     h = _highs_without_banner(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", int(threads))

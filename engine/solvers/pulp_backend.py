@@ -17,6 +17,7 @@ import numpy as np
 
 from .base import BackendUnavailable, Solution, SolverOptions, register_backend
 from .greedy import greedy_solution
+from .highs_api import claim_scheduler
 
 
 def to_pulp(model):
@@ -82,6 +83,8 @@ def _make_solver(name: str, options: SolverOptions, time_limit_s: float, rel_gap
     kwargs = dict(msg=False, timeLimit=time_limit_s, gapRel=rel_gap)
     if sid == "PULP_CBC_CMD":
         kwargs.update(threads=options.threads, warmStart=warm)
+    elif sid == "HiGHS":        # in this process: HiGHS's one scheduler must run with our thread count
+        kwargs.update(threads=options.threads)
     s = pulp.getSolver(sid, **kwargs)
     if not s.available():
         raise BackendUnavailable(f"backend {name!r}: PuLP solver {sid} is not available here")
@@ -106,6 +109,8 @@ def _solve(name, options, model, time_limit_s, hint, rel_gap) -> Solution:
             v.setInitialValue(1 if h > 0.5 else 0)
     build = time.perf_counter() - t0
     t1 = time.perf_counter()
+    if _SOLVERS[name] == "HiGHS":
+        claim_scheduler(options.threads)
     prob.solve(solver)
     status = pulp.LpStatus[prob.status]
     if status == "Infeasible":
