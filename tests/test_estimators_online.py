@@ -508,40 +508,6 @@ def test_best_depth_per_shape_is_the_first_best_grid_and_keeps_the_current_one(c
     assert b.current == (want.index(current) if current in want else -1)
 
 
-_THROUGHPUT = st.sampled_from([0.0, 1.0, 2.0, 2.0, 3.0, math.inf, math.nan])
-_JOB_COLS = st.tuples(st.lists(st.tuples(st.integers(0, 3), _THROUGHPUT), max_size=10), st.integers(-1, 9))
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(_JOB_COLS, min_size=1, max_size=6))
-def test_blocks_found_together_equal_each_jobs_alone(jobs):
-    """A round's blocks found by one sort over every job's candidates (``_blocks``) equal
-    each job's block found alone, field by field (jobs of any size, none usable, a
-    current grid or none, shapes unused)."""
-    from engine.formulation.round_data import _block, _blocks, _Candidates, _Layout
-
-    def layout(cols, current):
-        grids = [Grid(Shape(A100, 1, 2 ** s), 1) for s, _ in cols]
-        keys = sorted({(A100, 1, 2 ** s) for s in range(4)})            # every shape, used or not
-        group = np.array([keys.index((A100, 1, 2 ** s)) for s, _ in cols], dtype=np.int64)
-        ids = np.arange(len(cols), dtype=np.int64)
-        cand = _Candidates(grids, group, keys, ids, ids + 10, ids + 20, ids + 30, {})
-        return _Layout(cand, np.arange(len(cols), dtype=float), current if current < len(cols) else -1, 0.0)
-
-    items = [(JobView(Job(f"j{k}", JOB.model, 128, 1000, 0.0), 1000, None, 0.0, 0.0, 0), layout(cols, cur),
-              [t for _, t in cols], list(range(len(cols)))) for k, (cols, cur) in enumerate(jobs)]
-    together = _blocks(None, items)
-    for item, b in zip(items, together):
-        alone = _block(None, *item)
-        if alone is None or b is None:
-            assert alone is b is None
-            continue
-        assert (b.grids, b.plans, b.current, b.ref_throughput) == (alone.grids, alone.plans, alone.current,
-                                                                   alone.ref_throughput)
-        for name in ("col_type", "col_nodes", "col_gpn", "col_pp", "col_throughput", "col_reconfig_s"):
-            np.testing.assert_array_equal(getattr(b, name), getattr(alone, name))
-
-
 def test_derived_caches_stay_bounded_and_estimates_survive_their_clearing(base):
     from estimators.grids import candidate_grids
     m, cl, jobs = _observed_cluster_model(base, 0)

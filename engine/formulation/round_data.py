@@ -15,7 +15,7 @@ import math
 import operator
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from itertools import accumulate, chain
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Callable, cast
 
@@ -365,46 +365,26 @@ def _layout(ctx: RoundContext, view: JobView, cand: _Candidates) -> _Layout:
 def _block(ctx: RoundContext, view: JobView, lay: _Layout, thr: list[float], plans: list) -> _Block | None:
     """The best depth per shape (the current grid for the current shape; else the first
     grid of the highest estimated throughput), among grids with a positive finite one."""
-    return _blocks(ctx, [(view, lay, thr, plans)])[0]
-
-
-def _blocks(ctx: RoundContext, items: list) -> list[_Block | None]:
-    """``_block`` of every (view, layout, throughputs, plans) of ``items``, the best depths
-    of all of them found by one sort (each job's shapes numbered after the last job's)."""
-    if not items:
-        return []
-    offs = list(accumulate((len(thr) for _, _, thr, _ in items), initial=0))
-    t = np.array(list(chain.from_iterable(thr for _, _, thr, _ in items)), dtype=float)
+    t = np.asarray(thr, dtype=float)
     valid = (t > 0) & np.isfinite(t)
     if not valid.any():
-        return [None] * len(items)
+        return None
+    cand = lay.cand
     rank = np.where(valid, t, -np.inf)
-    cur = np.array([o + lay.current for o, (_, lay, _, _) in zip(offs, items) if lay.current >= 0], dtype=np.int64)
-    rank[cur[valid[cur]]] = np.inf
-    group_offs = list(accumulate((len(lay.cand.keys) for _, lay, _, _ in items), initial=0))
-    group = (np.concatenate([lay.cand.group for _, lay, _, _ in items])
-             + np.repeat(np.array(group_offs[:-1], dtype=np.int64), np.diff(offs)))
-    order = np.lexsort((np.arange(len(t)), -rank, group))     # by shape, best first, then enumeration
-    g = group[order]
+    if lay.current >= 0 and valid[lay.current]:
+        rank[lay.current] = np.inf
+    order = np.lexsort((np.arange(len(t)), -rank, cand.group))     # by shape, best first, then enumeration
+    g = cand.group[order]
     first = order[np.concatenate(([True], g[1:] != g[:-1]))]
-    win_all = first[valid[first]]                   # by job, then by shape
-    cuts = np.searchsorted(group[win_all], group_offs).tolist()
-    out: list[_Block | None] = []
-    for k, (view, lay, _, plans) in enumerate(items):
-        if cuts[k] == cuts[k + 1]:                  # no grid with a positive finite throughput
-            out.append(None)
-            continue
-        o, cand = offs[k], lay.cand
-        win = win_all[cuts[k]:cuts[k + 1]] - o
-        for i in win[np.isnan(lay.col_reconfig_s[win])].tolist():
-            lay.col_reconfig_s[i] = _reconfig_cost_s(ctx, view, cand.grids[i])
-        wins, t_win = win.tolist(), t[win + o]      # Python ints and floats: cheaper to index and key with
-        thr_of = dict(zip(map(cand.keys.__getitem__, cand.group[win].tolist()), t_win.tolist()))
-        current = wins.index(lay.current) if lay.current >= 0 and valid[o + lay.current] else -1
-        out.append(_Block(tuple(map(cand.grids.__getitem__, wins)), tuple(map(plans.__getitem__, wins)),
-                          cand.col_type[win], cand.col_nodes[win], cand.col_gpn[win], cand.col_pp[win], t_win,
-                          lay.col_reconfig_s[win], current, _reference_throughput(view.job, thr_of), lay.resume_s))
-    return out
+    win = first[valid[first]]
+    for i in win[np.isnan(lay.col_reconfig_s[win])].tolist():
+        lay.col_reconfig_s[i] = _reconfig_cost_s(ctx, view, cand.grids[i])
+    wins, t_win = win.tolist(), t[win]          # Python ints and floats: cheaper to index and key with
+    thr_of = dict(zip(map(cand.keys.__getitem__, cand.group[win].tolist()), t_win.tolist()))
+    current = wins.index(lay.current) if lay.current >= 0 and valid[lay.current] else -1
+    return _Block(tuple(map(cand.grids.__getitem__, wins)), tuple(map(plans.__getitem__, wins)), cand.col_type[win],
+                  cand.col_nodes[win], cand.col_gpn[win], cand.col_pp[win], t_win, lay.col_reconfig_s[win], current,
+                  _reference_throughput(view.job, thr_of), lay.resume_s)
 
 
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
@@ -445,29 +425,23 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         cast(EstimatesInBulk, perf).prepare([
             job for _, job, version, ckey, _, bkey in keyed
             if version is not None and bkey not in cache.blocks and (ckey, version) not in cache.job_estimates])
-    found: list[_Block | None] = []
-    due = []                # (position in found, block key, view, layout, throughputs, plans)
     for view, job, version, ckey, lkey, bkey in keyed:
         if bkey in cache.blocks:
-            found.append(cache.blocks[bkey])
-            continue
-        lay = cache.layouts.get(lkey)
-        if lay is None:
-            cand = cache.candidates.get(ckey)
-            if cand is None:
-                cand = cache.candidates[ckey] = _candidates(ctx, view, cap, type_index, grids_fn, max_gpus,
-                                                            grid_filter)
-            lay = cache.layouts[lkey] = _layout(ctx, view, cand)
-        est = cache.job_estimates.get((ckey, version))
-        if est is None:
-            # a job with its own estimates does not share (nor fill) the per-model memo
-            est = cache.job_estimates[(ckey, version)] = throughputs(
-                perf, job, lay.cand.grids, cache.estimates if version is None else {}, bulk)
-        found.append(None)
-        due.append((len(found) - 1, bkey, view, lay) + tuple(est))
-    for (i, bkey, *_), block in zip(due, _blocks(ctx, [d[2:] for d in due])):
-        found[i] = cache.blocks[bkey] = block
-    for (view, job, *_), block in zip(keyed, found):
+            block = cache.blocks[bkey]
+        else:
+            lay = cache.layouts.get(lkey)
+            if lay is None:
+                cand = cache.candidates.get(ckey)
+                if cand is None:
+                    cand = cache.candidates[ckey] = _candidates(ctx, view, cap, type_index, grids_fn, max_gpus,
+                                                                grid_filter)
+                lay = cache.layouts[lkey] = _layout(ctx, view, cand)
+            est = cache.job_estimates.get((ckey, version))
+            if est is None:
+                # a job with its own estimates does not share (nor fill) the per-model memo
+                est = cache.job_estimates[(ckey, version)] = throughputs(
+                    perf, job, lay.cand.grids, cache.estimates if version is None else {}, bulk)
+            block = cache.blocks[bkey] = _block(ctx, view, lay, *est)
         if block is None:
             unschedulable.append(job.job_id)
             continue
