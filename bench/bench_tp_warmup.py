@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -62,9 +61,7 @@ def _worker(rank: int, init_method: str, world: int, model: str, steps: int, bat
         dist.all_reduce(torch.zeros(1))          # the ranks step together, as the launcher's control all-reduce
     if rank == 0:
         queue.put({"rows": rows, "counted": slow is not None})
-    dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)                                  # as local_accuracy's workers: skip torch's teardown
+    dist.barrier()                               # run_spawned's ranks then skip torch's teardown
 
 
 def measure(model: str, steps: int, batch: int) -> dict:

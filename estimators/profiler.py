@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -431,16 +432,31 @@ def _coll_worker(rank: int, init_method: str, world: int, sizes, ops, repeats: i
     dist.destroy_process_group()
 
 
+def _spawned_entry(rank: int, fn, init: str, *args) -> None:
+    """A spawned rank: run ``fn``; once it has returned, leave with ``os._exit(0)``.
+    Skipping the interpreter's teardown is deliberate: there a gloo/DTensor thread
+    destructor aborts the process at times ("terminate called without an active
+    exception", SIGABRT) after the work itself finished and was checked. An exception in
+    ``fn`` still propagates and fails the run."""
+    fn(rank, init, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_spawned(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> None:
     """Run ``fn(rank, init_method, *args)`` in ``nprocs`` spawned processes on this host;
     kill them all and raise TimeoutError naming ``what`` if they take longer than
     ``timeout_s``. ``init_method`` (for ``init_process_group``) is a file store in a fresh
     temporary directory, removed afterwards: a TCP port probed free and bound later by
-    rank 0 could be taken in between (launcher/dist.py)."""
+    rank 0 could be taken in between (launcher/dist.py). A rank leaves through
+    ``os._exit`` once ``fn`` returns (``_spawned_entry``), so results must go through a
+    ``SimpleQueue`` (written when ``put`` returns), not a ``Queue`` (a feeder thread)."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="arena-rendezvous-") as d:
         init = "file://" + os.path.join(d, "store")
-        pc = mp.start_processes(fn, args=(init, *args), nprocs=nprocs, join=False, start_method="spawn")
+        pc = mp.start_processes(_spawned_entry, args=(fn, init, *args), nprocs=nprocs, join=False,
+                                start_method="spawn")
         deadline = time.time() + timeout_s
         while not pc.join(timeout=1.0):
             if time.time() > deadline:

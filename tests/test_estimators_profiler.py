@@ -58,6 +58,24 @@ def test_profile_collectives_two_ranks(tmp_path):
     assert len(store.collective_records(r["device"])) == 4
 
 
+def _fails_on_rank_one(rank: int, init_method: str, queue):
+    queue.put(rank)
+    if rank == 1:
+        raise ValueError("rank one fails")
+
+
+def test_a_failing_rank_still_fails_run_spawned():
+    """Ranks leave through ``os._exit(0)`` once their function returned; a rank whose
+    function raised must still fail the run, and the others' results arrive."""
+    import torch.multiprocessing as mp
+
+    from estimators.profiler import run_spawned
+    q = mp.get_context("spawn").SimpleQueue()
+    with pytest.raises(mp.ProcessRaisedException, match="rank one fails"):
+        run_spawned(_fails_on_rank_one, (q,), 2, 60.0, "failing check")
+    assert sorted([q.get(), q.get()]) == [0, 1]
+
+
 def test_measured_run_side_of_the_profiling_cost(tmp_path, monkeypatch):
     import tempfile
 

@@ -324,8 +324,8 @@ def _tp_shard_worker(rank: int, init_method: str, world: int, models: tuple[str,
                     if d is not None:
                         local = d.to_local() if hasattr(d, "to_local") else d
                         assert torch.equal(local.detach(), p.detach()), (model, name, attr, rank)
-        dist.barrier()          # both ranks done before either tears gloo down (a rank that tore
-        #                         down first once made the other abort: "terminate called ...")
+        dist.barrier()          # both ranks done before either tears gloo down; run_spawned's
+        #                         ranks then skip torch's teardown, which aborts at times
     finally:
         dist.destroy_process_group()
 

@@ -535,12 +535,7 @@ def _runtime_worker(rank: int, init_method: str, world: int, model: str, micro_b
         out["optimizer"] = opt_s
         queue.put(out)
     dist.barrier()                              # no rank tears gloo down while another still uses it
-    dist.destroy_process_group()
-    import os
-    import sys
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)     # skip torch's teardown: a gloo/DTensor thread destructor aborts it at times here
+    dist.destroy_process_group()               # run_spawned's ranks then skip torch's teardown
 
 
 def _optimizer_probe(model, warmup: int, repeats: int) -> tuple[float, float]:
