@@ -114,3 +114,37 @@ def test_baselines_simulate_the_demo_without_packing_failures(name):
     res = simulate(get_instance("demo"), make_policy(name), perf=make_performance_model("table"), rounds=30)
     assert res.summary["packing_failures"] == 0
     assert res.summary["jobs_finished"] > 0
+
+
+def test_give_way_charges_only_the_slower_columns_of_a_running_job():
+    """``reconfig.give_way`` charges a running job's move to a column slower than its
+    current one that fraction of the loss once more; faster columns, the current one and
+    queued jobs' columns are not touched."""
+    import numpy as np
+
+    from engine.context import Allocation
+    from engine.formulation import build_round_data
+    from engine.formulation.model import ModelBuilder
+    from engine.objectives.reconfig import ReconfigPenalty
+    from instances.grid import Grid, Shape
+    from tests.test_policies_arena import CLUSTER, TypeSpeedPerf, job
+    cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
+    queued = Job("q", job(gpus=4).model, 32, 1000, 0.0)
+    ctx = RoundContext(0.0, 0, 300.0, CLUSTER, (JobView(job(gpus=4), 1000.0, cur), JobView(queued, 1000.0, None)),
+                       TypeSpeedPerf({"a100": 1.5, "a40": 1.0}), ReconfigCostModel())
+    data = build_round_data(ctx, ctx.perf)
+
+    def coef(**kw):
+        b = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
+        ReconfigPenalty(**kw).apply(data, b, 1.0)
+        return b.c_x
+
+    extra = coef(give_way=0.5) - coef()
+    c = data.current_col[0]
+    running = data.col_job == 0
+    drop = np.maximum(0.0, data.speedup[c] - data.speedup)
+    assert np.any(running & (drop > 0)) and np.any(running & (data.speedup > data.speedup[c]))
+    assert np.allclose(extra[running], -0.5 * drop[running])
+    assert np.all(extra[~running] == 0) and extra[c] == 0
+    with pytest.raises(ValueError, match="give_way"):
+        ReconfigPenalty(give_way=-1.0)

@@ -18,9 +18,16 @@ loss as a bonus, so not scheduling it (a preemption) is what pays it.
 ``hysteresis`` (default 0.05) charges a move of a running job that fraction of its
 current column's normalized throughput: a move must beat staying by that margin (part of
 the stability rule every optimizing policy applies, engine/stability.py); 0 turns it off.
+
+``give_way`` (default 0: off) judges a move that makes a running job slower (it gives
+up GPUs so that others can start or grow) for the whole cluster: it charges that
+fraction of the job's loss in normalized throughput once more, so the others' gain must
+beat the job's loss by that factor, not merely match it — a job shrunk now tends to be
+grown back later, a second move the round cannot see.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -35,6 +42,7 @@ class ReconfigPenalty:
     horizon_rounds: float = 1.0
     per_move: float = 0.0
     hysteresis: float = 0.05
+    give_way: float = 0.0
     preemption: bool = True
     columnwise: ClassVar[bool] = True     # a running job's current column is always kept
 
@@ -45,18 +53,23 @@ class ReconfigPenalty:
             raise ValueError("reconfig.per_move must be >= 0")
         if not 0 <= self.hysteresis < 1:
             raise ValueError("reconfig.hysteresis must be in [0, 1)")
+        if not (math.isfinite(self.give_way) and self.give_way >= 0):
+            raise ValueError("reconfig.give_way must be a finite number >= 0")
         if not isinstance(self.preemption, bool):
             raise ValueError("reconfig.preemption must be true or false")
 
     def apply(self, data, builder, weight: float) -> None:
         lost = np.minimum(1.0, data.col_reconfig_s / (data.round_interval_s * self.horizon_rounds))
         coef = data.speedup * lost
-        if self.per_move > 0 or self.hysteresis > 0:
+        if self.per_move > 0 or self.hysteresis > 0 or self.give_way > 0:
             cur = data.current_col[data.col_job]
             moved = (cur >= 0) & (cur != np.arange(data.n_cols))
             coef = coef + self.per_move * moved
+            now = data.speedup[np.maximum(cur, 0)]
             if self.hysteresis > 0:
-                coef = coef + self.hysteresis * moved * data.speedup[np.maximum(cur, 0)]
+                coef = coef + self.hysteresis * moved * now
+            if self.give_way > 0:
+                coef = coef + self.give_way * moved * np.maximum(0.0, now - data.speedup)
         if self.preemption and data.resume_s is not None and len(data.resume_s):
             cur = data.current_col
             run = cur >= 0
