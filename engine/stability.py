@@ -46,7 +46,9 @@ until completions have paid it back, so the average holds over the run, not ever
 
 Hysteresis on marginal gains, the remaining part of stability, is in the objective: the
 ``reconfig`` term's ``hysteresis`` (default 0.05) charges a move of a running job that
-fraction of what its current grid is worth, so a move must beat staying by 5%.
+fraction of what its current grid is worth, so a move must beat staying by 5%. Its
+``give_way`` (``arena``'s default 3, the baselines' 0) charges a move that makes the job
+slower once more that multiple of its loss, so the others' gain must clearly beat it.
 
 ``stability=false`` turns the rule off (the behaviour before it existed, for
 reproducing published comparisons); ``payback=false`` or ``max_moves_per_hour=0``

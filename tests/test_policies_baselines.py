@@ -148,3 +148,13 @@ def test_give_way_charges_only_the_slower_columns_of_a_running_job():
     assert np.all(extra[~running] == 0) and extra[c] == 0
     with pytest.raises(ValueError, match="give_way"):
         ReconfigPenalty(give_way=-1.0)
+
+
+def test_arena_judges_giving_way_by_default_and_the_baselines_do_not():
+    def give_way(name, **cfg):
+        (term,) = [t for _, t in make_policy(name, **cfg).objective.terms if type(t).__name__ == "ReconfigPenalty"]
+        return term.give_way
+
+    assert give_way("arena") == give_way("arena-incremental") == 3.0
+    assert give_way("arena", **{"reconfig.give_way": 0}) == 0.0
+    assert give_way("sia-ap") == give_way("suika") == give_way("gavel-ap") == 0.0
