@@ -194,7 +194,7 @@ def _varied(data, seed):
 
 COLUMNWISE = [{}, {"w_las": 1.0}, {"w_deadline": 2.0}, {"w_quota": 1.0, "quota.quotas": "a=24,b=40"},
               {"w_makespan": 1.0, "makespan.basis": "reference"}, {"queue.aging_s": 600.0},
-              {"reconfig.per_move": 0.25, "reconfig.horizon_rounds": 4.0}, {"w_jct": 0.0}]
+              {"reconfig.per_move": 0.25, "reconfig.horizon_rounds": 4.0}, {"reconfig.give_way": 3.0}, {"w_jct": 0.0}]
 NOT_COLUMNWISE = [{"w_makespan": 1.0}, {"throughput.reference": "smallest"}, {"w_fairness": 1.0},
                   {"w_deadline": 1.0, "deadline.mode": "constraint"}]
 
