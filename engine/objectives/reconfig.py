@@ -21,8 +21,8 @@ the stability rule every optimizing policy applies, engine/stability.py); 0 turn
 
 ``give_way`` (default 0: off) judges a move that makes a running job slower (it gives
 up GPUs so that others can start or grow) for the whole cluster: it charges that
-fraction of the job's loss in normalized throughput once more, so the others' gain must
-beat the job's loss by that factor, not merely match it — a job shrunk now tends to be
+multiple of the job's loss in normalized throughput once more, so the others' gain must
+beat the job's loss by that margin, not merely match it — a job shrunk now tends to be
 grown back later, a second move the round cannot see.
 """
 from __future__ import annotations
