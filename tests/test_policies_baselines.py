@@ -151,8 +151,10 @@ def test_give_way_charges_only_the_slower_columns_of_a_running_job():
 
 
 def test_arena_judges_giving_way_by_default_and_the_baselines_do_not():
+    from engine.objectives.reconfig import ReconfigPenalty
+
     def give_way(name, **cfg):
-        (term,) = [t for _, t in make_policy(name, **cfg).objective.terms if type(t).__name__ == "ReconfigPenalty"]
+        (term,) = [t for _, t in make_policy(name, **cfg).objective.terms if isinstance(t, ReconfigPenalty)]
         return term.give_way
 
     assert give_way("arena") == give_way("arena-incremental") == 3.0

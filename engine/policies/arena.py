@@ -19,10 +19,9 @@ import dataclasses
 
 from .milp import MilpPolicySpec, register_milp_policy
 
-# ``reconfig.give_way=3``: a running job's move that makes it slower is charged 3x its
-# loss in normalized throughput once more, so it gives way only for a clear gain.
-# Measured (docs/engine.md, "Giving way judged for the whole cluster"): 22-29% fewer
-# reconfigurations on philly and overloaded at the same average JCT.
+# ``reconfig.give_way=3`` (module doc), measured in docs/engine.md, "Giving way judged for
+# the whole cluster": 22-29% fewer reconfigurations on philly and overloaded at the same
+# average JCT.
 ARENA = MilpPolicySpec(name="arena", weights={"throughput": 1.0, "jct": 1.0, "queue": 1.0, "reconfig": 1.0},
                        options={"reconfig.give_way": 3.0})
 register_milp_policy(ARENA)
