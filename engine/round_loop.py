@@ -55,6 +55,7 @@ class RoundRecord:
     queued: int = 0                  # after the decision
     running: int = 0
     finished_total: int = 0
+    changes_total: int = 0           # moves and preemptions so far, every job (the change budget's spend)
     launches: int = 0
     reconfigurations: int = 0        # moves of running jobs and resumes of preempted ones
     preemptions: int = 0
@@ -233,6 +234,7 @@ class RoundLoop:
         elif self._ended:
             self._busy_by_type = st.cluster.used_by_type()
         rec.queued, rec.running, rec.finished_total = len(st.queued), len(st.running), len(st.finished_ids)
+        rec.changes_total = st.changes_count
         if self.check:
             gpus_changed = st.cluster.version != self._checked_version
             check_invariants(st, now, self._prev_now, self._prev_iters if gpus_changed else None, gpus=gpus_changed)

@@ -13,8 +13,12 @@ Each round:
    normalized throughput gain per added GPU (diminishing returns), while they fit.
 
 Jobs the stability rule freezes (engine/stability.py) keep their grid and are served
-first. ``elasticflow-ls-ap`` decides from the same estimates as arena and runs each job
-with the planner's best plan for the GPU type and count it gets.
+first. Under the rule's cluster-wide budget, a round whose allocation moves more running
+jobs than the round's allowance is allocated again with every running job kept where it
+is except the first ``allowance`` of those moves in deadline order (the MILP policies
+bound the same count with a row of their model; preemptions are outside it in both).
+``elasticflow-ls-ap`` decides from the same estimates as arena and runs each job with
+the planner's best plan for the GPU type and count it gets.
 
 What it simplifies: ElasticFlow drops jobs it cannot admit; here they wait (no job is
 ever lost) and jobs whose deadline can no longer be met run best-effort on their
@@ -98,31 +102,17 @@ class ElasticFlowLS:
         want = view.job.requested_gpu_type
         return self.heterogeneous or want is None or grid.gpu_type == want
 
-    def decide(self, ctx: RoundContext) -> Decisions:
-        import time
-        t0 = time.perf_counter()
-        perf = ctx.perf if self.ap else self._dp_only(ctx.perf)
-        if perf is None:
-            raise InputError(f"policy {self.name!r} decides from a performance model; none was given", field="perf")
-        data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
-                                grid_filter=self._keep, cache=self._cache)
-        if self.ap:
-            data = best_plan_per_count(data)
-        frozen = self.stability.frozen(ctx)
-        data = freeze_jobs(data, frozen)
-        cols = columns_of_jobs(data)
-        rate = data.col_rate_iters_per_s()
-        deadline = np.array([a + self.slack_factor * (d - a) if math.isfinite(d) else math.inf
-                             for a, d in zip(data.arrival_s, data.deadline_s)])
-        left = deadline - data.now_s
+    @staticmethod
+    def _allocate(data, cols, rate, left, edf, kept):
+        """Steps 2 and 3 for one round: the jobs in ``kept`` keep their current column;
+        the others in earliest-deadline order (``edf``). Returns the chosen column per job
+        and the jobs that cannot meet their deadline (run best-effort)."""
         usage = _Usage(data.capacity)
         chosen: dict[int, int] = {}
-        kept = {j for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0}
         for j in sorted(kept):                    # the stability rule: frozen jobs keep their grid
             chosen[j] = int(data.current_col[j])
             usage.apply(data, chosen[j], +1)
-        order = sorted((j for j in range(data.n_jobs) if j not in kept),
-                       key=lambda j: (deadline[j], data.arrival_s[j], data.job_ids[j]))
+        order = [j for j in edf if j not in kept]
         late = []
         for j in order:
             cj = sorted(cols[j], key=lambda k: (data.col_gpus[k], -rate[k]))
@@ -164,13 +154,44 @@ class ElasticFlowLS:
             usage.apply(data, u, +1)
             chosen[j] = u
             push(j)
-        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, speed, chosen)
+        return chosen, late
+
+    def decide(self, ctx: RoundContext) -> Decisions:
+        import time
+        t0 = time.perf_counter()
+        perf = ctx.perf if self.ap else self._dp_only(ctx.perf)
+        if perf is None:
+            raise InputError(f"policy {self.name!r} decides from a performance model; none was given", field="perf")
+        data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
+                                grid_filter=self._keep, cache=self._cache)
+        if self.ap:
+            data = best_plan_per_count(data)
+        frozen = self.stability.frozen(ctx)
+        data = freeze_jobs(data, frozen)
+        cols = columns_of_jobs(data)
+        rate = data.col_rate_iters_per_s()
+        deadline = np.array([a + self.slack_factor * (d - a) if math.isfinite(d) else math.inf
+                             for a, d in zip(data.arrival_s, data.deadline_s)])
+        left = deadline - data.now_s
+        edf = sorted(range(data.n_jobs), key=lambda j: (deadline[j], data.arrival_s[j], data.job_ids[j]))
+        kept = {j for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0}
+        chosen, late = self._allocate(data, cols, rate, left, edf, kept)
+        allowance = self.stability.round_allowance(ctx)
+        cur = data.current_col
+        moved = [j for j in edf if cur[j] >= 0 and chosen.get(j, cur[j]) != cur[j]]
+        if allowance is not None and len(moved) > allowance:
+            # the cluster-wide budget: the first `allowance` moves in deadline order go
+            # ahead, every other running job keeps its grid (as the MILP's move row)
+            go = set(moved[:allowance])
+            kept = {j for j in range(data.n_jobs) if cur[j] >= 0 and j not in go}
+            chosen, late = self._allocate(data, cols, rate, left, edf, kept)
+        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, data.speedup, chosen)
         grids = {data.job_ids[j]: data.grids[k] for j, k in chosen.items()}
         plans = {data.job_ids[j]: data.plans[k] for j, k in chosen.items() if data.plans[k] is not None}
         info = {"backend": "elasticflow-greedy", "jobs": data.n_jobs, "admitted": len(chosen) - len(
             [j for j in late if j in chosen]), "best_effort": len([j for j in late if j in chosen]),
             "placement_repairs": repairs, "placement_dropped": dropped, "frozen": len(kept),
-            "decide_time_s": time.perf_counter() - t0}
+            "move_allowance": allowance, "decide_time_s": time.perf_counter() - t0}
         return Decisions(grids=grids, plans=plans, placements=placements, info=info)
 
 
