@@ -110,8 +110,8 @@ class BudgetRecording:
         return d
 
 
-@pytest.mark.parametrize("name,opts", [("arena", {}), ("arena", {"search": "incremental"}), ("sia-ap", {}),
-                                       ("elasticflow-ls-ap", {})])
+@pytest.mark.parametrize("name,opts", [("arena", {}), ("arena", {"search": "incremental"}), ("suika", {}),
+                                       ("sia-ap", {}), ("gavel-ap", {}), ("elasticflow-ls-ap", {})])
 def test_change_budget_bounds_moves_per_round_and_reconfigurations_per_job(name, opts):
     inst = get_instance("demo")
     pol = BudgetRecording(make_policy(name, change_budget_per_job=0.5, **opts))
