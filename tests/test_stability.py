@@ -120,6 +120,8 @@ def test_change_budget_bounds_moves_per_round_and_reconfigurations_per_job(name,
     finished = sum(1 for r in res.jobs if r.status == "finished")
     changes = sum(r.reconfigurations for r in res.jobs)          # moves and resumes after preemptions
     assert changes <= 0.5 * finished + sum(r.preemptions for r in res.jobs)
+    spent = [r.changes_total for r in res.rounds]                 # rounds.csv's running count of the spend
+    assert spent == sorted(spent) and spent[-1] == len(res.moves) + sum(r.preemptions for r in res.rounds) > 0
     free = simulate(inst, make_policy(name, **opts), perf=_table(), rounds=120, reconfig=ReconfigCostModel())
     assert sum(r.reconfigurations for r in free.jobs) > 0.5 * finished   # without it, more (the test can fail)
 
