@@ -38,12 +38,11 @@ completions, not arrivals, because a completion frees the GPUs that make a move 
 it: paid at arrivals it was spent on the first moves of a busy cluster and none was left
 to grow the last long jobs when the cluster emptied (measured on ``arena-philly``, budget
 1: average JCT +94% and makespan 2.8x paid at arrivals, against +17% and 0.96x paid at
-completions; docs/engine.md). The MILP policies
-enforce it as one more row of the round's model (moves of running jobs <= the round's
-allowance; the incremental search takes it as its move budget); ``elasticflow-ls``, a
-greedy, allocates the round again holding every running job but the first allowance of
-its moves. Preemptions are not in
-that row: a round that preempts overdraws the budget by them, and no job changes again
+completions; docs/engine.md). The MILP policies enforce it as one more row of the
+round's model (moves of running jobs <= the round's allowance; the incremental search
+takes it as its move budget); ``elasticflow-ls``, a greedy, allocates a round that moves
+more again, holding every running job but the first allowance of its moves. Preemptions
+are not in that row: a round that preempts overdraws the budget by them, and no job changes again
 until completions have paid it back, so the average holds over the run, not every instant.
 
 Hysteresis on marginal gains, the remaining part of stability, is in the objective: the

@@ -174,7 +174,7 @@ class ElasticFlowLS:
                              for a, d in zip(data.arrival_s, data.deadline_s)])
         left = deadline - data.now_s
         edf = sorted(range(data.n_jobs), key=lambda j: (deadline[j], data.arrival_s[j], data.job_ids[j]))
-        kept = {j for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0}
+        kept = rule_kept = {j for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0}
         chosen, late = self._allocate(data, cols, rate, left, edf, kept)
         allowance = self.stability.round_allowance(ctx)
         cur = data.current_col
@@ -190,8 +190,9 @@ class ElasticFlowLS:
         plans = {data.job_ids[j]: data.plans[k] for j, k in chosen.items() if data.plans[k] is not None}
         info = {"backend": "elasticflow-greedy", "jobs": data.n_jobs, "admitted": len(chosen) - len(
             [j for j in late if j in chosen]), "best_effort": len([j for j in late if j in chosen]),
-            "placement_repairs": repairs, "placement_dropped": dropped, "frozen": len(kept),
-            "move_allowance": allowance, "decide_time_s": time.perf_counter() - t0}
+            "placement_repairs": repairs, "placement_dropped": dropped, "frozen": len(rule_kept),
+            "held_by_budget": len(kept - rule_kept), "move_allowance": allowance,
+            "decide_time_s": time.perf_counter() - t0}
         return Decisions(grids=grids, plans=plans, placements=placements, info=info)
 
 
