@@ -96,7 +96,7 @@ class BudgetRecording:
 
     def __init__(self, inner):
         self.inner, self.name = inner, inner.name
-        self.moves_seen = self.held = 0
+        self.moves_seen = 0
 
     def decide(self, ctx) -> Decisions:
         d = self.inner.decide(ctx)
@@ -109,7 +109,6 @@ class BudgetRecording:
         self.moves_seen += len(moved)
         # info's "frozen" counts the rule's jobs only; the ones the budget held are apart
         assert d.info.get("frozen", 0) == len(self.inner.stability.frozen(ctx)), d.info
-        self.held += d.info.get("held_by_budget", 0)
         return d
 
 
