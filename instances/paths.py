@@ -89,19 +89,6 @@ def check_output_file(path: str | os.PathLike, field: str) -> Path:
     return p
 
 
-def check_input_file(path: str | os.PathLike, field: str) -> Path:
-    """An existing, readable regular file."""
-    p = Path(path).expanduser()
-    st = _stat(p, field)
-    if st is None:
-        raise InputError("file not found", file=str(p), field=field)
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError("is a directory, not a file", file=str(p), field=field)
-    if not os.access(p, os.R_OK):
-        raise InputError("file is not readable", file=str(p), field=field)
-    return p
-
-
 def check_regular_file(path: str | os.PathLike, what: str) -> None:
     """Before reading a ``what`` file: refuse a pipe or a device (reading one hangs or never
     ends) and any OS refusal to look at the path (a name too long, a link loop), as an
@@ -117,3 +104,30 @@ def check_regular_file(path: str | os.PathLike, what: str) -> None:
     if not stat.S_ISDIR(st.st_mode) and not stat.S_ISREG(st.st_mode):
         raise InputError(f"not a regular file (a pipe, a device or a socket): reading it as the {what} may "
                          "never end", file=str(p))
+
+
+def real_path(path: str | os.PathLike) -> str:
+    """``path`` made absolute with every symbolic link and ``..`` resolved (the parts that
+    do not exist kept as given)."""
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def within_roots(real: str, roots: tuple[str, ...]) -> bool:
+    """Whether the resolved path ``real`` lies in one of the resolved folders ``roots``
+    (the folder itself counts; ``/data2`` is not in ``/data``)."""
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def check_within_roots(path: str | os.PathLike, roots: tuple[str, ...], field: str, *, what: str,
+                       how_to_allow: str = "") -> str:
+    """``path`` resolved (symbolic links and ``..`` followed), which must lie in one of the
+    folders ``roots`` (themselves resolved here), else an ``InputError`` naming ``field``,
+    the path as given and as resolved, and the allowed folders. The same message whether
+    or not the path exists, so a refusal says nothing about what lies outside the roots."""
+    real = real_path(path)
+    allowed = tuple(real_path(r) for r in roots)
+    if not within_roots(real, allowed):
+        shown = str(path) if real == str(path) else f"{path} (resolved: {real})"
+        raise InputError(f"{shown} is outside the folders {what} may be read from: {', '.join(allowed)}"
+                         f"{'; ' + how_to_allow if how_to_allow else ''}", field=field)
+    return real

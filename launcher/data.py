@@ -7,7 +7,8 @@ Every source's ``global_batch(step, batch)`` returns ``(inputs, targets)``:
   (each token has ``branching`` likely successors), so there is structure to learn and
   the loss falls within a few steps;
 - ``TextFileTokens``: a local file read as bytes (token = byte value modulo vocabulary);
-  each sample is a window at a seeded random offset;
+  each sample is a window at a seeded random offset, read from the file opened once
+  (launcher/datafile.py: what the file may hold, its checks);
 - ``SyntheticImages`` (Wide-ResNet): a seeded coarse template image per class (4x4
   cells, upsampled) plus Gaussian noise, labelled with its class.
 
@@ -15,13 +16,15 @@ A token sample is ``seq_len + 1`` tokens: inputs are the first ``seq_len``, targ
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from instances.errors import InputError
+
+from .datafile import min_data_bytes, open_data_file
 
 STEP_SEED_STRIDE = 1_000_003          # step k draws from seed * stride + k (distinct streams)
 TEMPLATE_CELLS = 4                    # class templates are 4x4 patterns, upsampled: the class survives pooling
@@ -60,28 +63,57 @@ class SyntheticTokens:
         return split(out)
 
 
-@dataclass(frozen=True)
 class TextFileTokens:
-    path: str
-    vocab_size: int
-    seq_len: int
-    seed: int
+    """Windows of a local file read as bytes (launcher/datafile.py: what it may hold and
+    the checks made when it is opened). The file is opened once and each step reads only
+    the windows it needs (``os.pread``: ``rows`` reads one data rank's part of the global
+    batch), never the whole file; the batch of a step is the one the whole file read at
+    every step gave (tests/test_launcher_unit.py checks them equal). Not a memory map: a
+    file cut short under a running job then reads short, which is reported, where a map
+    would kill the rank with SIGBUS."""
 
-    def __post_init__(self):
-        p = Path(self.path)
-        if not p.is_file():
-            raise InputError("data file not found", file=self.path, field="data_path")
-        if p.stat().st_size < self.seq_len + 2:
-            raise InputError(f"data file holds fewer than seq_len + 2 = {self.seq_len + 2} bytes",
-                             file=self.path, field="data_path")
+    def __init__(self, path: str, vocab_size: int, seq_len: int, seed: int, roots: tuple[str, ...] | None = None):
+        self.path, self.vocab_size, self.seq_len, self.seed = path, vocab_size, seq_len, seed
+        self._fd: int | None = None
+        self._fd, self.size = open_data_file(path, min_bytes=min_data_bytes(seq_len), roots=roots,
+                                             field="data_path")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        self.close()
+
+    def starts(self, step: int, batch: int) -> torch.Tensor:
+        """The ``batch`` window offsets of step ``step`` (the whole global batch's: data ranks
+        draw the same and read their own)."""
+        g = torch.Generator().manual_seed(self.seed * STEP_SEED_STRIDE + step + 1)
+        return torch.randint(0, self.size - self.seq_len - 1, (batch,), generator=g)
+
+    def rows(self, step: int, batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of samples ``lo .. hi - 1`` of step ``step``'s global batch."""
+        if self._fd is None:
+            raise RuntimeError("data file closed")
+        now = os.fstat(self._fd).st_size
+        if now != self.size:
+            raise InputError(f"the data file changed size during the run ({self.size} -> {now} bytes): the "
+                             f"batches would no longer be this seed's; restore it", file=self.path, field="data_path")
+        n = self.seq_len + 1
+        parts = []
+        for s in self.starts(step, batch)[lo:hi].tolist():
+            part = os.pread(self._fd, n, s)
+            if len(part) != n:
+                raise InputError(f"read {len(part)} of {n} bytes at offset {s}: the data file changed during the "
+                                 f"run", file=self.path, field="data_path")
+            parts.append(part)
+        raw = torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8) if parts else \
+            torch.empty(0, dtype=torch.uint8)
+        return split(raw.view(hi - lo, n).long() % self.vocab_size)
 
     def global_batch(self, step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raw = torch.frombuffer(bytearray(Path(self.path).read_bytes()), dtype=torch.uint8).long()
-        tokens = raw % self.vocab_size
-        g = torch.Generator().manual_seed(self.seed * STEP_SEED_STRIDE + step + 1)
-        starts = torch.randint(0, tokens.numel() - self.seq_len - 1, (batch,), generator=g)
-        idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
-        return split(tokens[idx])
+        return self.rows(step, batch, 0, batch)
 
 
 @dataclass(frozen=True)
@@ -106,22 +138,32 @@ class SyntheticImages:
         return templates[labels] + self.noise * torch.randn(batch, 3, size, size, generator=g), labels
 
 
-def make_source(arch, seed: int, data_path: str | None):
+def make_source(arch, seed: int, data_path: str | None, roots: tuple[str, ...] | None = None):
     """The data source for catalog model ``arch``: tokens for transformers (synthetic, or
-    ``data_path`` read as bytes), synthetic labelled images for Wide-ResNet."""
+    ``data_path`` read as bytes, refused outside ``roots`` when given), synthetic labelled
+    images for Wide-ResNet."""
     if not arch.is_transformer:
         if data_path:
             raise InputError(f"model {arch.name} trains on synthetic images; a data file is for "
                              f"token models", file=data_path, field="data_path")
         return SyntheticImages(arch.num_classes, arch.image_size, seed)
     if data_path:
-        return TextFileTokens(data_path, arch.vocab_size, arch.seq_len, seed)
+        return TextFileTokens(data_path, arch.vocab_size, arch.seq_len, seed, roots)
     return SyntheticTokens(arch.vocab_size, arch.seq_len, seed)
 
 
 def split(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-token targets of a ``[B, seq_len + 1]`` token batch."""
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+
+def shard_batch(source, step: int, batch: int, dp: int, dp_rank: int) -> tuple[torch.Tensor, ...]:
+    """Data-parallel rank ``dp_rank``'s part of step ``step``'s global batch (``dp_shard``
+    of it); a data file's rank reads only its own windows."""
+    if isinstance(source, TextFileTokens):
+        per = batch // dp
+        return source.rows(step, batch, dp_rank * per, (dp_rank + 1) * per)
+    return dp_shard(source.global_batch(step, batch), dp, dp_rank)
 
 
 def dp_shard(batch: tuple[torch.Tensor, ...], dp: int, dp_rank: int) -> tuple[torch.Tensor, ...]:

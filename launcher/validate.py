@@ -1,7 +1,7 @@
 """Refuse a bad plan before anything is launched, with a message that says why.
 
 Checks: the run's paths (checkpoint and run folders writable folders, not files; the
-data file readable), the device (``cuda`` needs a GPU torch can see); the plan's rank
+data file: launcher/datafile.py), the device (``cuda`` needs a GPU torch can see); the plan's rank
 count against the ranks requested; tensor degree dividing heads,
 hidden and MLP sizes; pipeline depth against the layer count; the batch split into
 data-parallel shards and micro-batches; the schedule's micro-batch requirement; and a
@@ -27,9 +27,10 @@ from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.memory_rule import RUNTIME_RESERVE_BYTES, USABLE_MEMORY_FRACTION, state_bytes_per_param
 from instances.models import get_model
-from instances.paths import check_input_file, check_output_dir, check_output_file
+from instances.paths import check_output_dir, check_output_file
 
 from .config import TrainConfig
+from .datafile import DataFileRefused, check_data_file, min_data_bytes
 from .pipeline import stage_ranges
 
 TRAIN_DTYPE_BYTES = DTYPE_BYTES["float32"]
@@ -91,7 +92,17 @@ def check_paths(cfg: TrainConfig) -> None:
     if cfg.telemetry_store:
         check_output_dir(cfg.telemetry_store, "telemetry_store")
     if cfg.data_path:
-        check_input_file(cfg.data_path, "data")
+        check_data(cfg)
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """The data file (launcher/datafile.py): for a token model, a regular readable file of
+    one sample or more, within ``cfg.data_roots`` when they are given (``DataFileRefused``)."""
+    arch = get_model(cfg.model)
+    if not arch.is_transformer:
+        raise DataFileRefused(f"model {arch.name} trains on synthetic images; a data file is for token models",
+                              file=cfg.data_path, field="data")
+    check_data_file(cfg.data_path, min_bytes=min_data_bytes(arch.seq_len), roots=cfg.data_roots, field="data")
 
 
 SUPPORTED_FAMILIES = ("gpt", "tiny-gpt", "llama", "tiny-llama", "moe", "tiny-moe", "wide_resnet",
