@@ -27,6 +27,8 @@ class JobProgress:
     finished: bool = False
     finished_at_s: float | None = None        # when it finished or its run failed
     failed: str | None = None                 # reason, when the job's run failed
+    final: bool = False                       # that failure recurs on any retry (a non-finite loss, a refused
+                                              # data file): the job fails for good at once
     last_checkpoint_iteration: float = 0.0
     measured_iteration_time_s: float | None = None   # mean over the next field's iterations
     measured_iterations: float = 0.0          # iterations measured on the current allocation since it started

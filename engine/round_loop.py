@@ -181,7 +181,8 @@ class RoundLoop:
             if p.failed:
                 self.moves.closed(p.job_id, at, p.last_checkpoint_iteration, "failed")
                 st.fail_run(p.job_id, at, p.last_checkpoint_iteration, p.failed, self.max_failures,
-                            self.failure_backoff_s, infeasible_shape=not ex.runs_on(r.job, r.alloc.grid.shape))
+                            self.failure_backoff_s, infeasible_shape=not ex.runs_on(r.job, r.alloc.grid.shape),
+                            final=p.final)
                 self._prev_iters.pop(p.job_id, None)     # it resumes from its last checkpoint
                 self._failed_since += 1
             else:

@@ -254,13 +254,14 @@ class EngineState:
         self.queued[job_id] = r
 
     def fail_run(self, job_id: str, t: float, kept_iterations: float, reason: str, max_failures: int,
-                 backoff_s: float = 30.0, *, infeasible_shape: bool = False) -> None:
+                 backoff_s: float = 30.0, *, infeasible_shape: bool = False, final: bool = False) -> None:
         """A running job's run failed: back to the queue from its last checkpoint, offered
         to the policy again after an exponential backoff; after ``max_failures`` failed
         runs it fails for good with ``reason``. ``infeasible_shape``: the run could not
         start on its shape (e.g. the plan does not fit in memory): the shape is recorded
         as infeasible for the job, which is offered again at once and not counted as a
-        failure (the policy will not choose that shape again)."""
+        failure (the policy will not choose that shape again). ``final``: the failure would
+        recur on any retry (a non-finite loss): the job fails for good at once."""
         r = self._leave_running(job_id, t, "failed")
         assert r.alloc is not None
         shape = r.alloc.grid.shape
@@ -274,7 +275,7 @@ class EngineState:
             self.queued[job_id] = r
             return
         r.failures += 1
-        if r.failures >= max_failures:
+        if final or r.failures >= max_failures:
             r.status, r.finish_s = JobStatus.FAILED, t
             self.failed_ids.append(job_id)
             return

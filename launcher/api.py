@@ -14,7 +14,9 @@ from pathlib import Path
 from .checkpoint import latest_checkpoint, read_meta
 from .config import OptimizerConfig, ParallelPlan, TrainConfig
 from .launch import LogEcho, kill_job, rank_exit_codes, ranks_not_done, read_events, read_results, start, tail
+from .telemetry import NONFINITE, read_progress
 from .validate import validate
+from .worker import NONFINITE_EXIT
 
 STOP_GRACE_S = 10.0          # after the timeout: SIGTERM (checkpoint + exit), then SIGKILL
 POLL_S = 0.2                 # how often run_config looks at the job
@@ -30,12 +32,13 @@ class TrainResult:
     losses: tuple[float, ...]               # loss per step (mean over the global batch)
     iteration_times_s: tuple[float, ...]    # wall time per step, measured on rank 0
     wall_time_s: float                      # launch to exit, including start-up
-    returncode: int                         # mpiexec's exit status (124: timed out)
+    returncode: int                         # mpiexec's exit status (124: timed out; 3: NONFINITE_EXIT)
     start_step: int                         # the step resumed from (0: fresh start)
     run_dir: str
     events: tuple[dict, ...] = ()
     output_tail: str = ""                   # end of the ranks' stderr (failed: + exit status, stdout)
-    failure: str = ""                       # one line saying what went wrong and how to resume ("" if ok)
+    failure: str = ""                       # one line saying what went wrong and how to resume ("" if ok;
+                                            # a non-finite stop: the worker's reason)
 
     @property
     def ok(self) -> bool:
@@ -183,13 +186,16 @@ def run_config(cfg: TrainConfig, *, timeout_s: float = 120, hostfile: str | None
     wall = time.perf_counter() - t0
     results = read_results(cfg.run_dir)
     first = results[0]["step"] - 1 if results else 0
+    prog = (read_progress(cfg.progress_path) or {}) if cfg.progress_path else {}
+    nonfinite = rc == NONFINITE_EXIT and prog.get("status") == NONFINITE
     res = TrainResult(steps=tuple(r["step"] for r in results),
                       losses=tuple(r["loss"] for r in results),
                       iteration_times_s=tuple(r["iteration_time_s"] for r in results),
                       wall_time_s=wall, returncode=rc, start_step=first, run_dir=str(cfg.run_dir),
                       events=tuple(read_events(cfg.run_dir)),
                       output_tail=_output_tail(cfg.run_dir, rc),
-                      failure="" if rc == 0 else describe_failure(cfg, rc, results))
+                      failure="" if rc == 0 else str(prog.get("reason")) if nonfinite else
+                      describe_failure(cfg, rc, results))
     if rc == 0 and not keep_run_dir and _is_own_temp(cfg.run_dir):
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
     return res

@@ -7,6 +7,7 @@ from its config file alone.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
 # ``launcher.api.run_config``; the collective timeout is longer, so the stall is seen first.
 DEFAULT_STALL_TIMEOUT_S = 120.0
 DEFAULT_COMM_TIMEOUT_S = 300.0
+FLOAT32_MAX = 3.4028234663852886e38   # the largest float32: the launcher trains in float32
 
 
 @dataclass(frozen=True)
@@ -96,18 +98,25 @@ class ParallelPlan:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """Adam hyper-parameters (no weight decay, no clipping, constant learning rate)."""
+    """Adam hyper-parameters (no weight decay, no clipping, constant learning rate). A
+    learning rate so large that training diverges is accepted: the run stops at its first
+    non-finite loss (launcher/worker.py)."""
     lr: float = 3e-3
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
 
     def __post_init__(self):
-        if not self.lr > 0:
-            raise InputError(f"must be > 0, got {self.lr!r}", field="lr")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise InputError(f"must be in [0, 1), got {getattr(self, name)!r}", field=name)
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not (math.isfinite(self.lr)
+                                                                                       and self.lr > 0):
+            raise InputError(f"must be a finite number > 0, got {self.lr!r}", field="lr")
+        if self.lr / (1 - self.beta1) > FLOAT32_MAX:        # torch refuses the step size mid-run
+            raise InputError(f"must be at most {(1 - self.beta1) * FLOAT32_MAX:.3g}: Adam's first step size, "
+                             f"lr / (1 - beta1), must be a float32 number (at most {FLOAT32_MAX:.3g}), got "
+                             f"{self.lr!r}", field="lr")
         if not self.eps > 0:
             raise InputError(f"must be > 0, got {self.eps!r}", field="eps")
 
@@ -133,6 +142,7 @@ class TrainConfig:
     telemetry_path: str | None = None           # per-run JSONL copy of every step's record
     breakdown: bool = False                     # per-stage compute/communication split
     data_path: str | None = None                # local text file read as bytes; None: synthetic
+    data_roots: tuple[str, ...] | None = None   # the data file must lie in one of these folders; None: anywhere
     device: str = "auto"                        # auto: cuda when available, else cpu
     gpu_type: str | None = None                 # catalog GPU name recorded in telemetry; None: inferred
     num_nodes: int = 1
@@ -168,6 +178,13 @@ class TrainConfig:
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
             raise InputError(f"must be > 0 seconds (or None: off), got {self.stall_timeout_s!r}",
                              field="stall_timeout_s")
+        if self.data_roots is not None:
+            roots = self.data_roots
+            if isinstance(roots, str) or not isinstance(roots, (list, tuple)) or not roots or \
+                    not all(isinstance(r, str) and r for r in roots):
+                raise InputError(f"must be a non-empty list of folders (or None: anywhere), got {roots!r}",
+                                 field="data_roots")
+            object.__setattr__(self, "data_roots", tuple(roots))
         if self.checkpoint_keep < 1:
             raise InputError(f"must be >= 1, got {self.checkpoint_keep}", field="checkpoint_keep")
         if self.device not in DEVICES:

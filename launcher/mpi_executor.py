@@ -53,7 +53,7 @@ from instances.models import get_model
 from . import d2d, move_record
 from . import launch as _launch
 from .config import MOVE_PATHS, OptimizerConfig, ParallelPlan, TrainConfig
-from .telemetry import read_progress, write_progress
+from .telemetry import NONFINITE, read_progress, write_progress
 from .validate import validate
 from .worker import STOP_FILE
 
@@ -76,6 +76,8 @@ class MpiExecutorConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     move_path: str = "d2d"                      # "d2d": device-to-device moves where possible; "storage"
     move_timeout_s: float = 300.0               # a d2d move not done by then falls back to storage
+    data_roots: tuple[str, ...] | None = None   # jobs' data files must lie in these folders (checked at every
+                                                # launch and by the ranks; launcher/datafile.py); None: anywhere
 
     def __post_init__(self):
         if not self.work_dir:
@@ -98,6 +100,7 @@ class LaunchedJobProgress:
     finished: bool = False
     finished_at_s: float | None = None
     failed: str | None = None
+    final: bool = False
     last_checkpoint_iteration: float = 0.0
     measured_iteration_time_s: float | None = None
     measured_iterations: float = 0.0
@@ -133,6 +136,7 @@ class _Job:
     stopping: bool = False
     finished: bool = False
     failed: str | None = None
+    final: bool = False                         # the failure recurs on any retry (a non-finite loss)
     ended_at_s: float | None = None
     reported: bool = False
     released_at: float | None = None            # wall time a move's stop was requested (``release``)
@@ -192,6 +196,7 @@ class MpiExecutor:
                        last_checkpoint_step=prev.get("last_checkpoint_step"), iteration_time_s=None)
         st.cfg, st.hostfile = cfg, hostfile
         st.stopping, st.finished, st.failed, st.ended_at_s, st.reported = False, False, None, None, False
+        st.final = False
         st.shape = alloc.grid.shape
         st.gpus, st.launch_started, st.steps_seen = alloc.grid.num_gpus, time.time(), float(prev.get(
             "last_checkpoint_step") or 0)
@@ -303,7 +308,7 @@ class MpiExecutor:
             done = prog.get("last_checkpoint_step") or 0      # what survives the stop/failure
         return LaunchedJobProgress(
             job_id=job_id, iterations_done=float(done), running=running, finished=st.finished,
-            finished_at_s=st.ended_at_s if (st.finished or st.failed) else None, failed=st.failed,
+            finished_at_s=st.ended_at_s if (st.finished or st.failed) else None, failed=st.failed, final=st.final,
             last_checkpoint_iteration=float(prog.get("last_checkpoint_step") or 0),
             measured_iteration_time_s=prog.get("mean_iteration_time_s") or prog.get("iteration_time_s"),
             measured_iterations=float(prog.get("measured_iterations") or 0),
@@ -531,6 +536,13 @@ class MpiExecutor:
         if rc == 0 and prog.get("status") == "finished":
             st.finished = True
             return
+        if prog.get("status") == NONFINITE:          # the worker stopped itself, saying why
+            st.failed, st.final = f"non-finite training: {prog.get('reason')}", True
+            write_progress(st.cfg.progress_path, status="failed",
+                           iterations_done=prog.get("last_checkpoint_step") or 0, steps_total=st.cfg.steps,
+                           last_checkpoint_step=prog.get("last_checkpoint_step"),
+                           iteration_time_s=prog.get("iteration_time_s"), reason=st.failed)
+            return
         err = _launch.tail(Path(st.cfg.run_dir) / "stderr.log", 4000).strip().splitlines()
         last = next((l for l in reversed(err) if "rank failed" in l or "Error" in l), err[-1] if err else "")
         oom = out_of_memory("\n".join(err))
@@ -568,7 +580,7 @@ class MpiExecutor:
         cfg = TrainConfig(
             model=job.model, plan=pplan, steps=int(job.num_iterations), global_batch=int(job.global_batch),
             seed=self._job_options.get(job.job_id, {}).get("seed", self.config.seed),
-            data_path=self._job_options.get(job.job_id, {}).get("data_path"),
+            data_path=self._job_options.get(job.job_id, {}).get("data_path"), data_roots=self.config.data_roots,
             checkpoint_dir=str(job_dir / "checkpoints"),
             checkpoint_every=self.config.checkpoint_every,
             checkpoint_interval_s=self.config.checkpoint_interval_s, run_dir=str(run_dir),

@@ -45,7 +45,8 @@ RECORD_KEYS = ("kind", "model", "device", "gpu_type", "dtype", "dp", "tp", "pp",
                "schedule", "global_batch", "num_nodes", "gpus_per_node", "iteration_time_s", "step",
                "timestamp")
 BREAKDOWN_KEYS = ("stage_compute_s", "stage_comm_s")
-STATUSES = ("starting", "running", "stopped", "finished", "failed")
+NONFINITE = "nonfinite"         # stopped at a non-finite loss or state (launcher/worker.py); the reason is given
+STATUSES = ("starting", "running", "stopped", "finished", "failed", NONFINITE)
 
 
 def store_dir(explicit: str | os.PathLike | None = None) -> Path:

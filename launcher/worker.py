@@ -5,6 +5,13 @@ parallelism), resumes from the latest checkpoint if any, and trains to ``steps``
 Rank 0 prints one line per step (``step N loss L time_s T``) and writes the run's
 results, events, telemetry and progress files.
 
+Non-finite training: a step whose loss is not finite (nan, inf; every rank sees the same
+all-reduced loss) ends the run before anything is saved, and a save whose weights or
+optimizer state hold a non-finite value on any rank (one all-reduced flag) is not made:
+the last checkpoint, all finite, is kept. The progress file says status ``nonfinite`` with the
+reason (one line naming the step and that checkpoint; ``arena train`` prints it, the
+service fails the job with it), and every rank exits with ``NONFINITE_EXIT``.
+
 Control: SIGTERM (mpiexec forwards it to every rank) or a ``stop`` file in the run
 directory -> checkpoint at the end of the current step and exit 0 with status
 "stopped"; SIGUSR1 or a ``checkpoint`` file -> checkpoint and continue. Periodic
@@ -19,6 +26,7 @@ import time
 
 _T_START = time.time()          # before importing torch: process start, for the init cost
 
+import math  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -27,6 +35,7 @@ from pathlib import Path  # noqa: E402
 
 from . import d2d  # noqa: E402  (no torch at import)
 from . import reshard_plan as rp  # noqa: E402
+from .telemetry import NONFINITE  # noqa: E402  (no torch at import)
 
 STOP_FILE = "stop"
 CHECKPOINT_FILE = "checkpoint"
@@ -35,6 +44,7 @@ EVENTS_FILE = "events.jsonl"
 PIDS_DIR = "pids"
 EXITS_DIR = "exits"                   # rank<r>: written when the rank leaves main() (post-mortem)
 EXIT_LINGER_S = 0.3                   # pause between MPI_Finalize and os._exit (see __main__)
+NONFINITE_EXIT = 3                    # every rank's exit status then (mpiexec's too)
 
 
 class _Flags:
@@ -85,6 +95,7 @@ class _Run:
         self.last_ckpt: int | None = None
         self.last_save_time = time.time()
         self.move_generation = 0              # the last device-to-device move carried out
+        self.reason = ""                      # why the run stopped at a non-finite value (stop_nonfinite)
         (self.run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
         (self.run_dir / PIDS_DIR / f"rank{self.rank}").write_text(f"{os.getpid()} {env.hostname}")
 
@@ -102,7 +113,7 @@ class _Run:
     def leave(self, status: str, done: int) -> int:
         (self.run_dir / EXITS_DIR).mkdir(exist_ok=True)
         (self.run_dir / EXITS_DIR / f"rank{self.rank}").write_text(f"{status} {done}")
-        return 0
+        return NONFINITE_EXIT if status == NONFINITE else 0
 
     # --- set-up ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -144,7 +155,7 @@ class _Run:
             self.schedule = build_schedule(self.train_module, env.pp_rank, plan.pp, env.device,
                                            env.mesh["pp"].get_group(), microbatches=plan.microbatches,
                                            schedule=plan.schedule, loss_fn=loss_fn)
-        self.data = make_source(self.model.arch, self.cfg.seed, self.cfg.data_path)
+        self.data = make_source(self.model.arch, self.cfg.seed, self.cfg.data_path, self.cfg.data_roots)
         self.device_desc, gpu_type = _device_names(env.device)
         self.gpu_type = self.cfg.gpu_type or gpu_type
 
@@ -175,11 +186,29 @@ class _Run:
         dist.all_reduce(total)
         return total.item()
 
-    def save(self, step: int, why: str) -> None:
+    def state_finite(self) -> bool:
+        """Collective: whether every rank's weights and optimizer state are all finite."""
+        import torch
+        import torch.distributed as dist
+
+        held = list(self.train_module.parameters()) + [t for per in self.optimizer.state.values()
+                                                        for t in per.values() if torch.is_tensor(t)]
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in held]      # (DTensor: this rank's part)
+        bad = any(not bool(torch.isfinite(t.detach()).all()) for t in local)
+        flag = torch.tensor([float(bad)], device=self.env.device)
+        dist.all_reduce(flag)
+        return flag.item() == 0
+
+    def save(self, step: int, why: str) -> bool:
+        """Save a checkpoint of step ``step`` (collective); False, with nothing saved, when
+        some rank's weights or optimizer state are not finite."""
         import torch.distributed as dist
 
         from . import checkpoint
 
+        if not self.state_finite():
+            self.event("save_refused", step=step, why=why, reason="non-finite weights or optimizer state")
+            return False
         t0 = time.perf_counter()
         path = checkpoint.save(self.cfg.checkpoint_dir, step, self.train_module, self.optimizer,
                                {**self.identity, "plan": str(self.plan)}, rank=self.rank, barrier=dist.barrier,
@@ -188,6 +217,20 @@ class _Run:
         self.event("save", step=step, why=why, duration_s=duration,
                    bytes=sum(f.stat().st_size for f in path.iterdir()) if self.rank == 0 else None)
         self.last_ckpt, self.last_save_time = step, time.time()
+        return True
+
+    def stop_nonfinite(self, done: int, what: str) -> None:
+        """The reason saying where training stopped and which checkpoint is kept (the progress
+        file and the run's last event carry it; ``arena train`` and the service print it)."""
+        cfg = self.cfg
+        if not cfg.checkpoint_dir:
+            kept = "nothing was saved (no checkpoint folder)"
+        elif self.last_ckpt is None:
+            kept = f"no checkpoint was saved before it in {cfg.checkpoint_dir}"
+        else:
+            kept = f"the last checkpoint kept is step {self.last_ckpt} in {cfg.checkpoint_dir} (all finite)"
+        self.reason = (f"training stopped at step {done}: {what}; nothing was saved after it; {kept}; a rerun "
+                       f"from there diverges again unless the learning rate or the data change")
 
     def save_due(self, done: int) -> bool:
         """Rank 0's periodic rule (steps or seconds since the last save); the result reaches
@@ -204,12 +247,11 @@ class _Run:
         """Forward, backward and optimizer step; (this rank's loss share, optimizer seconds)."""
         import torch
 
-        from .data import dp_shard
+        from .data import shard_batch
         from .model import loss_fn
 
         env, plan = self.env, self.plan
-        x, y = (t.to(env.device) for t in dp_shard(self.data.global_batch(step, self.cfg.global_batch), plan.dp,
-                                                   env.dp_rank))
+        x, y = (t.to(env.device) for t in shard_batch(self.data, step, self.cfg.global_batch, plan.dp, env.dp_rank))
         self.optimizer.zero_grad(set_to_none=True)
         local_loss = torch.zeros((), device=env.device)
         if self.schedule is not None:
@@ -278,6 +320,8 @@ class _Run:
             return
         cfg, tel = self.cfg, self.telemetry
         print(f"step {done} loss {loss:.6f} time_s {it_s:.4f}", flush=True)
+        if not math.isfinite(loss):       # (results and telemetry hold finite steps only)
+            return
         tel.append_jsonl(self.run_dir / RESULTS_FILE, [{"step": done, "loss": loss, "iteration_time_s": it_s,
                                                          "time": time.time()}])
         rec = tel.measured_run(cfg, device=self.device_desc, gpu_type=self.gpu_type, iteration_time_s=it_s,
@@ -307,8 +351,9 @@ class _Run:
         if bad.item() > 0:
             self.event("move_refused", generation=generation, step=done,
                        reason="held tensors differ from the layout; saving a checkpoint instead")
-            if self.cfg.checkpoint_dir:
-                self.save(done, "move_refused")
+            if self.cfg.checkpoint_dir and not self.save(done, "move_refused"):
+                self.stop_nonfinite(done, "the weights or optimizer state hold non-finite values")
+                return NONFINITE
             return "refused"
         box = [held]                # handed over, so that the old state can be freed after the transfer
         del held
@@ -345,8 +390,16 @@ class _Run:
             it_s = time.perf_counter() - t0
             stage_compute, stage_comm = self.stage_breakdown(it_s, opt_s)
             self.record(done, loss, it_s, step == start_step, stage_compute, stage_comm)
-            if cfg.checkpoint_dir and (stop or requested or due):
-                self.save(done, "stop" if stop else "request" if requested else "periodic")
+            if not math.isfinite(loss):       # every rank has the same all-reduced loss
+                self.stop_nonfinite(done, f"the loss is {loss} (not finite)")
+                status = NONFINITE
+                break
+            if cfg.checkpoint_dir and (stop or requested or due) and \
+                    not self.save(done, "stop" if stop else "request" if requested else "periodic"):
+                self.stop_nonfinite(done, f"the loss is finite ({loss:.6g}) but the weights or optimizer state "
+                                          f"hold non-finite values")
+                status = NONFINITE
+                break
             _Flags.save = False
             if step != start_step:
                 n_measured += 1
@@ -363,13 +416,16 @@ class _Run:
             if cfg.step_delay_s:
                 time.sleep(cfg.step_delay_s)
         else:
-            if cfg.checkpoint_dir and cfg.checkpoint_at_end and self.last_ckpt != cfg.steps:
-                self.save(cfg.steps, "end")
+            if cfg.checkpoint_dir and cfg.checkpoint_at_end and self.last_ckpt != cfg.steps and \
+                    not self.save(cfg.steps, "end"):
+                self.stop_nonfinite(done, "the weights or optimizer state hold non-finite values")
+                status = NONFINITE
         if status == "moving":
             return status, done
         if self.rank == 0:
             (self.run_dir / STOP_FILE).unlink(missing_ok=True)
-        self.progress(status, done, it_s, **measured)
+        extra = {"reason": self.reason} if status == NONFINITE else {}
+        self.progress(status, done, it_s, **measured, **extra)
         return status, done
 
 
@@ -453,6 +509,9 @@ def _train_and_move(run: "_Run", start_step: int) -> tuple["_Run", str, int]:
         if status != "moving":
             return run, status, done
         moved = run.move(run.move_generation, done)
+        if moved == NONFINITE:
+            run.progress(NONFINITE, done, None, reason=run.reason)
+            return run, NONFINITE, done
         if moved == "refused":
             run.progress("stopped", done, None)
             return run, "stopped", done
@@ -525,7 +584,7 @@ def main(config_path: str) -> int:
     run, status, done = _train_and_move(run, start_step)
     if status == "parked":
         return run.leave(status, done)
-    run.event(status, step=done)
+    run.event(status, step=done, **({"reason": run.reason} if status == NONFINITE else {}))
     # No dist.destroy_process_group(): every rank has left its last collective, and
     # os._exit in __main__ closes the sockets (a finished run that still ended non-zero was
     # Hydra SIGKILLing a rank during the exit: see the linger in __main__).

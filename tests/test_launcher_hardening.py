@@ -229,3 +229,102 @@ def test_measured_runs_log_is_bounded(tmp_path):
     assert dropped == 1000 - len(kept) and 0 < log.stat().st_size <= size // 8
     assert [json.loads(k)["step"] for k in kept] == list(range(1000 - len(kept), 1000))   # the newest
     assert bound_jsonl(tmp_path / "missing.jsonl", 10) == 0
+
+
+def finite_checkpoint(path: Path, scratch: Path) -> bool:
+    """Whether every floating-point tensor of the checkpoint at ``path`` (weights and Adam
+    state, all ranks' shards) is finite; read without a process group."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(path, scratch)
+    found: list = []
+
+    def walk(x):
+        if torch.is_tensor(x):
+            found.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+    walk(torch.load(scratch, weights_only=False))
+    floats = [t for t in found if t.is_floating_point()]
+    return bool(floats) and all(bool(torch.isfinite(t).all()) for t in floats)
+
+
+def test_lr_must_be_a_finite_number_above_zero(tmp_path, capsys):
+    for lr in ("inf", "nan", "0", "-1e-3", "1e400", "1e38"):
+        assert main(["train", "--model", MODEL, "--plan", "dp=1", "--steps", "5", f"--lr={lr}", "--dry-run",
+                     "--no-record"]) == 2, lr
+        err = capsys.readouterr().err
+        assert "field '--lr': must be a finite number > 0" in err or \
+            "field '--lr': must be at most 3.4e+37: Adam's first step size" in err, err
+    assert main(["train", "--model", MODEL, "--plan", "dp=1", "--steps", "5", "--lr", "1e30", "--dry-run",
+                 "--no-record"]) == 0
+
+
+def test_train_data_is_checked_before_launch(tmp_path, capsys):
+    from instances.models import get_model
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"x" * (get_model(MODEL).seq_len + 1))       # (seq_len 32)
+    for data, words in ((fifo, "not a regular file"), (tmp_path, "is a folder"),
+                        (short, "holds 33 bytes; the model needs at least 34")):
+        t0 = time.monotonic()
+        assert main(["train", "--model", MODEL, "--plan", "dp=1", "--steps", "5", "--data", str(data),
+                     "--dry-run", "--no-record"]) == 2
+        err = capsys.readouterr().err
+        assert f"{data}, field '--data': {words}" in err and time.monotonic() - t0 < 10, err
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_stops_the_run_keeping_the_last_finite_checkpoint(tmp_path, capsys):
+    """``--lr 1e30``: the loss is nan at step 2; the run stops there, keeps its step-1
+    checkpoint (never overwritten with nan weights), says so in one line and exits 3."""
+    ck = tmp_path / "ck"
+    rc = main(["train", "--model", MODEL, "--plan", "dp=2", "--steps", "6", "--lr", "1e30", "--checkpoint-dir",
+               str(ck), "--checkpoint-every", "1", "--run-dir", str(tmp_path / "run"), "--no-record"])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    line = next(line for line in err.splitlines() if line.startswith("arena train: training stopped"))
+    assert line.startswith("arena train: training stopped at step 2: the loss is nan (not finite); nothing was "
+                           f"saved after it; the last checkpoint kept is step 1 in {ck} (all finite)"), line
+    from launcher.checkpoint import latest_checkpoint
+    assert latest_checkpoint(ck)[0] == 1 and sorted(p.name for p in ck.iterdir()) == ["step_00000001"]
+    assert finite_checkpoint(ck / "step_00000001", tmp_path / "flat.pt")
+
+
+def test_a_save_with_non_finite_weights_is_refused_and_keeps_the_last_checkpoint(tmp_path):
+    """The guard behind a finite loss: a save whose weights (or Adam state) hold a
+    non-finite value on any rank is not made (one rank, in this process, over gloo)."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from launcher.checkpoint import latest_checkpoint
+    from launcher.dist import make_env
+    from launcher.worker import _Run
+
+    ck = tmp_path / "ck"
+    c = TrainConfig(model=MODEL, plan=ParallelPlan(), steps=3, checkpoint_dir=str(ck), run_dir=str(tmp_path / "run"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        run = _Run(c, make_env(c.plan, 0, 1, 0, torch.device("cpu"), socket.gethostname()), 0.0, 0.0)
+        run.setup()
+        run.build_schedule_and_data()
+        run.step(0)
+        assert run.save(1, "periodic") and latest_checkpoint(ck)[0] == 1
+        run.step(1)
+        with torch.no_grad():
+            next(run.model.parameters())[0].fill_(float("inf"))
+        assert not run.save(2, "periodic") and latest_checkpoint(ck)[0] == 1
+        run.stop_nonfinite(2, "the weights hold non-finite values")
+        assert run.reason.startswith(f"training stopped at step 2: the weights hold non-finite values; nothing was "
+                                     f"saved after it; the last checkpoint kept is step 1 in {ck}")
+    finally:
+        dist.destroy_process_group()
+    assert finite_checkpoint(ck / "step_00000001", tmp_path / "flat.pt")

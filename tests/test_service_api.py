@@ -217,7 +217,8 @@ def test_serve_refuses_a_non_local_bind_without_a_token_and_bad_options(tmp_path
                         (["--local-slots", "2", "--stall-after", "0"], "--stall-after"),
                         (["--local-slots", "2", "--drain-after-failures", "-1"], "--drain-after-failures"),
                         (["--local-slots", "2", "--failure-window", "0"], "--failure-window"),
-                        (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store")]:
+                        (["--local-slots", "2", "--profile-store", str(tmp_path / "none")], "--profile-store"),
+                        (["--local-slots", "2", "--data-root", str(tmp_path / "none")], "--data-root")]:
         assert cli_main(base + argv) == 2
         assert f"field '{field}'" in capsys.readouterr().err
     assert not (tmp_path / "w").exists() and not (tmp_path / "s.db").exists()   # refused before making anything
@@ -598,3 +599,22 @@ def test_health_is_503_while_the_scheduler_is_stuck_in_a_round_and_metrics_say_s
     with pytest.raises(InputError) as e:
         ServiceConfig(db_path="x", work_dir="y", stall_after_s=0)
     assert e.value.field == "stall_after_s"
+
+
+def test_data_outside_the_data_roots_is_refused_at_submission_and_nothing_stored(tmp_path):
+    db, work = tmp_path / "state.db", tmp_path / "work"
+    Store(db).close()
+    work.mkdir()
+    (work / "corpus.txt").write_bytes(b"c" * 2000)
+    client = TestClient(create_app(ApiContext(str(db), str(work), CLUSTER, "arena", data_roots=(str(work),))))
+    (work / "escape.txt").symlink_to("/etc/hostname")
+    for data in ("/etc/shadow", str(work / "escape.txt"), str(work / ".." / "state.db")):
+        r = client.post("/api/jobs", json={**GOOD, "data": data})
+        assert r.status_code == 400 and r.json()["field"] == "data", r.text
+        assert f"is outside the folders jobs' files may be read from: {work}" in r.json()["error"], r.text
+    r = client.post("/api/jobs", json={"toml": 'name = "t"\nmodel = "tiny-gpt__2L"\nglobal_batch = 8\nsteps = 5\n'
+                                               'data = "/etc/passwd"\n'})
+    assert r.status_code == 400 and r.json()["field"] == "data"
+    assert stored(db) == 0
+    r = client.post("/api/jobs", json={**GOOD, "data": str(work / "corpus.txt")})
+    assert r.status_code == 201, r.text

@@ -42,9 +42,9 @@ def test_defaults_and_catalog_aliases():
     assert spec.to_job("a", 0.0).deadline_s is None
 
 
-def bad(d, field, *, cluster=None, match=None):
+def bad(d, field, *, cluster=None, match=None, roots=None):
     with pytest.raises(InputError, match=match) as e:
-        JobSpec.from_dict(d, cluster=cluster)
+        JobSpec.from_dict(d, cluster=cluster, roots=roots)
     assert e.value.field == field and e.value.file == "request", str(e.value)
     return e.value
 
@@ -68,7 +68,7 @@ def test_refusals_name_the_field(tmp_path):
     bad(GOOD | {"tenant": ""}, "tenant")
     bad(GOOD | {"colour": "red"}, "colour", match="unknown key")
     bad({k: v for k, v in GOOD.items() if k != "steps"}, "steps", match="missing")
-    bad(GOOD | {"data": str(tmp_path / "absent.txt")}, "data", match="not a file")
+    bad(GOOD | {"data": str(tmp_path / "absent.txt")}, "data", match="file not found")
     for after in (3, [0], [True], ["1"], [1.0], [1, 1], list(range(1, 66)), "1,2"):
         bad(GOOD | {"after": after}, "after")
     assert "after" not in JobSpec.from_dict(GOOD | {"after": []}).to_dict()     # none: the stored form is as before
@@ -140,3 +140,40 @@ def test_steps_above_the_jobs_limit_are_refused_at_submission():
         JobSpec.from_dict(GOOD | {"steps": MAX_ITERATIONS + 1}, cluster=CLUSTER)
     assert e.value.field == "steps"
     JobSpec.from_dict(GOOD | {"steps": MAX_ITERATIONS}, cluster=CLUSTER).to_job("j", 0.0)
+
+
+def test_data_and_config_files_outside_the_roots_are_refused_naming_the_roots(tmp_path):
+    root, home = tmp_path / "work", tmp_path / "home"
+    root.mkdir()
+    home.mkdir()
+    (root / "corpus.txt").write_bytes(b"a" * 1000)
+    (home / "corpus.txt").write_bytes(b"a" * 1000)
+    (home / "mine.json").write_text((EXAMPLES / "tiny-llama-config.json").read_text())
+    (root / "link.txt").symlink_to(home / "corpus.txt")
+    roots = (str(root),)
+    spec = JobSpec.from_dict(GOOD | {"data": str(root / "corpus.txt")}, roots=roots)
+    assert spec.data == str(root / "corpus.txt")
+    for key, value in (("data", "/etc/shadow"), ("data", str(home / "corpus.txt")), ("data", str(root / "link.txt")),
+                       ("data", str(root / ".." / "home" / "corpus.txt")), ("model", str(home / "mine.json"))):
+        e = bad(GOOD | {key: value}, key, match="is outside the folders jobs' files may be read from", roots=roots)
+        assert str(root) in str(e) and "arena serve --data-root DIR" in str(e)
+    # a job file's relative path is taken from its folder; the refusal says where that led and what is allowed
+    job = home / "job.toml"
+    job.write_text('name = "j"\nmodel = "tiny-gpt__2L"\nglobal_batch = 8\nsteps = 5\ndata = "corpus.txt"\n')
+    with pytest.raises(InputError) as e:
+        JobSpec.from_toml(job, roots=roots)
+    assert e.value.field == "data" and str(home / "corpus.txt") in str(e.value) and str(root) in str(e.value)
+    assert JobSpec.from_toml(job).data == str(home / "corpus.txt")          # no roots (the client's own check)
+
+
+def test_the_data_file_is_checked_for_the_model_at_submission(tmp_path):
+    from instances.models import get_model
+    need = get_model("tiny-gpt__2L").seq_len + 2
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"b" * (need - 1))
+    bad(GOOD | {"data": str(short)}, "data", match=f"needs at least {need}")
+    bad(GOOD | {"data": str(tmp_path)}, "data", match="is a folder")
+    short.write_bytes(b"b" * need)
+    assert JobSpec.from_dict(GOOD | {"data": str(short)}).data == str(short)
+    short.unlink()                 # a stored spec is read back without its file (checked again at launch)
+    assert JobSpec.from_dict(GOOD | {"data": str(short)}, check_files=False).data == str(short)

@@ -71,6 +71,10 @@ def register(subparsers) -> None:
                    help="SQLite state database (default .arena/state.db under the working folder)")
     s.add_argument("--work-dir", default=".arena/work", metavar="DIR",
                    help="jobs' checkpoints, logs and progress (default .arena/work)")
+    s.add_argument("--data-root", action="append", default=None, metavar="DIR", dest="data_roots",
+                   help="a folder jobs' data files and model config.json files may be read from (repeatable; "
+                        "default: the work folder); a path is checked with its links and '..' resolved, at "
+                        "submission and again at every launch")
     s.add_argument("--round-interval", type=float, default=default("round_interval_s"), metavar="S",
                    help="seconds between timer rounds (rounds also run on arrival, completion, failure; "
                         "default %(default)s)")
@@ -285,6 +289,16 @@ def _check_writable_file(path: str, flag: str) -> Path:
     return p
 
 
+def _data_roots(given: list[str] | None) -> tuple[str, ...] | None:
+    """``--data-root`` folders, each an existing folder (None: the work folder, made later)."""
+    if not given:
+        return None
+    for d in given:
+        if not Path(d).expanduser().is_dir():
+            raise InputError("not an existing folder", file=d, field="--data-root")
+    return tuple(given)
+
+
 def build_service_parts(args):
     """Everything ``arena serve`` needs, validated before anything starts."""
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
@@ -328,6 +342,7 @@ def build_service_parts(args):
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     work = Path(args.work_dir)
+    data_roots = _data_roots(args.data_roots)
     try:                                          # every option checked before a file or folder is made
         cfg = ServiceConfig(db_path=str(Path(args.db)), work_dir=str(work.resolve()),
                             round_interval_s=args.round_interval,
@@ -337,9 +352,9 @@ def build_service_parts(args):
                             step_delay_s=args.step_delay, keep_rounds=args.keep_rounds,
                             keep_measurements=args.keep_measurements,
                             stall_after_s=args.stall_after, drain_after_failures=args.drain_after_failures,
-                            failure_window_s=args.failure_window)
+                            failure_window_s=args.failure_window, data_roots=data_roots)
     except InputError as e:                       # the config's field, as the flag that set it
-        flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")
+        flag = "--data-root" if e.field == "data_roots" else "--" + (e.field or "").removesuffix("_s").replace("_", "-")
         raise InputError(e.reason, field=flag) from None
     _check_writable_file(args.db, "--db")
     if work.exists() and not work.is_dir():
@@ -367,7 +382,7 @@ def run_serve(args) -> int:
     log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow)
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
-                                shadow_policy=service.shadow_name,
+                                shadow_policy=service.shadow_name, data_roots=cfg.data_roots,
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
                                 node_failures=service.node_failures,
                                 plugins=tuple(p.describe() for p in args.plugins),

@@ -6,8 +6,13 @@ import argparse
 from .jsonout import dumps
 from .simulate import seed_arg
 
+FLAGS = {"data": "--data", "lr": "--lr"}     # TrainConfig fields refused under the flag that set them
+
 
 def register(subparsers) -> None:
+    from launcher.datafile import MAX_DATA_BYTES
+    from launcher.worker import NONFINITE_EXIT
+
     p = subparsers.add_parser(
         "train", help="train a catalog model under mpiexec with a dp x tp x pp plan",
         description="Launch dp*tp*pp ranks with mpiexec (MPICH), train a catalog model with torch "
@@ -28,8 +33,12 @@ def register(subparsers) -> None:
     p.add_argument("--global-batch", type=int, default=None,
                    help="samples per step (default: the checkpoint's when resuming, else dp*microbatches)")
     p.add_argument("--seed", type=seed_arg, default=0, help="model initialisation and data seed (default 0)")
-    p.add_argument("--lr", type=float, default=None, help="Adam learning rate (default: 3e-3)")
-    p.add_argument("--data", default=None, help="local text file read as bytes (default: synthetic tokens)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="Adam learning rate, a finite number > 0 (default: 3e-3); a run whose loss turns non-finite "
+                        f"stops there, keeps its last finite checkpoint and exits with status {NONFINITE_EXIT}")
+    p.add_argument("--data", default=None,
+                   help="local file read as bytes, one token a byte (any content; at least the model's context + 2 "
+                        f"bytes, at most {MAX_DATA_BYTES // 2**30} GiB; default: synthetic tokens)")
     p.add_argument("--hostfile", default=None, help="MPICH hostfile (host[:slots] per line)")
     p.add_argument("--num-nodes", type=int, default=None, help="nodes the ranks span (default: hostfile hosts or 1)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -120,16 +129,24 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
+    from instances.errors import InputError
     from launcher.api import TEMP_PREFIX, run_config
     from launcher.checkpoint import latest_checkpoint, read_meta
     from launcher.launch import build_command
     from launcher.validate import validate
+    from launcher.worker import NONFINITE_EXIT
 
     own_tmp = args.run_dir is None
     run_dir = args.run_dir or tempfile.mkdtemp(prefix=TEMP_PREFIX)
     try:
         cfg = _build_config(args, run_dir)
         mem = validate(cfg, device_type=args.memory_device or "cpu")
+    except InputError as e:                 # the config's field, as the flag that set it
+        if own_tmp:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if e.field in FLAGS:
+            raise InputError(e.reason, file=e.file, line=e.line, field=FLAGS[e.field]) from None
+        raise
     except BaseException:
         if own_tmp:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -167,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
     if res.returncode != 0:
         print(f"arena train: {res.failure}; logs in {run_dir}", file=sys.stderr, flush=True)
-        return 1
+        return NONFINITE_EXIT if res.returncode == NONFINITE_EXIT else 1
     if res.iteration_times_s:
         its = sorted(res.iteration_times_s[1:] or res.iteration_times_s)
         print(f"arena train: {len(res.steps)} steps from step {res.start_step}, median iteration "

@@ -68,6 +68,7 @@ class ApiContext:
     check: Callable[[JobSpec], None] = lambda spec: None   # refuse a job the cluster cannot run
     plugins: tuple[str, ...] = ()                  # plug-ins loaded (path, sha256, what they registered)
     shadow_policy: str | None = None               # asked beside the policy, never carried out (--shadow-policy)
+    data_roots: tuple[str, ...] | None = None      # a job's data file and config.json lie in these (None: anywhere)
     # without a token: the host names the API answers to (a page on another site that
     # resolves its own name to 127.0.0.1 -- DNS rebinding -- is refused); None: any
     local_hosts: frozenset[str] | None = None
@@ -218,9 +219,9 @@ def create_app(ctx: ApiContext):
         if isinstance(body, dict) and set(body) == {"toml"}:
             if not isinstance(body["toml"], str):
                 return _error(400, "toml must be a string", field="toml")
-            spec = JobSpec.from_toml_text(body["toml"], source="request", cluster=ctx.cluster)
+            spec = JobSpec.from_toml_text(body["toml"], source="request", cluster=ctx.cluster, roots=ctx.data_roots)
         else:
-            spec = JobSpec.from_dict(body, source="request", cluster=ctx.cluster)
+            spec = JobSpec.from_dict(body, source="request", cluster=ctx.cluster, roots=ctx.data_roots)
         ctx.check(spec)
         spec = spec.with_frozen_model(Path(ctx.work_dir) / "models")
         with store() as s:

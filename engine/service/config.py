@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from instances.errors import InputError
+from instances.paths import real_path
 from launcher.config import MOVE_PATHS
 
 
@@ -30,6 +31,8 @@ class ServiceConfig:
     stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
     drain_after_failures: int = 3            # drain a node where runs of this many different jobs failed
     failure_window_s: float = 3600.0         # within this long (node_health.py; 0 jobs: never drain)
+    data_roots: tuple[str, ...] | None = None  # folders jobs' data (and config.json) may be read from; None:
+                                               # the work folder. Stored resolved (links and .. followed)
 
     def __post_init__(self):
         for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s",
@@ -55,6 +58,11 @@ class ServiceConfig:
             raise InputError(f"must be one of {', '.join(MOVE_PATHS)}, got {self.move_path!r}", field="move_path")
         if self.stop_after_s is not None and not self.stop_after_s > 0:
             raise InputError(f"must be > 0, got {self.stop_after_s!r}", field="stop_after_s")
+        roots = (self.work_dir,) if self.data_roots is None else self.data_roots
+        if isinstance(roots, str) or not isinstance(roots, (list, tuple)) or not roots or \
+                not all(isinstance(r, str) and r and "\0" not in r for r in roots):
+            raise InputError(f"must be one or more folders, got {self.data_roots!r}", field="data_roots")
+        object.__setattr__(self, "data_roots", tuple(dict.fromkeys(real_path(r) for r in roots)))
 
 
 def default(name: str):

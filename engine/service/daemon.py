@@ -25,7 +25,16 @@ database restored from an older copy): workdir.py.
 
 A run that fails goes back to the queue from its last checkpoint and is offered to the
 policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
-``max_failures`` failed runs the job fails for good with the reason.
+``max_failures`` failed runs the job fails for good with the reason. A run that stopped
+at a non-finite loss, and a launch refused for the job's data file, fail the job for good
+at once (``JobProgress.final``: a retry from the same checkpoint and data would fail the
+same way), and do not count toward draining the node.
+
+Data files (and model ``config.json`` files) are read only from the data roots
+(``ServiceConfig.data_roots``, ``arena serve --data-root``; default the work folder):
+checked at submission, and at every launch and by the ranks on the file they open
+(launcher/datafile.py), so a file swapped after submission fails the job rather than
+training on something else.
 
 A held job (``arena hold``; a running one is stopped with a checkpoint first) is outside
 the loop's queue and holds no GPU until ``arena release`` queues it again; a restart does
@@ -106,7 +115,7 @@ class Service:
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
             poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
-            move_path=cfg.move_path,
+            move_path=cfg.move_path, data_roots=cfg.data_roots,
             node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew,
                                           keep_measurements=self.cfg.keep_measurements)
@@ -214,7 +223,7 @@ class Service:
             raise RuntimeError("state database inconsistent after recovery: " + "; ".join(problems[:5]))
 
     def _adopt(self, jid: int, spec_dict: dict, submitted_at: float) -> None:
-        spec = JobSpec.from_dict(spec_dict, source=f"job {jid} in the state database")
+        spec = JobSpec.from_dict(spec_dict, source=f"job {jid} in the state database", check_files=False)
         job = spec.to_job(str(jid), submitted_at)
         self.mpi.set_job_options(job.job_id, seed=spec.seed, data_path=spec.data)
         self.loop.add_job(job)
@@ -301,11 +310,15 @@ class Service:
             r = st.jobs[p.job_id]
             # a run refused or out of memory for its shape: the shape's fault, not the node's or the job's
             shape_ok = r.status is JobStatus.FINISHED or self.executor.runs_on(r.job, self._last_shape(p.job_id))
-            if p.failed and p.job_id in nodes_of and shape_ok:
+            if p.failed and p.job_id in nodes_of and shape_ok and not p.final:     # (final: the job's own fault)
                 self._count_node_failure(p.job_id, nodes_of[p.job_id], now)
             if r.status is JobStatus.FINISHED:
                 self._set_status(int(p.job_id), "finished", "training finished")
                 self.log(f"job {p.job_id} finished")
+            elif r.status is JobStatus.FAILED and p.final:
+                self._set_status(int(p.job_id), "failed", f"failed, not retried (a retry would fail the same way): "
+                                 f"{r.failure_reason}")
+                self.log(f"job {p.job_id} failed for good, not retried: {r.failure_reason}")
             elif r.status is JobStatus.FAILED:
                 self._set_status(int(p.job_id), "failed", f"failed {r.failures} times; last: {r.failure_reason}")
                 self.log(f"job {p.job_id} failed for good: {r.failure_reason}")

@@ -13,11 +13,17 @@ A TOML job file holds flat keys::
     tenant = "team-a"                       # optional
     deadline_s = 3600                       # optional: seconds after submission
     seed = 0                                # optional: initialisation and synthetic data
-    data = "corpus.txt"                     # optional: a local text file (relative: to this file)
+    data = "corpus.txt"                     # optional: a local file read as bytes (relative: to this file)
     after = [3, 4]                          # optional: start only once these jobs (of this service) finished
 
 Any other key is refused. Every refusal is an ``InputError`` naming the source (the TOML
 file, or ``request`` for a dict) and the key.
+
+Files: the data file is checked as the launcher will open it (launcher/datafile.py: a
+regular readable file of at least the model's context + 2 bytes, at most
+``MAX_DATA_BYTES``; any content, one token a byte). Given ``roots`` (the service's data
+roots), the data file and a config.json model must lie in one of those folders once links
+and ``..`` are resolved, checked before either is opened.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
 from instances.jobs import MAX_ITERATIONS, Job
 from instances.models import canonical_model_name, get_model
+from instances.paths import check_within_roots
+from launcher.datafile import DATA_ROOT_FLAG, check_data_file, min_data_bytes
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_SEED = 2**63 - 1
@@ -60,10 +68,13 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, d, *, source: str = REQUEST, base_dir: str | Path | None = None,
-                  cluster: ClusterSpec | None = None) -> "JobSpec":
+                  cluster: ClusterSpec | None = None, roots: tuple[str, ...] | None = None,
+                  check_files: bool = True) -> "JobSpec":
         """Validate ``d``; relative paths (a config.json model, ``data``) are taken from
         ``base_dir`` (default: the working folder); ``cluster``: refuse more GPUs (or a GPU
-        type) than it has."""
+        type) than it has; ``roots``: refuse a data file or config.json outside these
+        folders (None: anywhere); ``check_files``: check the data file (off for a spec read
+        back from the state database, whose file is checked again when the job launches)."""
         if not isinstance(d, dict):
             raise InputError(f"a job is an object of keys, got {type(d).__name__}", file=source)
         known = [f.name for f in fields(cls)]
@@ -81,17 +92,31 @@ class JobSpec:
             if isinstance(v, str) and (f == "data" or v.strip().lower().endswith(".json")):
                 if "\0" in v:
                     raise InputError("a path cannot hold a NUL character", file=source, field=f)
-                d[f] = str((base / v.strip()).resolve())
+                given = Path(v.strip())         # an absolute path as given (a stored spec's is not re-resolved)
+                d[f] = str(given if given.is_absolute() else (base / given).resolve())
+                if roots is not None and (f == "data" or d[f].lower().endswith(".json")):
+                    try:                            # before the file is looked at
+                        check_within_roots(d[f], roots, f, what="jobs' files",
+                                           how_to_allow=f"move it into one of them, or ask the operator to add "
+                                                        f"its folder ({DATA_ROOT_FLAG})")
+                    except InputError as e:
+                        raise InputError(e.reason, file=source, field=f) from None
         try:
             spec = cls(**d)
         except InputError as e:                     # name the source (file or request)
             raise InputError(e.reason, file=source, line=e.line, field=e.field) from None
+        if check_files and spec.data is not None:
+            try:
+                check_data_file(spec.data, min_bytes=min_data_bytes(get_model(spec.model).seq_len), roots=roots)
+            except InputError as e:
+                raise InputError(f"{spec.data}: {e.reason}", file=source, field="data") from None
         if cluster is not None:
             spec.check_cluster(cluster, source=source)
         return spec
 
     @classmethod
-    def from_toml(cls, path: str | Path, *, cluster: ClusterSpec | None = None) -> "JobSpec":
+    def from_toml(cls, path: str | Path, *, cluster: ClusterSpec | None = None,
+                  roots: tuple[str, ...] | None = None) -> "JobSpec":
         p = Path(path)
         if p.is_dir():
             raise InputError("is a folder, not a job file", file=str(p))
@@ -102,11 +127,11 @@ class JobSpec:
             raise InputError("job file not found", file=str(p)) from None
         except OSError as e:
             raise InputError(f"cannot read the job file: {e.strerror or e}", file=str(p)) from None
-        return cls.from_toml_text(raw, source=str(p), base_dir=p.resolve().parent, cluster=cluster)
+        return cls.from_toml_text(raw, source=str(p), base_dir=p.resolve().parent, cluster=cluster, roots=roots)
 
     @classmethod
     def from_toml_text(cls, text: str | bytes, *, source: str = REQUEST, base_dir: str | Path | None = None,
-                       cluster: ClusterSpec | None = None) -> "JobSpec":
+                       cluster: ClusterSpec | None = None, roots: tuple[str, ...] | None = None) -> "JobSpec":
         if len(text) > MAX_TOML_BYTES:
             raise InputError(f"larger than {MAX_TOML_BYTES} bytes; not a job file", file=source)
         if isinstance(text, bytes):
@@ -119,7 +144,7 @@ class JobSpec:
         except tomllib.TOMLDecodeError as e:
             m = re.search(r"\(at line (\d+)", str(e))
             raise InputError(f"malformed TOML: {e}", file=source, line=int(m.group(1)) if m else None) from None
-        return cls.from_dict(d, source=source, base_dir=base_dir, cluster=cluster)
+        return cls.from_dict(d, source=source, base_dir=base_dir, cluster=cluster, roots=roots)
 
     def check_cluster(self, cluster: ClusterSpec, *, source: str = REQUEST) -> None:
         """Refuse a request the cluster can never satisfy: a GPU type it lacks, more GPUs
@@ -163,7 +188,7 @@ class JobSpec:
             tmp = dest.with_suffix(".tmp")
             shutil.copyfile(self.model, tmp)
             tmp.replace(dest)
-        return JobSpec.from_dict({**self.to_dict(), "model": str(dest)})
+        return JobSpec.from_dict({**self.to_dict(), "model": str(dest)}, check_files=False)
 
     def to_job(self, job_id: str, arrival_s: float) -> Job:
         """The engine's job, arriving at ``arrival_s`` on the loop's clock. The seed and the
@@ -231,8 +256,6 @@ def _check(spec: JobSpec) -> None:
             raise err(field, f"must be a finite number > 0, got {v!r}")
         object.__setattr__(spec, field, float(v))
     if spec.data is not None:
-        p = Path(text("data"))
-        if not p.is_file():
-            raise err("data", f"{spec.data}: not a file")
+        text("data")                                # (the file itself: from_dict's check_files)
         if not get_model(spec.model).is_transformer:
             raise err("data", f"model {spec.model} trains on synthetic images; a data file is for token models")

@@ -16,7 +16,9 @@ the state store, so that a restart can tell what happened.
 - a launch the launcher refuses before starting (the plan does not fit the allocation's
   memory, ...) is journaled as failed and reported to the round loop as a failed run;
   the job does not get that shape again; nor does it after a launch that ran out of
-  memory (``MpiExecutor.runs_on``);
+  memory (``MpiExecutor.runs_on``). A launch refused for the job's data file
+  (``DataFileRefused``: gone, changed, outside the data roots) is reported as a final
+  failure: the job fails for good with the reason;
 - checkpoints and measured iteration times are recorded as the loop reads progress.
 
 Job ids in the round loop are the store's job ids as strings. The generation number of a
@@ -33,6 +35,7 @@ from estimators.base import Plan
 from instances.errors import InputError
 from instances.grid import Shape
 from instances.jobs import Job
+from launcher.datafile import DataFileRefused
 from launcher.mpi_executor import MpiExecutor
 
 from ..context import Allocation
@@ -98,9 +101,11 @@ class JournaledExecutor:
             except KeyError:                          # never launched: nothing runs
                 pass
             self.store.mark_launch(jid, gen, "failed", reason=f"refused before start: {e}")
-            self._infeasible.add((job_id, alloc.grid.shape))
+            data = isinstance(e, DataFileRefused)     # the job's data file, not the shape: no shape would do
+            if not data:
+                self._infeasible.add((job_id, alloc.grid.shape))
             self._refused.append(JobProgress(job_id, self.mpi_iterations(job_id), False,
-                                             finished_at_s=now_s, failed=f"launch refused: {e}",
+                                             finished_at_s=now_s, failed=f"launch refused: {e}", final=data,
                                              last_checkpoint_iteration=self.mpi_iterations(job_id)))
             return
         proc = self.mpi.process(job_id)

@@ -95,9 +95,11 @@ def demo_serve_args(tmp: Path, port: int) -> list[str]:
     seconds, not hours, so the stability rule is scaled to them: no per-hour move limit,
     and a shrink that will never pay for itself is held 30 s instead of an hour. ``sia-ap``,
     with the same stability scale, is asked beside it every round as a shadow policy
-    (compared, never carried out)."""
+    (compared, never carried out). Jobs' files are read from the repository's example
+    models (the llama jobs' config.json; the jobs have no data file)."""
     return ["--local-slots", "4", "--policy", "arena", "--db", str(tmp / "state.db"), "--work-dir",
-            str(tmp / "work"), "--port", str(port), "--round-interval", "60", "--checkpoint-interval", "5",
+            str(tmp / "work"), "--data-root", str(REPO / "examples" / "models"), "--port", str(port),
+            "--round-interval", "60", "--checkpoint-interval", "5",
             "--policy-opt", "max_moves_per_hour=0", "--policy-opt", "payback_max_s=30",
             "--shadow-policy", "sia-ap", "--shadow-policy-opt", "max_moves_per_hour=0",
             "--shadow-policy-opt", "payback_max_s=30",
