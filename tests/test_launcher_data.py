@@ -156,3 +156,19 @@ def test_data_roots_are_checked_with_links_and_dots_resolved(tmp_path):
     a = pytest.raises(DataFileRefused, check_data_file, str(outside / "nothing"), min_bytes=10, roots=roots)
     b = pytest.raises(DataFileRefused, check_data_file, str(secret), min_bytes=10, roots=roots)
     assert a.value.reason.replace("nothing", "X") == b.value.reason.replace("secret.txt", "X")
+
+
+@pytest.mark.slow
+def test_two_data_ranks_reading_their_own_windows_train_the_one_process_losses(tmp_path):
+    """Each data rank reads only its windows of the file (``shard_batch``); together they
+    train the losses of the one-process reference on the same file (whose batches are the
+    whole-file reader's, above)."""
+    from launcher.api import run_training
+    from launcher.reference import train_reference
+    data = tmp_path / "corpus.txt"
+    data.write_bytes(("the quick brown fox jumps over the lazy dog; " * 200).encode() + os.urandom(2000))
+    want = train_reference("tiny-gpt__2L", steps=4, global_batch=4, seed=5, data_path=str(data))
+    r = run_training("tiny-gpt__2L", 2, 1, 1, steps=4, global_batch=4, seed=5, data_path=str(data),
+                     run_dir=tmp_path / "dp", timeout_s=180)
+    assert r.ok, r.output_tail
+    assert len(r.losses) == 4 and max(abs(a - b) for a, b in zip(r.losses, want)) < 1e-4, (r.losses, want)
