@@ -42,10 +42,6 @@ def min_data_bytes(seq_len: int) -> int:
     return seq_len + 2
 
 
-def _size_words(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n} bytes"
-
-
 def open_data_file(path: str, *, min_bytes: int, roots: tuple[str, ...] | None = None,
                    field: str = "data") -> tuple[int, int]:
     """Open ``path`` read-only after the checks above; (file descriptor, size in bytes).
@@ -94,7 +90,8 @@ def open_data_file(path: str, *, min_bytes: int, roots: tuple[str, ...] | None =
             raise refuse(f"holds {size} bytes; the model needs at least {min_bytes}: a sample is {min_bytes - 1} "
                          f"bytes (its context + 1 tokens, one byte each) and the file must be longer than one sample")
         if size > MAX_DATA_BYTES:
-            raise refuse(f"is {_size_words(size)}, over the {_size_words(MAX_DATA_BYTES)} a data file may hold")
+            raise refuse(f"is {size:,} bytes, over the {MAX_DATA_BYTES:,} bytes ({MAX_DATA_BYTES // 2**30} GiB) a "
+                         f"data file may hold")
     except BaseException:
         os.close(fd)
         raise

@@ -101,7 +101,7 @@ def test_data_files_refused_before_anything_starts(tmp_path):
     huge = tmp_path / "huge.bin"
     with open(huge, "wb") as h:           # sparse: no disk used
         h.truncate(MAX_DATA_BYTES + 1)
-    cases["huge"] = (huge, "over the 64.0 GiB a data file may hold")
+    cases["huge"] = (huge, f"is {MAX_DATA_BYTES + 1:,} bytes, over the {MAX_DATA_BYTES:,} bytes (64 GiB) a data file")
     try:
         for name, (path, words) in cases.items():
             done: list = []
