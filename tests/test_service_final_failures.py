@@ -88,7 +88,7 @@ def test_a_non_finite_loss_fails_the_job_once_keeping_the_finite_checkpoint(tmp_
     run = _Running(tmp_path, checkpoint_every=1)
     mpi = run.svc.mpi
     mpi.config = dataclasses.replace(mpi.config, optimizer=OptimizerConfig(lr=1e30))    # diverges at step 2
-    jid = _submit(run.db, JobSpec.from_dict(JOB))
+    jid = _submit(run.db, JobSpec.from_dict(JOB | {"gpus": 1}))             # one rank: the cheapest launch
     with run:
         wait_until(lambda: run.job(jid)[0].status == "failed", timeout_s=120, what="the job failed")
         time.sleep(1.5)
