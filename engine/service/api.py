@@ -31,8 +31,9 @@ of its range or unknown 422, an unknown route 404, a method a route does not tak
 (with ``Allow``), a body over ``MAX_BODY_BYTES`` 413 (refused before it is read whole,
 declared or streamed). When tokens are set (``--token`` or ``--tokens-file``; required
 off loopback), every request needs ``Authorization: Bearer <token>`` (the scheme in any
-case); ``?token=`` is taken only by the page itself (``GET /``, which then sends the
-header), and refused on every other route. With a tokens file, a change of a job needs
+case), except the page's own HTML (``GET /``, which holds no data): its script takes the
+token from the page's address (``/?token=``) and sends the header; the server refuses
+``?token=`` everywhere else. With a tokens file, a change of a job needs
 its submitter's token or an admin's, a drain an admin's (engine/service/auth.py). A
 change sent by a page of another site (cross-site ``Origin``, or a body that is not
 JSON) and, without a token, a request for another host name than the service's own are
@@ -74,8 +75,9 @@ from .views import (
 )
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 32 * 1024      # every header name and value of a request together (more: 431)
 MAX_ENDED = 100_000               # /api/state?ended=N, /api/jobs?last=N: at most this many jobs listed
-PAGE_PATH = "/"                   # the one route that takes ?token= (a browser cannot send a header to open it)
+PAGE_PATH = "/"                   # the page's HTML: no token needed (a browser cannot send a header to open it)
 CALLER = "arena.caller"           # the request scope's key for its Caller (None: no tokens set)
 
 JobId = Annotated[int, PathParam(ge=1, le=MAX_JOB_ID, description="a job's id")]
@@ -134,7 +136,10 @@ class _BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = scope.get("headers") or []
+        if sum(len(k) + len(v) for k, v in headers) > MAX_HEADER_BYTES:
+            return await _refuse(send, 431, f"request headers larger than {MAX_HEADER_BYTES} bytes", "headers")
+        declared = dict(headers).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await _too_large(send, self.limit)
         chunks, size = [], 0
@@ -157,8 +162,13 @@ class _BodyLimit:
 
 
 async def _too_large(send, limit: int) -> None:
-    body = json.dumps({"error": f"request body larger than {limit} bytes", "field": "body", "file": None}).encode()
-    await send({"type": "http.response.start", "status": 413,
+    await _refuse(send, 413, f"request body larger than {limit} bytes", "body")
+
+
+async def _refuse(send, status: int, message: str, field: str) -> None:
+    """An error answered before the application (``_error``'s shape), closing the connection."""
+    body = json.dumps({"error": message, "field": field, "file": None}).encode()
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
@@ -235,18 +245,16 @@ def _foreign(request: Request, local_hosts: frozenset[str] | None) -> str | None
 
 def _authenticate(request: Request, tokens: Tokens) -> Caller | str:
     """The caller a request's token names, or why it is refused (401). The token comes in
-    ``Authorization: Bearer <token>``; ``?token=`` only to the page itself."""
-    header = request.headers.get("authorization")
-    in_query = "token" in request.query_params
-    if in_query and not (request.url.path == PAGE_PATH and request.method in ("GET", "HEAD")):
-        return ("?token= is taken only by the status page (GET /); send the token in the header "
-                "Authorization: Bearer <token> (a token in an address ends up in logs and browser histories)")
-    if header is not None:
-        given = bearer(header)
-        if given is None:
-            return "the Authorization header must be 'Bearer <token>'"
-    else:
-        given = request.query_params.get("token") if in_query else None
+    ``Authorization: Bearer <token>`` and only there: the server never reads one from an
+    address (``?token=`` is refused, as it ends up in logs and browser histories). The
+    page's own HTML (``GET /``) holds no data and needs none: its script reads
+    ``?token=`` from the page's address and sends the header."""
+    if "token" in request.query_params:
+        return ("?token= is read only by the status page's script (open /?token=...); the API takes the token "
+                "in the header Authorization: Bearer <token>")
+    given = bearer(request.headers.get("authorization"))
+    if given is None and request.headers.get("authorization") is not None:
+        return "the Authorization header must be 'Bearer <token>'"
     caller = tokens.caller(given)
     return caller if caller is not None else "missing or wrong token (Authorization: Bearer <token>)"
 
@@ -297,7 +305,8 @@ def create_app(ctx: ApiContext):
         if refused is not None:
             return _error(403, refused, field="origin")
         request.scope[CALLER] = None
-        if ctx.tokens is not None:
+        page = request.url.path == PAGE_PATH and request.method in ("GET", "HEAD")   # static: no data in it
+        if ctx.tokens is not None and not page:
             who = _authenticate(request, ctx.tokens)
             if isinstance(who, str):
                 return _error(401, who, field="token", headers={"WWW-Authenticate": "Bearer"})

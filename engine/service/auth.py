@@ -130,11 +130,11 @@ class Tokens:
                                  "or digit", file=str(p), line=n, field=field)
             if user in users:
                 raise InputError(f"user {user!r} is already on line {users[user]}", file=str(p), line=n, field=field)
-            check_token(token, field=field, file=str(p), line=n, whose=f"user {user!r}'s token")
+            check_token(token, field=field, file=str(p), line=n, whose=f"the token of user {user!r}")
             d = _digest(token)
             if d in seen:
-                raise InputError(f"user {user!r}'s token is the same as line {seen[d]}'s; every user needs their own",
-                                 file=str(p), line=n, field=field)
+                raise InputError(f"the token of user {user!r} is the same as line {seen[d]}'s; every user needs "
+                                 "their own", file=str(p), line=n, field=field)
             users[user], seen[d] = n, n
             callers[token] = Caller(user, len(words) == 3)
         if not callers:

@@ -580,8 +580,11 @@ class Store:
         """A user's change of a job's priority (queued, running or held; the scheduler
         reads it at its next round): stored beside the submitted spec, with a note in the
         job's history (from and to its status). Returns the priority it had."""
-        ok = not isinstance(priority, bool) and isinstance(priority, (int, float)) and math.isfinite(priority) \
-            and priority > 0
+        try:
+            ok = not isinstance(priority, bool) and isinstance(priority, (int, float)) and math.isfinite(priority) \
+                and priority > 0
+        except OverflowError:                       # an integer past float's range
+            ok = False
         if not ok:
             raise InputError(f"must be a finite number > 0, got {priority!r}", field="priority")
         with self._tx() as now:

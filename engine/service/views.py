@@ -236,13 +236,15 @@ def wait_reason(row: JobRow, history: list[HistoryRow], waiting_for: list[int], 
         return f"asks for {want} GPUs, which cluster {room.cluster!r} lacks (it has {', '.join(sorted(room.free))})"
     types = [want] if want is not None else sorted(room.free)
     free, off = sum(room.free[t] for t in types), sum(room.drained[t] for t in types)
-    what = f"{want} GPUs" if want is not None else "GPUs"
+
+    def gpus(n: int) -> str:
+        return f"{n} {want + ' ' if want is not None else ''}GPU{'s' * (n != 1)}"
     drained = f"; {off} on drained nodes" if off else ""
     if ask is not None and free < ask:
-        return f"no room: it asks for {ask} {what}, {free} free now{drained}"
+        return f"no room: it asks for {gpus(ask)}, {free} free now{drained}"
     if free == 0:
-        return f"no room: every {what.removesuffix('s')} in service is held by other jobs{drained}"
-    return (f"not placed by round {last.idx} with {free} {what} free now: the policy chose other jobs' grids, "
+        return f"no room: every {want + ' ' if want is not None else ''}GPU in service is held by other jobs{drained}"
+    return (f"not placed by round {last.idx} with {gpus(free)} free now: the policy chose other jobs' grids, "
             f"or none of its grids fits the free GPUs")
 
 
