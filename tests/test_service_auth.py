@@ -218,5 +218,8 @@ def test_the_cli_names_who_may_change_a_job(tmp_path, capsys):
         assert cli_main(["status", str(jid), "--url", url, "--token", BOB]) == 0
         assert "submitted by alice" in capsys.readouterr().out
         assert cli_main(["cancel", str(jid), "--url", url, "--token", ALICE]) == 0
+        assert cli_main(["jobs", "--url", url, "--token", "wrong"]) == 2
+        assert ("arena: error: field '--token': the service answered 401: missing or wrong token (Authorization: "
+                "Bearer <token>); give the token with --token or ARENA_TOKEN") in capsys.readouterr().err
         assert cli_main(["logs", str(jid), "--chars", "-1", "--url", url, "--token", ALICE]) == 2
         assert "field '--chars': must be in 0..1000000, got -1" in capsys.readouterr().err

@@ -29,15 +29,15 @@ Every error is ``{"error": ..., "field": ..., "file": ...}`` with its status (an
 stored): bad input 400 (404 for an unknown job or node), a path or query parameter out
 of its range or unknown 422, an unknown route 404, a method a route does not take 405
 (with ``Allow``), a body over ``MAX_BODY_BYTES`` 413 (refused before it is read whole,
-declared or streamed). When tokens are set (``--token`` or ``--tokens-file``; required
-off loopback), every request needs ``Authorization: Bearer <token>`` (the scheme in any
-case), except the page's own HTML (``GET /``, which holds no data): its script takes the
-token from the page's address (``/?token=``) and sends the header; the server refuses
-``?token=`` everywhere else. With a tokens file, a change of a job needs
-its submitter's token or an admin's, a drain an admin's (engine/service/auth.py). A
-change sent by a page of another site (cross-site ``Origin``, or a body that is not
-JSON) and, without a token, a request for another host name than the service's own are
-refused (403): see ``_foreign``.
+declared or streamed), headers over ``MAX_HEADER_BYTES`` 431. When tokens are set
+(``--token`` or ``--tokens-file``; required off loopback), every request needs
+``Authorization: Bearer <token>`` (the scheme in any case), except the page's own HTML
+(``GET /``, which holds no data): its script takes the token from the page's address
+(``/?token=``) and sends the header; the server refuses ``?token=`` everywhere else.
+With a tokens file, a change of a job needs its submitter's token or an admin's, a drain
+an admin's (engine/service/auth.py). A change sent by a page of another site
+(cross-site ``Origin``, or a body that is not JSON) and, without a token, a request for
+another host name than the service's own are refused (403): see ``_foreign``.
 """
 from __future__ import annotations
 
