@@ -92,8 +92,8 @@ class ClusterSpec:
         nodes = self.nodes()
         if isinstance(name, int) and not isinstance(name, bool):
             key: str | int = name
-        elif isinstance(name, str) and name.strip().isdigit():
-            key = int(name.strip())
+        elif isinstance(name, str) and name.strip().isascii() and name.strip().isdigit():
+            key = int(name.strip()) if len(name.strip()) <= 18 else -1     # (no cluster has 10**18 nodes)
         else:
             key = str(name).strip()
             hit = [n.node_id for n in nodes if n.host == key]
@@ -105,7 +105,8 @@ class ClusterSpec:
         if isinstance(key, int) and 0 <= key < len(nodes):
             return key
         hosts = [n.host for n in nodes if n.host is not None]
-        raise InputError(f"no node {name!r} in cluster {self.name!r}: give a node id 0-{len(nodes) - 1}"
+        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:80] + "..."
+        raise InputError(f"no node {shown} in cluster {self.name!r}: give a node id 0-{len(nodes) - 1}"
                          + (f" or a host name ({', '.join(hosts[:6])}{', ...' if len(hosts) > 6 else ''})"
                             if hosts else ""), field=field)
 

@@ -11,8 +11,9 @@ import pytest
 
 
 @contextmanager
-def status_page(url: str) -> Iterator:
-    """The page at ``url``, loaded (its first poll answered)."""
+def status_page(url: str, query: str = "") -> Iterator:
+    """The page at ``url``, loaded (its first poll answered); ``query``: its address's
+    query string (``?token=...``)."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         if os.environ.get("CI"):
@@ -26,7 +27,7 @@ def status_page(url: str) -> Iterator:
                                           "--disable-sync"])
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url + "/", timeout=60_000)
+            page.goto(url + "/" + query, timeout=60_000)
             page.wait_for_selector("body[data-loaded='1']", timeout=60_000)
             yield page
         finally:

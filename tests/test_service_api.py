@@ -184,13 +184,17 @@ def test_a_page_of_another_site_cannot_make_the_browser_change_anything(tmp_path
 
 
 def test_a_token_is_required_when_set(tmp_path):
+    from engine.service.auth import Tokens
     db = tmp_path / "state.db"
     Store(db).close()
-    client = TestClient(create_app(ApiContext(str(db), str(tmp_path), CLUSTER, "arena", token="s3cret")))
-    assert client.get("/api/health").status_code == 401
+    secret = "s3cret-Token-0123456789"
+    client = TestClient(create_app(ApiContext(str(db), str(tmp_path), CLUSTER, "arena",
+                                              tokens=Tokens.single(secret))))
+    r = client.get("/api/health")
+    assert r.status_code == 401 and r.json()["field"] == "token" and r.headers["www-authenticate"] == "Bearer"
     assert client.get("/api/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert client.get("/api/health", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    assert client.get("/?token=s3cret").status_code == 200
+    assert client.get("/api/health", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    assert client.get("/?token=" + secret).status_code == 200
 
 
 def test_health_names_the_plugins_that_decide(tmp_path):

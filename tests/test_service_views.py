@@ -7,7 +7,9 @@ import json
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -18,7 +20,7 @@ from engine.service.api import ApiContext, create_app
 from engine.service.jobspec import JobSpec
 from engine.service.losses import LossLog, merged
 from engine.service.store import Store
-from engine.service.views import loss_curve, state_view
+from engine.service.views import job_view, loss_curve, state_view
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
 from launcher.launch import read_results
@@ -157,23 +159,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
-    """A real browser on the API (no scheduler; its liveness given as a dict the test
-    changes): 53 ended jobs and one queued; the page lists the queued one and the last
-    50 to end, and says so; it shows the scheduler's phase, in red once stalled. Clicking a job's row shows
-    its history, its loss curve and its latest launch's output, and the address names the
-    job, so that the same view opens from a link."""
+@contextmanager
+def serving(app) -> Iterator[int]:
+    """``app`` served on 127.0.0.1 (a free port, yielded) by uvicorn in a thread, for at
+    most 400 requests; stopped on leaving."""
     import uvicorn
-    db, work = tmp_path / "state.db", tmp_path / "work"
-    done = finished_jobs(db, work, 53, steps=5)
-    (work / str(done[-1]) / "launch_1" / "stderr.log").write_text("rank 0: step 5 <done>\n")
-    (work / str(done[-1]) / "launch_1" / "stdout.log").write_text("")
-    with Store(db) as st:
-        queued = st.submit(JobSpec.from_dict({"name": "q", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 5}))
     port = free_port()
-    live = {"phase": "round 7", "since_s": 12.0, "stalled": False}
-    app = create_app(ApiContext(str(db), str(work), CLUSTER, "arena", local_hosts=frozenset({"127.0.0.1"}),
-                                liveness=lambda: dict(live)))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            limit_max_requests=400, timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -182,36 +173,267 @@ def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
         deadline = time.monotonic() + 30
         while not server.started and time.monotonic() < deadline:
             time.sleep(0.05)
-        with status_page(f"http://127.0.0.1:{port}") as page:
-            rows = page.locator("#jobs tbody tr")
-            assert rows.count() == 51
-            assert page.locator(f"#jobs tbody tr[data-job='{queued}']").count() == 1
-            assert page.locator("#jobs tbody tr[data-job='3']").count() == 0          # among the first to end
-            assert page.locator("#ended").inner_text() == \
-                "ended jobs: the last 50 of 53 to end are listed (every job: /api/jobs, arena jobs)"
-            assert page.locator("#scheduler").inner_text() == "scheduler: round 7, last sign of life 12 s ago"
-            live.update(since_s=700.0, stalled=True)                          # the next poll shows the stall
-            page.wait_for_selector("#scheduler.stalled", timeout=10_000)
-            assert page.locator("#scheduler").inner_text().endswith("700 s ago — stalled (health answers 503)")
-            assert page.locator("#job-detail").is_hidden()
-            page.locator(f"#jobs tbody tr[data-job='{done[-1]}']").click()
-            page.wait_for_selector(f"#job-detail[data-job='{done[-1]}']", state="visible", timeout=30_000)
-            assert page.locator("#job-title").inner_text() == f"job {done[-1]}: done (finished)"
-            assert page.locator("#job-stderr").inner_text().strip() == "rank 0: step 5 <done>"   # text, not markup
-            assert page.locator("#job-stdout").inner_text() == "(empty)"
-            assert page.locator("#job-history tbody tr").count() == 3                      # queued, running, finished
-            assert page.locator("#job-curve svg").get_attribute("data-points") == "5"
-            assert page.locator("#job-curve .muted").inner_text() == \
-                "loss 2.8000 at step 1 → 2.0000 at step 5 (5 points shown)"
-            assert page.evaluate("location.hash") == f"#job={done[-1]}"
-            assert page.locator("#jobs tbody tr.selected").get_attribute("data-job") == str(done[-1])
-            page.goto(f"http://127.0.0.1:{port}/#job={queued}")                              # a link to a job
-            page.reload()
-            page.wait_for_selector(f"#job-detail[data-job='{queued}']", state="visible", timeout=30_000)
-            assert "(queued)" in page.locator("#job-title").inner_text()
-            assert page.locator("#job-curve").inner_text() == "no loss recorded yet"
-            assert page.locator("#job-stderr").inner_text() == "(empty)"
+        yield port
     finally:
         server.should_exit = True
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
+    """A real browser on the API (no scheduler; its liveness given as a dict the test
+    changes): 53 ended jobs and one queued; the page lists the queued one and the last
+    50 to end, and says so; it shows the scheduler's phase, in red once stalled. Clicking a job's row shows
+    its history, its loss curve and its latest launch's output, and the address names the
+    job, so that the same view opens from a link."""
+    db, work = tmp_path / "state.db", tmp_path / "work"
+    done = finished_jobs(db, work, 53, steps=5)
+    (work / str(done[-1]) / "launch_1" / "stderr.log").write_text("rank 0: step 5 <done>\n")
+    (work / str(done[-1]) / "launch_1" / "stdout.log").write_text("")
+    with Store(db) as st:
+        queued = st.submit(JobSpec.from_dict({"name": "q", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 5}))
+    live = {"phase": "round 7", "since_s": 12.0, "stalled": False}
+    app = create_app(ApiContext(str(db), str(work), CLUSTER, "arena", local_hosts=frozenset({"127.0.0.1"}),
+                                liveness=lambda: dict(live)))
+    with serving(app) as port, status_page(f"http://127.0.0.1:{port}") as page:
+        rows = page.locator("#jobs tbody tr")
+        assert rows.count() == 51
+        assert page.locator(f"#jobs tbody tr[data-job='{queued}']").count() == 1
+        assert page.locator("#jobs tbody tr[data-job='3']").count() == 0          # among the first to end
+        assert page.locator("#ended").inner_text() == \
+            "ended jobs: the last 50 of 53 to end are listed (every job: /api/jobs, arena jobs)"
+        assert page.locator("#scheduler").inner_text() == "scheduler: round 7, last sign of life 12 s ago"
+        live.update(since_s=700.0, stalled=True)                          # the next poll shows the stall
+        page.wait_for_selector("#scheduler.stalled", timeout=10_000)
+        assert page.locator("#scheduler").inner_text().endswith("700 s ago — stalled (health answers 503)")
+        assert page.locator("#job-detail").is_hidden()
+        page.locator(f"#jobs tbody tr[data-job='{done[-1]}']").click()
+        page.wait_for_selector(f"#job-detail[data-job='{done[-1]}']", state="visible", timeout=30_000)
+        assert page.locator("#job-title").inner_text() == f"job {done[-1]}: done (finished)"
+        assert page.locator("#job-stderr").inner_text().strip() == "rank 0: step 5 <done>"   # text, not markup
+        assert page.locator("#job-stdout").inner_text() == "(empty)"
+        assert page.locator("#job-history tbody tr").count() == 3                      # queued, running, finished
+        assert page.locator("#job-curve svg").get_attribute("data-points") == "5"
+        assert page.locator("#job-curve .muted").inner_text() == \
+            "loss 2.8000 at step 1 → 2.0000 at step 5 (5 points shown)"
+        assert page.evaluate("location.hash") == f"#job={done[-1]}"
+        assert page.locator("#jobs tbody tr.selected").get_attribute("data-job") == str(done[-1])
+        page.goto(f"http://127.0.0.1:{port}/#job={queued}")                              # a link to a job
+        page.reload()
+        page.wait_for_selector(f"#job-detail[data-job='{queued}']", state="visible", timeout=30_000)
+        assert "(queued)" in page.locator("#job-title").inner_text()
+        assert page.locator("#job-curve").inner_text() == "no loss recorded yet"
+        assert page.locator("#job-stderr").inner_text() == "(empty)"
+
+
+class Clock:
+    """The store's clock: one second later at every change (times in commit order)."""
+
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def tiny(name: str, **kw) -> JobSpec:
+    return JobSpec.from_dict({"name": name, "model": "tiny-gpt__2L", "global_batch": 8, "steps": 5, **kw})
+
+
+def launch(st: Store, jid: int, gpus: list[str]) -> int:
+    gen = st.record_launch_intent(jid, {"dp": len(gpus), "tp": 1, "pp": 1, "gpu_type": "cpu", "nodes": 1,
+                                        "gpus_per_node": len(gpus)}, gpus)
+    st.mark_launch(jid, gen, "started", pid_info={"pid": 1})
+    st.set_status(jid, "running", "test")
+    return gen
+
+
+def test_the_view_says_why_each_queued_job_waits(tmp_path):
+    """Each queued job's ``waits``, from what the store knows: a cancel or hold asked for,
+    a job it runs after, no round since it was queued, a failed run's backoff, the room
+    left against what it asks for (drained nodes named), else the last round's choice."""
+    two = ClusterSpec((NodeGroup("cpu", 2, 2),), "two")
+    work = str(tmp_path / "work")
+    with Store(tmp_path / "s.db", clock=Clock()) as st:
+        big = st.submit(tiny("big"))
+        launch(st, big, ["0:0", "0:1"])
+        after = st.submit(tiny("after", after=[big]))
+        held = st.submit(tiny("held"))
+        st.request_hold(held, "inspect")
+        gone = st.submit(tiny("gone"))
+        st.request_cancel(gone)
+        wide = st.submit(tiny("wide", gpus=4))
+        failed = st.submit(tiny("failed"))
+        gen = launch(st, failed, ["1:0"])
+        st.mark_launch(failed, gen, "failed", reason="boom")
+        st.set_status(failed, "queued", "run failed (1 of 3); resumes from step 0: boom")
+        idle = st.submit(tiny("idle"))
+        a100 = st.submit(tiny("a100", gpu_type="a100"))
+        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        late = st.submit(tiny("late"))
+        view = state_view(st, work, two)
+        waits = {j["id"]: j["waits"] for j in view["jobs"]}
+        assert view["queue"] == [after, held, gone, wide, failed, idle, a100, late]
+        assert waits == {
+            big: None,
+            after: f"runs after job {big}, not finished yet",
+            held: "hold requested: it is set aside at the next round",
+            gone: "cancel requested: it is cancelled at the next round",
+            wide: "no room: it asks for 4 GPUs, 2 free now",
+            failed: "its last run failed: it is offered to the policy again after the failure backoff "
+                    "(--failure-backoff, doubling with each failure)",
+            idle: "not placed by round 1 with 2 GPUs free now: the policy chose other jobs' grids, or none of its "
+                  "grids fits the free GPUs",
+            a100: "asks for a100-40gb GPUs, which cluster 'two' lacks (it has cpu)",
+            late: "waits for the next round"}
+        st.drain(1, "disk")
+        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        waits = {j["id"]: j["waits"] for j in state_view(st, work, two)["jobs"]}
+        assert waits[idle] == "no room: every GPU in service is held by other jobs; 2 on drained nodes"
+        assert waits[wide] == "no room: it asks for 4 GPUs, 0 free now; 2 on drained nodes"
+        assert waits[late] == waits[idle]
+        assert job_view(st, work, idle, cluster=two)["waits"] == waits[idle]     # one job's view: the same
+        assert job_view(st, work, idle)["waits"] == "not placed by round 2"      # (no cluster given)
+
+
+class StubMpi:
+    """The launcher's side of a move's first half, as ``JournaledExecutor.release`` asks
+    it (the journal and the store are the real ones)."""
+
+    def __init__(self, path: str):
+        self.path, self.released = path, None
+
+    def release(self, job_id: str, now_s: float) -> None:
+        self.released = self.path
+
+    def released_path(self, job_id: str) -> str | None:
+        return self.released
+
+    def progress(self, job_id: str):
+        from engine.executor import JobProgress
+        return JobProgress(job_id, 3.0, True, last_checkpoint_iteration=0.0)
+
+
+@pytest.mark.parametrize("path", ["d2d", "storage"])
+def test_a_job_in_the_middle_of_a_move_is_shown_moving_not_queued(tmp_path, path):
+    """Between the two halves of a move the store calls the job queued (its launch
+    ended); the view shows it moving (device to device: its ranks still train) until a
+    later round, and leaves it out of the queue."""
+    from engine.service.journal import JournaledExecutor
+    from launcher.telemetry import write_progress
+    work = tmp_path / "work"
+    with Store(tmp_path / "s.db", clock=Clock()) as st:
+        jid = st.submit(tiny("mover"))
+        gen = launch(st, jid, ["0:0"])
+        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {str(jid): "x"}})
+        journal = JournaledExecutor(StubMpi(path), st)       # type: ignore[arg-type]
+        journal.generation[str(jid)] = gen
+        journal.release(str(jid), 0.0)
+        write_progress(work / str(jid) / "progress.json", status="running" if path == "d2d" else "stopped",
+                       iterations_done=3, steps_total=5)
+        view = state_view(st, str(work), CLUSTER)
+        (job,) = view["jobs"]
+        assert job["status"] == "queued" and job["state"] == "moving" and view["queue"] == []
+        assert job["moving"]["path"] == ("device to device" if path == "d2d" else "through storage")
+        assert job["moving"]["ranks_training"] is (path == "d2d") and job["waits"] is None
+        if path == "d2d":                                  # ranks stopped (a restart): not moving any more
+            write_progress(work / str(jid) / "progress.json", status="stopped", iterations_done=3, steps_total=5)
+            assert job_view(st, str(work), jid)["state"] == "queued"
+            write_progress(work / str(jid) / "progress.json", status="running", iterations_done=3, steps_total=5)
+        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        job = job_view(st, str(work), jid, cluster=CLUSTER)          # a round since: the move is over
+        assert (job["state"], job["moving"]) == ("queued", None) and job["waits"].startswith("not placed by round 2")
+
+
+def test_a_move_is_summed_up_by_one_function_for_the_cli_and_the_page(tmp_path):
+    from engine.commands.service import move_line
+    from engine.move_ledger import MoveEntry
+    from engine.service.views import move_summary
+    with Store(tmp_path / "s.db") as st:
+        jid = st.submit(tiny("m"))
+        e = MoveEntry(str(jid), 100.0, False, "cpu:1x1:pp1", "cpu:1x2:pp1", 2.0, 2.1, 3.9, 8.0, 40.0,
+                      paid_back_s=30.0)
+        e.ended_s, e.end, e.iterations_after = 200.0, "moved again", 260.0
+        st.record_moves([e])
+        (m,) = job_view(st, str(tmp_path), jid)["move_ledger"]
+    s = m["summary"]
+    assert s == move_summary({k: v for k, v in m.items() if k != "summary"})
+    assert s["expected_x"] == pytest.approx(3.9 / 2.1) and s["made_x"] == pytest.approx(260 / 100 / 2.0)
+    assert (s["expected"], s["price"], s["made"], s["payback"]) == (
+        "expected 1.86x", "priced 8 s down", "made 1.30x the rate before until moved again",
+        "paid for itself after 30 s")
+    assert move_line(m).split(" ", 1)[1] == s["text"] == \
+        "cpu:1x1:pp1 -> cpu:1x2:pp1: expected 1.86x, priced 8 s down; made 1.30x the rate before until moved " \
+        "again; paid for itself after 30 s"
+
+
+def page_jobs(db: Path, work: Path) -> dict[str, int]:
+    """What the page test shows: a job mid-move (device to device, its ranks training), a
+    running job with a move in its ledger, and one queued with no room left (its id 3)."""
+    from engine.move_ledger import MoveEntry
+    from engine.service.journal import JournaledExecutor
+    from launcher.telemetry import write_progress
+    with Store(db, clock=Clock()) as st:
+        mover = st.submit(tiny("mover"), user="alice")
+        gen = launch(st, mover, ["0:0"])
+        runner = st.submit(tiny("runner"), user="operator")
+        waiting = st.submit(tiny("waiting"), user="alice")
+        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        journal = JournaledExecutor(StubMpi("d2d"), st)           # type: ignore[arg-type]
+        journal.generation[str(mover)] = gen
+        journal.release(str(mover), 0.0)
+        write_progress(work / str(mover) / "progress.json", status="running", iterations_done=3, steps_total=5)
+        launch(st, runner, ["0:0", "0:1", "0:2", "0:3"])
+        e = MoveEntry(str(runner), time.time() - 300, False, "cpu:1x2:pp1", "cpu:1x4:pp1", 2.0, 2.1, 3.9, 8.0,
+                      40.0, paid_back_s=30.0)
+        e.ended_s, e.end, e.iterations_after = e.time_s + 100, "moved again", 260.0
+        st.record_moves([e])
+    return {"mover": mover, "runner": runner, "waiting": waiting}
+
+
+def test_the_page_shows_moves_waits_and_the_queue_as_a_person_reads_them(tmp_path):
+    """In a real browser, with a token given once in the address: the queue counts its jobs
+    and names each with why it waits; a job mid-move reads "moving device to device", not
+    queued; a job's detail shows its wait or move, who submitted it, and each move's
+    expected, made and payback (the words of ``arena status ID``). The token leaves the
+    address and survives a reload."""
+    from engine.service.auth import Tokens
+    db, work = tmp_path / "state.db", tmp_path / "work"
+    ids = page_jobs(db, work)
+    secret = "page-Token-0123456789"
+    app = create_app(ApiContext(str(db), str(work), CLUSTER, "arena", tokens=Tokens.single(secret)))
+    with serving(app) as port, status_page(f"http://127.0.0.1:{port}", f"?token={secret}") as page:
+        assert page.evaluate("location.search") == ""                       # the token left the address
+        assert page.locator("#queue-count").inner_text() == "1 job queued"
+        assert page.locator("#queue li").all_inner_texts() == [
+            f"job {ids['waiting']} (waiting): no room: every GPU in service is held by other jobs"]
+        mover = page.locator(f"#jobs tbody tr[data-job='{ids['mover']}'] td.status")
+        assert mover.inner_text() == "moving device to device (its ranks train until they move)"
+        assert mover.get_attribute("class") == "status status-moving"
+        waiting = page.locator(f"#jobs tbody tr[data-job='{ids['waiting']}'] td.status")
+        assert waiting.inner_text() == "queued\nno room: every GPU in service is held by other jobs"
+        page.locator(f"#jobs tbody tr[data-job='{ids['runner']}']").click()
+        page.wait_for_selector(f"#job-detail[data-job='{ids['runner']}']", state="visible", timeout=30_000)
+        assert page.locator("#job-summary").inner_text().endswith(" · submitted by operator")
+        assert page.locator("#job-moves").is_visible()
+        cells = page.locator("#job-moves tbody tr td").all_inner_texts()
+        assert cells[1:] == ["cpu:1x2:pp1 → cpu:1x4:pp1", "expected 1.86x, priced 8 s down",
+                             "made 1.30x the rate before until moved again", "paid for itself after 30 s"]
+        page.locator(f"#jobs tbody tr[data-job='{ids['mover']}']").click()
+        page.wait_for_selector(f"#job-detail[data-job='{ids['mover']}']", state="visible", timeout=30_000)
+        assert page.locator("#job-title").inner_text() == f"job {ids['mover']}: mover (moving)"
+        assert page.locator("#job-waits").inner_text() == \
+            "moving device to device: its ranks keep training until they move"
+        assert page.locator("#job-moves").is_hidden()
+        page.locator(f"#jobs tbody tr[data-job='{ids['waiting']}']").click()
+        page.wait_for_selector(f"#job-detail[data-job='{ids['waiting']}']", state="visible", timeout=30_000)
+        assert page.locator("#job-waits").inner_text() == "waits: no room: every GPU in service is held by other jobs"
+        page.reload()                                                       # the token kept for this tab
+        page.wait_for_selector("body[data-loaded='1']", timeout=30_000)
+        assert page.locator("#queue-count").inner_text() == "1 job queued"
+        page.evaluate("sessionStorage.clear()")                             # a tab without it: says what to do
+        page.reload()
+        page.wait_for_function("document.getElementById('updated').textContent.includes('token')", timeout=30_000)
+        assert page.locator("#updated").inner_text().startswith(
+            "this service needs a token: open this page as /?token=YOUR-TOKEN")

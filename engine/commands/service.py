@@ -111,10 +111,18 @@ def register(subparsers) -> None:
                         "node in service; 0: never (default %(default)s)")
     s.add_argument("--failure-window", type=float, default=default("failure_window_s"), metavar="S",
                    help="the window of --drain-after-failures, in seconds (default %(default)s)")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs --token)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; any other needs --token or --tokens-file)")
     s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
-    s.add_argument("--token", default=os.environ.get("ARENA_TOKEN"),
-                   help="API token (default $ARENA_TOKEN); required when --host is not a loopback address")
+    from ..service.auth import MAKE_TOKEN, MIN_TOKEN_CHARS
+    s.add_argument("--token", default=None,
+                   help="API token, one user who may do everything (default $ARENA_TOKEN unless --tokens-file is "
+                        f"given); at least {MIN_TOKEN_CHARS} characters of two kinds or more; make one with: "
+                        + MAKE_TOKEN.replace("%", "%%"))
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="a token per user: lines 'USER TOKEN' or 'USER TOKEN admin' (mode 600). A job's cancel, "
+                        "hold, release and priority need its submitter's token or an admin's; a drain an admin's; "
+                        "every user may read and submit (docs/service.md, \"Who may do what\")")
     s.add_argument("--stop-after", type=float, default=default("stop_after_s"), metavar="S",
                    help="shut down (checkpointing every job) after S seconds: a bound for demos and tests")
     s.add_argument("--step-delay", type=float, default=default("step_delay_s"), metavar="S",
@@ -216,7 +224,8 @@ def register(subparsers) -> None:
     lg = subparsers.add_parser("logs", help="a job's latest launch output",
                                description="The stdout and stderr of a job's latest launch.")
     lg.add_argument("id", type=int, help="job id")
-    lg.add_argument("--chars", type=int, default=20_000, help="characters from the end of each (default 20000)")
+    lg.add_argument("--chars", type=int, default=20_000,
+                    help="characters from the end of each (0-1000000, default 20000)")
     _client_args(lg)
     lg.set_defaults(func=run_logs)
 
@@ -328,8 +337,10 @@ def build_service_parts(args):
                              "service must know where to launch ranks", file=args.cluster, field="hosts")
     if not 1 <= args.port <= 65535:
         raise InputError(f"must be in 1..65535, got {args.port}", field="--port")
-    if not _is_loopback(args.host) and not args.token:
-        raise InputError(f"binding to {args.host} (not loopback) needs an API token (--token or ARENA_TOKEN)",
+    tokens = _tokens(args)
+    if not _is_loopback(args.host) and tokens is None:
+        raise InputError(f"binding to {args.host} (not loopback) needs API tokens (--token, ARENA_TOKEN or "
+                         "--tokens-file): without one, anyone who reaches the port may cancel any job",
                          field="--token")
     opts = parse_options(args.policy_opt, "--policy-opt")
     policy = build_policy(args.policy, opts)
@@ -366,7 +377,22 @@ def build_service_parts(args):
             sock.bind((args.host, args.port))
         except OSError as e:
             raise InputError(f"cannot bind {args.host}:{args.port}: {e.strerror or e}", field="--port") from None
-    return cluster, policy, shadow, perf, reconfig, cfg
+    return cluster, policy, shadow, perf, reconfig, tokens, cfg
+
+
+def _tokens(args):
+    """The service's tokens (``engine/service/auth.py``): ``--tokens-file``, else
+    ``--token`` (or ``$ARENA_TOKEN``); None: neither. Each token is checked."""
+    from ..service.auth import Tokens
+    if args.tokens_file is not None:
+        if args.token is not None:
+            raise InputError("give --token (one user) or --tokens-file (a token per user), not both",
+                             field="--tokens-file")
+        return Tokens.from_file(args.tokens_file)
+    if args.token is not None:
+        return Tokens.single(args.token, field="--token")
+    env = os.environ.get("ARENA_TOKEN")
+    return None if env is None else Tokens.single(env, field="ARENA_TOKEN")
 
 
 def run_serve(args) -> int:
@@ -378,15 +404,15 @@ def run_serve(args) -> int:
     from ..service.api import ApiContext, create_app
     from ..service.daemon import Service, fault_from_env
 
-    cluster, policy, shadow, perf, reconfig, cfg = build_service_parts(args)
+    cluster, policy, shadow, perf, reconfig, tokens, cfg = build_service_parts(args)
     log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow)
-    app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
+    app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, tokens,
                                 shadow_policy=service.shadow_name, data_roots=cfg.data_roots,
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
                                 node_failures=service.node_failures,
                                 plugins=tuple(p.describe() for p in args.plugins),
-                                local_hosts=None if args.token else LOCAL_HOSTS | {args.host.lower()}))
+                                local_hosts=None if tokens else LOCAL_HOSTS | {args.host.lower()}))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            access_log=False, lifespan="off"))
     stop = threading.Event()
@@ -404,7 +430,8 @@ def run_serve(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())   # uvicorn re-raises it after its own shutdown
     thread = threading.Thread(target=scheduler, name="arena-scheduler", daemon=True)
     thread.start()
-    log(f"API and status page on http://{args.host}:{args.port}/ ({'token required' if args.token else 'no token'})")
+    log(f"API and status page on http://{args.host}:{args.port}/ ("
+        + (f"tokens required: {tokens.describe()}" if tokens else "no token: any local user may do anything") + ")")
     try:
         server.run()
     finally:
@@ -480,7 +507,7 @@ def _table(jobs: list[dict]) -> str:
         thr_s = f"{thr:.1f}" if thr else "-"
         loss_s = f"{j['loss']:.4f}" if j.get("loss") is not None else "-"
         steps = f"{pr.get('iterations_done') or 0}/{j['steps']}"
-        rows.append(f"{j['id']:>4} {j['name'][:16]:<16} {j['status']:<10} {_plan(j['plan'])[:28]:<28} "
+        rows.append(f"{j['id']:>4} {j['name'][:16]:<16} {j.get('state', j['status']):<10} {_plan(j['plan'])[:28]:<28} "
                     f"{steps:>11} {thr_s:>10} {loss_s:>8} {j['launches']:>8} {j['moves']:>5}")
     return "\n".join(rows)
 
@@ -513,23 +540,10 @@ def run_status(args) -> int:
 
 
 def move_line(m: dict) -> str:
-    """One move-ledger row for people: when, where to, what was expected, what it made."""
-    when = time.strftime('%H:%M:%S', time.localtime(m["at"]))
-    exp = ""
-    if m.get("est_rate_before") and m.get("est_rate_after") is not None:
-        exp = f"expected {m['est_rate_after'] / m['est_rate_before']:.2f}x"
-    price = f", priced {m['price_s']:.0f} s down" if m.get("price_s") is not None else ""
-    rate = m.get("rate_before") or 0.0
-    if m.get("ended_at") is not None:
-        span = m["ended_at"] - m["at"]
-        made = (f"made {m['iterations_after'] / span / rate:.2f}x the rate before until {m['end_reason']}"
-                if rate and span > 0 else f"ended: {m['end_reason']}")
-    else:
-        made = "still there"
-    paid = ("" if not rate else f"; paid for itself after {m['paid_back_s']:.0f} s" if m.get("paid_back_s") is not None
-            else "; has not paid for itself" + (" yet" if m.get("ended_at") is None else ""))
-    kind = " (forced off a drained node)" if m.get("forced") else ""
-    return f"{when} {m['from_grid']} -> {m['to_grid']}{kind}: {exp or 'no estimate'}{price}; {made}{paid}"
+    """One move-ledger row for people: when, where to, what was expected, what it made
+    (``views.move_summary``, which the page shows too)."""
+    from ..service.views import move_summary
+    return f"{time.strftime('%H:%M:%S', time.localtime(m['at']))} {move_summary(m)['text']}"
 
 
 def _show_status(cl: Client, args) -> bool:
@@ -548,8 +562,16 @@ def _show_status(cl: Client, args) -> bool:
                              + (f", waiting for {waiting}" if waiting else ""))
             if job.get("hold_requested") or job.get("cancel_requested"):
                 extra.append("hold requested" if job.get("hold_requested") else "cancel requested")
+            if job.get("submitted_by"):
+                extra.append(f"submitted by {job['submitted_by']}")
             if extra:
                 print("; ".join(extra))
+            if job.get("moving"):
+                mv = job["moving"]
+                print(f"moving {mv['path']}" + (": its ranks keep training until they move" if mv["ranks_training"]
+                                                 else ""))
+            if job.get("waits"):
+                print(f"waits: {job['waits']}")
             print("history:")
             for h in job["history"]:
                 print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "
@@ -624,7 +646,10 @@ def run_nodes(args) -> int:
 
 
 def run_logs(args) -> int:
-    ans = _client(args).get(f"/api/jobs/{args.id}/logs?chars={max(0, args.chars)}")
+    from ..service.views import MAX_LOG_CHARS
+    if not 0 <= args.chars <= MAX_LOG_CHARS:
+        raise InputError(f"must be in 0..{MAX_LOG_CHARS}, got {args.chars}", field="--chars")
+    ans = _client(args).get(f"/api/jobs/{args.id}/logs?chars={args.chars}")
     if ans["launch"] is None:
         print(f"job {args.id} has not been launched yet")
         return 0
@@ -636,9 +661,10 @@ def run_logs(args) -> int:
 
 
 def run_rounds(args) -> int:
+    from ..service.views import MAX_ROUNDS_SHOWN
     from ..shadow import counts_line
-    if not 1 <= args.last <= 1000:
-        raise InputError(f"must be in 1..1000, got {args.last}", field="--last")
+    if not 1 <= args.last <= MAX_ROUNDS_SHOWN:
+        raise InputError(f"must be in 1..{MAX_ROUNDS_SHOWN}, got {args.last}", field="--last")
     client = _client(args)
     rounds, shadow = client.get(f"/api/rounds?last={args.last}"), client.get("/api/shadow")
     if args.json:

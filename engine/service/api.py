@@ -25,36 +25,62 @@ A submission with an ``Idempotency-Key`` header (1-200 printable characters) is 
 once: the same key again answers 200 with the job it stored (``"replayed": true``), so a
 client that got no answer can resend it safely; the same key with another job is a 409.
 
-Bad input is a 4xx with ``{"error": ..., "field": ..., "file": ...}`` and nothing stored.
-A request body over ``MAX_BODY_BYTES`` is refused (413) before it is read whole. When a
-token is set (required off loopback), every request needs ``Authorization: Bearer
-<token>`` (the page: ``?token=``). A change sent by a page of another site (cross-site
-``Origin``, or a body that is not JSON) and, without a token, a request for another host
-name than the service's own are refused (403): see ``_foreign``.
+Every error is ``{"error": ..., "field": ..., "file": ...}`` with its status (and nothing
+stored): bad input 400 (404 for an unknown job or node), a path or query parameter out
+of its range or unknown 422, an unknown route 404, a method a route does not take 405
+(with ``Allow``), a body over ``MAX_BODY_BYTES`` 413 (refused before it is read whole,
+declared or streamed), headers over ``MAX_HEADER_BYTES`` 431. When tokens are set
+(``--token`` or ``--tokens-file``; required off loopback), every request needs
+``Authorization: Bearer <token>`` (the scheme in any case), except the page's own HTML
+(``GET /``, which holds no data): its script takes the token from the page's address
+(``/?token=``) and sends the header; the server refuses ``?token=`` everywhere else.
+With a tokens file, a change of a job needs its submitter's token or an admin's, a drain
+an admin's (engine/service/auth.py). A change sent by a page of another site
+(cross-site ``Origin``, or a body that is not JSON) and, without a token, a request for
+another host name than the service's own are refused (403): see ``_foreign``.
 """
 from __future__ import annotations
 
-import hmac
 import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 from urllib.parse import urlsplit
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 
-from .jobspec import JobSpec
+from .auth import Caller, Tokens, bearer
+from .jobspec import MAX_JOB_ID, JobSpec
 from .losses import LossLog
 from .store import JOB_STATUSES, StateConflict, Store
-from .views import STATE_ENDED_JOBS, cluster_view, job_logs, job_view, jobs_view, metrics_text, rounds_view, state_view
+from .views import (
+    MAX_LOG_CHARS,
+    MAX_ROUNDS_SHOWN,
+    STATE_ENDED_JOBS,
+    cluster_view,
+    job_logs,
+    job_view,
+    jobs_view,
+    metrics_text,
+    rounds_view,
+    state_view,
+)
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 32 * 1024      # every header name and value of a request together (more: 431)
 MAX_ENDED = 100_000               # /api/state?ended=N, /api/jobs?last=N: at most this many jobs listed
+PAGE_PATH = "/"                   # the page's HTML: no token needed (a browser cannot send a header to open it)
+CALLER = "arena.caller"           # the request scope's key for its Caller (None: no tokens set)
+
+JobId = Annotated[int, PathParam(ge=1, le=MAX_JOB_ID, description="a job's id")]
 
 
 @dataclass(frozen=True)
@@ -63,7 +89,7 @@ class ApiContext:
     work_dir: str
     cluster: ClusterSpec
     policy: str
-    token: str | None = None
+    tokens: Tokens | None = None                   # None: no token needed (loopback only; see _foreign)
     wake: Callable[[], None] = lambda: None       # tell the scheduler a request arrived
     check: Callable[[JobSpec], None] = lambda spec: None   # refuse a job the cluster cannot run
     plugins: tuple[str, ...] = ()                  # plug-ins loaded (path, sha256, what they registered)
@@ -100,7 +126,10 @@ async def _body_and_reason(request: Request) -> tuple[Any, str | None]:
 
 
 class _BodyLimit:
-    """ASGI middleware: refuse a body larger than ``limit`` bytes (declared or streamed)."""
+    """ASGI middleware: refuse a body larger than ``limit`` bytes, declared
+    (``Content-Length``) or streamed (chunked), with a 413 before the application sees
+    it. The body (at most ``limit`` bytes) is read here whole and handed on as one
+    message, so no error can arise halfway through the application's own reading."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -108,37 +137,79 @@ class _BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = scope.get("headers") or []
+        if sum(len(k) + len(v) for k, v in headers) > MAX_HEADER_BYTES:
+            return await _refuse(send, 431, f"request headers larger than {MAX_HEADER_BYTES} bytes", "headers")
+        declared = dict(headers).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await _too_large(send, self.limit)
-        seen = [0]
-
-        async def limited():
+        chunks, size = [], 0
+        while True:
             msg = await receive()
-            if msg["type"] == "http.request":
-                seen[0] += len(msg.get("body", b""))
-                if seen[0] > self.limit:
-                    raise _TooLarge()
-            return msg
-        try:
-            return await self.app(scope, limited, send)
-        except _TooLarge:
-            return await _too_large(send, self.limit)
+            if msg["type"] != "http.request":          # the client went away: nobody to answer
+                return None
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return await _too_large(send, self.limit)
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        whole: list[dict] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-
-class _TooLarge(Exception):
-    pass
+        async def replay():
+            return whole.pop() if whole else await receive()
+        return await self.app(scope, replay, send)
 
 
 async def _too_large(send, limit: int) -> None:
-    body = json.dumps({"error": f"request body larger than {limit} bytes", "field": "body"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await _refuse(send, 413, f"request body larger than {limit} bytes", "body")
+
+
+async def _refuse(send, status: int, message: str, field: str) -> None:
+    """An error answered before the application (``_error``'s shape), closing the connection."""
+    body = json.dumps({"error": message, "field": field, "file": None}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
 
 
-def _error(status: int, message: str, field: str | None = None, file: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "field": field, "file": file}, status_code=status)
+def _error(status: int, message: str, field: str | None = None, file: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field, "file": file}, status_code=status, headers=headers)
+
+
+class ApiError(Exception):
+    """A refusal with its status, in the documented shape (``_error``)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def validation_message(err: dict) -> tuple[str | None, str]:
+    """(field, reason) of one of FastAPI's validation errors, in this API's words."""
+    loc = [str(x) for x in err.get("loc", ())]
+    field = loc[-1] if len(loc) > 1 else None
+    kind, ctx, got = err.get("type", ""), err.get("ctx") or {}, err.get("input")
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        reason = "must be an integer"
+    elif kind == "greater_than_equal":
+        reason = f"must be >= {ctx.get('ge')}"
+    elif kind == "less_than_equal":
+        reason = f"must be <= {ctx.get('le')}"
+    else:
+        msg = str(err.get("msg", "invalid"))
+        reason = msg[:1].lower() + msg[1:]
+    where = {"path": "path parameter", "query": "query parameter", "header": "header"}.get(loc[0] if loc else "")
+    prefix = f"{where} '{field}' " if where and field else ""
+    return field, f"{prefix}{reason}" + (f", got {_short(got)}" if got is not None else "")
 
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -159,22 +230,72 @@ def _foreign(request: Request, local_hosts: frozenset[str] | None) -> str | None
         name = urlsplit("//" + host).hostname or ""
         origin_host = None if origin is None else urlsplit(origin).netloc.lower()
     except ValueError:                               # e.g. "[::1" (an unclosed IPv6 bracket)
-        return f"malformed Host {host!r} or Origin {origin!r} refused"
+        return f"malformed Host {_short(host)} or Origin {_short(origin)} refused"
     if local_hosts is not None and name not in local_hosts:
-        return (f"request for host {host!r} refused: without a token this service answers only as "
+        return (f"request for host {_short(host)} refused: without a token this service answers only as "
                 f"{', '.join(sorted(local_hosts))}")
     if request.method in UNSAFE_METHODS:
         if origin_host is not None and origin_host != host.lower():
-            return f"cross-site request from {origin!r} refused (a change must come from this service's own origin)"
+            return (f"cross-site request from {_short(origin)} refused (a change must come from this service's "
+                    "own origin)")
         kind = request.headers.get("content-type")
         if kind is not None and kind.split(";")[0].strip().lower() != "application/json":
-            return f"a change must send JSON (Content-Type: application/json), got {kind!r}"
+            return f"a change must send JSON (Content-Type: application/json), got {_short(kind)}"
     return None
+
+
+def _authenticate(request: Request, tokens: Tokens) -> Caller | str:
+    """The caller a request's token names, or why it is refused (401). The token comes in
+    ``Authorization: Bearer <token>`` and only there: the server never reads one from an
+    address (``?token=`` is refused, as it ends up in logs and browser histories). The
+    page's own HTML (``GET /``) holds no data and needs none: its script reads
+    ``?token=`` from the page's address and sends the header."""
+    if "token" in request.query_params:
+        return ("?token= is read only by the status page's script (open /?token=...); the API takes the token "
+                "in the header Authorization: Bearer <token>")
+    given = bearer(request.headers.get("authorization"))
+    if given is None and request.headers.get("authorization") is not None:
+        return "the Authorization header must be 'Bearer <token>'"
+    caller = tokens.caller(given)
+    return caller if caller is not None else "missing or wrong token (Authorization: Bearer <token>)"
+
+
+def _may_change_job(request: Request, s: Store, job_id: int, what: str) -> None:
+    """Refuse (403) a change of a job by a caller who neither submitted it nor is an admin
+    (no tokens: anyone may; docs/service.md, "Who may do what")."""
+    caller: Caller | None = request.scope.get(CALLER)
+    if caller is None or caller.admin:
+        return
+    owner = s.job(job_id).submitted_by                     # (404 for an unknown job)
+    if owner != caller.user:
+        by = f"by {owner!r}" if owner is not None else "without a token"
+        raise ApiError(403, f"job {job_id} was submitted {by}; only its submitter's token or an admin's may "
+                            f"{what} it (you are {caller.user!r})", field="token")
+
+
+def _admin_only(request: Request, what: str) -> None:
+    caller: Caller | None = request.scope.get(CALLER)
+    if caller is not None and not caller.admin:
+        raise ApiError(403, f"only an admin may {what} (you are {caller.user!r}; an admin's line in the tokens "
+                            "file ends in 'admin')", field="token")
+
+
+async def _known_query(request: Request) -> None:
+    """Every route: a query parameter it does not take is refused (422, naming it), not
+    silently ignored (``?stauts=queued`` would list every job)."""
+    route = request.scope.get("route")
+    takes = {p.alias for p in getattr(getattr(route, "dependant", None), "query_params", ())}
+    if request.url.path == PAGE_PATH:
+        takes.add("token")
+    unknown = sorted(set(request.query_params) - takes)
+    if unknown:
+        raise ApiError(422, f"unknown query parameter {_short(unknown[0])}; this route takes "
+                            f"{', '.join(sorted(takes)) or 'none'}", field=unknown[0])
 
 
 def create_app(ctx: ApiContext):
     app = FastAPI(title="arena serve", description=__doc__.split("\n\n")[0], docs_url="/api/docs",
-                  openapi_url="/api/openapi.json", redoc_url=None)
+                  openapi_url="/api/openapi.json", redoc_url=None, dependencies=[Depends(_known_query)])
 
     def store() -> Store:
         return Store(ctx.db_path)
@@ -184,11 +305,13 @@ def create_app(ctx: ApiContext):
         refused = _foreign(request, ctx.local_hosts)
         if refused is not None:
             return _error(403, refused, field="origin")
-        if ctx.token is not None:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip() \
-                or request.query_params.get("token", "")
-            if not hmac.compare_digest(given.encode(), ctx.token.encode()):
-                return _error(401, "missing or wrong token (Authorization: Bearer <token>)", field="token")
+        request.scope[CALLER] = None
+        page = request.url.path == PAGE_PATH and request.method in ("GET", "HEAD")   # static: no data in it
+        if ctx.tokens is not None and not page:
+            who = _authenticate(request, ctx.tokens)
+            if isinstance(who, str):
+                return _error(401, who, field="token", headers={"WWW-Authenticate": "Bearer"})
+            request.scope[CALLER] = who
         return await call_next(request)
 
     @app.exception_handler(InputError)
@@ -200,6 +323,32 @@ def create_app(ctx: ApiContext):
     async def conflict(_request: Request, e: StateConflict):
         return _error(409, str(e))
 
+    @app.exception_handler(ApiError)
+    async def refused(_request: Request, e: ApiError):
+        return _error(e.status, e.message, e.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, e: RequestValidationError):
+        errors = list(e.errors())
+        field, reason = validation_message(errors[0]) if errors else (None, "invalid request")
+        return _error(422, reason, field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        path = _short(request.url.path, 120)
+        if e.status_code == 404:
+            message, field = f"no route {request.method} {path} (the routes: /api/docs)", None
+        elif e.status_code == 405:
+            allowed = (e.headers or {}).get("Allow", "")
+            message, field = f"{request.method} is not allowed on {path}; it takes {allowed}", "method"
+        else:
+            message, field = str(e.detail), None
+        return _error(e.status_code, message, field, headers=dict(e.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def internal(_request: Request, e: Exception):       # a bug: still in the shape (and logged)
+        return _error(500, f"internal error ({type(e).__name__}); the service's log has the details")
+
     @app.get("/api/health")
     def health() -> Any:
         body = {"ok": True, "policy": ctx.policy, "shadow_policy": ctx.shadow_policy, "cluster": ctx.cluster.name,
@@ -210,6 +359,7 @@ def create_app(ctx: ApiContext):
             if live["stalled"]:                   # a supervisor's liveness probe restarts the service
                 body["ok"] = False
                 body["error"] = f"no sign of life from the scheduler for {live['since_s']:.0f} s (in '{live['phase']}')"
+                body["field"], body["file"] = "scheduler", None
                 return JSONResponse(body, status_code=503)
         return body
 
@@ -224,8 +374,10 @@ def create_app(ctx: ApiContext):
             spec = JobSpec.from_dict(body, source="request", cluster=ctx.cluster, roots=ctx.data_roots)
         ctx.check(spec)
         spec = spec.with_frozen_model(Path(ctx.work_dir) / "models")
+        caller: Caller | None = request.scope.get(CALLER)
         with store() as s:
-            job_id, new = s.submit_once(spec, request.headers.get("idempotency-key"))
+            job_id, new = s.submit_once(spec, request.headers.get("idempotency-key"),
+                                        user=None if caller is None else caller.user)
         if not new:              # the job this key already submitted: 200, as it was
             with store() as s:
                 row = s.job(job_id)
@@ -234,22 +386,21 @@ def create_app(ctx: ApiContext):
         return JSONResponse({"id": job_id, "name": spec.name, "status": "queued"}, status_code=201)
 
     @app.get("/api/jobs")
-    def jobs(status: str | None = None, last: int | None = None) -> Any:
+    def jobs(status: str | None = None, last: Annotated[int | None, Query(ge=1, le=MAX_ENDED)] = None) -> Any:
         if status is not None and status not in JOB_STATUSES:
-            return _error(422, f"unknown status {status!r}; known: {', '.join(JOB_STATUSES)}", field="status")
-        if last is not None and not 1 <= last <= MAX_ENDED:
-            return _error(422, f"must be in 1..{MAX_ENDED}, got {last}", field="last")
+            return _error(422, f"unknown status {_short(status)}; known: {', '.join(JOB_STATUSES)}", field="status")
         with store() as s:
-            return jobs_view(s, ctx.work_dir, s.jobs(status, last=last), losses=ctx.losses)
+            return jobs_view(s, ctx.work_dir, s.jobs(status, last=last), losses=ctx.losses, cluster=ctx.cluster)
 
     @app.get("/api/jobs/{job_id}")
-    def job(job_id: int) -> dict:
+    def job(job_id: JobId) -> dict:
         with store() as s:
-            return job_view(s, ctx.work_dir, job_id, losses=ctx.losses)
+            return job_view(s, ctx.work_dir, job_id, losses=ctx.losses, cluster=ctx.cluster)
 
     @app.post("/api/jobs/{job_id}/cancel")
-    def cancel(job_id: int) -> Any:
+    def cancel(job_id: JobId, request: Request) -> Any:
         with store() as s:
+            _may_change_job(request, s, job_id, "cancel")
             ok = s.request_cancel(job_id)
             status = s.job(job_id).status
         if not ok:
@@ -258,45 +409,49 @@ def create_app(ctx: ApiContext):
         return {"id": job_id, "cancel_requested": True, "status": status}
 
     @app.post("/api/jobs/{job_id}/hold")
-    async def hold(job_id: int, request: Request) -> Any:
+    async def hold(job_id: JobId, request: Request) -> Any:
         _, reason = await _body_and_reason(request)
         if reason is None:
             return _error(400, "reason must be a string", field="reason")
         with store() as s:
+            _may_change_job(request, s, job_id, "hold")
             new = s.request_hold(job_id, reason)
             status = s.job(job_id).status
         ctx.wake()
         return {"id": job_id, "hold_requested": True, "already": not new, "status": status}
 
     @app.post("/api/jobs/{job_id}/release")
-    def release(job_id: int) -> Any:
+    def release(job_id: JobId, request: Request) -> Any:
         with store() as s:
+            _may_change_job(request, s, job_id, "release")
             what = s.release(job_id)
             status = s.job(job_id).status
         ctx.wake()
         return {"id": job_id, "released": what, "status": status}
 
     @app.post("/api/jobs/{job_id}/priority")
-    async def priority(job_id: int, request: Request) -> Any:
+    async def priority(job_id: JobId, request: Request) -> Any:
         body, reason = await _body_and_reason(request)
         if not isinstance(body, dict) or "priority" not in body:
             return _error(400, 'send {"priority": P} (P a finite number > 0)', field="priority")
         if reason is None:
             return _error(400, "reason must be a string", field="reason")
         with store() as s:
+            _may_change_job(request, s, job_id, "change the priority of")
             was = s.set_priority(job_id, body["priority"], reason)
             status = s.job(job_id).status
         ctx.wake()
         return {"id": job_id, "priority": float(body["priority"]), "was": was, "status": status}
 
     @app.get("/api/jobs/{job_id}/logs")
-    def logs(job_id: int, chars: int = 20_000) -> dict:
+    def logs(job_id: JobId, chars: Annotated[int, Query(ge=0, le=MAX_LOG_CHARS)] = 20_000) -> dict:
         with store() as s:
             s.job(job_id)
-            return job_logs(s, ctx.work_dir, job_id, max(0, min(chars, 1_000_000)))
+            return job_logs(s, ctx.work_dir, job_id, chars)
 
     @app.post("/api/nodes/{node}/drain")
     async def drain(node: str, request: Request) -> Any:
+        _admin_only(request, "drain a node")
         _, reason = await _body_and_reason(request)
         if reason is None:
             return _error(400, "reason must be a string", field="reason")
@@ -307,7 +462,8 @@ def create_app(ctx: ApiContext):
         return {"node": nid, "drained": True, "already": not new}
 
     @app.post("/api/nodes/{node}/undrain")
-    def undrain(node: str) -> Any:
+    def undrain(node: str, request: Request) -> Any:
+        _admin_only(request, "return a node to service")
         nid = ctx.cluster.node_id(node)
         with store() as s:
             was = s.undrain(nid)
@@ -320,9 +476,9 @@ def create_app(ctx: ApiContext):
             return cluster_view(s, ctx.cluster)
 
     @app.get("/api/rounds")
-    def rounds(last: int = 20) -> list:
+    def rounds(last: Annotated[int, Query(ge=1, le=MAX_ROUNDS_SHOWN)] = 20) -> list:
         with store() as s:
-            return rounds_view(s, max(1, min(last, 1000)))
+            return rounds_view(s, last)
 
     @app.get("/api/shadow")
     def shadow() -> dict:
@@ -330,9 +486,7 @@ def create_app(ctx: ApiContext):
             return {"shadow_policy": ctx.shadow_policy, "counts": s.shadow_counts()}
 
     @app.get("/api/state")
-    def state(ended: int = STATE_ENDED_JOBS) -> Any:
-        if not 0 <= ended <= MAX_ENDED:
-            return _error(422, f"must be in 0..{MAX_ENDED}, got {ended}", field="ended")
+    def state(ended: Annotated[int, Query(ge=0, le=MAX_ENDED)] = STATE_ENDED_JOBS) -> Any:
         with store() as s:
             return {**state_view(s, ctx.work_dir, ctx.cluster, losses=ctx.losses, ended=ended), "policy": ctx.policy,
                     "shadow_policy": ctx.shadow_policy,

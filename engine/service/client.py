@@ -42,11 +42,15 @@ class Client:
         except urllib.error.HTTPError as e:
             try:
                 err = json.loads(e.read() or b"{}")
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 err = {}
-            msg = err.get("error") or err.get("detail") or e.reason
+            if not isinstance(err, dict):          # not the service's shape (a proxy's answer)
+                err = {}
+            msg = err.get("error") or e.reason
+            if e.code == 401:                      # what to do about it, in the command's own flags
+                msg = f"{msg}; give the token with --token or ARENA_TOKEN"
             raise InputError(f"the service answered {e.code}: {msg}", file=err.get("file"),
-                             field=err.get("field")) from None
+                             field="--token" if e.code == 401 else err.get("field")) from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
             # URLError: nothing reached the service; the rest: it went away (or stalled) after the request
             # was sent, in the middle of its answer (IncompleteRead, RemoteDisconnected) or before it

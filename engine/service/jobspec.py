@@ -46,6 +46,7 @@ MAX_SEED = 2**63 - 1
 MAX_TOML_BYTES = 64 * 1024          # a job file is a few lines; more is not one
 REQUEST = "request"                 # the source named in errors for a dict
 MAX_AFTER = 64                      # jobs a job may wait for
+MAX_JOB_ID = 2**63 - 1              # SQLite's largest integer: no job id is larger
 
 
 @dataclass(frozen=True)
@@ -234,8 +235,9 @@ def _check(spec: JobSpec) -> None:
     after = spec.after
     if isinstance(after, list):
         after = tuple(after)
-    if not isinstance(after, tuple) or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in after):
-        raise err("after", f"a list of job ids (integers >= 1), got {spec.after!r}")
+    if not isinstance(after, tuple) or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_JOB_ID
+                                           for x in after):
+        raise err("after", f"a list of job ids (integers 1..{MAX_JOB_ID}), got {spec.after!r}")
     if len(after) > MAX_AFTER or len(set(after)) != len(after):
         raise err("after", f"at most {MAX_AFTER} distinct job ids, got {list(after)}")
     object.__setattr__(spec, "after", after)

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from instances.errors import InputError
 
+from .auth import USER_RE
 from .jobspec import JobSpec
 
 JOB_STATUSES = ("queued", "running", "held", "finished", "failed", "cancelled")
@@ -228,6 +229,12 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX node_failures_node ON node_failures(node, at);
     """,
+    # v9 -> v10: the user who submitted each job (``arena serve --token``/``--tokens-file``;
+    # NULL: submitted without a token, or before this version), whose token (or an admin's)
+    # a change of the job needs (engine/service/auth.py)
+    """
+    ALTER TABLE jobs ADD COLUMN submitted_by TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -240,6 +247,7 @@ class JobRow:
     status: str
     submitted_at: float
     updated_at: float
+    submitted_by: str | None = None     # the user whose token submitted it (None: no token)
 
 
 @dataclass(frozen=True)
@@ -440,20 +448,24 @@ class Store:
 
     # ---- jobs -------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, reason: str = "submitted") -> int:
-        """Store a validated job as ``queued``; returns its id."""
-        return self.submit_once(spec, None, reason)[0]
+    def submit(self, spec: JobSpec, reason: str = "submitted", *, user: str | None = None) -> int:
+        """Store a validated job as ``queued`` (``user``: who submitted it); returns its id."""
+        return self.submit_once(spec, None, reason, user=user)[0]
 
-    def submit_once(self, spec: JobSpec, key: str | None, reason: str = "submitted") -> tuple[int, bool]:
+    def submit_once(self, spec: JobSpec, key: str | None, reason: str = "submitted", *,
+                    user: str | None = None) -> tuple[int, bool]:
         """``submit`` with an idempotency key: the job already stored under ``key`` comes
-        back (``(id, False)``) instead of a second one; the same key with another job is a
-        ``StateConflict``. ``key=None``: always a new job. Returns ``(id, stored now)``."""
+        back (``(id, False)``) instead of a second one; the same key with another job, or
+        from another user, is a ``StateConflict``. ``key=None``: always a new job.
+        ``user``: who submits it (None: no token). Returns ``(id, stored now)``."""
         if not isinstance(spec, JobSpec):
             raise InputError("submit takes a JobSpec (validated)", field="spec")
         if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS
                                     and key.isprintable()):
             raise InputError(f"an idempotency key is 1-{MAX_KEY_CHARS} printable characters, got {key!r}",
                              field="Idempotency-Key")
+        if user is not None and not (isinstance(user, str) and USER_RE.match(user)):
+            raise InputError(f"a user name is 1-64 letters, digits, '.', '_' or '-', got {user!r}", field="user")
         body = _dumps(spec.to_dict(), "spec")
         with self._tx() as now:
             for dep in spec.after:               # checked with the insert: no dependency ends in between
@@ -463,15 +475,18 @@ class Store:
                 if row[0] in ("failed", "cancelled"):
                     raise InputError(f"job {dep} is {row[0]}: a job after it would never start", field="after")
             if key is not None:
-                had = self.conn.execute("SELECT id, spec FROM jobs WHERE submit_key = ?", (key,)).fetchone()
+                had = self.conn.execute("SELECT id, spec, submitted_by FROM jobs WHERE submit_key = ?",
+                                        (key,)).fetchone()
                 if had is not None:
+                    if had[2] != user:
+                        raise StateConflict(f"idempotency key {key!r} was used by another user; use a new key")
                     if had[1] != body:
                         raise StateConflict(f"idempotency key {key!r} was used for job {had[0]}, "
                                             "a different job; use a new key for a new job")
                     return int(had[0]), False
             cur = self.conn.execute(
-                "INSERT INTO jobs(name, spec, status, submitted_at, updated_at, submit_key) "
-                "VALUES (?, ?, 'queued', ?, ?, ?)", (spec.name, body, now, now, key))
+                "INSERT INTO jobs(name, spec, status, submitted_at, updated_at, submit_key, submitted_by) "
+                "VALUES (?, ?, 'queued', ?, ?, ?, ?)", (spec.name, body, now, now, key, user))
             job_id = int(cur.lastrowid or 0)
             self._history(job_id, None, "queued", reason, now)
         return job_id, True
@@ -565,8 +580,11 @@ class Store:
         """A user's change of a job's priority (queued, running or held; the scheduler
         reads it at its next round): stored beside the submitted spec, with a note in the
         job's history (from and to its status). Returns the priority it had."""
-        ok = not isinstance(priority, bool) and isinstance(priority, (int, float)) and math.isfinite(priority) \
-            and priority > 0
+        try:
+            ok = not isinstance(priority, bool) and isinstance(priority, (int, float)) and math.isfinite(priority) \
+                and priority > 0
+        except OverflowError:                       # an integer past float's range
+            ok = False
         if not ok:
             raise InputError(f"must be a finite number > 0, got {priority!r}", field="priority")
         with self._tx() as now:
@@ -854,15 +872,15 @@ class Store:
         out.update(self.conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
         return out
 
-    _JOB_COLUMNS = "id, name, spec, status, submitted_at, updated_at, priority"
+    _JOB_COLUMNS = "id, name, spec, status, submitted_at, updated_at, priority, submitted_by"
 
     @staticmethod
-    def _job_row(i, n, s, st, sub, up, prio) -> JobRow:
+    def _job_row(i, n, s, st, sub, up, prio, by) -> JobRow:
         """A job's row; its spec carries the priority set since submission, if any."""
         spec = json.loads(s)
         if prio is not None:
             spec["priority"] = prio
-        return JobRow(i, n, spec, st, sub, up)
+        return JobRow(i, n, spec, st, sub, up, by)
 
     def jobs(self, status: str | None = None, ids: Iterable[int] | None = None,
              last: int | None = None) -> list[JobRow]:

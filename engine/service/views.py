@@ -15,11 +15,14 @@ from launcher.launch import tail
 from launcher.telemetry import read_progress
 
 from .losses import LossLog, merged
-from .store import TERMINAL, JobRow, LaunchRow, Store
+from .store import ACTIVE_LAUNCH, TERMINAL, HistoryRow, JobRow, LaunchRow, RoundRow, Store
 
 LOSS_POINTS = 200                 # at most about this many points of a loss curve in a job view
 STATE_CURVE_POINTS = 60           # ... in each row of the page's table (a sparkline 160 px wide)
 STATE_ENDED_JOBS = 50             # the page lists every job not ended and this many of the last to end
+MAX_LOG_CHARS = 1_000_000         # /api/jobs/{id}/logs?chars=N, arena logs --chars: at most this many
+MAX_ROUNDS_SHOWN = 1000           # /api/rounds?last=N, arena rounds --last: at most this many
+MOVING = "moving"                 # a launch's reason while its job moves (engine/service/journal.py, release)
 
 
 def launch_dir(work_dir: str, launch: LaunchRow) -> Path:
@@ -70,17 +73,46 @@ def _thin(n: int, k: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+class Room:
+    """What a queued job's wait is judged against: per GPU type, the GPUs free now (on
+    nodes in service, held by no active launch) and those on drained nodes."""
+    cluster: str
+    free: dict[str, int]
+    drained: dict[str, int]
+
+    @classmethod
+    def read(cls, store: Store, cluster: ClusterSpec) -> Room:
+        held = {g for lch in store.running_launches() for g in lch.gpus}
+        out = store.drained()
+        free: dict[str, int] = {}
+        drained: dict[str, int] = {}
+        for n in cluster.nodes():
+            free.setdefault(n.gpu_type, 0)
+            drained.setdefault(n.gpu_type, 0)
+            if n.node_id in out:
+                drained[n.gpu_type] += n.num_gpus
+            else:
+                free[n.gpu_type] += sum(f"{n.node_id}:{i}" not in held for i in range(n.num_gpus))
+        return cls(cluster.name, free, drained)
+
+
+@dataclass(frozen=True)
 class Pending:
     """What a job view reads of other jobs, read once for a list of views: the jobs with a
-    cancel or a hold requested and not carried out, and the status of every job."""
+    cancel or a hold requested and not carried out, the status of every job, the last
+    round, and (given the cluster, with a job queued) the room left."""
     cancel: frozenset[int]
     hold: frozenset[int]
     status: dict[int, str]
+    last_round: RoundRow | None = None
+    room: Room | None = None
 
     @classmethod
-    def read(cls, store: Store, rows: list[JobRow]) -> Pending:
+    def read(cls, store: Store, rows: list[JobRow], cluster: ClusterSpec | None = None) -> Pending:
+        last = store.rounds(last=1)
+        room = Room.read(store, cluster) if cluster is not None and any(r.status == "queued" for r in rows) else None
         return cls(frozenset(store.cancel_requests()), frozenset(j for j, _ in store.hold_requests()),
-                   {r.id: r.status for r in rows})
+                   {r.id: r.status for r in rows}, last[0] if last else None, room)
 
     def statuses(self, store: Store, ids) -> dict[int, str]:
         """Status of each of ``ids`` (read from the store for one not in the list)."""
@@ -91,15 +123,16 @@ class Pending:
 
 
 def job_view(store: Store, work_dir: str, job_id: int, *, losses: LossLog | None = None,
-             curve_points: int = LOSS_POINTS) -> dict:
+             curve_points: int = LOSS_POINTS, cluster: ClusterSpec | None = None) -> dict:
+    """One job's view (``cluster``: the service's, for why a queued job waits)."""
     row = store.job(job_id)
-    return _job_view(store, work_dir, row, Pending.read(store, [row]), losses or LossLog(), curve_points)
+    return _job_view(store, work_dir, row, Pending.read(store, [row], cluster), losses or LossLog(), curve_points)
 
 
 def jobs_view(store: Store, work_dir: str, rows: list[JobRow], *, losses: LossLog | None = None,
-              curve_points: int = 0) -> list[dict]:
+              curve_points: int = 0, cluster: ClusterSpec | None = None) -> list[dict]:
     """Views of ``rows`` (``curve_points``: points of each loss curve; 0: none)."""
-    pending = Pending.read(store, rows)
+    pending = Pending.read(store, rows, cluster)
     log = losses or LossLog()
     return [_job_view(store, work_dir, r, pending, log, curve_points) for r in rows]
 
@@ -119,11 +152,16 @@ def _job_view(store: Store, work_dir: str, row: JobRow, pending: Pending, losses
     in_state: dict[str, float] = {}
     for a, b in zip(history, history[1:]):
         in_state[a.to_status] = in_state.get(a.to_status, 0.0) + (b.at - a.at)
-    moves = sum(1 for lch in launches if "moving" in lch.reason)
+    moves = sum(1 for lch in launches if MOVING in lch.reason)
     failures = sum(1 for lch in launches if lch.state == "failed")
     after = list(spec.get("after") or ())
+    waiting_for = sorted(d for d, st in pending.statuses(store, after).items() if st != "finished") \
+        if row.status == "queued" else []
+    moving = moving_now(row, launches, prog, pending.last_round)
     return {
-        "id": row.id, "name": row.name, "status": row.status, "model": spec["model"],
+        "id": row.id, "name": row.name, "status": row.status,
+        "state": MOVING if moving else row.status, "moving": moving, "submitted_by": row.submitted_by,
+        "model": spec["model"],
         "global_batch": spec["global_batch"], "steps": spec["steps"], "priority": spec["priority"],
         "submitted_at": row.submitted_at, "updated_at": row.updated_at,
         "progress": {"iterations_done": prog.get("iterations_done"), "status": prog.get("status"),
@@ -135,15 +173,113 @@ def _job_view(store: Store, work_dir: str, row: JobRow, pending: Pending, losses
         "launches": len(launches), "moves": moves, "failed_launches": failures,
         "time_in_status_s": in_state,
         "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
-        "move_ledger": store.moves(job_id),
+        "move_ledger": [{**m, "summary": move_summary(m)} for m in store.moves(job_id)],
         "loss": last_loss(work_dir, launches, losses),
         "loss_curve": loss_curve(work_dir, launches, losses, curve_points) if curve_points else [],
         "cancel_requested": row.id in pending.cancel,
         "hold_requested": row.id in pending.hold,
         "after": after,
-        "waiting_for": sorted(d for d, st in pending.statuses(store, after).items() if st != "finished")
-        if row.status == "queued" else [],
+        "waiting_for": waiting_for,
+        "waits": None if moving else wait_reason(row, history, waiting_for, pending),
     }
+
+
+def moving_now(row: JobRow, launches: list[LaunchRow], progress: dict, last_round: RoundRow | None) -> dict | None:
+    """A queued job in the middle of a move (its last launch ended "moving", no round
+    since: the move that round decided is being carried out): how (``path``), since when,
+    and whether its ranks still train (a device-to-device move: until they move). None
+    for any other job (the store calls it queued)."""
+    if row.status != "queued" or not launches:
+        return None
+    last = launches[-1]
+    if last.state in ACTIVE_LAUNCH or not last.reason.startswith(MOVING):
+        return None
+    if last_round is not None and last_round.at > last.updated_at:       # a later round: the move is over
+        return None
+    d2d = last.reason.startswith(f"{MOVING} (device to device)")
+    training = d2d and progress.get("status") == "running"
+    if d2d and not training:                                          # its ranks stopped (a restart)
+        return None
+    return {"path": "device to device" if d2d else "through storage", "since": last.updated_at,
+            "ranks_training": training}
+
+
+def wait_reason(row: JobRow, history: list[HistoryRow], waiting_for: list[int], pending: Pending) -> str | None:
+    """Why a queued job is not running (None for any other job), from what the store
+    knows: a cancel or hold requested, jobs it runs after, no round since it was queued,
+    a failed run's backoff, the GPUs free now against what it asks for, or else the last
+    round's decision not to place it."""
+    if row.status != "queued":
+        return None
+    if row.id in pending.cancel:
+        return "cancel requested: it is cancelled at the next round"
+    if row.id in pending.hold:
+        return "hold requested: it is set aside at the next round"
+    if waiting_for:
+        ids = ", ".join(map(str, waiting_for))
+        return (f"runs after job {ids}, not finished yet" if len(waiting_for) == 1
+                else f"runs after jobs {ids}, not all finished yet")
+    changes = [h for h in history if h.from_status != h.to_status]
+    queued_at = changes[-1].at if changes else row.submitted_at
+    failed = bool(changes) and changes[-1].reason.startswith("run failed")
+    backoff = ("its last run failed: it is offered to the policy again after the failure backoff "
+               "(--failure-backoff, doubling with each failure)")
+    last, room = pending.last_round, pending.room
+    if last is None or last.at < queued_at:
+        return "waits for the next round" + (f"; {backoff}" if failed else "")
+    if failed:
+        return backoff
+    if room is None:
+        return f"not placed by round {last.idx}"
+    want, ask = row.spec.get("gpu_type"), row.spec.get("gpus")
+    if want is not None and want not in room.free:
+        return f"asks for {want} GPUs, which cluster {room.cluster!r} lacks (it has {', '.join(sorted(room.free))})"
+    types = [want] if want is not None else sorted(room.free)
+    free, off = sum(room.free[t] for t in types), sum(room.drained[t] for t in types)
+
+    def gpus(n: int) -> str:
+        return f"{n} {want + ' ' if want is not None else ''}GPU{'s' * (n != 1)}"
+    drained = f"; {off} on drained nodes" if off else ""
+    if ask is not None and free < ask:
+        return f"no room: it asks for {gpus(ask)}, {free} free now{drained}"
+    if free == 0:
+        return f"no room: every {want + ' ' if want is not None else ''}GPU in service is held by other jobs{drained}"
+    return (f"not placed by round {last.idx} with {gpus(free)} free now: the policy chose other jobs' grids, "
+            f"or none of its grids fits the free GPUs")
+
+
+def move_summary(m: dict) -> dict:
+    """A move-ledger row (``Store.moves``) in numbers and words: what the decision
+    expected of it (its estimated rate after over before), what it made (iterations per
+    second after it over the rate measured before, once it ended) and whether it paid for
+    itself. The one computation behind ``arena status ID`` and the page."""
+    expected_x = (m["est_rate_after"] / m["est_rate_before"]
+                  if m.get("est_rate_before") and m.get("est_rate_after") is not None else None)
+    rate = m.get("rate_before") or 0.0
+    made_x = None
+    if m.get("ended_at") is not None:
+        span = m["ended_at"] - m["at"]
+        if rate and span > 0:
+            made_x = m["iterations_after"] / span / rate
+            made = f"made {made_x:.2f}x the rate before until {m['end_reason']}"
+        else:
+            made = f"ended: {m['end_reason']}"
+    else:
+        made = "still there"
+    paid_back_s = m.get("paid_back_s")
+    if not rate:
+        payback = ""                      # no rate measured before: nothing to pay back against
+    elif paid_back_s is not None:
+        payback = f"paid for itself after {paid_back_s:.0f} s"
+    else:
+        payback = "has not paid for itself" + (" yet" if m.get("ended_at") is None else "")
+    expected = f"expected {expected_x:.2f}x" if expected_x is not None else "no estimate"
+    price = f"priced {m['price_s']:.0f} s down" if m.get("price_s") is not None else ""
+    kind = " (forced off a drained node)" if m.get("forced") else ""
+    text = (f"{m['from_grid']} -> {m['to_grid']}{kind}: {expected}{', ' + price if price else ''}; {made}"
+            + (f"; {payback}" if payback else ""))
+    return {"expected_x": expected_x, "made_x": made_x, "paid_back_s": paid_back_s, "expected": expected,
+            "price": price, "made": made, "payback": payback, "text": text}
 
 
 def cluster_view(store: Store, cluster: ClusterSpec) -> dict:
@@ -250,9 +386,9 @@ def state_view(store: Store, work_dir: str, cluster: ClusterSpec, *, losses: Los
     """What the page shows: the cluster, every job that has not ended and the ``ended``
     that ended last (``ended_total`` counts them all), the queue and the last rounds."""
     rows, ended_total = store.page_jobs(ended)
-    jobs = jobs_view(store, work_dir, rows, losses=losses, curve_points=STATE_CURVE_POINTS)
+    jobs = jobs_view(store, work_dir, rows, losses=losses, curve_points=STATE_CURVE_POINTS, cluster=cluster)
     return {"cluster": cluster_view(store, cluster), "jobs": jobs,
-            "queue": [j["id"] for j in jobs if j["status"] == "queued"],
+            "queue": [j["id"] for j in jobs if j["state"] == "queued"],
             "ended_total": ended_total, "ended_shown": sum(1 for r in rows if r.status in TERMINAL),
             "rounds": rounds_view(store, 10)}
 
