@@ -89,6 +89,22 @@ def check_output_file(path: str | os.PathLike, field: str) -> Path:
     return p
 
 
+def check_input_file(path: str | os.PathLike, field: str) -> Path:
+    """An existing, readable regular file (a pipe, a device or a socket is refused without
+    opening it: reading one may never end)."""
+    p = Path(path).expanduser()
+    st = _stat(p, field)
+    if st is None:
+        raise InputError("file not found", file=str(p), field=field)
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError("is a directory, not a file", file=str(p), field=field)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError("not a regular file (a pipe, a device or a socket)", file=str(p), field=field)
+    if not os.access(p, os.R_OK):
+        raise InputError("file is not readable", file=str(p), field=field)
+    return p
+
+
 def check_regular_file(path: str | os.PathLike, what: str) -> None:
     """Before reading a ``what`` file: refuse a pipe or a device (reading one hangs or never
     ends) and any OS refusal to look at the path (a name too long, a link loop), as an
