@@ -29,6 +29,7 @@ from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
 from ..service.config import default
+from ..service.lock import ServiceLock
 from .jsonout import dumps
 
 LOOPBACK_NAMES = ("localhost",)
@@ -345,27 +346,55 @@ def build_service_parts(args):
     if work.exists() and not work.is_dir():
         raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
     work.mkdir(parents=True, exist_ok=True)
-    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as sock:
+    # one service per state, checked before the port (a second service may be given another port)
+    # and before anything is touched: held until this process ends (engine/service/lock.py)
+    lock = ServiceLock.acquire(cfg.db_path, cfg.work_dir)
+    try:
+        _check_port(args.host, args.port)
+    except BaseException:
+        lock.release()
+        raise
+    return cluster, policy, shadow, perf, reconfig, cfg, lock
+
+
+def _check_port(host: str, port: int) -> None:
+    """The address is free to bind (as the server will)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will
         try:
-            sock.bind((args.host, args.port))
+            sock.bind((host, port))
         except OSError as e:
-            raise InputError(f"cannot bind {args.host}:{args.port}: {e.strerror or e}", field="--port") from None
-    return cluster, policy, shadow, perf, reconfig, cfg
+            raise InputError(f"cannot bind {host}:{port}: {e.strerror or e}", field="--port") from None
+
+
+SERVICE_EXTRA = "pip install -e '.[service]'"     # what brings FastAPI and uvicorn (pyproject.toml)
+
+
+def _check_service_extra() -> None:
+    """FastAPI and uvicorn (the ``service`` extra) are installed; else an error that says
+    which extra to install (the clients talk HTTP with the standard library: they need none)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise InputError(f"arena serve needs the 'service' extra (FastAPI and uvicorn; no module named "
+                         f"{e.name!r}): {SERVICE_EXTRA}") from None
 
 
 def run_serve(args) -> int:
     import signal
     import threading
 
+    _check_service_extra()                        # before any option is checked or file made
     import uvicorn
 
     from ..service.api import ApiContext, create_app
     from ..service.daemon import Service, fault_from_env
 
-    cluster, policy, shadow, perf, reconfig, cfg = build_service_parts(args)
+    cluster, policy, shadow, perf, reconfig, cfg, lock = build_service_parts(args)
     log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow)
+    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow,
+                      lock=lock)
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, args.token,
                                 shadow_policy=service.shadow_name,
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,

@@ -59,6 +59,7 @@ from ..state import JobStatus
 from .config import ServiceConfig
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
+from .lock import ServiceLock
 from .node_health import NodeHealth
 from .store import TERMINAL, Store
 from .workdir import set_aside_unknown
@@ -95,13 +96,21 @@ def _stderr(msg: str) -> None:
 class Service:
     def __init__(self, cluster: ClusterSpec, policy: Policy, perf: object, reconfig: ReconfigCostModel,
                  cfg: ServiceConfig, *, log: Callable[[str], None] = _stderr,
-                 fault: Callable[[str], None] | None = None, shadow: Policy | None = None):
+                 fault: Callable[[str], None] | None = None, shadow: Policy | None = None,
+                 lock: ServiceLock | None = None):
+        """``lock``: this state's lock (lock.py), already taken (``arena serve`` takes it
+        before it checks the port); else the service takes it before it opens the store."""
         self.cluster, self.cfg, self.log = cluster, cfg, log
         self.policy_name = getattr(policy, "name", type(policy).__name__)
         self.shadow_name = None if shadow is None else getattr(shadow, "name", type(shadow).__name__)
         self.fault = fault or (lambda point: None)
         Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
-        self.store = Store(cfg.db_path)
+        self.lock = lock if lock is not None else ServiceLock.acquire(cfg.db_path, cfg.work_dir)
+        try:
+            self.store = Store(cfg.db_path)
+        except BaseException:
+            self.lock.release()
+            raise
         self.mpi = MpiExecutor(MpiExecutorConfig(
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
@@ -511,4 +520,5 @@ class Service:
             self.log(f"the move ledger was not stored at shutdown: {e}")
         self.mpi.close()
         self.store.close()
+        self.lock.release()
         self.log("stopped; running jobs were checkpointed")
