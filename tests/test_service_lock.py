@@ -68,6 +68,20 @@ def test_the_lock_names_its_holder_covers_the_database_and_the_work_folder_apart
     ServiceLock.acquire(db, work).release()                     # released in this process too
 
 
+def test_a_file_system_that_refuses_locks_is_named(tmp_path, monkeypatch):
+    import errno
+
+    import engine.service.lock as lock_mod
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    monkeypatch.setattr(lock_mod.fcntl, "flock", no_locks)
+    with pytest.raises(InputError) as e:
+        ServiceLock.acquire(tmp_path / "state.db", tmp_path)
+    assert e.value.field == "--db" and "cannot take the service lock" in str(e.value)
+    assert "this file system refuses locks" in str(e.value) and os.strerror(errno.ENOLCK) in str(e.value)
+
+
 def test_a_service_on_a_locked_state_is_refused_before_it_touches_anything(tmp_path):
     from engine.policy import make_policy
     from engine.reconfig import ReconfigCostModel

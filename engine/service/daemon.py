@@ -21,7 +21,9 @@ progress (the step of that checkpoint). So a ``kill -9`` at any moment loses no 
 gives no GPU to two jobs (the store refuses it, the loop's invariants assert it) and
 loses no step past a job's last checkpoint. ``SIGTERM`` (``shutdown``) stops every running job with a checkpoint.
 Recovery first sets aside what the work folder holds and the database does not know (a
-database restored from an older copy): workdir.py.
+database restored from an older copy): workdir.py. The move ledger's open moves follow
+their jobs across the restart (``_resume_moves``). One service per database and work
+folder: the service holds lock.py's lock for its life.
 
 A run that fails goes back to the queue from its last checkpoint and is offered to the
 policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
