@@ -85,6 +85,50 @@ def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_an
         svc.shutdown()
 
 
+def test_a_moves_ledger_entry_is_stored_before_its_new_launch_is(tmp_path):
+    """The journal's order for a move: its ledger entry is committed before the second
+    half's launch intent, so a service killed in between leaves no move the ledger lacks
+    (recovery then carries the entry on, or closes it at the job's progress)."""
+    from engine.context import Allocation
+    from engine.policy import make_policy
+    from engine.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from instances.cluster import ClusterSpec, NodeGroup
+    from tests.test_engine_helpers import grid
+
+    class Killed(Exception):
+        pass
+
+    class Released:                                   # the launcher's side: the job released through storage
+        def released_path(self, job_id):
+            return "storage"
+
+    def fault(point: str) -> None:
+        if point == "after-launch-intent":
+            raise Killed
+
+    svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None,
+                  ReconfigCostModel(), ServiceConfig(db_path=str(tmp_path / "state.db"), work_dir=str(tmp_path / "w")),
+                  log=lambda m: None)
+    try:
+        st = svc.store
+        jid = st.submit(SPEC)
+        g1 = st.record_launch_intent(jid, {"grid": SMALL}, ["0:0"])
+        st.mark_launch(jid, g1, "started")
+        st.set_status(jid, "running", "launch 1")
+        st.mark_launch(jid, g1, "finished", reason="moving: stopped with a checkpoint at step 10")   # first half
+        st.set_status(jid, "queued", "moving")
+        svc.executor.mpi, svc.executor.fault = Released(), fault
+        svc.loop.moves.opened(MoveEntry(str(jid), time.time(), False, SMALL, BIG, 1.0, 1.0, 1.8, 8.0, 10.0))
+        with pytest.raises(Killed):
+            svc.executor.reconfigure(str(jid), Allocation(grid("cpu", 1, 2), ((0, 0), (0, 1))), None, time.time())
+        assert st.launches(jid)[-1].state == "intent"
+        (row,) = st.moves(jid)
+        assert (row["to_grid"], row["ended_at"]) == (BIG, None)
+    finally:
+        svc.shutdown()
+
+
 def _serve_args(db: Path, work: Path, port: int) -> list[str]:
     return ["--local-slots", "2", "--local-nodes", "2", "--policy", "fcfs", "--db", str(db), "--work-dir", str(work),
             "--port", str(port), "--round-interval", "2", "--checkpoint-interval", "2", "--stop-timeout", "30",

@@ -123,7 +123,8 @@ class Service:
             move_path=cfg.move_path,
             node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew,
-                                          keep_measurements=self.cfg.keep_measurements)
+                                          keep_measurements=self.cfg.keep_measurements,
+                                          before_move=self._store_moves)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
