@@ -138,3 +138,18 @@ def test_serve_without_the_service_extra_says_which_extra_to_install_and_the_cli
     Store(tmp_path / "state.db").close()
     r = arena("backup", "--db", "state.db", "--out", "copy.db")
     assert r.returncode == 0 and (tmp_path / "copy.db").is_file(), r.stderr
+
+
+def test_export_trace_does_not_write_over_the_state_database(tmp_path, capsys):
+    from engine.cli import main as cli_main
+    from engine.service.jobspec import JobSpec
+    db = tmp_path / "state.db"
+    with Store(db) as st:
+        st.submit(JobSpec("j", "tiny-gpt__2L", 8, 20))
+    (tmp_path / "link.db").symlink_to(db)
+    before = db.read_bytes()
+    for out in (db, tmp_path / "link.db"):
+        assert cli_main(["export-trace", "--db", str(db), "--out", str(out)]) == 2
+        assert (f"field '--out': is the state database {db} or one of its files; writing it would destroy the "
+                "service's state") in capsys.readouterr().err
+    assert db.read_bytes() == before

@@ -29,7 +29,7 @@ from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
 from ..service.config import default
-from ..service.lock import ServiceLock
+from ..service.lock import DB_LOCK_SUFFIX, ServiceLock
 from .jsonout import dumps
 
 LOOPBACK_NAMES = ("localhost",)
@@ -284,6 +284,22 @@ def _check_writable_file(path: str, flag: str) -> Path:
     check_output_file(p, flag)                # really written to: os.access says yes to root and /proc
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def _check_not_the_state(path: str, db: str, flag: str) -> None:
+    """An output file that is not the state database nor one of its files (SQLite's
+    ``-wal``, ``-shm`` and ``-journal``, the service's lock): writing there would destroy
+    the state a service may be running on (a link to one of them counts)."""
+    d = Path(db)
+    state = [d, *(d.with_name(d.name + s) for s in ("-wal", "-shm", "-journal", DB_LOCK_SUFFIX))]
+    p = Path(path)
+    try:
+        same = p.exists() and any(q.exists() and os.path.samefile(p, q) for q in state)
+    except OSError:
+        same = False                              # (unreadable: the writability check names it)
+    if same:
+        raise InputError(f"is the state database {db} or one of its files; writing it would destroy the "
+                         "service's state: give another file", file=str(p), field=flag)
 
 
 def build_service_parts(args):
@@ -686,6 +702,7 @@ def run_export_trace(args) -> int:
 
     from ..service.export import workload
     from ..service.store import Store
+    _check_not_the_state(args.out, args.db, "--out")
     out = _check_writable_file(args.out, "--out")
     with Store(args.db, readonly=True) as st:
         jobs, statuses = workload(st, args.db)
