@@ -45,9 +45,10 @@ class MoveEntry:
     price_s: float | None           # the downtime the move was priced at
     iterations_at: float            # the job's progress at the move
     ended_s: float | None = None
-    end: str = ""                   # moved again | preempted | evicted | failed | cancelled | finished |
-                                    # run ended (live: service restarted | service shutdown)
-    iterations_after: float = 0.0   # made from the move until the entry closed
+    end: str = ""                   # moved again | preempted | evicted | failed | cancelled | held |
+                                    # finished | run ended (live: service restarted)
+    iterations_after: float = 0.0   # made from the move until the entry closed (while open: until
+                                    # the last reading)
     paid_back_s: float | None = None
 
     @property
@@ -109,6 +110,22 @@ class MoveLedger:
         e = self._open.get(job_id)
         if e is not None:
             self._reading(e, now_s, iterations_done)
+            e.iterations_after = max(0.0, iterations_done - e.iterations_at)
+
+    def reopen(self, entry: MoveEntry) -> None:
+        """An entry that an earlier run of the live service left open, its job then running
+        where the move put it (engine/service/daemon.py, recovery): it stays open in this
+        run and closes at the job's next change, so that what the job makes after the
+        restart counts too. Not in ``entries`` (the moves of this run)."""
+        self._open[entry.job_id] = entry
+
+    def launched(self, job_id: str, now_s: float, grid: str, iterations_done: float) -> None:
+        """A queued job is launched on ``grid``. Only a reopened entry can be open then:
+        it stays open when the job runs where its move put it again, and closes (``service
+        restarted``) when it does not."""
+        e = self._open.get(job_id)
+        if e is not None and e.to_grid != grid:
+            self.closed(job_id, now_s, iterations_done, "service restarted")
 
     def closed(self, job_id: str, now_s: float, iterations_done: float, end: str) -> None:
         """Close the job's open entry (if any) at ``iterations_done``; the closing reading

@@ -122,6 +122,8 @@ class RoundLoop:
         st = self.state
         if st.jobs[job_id].status is JobStatus.RUNNING:
             self.hold(job_id, now, why="cancelled")
+        else:                             # (a queued job's move entry can be open after a restart)
+            self.moves.closed(job_id, now, st.jobs[job_id].iterations_done, "cancelled")
         st.cancel(job_id, now)
         self._need_decide = True
 
@@ -136,6 +138,7 @@ class RoundLoop:
             self._prev_iters.pop(job_id, None)
         else:
             st.hold(job_id, now)
+            self.moves.closed(job_id, now, st.jobs[job_id].iterations_done, why)
         self._need_decide = True
 
     def set_priority(self, job_id: str, priority: float) -> None:
@@ -347,6 +350,7 @@ class RoundLoop:
             if r.status is JobStatus.QUEUED:
                 resumed = r.first_start_s is not None
                 st.start(jid, a, now)
+                self.moves.launched(jid, now, str(a.grid), r.iterations_done)
                 ex.launch(r.job, a, decisions.plans.get(jid), now)
                 rec.launches += 1
                 if resumed:

@@ -68,3 +68,47 @@ def assert_ledger_consistent(res) -> None:
             if a.end == "moved again":
                 assert a.ended_s == b.time_s
     assert res.summary["moves_decided"] + res.summary["moves_forced"] == len(res.moves)
+
+
+def _restarted_loop(to_grid: str):
+    """A round loop as a restarted service has it: job "1" queued, and the open entry of
+    its move before the restart handed back (``MoveLedger.reopen``); the policy places it
+    on one 2-GPU grid."""
+    from engine.reconfig import ReconfigCostModel
+    from engine.round_loop import RoundLoop
+    from engine.sim_executor import SimExecutor
+    from tests.test_engine_helpers import LinearOracle, ScriptedPolicy, cluster, grid, job
+    g = grid("a100", 1, 2)
+    loop = RoundLoop(cluster(("a100", 1, 2)), ScriptedPolicy(lambda ctx: {v.job.job_id: g for v in ctx.jobs}),
+                     SimExecutor(LinearOracle(work_s=2.0), ReconfigCostModel()), round_interval_s=10.0,
+                     jobs=[job("1", 0.0, 100)])
+    loop.submit("1", 0.0)
+    e = MoveEntry("1", -50.0, False, "a:1x1:pp1", to_grid, 0.5, 1.0, 2.0, 20.0, 0.0, iterations_after=30.0)
+    loop.moves.reopen(e)
+    return loop, e, str(g)
+
+
+def test_an_entry_handed_back_after_a_restart_counts_what_the_job_makes_after_it():
+    from engine.state import JobStatus
+    loop, e, g = _restarted_loop(to_grid="")
+    e.to_grid = g                                  # it ran where its move put it: relaunched there
+    t = 0.0
+    while loop.state.jobs["1"].status is not JobStatus.FINISHED:
+        loop.collect(t, 10.0)
+        loop.round(t, int(t // 10))
+        assert t < 1000
+        if loop.state.jobs["1"].status is JobStatus.RUNNING:
+            assert e.ended_s is None                # still open, running where the move put it
+        t += 10.0
+    assert e.end == "finished" and e.iterations_after == 100.0 and loop.moves.entries == []
+    # paid for itself in a round after the restart (at 0.5/s before the move, 100 steps in 170 s)
+    assert e.paid_back_s is not None and 50.0 < e.paid_back_s <= e.elapsed_s == 170.0
+
+
+def test_an_entry_handed_back_closes_when_its_job_relaunches_elsewhere_or_is_cancelled_queued():
+    loop, e, g = _restarted_loop(to_grid="a:1x1:pp1")
+    loop.round(0.0, 0)                             # launched on the 2-GPU grid, not where the move put it
+    assert (e.end, e.ended_s, e.iterations_after) == ("service restarted", 0.0, 0.0)
+    loop, e, g = _restarted_loop(to_grid="a:1x1:pp1")
+    loop.cancel("1", 5.0)                          # cancelled before any round placed it
+    assert (e.end, e.ended_s) == ("cancelled", 5.0)

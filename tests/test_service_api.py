@@ -246,7 +246,9 @@ def test_serve_flags_default_to_the_service_config(tmp_path):
         port = s.getsockname()[1]
     args = build_parser().parse_args(["serve", "--local-slots", "2", "--db", str(tmp_path / "s.db"),
                                       "--work-dir", str(tmp_path / "w"), "--port", str(port)])
-    cfg = build_service_parts(args)[-1]
+    parts = build_service_parts(args)
+    parts.lock.release()
+    cfg = parts.cfg
     given = ServiceConfig(db_path=cfg.db_path, work_dir=cfg.work_dir)
     assert dataclasses.asdict(cfg) == dataclasses.asdict(given)
     serve = next(a for a in build_parser()._subparsers._group_actions[0].choices["serve"]._actions

@@ -200,8 +200,9 @@ def test_serve_refuses_weak_tokens_and_bad_tokens_files_before_making_anything(t
     from engine.cli import build_parser
     from engine.commands.service import build_service_parts
     args = build_parser().parse_args(base + ["--tokens-file", str(good), "--port", str(free_port())])
-    tokens = build_service_parts(args)[-2]          # ARENA_TOKEN is not read beside --tokens-file
-    assert tokens.caller(ALICE).user == "alice" and tokens.caller("short") is None
+    parts = build_service_parts(args)                # ARENA_TOKEN is not read beside --tokens-file
+    parts.lock.release()
+    assert parts.tokens.caller(ALICE).user == "alice" and parts.tokens.caller("short") is None
 
 
 def test_the_cli_names_who_may_change_a_job(tmp_path, capsys):

@@ -550,9 +550,11 @@ def test_the_move_ledger_is_stored_updated_closed_and_checked(store):
     # a second open move of the same job is an inconsistency the check names
     store.record_moves([MoveEntry(str(j), 300.0, True, "a", "b", 0.0, None, None, None, 310.0)])
     assert any("2 moves open at once" in p for p in store.check())
-    # a restart ends what is still open
-    assert store.close_open_moves("service restarted") == 2
-    assert store.check() == [] and all(m["ended_at"] is not None for m in store.moves())
+    assert [m["at"] for m in store.moves(open_only=True)] == [200.0, 300.0] and store.moves(j, open_only=True)
+    e2.ended_s, e2.end = 300.0, "moved again"
+    store.record_moves([e2, MoveEntry(str(j), 300.0, True, "a", "b", 0.0, None, None, None, 310.0, 320.0,
+                                      "service restarted")])
+    assert store.check() == [] and store.moves(open_only=True) == []
     assert "no estimate" in move_line(store.moves(j)[-1]) and "forced" in move_line(store.moves(j)[-1])
 
 

@@ -22,13 +22,16 @@ import socket
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from instances.errors import InputError
 from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
 from ..service.config import default
+from ..service.lock import DB_LOCK_SUFFIX, ServiceLock
 from .jsonout import dumps
 
 LOOPBACK_NAMES = ("localhost",)
@@ -308,7 +311,36 @@ def _data_roots(given: list[str] | None) -> tuple[str, ...] | None:
     return tuple(given)
 
 
-def build_service_parts(args):
+def _check_not_the_state(path: str, db: str, flag: str) -> None:
+    """An output file that is not the state database nor one of its files (SQLite's
+    ``-wal``, ``-shm`` and ``-journal``, the service's lock): writing there would destroy
+    the state a service may be running on (a link to one of them counts)."""
+    d = Path(db)
+    state = [d, *(d.with_name(d.name + s) for s in ("-wal", "-shm", "-journal", DB_LOCK_SUFFIX))]
+    p = Path(path)
+    try:
+        same = p.exists() and any(q.exists() and os.path.samefile(p, q) for q in state)
+    except OSError:
+        same = False                              # (unreadable: the writability check names it)
+    if same:
+        raise InputError(f"is the state database {db} or one of its files; writing it would destroy the "
+                         "service's state: give another file", file=str(p), field=flag)
+
+
+@dataclass(frozen=True)
+class ServiceParts:
+    """What ``arena serve`` is made of, each part validated (``build_service_parts``)."""
+    cluster: Any
+    policy: Any
+    shadow: Any
+    perf: Any
+    reconfig: Any
+    tokens: Any                 # engine.service.auth.Tokens, or None (loopback without tokens)
+    cfg: Any                    # engine.service.config.ServiceConfig
+    lock: ServiceLock           # held: one service per state (engine/service/lock.py)
+
+
+def build_service_parts(args) -> ServiceParts:
     """Everything ``arena serve`` needs, validated before anything starts."""
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 
@@ -371,13 +403,25 @@ def build_service_parts(args):
     if work.exists() and not work.is_dir():
         raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
     work.mkdir(parents=True, exist_ok=True)
-    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as sock:
+    # one service per state, checked before the port (a second service may be given another port)
+    # and before anything is touched: held until this process ends (engine/service/lock.py)
+    lock = ServiceLock.acquire(cfg.db_path, cfg.work_dir)
+    try:
+        _check_port(args.host, args.port)
+    except BaseException:
+        lock.release()
+        raise
+    return ServiceParts(cluster, policy, shadow, perf, reconfig, tokens, cfg, lock)
+
+
+def _check_port(host: str, port: int) -> None:
+    """The address is free to bind (as the server will)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will
         try:
-            sock.bind((args.host, args.port))
+            sock.bind((host, port))
         except OSError as e:
-            raise InputError(f"cannot bind {args.host}:{args.port}: {e.strerror or e}", field="--port") from None
-    return cluster, policy, shadow, perf, reconfig, tokens, cfg
+            raise InputError(f"cannot bind {host}:{port}: {e.strerror or e}", field="--port") from None
 
 
 def _tokens(args):
@@ -395,18 +439,36 @@ def _tokens(args):
     return None if env is None else Tokens.single(env, field="ARENA_TOKEN")
 
 
+SERVICE_EXTRA = "pip install -e '.[service]'"     # what brings FastAPI and uvicorn (pyproject.toml)
+
+
+def _check_service_extra() -> None:
+    """FastAPI and uvicorn (the ``service`` extra) are installed; else an error that says
+    which extra to install (the clients talk HTTP with the standard library: they need none)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise InputError(f"arena serve needs the 'service' extra (FastAPI and uvicorn; no module named "
+                         f"{e.name!r}): {SERVICE_EXTRA}") from None
+
+
 def run_serve(args) -> int:
     import signal
     import threading
 
+    _check_service_extra()                        # before any option is checked or file made
     import uvicorn
 
     from ..service.api import ApiContext, create_app
     from ..service.daemon import Service, fault_from_env
 
-    cluster, policy, shadow, perf, reconfig, tokens, cfg = build_service_parts(args)
+    parts = build_service_parts(args)
+    cluster, policy, shadow, perf, reconfig, tokens, cfg, lock = (
+        parts.cluster, parts.policy, parts.shadow, parts.perf, parts.reconfig, parts.tokens, parts.cfg, parts.lock)
     log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow)
+    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow,
+                      lock=lock)
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, tokens,
                                 shadow_policy=service.shadow_name, data_roots=cfg.data_roots,
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
@@ -698,6 +760,7 @@ def run_export_trace(args) -> int:
 
     from ..service.export import workload
     from ..service.store import Store
+    _check_not_the_state(args.out, args.db, "--out")
     out = _check_writable_file(args.out, "--out")
     with Store(args.db, readonly=True) as st:
         jobs, statuses = workload(st, args.db)

@@ -21,7 +21,9 @@ progress (the step of that checkpoint). So a ``kill -9`` at any moment loses no 
 gives no GPU to two jobs (the store refuses it, the loop's invariants assert it) and
 loses no step past a job's last checkpoint. ``SIGTERM`` (``shutdown``) stops every running job with a checkpoint.
 Recovery first sets aside what the work folder holds and the database does not know (a
-database restored from an older copy): workdir.py.
+database restored from an older copy): workdir.py. The move ledger's open moves follow
+their jobs across the restart (``_resume_moves``). One service per database and work
+folder: the service holds lock.py's lock for its life.
 
 A run that fails goes back to the queue from its last checkpoint and is offered to the
 policy again after a backoff (``failure_backoff_s`` x 2^(failures-1)); after
@@ -61,6 +63,7 @@ from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
 from launcher.telemetry import read_progress
 
 from ..context import Decisions, RoundContext
+from ..move_ledger import MoveEntry
 from ..policy import Policy
 from ..reconfig import ReconfigCostModel
 from ..round_loop import RoundLoop, RoundRecord
@@ -68,9 +71,12 @@ from ..state import JobStatus
 from .config import ServiceConfig
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
+from .lock import ServiceLock
 from .node_health import NodeHealth
 from .store import TERMINAL, Store
 from .workdir import set_aside_unknown
+
+SHUTDOWN = "service shutdown"           # why a clean shutdown stops a job (its launch's end reason begins so)
 
 # Named points where a test may kill the service (``ARENA_FAULT=point[:n]``: SIGKILL at the
 # n-th time the point is reached; test use only).
@@ -104,13 +110,21 @@ def _stderr(msg: str) -> None:
 class Service:
     def __init__(self, cluster: ClusterSpec, policy: Policy, perf: object, reconfig: ReconfigCostModel,
                  cfg: ServiceConfig, *, log: Callable[[str], None] = _stderr,
-                 fault: Callable[[str], None] | None = None, shadow: Policy | None = None):
+                 fault: Callable[[str], None] | None = None, shadow: Policy | None = None,
+                 lock: ServiceLock | None = None):
+        """``lock``: this state's lock (lock.py), already taken (``arena serve`` takes it
+        before it checks the port); else the service takes it before it opens the store."""
         self.cluster, self.cfg, self.log = cluster, cfg, log
         self.policy_name = getattr(policy, "name", type(policy).__name__)
         self.shadow_name = None if shadow is None else getattr(shadow, "name", type(shadow).__name__)
         self.fault = fault or (lambda point: None)
         Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
-        self.store = Store(cfg.db_path)
+        self.lock = lock if lock is not None else ServiceLock.acquire(cfg.db_path, cfg.work_dir)
+        try:
+            self.store = Store(cfg.db_path)
+        except BaseException:
+            self.lock.release()
+            raise
         self.mpi = MpiExecutor(MpiExecutorConfig(
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
@@ -118,7 +132,8 @@ class Service:
             move_path=cfg.move_path, data_roots=cfg.data_roots,
             node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew,
-                                          keep_measurements=self.cfg.keep_measurements)
+                                          keep_measurements=self.cfg.keep_measurements,
+                                          before_move=self._store_moves)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
@@ -165,9 +180,7 @@ class Service:
         # what the work folder holds and the database does not know (restored from an older copy)
         set_aside_unknown(self.cfg.work_dir, st.last_generations(), self.cfg.stop_timeout_s, self.log,
                           alive=lambda: self._alive("recovering"))
-        n = st.close_open_moves("service restarted")    # their jobs are stopped below and relaunch
-        if n:
-            self.log(f"{n} move(s) of the last run were still open; ended as 'service restarted'")
+        open_moves = self._open_moves()       # (read before the launches below are ended)
         for row in st.jobs():                 # ranks left training by a move the crash interrupted
             launches = st.launches(row.id)
             if row.status in TERMINAL or not launches or launches[-1].state == "started":
@@ -205,6 +218,7 @@ class Service:
                 self._set_status(row.id, "finished", "training finished as its last launch was stopped")
             elif row.status == "running" or self._ready(row, deps):   # (one waiting for others is left out)
                 self._adopt(row.id, row.spec, row.submitted_at)
+        self._resume_moves(open_moves)
         for node in sorted(set(st.drained()) - set(range(len(self.cluster.nodes())))):
             self.log(f"node {node} is drained in the database but cluster {self.cluster.name!r} has no such node; "
                      f"ignored (`arena undrain {node}` clears it)")
@@ -221,6 +235,57 @@ class Service:
         problems = st.check()
         if problems:
             raise RuntimeError("state database inconsistent after recovery: " + "; ".join(problems[:5]))
+
+    def _open_moves(self) -> dict[tuple[int, float], float | None]:
+        """The move-ledger entries the last service left open, (job, time) -> ``None`` for
+        those whose job was running where its move put it when that service stopped (the
+        job's latest launch is on the move's grid, begun at or after the move, and was still
+        active — the service died — or stopped by the service's shutdown), else when the
+        job's latest launch ended (or ``nan``: it was active). Read before recovery ends
+        the active launches."""
+        out: dict[tuple[int, float], float | None] = {}
+        for m in self.store.moves(open_only=True):
+            launches = self.store.launches(m["job_id"])
+            last = launches[-1] if launches else None
+            active = last is not None and last.state in ("intent", "started")
+            there = last is not None and last.plan.get("grid") == m["to_grid"] and last.created_at >= m["at"]
+            if there and (active or last.reason.startswith(SHUTDOWN)):
+                out[(m["job_id"], m["at"])] = None
+            else:
+                out[(m["job_id"], m["at"])] = math.nan if last is None or active else last.updated_at
+        return out
+
+    def _resume_moves(self, open_moves: dict[tuple[int, float], float | None]) -> None:
+        """The ledger follows a job across a restart: an open entry of a job that ran where
+        its move put it and is queued again stays open in this run's ledger
+        (``MoveLedger.reopen``; it closes at the job's next change, or when the job
+        relaunches on another grid), so the steps it makes after the restart count too. Any
+        other open entry closes now at what the job's progress says (its last step if it
+        finished meanwhile, else the checkpoint it resumes from)."""
+        led, now = self.loop.moves, time.time()
+        carried, ended = [], []
+        for m in self.store.moves(open_only=True):
+            e = MoveEntry(str(m["job_id"]), m["at"], m["forced"], m["from_grid"], m["to_grid"], m["rate_before"],
+                          m["est_rate_before"], m["est_rate_after"], m["price_s"], m["iterations_at"],
+                          iterations_after=m["iterations_after"], paid_back_s=m["paid_back_s"])
+            led.reopen(e)
+            self._moves_open.append(e)
+            rec = self.loop.state.jobs.get(e.job_id)
+            stopped_at = open_moves.get((m["job_id"], m["at"]), math.nan)
+            if stopped_at is None and rec is not None and rec.status is JobStatus.QUEUED:
+                carried.append(e.job_id)
+                continue
+            prog = read_progress(Path(self.cfg.work_dir) / e.job_id / "progress.json") or {}
+            finished = self.store.job(m["job_id"]).status == "finished"
+            done = float((prog.get("iterations_done") if finished else prog.get("last_checkpoint_step")) or 0)
+            at = now if finished or stopped_at is None or math.isnan(stopped_at) else max(stopped_at, e.time_s)
+            led.closed(e.job_id, at, done, "finished" if finished else "service restarted")
+            ended.append(e.job_id)
+        if carried or ended:
+            self._store_moves()
+            self.log(f"move ledger: {len(carried)} open move(s) of the last run carried on"
+                     + (f" (jobs {', '.join(carried)})" if carried else "")
+                     + (f", {len(ended)} ended (jobs {', '.join(ended)})" if ended else ""))
 
     def _adopt(self, jid: int, spec_dict: dict, submitted_at: float) -> None:
         spec = JobSpec.from_dict(spec_dict, source=f"job {jid} in the state database", check_files=False)
@@ -513,9 +578,10 @@ class Service:
         now = max(time.time(), self.loop.state.now_s)
         for jid in list(self.loop.state.running):
             try:
-                self.executor.stop(jid, now, reason="service shutdown")
+                self.executor.stop(jid, now, reason=SHUTDOWN)
                 self.loop.state.stop(jid, now, kept_iterations=self.mpi.progress(jid).iterations_done)
-                self.loop.moves.closed(jid, now, self.loop.state.jobs[jid].iterations_done, "service shutdown")
+                # its move stays open: the next start carries it on (_resume_moves)
+                self.loop.moves.observe(jid, now, self.loop.state.jobs[jid].iterations_done)
             except Exception as e:            # keep stopping the others; the next start recovers
                 self.log(f"job {jid}: stop at shutdown failed: {e}")
         try:
@@ -524,4 +590,5 @@ class Service:
             self.log(f"the move ledger was not stored at shutdown: {e}")
         self.mpi.close()
         self.store.close()
+        self.lock.release()
         self.log("stopped; running jobs were checkpointed")

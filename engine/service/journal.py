@@ -6,7 +6,9 @@ the state store, so that a restart can tell what happened.
 - a stop asks the ranks to checkpoint and exit (grace period, then kill), then records
   the checkpoint, ends the launch and puts the job back to ``queued``;
 - a move is journaled as the end of the job's launch (``release``) followed by a new
-  launch (``reconfigure``). Device to device where the launcher can (one host, a running
+  launch (``reconfigure``), whose intent comes after the move's ledger entry is stored
+  (``before_move``: a crash between them leaves no move the ledger does not have).
+  Device to device where the launcher can (one host, a running
   job): the ranks keep training through ``release`` and move their state in place; the
   new launch record continues in the same run folder, with the same mpiexec. Otherwise
   (or when the device-to-device move fails) a stop with a checkpoint and a relaunch that
@@ -64,8 +66,10 @@ def plan_record(alloc: Allocation, plan: Plan | None) -> dict:
 
 class JournaledExecutor:
     def __init__(self, mpi: MpiExecutor, store: Store, fault: Fault | None = None,
-                 beat: Callable[[], None] | None = None, keep_measurements: int = 0):
+                 beat: Callable[[], None] | None = None, keep_measurements: int = 0,
+                 before_move: Callable[[], None] | None = None):
         self.mpi, self.store = mpi, store
+        self.before_move = before_move or (lambda: None)   # stores the move ledger's new entry (the service)
         self.keep_measurements = keep_measurements     # per job, newest iteration times kept (0: all)
         self.fault = fault or (lambda point: None)
         self.beat = beat or (lambda: None)            # each effect is a sign of life (Service.liveness)
@@ -154,6 +158,7 @@ class JournaledExecutor:
         self.beat()
         if self.mpi.released_path(job_id) is None:
             self.release(job_id, now_s)
+        self.before_move()
         self._start(job_id, alloc, plan, now_s,
                     lambda gen: self.mpi.reconfigure(job_id, alloc, plan, now_s, launch_index=gen),
                     how=lambda: self._how_moved(job_id))

@@ -671,20 +671,14 @@ class Store:
                 "end_reason = excluded.end_reason, iterations_after = excluded.iterations_after, "
                 "paid_back_s = excluded.paid_back_s", rows)
 
-    def close_open_moves(self, end_reason: str) -> int:
-        """End every move still open (a restart: the jobs were stopped and relaunch); how many."""
-        with self._tx() as now:
-            cur = self.conn.execute("UPDATE moves SET ended_at = ?, end_reason = ? WHERE ended_at IS NULL",
-                                    (now, str(end_reason)))
-        return cur.rowcount
-
-    def moves(self, job_id: int | None = None) -> list[dict]:
-        """Move-ledger rows (one job's, or all), oldest first, as dicts of ``MOVE_FIELDS``."""
-        q = f"SELECT {', '.join(self.MOVE_FIELDS)} FROM moves"
+    def moves(self, job_id: int | None = None, *, open_only: bool = False) -> list[dict]:
+        """Move-ledger rows (one job's, or all; ``open_only``: those not ended), oldest
+        first, as dicts of ``MOVE_FIELDS``."""
+        q = f"SELECT {', '.join(self.MOVE_FIELDS)} FROM moves WHERE " + ("ended_at IS NULL" if open_only else "1")
         if job_id is None:
             rows = self.conn.execute(q + " ORDER BY at, job_id")
         else:
-            rows = self.conn.execute(q + " WHERE job_id = ? ORDER BY at", (int(job_id),))
+            rows = self.conn.execute(q + " AND job_id = ? ORDER BY at", (int(job_id),))
         return [dict(zip(self.MOVE_FIELDS, r)) | {"forced": bool(r[2])} for r in rows]
 
     def move_counts(self) -> dict[str, int]:
