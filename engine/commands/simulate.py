@@ -119,14 +119,41 @@ def build_policy(name: str, opts: dict, *, name_flag: str = "--policy", opt_flag
     if name not in policy_names():
         raise InputError(f"unknown policy {name!r}; known: {', '.join(policy_names())}", field=name_flag)
     try:
-        return make_policy(name, **opts)
+        policy = make_policy(name, **opts)
     except (TypeError, ValueError) as e:
         reason = e.reason if isinstance(e, InputError) else str(e)
+        if not opts and not isinstance(e, InputError):     # no option given: the policy's own failure
+            raise InputError(f"policy {name!r}{_defined_in(name)} could not be built: {type(e).__name__}: "
+                             f"{reason}{_raised_at(e)}", field=name_flag) from None
         if not reason.startswith(f"policy {name!r}"):
             reason = f"policy {name!r}: {reason}"
         if isinstance(e, InputError) and e.field and e.field not in reason:
             reason += f" (option {e.field})"
         raise InputError(reason, field=opt_flag) from None
+    if not callable(getattr(policy, "decide", None)):
+        raise InputError(f"policy {name!r}{_defined_in(name)} built a {type(policy).__name__} object, which has "
+                         "no decide(ctx) method", field=name_flag)
+    return policy
+
+
+def _defined_in(name: str) -> str:
+    """' (defined in FILE)' of a registered policy's factory, when it is not one of ours
+    (a plug-in's policy names its file)."""
+    import inspect
+
+    from ..policy import POLICIES
+    try:
+        file = inspect.getsourcefile(POLICIES.get(name))
+    except (TypeError, InputError):
+        return ""
+    return "" if file is None or "/engine/policies/" in file.replace("\\", "/") else f" (defined in {file})"
+
+
+def _raised_at(e: BaseException) -> str:
+    """' (FILE, line N)' of the frame that raised ``e``."""
+    import traceback
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 
 def build_shadow(args):
