@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.json_input import loads_unique
 
 MOVE_PATHS = ("d2d", "storage")       # how a running job moves: device to device where it can, or via storage
 
@@ -212,7 +213,7 @@ class TrainConfig:
     @classmethod
     def read(cls, path: str | Path) -> "TrainConfig":
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
+            return cls.from_json(loads_unique(Path(path).read_text(), file=str(path)))
         except json.JSONDecodeError as e:
             raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
         except InputError as e:

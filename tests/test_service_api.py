@@ -54,7 +54,8 @@ def heads_config(tmp_path: Path) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("case", ["toml", "model", "heads", "gpus", "steps", "unknown", "not-json", "type"])
+@pytest.mark.parametrize("case", ["toml", "model", "heads", "gpus", "steps", "unknown", "not-json", "type",
+                                  "key-twice"])
 def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_path, case):
     client, db, _ = api
     body, field = {
@@ -66,6 +67,7 @@ def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_
         "unknown": ({**GOOD, "bogus": 1}, "bogus"),
         "not-json": (b"{not json", "body"),
         "type": ([1, 2], None),
+        "key-twice": (json.dumps(GOOD)[:-1].encode() + b', "steps": 1000}', "body.steps"),
     }[case]
     r = client.post("/api/jobs", content=body) if isinstance(body, bytes) else client.post("/api/jobs", json=body)
     assert 400 <= r.status_code < 500, r.text
@@ -75,6 +77,8 @@ def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_
         assert err["field"] == field, err
     if case == "toml":
         assert "malformed TOML" in err["error"]
+    if case == "key-twice":
+        assert "key 'steps' given twice" in err["error"]
     assert stored(db) == 0
 
 

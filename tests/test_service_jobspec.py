@@ -93,6 +93,10 @@ def test_toml_errors_name_the_file_and_line(tmp_path):
     with pytest.raises(InputError) as e:
         JobSpec.from_toml(p)
     assert e.value.file == str(p) and e.value.field == "steps"
+    p.write_text('name = "x"\nmodel = "tiny-gpt__2L"\nglobal_batch = 8\nsteps = 3\nsteps = 30\n')   # (TOML refuses it)
+    with pytest.raises(InputError, match="malformed TOML: Cannot overwrite a value") as e:
+        JobSpec.from_toml(p)
+    assert e.value.line == 5
     for path, words in ((tmp_path, "folder"), (tmp_path / "none.toml", "not found")):
         with pytest.raises(InputError, match=words):
             JobSpec.from_toml(path)

@@ -47,6 +47,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
+from instances.json_input import loads_unique
 
 from .jobspec import JobSpec
 from .losses import LossLog
@@ -85,9 +86,11 @@ async def _json_body(request: Request, empty: Any) -> Any:
     if not raw:
         return empty
     try:
-        return json.loads(raw)
+        return loads_unique(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"body is not JSON: {e}", field="body") from None
+    except InputError as e:                 # a key given twice: where in the body
+        raise InputError(e.reason, field=f"body.{e.field}") from None
 
 
 async def _body_and_reason(request: Request) -> tuple[Any, str | None]:
