@@ -33,6 +33,11 @@ class Job:
             object.__setattr__(self, "requested_gpu_type", canonical_gpu_name(self.requested_gpu_type))
         if not self.job_id:
             raise ValueError("job_id must be non-empty")
+        for name in ("job_id", "tenant"):     # the trace readers strip them: "1" and " 1 " are one job
+            v = getattr(self, name)
+            if not isinstance(v, str) or v != v.strip() or not v:
+                raise InputError(f"job {self.job_id!r}: {name} must be a non-empty string without white space "
+                                 f"around it, got {v!r}", field=name)
         if self.global_batch < 1:
             raise ValueError(f"job {self.job_id}: global_batch must be >= 1")
         if self.num_iterations < 1:

@@ -256,9 +256,9 @@ def _parse_ours(text: str, label: str) -> tuple[tuple[Job, ...], dict[str, int]]
         raise InputError("unknown column", file=label, line=2, field=extra[0])
     jobs, seen = [], {}
     for line, rec in _records(rows, text):
-        job_id = rows.raw(rec, "job_id")
+        job_id = rows.raw(rec, "job_id").strip()       # " 1 " is job 1 (and a second "1" a duplicate)
         _check_unique(job_id, line, seen, label)
-        tenant = rows.raw(rec, "tenant")
+        tenant = rows.raw(rec, "tenant").strip()
         arrival = rows.float(rec, line, "arrival_s")
         deadline = rows.float(rec, line, "deadline_s", optional=True)
         if deadline is not None and deadline < arrival:

@@ -37,7 +37,8 @@ def test_roundtrip_example(tmp_path):
 
 
 finite_time = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
-text_id = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12)
+text_id = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12).filter(
+    lambda s: s == s.strip())      # (a job id or tenant with white space around it is refused: below)
 
 
 @st.composite
@@ -143,6 +144,29 @@ def test_duplicate_job_id_names_both_lines():
     with pytest.raises(InputError, match="first on line 3") as e:
         parse_trace(OURS_HEAD + row + "\n" + row, "x.csv")
     assert e.value.line == 5 and e.value.field == "job_id"
+
+
+def test_job_ids_and_tenants_are_stripped_so_that_spaces_make_no_second_job():
+    # ours: " 1 " is job 1, so a second "1" is a duplicate; the tenant " a " is tenant a
+    row = "{id},gpt__1.3B,128,10,5,,1.0,{tenant},,\n"
+    jobs = parse_trace(OURS_HEAD + row.format(id=" 1 ", tenant=" a "), "x.csv")
+    assert [(j.job_id, j.tenant) for j in jobs] == [("1", "a")]
+    with pytest.raises(InputError, match=r"duplicate job id '1' \(first on line 3\)") as e:
+        parse_trace(OURS_HEAD + row.format(id="1", tenant="a") + row.format(id=" 1 ", tenant="a"), "x.csv")
+    assert (e.value.line, e.value.field) == (4, "job_id")
+    with pytest.raises(InputError, match="must be non-empty") as e:
+        parse_trace(OURS_HEAD + row.format(id="  ", tenant="a"), "x.csv")
+    # Arena's format: the same
+    arena = "{id},0,100,gpt__1.3B,1000,64,4,a100\n"
+    with pytest.raises(InputError, match="duplicate job id '7'") as e:
+        parse_trace(ARENA_HEAD + arena.format(id="7") + arena.format(id="7 "), "a.csv")
+    assert (e.value.line, e.value.field) == (3, "job_id")
+    # (Philly's ids are made from the line: philly-<line>, unique by construction)
+    # a job built in code with spaces around its id or tenant is refused, not written to a trace
+    for kw in ({"job_id": " 1"}, {"tenant": "a "}):
+        with pytest.raises(InputError, match="without white space around it"):
+            Job(**{"job_id": "1", "model": "gpt__1.3B", "global_batch": 8, "num_iterations": 1, "arrival_s": 0.0,
+                   **kw})
 
 
 def test_unknown_format_and_version():

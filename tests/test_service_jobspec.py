@@ -66,6 +66,8 @@ def test_refusals_name_the_field(tmp_path):
     bad(GOOD | {"seed": -1}, "seed")
     bad(GOOD | {"name": "../etc"}, "name")
     bad(GOOD | {"tenant": ""}, "tenant")
+    bad(GOOD | {"name": "train\n"}, "name")               # ("$" matched before a final newline)
+    bad(GOOD | {"tenant": "team-a\n"}, "tenant")          # (a second tenant "team-a")
     bad(GOOD | {"colour": "red"}, "colour", match="unknown key")
     bad({k: v for k, v in GOOD.items() if k != "steps"}, "steps", match="missing")
     bad(GOOD | {"data": str(tmp_path / "absent.txt")}, "data", match="not a file")

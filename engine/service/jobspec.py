@@ -33,7 +33,7 @@ from instances.gpus import canonical_gpu_name
 from instances.jobs import MAX_ITERATIONS, Job
 from instances.models import canonical_model_name, get_model
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")     # fullmatch: "$" would let a final "\n" in
 MAX_SEED = 2**63 - 1
 MAX_TOML_BYTES = 64 * 1024          # a job file is a few lines; more is not one
 REQUEST = "request"                 # the source named in errors for a dict
@@ -194,9 +194,9 @@ def _check(spec: JobSpec) -> None:
             raise err(field, f"must be a string, got {v!r}")
         return v
 
-    if not NAME_RE.match(text("name")):
+    if not NAME_RE.fullmatch(text("name")):
         raise err("name", f"{spec.name!r}: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    if not NAME_RE.match(text("tenant")):
+    if not NAME_RE.fullmatch(text("tenant")):
         raise err("tenant", f"{spec.tenant!r}: 1-64 letters, digits, '.', '_' or '-'")
     try:
         object.__setattr__(spec, "model", canonical_model_name(text("model")))
