@@ -432,6 +432,9 @@ def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
         if chosen is None:
             raise rows.err(line, "num_gpus", f"no model of the measured table fits {n} GPUs of any of {cand}")
         t, m, b, it = chosen
+        if dur / it > MAX_ITERATIONS:       # the duration is at fault, not the iterations made of it
+            raise rows.err(line, "duration", f"{dur:,.6g} s is {dur / it:,.3g} iterations of {m} (batch {b}) on {n} "
+                                             f"{t} GPUs, above the limit of {MAX_ITERATIONS:,} iterations per job")
         jobs.append(_job(label, line, job_id=f"philly-{line}", model=m, global_batch=b,
                          num_iterations=max(1, round(dur / it)), arrival_s=arrival, tenant=vc,
                          requested_gpu_type=t, requested_gpus=n))

@@ -227,6 +227,16 @@ def test_bundled_arena_traces():
     assert len(load_bundled_trace("arena-venus")) == 438 and len(load_bundled_trace("arena-pai")) == 125
 
 
+@pytest.mark.parametrize("duration", ["1e30", "1e300"])
+def test_a_philly_duration_too_long_for_the_iteration_limit_is_blamed_on_the_duration(duration):
+    text = ("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,3600,1,3600,vc1\n"
+            f"2017-10-09 08:01:55,{duration},4,1,vc1\n")
+    with pytest.raises(InputError, match=r"s is [0-9.e+]+ iterations of .* on 4 .* GPUs, above the limit of "
+                                         r"1,000,000,000 iterations per job") as e:
+        parse_trace(text, "p.csv")
+    assert (e.value.line, e.value.field) == (3, "duration")
+
+
 def test_gzip_and_philly_import(tmp_path):
     head = "timestamp,duration,num_gpus,gpu_time,cluster\n"
     body = ("2017-10-09 07:01:55,3600.0,1,3600.0,vc1\n"
