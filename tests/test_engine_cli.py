@@ -118,6 +118,22 @@ def test_never_placed_job_is_named_on_stderr(tmp_path, capsys):
     assert s["jobs_never_placed"] == 1 and s["never_placed_reasons"] == "gpu type missing: 1"
 
 
+@pytest.mark.parametrize("policy", ["arena", "fcfs"])
+def test_a_job_never_chosen_is_explained_for_the_policy_that_ran(tmp_path, capsys, policy):
+    # six one-GPU jobs on one node of 4 GPUs, for 3 rounds: some never start
+    rows = "".join(f"{i},0,1000000,gpt__1.3B,100000000,32,1,a100\n" for i in range(1, 7))
+    args = _cluster_trace(tmp_path, rows)
+    (tmp_path / "c.json").write_text('[{"a100": {"node_num": 1}}]')
+    assert main(["simulate", *args, "--policy", policy, "--rounds", "3", "--out", str(tmp_path / "o"), "--quiet",
+                 "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert f"never placed under {policy} (never chosen:" in err
+    if policy == "fcfs":
+        assert "fcfs never chose a grid for it (no node layout of the cluster holds its request" in err
+    else:           # the fcfs hint is for fcfs only
+        assert "arena never chose a grid for it (it waited for room until the end" in err and "fcfs" not in err
+
+
 def test_run_out_safety_limit_is_reported(tmp_path, capsys):
     args = _cluster_trace(tmp_path, "1,0,1000000,gpt__1.3B,1e9,32,2,a100\n")
     assert main(["simulate", *args, "--out", str(tmp_path / "o"), "--quiet", "--no-plots",
