@@ -173,8 +173,12 @@ class TrainConfig:
             raise InputError(f"must be >= 1, got {self.checkpoint_keep}", field="checkpoint_keep")
         if self.device not in DEVICES:
             raise InputError(f"unknown device {self.device!r}; known: {', '.join(DEVICES)}", field="device")
-        if self.step_delay_s < 0 or not self.comm_timeout_s > 0:
-            raise InputError("step_delay_s must be >= 0 and comm_timeout_s > 0", field="step_delay_s")
+        if not 0 <= self.step_delay_s < float("inf"):           # (nan and inf too: a rank sleeps it)
+            raise InputError(f"must be a finite number of seconds >= 0, got {self.step_delay_s!r}",
+                             field="step_delay_s")
+        if not 0 < self.comm_timeout_s < float("inf"):
+            raise InputError(f"must be a finite number of seconds > 0, got {self.comm_timeout_s!r}",
+                             field="comm_timeout_s")
         gpn = self.gpus_per_node if self.gpus_per_node is not None else -(-self.plan.world_size // self.num_nodes)
         object.__setattr__(self, "gpus_per_node", gpn)
         if self.plan.stage_layers:

@@ -131,6 +131,7 @@ def test_arbitrary_bytes_never_crash(tmp_path_factory, blob):
     ("a,gpt__1.3B,128,10,5,,1.0,t,quantum,\n", 3, "requested_gpu_type"),
     ("a,gpt__1.3B,128,10,5,,1.0,t,,0\n", 3, "requested_gpus"),
     ("a,gpt__1.3B,12x,10,5,,1.0,t,,\n", 3, "global_batch"),
+    ("a,gpt__1.3B,2000000,10,5,,1.0,t,,\n", 3, "global_batch"),       # above MAX_GLOBAL_BATCH
 ])
 def test_ours_errors_name_line_and_field(row, line, field):
     with pytest.raises(InputError) as e:

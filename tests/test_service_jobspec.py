@@ -54,6 +54,7 @@ def test_refusals_name_the_field(tmp_path):
     bad(GOOD | {"steps": 0}, "steps")
     bad(GOOD | {"steps": 2.5}, "steps")
     bad(GOOD | {"global_batch": True}, "global_batch")
+    bad(GOOD | {"global_batch": 2**20 + 1}, "global_batch", match=r"must be in \[1, 1048576\]")   # MAX_GLOBAL_BATCH
     bad(GOOD | {"model": "gpt__99T"}, "model", match="unknown model")
     bad(GOOD | {"gpus": 9}, "gpus", cluster=CLUSTER, match="has 8 a100")
     bad(GOOD | {"gpus": 9, "gpu_type": "a100"}, "gpus", cluster=CLUSTER, match="has 8 a100")

@@ -31,6 +31,7 @@ import re
 import sys
 import time
 
+from .flags import fields_as_flags
 from .jsonout import dumps
 from .policy_runs import (
     POLICY_COLUMNS,
@@ -237,9 +238,13 @@ def _check_synthetic_args(args, rounds_flag: str) -> None:
 
 
 def run_solver_bench(args) -> int:
+    from ..solvers.base import BACKENDS
     _check_synthetic_args(args, "--repeat")
     weights = _parse_weights(args.objective)
     backends = args.backend or list(DEFAULT_BENCH_BACKENDS)
+    with fields_as_flags({"backend": "--backend"}):
+        for name in backends:                      # an unknown name fails before any work
+            BACKENDS.get(name)
     log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     if log:
         log(f"bench solver: {args.gpus} GPUs, {args.jobs} jobs, {args.repeat} rounds, backends {', '.join(backends)}")
@@ -276,7 +281,8 @@ def run_incremental_bench(args) -> int:
     from ..solvers import make_backend
 
     _check_synthetic_args(args, "--rounds")
-    make_backend(args.backend)                     # an unknown name fails before any work
+    with fields_as_flags({"backend": "--backend"}):
+        make_backend(args.backend)                 # an unknown name fails before any work
     try:
         config = IncrementalConfig(queued=args.queued, other_type=args.other_type,
                                    move_budget_jobs=args.move_budget_jobs,
@@ -483,7 +489,8 @@ def run_policy_bench(args) -> int:
         raise InputError(str(e), field="--reconfig-opt") from None
     if args.perf is not None:
         from estimators.perf import KINDS
-        KINDS.get(args.perf)
+        with fields_as_flags({"kind": "--perf"}):
+            KINDS.get(args.perf)
     if args.profile_store is not None:
         from estimators.perf import open_profile_store
         open_profile_store(args.profile_store, "--profile-store")       # before any simulation

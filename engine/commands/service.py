@@ -29,7 +29,20 @@ from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
 from ..service.config import default
+from .flags import fields_as_flags
 from .jsonout import dumps
+
+# The flag that sets each field of ServiceConfig (engine/service/config.py), for its errors;
+# tests/test_cli_flags.py walks it against the config's fields and the parser.
+SERVE_FLAGS = {
+    "db_path": "--db", "work_dir": "--work-dir", "round_interval_s": "--round-interval",
+    "checkpoint_interval_s": "--checkpoint-interval", "stop_timeout_s": "--stop-timeout",
+    "max_failures": "--max-failures", "failure_backoff_s": "--failure-backoff", "stop_after_s": "--stop-after",
+    "move_path": "--move-path", "step_delay_s": "--step-delay", "keep_rounds": "--keep-rounds",
+    "keep_measurements": "--keep-measurements", "stall_after_s": "--stall-after",
+    "drain_after_failures": "--drain-after-failures", "failure_window_s": "--failure-window",
+}
+SERVE_NOT_FLAGS = frozenset({"min_round_gap_s", "poll_interval_s", "checkpoint_every"})    # (the defaults hold)
 
 LOOPBACK_NAMES = ("localhost",)
 # the host names a loopback service answers to without a token, beside its --host
@@ -328,7 +341,7 @@ def build_service_parts(args):
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     work = Path(args.work_dir)
-    try:                                          # every option checked before a file or folder is made
+    with fields_as_flags(SERVE_FLAGS):            # every option checked before a file or folder is made
         cfg = ServiceConfig(db_path=str(Path(args.db)), work_dir=str(work.resolve()),
                             round_interval_s=args.round_interval,
                             checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
@@ -338,9 +351,6 @@ def build_service_parts(args):
                             keep_measurements=args.keep_measurements,
                             stall_after_s=args.stall_after, drain_after_failures=args.drain_after_failures,
                             failure_window_s=args.failure_window)
-    except InputError as e:                       # the config's field, as the flag that set it
-        flag = "--" + (e.field or "").removesuffix("_s").replace("_", "-")
-        raise InputError(e.reason, field=flag) from None
     _check_writable_file(args.db, "--db")
     if work.exists() and not work.is_dir():
         raise InputError("is a file, not a folder", file=str(work), field="--work-dir")

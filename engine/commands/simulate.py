@@ -22,6 +22,8 @@ from pathlib import Path
 
 from instances.errors import InputError
 
+from .flags import fields_as_flags
+
 
 def parse_value(text: str):
     """CLI option value: int, float, bool (true/false), none, else the string itself."""
@@ -264,13 +266,8 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
     if profile_store is not None and Path(profile_store).exists() and not Path(profile_store).is_dir():
         raise InputError("is a file; a profile store is a folder (`arena profile --store DIR` fills one)",
                          file=profile_store, field="--profile-store")
-    try:
+    with fields_as_flags({"kind": "--perf", "profile_store": "--profile-store", "runtime": "--perf-runtime"}):
         return make_default_model(kind, profile_store=profile_store, runtime=runtime)
-    except InputError as e:
-        flags = {"kind": "--perf", "profile_store": "--profile-store", "runtime": "--perf-runtime"}
-        if e.field in flags:
-            raise InputError(e.reason, file=e.file, line=e.line, field=flags[e.field]) from None
-        raise
 
 
 def add_perf_runtime_arg(p) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
-from instances.jobs import MAX_ITERATIONS, Job
+from instances.jobs import MAX_GLOBAL_BATCH, MAX_ITERATIONS, Job
 from instances.models import canonical_model_name, get_model
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")     # fullmatch: "$" would let a final "\n" in
@@ -202,7 +202,7 @@ def _check(spec: JobSpec) -> None:
         object.__setattr__(spec, "model", canonical_model_name(text("model")))
     except InputError as e:              # a config.json's own error names that file and its field
         raise err("model", str(e) if e.file else e.reason) from None
-    integer("global_batch", 1)
+    integer("global_batch", 1, MAX_GLOBAL_BATCH)
     integer("steps", 1, MAX_ITERATIONS)
     integer("gpus", 1, optional=True)
     integer("seed", 0, MAX_SEED)
