@@ -313,6 +313,11 @@ def build_service_parts(args):
             raise InputError(f"must be >= 1, got {args.local_slots}", field="--local-slots")
         if args.local_nodes < 1:
             raise InputError(f"must be >= 1, got {args.local_nodes}", field="--local-nodes")
+        from instances.cluster import MAX_CLUSTER_GPUS
+        if args.local_slots * args.local_nodes > MAX_CLUSTER_GPUS:
+            raise InputError(f"{args.local_nodes:,} nodes of {args.local_slots:,} slots are more than the "
+                             f"{MAX_CLUSTER_GPUS:,} a cluster may have",
+                             field="--local-slots" if args.local_slots >= args.local_nodes else "--local-nodes")
         # no host names: every rank runs here, started by mpiexec without a hostfile
         cluster = ClusterSpec((NodeGroup("cpu", args.local_nodes, args.local_slots),),
                               f"local-{args.local_slots}" if args.local_nodes == 1

@@ -59,6 +59,9 @@ def parse_options(items: list[str] | None, flag: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise InputError(f"expected KEY=VALUE, got {item!r}", field=flag)
+        if key.strip() in out:                  # the last would win without a word
+            raise InputError(f"{key.strip()} given twice ({out[key.strip()]!r} and {parse_value(value)!r}); "
+                             "give it once", field=flag)
         out[key.strip()] = parse_value(value)
     return out
 
@@ -342,12 +345,18 @@ def run(args) -> int:
 
     if args.rounds is not None and args.rounds < 1:
         raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
-    if args.round_interval is not None and not args.round_interval > 0:
-        raise InputError(f"must be > 0, got {args.round_interval}", field="--round-interval")
+    from instances.outages import MAX_TIME_S
+
+    from ..simulator import MAX_ROUNDS
+    if args.round_interval is not None and not 0 < args.round_interval <= MAX_TIME_S:
+        raise InputError(f"must be a number of seconds in (0, {MAX_TIME_S:.3g}] (past it the rounds' times lose "
+                         f"their tenth of a second), got {args.round_interval}", field="--round-interval")
     if args.max_rounds is not None and args.max_rounds < 1:
         raise InputError(f"must be >= 1, got {args.max_rounds}", field="--max-rounds")
-    if args.rounds and args.max_rounds and args.rounds > args.max_rounds:
-        raise InputError(f"the horizon {args.rounds} exceeds the safety limit {args.max_rounds}", field="--rounds")
+    limit = args.max_rounds or MAX_ROUNDS
+    if args.rounds and args.rounds > limit:
+        raise InputError(f"the horizon {args.rounds:,} exceeds the safety limit of {limit:,} rounds"
+                         + ("" if args.max_rounds else " (raise it with --max-rounds)"), field="--rounds")
     from instances.paths import check_output_dir
     if args.out is not None and not args.out.strip():
         raise InputError("is empty (leave it out for the default results/<instance>-<policy>)", field="--out")
