@@ -212,6 +212,18 @@ def test_arena_errors(row, field):
     assert (e.value.line, e.value.field) == (3, field)
 
 
+@pytest.mark.parametrize("text, field", [
+    (ARENA_HEAD.strip() + ",priority\nj0,1,1,moe__690M,2,256,1,a10,5\n", "priority"),
+    ("timestamp,duration,num_gpus,gpu_time,cluster,user\n2017-10-09 07:01:55,66.0,1,66.0,vc1,bob\n", "user"),
+    (OURS_HEAD.strip() + ",colour\na,gpt__1.3B,128,10,5,,1.0,t,,,red\n", "colour"),
+])
+def test_a_column_the_format_does_not_read_is_refused(text, field):
+    # (an Arena trace with a priority column looked as if priorities counted)
+    with pytest.raises(InputError, match=f"unknown column\\(s\\) '{field}'; .* reads ") as e:
+        parse_trace(text, "t.csv")
+    assert e.value.field == field and e.value.line == (2 if text.startswith("#") else 1)
+
+
 def test_job_larger_than_cluster_is_rejected():
     small = ClusterSpec((NodeGroup("a100", 1, 4), NodeGroup("a40", 2, 2)))
     with pytest.raises(InputError, match="job 'big' requests 8") as e:
