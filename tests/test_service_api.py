@@ -109,6 +109,13 @@ def test_hold_and_release_are_requests_the_scheduler_carries_out_and_bad_ones_ar
     assert client.get("/api/jobs/1").json()["hold_requested"] is True
     assert client.post("/api/jobs/1/hold").json()["already"] is True
     assert client.post("/api/jobs/1/hold", json={"reason": 3}).json()["field"] == "reason"
+    # a key the request does not read is refused, not dropped (here a misspelt reason); nothing is asked
+    for path, body in (("/api/jobs/1/hold", {"reson": "x"}), ("/api/jobs/1/priority", {"priority": 2, "node": 1}),
+                       ("/api/nodes/0/drain", {"why": "disk"})):
+        r = client.post(path, json=body)
+        assert r.status_code == 400 and r.json()["field"].startswith("body.") and "unknown key" in r.json()["error"]
+    with Store(db, readonly=True) as st:
+        assert st.drained() == {} and st.hold_requests() == [(1, "urgent run first")]
     with Store(db) as st:                             # the scheduler carries it out
         assert st.hold_requests() == [(1, "urgent run first")] and st.hold(1)
     job = client.get("/api/jobs/1").json()
