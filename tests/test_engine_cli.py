@@ -308,6 +308,17 @@ BAD_OPTIONS = [   # (arguments, what the error must say): every one refused befo
     (["bench", "solver", "--objective", "jct=1,jct=2"], "field '--objective': term 'jct' given twice"),
     (["bench", "incremental", "--queued", "nosuch"], "field '--queued': must be one of all, small, got 'nosuch'"),
     (["simulate", "--reconfig-opt", "restart_s=-1"], "field '--reconfig-opt': restart_s must be a finite number"),
+    # arena profile: each refused by its flag before a launch is timed (internal names, tracebacks, or a
+    # tensor degree no model takes measured nothing and exited 0)
+    (["profile", "--model", "nosuch", "--store", "{tmp}/st"], "field '--model': unknown model"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--tp", "3"],
+     "field '--tp': tensor degree 3 divides the attention heads of no model given"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--micro-batches", "0"], "field '--micro-batches'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--max-gpus", "0"], "field '--max-gpus'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--run-grids", "-1"], "field '--run-grids'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--warmup-iters", "-1"], "field '--warmup-iters'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--group-sizes", "1"],
+     "field '--group-sizes': a collective needs a group of at least 2 processes"),
     (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--gpus-per-node", "0"],
      "field '--gpus-per-node'"),
     (["bench", "solver", "--gpus", "64", "--jobs", "-1"], "field '--jobs'"),
