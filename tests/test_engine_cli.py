@@ -186,7 +186,7 @@ def test_other_output_paths_fail_before_work(tmp_path, capsys):
     assert "field '--timeout'" in capsys.readouterr().err
     assert main(["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--global-batch", "0",
                  "--run-dir", str(tmp_path / "run")]) == 2
-    assert "field 'global_batch'" in capsys.readouterr().err
+    assert "field '--global-batch'" in capsys.readouterr().err
 
 
 def test_proxy_quality_prints_both_figures_with_their_meaning(capsys):
