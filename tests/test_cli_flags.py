@@ -34,6 +34,14 @@ def test_every_config_field_has_its_flag_or_is_set_by_no_flag(command, configs, 
     assert set(table.values()) <= options_of(command), "a flag of the table that the command does not have"
 
 
+def test_every_flag_a_table_names_is_a_flag_of_its_command():
+    from engine.commands.estimate import ESTIMATE_FLAGS
+    from engine.commands.profile import PROFILE_FLAGS
+    for command, table in (("train", TRAIN_FLAGS), ("serve", SERVE_FLAGS), ("estimate", ESTIMATE_FLAGS),
+                           ("profile", PROFILE_FLAGS)):
+        assert set(table.values()) <= options_of(command), command
+
+
 TRAIN = ["train", "--model", "tiny-gpt__2L", "--plan", "dp=1,tp=1,pp=1", "--steps", "2", "--dry-run"]
 TRAIN_BAD = [   # (flag, bad value): each refused naming the flag
     ("--model", "nosuch"), ("--plan", "dp=x"), ("--plan", "dp=1,tp=3"), ("--microbatches", "0"),
