@@ -82,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_no_empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An option given an empty value (``--outages ''``, ``--instance ''``) is an
+    ``InputError`` naming it: taken as not given, it ran the default without a word. An
+    option whose default is itself empty (``--reason``) may be given empty."""
+    while True:
+        for a in parser._actions:
+            if a.option_strings and a.nargs is None and a.default != "" and getattr(args, a.dest, None) == "":
+                raise InputError("is empty; give a value or leave the option out", field=a.option_strings[-1])
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name is None:
+            return
+        parser = subs[0].choices[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     flags, argv = _plugin_preparser().parse_known_args(argv)
@@ -93,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:            # `arena` alone: the main job, a demo simulation
             args = parser.parse_args(["simulate"])
+        check_no_empty_values(parser, args)
         args.plugins = plugins              # what the results record of the code that decided
         return int(args.func(args) or 0)
     except InputError as e:

@@ -107,8 +107,9 @@ NEVER_PLACED_KINDS = {          # short label in the summary -> what it means
 
 
 def never_placed_reason(job, infeasible_drops: int, packing_failures: int,
-                        gpus_by_type: dict[str, int]) -> tuple[str, str]:
-    """(kind, sentence) for a submitted job that never ran; kinds are NEVER_PLACED_KINDS."""
+                        gpus_by_type: dict[str, int], policy: str = "") -> tuple[str, str]:
+    """(kind, sentence) for a submitted job that never ran under ``policy``; kinds are
+    NEVER_PLACED_KINDS."""
     t, n = job.requested_gpu_type, job.requested_gpus
     if t is not None and t not in gpus_by_type:
         return "gpu type missing", (f"requests GPU type {t}, which the cluster lacks (it has "
@@ -122,8 +123,11 @@ def never_placed_reason(job, infeasible_drops: int, packing_failures: int,
     if packing_failures:
         return "no room", (f"placement found no free GPUs for the grid the policy chose "
                            f"({packing_failures} packing failures)")
-    return "never chosen", ("the policy never chose a grid for it (for fcfs: no node layout of the "
-                            "cluster holds its request, or it waited behind other jobs until the end)")
+    if policy == "fcfs":
+        return "never chosen", ("fcfs never chose a grid for it (no node layout of the cluster holds its request, "
+                                "or it waited behind other jobs until the end)")
+    return "never chosen", (f"{policy or 'the policy'} never chose a grid for it (it waited for room until the end, "
+                            "or none of its grids fits in the policy's estimate)")
 
 
 def never_placed_lines(result, limit: int = 20) -> list[str]:
@@ -147,7 +151,8 @@ def build_result(sim) -> SimResult:
         p = ex.progress(j.job_id)
         grid = str(r.alloc.grid) if r.alloc else ""
         la, rc = p.launch_lost_gpu_s, p.reconfig_lost_gpu_s
-        why = never_placed_reason(j, r.infeasible_drops, r.packing_failures, dict(st.cluster.gpus_by_type))[1] \
+        why = never_placed_reason(j, r.infeasible_drops, r.packing_failures, dict(st.cluster.gpus_by_type),
+                                  getattr(sim.policy, "name", ""))[1] \
             if r.submitted_s is not None and r.first_start_s is None else ""
         jobs.append(JobResult(
             j.job_id, j.model, j.global_batch, j.num_iterations, j.arrival_s, j.requested_gpu_type,

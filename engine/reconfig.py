@@ -74,13 +74,13 @@ class ReconfigCostModel:
         for f in ("replan_per_gpu_s", "replan_cap_s", "restart_s", "state_bytes_per_param"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"ReconfigCostModel.{f} must be a finite number >= 0, got {v!r}")
+                raise ValueError(f"{f} must be a finite number >= 0, got {v!r}")
         if self.state_path not in STATE_PATHS:
-            raise ValueError(f"ReconfigCostModel.state_path must be one of {STATE_PATHS}, got {self.state_path!r}")
+            raise ValueError(f"state_path must be one of {STATE_PATHS}, got {self.state_path!r}")
         if self.moves is not None and not isinstance(self.moves, MoveCostParams):
-            raise ValueError("ReconfigCostModel.moves must be a MoveCostParams or None")
+            raise ValueError("moves must be a MoveCostParams or None")
         if not isinstance(self.charge_launch, bool):
-            raise ValueError("ReconfigCostModel.charge_launch must be a bool")
+            raise ValueError("charge_launch must be a bool")
 
     def state_bytes(self, job: Job) -> float:
         return job.arch.param_count * self.state_bytes_per_param

@@ -39,12 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from instances.outages import Outage, down_at
+from instances.outages import MAX_TIME_S, Outage, down_at
 
 from . import metrics
 from .reconfig import ReconfigCostModel
 from .round_loop import RoundLoop, RoundRecord
 from .sim_executor import DEFAULT_ITERATION_NOISE_CV, SimExecutor
+
+# The run-out's default safety limit, in rounds (SimConfig.max_rounds, --max-rounds).
+MAX_ROUNDS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,14 @@ class SimConfig:
     stall_rounds: int = 20              # run-out safety stop
     # run-out safety limit: ~9.5 simulated years at 300 s, ~0.5 GB of round records
     # (arena-philly's run-out, the longest bundled one, takes 86,411 rounds)
-    max_rounds: int = 1_000_000
+    max_rounds: int = MAX_ROUNDS
     check_invariants: bool = True
     iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV   # jitter of measured iteration times (SimExecutor)
     outages: tuple[Outage, ...] = ()    # nodes out of service over time (instances/outages.py)
 
     def __post_init__(self):
-        if not self.round_interval_s > 0:
-            raise ValueError(f"round_interval_s must be > 0, got {self.round_interval_s!r}")
+        if not 0 < self.round_interval_s <= MAX_TIME_S:         # (past it, the rounds' times lose their 0.1 s)
+            raise ValueError(f"round_interval_s must be in (0, {MAX_TIME_S:.3g}] s, got {self.round_interval_s!r}")
         if not isinstance(self.rounds, int) or self.rounds < 0:
             raise ValueError(f"rounds must be an integer >= 0, got {self.rounds!r}")
         if self.stall_rounds < 1 or self.max_rounds < 1:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.json_input import loads_unique
 from launcher.telemetry import BREAKDOWN_KEYS, MEASURED_RUNS_FILE, RECORD_KEYS, store_dir
 
 SCHEMA_VERSION = 1
@@ -124,7 +125,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def _read_json(path: Path) -> dict:
     try:
-        raw = json.loads(path.read_text())
+        raw = loads_unique(path.read_text(), file=str(path))
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
     if not isinstance(raw, dict):

@@ -541,8 +541,10 @@ class RunCostConfig:
     startup_s: float = 0.0
 
     def __post_init__(self):
-        if self.warmup_iters < 0 or self.measured_iters < 1:
-            raise InputError("warmup_iters must be >= 0 and measured_iters >= 1", field="measured_iters")
+        if self.warmup_iters < 0:
+            raise InputError(f"must be >= 0, got {self.warmup_iters}", field="warmup_iters")
+        if self.measured_iters < 1:
+            raise InputError(f"must be >= 1, got {self.measured_iters}", field="measured_iters")
         if not self.startup_s >= 0:
             raise InputError("must be >= 0", field="startup_s")
 

@@ -10,6 +10,7 @@ from typing import Iterable
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
 from .grid import Shape, pow2_upto
+from .json_input import loads_unique
 from .paths import check_regular_file
 
 SCHEMA_VERSION = 1
@@ -179,7 +180,7 @@ def read_json_file(path: str | Path, what: str):
     except OSError as e:
         raise InputError(f"cannot read the {what}: {e.strerror or e}", file=str(path)) from None
     try:
-        return json.loads(text.removeprefix("\ufeff"))        # a byte-order mark, as some editors write
+        return loads_unique(text.removeprefix("\ufeff"), file=str(path))  # a byte-order mark, as some editors write
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
     except RecursionError:
@@ -281,9 +282,17 @@ def _from_ours(raw: dict, path: Path) -> ClusterSpec:
     return ClusterSpec(tuple(groups), name)
 
 
+ARENA_KEYS = ("node_num",)
+
+
 def _from_arena(raw: dict, path: Path) -> ClusterSpec:
     groups, total = [], 0
     for t, v in raw.items():
+        if isinstance(v, dict) and set(v) - set(ARENA_KEYS):
+            unknown = sorted(set(v) - set(ARENA_KEYS))
+            raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(ARENA_KEYS)} "
+                             "(Arena's format gives a node count per GPU type; for more, use our format with "
+                             "'node_groups')", file=str(path), field=f"{t}.{unknown[0]}")
         if not isinstance(v, dict) or not _is_int(v.get("node_num")) or v["node_num"] < 0:
             raise InputError("expected {'node_num': non-negative integer}", file=str(path), field=t)
         if t.lower() not in ARENA_GPUS_PER_NODE:

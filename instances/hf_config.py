@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .arch import DTYPE_BYTES, ModelArch
 from .errors import InputError
+from .json_input import loads_unique
 from .paths import check_regular_file
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -76,7 +77,7 @@ def load_hf_config(path: str | Path) -> ModelArch:
     if len(raw) > MAX_CONFIG_BYTES:
         raise InputError(f"larger than {MAX_CONFIG_BYTES} bytes; not a config.json", file=file)
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = loads_unique(raw.decode("utf-8"), file=file)
     except UnicodeDecodeError:
         raise InputError("not a text file (expected a JSON config.json)", file=file) from None
     except json.JSONDecodeError as e:

@@ -12,6 +12,10 @@ from .models import canonical_model_name, get_model
 # Refused above this: the largest bundled trace job has 15.3 M iterations (Philly, before
 # the /5), and 1e9 iterations at 0.1 s each is already 3 simulated years on one grid.
 MAX_ITERATIONS = 10**9
+# Refused above this many samples per iteration: a thousand times the largest batch of the
+# bundled traces and the measured table (1,024); a typo such as 1e20 would otherwise be
+# estimated as a plan that fits nowhere (``arena estimate --batch``) or waits forever.
+MAX_GLOBAL_BATCH = 2**20
 
 
 @dataclass(frozen=True)
@@ -33,8 +37,17 @@ class Job:
             object.__setattr__(self, "requested_gpu_type", canonical_gpu_name(self.requested_gpu_type))
         if not self.job_id:
             raise ValueError("job_id must be non-empty")
+        for name in ("job_id", "tenant"):     # the trace readers strip them: "1" and " 1 " are one job
+            v = getattr(self, name)
+            if not isinstance(v, str) or v != v.strip() or not v:
+                raise InputError(f"job {self.job_id!r}: {name} must be a non-empty string without white space "
+                                 f"around it, got {v!r}", field=name)
         if self.global_batch < 1:
             raise ValueError(f"job {self.job_id}: global_batch must be >= 1")
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise InputError(f"job {self.job_id}: a global batch of {self.global_batch:,} samples is above the limit "
+                             f"of {MAX_GLOBAL_BATCH:,} (a thousand times the largest measured batch)",
+                             field="global_batch")
         if self.num_iterations < 1:
             raise ValueError(f"job {self.job_id}: num_iterations must be >= 1")
         if self.num_iterations > MAX_ITERATIONS:

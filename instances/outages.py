@@ -50,7 +50,8 @@ def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
     except OSError as e:                    # past the cases read_text names (a name too long, an I/O error)
         raise InputError(f"cannot read the outage file: {e.strerror or e}", file=label) from None
     header = next(csv.reader([text.lstrip("\ufeff").split("\n", 1)[0]]), [])
-    if tuple(h.strip() for h in header[:3]) != COLUMNS or len(header) > 4:
+    if tuple(h.strip() for h in header[:3]) != COLUMNS or len(header) > 4 or \
+            (len(header) == 4 and header[3].strip() != "reason"):       # (another name would be read as the reason)
         raise InputError(f"the first line must be the header {','.join(COLUMNS)}[,reason], got {header!r}",
                          file=label, line=1)
     rows = CsvRows(text, label, COLUMNS)

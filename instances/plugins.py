@@ -13,7 +13,8 @@ as an installed package's entry point in the group ``arena_sched.plugins`` (load
 The registries a caller passes are discovered (their built-in modules imported) *before*
 a plug-in runs, so a plug-in that reuses a built-in name is refused at its own
 registration, naming the plug-in, instead of breaking a later lookup. A plug-in that
-fails to import, or registers nothing, is an ``InputError`` naming it; nothing is loaded
+fails to import, calls ``sys.exit`` while importing, or registers nothing, is an
+``InputError`` naming it; nothing is loaded
 silently or half-way (a file plug-in that fails leaves no module behind).
 """
 from __future__ import annotations
@@ -129,10 +130,13 @@ def load_plugin(spec: str, source: str = "--plugin", *, registries: Iterable[Reg
     path_hint = str(Path(spec).expanduser().resolve()) if _is_path(spec) else None
     try:
         module, path, fresh = _import(spec, source, field)
-    except Exception as e:
+    except (Exception, SystemExit) as e:    # (KeyboardInterrupt stays what it is)
         for r in registries:            # what it registered before failing goes back out
             for name in set(r.names()) - before[r.kind]:
                 r.unregister(name)
+        if isinstance(e, SystemExit):   # exit 0 having done nothing would look like success
+            raise InputError(f"plugin {spec} ({source}) called sys.exit({e.code!r}) while loading"
+                             f"{_where(e, path_hint)}", field=field) from None
         raise _load_error(e, spec, source, field, path_hint) from None
     after = _snapshot(registries)
     added = tuple(f"{kind} {name}" for kind in after for name in sorted(after[kind] - before[kind]))

@@ -31,6 +31,9 @@ class Registry(Generic[F]):
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
 
         def wrap(factory: F) -> F:
+            if not callable(factory):       # refused here, naming it, not at its first use
+                raise TypeError(f"{self.kind} {name!r} must be a class or a function that builds one, "
+                                f"got {factory!r}")
             if name in self._items and self._items[name] is not factory:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             self._items[name] = factory

@@ -236,6 +236,15 @@ def _check_unique(job_id: str, line: int, seen: dict[str, int], label: str, fiel
     seen[job_id] = line
 
 
+def _refuse_other_columns(rows: CsvRows, columns: tuple[str, ...], label: str, fmt: str, line: int = 1) -> None:
+    """A column the format does not read is an error, not silently passed over (a
+    ``priority`` column in Arena's format would look as if it counted)."""
+    extra = [c for c in rows.header if c not in columns]
+    if extra:
+        raise InputError(f"unknown column(s) {', '.join(map(repr, extra))}; {fmt} reads {', '.join(columns)}",
+                         file=label, line=line, field=extra[0])
+
+
 def _job(label: str, line: int, **kw) -> Job:
     try:
         return Job(**kw)
@@ -251,14 +260,12 @@ def _job(label: str, line: int, **kw) -> Job:
 
 def _parse_ours(text: str, label: str) -> tuple[tuple[Job, ...], dict[str, int]]:
     rows = CsvRows(text, label, OUR_COLUMNS, skip_lines=1)
-    extra = [c for c in rows.header if c not in OUR_COLUMNS]
-    if extra:
-        raise InputError("unknown column", file=label, line=2, field=extra[0])
+    _refuse_other_columns(rows, OUR_COLUMNS, label, "our trace format", line=2)
     jobs, seen = [], {}
     for line, rec in _records(rows, text):
-        job_id = rows.raw(rec, "job_id")
+        job_id = rows.raw(rec, "job_id").strip()       # " 1 " is job 1 (and a second "1" a duplicate)
         _check_unique(job_id, line, seen, label)
-        tenant = rows.raw(rec, "tenant")
+        tenant = rows.raw(rec, "tenant").strip()
         arrival = rows.float(rec, line, "arrival_s")
         deadline = rows.float(rec, line, "deadline_s", optional=True)
         if deadline is not None and deadline < arrival:
@@ -305,6 +312,7 @@ def write_trace(jobs: Iterable[Job], path: str | Path) -> None:
 
 def _parse_arena(text: str, label: str, opt: ArenaImportOptions) -> tuple[tuple[Job, ...], dict[str, int]]:
     rows = CsvRows(text, label, ARENA_COLUMNS)
+    _refuse_other_columns(rows, ARENA_COLUMNS, label, "Arena's trace format")
     parsed, seen = [], {}
     for line, rec in _records(rows, text):
         job_id = rows.raw(rec, "job_id").strip()
@@ -359,6 +367,7 @@ def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
     from .oracle import TableOracle
 
     rows = CsvRows(text, label, PHILLY_COLUMNS)
+    _refuse_other_columns(rows, PHILLY_COLUMNS, label, "Philly's trace format (Pollux)")
     recs = []
     for line, rec in _records(rows, text):
         ts = rows.raw(rec, "timestamp").strip()
@@ -432,6 +441,9 @@ def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
         if chosen is None:
             raise rows.err(line, "num_gpus", f"no model of the measured table fits {n} GPUs of any of {cand}")
         t, m, b, it = chosen
+        if dur / it > MAX_ITERATIONS:       # the duration is at fault, not the iterations made of it
+            raise rows.err(line, "duration", f"{dur:,.6g} s is {dur / it:,.3g} iterations of {m} (batch {b}) on {n} "
+                                             f"{t} GPUs, above the limit of {MAX_ITERATIONS:,} iterations per job")
         jobs.append(_job(label, line, job_id=f"philly-{line}", model=m, global_batch=b,
                          num_iterations=max(1, round(dur / it)), arrival_s=arrival, tenant=vc,
                          requested_gpu_type=t, requested_gpus=n))

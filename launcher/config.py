@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.json_input import loads_unique
 
 MOVE_PATHS = ("d2d", "storage")       # how a running job moves: device to device where it can, or via storage
 
@@ -189,8 +190,12 @@ class TrainConfig:
             raise InputError(f"must be >= 1, got {self.checkpoint_keep}", field="checkpoint_keep")
         if self.device not in DEVICES:
             raise InputError(f"unknown device {self.device!r}; known: {', '.join(DEVICES)}", field="device")
-        if self.step_delay_s < 0 or not self.comm_timeout_s > 0:
-            raise InputError("step_delay_s must be >= 0 and comm_timeout_s > 0", field="step_delay_s")
+        if not 0 <= self.step_delay_s < float("inf"):           # (nan and inf too: a rank sleeps it)
+            raise InputError(f"must be a finite number of seconds >= 0, got {self.step_delay_s!r}",
+                             field="step_delay_s")
+        if not 0 < self.comm_timeout_s < float("inf"):
+            raise InputError(f"must be a finite number of seconds > 0, got {self.comm_timeout_s!r}",
+                             field="comm_timeout_s")
         gpn = self.gpus_per_node if self.gpus_per_node is not None else -(-self.plan.world_size // self.num_nodes)
         object.__setattr__(self, "gpus_per_node", gpn)
         if self.plan.stage_layers:
@@ -229,7 +234,7 @@ class TrainConfig:
     @classmethod
     def read(cls, path: str | Path) -> "TrainConfig":
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
+            return cls.from_json(loads_unique(Path(path).read_text(), file=str(path)))
         except json.JSONDecodeError as e:
             raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
         except InputError as e:

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.paths import check_regular_file
 
 from .config import TrainConfig
 from .d2d import MOVE_FILE
@@ -49,10 +50,17 @@ def mpiexec_path() -> str:
 def hostfile_hosts(path: str | os.PathLike) -> list[tuple[str, int]]:
     """Hosts and slots of an MPICH hostfile (``host[:slots]`` per line, # comments)."""
     out = []
+    check_regular_file(path, "hostfile")            # (a pipe would never end)
     try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (FileNotFoundError, NotADirectoryError):
         raise InputError("hostfile not found", file=str(path)) from None
+    except IsADirectoryError:
+        raise InputError("is a folder, not a hostfile", file=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (byte {e.start}); expected a hostfile", file=str(path)) from None
+    except OSError as e:
+        raise InputError(f"cannot read the hostfile: {e.strerror or e}", file=str(path)) from None
     for i, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:

@@ -86,3 +86,40 @@ def test_report_reads_runs_and_refuses_foreign_ones(tmp_path, capsys):
     write_result(simulate(other, make_policy("fcfs"), run_out=True), tmp_path / "other")
     assert main(["bench", "bound", "--instance", "demo", str(tmp_path / "other")]) == 2
     assert "not a run of this workload" in capsys.readouterr().err
+
+
+
+COLUMNS = ("job_id", "model", "global_batch", "num_iterations", "arrival_s", "deadline_s", "priority", "tenant",
+           "requested_gpu_type", "requested_gpus")
+ROWS = (("1", "gpt__1.3B", "32", "1000", "0", "", "1", "default", "", ""),
+        ("2", "gpt__1.3B", "32", "2000", "100", "", "1", "default", "", ""))
+
+
+def trace(rows) -> str:
+    return "# arena-trace v1\n" + ",".join(COLUMNS) + "\n" + "".join(",".join(r) + "\n" for r in rows)
+
+
+@pytest.mark.parametrize("field, value", [("num_iterations", "50000"), ("model", "gpt__2.6B"),
+                                          ("global_batch", "64"), ("arrival_s", "30.5"),
+                                          ("requested_gpus", "4")])
+def test_a_run_of_another_trace_with_the_same_job_ids_is_refused_naming_the_job_and_field(tmp_path, capsys,
+                                                                                           field, value):
+    # a run is judged only against the workload it ran: the same ids with other work are another workload
+    (tmp_path / "c.json").write_text('{"node_groups": [{"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4}]}')
+    (tmp_path / "a.csv").write_text(trace(ROWS))
+    changed = list(ROWS[1])
+    changed[COLUMNS.index(field)] = value
+    (tmp_path / "b.csv").write_text(trace((ROWS[0], changed)))
+    workload = ["--cluster", str(tmp_path / "c.json"), "--trace"]
+    run = str(tmp_path / "run")
+    assert main(["simulate", *workload, str(tmp_path / "a.csv"), "--policy", "fcfs", "--run-out", "--quiet",
+                 "--no-plots", "--out", run]) == 0
+    capsys.readouterr()
+    assert main(["bench", "bound", *workload, str(tmp_path / "a.csv"), run, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][run]["unfinished"] == 0
+    assert main(["bench", "bound", *workload, str(tmp_path / "b.csv"), run]) == 2
+    err = capsys.readouterr().err
+    was = {"arrival_s": "100.0", "requested_gpus": "none"}.get(field, ROWS[1][COLUMNS.index(field)])
+    assert f"arena: error: {run}/jobs.csv, line 3, field '{field}': not a run of this workload: job '2' has " \
+           f"{field} {was} in this run, {value} in the workload" in err, err
+    assert "bounds of" not in err                       # refused before the bounds' work

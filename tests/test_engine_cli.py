@@ -118,6 +118,22 @@ def test_never_placed_job_is_named_on_stderr(tmp_path, capsys):
     assert s["jobs_never_placed"] == 1 and s["never_placed_reasons"] == "gpu type missing: 1"
 
 
+@pytest.mark.parametrize("policy", ["arena", "fcfs"])
+def test_a_job_never_chosen_is_explained_for_the_policy_that_ran(tmp_path, capsys, policy):
+    # six one-GPU jobs on one node of 4 GPUs, for 3 rounds: some never start
+    rows = "".join(f"{i},0,1000000,gpt__1.3B,100000000,32,1,a100\n" for i in range(1, 7))
+    args = _cluster_trace(tmp_path, rows)
+    (tmp_path / "c.json").write_text('[{"a100": {"node_num": 1}}]')
+    assert main(["simulate", *args, "--policy", policy, "--rounds", "3", "--out", str(tmp_path / "o"), "--quiet",
+                 "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert f"never placed under {policy} (never chosen:" in err
+    if policy == "fcfs":
+        assert "fcfs never chose a grid for it (no node layout of the cluster holds its request" in err
+    else:           # the fcfs hint is for fcfs only
+        assert "arena never chose a grid for it (it waited for room until the end" in err and "fcfs" not in err
+
+
 def test_run_out_safety_limit_is_reported(tmp_path, capsys):
     args = _cluster_trace(tmp_path, "1,0,1000000,gpt__1.3B,1e9,32,2,a100\n")
     assert main(["simulate", *args, "--out", str(tmp_path / "o"), "--quiet", "--no-plots",
@@ -170,7 +186,7 @@ def test_other_output_paths_fail_before_work(tmp_path, capsys):
     assert "field '--timeout'" in capsys.readouterr().err
     assert main(["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--global-batch", "0",
                  "--run-dir", str(tmp_path / "run")]) == 2
-    assert "field 'global_batch'" in capsys.readouterr().err
+    assert "field '--global-batch'" in capsys.readouterr().err
 
 
 def test_proxy_quality_prints_both_figures_with_their_meaning(capsys):
@@ -253,7 +269,56 @@ BAD_OPTIONS = [   # (arguments, what the error must say): every one refused befo
     (["estimate", "accuracy", "--against", "arena-measured", "--refit-analytic", "--refit-evals", "-1"],
      "field '--refit-evals': must be >= 1"),
     (["estimate", "fit", "--out", "{tmp}"], "field '--out': is a folder"),
-    (["estimate", "proxy-quality", "--model", "gpt__1.3B", "--batch", "0"], "field '--batch': must be >= 1"),
+    (["estimate", "proxy-quality", "--model", "gpt__1.3B", "--batch", "0"], "field '--batch': must be in 1..1,048,576"),
+    (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--batch", str(10**20)],
+     "field '--batch': must be in 1..1,048,576 samples"),
+    (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--passes", "2"],
+     "field '--passes': the grids action does not read it (it is for accuracy --against local)"),
+    (["estimate", "fit", "--gpus", "8"], "field '--gpus': the fit action does not read it (it is for grids)"),
+    (["estimate", "--model", "nosuch", "--gpu-type", "a100", "--gpus", "8"], "field '--model': unknown model"),
+    (["estimate", "--model", "gpt__1.3B", "--gpu-type", "zz", "--gpus", "8"], "field '--gpu-type': unknown GPU type"),
+    (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--perf", "zz"],
+     "field '--perf': unknown performance model kind"),
+    (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--link-load", "-1"],
+     "field '--link-load': must be >= 0"),
+    (["estimate", "accuracy", "--against", "local", "--passes", "0"], "field '--passes': must be >= 1"),
+    (["estimate", "proxy-quality", "--model", "nosuch"], "field '--model': unknown model"),
+    (["bench", "solver", "--gpus", "64", "--jobs", "10", "--backend", "nosuch"],
+     "field '--backend': unknown solver backend 'nosuch'"),
+    (["bench", "incremental", "--backend", "nosuch"], "field '--backend': unknown solver backend 'nosuch'"),
+    (["bench", "policies", "--instance", "demo", "--perf", "nosuch"], "field '--perf': unknown performance model"),
+    (["simulate", "--rounds", str(10**13)],
+     "field '--rounds': the horizon 10,000,000,000,000 exceeds the safety limit of 1,000,000 rounds"),
+    (["bench", "policies", "--instance", "demo", "--rounds", str(10**13)], "field '--rounds': must be in 1..1,000,000"),
+    (["simulate", "--round-interval", "inf"], "field '--round-interval': must be a number of seconds in (0, 7.04e+13]"),
+    (["simulate", "--round-interval", "1e200"], "field '--round-interval'"),
+    (["simulate", "--outages", ""], "field '--outages': is empty"),
+    (["simulate", "--instance", ""], "field '--instance': is empty"),
+    (["bench", "bound", "--trace", ""], "field '--trace': is empty"),
+    (["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--dry-run", "--hostfile", "{tmp}/afile/x"],
+     "{tmp}/afile/x: hostfile not found"),
+    (["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--dry-run", "--hostfile", "{tmp}"],
+     "is a folder, not a hostfile"),
+    (["serve", "--local-slots", str(10**13), "--db", "{tmp}/s.db", "--work-dir", "{tmp}/w"],
+     "field '--local-slots': 1 nodes of 10,000,000,000,000 slots are more than the 1,048,576"),
+    (["simulate", "--policy", "arena", "--policy-opt", "time_limit_s=5", "--policy-opt", "time_limit_s=10"],
+     "field '--policy-opt': time_limit_s given twice (5 and 10); give it once"),
+    (["bench", "policies", "--instance", "demo", "--policy", "fcfs", "--policy-opt", "fcfs:backfill=true",
+      "--policy-opt", "fcfs:backfill=false"], "field '--policy-opt': fcfs:backfill given twice"),
+    (["bench", "solver", "--objective", "jct=1,jct=2"], "field '--objective': term 'jct' given twice"),
+    (["bench", "incremental", "--queued", "nosuch"], "field '--queued': must be one of all, small, got 'nosuch'"),
+    (["simulate", "--reconfig-opt", "restart_s=-1"], "field '--reconfig-opt': restart_s must be a finite number"),
+    # arena profile: each refused by its flag before a launch is timed (internal names, tracebacks, or a
+    # tensor degree no model takes measured nothing and exited 0)
+    (["profile", "--model", "nosuch", "--store", "{tmp}/st"], "field '--model': unknown model"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--tp", "3"],
+     "field '--tp': tensor degree 3 divides the attention heads of no model given"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--micro-batches", "0"], "field '--micro-batches'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--max-gpus", "0"], "field '--max-gpus'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--run-grids", "-1"], "field '--run-grids'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--warmup-iters", "-1"], "field '--warmup-iters'"),
+    (["profile", "--model", "tiny-gpt__2L", "--store", "{tmp}/st", "--group-sizes", "1"],
+     "field '--group-sizes': a collective needs a group of at least 2 processes"),
     (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--gpus-per-node", "0"],
      "field '--gpus-per-node'"),
     (["bench", "solver", "--gpus", "64", "--jobs", "-1"], "field '--jobs'"),
@@ -291,5 +356,7 @@ def test_a_bad_option_is_refused_first_by_its_own_flag(args, says, tmp_path, cap
     except SystemExit as e:                 # argparse's own refusal
         rc = e.code
     err = capsys.readouterr().err
+    says = says.replace("{tmp}", str(tmp_path))
     assert rc == 2 and says in err and "Traceback" not in err, err
+    assert "ReconfigCostModel" not in err                   # (a class's name is no option the user typed)
     assert time.perf_counter() - t0 < 30, "refused only after work"

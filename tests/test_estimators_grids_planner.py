@@ -154,5 +154,6 @@ def test_estimate_command_never_lists_dp_above_the_batch(capsys):
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["grids"]
     assert rows and all(r["plan"]["dp"] <= 16 for r in rows if r["plan"])
-    assert main(["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "100000", "--batch", "256"]) == 0
+    # a valid request no grid can run: said on stderr, exit 1 (a bad input exits 2)
+    assert main(["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "100000", "--batch", "256"]) == 1
     assert "no grid" in capsys.readouterr().err

@@ -102,6 +102,8 @@ def test_load_cluster_ours_and_arena(tmp_path):
     ('{"node_groups": [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 8, "gpus": 3}]}',
      "node_groups[0].gpus"),
     ('{"name": 7, "node_groups": [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 8}]}', "name"),
+    # issue 46: an unknown key in Arena's format was ignored
+    ('[{"a100": {"node_num": 2, "gpus_per_node": 8}}]', "a100.gpus_per_node"),
 ])
 def test_load_cluster_errors_name_the_field(tmp_path, content, field):
     f = tmp_path / "bad.json"

@@ -220,7 +220,7 @@ def test_cli_estimate_names_the_sequence_length_and_the_key_when_nothing_fits(tm
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["estimate", "--model", str(p), "--gpu-type", "a100", "--gpus", "4", "--batch", "8"])
-    assert rc == 0 and "batch 8 of 131072-token sequences" in out.getvalue()
+    assert rc == 1 and "batch 8 of 131072-token sequences" in out.getvalue()      # (1: nothing fits; the table)
     assert "no grid fits in memory at 131072-token sequences" in err.getvalue()
     assert f'from {p.resolve()}: add "seq_length"' in err.getvalue()
 

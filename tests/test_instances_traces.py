@@ -37,7 +37,8 @@ def test_roundtrip_example(tmp_path):
 
 
 finite_time = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
-text_id = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12)
+text_id = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12).filter(
+    lambda s: s == s.strip())      # (a job id or tenant with white space around it is refused: below)
 
 
 @st.composite
@@ -130,6 +131,7 @@ def test_arbitrary_bytes_never_crash(tmp_path_factory, blob):
     ("a,gpt__1.3B,128,10,5,,1.0,t,quantum,\n", 3, "requested_gpu_type"),
     ("a,gpt__1.3B,128,10,5,,1.0,t,,0\n", 3, "requested_gpus"),
     ("a,gpt__1.3B,12x,10,5,,1.0,t,,\n", 3, "global_batch"),
+    ("a,gpt__1.3B,2000000,10,5,,1.0,t,,\n", 3, "global_batch"),       # above MAX_GLOBAL_BATCH
 ])
 def test_ours_errors_name_line_and_field(row, line, field):
     with pytest.raises(InputError) as e:
@@ -143,6 +145,29 @@ def test_duplicate_job_id_names_both_lines():
     with pytest.raises(InputError, match="first on line 3") as e:
         parse_trace(OURS_HEAD + row + "\n" + row, "x.csv")
     assert e.value.line == 5 and e.value.field == "job_id"
+
+
+def test_job_ids_and_tenants_are_stripped_so_that_spaces_make_no_second_job():
+    # ours: " 1 " is job 1, so a second "1" is a duplicate; the tenant " a " is tenant a
+    row = "{id},gpt__1.3B,128,10,5,,1.0,{tenant},,\n"
+    jobs = parse_trace(OURS_HEAD + row.format(id=" 1 ", tenant=" a "), "x.csv")
+    assert [(j.job_id, j.tenant) for j in jobs] == [("1", "a")]
+    with pytest.raises(InputError, match=r"duplicate job id '1' \(first on line 3\)") as e:
+        parse_trace(OURS_HEAD + row.format(id="1", tenant="a") + row.format(id=" 1 ", tenant="a"), "x.csv")
+    assert (e.value.line, e.value.field) == (4, "job_id")
+    with pytest.raises(InputError, match="must be non-empty") as e:
+        parse_trace(OURS_HEAD + row.format(id="  ", tenant="a"), "x.csv")
+    # Arena's format: the same
+    arena = "{id},0,100,gpt__1.3B,1000,64,4,a100\n"
+    with pytest.raises(InputError, match="duplicate job id '7'") as e:
+        parse_trace(ARENA_HEAD + arena.format(id="7") + arena.format(id="7 "), "a.csv")
+    assert (e.value.line, e.value.field) == (3, "job_id")
+    # (Philly's ids are made from the line: philly-<line>, unique by construction)
+    # a job built in code with spaces around its id or tenant is refused, not written to a trace
+    for kw in ({"job_id": " 1"}, {"tenant": "a "}):
+        with pytest.raises(InputError, match="without white space around it"):
+            Job(**{"job_id": "1", "model": "gpt__1.3B", "global_batch": 8, "num_iterations": 1, "arrival_s": 0.0,
+                   **kw})
 
 
 def test_unknown_format_and_version():
@@ -187,6 +212,18 @@ def test_arena_errors(row, field):
     assert (e.value.line, e.value.field) == (3, field)
 
 
+@pytest.mark.parametrize("text, field", [
+    (ARENA_HEAD.strip() + ",priority\nj0,1,1,moe__690M,2,256,1,a10,5\n", "priority"),
+    ("timestamp,duration,num_gpus,gpu_time,cluster,user\n2017-10-09 07:01:55,66.0,1,66.0,vc1,bob\n", "user"),
+    (OURS_HEAD.strip() + ",colour\na,gpt__1.3B,128,10,5,,1.0,t,,,red\n", "colour"),
+])
+def test_a_column_the_format_does_not_read_is_refused(text, field):
+    # (an Arena trace with a priority column looked as if priorities counted)
+    with pytest.raises(InputError, match=f"unknown column\\(s\\) '{field}'; .* reads ") as e:
+        parse_trace(text, "t.csv")
+    assert e.value.field == field and e.value.line == (2 if text.startswith("#") else 1)
+
+
 def test_job_larger_than_cluster_is_rejected():
     small = ClusterSpec((NodeGroup("a100", 1, 4), NodeGroup("a40", 2, 2)))
     with pytest.raises(InputError, match="job 'big' requests 8") as e:
@@ -201,6 +238,16 @@ def test_bundled_arena_traces():
     assert {j.requested_gpus for j in philly} == {1, 2, 4, 8, 16}
     assert all(j.deadline_s is not None and j.deadline_s >= j.arrival_s for j in philly)
     assert len(load_bundled_trace("arena-venus")) == 438 and len(load_bundled_trace("arena-pai")) == 125
+
+
+@pytest.mark.parametrize("duration", ["1e30", "1e300"])
+def test_a_philly_duration_too_long_for_the_iteration_limit_is_blamed_on_the_duration(duration):
+    text = ("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,3600,1,3600,vc1\n"
+            f"2017-10-09 08:01:55,{duration},4,1,vc1\n")
+    with pytest.raises(InputError, match=r"s is [0-9.e+]+ iterations of .* on 4 .* GPUs, above the limit of "
+                                         r"1,000,000,000 iterations per job") as e:
+        parse_trace(text, "p.csv")
+    assert (e.value.line, e.value.field) == (3, "duration")
 
 
 def test_gzip_and_philly_import(tmp_path):

@@ -126,7 +126,9 @@ def test_outage_file_errors_name_the_file_line_and_field(tmp_path):
                               ("node,start_s,end_s\n0,soon,2\n", 2, "start_s"),
                               ("node,start_s,end_s\n0,5,2\n", 2, "end_s"),
                               ("node,start_s,end_s\n0,1,2\n1,nan,3\n", 3, "start_s"),
-                              ("node,start_s,end_s\n0,1\n", 2, None)]:
+                              ("node,start_s,end_s\n0,1\n", 2, None),
+                              # a fourth column other than reason was read as the reason
+                              ("node,start_s,end_s,until\n0,1,2,5\n", 1, None)]:
         bad = tmp_path / "bad.csv"
         bad.write_text(text)
         with pytest.raises(InputError) as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -145,6 +146,61 @@ def test_a_broken_plugin_is_an_error_naming_it(registries, tmp_path, body, match
         load_plugin(str(path), registries=registries)
     assert "bad.py" in str(e.value)
     assert not [m for m in sys.modules if m.startswith("arena_plugin_bad_")]     # nothing left half-loaded
+
+
+@pytest.mark.parametrize("code", ["0", "3", "'no GPU here'", "None"])
+def test_a_plugin_that_calls_sys_exit_is_an_error_naming_it(registries, tmp_path, capsys, code):
+    body = textwrap.dedent(POLICY_PLUGIN.format(name="exits")) + f"import sys\nsys.exit({code})\n"
+    path = write(tmp_path, "quits.py", body)
+    with pytest.raises(InputError, match=rf"plugin .*quits\.py \(--plugin\) called sys\.exit\({code}\) while "
+                                         rf"loading \(.*quits\.py, line 7\)") as e:
+        load_plugin(str(path), registries=registries)
+    assert e.value.field == "--plugin"
+    assert "exits" not in policy_names()                            # what it registered went back out
+    assert not [m for m in sys.modules if m.startswith("arena_plugin_quits_")]
+    # the command: exit 2 with the line, never the plug-in's own code having done nothing
+    assert main(["instances", "--plugin", str(path)]) == 2
+    assert "called sys.exit(" in capsys.readouterr().err
+
+
+def test_a_keyboard_interrupt_while_loading_a_plugin_stays_one(registries, tmp_path):
+    path = write(tmp_path, "ctrl_c.py", "raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        load_plugin(str(path), registries=registries)
+    assert not [m for m in sys.modules if m.startswith("arena_plugin_ctrl_c_")]
+
+
+def test_a_plugins_policy_that_cannot_be_built_or_cannot_decide_is_named_not_its_options(registries, tmp_path,
+                                                                                          capsys):
+    # registering something that is not callable: refused while loading, naming the plug-in
+    path = write(tmp_path, "notcallable.py", "from engine.policy import register_policy\n"
+                                             "register_policy('not-callable')(42)\n")
+    with pytest.raises(InputError, match=r"notcallable\.py \(--plugin\) failed to load: TypeError: policy "
+                                         r"'not-callable' must be a class or a function that builds one, got 42"):
+        load_plugin(str(path), registries=registries)
+    assert "not-callable" not in policy_names()
+    # a factory that fails with no option given, and one that builds an object without decide(): --policy
+    write(tmp_path, "odd.py", """
+        from engine.policy import register_policy
+        @register_policy("buggy")
+        def make(**kw):
+            return len(3)
+        @register_policy("no-decide")
+        class NoDecide:
+            decide = 3
+    """)
+    for policy, match in (("buggy", r"field '--policy': policy 'buggy' \(defined in .*odd\.py\) could not be built: "
+                                    r"TypeError: object of type 'int' has no len\(\) \(.*odd\.py, line 5\)"),
+                          ("no-decide", r"field '--policy': policy 'no-decide' \(defined in .*odd\.py\) built a "
+                                        r"NoDecide object, which has no decide\(ctx\) method")):
+        assert main(["simulate", "--plugin", str(tmp_path / "odd.py"), "--instance", "demo", "--policy", policy,
+                     "--rounds", "2", "--quiet", "--no-plots", "--out", str(tmp_path / policy)]) == 2
+        err = capsys.readouterr().err
+        assert re.search(match, err) and "--policy-opt" not in err and "Traceback" not in err, err
+    # a bad option of a built-in policy is still the option's fault
+    assert main(["simulate", "--instance", "demo", "--policy", "fcfs", "--policy-opt", "backfill=maybe",
+                 "--rounds", "2", "--quiet", "--no-plots", "--out", str(tmp_path / "f")]) == 2
+    assert "field '--policy-opt': policy 'fcfs'" in capsys.readouterr().err
 
 
 def test_a_plugin_that_fails_after_registering_is_taken_back_out(registries, tmp_path):

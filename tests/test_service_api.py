@@ -54,7 +54,8 @@ def heads_config(tmp_path: Path) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("case", ["toml", "model", "heads", "gpus", "steps", "unknown", "not-json", "type"])
+@pytest.mark.parametrize("case", ["toml", "model", "heads", "gpus", "steps", "unknown", "not-json", "type",
+                                  "key-twice"])
 def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_path, case):
     client, db, _ = api
     body, field = {
@@ -66,6 +67,7 @@ def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_
         "unknown": ({**GOOD, "bogus": 1}, "bogus"),
         "not-json": (b"{not json", "body"),
         "type": ([1, 2], None),
+        "key-twice": (json.dumps(GOOD)[:-1].encode() + b', "steps": 1000}', "body.steps"),
     }[case]
     r = client.post("/api/jobs", content=body) if isinstance(body, bytes) else client.post("/api/jobs", json=body)
     assert 400 <= r.status_code < 500, r.text
@@ -75,6 +77,8 @@ def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_
         assert err["field"] == field, err
     if case == "toml":
         assert "malformed TOML" in err["error"]
+    if case == "key-twice":
+        assert "key 'steps' given twice" in err["error"]
     assert stored(db) == 0
 
 
@@ -105,6 +109,13 @@ def test_hold_and_release_are_requests_the_scheduler_carries_out_and_bad_ones_ar
     assert client.get("/api/jobs/1").json()["hold_requested"] is True
     assert client.post("/api/jobs/1/hold").json()["already"] is True
     assert client.post("/api/jobs/1/hold", json={"reason": 3}).json()["field"] == "reason"
+    # a key the request does not read is refused, not dropped (here a misspelt reason); nothing is asked
+    for path, body in (("/api/jobs/1/hold", {"reson": "x"}), ("/api/jobs/1/priority", {"priority": 2, "node": 1}),
+                       ("/api/nodes/0/drain", {"why": "disk"})):
+        r = client.post(path, json=body)
+        assert r.status_code == 400 and r.json()["field"].startswith("body.") and "unknown key" in r.json()["error"]
+    with Store(db, readonly=True) as st:
+        assert st.drained() == {} and st.hold_requests() == [(1, "urgent run first")]
     with Store(db) as st:                             # the scheduler carries it out
         assert st.hold_requests() == [(1, "urgent run first")] and st.hold(1)
     job = client.get("/api/jobs/1").json()

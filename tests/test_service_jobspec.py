@@ -54,6 +54,7 @@ def test_refusals_name_the_field(tmp_path):
     bad(GOOD | {"steps": 0}, "steps")
     bad(GOOD | {"steps": 2.5}, "steps")
     bad(GOOD | {"global_batch": True}, "global_batch")
+    bad(GOOD | {"global_batch": 2**20 + 1}, "global_batch", match=r"must be in \[1, 1048576\]")   # MAX_GLOBAL_BATCH
     bad(GOOD | {"model": "gpt__99T"}, "model", match="unknown model")
     bad(GOOD | {"gpus": 9}, "gpus", cluster=CLUSTER, match="has 8 a100")
     bad(GOOD | {"gpus": 9, "gpu_type": "a100"}, "gpus", cluster=CLUSTER, match="has 8 a100")
@@ -66,6 +67,8 @@ def test_refusals_name_the_field(tmp_path):
     bad(GOOD | {"seed": -1}, "seed")
     bad(GOOD | {"name": "../etc"}, "name")
     bad(GOOD | {"tenant": ""}, "tenant")
+    bad(GOOD | {"name": "train\n"}, "name")               # ("$" matched before a final newline)
+    bad(GOOD | {"tenant": "team-a\n"}, "tenant")          # (a second tenant "team-a")
     bad(GOOD | {"colour": "red"}, "colour", match="unknown key")
     bad({k: v for k, v in GOOD.items() if k != "steps"}, "steps", match="missing")
     bad(GOOD | {"data": str(tmp_path / "absent.txt")}, "data", match="file not found")
@@ -93,6 +96,10 @@ def test_toml_errors_name_the_file_and_line(tmp_path):
     with pytest.raises(InputError) as e:
         JobSpec.from_toml(p)
     assert e.value.file == str(p) and e.value.field == "steps"
+    p.write_text('name = "x"\nmodel = "tiny-gpt__2L"\nglobal_batch = 8\nsteps = 3\nsteps = 30\n')   # (TOML refuses it)
+    with pytest.raises(InputError, match="malformed TOML: Cannot overwrite a value") as e:
+        JobSpec.from_toml(p)
+    assert e.value.line == 5
     for path, words in ((tmp_path, "folder"), (tmp_path / "none.toml", "not found")):
         with pytest.raises(InputError, match=words):
             JobSpec.from_toml(path)

@@ -31,6 +31,7 @@ import re
 import sys
 import time
 
+from .flags import fields_as_flags
 from .jsonout import dumps
 from .policy_runs import (
     POLICY_COLUMNS,
@@ -207,6 +208,8 @@ def _parse_weights(text: str) -> dict:
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         k, sep, v = part.partition("=")
+        if k.strip() in out:
+            raise InputError(f"term {k.strip()!r} given twice in {text!r}; give it once", field="--objective")
         try:
             out[k.strip()] = float(v)
         except ValueError:
@@ -237,9 +240,13 @@ def _check_synthetic_args(args, rounds_flag: str) -> None:
 
 
 def run_solver_bench(args) -> int:
+    from ..solvers.base import BACKENDS
     _check_synthetic_args(args, "--repeat")
     weights = _parse_weights(args.objective)
     backends = args.backend or list(DEFAULT_BENCH_BACKENDS)
+    with fields_as_flags({"backend": "--backend"}):
+        for name in backends:                      # an unknown name fails before any work
+            BACKENDS.get(name)
     log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     if log:
         log(f"bench solver: {args.gpus} GPUs, {args.jobs} jobs, {args.repeat} rounds, backends {', '.join(backends)}")
@@ -276,13 +283,15 @@ def run_incremental_bench(args) -> int:
     from ..solvers import make_backend
 
     _check_synthetic_args(args, "--rounds")
-    make_backend(args.backend)                     # an unknown name fails before any work
+    with fields_as_flags({"backend": "--backend"}):
+        make_backend(args.backend)                 # an unknown name fails before any work
     try:
         config = IncrementalConfig(queued=args.queued, other_type=args.other_type,
                                    move_budget_jobs=args.move_budget_jobs,
                                    move_budget_gpus=args.move_budget_gpus)
-    except ValueError as e:
-        raise InputError(str(e), field="--" + str(e).split(" ", 1)[0].replace("_", "-")) from None
+    except ValueError as e:                     # "queued must be ...": the field, then the reason
+        name, _, reason = str(e).partition(" ")
+        raise InputError(reason, field="--" + name.replace("_", "-")) from None
     defaults = ReconfigCostModel()
     per_gpu = defaults.replan_per_gpu_s if args.move_cost_per_gpu is None else args.move_cost_per_gpu
     cap = defaults.replan_cap_s if args.move_cost_cap is None else args.move_cost_cap
@@ -370,6 +379,9 @@ def _policy_options(specs: list[str], policies) -> dict[str, dict]:
             raise InputError(f"expected POLICY:KEY=VALUE, got {spec!r}", field="--policy-opt")
         if pol not in out:
             raise InputError(f"--policy-opt for {pol!r}, which is not benchmarked", field="--policy-opt")
+        if k in out[pol]:
+            raise InputError(f"{pol}:{k} given twice ({out[pol][k]!r} and {parse_value(v)!r}); give it once",
+                             field="--policy-opt")
         out[pol][k] = parse_value(v)
     return out
 
@@ -483,12 +495,15 @@ def run_policy_bench(args) -> int:
         raise InputError(str(e), field="--reconfig-opt") from None
     if args.perf is not None:
         from estimators.perf import KINDS
-        KINDS.get(args.perf)
+        with fields_as_flags({"kind": "--perf"}):
+            KINDS.get(args.perf)
     if args.profile_store is not None:
         from estimators.perf import open_profile_store
         open_profile_store(args.profile_store, "--profile-store")       # before any simulation
-    if args.rounds is not None and args.rounds < 1:
-        raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
+    from ..simulator import MAX_ROUNDS
+    if args.rounds is not None and not 1 <= args.rounds <= MAX_ROUNDS:
+        raise InputError(f"must be in 1..{MAX_ROUNDS:,} (the simulator's safety limit), got {args.rounds:,}",
+                         field="--rounds")
     from .bench_seeds import run_seeded_bench, seeds_arg
     seeds = seeds_arg(args, policies)
     workload = workload_args(args)

@@ -7,7 +7,8 @@ Computes each job's JCT lower bound (``instances/bounds.py``: the job alone on t
 cluster, from the first round after its arrival, on its truly fastest shape of at most
 ``--max-gpus`` GPUs or its requested one, no queueing or launch cost) and prints the
 average. For each ``RUN_DIR`` (an ``arena simulate --run-out --out`` directory of the
-same workload: its ``jobs.csv``) it prints the average JCT over all jobs, its ratio to
+same workload: its ``jobs.csv``, whose jobs must be the workload's -- ids, models,
+batches, iterations, arrivals and requests; ``WORK_FIELDS``) it prints the average JCT over all jobs, its ratio to
 the average bound, and the same split by the bound's length (under an hour, up to a
 day, up to ten days, longer): each class's share of the average JCT, so that two
 policies' difference can be read class by class. A run with unfinished jobs has no
@@ -30,22 +31,55 @@ CLASSES = ((0.0, 3600.0, "< 1 h"), (3600.0, 86400.0, "1 h - 1 d"), (86400.0, 864
            (864000.0, math.inf, "> 10 d"))
 
 
-def read_run(path: Path, job_ids: set[str]) -> dict[str, float | None]:
-    """job id -> JCT (None: unfinished) from a run directory's jobs.csv."""
+# What defines a job's work (and its bound), as jobs.csv writes it: a run whose jobs differ
+# in any of these from the workload's is a run of another workload, whatever its job ids.
+WORK_FIELDS = ("model", "global_batch", "num_iterations", "arrival_s", "requested_gpu_type", "requested_gpus")
+
+
+def _same(field: str, written: str, value) -> bool:
+    if value is None:
+        return written == ""
+    if field == "arrival_s":
+        try:
+            return math.isclose(float(written), value, rel_tol=1e-9, abs_tol=1e-6)
+        except ValueError:
+            return False
+    return written == str(value)
+
+
+def read_run(path: Path, jobs: dict) -> dict[str, float | None]:
+    """job id -> JCT (None: unfinished) from a run directory's jobs.csv; an ``InputError``
+    naming the file, the job and the field when the run's jobs are not ``jobs`` (id -> Job):
+    other ids, or another model, batch, iteration count, arrival or request."""
     f = path / "jobs.csv"
     if not f.is_file():
         raise InputError("no jobs.csv here (an `arena simulate --out` directory?)", file=str(path))
     out: dict[str, float | None] = {}
     with f.open(newline="") as fh:
-        for i, row in enumerate(csv.DictReader(fh), start=2):
+        reader = csv.DictReader(fh)
+        missing = [c for c in ("job_id", "status", "jct_s", *WORK_FIELDS) if c not in (reader.fieldnames or ())]
+        if missing:
+            raise InputError(f"missing column(s) {', '.join(missing)} (not a jobs.csv of `arena simulate`)",
+                             file=str(f), line=1, field=missing[0])
+        for i, row in enumerate(reader, start=2):
             try:
                 jid, jct = row["job_id"], row["jct_s"]
                 out[jid] = float(jct) if jct not in ("", None) and row.get("status") == "finished" else None
-            except (KeyError, ValueError) as e:
+            except (KeyError, ValueError, TypeError) as e:
                 raise InputError(f"bad row: {e}", file=str(f), line=i) from None
-    if set(out) != job_ids:
-        missing, extra = len(job_ids - set(out)), len(set(out) - job_ids)
-        raise InputError(f"not a run of this workload: {missing} of its jobs missing, {extra} unknown", file=str(f))
+            job = jobs.get(jid)
+            if job is None:
+                continue                    # (counted below)
+            for field in WORK_FIELDS:
+                value = getattr(job, field)
+                if not _same(field, row[field] or "", value):
+                    raise InputError(f"not a run of this workload: job {jid!r} has {field} {row[field] or 'none'} in "
+                                     f"this run, {'none' if value is None else value} in the workload", file=str(f),
+                                     line=i, field=field)
+    if set(out) != set(jobs):
+        missing_jobs, extra = len(set(jobs) - set(out)), len(set(out) - set(jobs))
+        raise InputError(f"not a run of this workload: {missing_jobs} of its jobs missing, {extra} unknown",
+                         file=str(f))
     return out
 
 
@@ -132,11 +166,11 @@ def run_bound_bench(args) -> int:
         from instances.paths import check_output_file
         check_output_file(args.plot, "--plot")
     inst = build_instance(args)
+    by_id = {j.job_id: j for j in inst.jobs}
+    runs = {r: read_run(Path(r), by_id) for r in args.runs}       # (checked before the bounds' work)
     print(f"bounds of {len(inst.jobs):,} jobs ...", file=sys.stderr, flush=True)
     bounds = jct_lower_bounds(inst.jobs, inst.cluster, inst.oracle, round_interval_s=inst.round_interval_s,
                               max_gpus=args.max_gpus)
-    ids = {b.job_id for b in bounds}
-    runs = {r: read_run(Path(r), ids) for r in args.runs}
     rep = report(bounds, runs, args.max_gpus)
     if args.json:
         print(dumps({"instance": inst.name, **rep}))

@@ -12,10 +12,17 @@ from __future__ import annotations
 import math
 import sys
 
+from .flags import fields_as_flags
 from .jsonout import dumps
 from .simulate import seed_arg
 
 ACTIONS = ("grids", "accuracy", "proxy-quality", "fit")
+# the flag behind each field the grids action's job, cluster and performance model refuse
+ESTIMATE_FLAGS = {"model": "--model", "gpu_type": "--gpu-type", "global_batch": "--batch", "num_nodes": "--gpus",
+                  "gpus_per_node": "--gpus-per-node", "kind": "--perf", "link_load": "--link-load"}
+# Exit status when the request is valid but no grid can run it (no plan, or none fits in
+# memory): the table is still printed, the reason is on stderr; a bad input exits 2.
+NO_GRID_EXIT = 1
 
 
 def register(subparsers) -> None:
@@ -63,14 +70,45 @@ def register(subparsers) -> None:
                    help="fit: where to save the learned model (default $ARENA_LEARNED_ARTIFACT, else "
                         "~/.cache/arena/learned.joblib)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, estimate_defaults={a.dest: a.default for a in p._actions if a.option_strings})
+
+
+# The options each action reads; another one given is refused, not silently passed over.
+READS = {
+    "grids": {"model", "gpu_type", "gpus", "gpus_per_node", "batch", "perf", "profile_store", "dp_only", "link_load"},
+    "accuracy": {"against", "seed", "refit_analytic", "refit_regimes", "refit_evals", "refit_starts", "few_shot",
+                 "plot"},
+    "accuracy --against local": {"against", "passes", "store", "model"},
+    "proxy-quality": {"model", "batch", "max_splits"},
+    "fit": {"out", "seed"},
+}
+
+
+def check_options_read(args) -> None:
+    """An option the action does not read (``--passes`` with the grids action) is an
+    ``InputError`` naming it and the actions that read it."""
+    from instances.errors import InputError
+    key = "accuracy --against local" if args.action == "accuracy" and args.against == "local" else args.action
+    for dest, default in getattr(args, "estimate_defaults", {}).items():
+        if dest in READS[key] or dest in ("json", "help") or getattr(args, dest, default) == default:
+            continue
+        readers = [a for a, reads in READS.items() if dest in reads]
+        if "accuracy" in readers and "accuracy --against local" in readers:
+            readers.remove("accuracy --against local")
+        raise InputError(f"the {key} action does not read it (it is for {' and '.join(readers)})",
+                         field=f"--{dest.replace('_', '-')}")
+
+
+def check_batch(batch: int) -> None:
+    from instances.errors import InputError
+    from instances.jobs import MAX_GLOBAL_BATCH
+    if not 1 <= batch <= MAX_GLOBAL_BATCH:
+        raise InputError(f"must be in 1..{MAX_GLOBAL_BATCH:,} samples (a thousand times the largest measured batch), "
+                         f"got {batch:,}", field="--batch")
 
 
 def run(args) -> int:
-    if args.profile_store is not None and args.action != "grids":
-        from instances.errors import InputError
-        raise InputError("only the grids action reads it (accuracy --against local takes --store)",
-                         field="--profile-store")
+    check_options_read(args)
     if args.action == "accuracy":
         return _accuracy(args)
     if args.action == "proxy-quality":
@@ -112,23 +150,25 @@ def _grids(args) -> int:
     from instances.jobs import Job
     for f in ("model", "gpu_type", "gpus"):
         if getattr(args, f) is None:
-            raise InputError(f"--{f.replace('_', '-')} is required", field=f)
-    for flag, v in (("--gpus", args.gpus), ("--batch", args.batch)):
-        if v < 1:
-            raise InputError(f"must be >= 1, got {v}", field=flag)
+            flag = f"--{f.replace('_', '-')}"
+            raise InputError(f"{flag} is required", field=flag)
+    if args.gpus < 1:
+        raise InputError(f"must be >= 1, got {args.gpus}", field="--gpus")
+    check_batch(args.batch)
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise InputError(f"must be >= 1, got {args.gpus_per_node}", field="--gpus-per-node")
-    gpu = get_gpu(args.gpu_type)
-    gpn = args.gpus_per_node or gpu.default_gpus_per_node
-    cluster = ClusterSpec((NodeGroup(gpu.name, max(1, math.ceil(args.gpus / 1)), gpn),), "estimate")
-    job = Job("estimate", args.model, args.batch, 1, 0.0)
-    config = {"dp_only": args.dp_only}
-    if args.perf in ("analytic", "learned"):
-        config["link_load"] = args.link_load
-    if args.profile_store is not None:
-        from estimators.perf import open_profile_store
-        config["profile_store"] = open_profile_store(args.profile_store, "--profile-store")
-    perf = make_performance_model(args.perf, **config)
+    with fields_as_flags(ESTIMATE_FLAGS):
+        gpu = get_gpu(args.gpu_type)
+        gpn = args.gpus_per_node or gpu.default_gpus_per_node
+        cluster = ClusterSpec((NodeGroup(gpu.name, max(1, math.ceil(args.gpus / 1)), gpn),), "estimate")
+        job = Job("estimate", args.model, args.batch, 1, 0.0)
+        config = {"dp_only": args.dp_only}
+        if args.perf in ("analytic", "learned"):
+            config["link_load"] = args.link_load
+        if args.profile_store is not None:
+            from estimators.perf import open_profile_store
+            config["profile_store"] = open_profile_store(args.profile_store, "--profile-store")
+        perf = make_performance_model(args.perf, **config)
     grids = candidate_grids(job, cluster, gpu_counts=[args.gpus], dp_only=args.dp_only, prune=False)
     rows = []
     for g in grids:
@@ -140,33 +180,32 @@ def _grids(args) -> int:
                                                      "stage_layers": list(p.stage_layers),
                                                      "microbatches": p.microbatches, "schedule": p.schedule},
                      "source": e.source, "notes": list(e.notes)})
-    if not rows and not args.json:
+    fits = any(r["feasible"] for r in rows)
+    if not rows:
         tp_cap = min(perf.planner.cfg.planner.max_tp, max_useful_tp(job.arch)) if hasattr(perf, "planner") else None
         print(f"arena estimate: no grid: every plan on {args.gpus} GPUs would have more data-parallel "
               f"replicas than the batch's {args.batch} samples (the planner keeps dp <= batch"
               + (f"; tensor degree at most {tp_cap}" if tp_cap else "") + ")", file=sys.stderr)
-        return 0
     if args.json:
         print(dumps({"model": job.model, "batch": args.batch, "seq_len": job.arch.seq_len, "gpu_type": gpu.name,
                           "gpus": args.gpus, "perf": perf.name, "grids": rows}, indent=1, default=str))
-        return 0
-    print(f"{job.model}, batch {args.batch} of {job.arch.seq_len}-token sequences, {args.gpus} x {gpu.name} "
-          f"({gpn} per node), perf model {perf.name}")
-    print(f"{'grid':<24} {'fits':<5} {'iter s':>9} {'samples/s':>10} {'mem GiB':>8}  plan")
-    for r in sorted(rows, key=lambda r: (not r["feasible"], r["iteration_time_s"])):
-        p = r["plan"]
-        plan = "-" if p is None else (f"dp{p['dp']} tp{p['tp']} pp{p['pp']} m{p['microbatches']} {p['schedule']} "
-                                      f"stages {p['stage_layers']}")
-        print(f"{r['grid']:<24} {'yes' if r['feasible'] else 'NO':<5} {r['iteration_time_s']:>9.3f} "
-              f"{r['throughput']:>10.2f} {r['peak_memory_gib']:>8.1f}  {plan}")
-    if rows:
+    elif rows:
+        print(f"{job.model}, batch {args.batch} of {job.arch.seq_len}-token sequences, {args.gpus} x {gpu.name} "
+              f"({gpn} per node), perf model {perf.name}")
+        print(f"{'grid':<24} {'fits':<5} {'iter s':>9} {'samples/s':>10} {'mem GiB':>8}  plan")
+        for r in sorted(rows, key=lambda r: (not r["feasible"], r["iteration_time_s"])):
+            p = r["plan"]
+            plan = "-" if p is None else (f"dp{p['dp']} tp{p['tp']} pp{p['pp']} m{p['microbatches']} "
+                                          f"{p['schedule']} stages {p['stage_layers']}")
+            print(f"{r['grid']:<24} {'yes' if r['feasible'] else 'NO':<5} {r['iteration_time_s']:>9.3f} "
+                  f"{r['throughput']:>10.2f} {r['peak_memory_gib']:>8.1f}  {plan}")
         print(f"source: {rows[0]['source']}; " + "; ".join(rows[0]["notes"][:1]))
-    if rows and not any(r["feasible"] for r in rows):
+    if rows and not fits:
         hint = (f"; the sequence length comes from {job.arch.source}: add \"seq_length\" to that file to train "
                 "shorter sequences" if job.arch.source else "")
         print(f"arena estimate: no grid fits in memory at {job.arch.seq_len}-token sequences and batch "
               f"{args.batch}{hint}", file=sys.stderr)
-    return 0
+    return 0 if fits else NO_GRID_EXIT
 
 
 def _fmt(x) -> str:
@@ -322,10 +361,11 @@ def _accuracy_local(args) -> int:
     from estimators.profile_store import ProfileStore
     from instances.errors import InputError
     if args.passes < 1:
-        raise InputError("--passes must be >= 1", field="passes")
-    for flag in ("plot", "few_shot"):
-        if getattr(args, flag):
-            raise InputError(f"--{flag.replace('_', '-')} is for --against arena-measured", field=flag)
+        raise InputError(f"must be >= 1, got {args.passes}", field="--passes")
+    if args.model:
+        from instances.models import get_model
+        with fields_as_flags({"model": "--model"}):
+            get_model(args.model)
     import os
     passes, loads = [], []
     for k in range(args.passes):
@@ -366,11 +406,13 @@ def _accuracy_local(args) -> int:
 def _proxy_quality(args) -> int:
     from estimators.evaluation.accuracy import proxy_quality
     from instances.errors import InputError
-    if args.batch < 1:
-        raise InputError(f"must be >= 1, got {args.batch}", field="--batch")
+    check_batch(args.batch)
+    if args.max_splits < 1:
+        raise InputError(f"must be >= 1, got {args.max_splits}", field="--max-splits")
     if args.model:
         from instances.models import get_model
-        get_model(args.model)                                   # an unknown name says so, with the known ones
+        with fields_as_flags({"model": "--model"}):
+            get_model(args.model)                               # an unknown name says so, with the known ones
     models = [args.model] if args.model else None
     out = proxy_quality(models=models, batches=(args.batch,), max_exhaustive_splits=args.max_splits)
     if args.json:

@@ -2,7 +2,13 @@
 the profiling cost against running every grid directly."""
 from __future__ import annotations
 
+from .flags import fields_as_flags
 from .jsonout import dumps
+
+# the flag behind each field the profiler's configs and the cost comparison refuse
+PROFILE_FLAGS = {"model": "--model", "micro_batches": "--micro-batches", "tp_degrees": "--tp",
+                 "repeats": "--repeats", "global_batch": "--batch", "warmup_iters": "--warmup-iters",
+                 "measured_iters": "--measured-iters", "plan": "--batch"}
 
 
 def register(subparsers) -> None:
@@ -32,7 +38,37 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def check_args(args) -> None:
+    """Every option, refused by its flag before any profiling (a launch is timed first)."""
+    from instances.cluster import MAX_CLUSTER_GPUS
+    from instances.errors import InputError
+    from instances.models import get_model
+
+    from .estimate import check_batch
+    check_batch(args.batch)
+    for flag, v, lo, hi in (("--max-gpus", args.max_gpus, 1, MAX_CLUSTER_GPUS),
+                            ("--run-grids", args.run_grids, 0, None), ("--warmup-iters", args.warmup_iters, 0, None),
+                            ("--measured-iters", args.measured_iters, 1, None), ("--repeats", args.repeats, 1, None)):
+        if v < lo or (hi is not None and v > hi):
+            raise InputError(f"must be {'>= ' + str(lo) if hi is None else f'in {lo}..{hi:,}'}, got {v}", field=flag)
+    small = [n for n in args.group_sizes if n < 2]
+    if small and not args.no_collectives:
+        raise InputError(f"a collective needs a group of at least 2 processes, got {small[0]}", field="--group-sizes")
+    with fields_as_flags(PROFILE_FLAGS):
+        archs = [get_model(name) for name in args.model]       # an unknown model fails now, not later
+    for tp in args.tp:                                          # (a degree no model takes would measure nothing)
+        if tp >= 1 and archs and all(a.is_transformer and (a.num_heads % tp or a.kv_heads % tp) for a in archs):
+            heads = ", ".join(f"{a.name}: {a.num_heads} heads, {a.kv_heads} KV heads" for a in archs)
+            raise InputError(f"tensor degree {tp} divides the attention heads of no model given ({heads}): nothing "
+                             "would be measured at it", field="--tp")
+
+
 def run(args) -> int:
+    with fields_as_flags(PROFILE_FLAGS):
+        return _run(args)
+
+
+def _run(args) -> int:
     from estimators.analytic import AnalyticModel
     from estimators.profile_store import ProfileStore
     from estimators.profiler import (
@@ -51,8 +87,7 @@ def run(args) -> int:
     from instances.paths import check_output_dir
     store = ProfileStore(args.store)
     check_output_dir(store.root, "--store")                     # before any profiling
-    for name in args.model:
-        get_model(name)                                         # an unknown model fails now, not later
+    check_args(args)
     cfg = ProfilerConfig(micro_batches=tuple(args.micro_batches), tp_degrees=tuple(args.tp), repeats=args.repeats)
     out = {"store": str(store.root), "models": {}}
     coll_s = 0.0

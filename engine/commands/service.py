@@ -32,7 +32,21 @@ from launcher.config import MOVE_PATHS
 from ..service.client import DEFAULT_URL, Client, NoAnswer
 from ..service.config import default
 from ..service.lock import DB_LOCK_SUFFIX, ServiceLock
+from .flags import fields_as_flags
 from .jsonout import dumps
+
+# The flag that sets each field of ServiceConfig (engine/service/config.py), for its errors;
+# tests/test_cli_flags.py walks it against the config's fields and the parser.
+SERVE_FLAGS = {
+    "db_path": "--db", "work_dir": "--work-dir", "round_interval_s": "--round-interval",
+    "checkpoint_interval_s": "--checkpoint-interval", "stop_timeout_s": "--stop-timeout",
+    "max_failures": "--max-failures", "failure_backoff_s": "--failure-backoff", "stop_after_s": "--stop-after",
+    "move_path": "--move-path", "step_delay_s": "--step-delay", "keep_rounds": "--keep-rounds",
+    "keep_measurements": "--keep-measurements", "stall_after_s": "--stall-after",
+    "drain_after_failures": "--drain-after-failures", "failure_window_s": "--failure-window",
+    "data_roots": "--data-root",
+}
+SERVE_NOT_FLAGS = frozenset({"min_round_gap_s", "poll_interval_s", "checkpoint_every"})    # (the defaults hold)
 
 LOOPBACK_NAMES = ("localhost",)
 # the host names a loopback service answers to without a token, beside its --host
@@ -355,6 +369,11 @@ def build_service_parts(args) -> ServiceParts:
             raise InputError(f"must be >= 1, got {args.local_slots}", field="--local-slots")
         if args.local_nodes < 1:
             raise InputError(f"must be >= 1, got {args.local_nodes}", field="--local-nodes")
+        from instances.cluster import MAX_CLUSTER_GPUS
+        if args.local_slots * args.local_nodes > MAX_CLUSTER_GPUS:
+            raise InputError(f"{args.local_nodes:,} nodes of {args.local_slots:,} slots are more than the "
+                             f"{MAX_CLUSTER_GPUS:,} a cluster may have",
+                             field="--local-slots" if args.local_slots >= args.local_nodes else "--local-nodes")
         # no host names: every rank runs here, started by mpiexec without a hostfile
         cluster = ClusterSpec((NodeGroup("cpu", args.local_nodes, args.local_slots),),
                               f"local-{args.local_slots}" if args.local_nodes == 1
@@ -386,7 +405,7 @@ def build_service_parts(args) -> ServiceParts:
         raise InputError(str(e), field="--reconfig-opt") from None
     work = Path(args.work_dir)
     data_roots = _data_roots(args.data_roots)
-    try:                                          # every option checked before a file or folder is made
+    with fields_as_flags(SERVE_FLAGS):            # every option checked before a file or folder is made
         cfg = ServiceConfig(db_path=str(Path(args.db)), work_dir=str(work.resolve()),
                             round_interval_s=args.round_interval,
                             checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
@@ -396,9 +415,6 @@ def build_service_parts(args) -> ServiceParts:
                             keep_measurements=args.keep_measurements,
                             stall_after_s=args.stall_after, drain_after_failures=args.drain_after_failures,
                             failure_window_s=args.failure_window, data_roots=data_roots)
-    except InputError as e:                       # the config's field, as the flag that set it
-        flag = "--data-root" if e.field == "data_roots" else "--" + (e.field or "").removesuffix("_s").replace("_", "-")
-        raise InputError(e.reason, field=flag) from None
     _check_writable_file(args.db, "--db")
     if work.exists() and not work.is_dir():
         raise InputError("is a file, not a folder", file=str(work), field="--work-dir")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from instances.errors import InputError
 
+from .flags import fields_as_flags
+
 
 def parse_value(text: str):
     """CLI option value: int, float, bool (true/false), none, else the string itself."""
@@ -57,6 +59,9 @@ def parse_options(items: list[str] | None, flag: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise InputError(f"expected KEY=VALUE, got {item!r}", field=flag)
+        if key.strip() in out:                  # the last would win without a word
+            raise InputError(f"{key.strip()} given twice ({out[key.strip()]!r} and {parse_value(value)!r}); "
+                             "give it once", field=flag)
         out[key.strip()] = parse_value(value)
     return out
 
@@ -119,14 +124,41 @@ def build_policy(name: str, opts: dict, *, name_flag: str = "--policy", opt_flag
     if name not in policy_names():
         raise InputError(f"unknown policy {name!r}; known: {', '.join(policy_names())}", field=name_flag)
     try:
-        return make_policy(name, **opts)
+        policy = make_policy(name, **opts)
     except (TypeError, ValueError) as e:
         reason = e.reason if isinstance(e, InputError) else str(e)
+        if not opts and not isinstance(e, InputError):     # no option given: the policy's own failure
+            raise InputError(f"policy {name!r}{_defined_in(name)} could not be built: {type(e).__name__}: "
+                             f"{reason}{_raised_at(e)}", field=name_flag) from None
         if not reason.startswith(f"policy {name!r}"):
             reason = f"policy {name!r}: {reason}"
         if isinstance(e, InputError) and e.field and e.field not in reason:
             reason += f" (option {e.field})"
         raise InputError(reason, field=opt_flag) from None
+    if not callable(getattr(policy, "decide", None)):
+        raise InputError(f"policy {name!r}{_defined_in(name)} built a {type(policy).__name__} object, which has "
+                         "no decide(ctx) method", field=name_flag)
+    return policy
+
+
+def _defined_in(name: str) -> str:
+    """' (defined in FILE)' of a registered policy's factory, when it is not one of ours
+    (a plug-in's policy names its file)."""
+    import inspect
+
+    from ..policy import POLICIES
+    try:
+        file = inspect.getsourcefile(POLICIES.get(name))
+    except (TypeError, InputError):
+        return ""
+    return "" if file is None or "/engine/policies/" in file.replace("\\", "/") else f" (defined in {file})"
+
+
+def _raised_at(e: BaseException) -> str:
+    """' (FILE, line N)' of the frame that raised ``e``."""
+    import traceback
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 
 def build_shadow(args):
@@ -237,13 +269,8 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
     if profile_store is not None and Path(profile_store).exists() and not Path(profile_store).is_dir():
         raise InputError("is a file; a profile store is a folder (`arena profile --store DIR` fills one)",
                          file=profile_store, field="--profile-store")
-    try:
+    with fields_as_flags({"kind": "--perf", "profile_store": "--profile-store", "runtime": "--perf-runtime"}):
         return make_default_model(kind, profile_store=profile_store, runtime=runtime)
-    except InputError as e:
-        flags = {"kind": "--perf", "profile_store": "--profile-store", "runtime": "--perf-runtime"}
-        if e.field in flags:
-            raise InputError(e.reason, file=e.file, line=e.line, field=flags[e.field]) from None
-        raise
 
 
 def add_perf_runtime_arg(p) -> None:
@@ -318,12 +345,18 @@ def run(args) -> int:
 
     if args.rounds is not None and args.rounds < 1:
         raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
-    if args.round_interval is not None and not args.round_interval > 0:
-        raise InputError(f"must be > 0, got {args.round_interval}", field="--round-interval")
+    from instances.outages import MAX_TIME_S
+
+    from ..simulator import MAX_ROUNDS
+    if args.round_interval is not None and not 0 < args.round_interval <= MAX_TIME_S:
+        raise InputError(f"must be a number of seconds in (0, {MAX_TIME_S:.3g}] (past it the rounds' times lose "
+                         f"their tenth of a second), got {args.round_interval}", field="--round-interval")
     if args.max_rounds is not None and args.max_rounds < 1:
         raise InputError(f"must be >= 1, got {args.max_rounds}", field="--max-rounds")
-    if args.rounds and args.max_rounds and args.rounds > args.max_rounds:
-        raise InputError(f"the horizon {args.rounds} exceeds the safety limit {args.max_rounds}", field="--rounds")
+    limit = args.max_rounds or MAX_ROUNDS
+    if args.rounds and args.rounds > limit:
+        raise InputError(f"the horizon {args.rounds:,} exceeds the safety limit of {limit:,} rounds"
+                         + ("" if args.max_rounds else " (raise it with --max-rounds)"), field="--rounds")
     from instances.paths import check_output_dir
     if args.out is not None and not args.out.strip():
         raise InputError("is empty (leave it out for the default results/<instance>-<policy>)", field="--out")

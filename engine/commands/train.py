@@ -3,10 +3,26 @@ from __future__ import annotations
 
 import argparse
 
+from .flags import fields_as_flags
 from .jsonout import dumps
 from .simulate import seed_arg
 
-FLAGS = {"data": "--data", "lr": "--lr"}     # TrainConfig fields refused under the flag that set them
+# The flag that sets each field of the run's config (launcher/config.py: TrainConfig, its
+# ParallelPlan and OptimizerConfig) and of the checks before launch (launcher/validate.py),
+# for errors (tests/test_cli_flags.py walks it against the config's fields and the parser).
+TRAIN_FLAGS = {
+    "model": "--model", "plan": "--plan", "dp": "--plan", "tp": "--plan", "pp": "--plan",
+    "plan.tp": "--plan", "plan.pp": "--plan", "microbatches": "--microbatches", "schedule": "--schedule",
+    "stage_layers": "--stage-layers", "plan.stage_layers": "--stage-layers", "steps": "--steps",
+    "global_batch": "--global-batch", "seed": "--seed", "lr": "--lr", "data_path": "--data", "data": "--data",
+    "num_nodes": "--num-nodes", "device": "--device", "checkpoint_dir": "--checkpoint-dir",
+    "checkpoint_every": "--checkpoint-every", "checkpoint_interval_s": "--checkpoint-interval",
+    "stall_timeout_s": "--stall-timeout", "telemetry_path": "--telemetry", "telemetry_store": "--telemetry-store",
+    "run_dir": "--run-dir", "step_delay_s": "--step-delay", "breakdown": "--breakdown",
+}
+# set by the launcher, not by a flag
+TRAIN_NOT_FLAGS = frozenset({"checkpoint_keep", "checkpoint_at_end", "progress_path", "gpu_type", "gpus_per_node",
+                             "comm_timeout_s", "optimizer", "beta1", "beta2", "eps", "data_roots"})
 
 
 def register(subparsers) -> None:
@@ -129,7 +145,6 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from instances.errors import InputError
     from launcher.api import TEMP_PREFIX, run_config
     from launcher.checkpoint import latest_checkpoint, read_meta
     from launcher.launch import build_command
@@ -139,14 +154,10 @@ def run(args: argparse.Namespace) -> int:
     own_tmp = args.run_dir is None
     run_dir = args.run_dir or tempfile.mkdtemp(prefix=TEMP_PREFIX)
     try:
-        cfg = _build_config(args, run_dir)
-        mem = validate(cfg, device_type=args.memory_device or "cpu")
-    except InputError as e:                 # the config's field, as the flag that set it
-        if own_tmp:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        if e.field in FLAGS:
-            raise InputError(e.reason, file=e.file, line=e.line, field=FLAGS[e.field]) from None
-        raise
+        with fields_as_flags(TRAIN_FLAGS):
+            cfg = _build_config(args, run_dir)
+        with fields_as_flags({**TRAIN_FLAGS, "gpu_type": "--memory-device"}):
+            mem = validate(cfg, device_type=args.memory_device or "cpu")
     except BaseException:
         if own_tmp:
             shutil.rmtree(run_dir, ignore_errors=True)

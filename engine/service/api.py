@@ -56,6 +56,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
+from instances.json_input import loads_unique
 
 from .auth import Caller, Tokens, bearer
 from .jobspec import MAX_JOB_ID, JobSpec
@@ -112,15 +113,22 @@ async def _json_body(request: Request, empty: Any) -> Any:
     if not raw:
         return empty
     try:
-        return json.loads(raw)
+        return loads_unique(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"body is not JSON: {e}", field="body") from None
+    except InputError as e:                 # a key given twice: where in the body
+        raise InputError(e.reason, field=f"body.{e.field}") from None
 
 
-async def _body_and_reason(request: Request) -> tuple[Any, str | None]:
+async def _body_and_reason(request: Request, known: tuple[str, ...] = ("reason",)) -> tuple[Any, str | None]:
     """The JSON body (``{}`` when there is none) and its optional ``reason`` (``""`` when
-    absent; None when it is not a string, or the body not an object)."""
+    absent; None when it is not a string, or the body not an object); a key not in
+    ``known`` is a 400 naming it (a misspelt ``reson`` would be dropped without a word)."""
     body = await _json_body(request, {})
+    unknown = sorted(set(body) - set(known), key=str) if isinstance(body, dict) else []
+    if unknown:
+        raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}",
+                         field=f"body.{unknown[0]}")
     reason = body.get("reason", "") if isinstance(body, dict) else None
     return body, reason if isinstance(reason, str) else None
 
@@ -431,7 +439,7 @@ def create_app(ctx: ApiContext):
 
     @app.post("/api/jobs/{job_id}/priority")
     async def priority(job_id: JobId, request: Request) -> Any:
-        body, reason = await _body_and_reason(request)
+        body, reason = await _body_and_reason(request, ("priority", "reason"))
         if not isinstance(body, dict) or "priority" not in body:
             return _error(400, 'send {"priority": P} (P a finite number > 0)', field="priority")
         if reason is None:

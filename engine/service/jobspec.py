@@ -36,12 +36,12 @@ from pathlib import Path
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
-from instances.jobs import MAX_ITERATIONS, Job
+from instances.jobs import MAX_GLOBAL_BATCH, MAX_ITERATIONS, Job
 from instances.models import canonical_model_name, get_model
 from instances.paths import check_within_roots
 from launcher.datafile import DATA_ROOT_FLAG, check_data_file, min_data_bytes
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")     # fullmatch: "$" would let a final "\n" in
 MAX_SEED = 2**63 - 1
 MAX_TOML_BYTES = 64 * 1024          # a job file is a few lines; more is not one
 REQUEST = "request"                 # the source named in errors for a dict
@@ -220,15 +220,15 @@ def _check(spec: JobSpec) -> None:
             raise err(field, f"must be a string, got {v!r}")
         return v
 
-    if not NAME_RE.match(text("name")):
+    if not NAME_RE.fullmatch(text("name")):
         raise err("name", f"{spec.name!r}: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    if not NAME_RE.match(text("tenant")):
+    if not NAME_RE.fullmatch(text("tenant")):
         raise err("tenant", f"{spec.tenant!r}: 1-64 letters, digits, '.', '_' or '-'")
     try:
         object.__setattr__(spec, "model", canonical_model_name(text("model")))
     except InputError as e:              # a config.json's own error names that file and its field
         raise err("model", str(e) if e.file else e.reason) from None
-    integer("global_batch", 1)
+    integer("global_batch", 1, MAX_GLOBAL_BATCH)
     integer("steps", 1, MAX_ITERATIONS)
     integer("gpus", 1, optional=True)
     integer("seed", 0, MAX_SEED)
