@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.structured import loads_json
 
 MOVE_PATHS = ("d2d", "storage")       # how a running job moves: device to device where it can, or via storage
 
@@ -211,10 +212,9 @@ class TrainConfig:
 
     @classmethod
     def read(cls, path: str | Path) -> "TrainConfig":
+        raw = loads_json(Path(path).read_bytes(), file=str(path))
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
-        except json.JSONDecodeError as e:
-            raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
+            return cls.from_json(raw)
         except InputError as e:
             raise InputError(e.reason, file=str(path), field=e.field) from None
 

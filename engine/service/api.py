@@ -47,6 +47,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
+from instances.structured import loads_json
 
 from .jobspec import JobSpec
 from .losses import LossLog
@@ -85,9 +86,9 @@ async def _json_body(request: Request, empty: Any) -> Any:
     if not raw:
         return empty
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"body is not JSON: {e}", field="body") from None
+        return loads_json(raw, field="body")
+    except InputError as e:
+        raise InputError(f"body is not JSON: {e.reason}", field="body") from None
 
 
 async def _body_and_reason(request: Request) -> tuple[Any, str | None]:
@@ -279,7 +280,7 @@ def create_app(ctx: ApiContext):
     async def priority(job_id: int, request: Request) -> Any:
         body, reason = await _body_and_reason(request)
         if not isinstance(body, dict) or "priority" not in body:
-            return _error(400, 'send {"priority": P} (P a finite number > 0)', field="priority")
+            return _error(400, 'send {"priority": P} (P a finite number in [1e-4, 1e4])', field="priority")
         if reason is None:
             return _error(400, "reason must be a string", field="reason")
         with store() as s:
