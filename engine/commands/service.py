@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.limits import check_priority
 from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
@@ -174,14 +175,14 @@ def register(subparsers) -> None:
     rl.set_defaults(func=run_release)
 
     pr = subparsers.add_parser("priority", help="change a job's priority",
-                               description="Set a queued, running or held job's priority (a finite number > 0; "
+                               description="Set a queued, running or held job's priority (in [1e-4, 1e4]; "
                                            "submitted jobs have 1 unless their spec says otherwise). The next round "
                                            "decides with it: the policies whose objective has the throughput term, "
                                            "which weighs a job by its priority (arena, arena-incremental, suika, sia, "
                                            "sia-ap), favour it; fcfs, gavel and elasticflow-ls ignore priorities. The "
                                            "job's history notes the change.")
     pr.add_argument("id", type=int, help="job id")
-    pr.add_argument("priority", type=float, help="the new priority (> 0)")
+    pr.add_argument("priority", type=float, help="the new priority (in [1e-4, 1e4])")
     pr.add_argument("--reason", default="", help="why (in the job's history)")
     _client_args(pr)
     pr.set_defaults(func=run_priority)
@@ -574,8 +575,7 @@ def run_release(args) -> int:
 
 
 def run_priority(args) -> int:
-    if not (math.isfinite(args.priority) and args.priority > 0):      # checked here too: nothing sent
-        raise InputError(f"must be a finite number > 0, got {args.priority}", field="priority")
+    check_priority(args.priority)                       # checked here too: nothing sent
     ans = _client(args).post(f"/api/jobs/{args.id}/priority", {"priority": args.priority, "reason": args.reason})
     print(f"job {ans['id']}: priority {ans['was']:g} -> {ans['priority']:g} ({ans['status']}); the next round "
           f"decides with it")

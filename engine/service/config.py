@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from instances.errors import InputError
+from instances.limits import check_time
 from launcher.config import MOVE_PATHS
 
 
@@ -55,6 +56,9 @@ class ServiceConfig:
             raise InputError(f"must be one of {', '.join(MOVE_PATHS)}, got {self.move_path!r}", field="move_path")
         if self.stop_after_s is not None and not self.stop_after_s > 0:
             raise InputError(f"must be > 0, got {self.stop_after_s!r}", field="stop_after_s")
+        for f in fields(self):                  # every time and duration: within the bound on times
+            if f.name.endswith("_s") and getattr(self, f.name) is not None:
+                check_time(getattr(self, f.name), field=f.name)
 
 
 def default(name: str):
