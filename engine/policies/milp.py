@@ -150,7 +150,7 @@ def _with_default_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> di
             continue
         try:
             off = float(config[f"w_{term}"]) == 0.0
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             off = False                 # parse_objective reports the bad weight
         if off:
             merged.pop(key)
