@@ -200,6 +200,7 @@ ARENA_GPUS_PER_NODE = {"a100": 4, "v100": 16, "a40": 2, "a10": 2}
 
 
 GROUP_KEYS = ("gpu_type", "num_nodes", "gpus_per_node", "nodes_per_switch", "inter_node_bw_bytes_per_s", "hosts")
+_GROUP_KEY_SET = frozenset(GROUP_KEYS)
 
 
 def read_json_file(path: str | Path, what: str):
@@ -276,7 +277,7 @@ def _from_ours(raw: dict, path: Path) -> ClusterSpec:
         where = f"node_groups[{i}]"
         if not isinstance(g, dict):
             raise InputError("must be an object", file=str(path), field=where)
-        unknown = sorted(set(g) - set(GROUP_KEYS))
+        unknown = [] if _GROUP_KEY_SET.issuperset(g) else sorted(set(g) - _GROUP_KEY_SET, key=str)
         if unknown:
             raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(GROUP_KEYS)}",
                              file=str(path), field=f"{where}.{unknown[0]}")

@@ -89,7 +89,8 @@ def synthetic_outages(cluster: ClusterSpec, *, mtbf_h: float, repair_h: float, s
         if not (is_number(v) and v > 0 and (isinstance(v, int) or math.isfinite(v))):
             raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
         if v > MAX_TIME_S / 3600.0:
-            raise InputError(f"{show_number(v)} h is past the bound on durations: a time {TIME_BOUND}", field=name)
+            shown = show_number(v) if isinstance(v, int) else format(v, "g")
+            raise InputError(f"{shown} h is past the bound on durations: a time {TIME_BOUND}", field=name)
     end = start_s + hours * 3600.0
     if not end < MAX_TIME_S:
         raise InputError(f"{hours:g} h is too long a span: its times would pass {MAX_TIME_S:.3g} s (about "

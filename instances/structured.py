@@ -26,21 +26,22 @@ def _too_deep(kind: str, file: str | None, field: str | None) -> InputError:
                       file=file, field=field)
 
 
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
 def check_depth(obj: Any, *, kind: str = "JSON", file: str | None = None, field: str | None = None) -> Any:
     """``obj`` (a parsed document) if its arrays and objects nest at most
     ``MAX_NESTING_DEPTH`` deep, else an ``InputError``; iterative, so any depth is safe."""
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if isinstance(o, dict):
-            children = o.values()
-        elif isinstance(o, (list, tuple)):
-            children = o
-        else:
-            continue
-        if d > MAX_NESTING_DEPTH:
+    level = [obj] if isinstance(obj, (dict, list, tuple)) else []
+    depth = 0
+    while level:                        # one level of containers at a time
+        depth += 1
+        if depth > MAX_NESTING_DEPTH:
             raise _too_deep(kind, file, field)
-        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list, tuple)))
+        below: list[Any] = []
+        for o in level:
+            below.extend(c for c in (o.values() if isinstance(o, dict) else o) if type(c) in _CONTAINERS)
+        level = below
     return obj
 
 

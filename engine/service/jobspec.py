@@ -29,7 +29,7 @@ from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
 from instances.jobs import MAX_ITERATIONS, Job
-from instances.limits import check_priority, check_time
+from instances.limits import MAX_TIME_S, check_priority, check_time
 from instances.models import canonical_model_name, get_model
 from instances.structured import check_depth, loads_toml
 
@@ -164,9 +164,11 @@ class JobSpec:
 
     def to_job(self, job_id: str, arrival_s: float) -> Job:
         """The engine's job, arriving at ``arrival_s`` on the loop's clock. The seed and the
-        data file are the launcher's (``TrainConfig``), not the scheduler's."""
+        data file are the launcher's (``TrainConfig``), not the scheduler's. A deadline that
+        the clock would put past the bound on times (``deadline_s`` near 9e12 s after an
+        arrival on the wall clock) is that bound: 285,000 years away, no constraint either way."""
         return Job(job_id, self.model, self.global_batch, self.steps, arrival_s,
-                   deadline_s=None if self.deadline_s is None else arrival_s + self.deadline_s,
+                   deadline_s=None if self.deadline_s is None else min(arrival_s + self.deadline_s, MAX_TIME_S),
                    priority=self.priority, tenant=self.tenant, requested_gpu_type=self.gpu_type,
                    requested_gpus=self.gpus)
 
