@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.limits import check_time
 from instances.structured import loads_json
 
 MOVE_PATHS = ("d2d", "storage")       # how a running job moves: device to device where it can, or via storage
@@ -175,6 +176,9 @@ class TrainConfig:
             raise InputError(f"unknown device {self.device!r}; known: {', '.join(DEVICES)}", field="device")
         if self.step_delay_s < 0 or not self.comm_timeout_s > 0:
             raise InputError("step_delay_s must be >= 0 and comm_timeout_s > 0", field="step_delay_s")
+        for f in ("checkpoint_interval_s", "step_delay_s", "comm_timeout_s", "stall_timeout_s"):
+            if getattr(self, f) is not None:            # within the bound on times (instances/limits.py)
+                check_time(getattr(self, f), field=f)
         gpn = self.gpus_per_node if self.gpus_per_node is not None else -(-self.plan.world_size // self.num_nodes)
         object.__setattr__(self, "gpus_per_node", gpn)
         if self.plan.stage_layers:

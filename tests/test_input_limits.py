@@ -115,6 +115,19 @@ def test_serve_refuses_a_round_interval_past_the_bound(tmp_path, capsys):
     assert not (tmp_path / "w").exists() and not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.parametrize("argv,field", [
+    (["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--dry-run", "--stall-timeout", "1e300"],
+     "stall_timeout_s"),
+    (["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--dry-run", "--timeout", "1e300"],
+     "--timeout"),
+    (["status", "--patience", "1e300", "--url", "http://127.0.0.1:9"], "--patience"),
+])
+def test_other_time_flags_are_bounded(tmp_path, capsys, monkeypatch, argv, field):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert f"field '{field}': {BOUND}, got 1e+300" in capsys.readouterr().err
+
+
 def test_the_executor_raises_when_float_time_cannot_advance():
     """The loop guard: a completion that cannot move later in float time raises (was a
     spin). Reachable only past the bound, which every input is held to."""

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from instances.errors import InputError
-from instances.limits import check_priority
+from instances.limits import check_priority, check_time
 from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
@@ -474,6 +474,7 @@ def _table(jobs: list[dict]) -> str:
 def run_status(args) -> int:
     if not (math.isfinite(args.patience) and args.patience >= 0):
         raise InputError(f"must be a finite number of seconds >= 0, got {args.patience}", field="--patience")
+    check_time(args.patience, field="--patience")
     cl = _client(args)
     silent_since = None                 # --watch: when the service stopped answering
     while True:
