@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"arena: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:           # Ctrl-C outside a run that handles it (arena simulate writes what it has)
+        print("\narena: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:             # the reader went away (`arena simulate | head`): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (the exit's flush would raise again)
         return 1

@@ -21,8 +21,11 @@ Definitions (all times in seconds; "by the horizon" = up to ``t0 + rounds x inte
   run-out: jobs that never ran at all); ``never_placed_reasons`` counts them by reason
   and ``jobs.csv``'s ``never_placed_reason`` says why for each (``never_placed_reason``).
 - ``end_reason``: horizon, all jobs finished, stalled (run-out: nothing ran or started
-  for ``stall_rounds`` rounds) or safety limit (run-out reached ``max_rounds``, reported
-  as ``safety_limit_rounds``).
+  for ``stall_rounds`` rounds), safety limit (run-out reached ``max_rounds``, reported
+  as ``safety_limit_rounds``), clock bound (run-out reached the last round before the
+  simulated clock would pass ``instances.limits.MAX_TIME_S``) or interrupted (the
+  caller's ``stop``, Ctrl-C in ``arena simulate``: the results up to that round, and
+  ``interrupted`` true).
 - run-out only: ``avg_jct_runout_s`` over every finished job, ``makespan_runout_s`` =
   completion of the last job - first arrival; ``reconfigurations_runout``,
   ``reconfigurations_per_job_runout`` (over every job of the instance) and
@@ -227,6 +230,8 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         "end_reason": sim.end_reason,
         "wall_time_s": sim.wall_s,
     }
+    if sim.end_reason == "interrupted":
+        s["interrupted"] = True
     caps = sim.state.cluster.gpus_by_type
     span = len(active) * I
     s["active_span_s"] = span

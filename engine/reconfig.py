@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from estimators.move_cost import MoveCostParams
 from instances.grid import Grid
 from instances.jobs import Job
+from instances.limits import MAX_TIME_S, TIME_BOUND, is_number
 from instances.memory_rule import ADAM_STATE_BYTES_PER_PARAM
 
 from .context import Allocation
@@ -73,8 +74,14 @@ class ReconfigCostModel:
     def __post_init__(self):
         for f in ("replan_per_gpu_s", "replan_cap_s", "restart_s", "state_bytes_per_param"):
             v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{f} must be a finite number >= 0, got {v!r}")
+            try:
+                ok = is_number(v) and math.isfinite(float(v)) and v >= 0
+            except OverflowError:               # an integer past float's range
+                ok = False
+            if not ok:
+                raise ValueError(f"ReconfigCostModel.{f} must be a finite number >= 0, got {v!r}")
+            if f.endswith("_s") and v > MAX_TIME_S:
+                raise ValueError(f"ReconfigCostModel.{f} {TIME_BOUND}, got {v!r}")
         if self.state_path not in STATE_PATHS:
             raise ValueError(f"state_path must be one of {STATE_PATHS}, got {self.state_path!r}")
         if self.moves is not None and not isinstance(self.moves, MoveCostParams):

@@ -255,7 +255,11 @@ class SimExecutor:
                                                measured_iteration_time_s=measured, measured_iterations=n))
                 r.alloc = None
             else:                                       # rounding: not quite done yet
-                self._push(te + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s, r, _FINISH)
+                nxt = te + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s
+                if not nxt > te:                        # never spin: the finish must be later in float time
+                    raise RuntimeError(f"job {jid}: its completion event at {te!r} s cannot move later in float "
+                                       f"time (times must stay within instances.limits.MAX_TIME_S)")
+                self._push(nxt, r, _FINISH)
         self._account(t)
 
     def _account(self, t: float) -> None:
@@ -283,7 +287,7 @@ class SimExecutor:
         if t > work_start:
             remaining = r.job.num_iterations - r.iterations_done
             finish = work_start + remaining * r.iteration_time_s
-            if finish <= t * (1 + 1e-12):
+            if finish <= t + min(t * 1e-12, 1e-3) + 2 * math.ulp(t):   # within rounding (at most ~1 ms)
                 r.iterations_done = float(r.job.num_iterations)
                 r.finished_at_s = min(finish, t)
             else:

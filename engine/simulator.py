@@ -24,12 +24,17 @@ Time starts at the first job's arrival ``t0``; round ``k`` happens at
 
 The horizon is ``rounds`` (default: the instance's ``horizon_rounds``); everything up to
 ``t0 + rounds * round_interval_s`` is "by the horizon". With ``run_out`` the simulation
-continues, submitting every remaining arrival, until all jobs finish. Two safety stops
+continues, submitting every remaining arrival, until all jobs finish. Three safety stops
 end a run-out early, and the summary says which (``end_reason``): a stall (nothing runs,
-nothing is left to arrive and the policy starts nothing for ``stall_rounds`` rounds) and
+nothing is left to arrive and the policy starts nothing for ``stall_rounds`` rounds),
 the safety limit of ``max_rounds`` rounds, which also bounds memory (every round keeps a
-``RoundRecord`` of about 0.5 kB). The jobs left are reported as never placed or
-unfinished, never dropped.
+``RoundRecord`` of about 0.5 kB), and the clock bound: the simulated clock never passes
+``instances.limits.MAX_TIME_S`` (9e12 s; past it float time loses millisecond
+precision), so a run-out ends at the last round before it (``clock bound``), and a
+horizon that would pass it is refused (``InputError`` on ``rounds``). A caller's ``stop``
+(``arena simulate`` sets it on Ctrl-C) ends the run before the next round
+(``interrupted``). The jobs left are reported as never placed or unfinished, never
+dropped. A round whose clock did not advance past the previous one raises (never spins).
 """
 from __future__ import annotations
 
@@ -39,7 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from instances.outages import MAX_TIME_S, Outage, down_at
+from instances.errors import InputError
+from instances.limits import MAX_TIME_S, TIME_BOUND, check_time
+from instances.outages import Outage, down_at
 
 from . import metrics
 from .reconfig import ReconfigCostModel
@@ -65,14 +72,16 @@ class SimConfig:
     outages: tuple[Outage, ...] = ()    # nodes out of service over time (instances/outages.py)
 
     def __post_init__(self):
-        if not 0 < self.round_interval_s <= MAX_TIME_S:         # (past it, the rounds' times lose their 0.1 s)
-            raise ValueError(f"round_interval_s must be in (0, {MAX_TIME_S:.3g}] s, got {self.round_interval_s!r}")
+        if not self.round_interval_s > 0:
+            raise ValueError(f"round_interval_s must be > 0, got {self.round_interval_s!r}")
+        check_time(self.round_interval_s, field="round_interval_s")
         if not isinstance(self.rounds, int) or self.rounds < 0:
             raise ValueError(f"rounds must be an integer >= 0, got {self.rounds!r}")
         if self.stall_rounds < 1 or self.max_rounds < 1:
             raise ValueError("stall_rounds and max_rounds must be >= 1")
         if self.rounds > self.max_rounds:
-            raise ValueError(f"rounds ({self.rounds}) exceeds the safety limit max_rounds ({self.max_rounds})")
+            raise InputError(f"the horizon of {self.rounds:,} rounds exceeds the safety limit of {self.max_rounds:,} "
+                             f"rounds (raise it with --max-rounds)", field="rounds")
 
 
 @dataclass
@@ -92,13 +101,16 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
              round_interval_s: float | None = None, stall_rounds: int = 20,
              check_invariants_every_round: bool = True, max_rounds: int | None = None,
              iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV,
-             outages: tuple[Outage, ...] = (), shadow: Any = None) -> metrics.SimResult:
+             outages: tuple[Outage, ...] = (), shadow: Any = None,
+             stop: Callable[[], bool] | None = None) -> metrics.SimResult:
     """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc.
     ``max_rounds``: the run-out safety limit (default ``SimConfig.max_rounds``).
     ``outages``: nodes out of service over time; at each round the nodes out then are
     unavailable and the jobs on a node that just went out are evicted (``RoundLoop.set_unavailable``).
     ``shadow``: a second policy asked every round beside ``policy`` and compared, never
-    carried out (engine/shadow.py; ``shadow.csv`` and the ``shadow_*`` summary keys)."""
+    carried out (engine/shadow.py; ``shadow.csv`` and the ``shadow_*`` summary keys).
+    ``stop``: asked before every round; when it answers true the run ends there with the
+    results so far (``end_reason`` ``interrupted``)."""
 
     max_rounds = SimConfig.max_rounds if max_rounds is None else max_rounds
     if rounds is None:
@@ -111,7 +123,7 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
                     max_rounds=max_rounds, check_invariants=check_invariants_every_round,
                     iteration_noise_cv=iteration_noise_cv, outages=tuple(outages))
     reconfig = reconfig or ReconfigCostModel()
-    sim = _Simulation(instance, policy, perf, reconfig, cfg, progress, shadow)
+    sim = _Simulation(instance, policy, perf, reconfig, cfg, progress, shadow, stop)
     sim.run()
     result = metrics.build_result(sim)
     if out_dir is not None:
@@ -125,10 +137,30 @@ class _Simulation:
     """The virtual-clock driver of the round loop: round ``k`` at ``t0 + k x interval``."""
 
     def __init__(self, instance, policy, perf, reconfig: ReconfigCostModel, cfg: SimConfig, progress,
-                 shadow=None):
+                 shadow=None, stop=None):
         self.instance, self.policy, self.cfg = instance, policy, cfg
         self.progress_cb = progress
+        self.stop = stop
         self.jobs = sorted(instance.jobs, key=lambda j: (j.arrival_s, j.job_id))
+        self.t0 = self.jobs[0].arrival_s if self.jobs else 0.0
+        # the rounds before the clock would pass the bound on times (arrivals are within it)
+        clock_rounds = max(0, math.floor((MAX_TIME_S - self.t0) / cfg.round_interval_s))
+        if clock_rounds < 1:
+            raise InputError(f"a round interval of {cfg.round_interval_s:g} s from the first arrival at {self.t0:g} s "
+                             f"leaves no round before the bound on times: every time {TIME_BOUND}",
+                             field="round_interval_s")
+        has_horizon = not cfg.run_out or cfg.rounds < cfg.max_rounds
+        if has_horizon and cfg.rounds > clock_rounds:
+            raise InputError(f"a horizon of {cfg.rounds:,} rounds of {cfg.round_interval_s:g} s from the first "
+                             f"arrival at {self.t0:g} s would take the simulated clock to "
+                             f"{self.t0 + cfg.rounds * cfg.round_interval_s:.4g} s, past the bound on times: "
+                             f"every time {TIME_BOUND}; give at most {clock_rounds:,} rounds", field="rounds")
+        self.round_limit = min(cfg.max_rounds, clock_rounds)   # a run-out's last round
+        last_s = self.t0 + (self.round_limit if cfg.run_out else cfg.rounds) * cfg.round_interval_s
+        if cfg.round_interval_s < 4 * math.ulp(last_s):         # rounds that float time cannot tell apart
+            raise InputError(f"a round interval of {cfg.round_interval_s:g} s is below what float time resolves at "
+                             f"the simulated clock's last round ({last_s:.4g} s): give at least "
+                             f"{4 * math.ulp(last_s):.3g} s", field="round_interval_s")
         self.executor = SimExecutor(instance.oracle, reconfig, iteration_noise_cv=cfg.iteration_noise_cv,
                                     seed=cfg.seed)
         self.loop = RoundLoop(instance.cluster, policy, self.executor, perf=perf, reconfig=reconfig,
@@ -137,11 +169,11 @@ class _Simulation:
         self.state = self.loop.state
         self.state.cluster.check_nodes(o.node for o in cfg.outages)      # before the first round
         self.rounds: list[RoundRecord] = self.loop.rounds
-        self.t0 = self.jobs[0].arrival_s if self.jobs else 0.0
         self.horizon_s = self.t0 + cfg.rounds * cfg.round_interval_s
         self.end_s = self.horizon_s
         self.stopped_by_safety = False
-        self.end_reason = ""            # horizon | all jobs finished | stalled | safety limit
+        # horizon | all jobs finished | stalled | safety limit | clock bound | interrupted
+        self.end_reason = ""
         self.wall_s = 0.0
 
     def run(self) -> None:
@@ -155,10 +187,18 @@ class _Simulation:
         last_return = max((o.end_s for o in cfg.outages if o.end_s < math.inf), default=-math.inf)
         start_wall = time.perf_counter()
         k = 0
+        prev_now = -math.inf
         while True:
             now = self.t0 + k * I
+            if not now > prev_now:          # never spin: float time must move on every round
+                raise RuntimeError(f"the simulated clock did not advance at round {k} ({now!r} s after {prev_now!r} "
+                                   f"s): times must stay within instances.limits.MAX_TIME_S")
+            prev_now = now
             loop.collect(now, I)
             # stop?
+            if self.stop is not None and self.stop():
+                self.end_s, self.end_reason = now, "interrupted"
+                break
             if k >= cfg.rounds and not cfg.run_out:
                 self.end_s, self.end_reason = now, "horizon"
                 break
@@ -167,9 +207,10 @@ class _Simulation:
                 if all_in and not st.running and not st.queued:
                     self.end_s, self.end_reason = now, "all jobs finished"
                     break
-                if k >= cfg.max_rounds:
+                if k >= self.round_limit:
                     self.stopped_by_safety = True
-                    self.end_s, self.end_reason = now, "safety limit"
+                    self.end_s = now
+                    self.end_reason = "safety limit" if self.round_limit == cfg.max_rounds else "clock bound"
                     break
             if next_change < len(changes) and now >= changes[next_change]:    # an outage began or ended
                 while next_change < len(changes) and changes[next_change] <= now:

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from instances.errors import InputError
+from instances.limits import MAX_COEFFICIENT, check_time, show_number
 
 from .context import JobView, RoundContext
 
@@ -82,12 +83,19 @@ def parse_bool(policy: str, key: str, v: Any) -> bool:
 
 
 def _number(policy: str, key: str, v: Any, lo: float) -> float:
+    """``v`` as a finite number >= ``lo`` and within the bounds on input: a time (``*_s``)
+    at most ``MAX_TIME_S``, a count or budget at most ``MAX_COEFFICIENT``."""
     try:
         x = float(v)
-    except (TypeError, ValueError):
-        raise InputError(f"policy {policy!r}: {key} must be a number, got {v!r}", field=key) from None
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"policy {policy!r}: {key} must be a finite number, got {show_number(v)}",
+                         field=key) from None
     if not (math.isfinite(x) and x >= lo):
         raise InputError(f"policy {policy!r}: {key} must be a finite number >= {lo}, got {v!r}", field=key)
+    if key.endswith("_s"):
+        check_time(x, field=key, what=f"policy {policy!r}: {key} ")
+    elif x > MAX_COEFFICIENT:
+        raise InputError(f"policy {policy!r}: {key} must be at most {MAX_COEFFICIENT:g}, got {v!r}", field=key)
     return x
 
 

@@ -40,10 +40,10 @@ class ClusterState:
         self.owner: list[list[str | None]] = [[None] * n.num_gpus for n in self.nodes]
         self.free_count: list[int] = [n.num_gpus for n in self.nodes]
         self.holdings: dict[str, tuple[GpuId, ...]] = {}
-        self.nodes_by_type: dict[str, tuple[int, ...]] = {}
-        for n in self.nodes:
-            self.nodes_by_type.setdefault(n.gpu_type, ())
-            self.nodes_by_type[n.gpu_type] += (n.node_id,)
+        by_type: dict[str, list[int]] = {}
+        for n in self.nodes:                # appended, then frozen: linear in the nodes
+            by_type.setdefault(n.gpu_type, []).append(n.node_id)
+        self.nodes_by_type: dict[str, tuple[int, ...]] = {t: tuple(ids) for t, ids in by_type.items()}
         self.gpus_by_type: dict[str, int] = spec.gpus_by_type()
         self.version = 0            # bumped by every assign/release
         self._used: tuple[int, dict[str, int]] = (-1, {})     # used_by_type at a version

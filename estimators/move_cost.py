@@ -33,13 +33,13 @@ project's machine (``instances/data/launcher/move_cost_measured.json``, written 
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
 from instances.errors import InputError
+from instances.structured import loads_json
 from launcher.reshard_plan import changed_owner_bytes, uses_fsdp
 
 MEASURED_FILE = "data/launcher/move_cost_measured.json"
@@ -249,10 +249,7 @@ def load_measured() -> dict:
         text = resources.files("instances").joinpath(MEASURED_FILE).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("file not found (run bench/bench_moves.py --write-calibration)", file=label) from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", file=label, line=e.lineno) from None
+    d = loads_json(text, file=label)
     if not isinstance(d, dict) or "params" not in d or "provenance" not in d:
         raise InputError("needs keys params and provenance", file=label)
     return d

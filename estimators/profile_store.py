@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from instances.errors import InputError
-from instances.json_input import loads_unique
+from instances.structured import loads_json
 from launcher.telemetry import BREAKDOWN_KEYS, MEASURED_RUNS_FILE, RECORD_KEYS, store_dir
 
 SCHEMA_VERSION = 1
@@ -124,10 +124,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        raw = loads_unique(path.read_text(), file=str(path))
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
+    raw = loads_json(path.read_bytes(), file=str(path))
     if not isinstance(raw, dict):
         raise InputError("expected a JSON object", file=str(path))
     if raw.get("schema_version") != SCHEMA_VERSION:
@@ -258,9 +255,9 @@ class ProfileStore:
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=line_no) from None
+                    rec = loads_json(line, file=str(path))
+                except InputError as e:
+                    raise InputError(e.reason, file=str(path), line=line_no) from None
                 out.append(validate_measured_run(rec, file=str(path), line=line_no))
         return out
 

@@ -1,7 +1,6 @@
 """Cluster specs: node groups of one GPU type each, and the network between them."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +9,8 @@ from typing import Iterable
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
 from .grid import Shape, pow2_upto
-from .json_input import loads_unique
 from .paths import check_regular_file
+from .structured import loads_json
 
 SCHEMA_VERSION = 1
 
@@ -72,20 +71,52 @@ class ClusterSpec:
         if not self.groups:
             raise InputError("a cluster needs at least one node group", field="node_groups")
 
+    # derived tables, built once per spec on first use (a spec is immutable); left out of
+    # equality, hashing and pickles
+    _CACHES = ("_nodes", "_node_of_host", "_num_gpus", "_gpus_by_type", "_sizes", "_hash")
+
+    def __hash__(self) -> int:                  # a spec keys caches every round: hashed once
+        return self._cached("_hash", lambda: hash((self.groups, self.name)))
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in self._CACHES}
+
+    def _cached(self, key: str, build):
+        v = self.__dict__.get(key)
+        if v is None:
+            v = build()
+            object.__setattr__(self, key, v)
+        return v
+
     def nodes(self) -> tuple[Node, ...]:
+        """Every node, in group order (``node_id`` 0, 1, ...); linear in the nodes, built once."""
+        return self._cached("_nodes", self._build_nodes)
+
+    def _build_nodes(self) -> tuple[Node, ...]:
         out, nid, sw = [], 0, 0
         for gi, g in enumerate(self.groups):
             per = g.nodes_per_switch or g.num_nodes
+            hosts = g.hosts
             for i in range(g.num_nodes):
                 out.append(Node(nid, g.gpu_type, g.gpus_per_node, sw + i // per, gi,
-                                None if g.hosts is None else g.hosts[i]))
+                                None if hosts is None else hosts[i]))
                 nid += 1
             sw += -(-g.num_nodes // per)
         return tuple(out)
 
     @property
     def num_gpus(self) -> int:
-        return sum(g.num_nodes * g.gpus_per_node for g in self.groups)
+        return self._cached("_num_gpus", lambda: sum(g.num_nodes * g.gpus_per_node for g in self.groups))
+
+    def _hosts(self) -> dict[str, list[int]]:
+        """Host name -> the ids of the nodes it names (built once: looking a name up is O(1))."""
+        def build():
+            out: dict[str, list[int]] = {}
+            for n in self.nodes():
+                if n.host is not None:
+                    out.setdefault(n.host, []).append(n.node_id)
+            return out
+        return self._cached("_node_of_host", build)
 
     def node_id(self, name: str | int, *, field: str = "node") -> int:
         """A node named by its id (0-based, in group order, as ``nodes()`` lists them) or
@@ -97,7 +128,7 @@ class ClusterSpec:
             key = int(name.strip()) if len(name.strip()) <= 18 else -1     # (no cluster has 10**18 nodes)
         else:
             key = str(name).strip()
-            hit = [n.node_id for n in nodes if n.host == key]
+            hit = self._hosts().get(key, [])
             if len(hit) == 1:
                 return hit[0]
             if hit:
@@ -105,29 +136,39 @@ class ClusterSpec:
                                  field=field)
         if isinstance(key, int) and 0 <= key < len(nodes):
             return key
-        hosts = [n.host for n in nodes if n.host is not None]
+        hosts = list(self._hosts())
         shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:80] + "..."
         raise InputError(f"no node {shown} in cluster {self.name!r}: give a node id 0-{len(nodes) - 1}"
                          + (f" or a host name ({', '.join(hosts[:6])}{', ...' if len(hosts) > 6 else ''})"
                             if hosts else ""), field=field)
 
     def gpus_by_type(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for g in self.groups:
-            out[g.gpu_type] = out.get(g.gpu_type, 0) + g.num_nodes * g.gpus_per_node
-        return out
+        """GPUs per type (a fresh dict)."""
+        def build():
+            out: dict[str, int] = {}
+            for g in self.groups:
+                out[g.gpu_type] = out.get(g.gpu_type, 0) + g.num_nodes * g.gpus_per_node
+            return out
+        return dict(self._cached("_gpus_by_type", build))
+
+    def _node_sizes(self) -> dict[str, dict[int, int]]:
+        """Per GPU type, nodes per GPUs-per-node (built once)."""
+        def build():
+            out: dict[str, dict[int, int]] = {}
+            for g in self.groups:
+                d = out.setdefault(g.gpu_type, {})
+                d[g.gpus_per_node] = d.get(g.gpus_per_node, 0) + g.num_nodes
+            return out
+        return self._cached("_sizes", build)
 
     def max_gpus_per_node(self, gpu_type: str) -> int:
-        return max((g.gpus_per_node for g in self.groups if g.gpu_type == gpu_type), default=0)
+        return max(self._node_sizes().get(gpu_type, {0: 0}))
 
     def shapes(self, counts: Iterable[int]) -> list[Shape]:
         """Every shape with a GPU count in ``counts`` and power-of-two GPUs per node that the
         cluster has the nodes for, by GPU type (by name), count (in the order given), then
         GPUs per node (ascending): the shapes of the engine's candidate grids."""
-        nodes_by_size: dict[str, dict[int, int]] = {}
-        for g in self.groups:
-            d = nodes_by_size.setdefault(g.gpu_type, {})
-            d[g.gpus_per_node] = d.get(g.gpus_per_node, 0) + g.num_nodes
+        nodes_by_size = self._node_sizes()
         out = []
         for gtype in sorted(nodes_by_size):
             sizes = nodes_by_size[gtype]
@@ -143,7 +184,7 @@ class ClusterSpec:
         per_node = self.max_gpus_per_node(gpu_type)
         if per_node == 0:
             return None
-        nodes_of_type = sum(g.num_nodes for g in self.groups if g.gpu_type == gpu_type)
+        nodes_of_type = sum(self._node_sizes()[gpu_type].values())
         for k in range(1, num_gpus + 1):
             if num_gpus % k == 0 and num_gpus // k <= per_node:
                 return Shape(gpu_type, k, num_gpus // k) if k <= nodes_of_type else None
@@ -160,6 +201,7 @@ ARENA_GPUS_PER_NODE = {"a100": 4, "v100": 16, "a40": 2, "a10": 2}
 
 
 GROUP_KEYS = ("gpu_type", "num_nodes", "gpus_per_node", "nodes_per_switch", "inter_node_bw_bytes_per_s", "hosts")
+_GROUP_KEY_SET = frozenset(GROUP_KEYS)
 
 
 def read_json_file(path: str | Path, what: str):
@@ -179,12 +221,7 @@ def read_json_file(path: str | Path, what: str):
         raise InputError(f"not UTF-8 text (byte {e.start}); expected a JSON {what}", file=str(path)) from None
     except OSError as e:
         raise InputError(f"cannot read the {what}: {e.strerror or e}", file=str(path)) from None
-    try:
-        return loads_unique(text.removeprefix("\ufeff"), file=str(path))  # a byte-order mark, as some editors write
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
-    except RecursionError:
-        raise InputError("JSON nested too deeply", file=str(path)) from None
+    return loads_json(text, file=str(path))         # (a byte-order mark, as some editors write, is skipped)
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
@@ -241,7 +278,7 @@ def _from_ours(raw: dict, path: Path) -> ClusterSpec:
         where = f"node_groups[{i}]"
         if not isinstance(g, dict):
             raise InputError("must be an object", file=str(path), field=where)
-        unknown = sorted(set(g) - set(GROUP_KEYS))
+        unknown = [] if _GROUP_KEY_SET.issuperset(g) else sorted(set(g) - _GROUP_KEY_SET, key=str)
         if unknown:
             raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(GROUP_KEYS)}",
                              file=str(path), field=f"{where}.{unknown[0]}")

@@ -7,29 +7,58 @@ import csv
 import gzip
 import io
 import math
+import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import InputError
 from .gpus import canonical_gpu_name
+from .limits import MAX_INPUT_BYTES, MAX_TIME_S, TIME_BOUND
 from .models import canonical_model_name
+
+
+def read_bounded(f: BinaryIO, label: str, what: str) -> bytes:
+    """The bytes of the open binary file ``f`` (seekable; gzip detected by its magic bytes and
+    decompressed as a stream), at most ``MAX_INPUT_BYTES`` of them after decompression,
+    or an ``InputError`` naming ``label``: a larger file, or corrupt gzip data."""
+    def upto_limit(r) -> bytes:         # 1 MiB at a time, stopping past the limit
+        chunks, n = [], 0
+        while n <= MAX_INPUT_BYTES and (c := r.read(1 << 20)):
+            chunks.append(c)
+            n += len(c)
+        return b"".join(chunks)
+
+    gz = f.read(2) == b"\x1f\x8b"
+    f.seek(0)
+    try:
+        if gz:
+            with gzip.GzipFile(fileobj=f, mode="rb") as g:
+                data = upto_limit(g)           # a stream: never the whole expansion in memory
+        else:
+            data = upto_limit(f)
+    except (OSError, EOFError, zlib.error) as e:    # BadGzipFile, a truncated or corrupt stream
+        if not gz:
+            raise
+        raise InputError(f"corrupt gzip data: {e}", file=label) from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(f"{what} file is larger than {MAX_INPUT_BYTES // 2**20} MiB"
+                         f"{' once decompressed' if gz else ''}, the limit on an input file "
+                         f"(instances/limits.py, MAX_INPUT_BYTES)", file=label)
+    return data
 
 
 def read_text(path: str | Path, what: str) -> str:
     """The text of a ``what`` file (a trace, an outage list; gzip detected by its magic
-    bytes), or an ``InputError`` naming the file."""
+    bytes), at most ``MAX_INPUT_BYTES`` of it, or an ``InputError`` naming the file."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        with p.open("rb") as f:
+            data = read_bounded(f, str(p), what)
     except FileNotFoundError:
         raise InputError(f"{what} file not found", file=str(p)) from None
     except IsADirectoryError:
         article = "an" if what[:1] in "aeiou" else "a"
         raise InputError(f"is a directory, not {article} {what} file", file=str(p)) from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise InputError(f"corrupt gzip data: {e}", file=str(p)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -120,6 +149,14 @@ class CsvRows:
             raise self.err(line, c, f"must be finite, got {s!r}")
         if minimum is not None and (v <= minimum if strict_min else v < minimum):
             raise self.err(line, c, f"must be {'>' if strict_min else '>='} {minimum}, got {s!r}")
+        return v
+
+    def time(self, rec, line, c, minimum: float | None = 0.0, optional: bool = False) -> float | None:
+        """A time or duration in seconds: finite, ``>= minimum`` and at most ``MAX_TIME_S``
+        (``instances.limits``)."""
+        v = self.float(rec, line, c, minimum=minimum, optional=optional)
+        if v is not None and v > MAX_TIME_S:
+            raise self.err(line, c, f"{TIME_BOUND}, got {rec[self.idx[c]].strip()}")
         return v
 
     def model(self, rec, line, c) -> str:

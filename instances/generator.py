@@ -27,6 +27,7 @@ from .cluster import ClusterSpec, NodeGroup
 from .errors import InputError
 from .gpus import GPU_TYPES, canonical_gpu_name
 from .jobs import Job
+from .limits import check_time
 
 SYNTHETIC_GPU_TYPES = ("h100-sxm", "h200", "a100-80gb", "a100-40gb", "v100-32gb", "a40", "a10", "l20")
 
@@ -108,9 +109,7 @@ class SyntheticJobsConfig:
 
     def __post_init__(self):
         for f in ("mean_interarrival_s", "duration_median_s", "min_duration_s", "max_duration_s"):
-            v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise InputError(f"must be a positive finite number, got {v!r}", field=f)
+            check_time(getattr(self, f), field=f, strict_min=True)
         if not self.min_duration_s <= self.max_duration_s:
             raise InputError("min_duration_s must be <= max_duration_s", field="min_duration_s")
         if not (math.isfinite(self.duration_sigma) and self.duration_sigma >= 0):

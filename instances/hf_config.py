@@ -34,13 +34,12 @@ resolves to it again, in any process that sees the same file system).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .arch import DTYPE_BYTES, ModelArch
 from .errors import InputError
-from .json_input import loads_unique
 from .paths import check_regular_file
+from .structured import loads_json
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_TYPES = ("mixtral",)
@@ -77,11 +76,10 @@ def load_hf_config(path: str | Path) -> ModelArch:
     if len(raw) > MAX_CONFIG_BYTES:
         raise InputError(f"larger than {MAX_CONFIG_BYTES} bytes; not a config.json", file=file)
     try:
-        data = loads_unique(raw.decode("utf-8"), file=file)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("not a text file (expected a JSON config.json)", file=file) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"malformed JSON: {e.msg}", file=file, line=e.lineno) from None
+    data = loads_json(text, file=file)
     return parse_hf_config(data, file=str(p.resolve()))
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from .arch import ModelArch
 from .errors import InputError
 from .gpus import canonical_gpu_name
+from .limits import check_priority, check_time
 from .models import canonical_model_name, get_model
 
 # Refused above this: the largest bundled trace job has 15.3 M iterations (Philly, before
@@ -56,12 +57,16 @@ class Job:
                              field="num_iterations")
         if not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             raise ValueError(f"job {self.job_id}: arrival_s must be a finite time >= 0")
+        check_time(self.arrival_s, field="arrival_s", what=f"job {self.job_id}: ")
         if self.deadline_s is not None and not self.deadline_s >= self.arrival_s:
             raise ValueError(f"job {self.job_id}: deadline_s before arrival")
+        if self.deadline_s is not None:
+            check_time(self.deadline_s, field="deadline_s", what=f"job {self.job_id}: ")
         if self.requested_gpus is not None and self.requested_gpus < 1:
             raise ValueError(f"job {self.job_id}: requested_gpus must be >= 1")
         if not self.priority > 0:
             raise ValueError(f"job {self.job_id}: priority must be > 0")
+        check_priority(self.priority, what=f"job {self.job_id}: ")
 
     @property
     def arch(self) -> ModelArch:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,6 +23,7 @@ from pathlib import Path
 from .errors import InputError
 from .gpus import canonical_gpu_name
 from .models import canonical_model_name
+from .structured import loads_json
 
 GB = 10**9
 ITER_TIMES_COLUMNS = ("model", "size", "global_batch", "gpu_type", "num_nodes", "gpus_per_node",
@@ -155,10 +155,7 @@ def load_measured_iter_times(path: str | Path | None = None) -> tuple[MeasuredIt
 
 
 def parse_dp_memory(text: str, label: str) -> dict[tuple[str, int], DpMemory]:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", file=label, line=e.lineno) from None
+    raw = loads_json(text, file=label)
     if isinstance(raw, list) and len(raw) == 1:
         raw = raw[0]
     if not isinstance(raw, dict):

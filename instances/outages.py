@@ -14,6 +14,7 @@ from pathlib import Path
 from .cluster import ClusterSpec
 from .csv_rows import CsvRows, read_text
 from .errors import InputError
+from .limits import MAX_TIME_S, TIME_BOUND, check_time, is_number, show_number
 from .paths import check_regular_file
 
 COLUMNS = ("node", "start_s", "end_s")
@@ -30,6 +31,9 @@ class Outage:
         if not (math.isfinite(self.start_s) and self.end_s > self.start_s):
             raise InputError(f"an outage needs a finite start before its end, got {self.start_s} - {self.end_s}",
                              field="end_s")
+        check_time(self.start_s, field="start_s", minimum=None)
+        if self.end_s != math.inf:
+            check_time(self.end_s, field="end_s", minimum=None)
 
     def covers(self, t: float) -> bool:
         return self.start_s <= t < self.end_s
@@ -59,8 +63,8 @@ def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
     for line, rec in rows:
         try:
             node = cluster.node_id(rows.raw(rec, "node"), field="node")
-            start = rows.float(rec, line, "start_s", minimum=None)
-            end = rows.float(rec, line, "end_s", minimum=None, optional=True)
+            start = rows.time(rec, line, "start_s", minimum=None)
+            end = rows.time(rec, line, "end_s", minimum=None, optional=True)
             out.append(Outage(node, start, math.inf if end is None else end,
                               rec[3].strip() if len(header) > 3 else ""))
         except InputError as e:
@@ -70,7 +74,6 @@ def load_outages(path: str | Path, cluster: ClusterSpec) -> tuple[Outage, ...]:
 
 ROUND_S = 0.1                           # synthetic times are written to a tenth of a second
 MAX_SYNTHETIC_OUTAGES = 1_000_000       # about a second to draw; far past any useful failure model
-MAX_TIME_S = float(2 ** 46)             # below it a float's spacing is under ROUND_S / 10 (2^-7 s)
 
 
 def synthetic_outages(cluster: ClusterSpec, *, mtbf_h: float, repair_h: float, start_s: float, hours: float,
@@ -81,16 +84,19 @@ def synthetic_outages(cluster: ClusterSpec, *, mtbf_h: float, repair_h: float, s
     correlation between nodes (a switch or power domain failing together) and no wear.
     Times are rounded to ``ROUND_S``; a repair shorter than that lasts ``ROUND_S``.
     Arguments that would give more than ``MAX_SYNTHETIC_OUTAGES`` outages (on average), or
-    times too large to keep to ``ROUND_S``, are an ``InputError`` naming the argument."""
+    times past ``instances.limits.MAX_TIME_S``, are an ``InputError`` naming the argument."""
     import random
     for name, v in (("mtbf_h", mtbf_h), ("repair_h", repair_h), ("hours", hours)):
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+        if not (is_number(v) and v > 0 and (isinstance(v, int) or math.isfinite(v))):
             raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
+        if v > MAX_TIME_S / 3600.0:
+            shown = show_number(v) if isinstance(v, int) else format(v, "g")
+            raise InputError(f"{shown} h is past the bound on durations: a time {TIME_BOUND}", field=name)
     end = start_s + hours * 3600.0
     if not end < MAX_TIME_S:
         raise InputError(f"{hours:g} h is too long a span: its times would pass {MAX_TIME_S:.3g} s (about "
-                         f"{(MAX_TIME_S - max(start_s, 0.0)) / 3600:.3g} h from the start), past which a float "
-                         f"cannot keep them to {ROUND_S} s", field="hours")
+                         f"{(MAX_TIME_S - max(start_s, 0.0)) / 3600:.3g} h from the start); every time "
+                         f"{TIME_BOUND}", field="hours")
     nodes = cluster.nodes()
     expected = len(nodes) * hours / (mtbf_h + repair_h)
     if expected > MAX_SYNTHETIC_OUTAGES:

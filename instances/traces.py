@@ -23,7 +23,6 @@ Jobs come back in file order (Philly: by arrival). Every malformed input raises
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import math
 from dataclasses import dataclass, fields
@@ -32,10 +31,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .cluster import ClusterSpec
-from .csv_rows import CsvRows, read_text
+from .csv_rows import CsvRows, read_bounded, read_text
 from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
 from .jobs import MAX_ITERATIONS, Job
+from .limits import check_coefficient, check_time
 from .paths import check_regular_file
 
 OUR_MAGIC = "# arena-trace v1"
@@ -60,10 +60,7 @@ class ArenaImportOptions:
                 or self.iteration_divisor < 1:
             raise InputError(f"must be an integer >= 1, got {self.iteration_divisor!r}",
                              field="iteration_divisor")
-        if not isinstance(self.deadline_slack_factor, (int, float)) or isinstance(self.deadline_slack_factor, bool) \
-                or not math.isfinite(self.deadline_slack_factor) or self.deadline_slack_factor <= 0:
-            raise InputError(f"must be a finite number > 0, got {self.deadline_slack_factor!r}",
-                             field="deadline_slack_factor")
+        check_coefficient(self.deadline_slack_factor, field="deadline_slack_factor", strict_min=True)
 
 
 @dataclass(frozen=True)
@@ -96,10 +93,11 @@ class PhillyImportOptions:
             raise InputError(f"must be an integer, got {self.seed!r}", field="seed")
         if self.max_jobs is not None and (not isinstance(self.max_jobs, int) or self.max_jobs < 1):
             raise InputError(f"must be an integer >= 1 or None, got {self.max_jobs!r}", field="max_jobs")
-        if not (isinstance(self.start_s, (int, float)) and math.isfinite(self.start_s) and self.start_s >= 0):
-            raise InputError(f"must be a finite time >= 0, got {self.start_s!r}", field="start_s")
-        if self.end_s is not None and not (isinstance(self.end_s, (int, float)) and self.end_s > self.start_s):
-            raise InputError(f"must be a time after start_s, got {self.end_s!r}", field="end_s")
+        check_time(self.start_s, field="start_s")
+        if self.end_s is not None:
+            check_time(self.end_s, field="end_s")
+            if not self.end_s > self.start_s:
+                raise InputError(f"must be a time after start_s, got {self.end_s!r}", field="end_s")
         if not isinstance(self.max_gpus, int) or self.max_gpus < 1 or self.max_gpus & (self.max_gpus - 1):
             raise InputError(f"must be a power of two >= 1, got {self.max_gpus!r}", field="max_gpus")
         if self.gpu_types is not None:
@@ -266,8 +264,8 @@ def _parse_ours(text: str, label: str) -> tuple[tuple[Job, ...], dict[str, int]]
         job_id = rows.raw(rec, "job_id").strip()       # " 1 " is job 1 (and a second "1" a duplicate)
         _check_unique(job_id, line, seen, label)
         tenant = rows.raw(rec, "tenant").strip()
-        arrival = rows.float(rec, line, "arrival_s")
-        deadline = rows.float(rec, line, "deadline_s", optional=True)
+        arrival = rows.time(rec, line, "arrival_s")
+        deadline = rows.time(rec, line, "deadline_s", optional=True)
         if deadline is not None and deadline < arrival:
             raise rows.err(line, "deadline_s", f"deadline {deadline} before arrival {arrival}")
         jobs.append(_job(label, line, job_id=job_id, model=rows.model(rec, line, "model"),
@@ -317,8 +315,8 @@ def _parse_arena(text: str, label: str, opt: ArenaImportOptions) -> tuple[tuple[
     for line, rec in _records(rows, text):
         job_id = rows.raw(rec, "job_id").strip()
         _check_unique(job_id, line, seen, label)
-        sub = rows.float(rec, line, "submission_time")
-        dl = rows.float(rec, line, "deadline")
+        sub = rows.time(rec, line, "submission_time")
+        dl = rows.time(rec, line, "deadline")
         if dl < sub:
             raise rows.err(line, "deadline", f"deadline {dl} before submission {sub}")
         iters = rows.int(rec, line, "num_iteration", maximum=MAX_ITERATIONS * opt.iteration_divisor)
@@ -381,9 +379,10 @@ def _parse_philly(text: str, label: str, cluster: ClusterSpec | None,
                 t = rows.float(rec, line, "timestamp")
             except InputError:
                 raise rows.err(line, "timestamp", f"not a date-time or number: {ts!r}") from None
+            t = rows.time(rec, line, "timestamp")     # a number of seconds: within the time bound
         if not math.isfinite(t):
             raise rows.err(line, "timestamp", f"not finite: {ts!r}")
-        dur = rows.float(rec, line, "duration")
+        dur = rows.time(rec, line, "duration")
         gpus = rows.int(rec, line, "num_gpus")
         rows.float(rec, line, "gpu_time")
         vc = rows.raw(rec, "cluster").strip() or "default"
@@ -469,9 +468,8 @@ def bundled_trace_text(name: str) -> tuple[str, str]:
     if name not in BUNDLED_TRACES:
         raise InputError(f"unknown bundled trace {name!r}; known: {', '.join(sorted(BUNDLED_TRACES))}")
     rel = BUNDLED_TRACES[name]
-    data = resources.files("instances").joinpath(f"data/{rel}").read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    with resources.files("instances").joinpath(f"data/{rel}").open("rb") as f:
+        data = read_bounded(f, f"instances/data/{rel}", "trace")
     return data.decode("utf-8"), f"instances/data/{rel}"
 
 

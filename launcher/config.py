@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from instances.errors import InputError
-from instances.json_input import loads_unique
+from instances.limits import check_time
+from instances.structured import loads_json
 
 MOVE_PATHS = ("d2d", "storage")       # how a running job moves: device to device where it can, or via storage
 
@@ -196,6 +197,9 @@ class TrainConfig:
         if not 0 < self.comm_timeout_s < float("inf"):
             raise InputError(f"must be a finite number of seconds > 0, got {self.comm_timeout_s!r}",
                              field="comm_timeout_s")
+        for f in ("checkpoint_interval_s", "step_delay_s", "comm_timeout_s", "stall_timeout_s"):
+            if getattr(self, f) is not None:            # within the bound on times (instances/limits.py)
+                check_time(getattr(self, f), field=f)
         gpn = self.gpus_per_node if self.gpus_per_node is not None else -(-self.plan.world_size // self.num_nodes)
         object.__setattr__(self, "gpus_per_node", gpn)
         if self.plan.stage_layers:
@@ -233,10 +237,9 @@ class TrainConfig:
 
     @classmethod
     def read(cls, path: str | Path) -> "TrainConfig":
+        raw = loads_json(Path(path).read_bytes(), file=str(path))
         try:
-            return cls.from_json(loads_unique(Path(path).read_text(), file=str(path)))
-        except json.JSONDecodeError as e:
-            raise InputError(f"not valid JSON: {e.msg}", file=str(path), line=e.lineno) from None
+            return cls.from_json(raw)
         except InputError as e:
             raise InputError(e.reason, file=str(path), field=e.field) from None
 

@@ -4,7 +4,9 @@ never another exception, never a hang. Inputs are random text and, more usefully
 well-formed files with one or more fields replaced by hostile values.
 
 Budget: ``max_examples`` per parser and a per-example deadline (a slow example fails the
-test as a hang); about 15 s on the 2-core development VM in all.
+test as a hang). The last section (issue 46) holds every numeric field to the bounds on
+input (``instances/limits.py``): floats that overflow (1e308, inf, nan, -0), huge
+integers, times past 9e12 s, deeply nested JSON and TOML, corrupt and oversized gzip.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ FUZZ = settings(max_examples=120, deadline=timedelta(seconds=3), derandomize=Tru
 
 HOSTILE = ["", " ", "0", "-1", "1", "2", "8", "1.5", "-0.0", "nan", "NaN", "inf", "-inf", "1e30", "1e309",
            "99999999999", "9" * 40, "0x10", "abc", "a100", "v100", "gpt__1.3B", "tpu", "true", "null", "[]",
-           "{}", "\x00", "é", "2017-10-09 07:01:55", "2017-13-40", "1,2", '"', "\n"]
+           "{}", "\x00", "é", "2017-10-09 07:01:55", "2017-13-40", "1,2", '"', "\n",
+           # past the bounds on input (instances/limits.py, issue 46)
+           "1e19", "1e17", "1e308", "-1e308", "9e12", "9000000000001", "-0", "1e-300", "9" * 400]
 value = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=12))
 
 
@@ -117,7 +121,7 @@ def test_trace_files_binary_and_folder(tmp_path):
 
 # ----------------------------------------------------------------------------- cluster JSON
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**20), st.floats(allow_nan=True),
-                      st.sampled_from(HOSTILE))
+                      st.sampled_from(HOSTILE), st.sampled_from([10**400, -10**400, 1e308, -0.0, 1e19, 9e12]))
 json_any = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                            st.dictionaries(st.text(max_size=6), inner, max_size=3)),
                         max_leaves=8)
@@ -278,3 +282,138 @@ def test_output_paths_are_really_written_to_not_asked_of_os_access(tmp_path):
     assert check_output_dir(deep, "--out") == deep and not (tmp_path / "a").exists()
     assert check_output_file(deep / "f.csv", "--out") and not (tmp_path / "a").exists()
     assert check_output_dir(tmp_path, "--out") == tmp_path and not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- bounds on input (issue 46)
+# a number as every source gives it: a float (overflowing, signed zero, subnormal), a huge
+# integer, or the text a command line or CSV passes on
+NUMBER = st.one_of(st.sampled_from([0, -0.0, 1, 2, 1.5, 300.0, 9e12, 9000000000001.0, 1e17, 1e19, 1e308, -1e308,
+                                    float("inf"), float("-inf"), float("nan"), 5e-324, 10**18, 10**400, -10**400,
+                                    True]),
+                   st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**30), 10**30),
+                   st.sampled_from(["1e308", "inf", "nan", "-0", "9" * 400, "1e19", "x"]))
+
+
+@FUZZ
+@given(depth=st.integers(1, 3000), brackets=st.sampled_from(["[]", "{}"]), key=st.sampled_from(["a", '"k"']))
+def test_nesting_fuzzed_in_every_json_and_toml_reader(tmp_path, depth, brackets, key):
+    """Any depth: a valid document or an InputError naming the file, never a RecursionError."""
+    from engine.service.jobspec import JobSpec
+    from instances.hf_config import load_hf_config
+    from instances.limits import MAX_NESTING_DEPTH
+    from instances.structured import loads_json, loads_toml
+    o, c = brackets
+    inner = ('{"a": ' * depth + "1" + "}" * depth) if o == "{" else (o * depth + c * depth)
+    toml_inner = ("{a = " * depth + "1" + "}" * depth) if o == "{" else (o * depth + c * depth)
+    deep = depth + 1 > MAX_NESTING_DEPTH              # the document's own object is a level too
+    for fn, arg, kw in ((loads_json, f'{{"model_type": {inner}}}', {"file": "x.json"}),
+                        (loads_toml, f"{key} = {toml_inner}\n", {"file": "x.toml"}),
+                        (JobSpec.from_toml_text, f"name = {toml_inner}\n", {"source": "job.toml"})):
+        try:
+            fn(arg, **kw)
+            assert not deep, (fn, depth)
+        except InputError as e:
+            assert_clean(e)
+            assert not deep or "nested too deeply" in e.reason, e
+    p = tmp_path / "config.json"
+    p.write_text(f'{{"model_type": {inner}}}')
+    for load in (load_cluster, load_hf_config):
+        with pytest.raises(InputError) as e:
+            load(p)
+        assert e.value.file is not None and (not deep or "nested too deeply" in e.value.reason)
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(["global_batch", "steps", "gpus", "priority", "deadline_s", "seed",
+                                               "after"]), st.one_of(NUMBER, st.lists(NUMBER, max_size=2)),
+                              min_size=1, max_size=3))
+def test_job_spec_numbers_fuzzed(fields):
+    """Every numeric field of a job (a TOML file or an API body): a valid job or an
+    InputError naming the field; a valid one makes a valid engine Job."""
+    from engine.service.jobspec import JobSpec
+    base = {"name": "ok", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 10}
+    spec = parses_or_input_error(JobSpec.from_dict, {**base, **fields})
+    if spec is not None:
+        job = spec.to_job("1", 0.0)
+        assert 1e-4 <= job.priority <= 1e4 and (job.deadline_s is None or job.deadline_s <= 9e12)
+
+
+POLICY_KEYS = ["w_jct", "w_throughput", "w_queue", "w_makespan", "jct.max_factor", "jct.exponent", "queue.aging_s",
+               "reconfig.per_move", "reconfig.give_way", "reconfig.horizon_rounds", "threads", "time_limit_s",
+               "seed", "max_gpus", "rel_gap", "payback_max_s", "move_backoff_s", "change_budget_per_job",
+               "max_moves_per_hour", "move_budget_jobs"]
+
+
+@FUZZ
+@given(opts=st.dictionaries(st.sampled_from(POLICY_KEYS), NUMBER, min_size=1, max_size=3),
+       policy=st.sampled_from(["arena", "sia", "gavel", "elasticflow-ls"]))
+def test_policy_numbers_fuzzed(opts, policy):
+    """``--policy-opt`` numbers (as the command line parses them, or as Python values): a
+    policy or an InputError on ``--policy-opt``, never an overflow, never a policy whose
+    objective could overflow."""
+    from engine.commands.simulate import build_policy, parse_value
+    opts = {k: parse_value(v) if isinstance(v, str) else v for k, v in opts.items()}
+    if policy == "elasticflow-ls":
+        opts = {k: v for k, v in opts.items() if k in ("payback_max_s", "move_backoff_s", "change_budget_per_job",
+                                                        "max_moves_per_hour")}
+        opts["slack_factor"] = opts.pop("payback_max_s", 10.0)
+    pol = parses_or_input_error(build_policy, policy, opts)
+    for w, term in getattr(getattr(pol, "objective", None), "terms", ()):
+        assert 0 < w <= 1e4
+
+
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=300).map(lambda b: b"\x1f\x8b" + b),
+                      st.tuples(st.text(max_size=200), st.integers(0, 400))
+                      .map(lambda t: __import__("gzip").compress((OUR_MAGIC + "\n" + t[0]).encode())[:t[1] or None])))
+def test_gzip_input_fuzzed(tmp_path, data):
+    """Corrupt, truncated or valid gzip as a trace or an outage file: parsed, or an
+    InputError naming the file (was a zlib.error traceback)."""
+    from instances.outages import load_outages
+    from instances.traces import load_trace
+    p = tmp_path / "t.csv.gz"
+    p.write_bytes(data)
+    for load in (load_trace, lambda q: load_outages(q, CLUSTER)):
+        try:
+            load(p)
+        except InputError as e:
+            assert e.file == str(p), e
+
+
+@FUZZ
+@given(start=st.sampled_from(HOSTILE), end=st.sampled_from(HOSTILE))
+def test_outage_times_fuzzed(tmp_path, start, end):
+    from instances.outages import load_outages
+    p = tmp_path / "o.csv"
+    p.write_text(f"node,start_s,end_s\n0,{start},{end}\n".replace("\x00", ""))
+    outs = parses_or_input_error(load_outages, p, CLUSTER)
+    for o in outs or ():
+        assert o.start_s <= 9e12 and (o.end_s == float("inf") or o.end_s <= 9e12)
+
+
+@settings(max_examples=60, deadline=timedelta(seconds=10), derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(arrival=st.sampled_from(["0", "8.99e12", "9e12", "1e13", "1e17", "1e19", "1e308"]),
+       priority=st.sampled_from(["1", "1e-4", "1e4", "1e-300", "1e308"]),
+       interval=st.sampled_from([None, 1e-9, 1e-3, 300.0, 1e7, 9e12, 1e20]),
+       rounds=st.sampled_from([None, 1, 3, 2_000_000]), run_out=st.booleans())
+def test_simulations_with_huge_times_end_or_are_refused(tmp_path, arrival, priority, interval, rounds, run_out):
+    """A trace whose times and priority are anywhere, simulated with any round interval and
+    horizon: results, or an InputError before the first round; never a hang (the deadline),
+    never another exception."""
+    from engine.commands.simulate import build_policy
+    from engine.simulator import simulate
+    from instances.builtin import Instance
+    from instances.oracle import TableOracle
+    text = (OUR_MAGIC + "\n" + ",".join(OUR_COLUMNS) + "\n"
+            + f"j1,gpt__1.3B,32,50,{arrival},,{priority},default,a100,2\nj2,gpt__1.3B,32,20,{arrival},,1,default,,\n")
+    try:
+        jobs = parse_trace(text, "t.csv", cluster=CLUSTER)
+        inst = Instance("t", "", CLUSTER, jobs, TableOracle())
+        res = simulate(inst, build_policy("fcfs", {}), rounds=rounds, run_out=run_out, round_interval_s=interval,
+                       max_rounds=2000, check_invariants_every_round=False)
+    except InputError as e:
+        assert_clean(e)
+        return
+    assert res.summary["end_reason"] in ("horizon", "all jobs finished", "stalled", "safety limit", "clock bound")
+    assert all(r.time_s <= 9e12 for r in res.rounds)

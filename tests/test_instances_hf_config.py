@@ -129,7 +129,7 @@ def test_bad_files_are_refused(tmp_path):
     binary = tmp_path / "weights.json"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x00")
     array = write(tmp_path, [1, 2], "array.json")
-    for path, words in ((bad_json, "malformed JSON"), (folder, "folder"), (binary, "not a text file"),
+    for path, words in ((bad_json, "not valid JSON"), (folder, "folder"), (binary, "not a text file"),
                         (array, "JSON object"), (tmp_path / "absent.json", "not found")):
         with pytest.raises(InputError, match=words) as e:
             get_model(str(path))

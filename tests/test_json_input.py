@@ -1,5 +1,5 @@
 """A key given twice in a JSON object is refused, naming the key and where it stands, in
-every JSON file a user gives (instances/json_input.py): cluster files in both formats,
+every JSON file a user gives (instances/structured.py, loads_json): cluster files in both formats,
 Hugging Face config.json models, train configs and profile stores (the service's request
 bodies: tests/test_service_api.py). ``json.loads`` keeps the last value without a word."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from instances.cluster import load_cluster
 from instances.errors import InputError
 from instances.hf_config import load_hf_config
-from instances.json_input import loads_unique
+from instances.structured import loads_json
 
 GROUP = '{"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4}'
 
@@ -25,15 +25,15 @@ GROUP = '{"gpu_type": "a100", "num_nodes": 2, "gpus_per_node": 4}'
 def test_a_repeated_key_is_named_with_its_place(text, key, field):
     with pytest.raises(InputError, match=rf"key '{key}' given twice in one object \(the first value would be "
                                          r"lost\); give it once") as e:
-        loads_unique(text, file="f.json")
+        loads_json(text, file="f.json")
     assert e.value.field == field and e.value.file == "f.json"
 
 
 def test_json_without_repeated_keys_reads_as_json_loads_does():
     text = '{"a": [1, 2.5, null, true, {"b": "c", "B": "d"}], "": {}}'
-    assert loads_unique(text) == json.loads(text)
-    with pytest.raises(json.JSONDecodeError):                    # each reader words its own parse error
-        loads_unique('{"a": }')
+    assert loads_json(text) == json.loads(text)
+    with pytest.raises(InputError, match="not valid JSON"):
+        loads_json('{"a": }', file="f.json")
 
 
 @pytest.mark.parametrize("content, field", [

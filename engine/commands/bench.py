@@ -226,6 +226,7 @@ def _check_synthetic_args(args, rounds_flag: str) -> None:
     any work (``rounds_flag``: ``--repeat`` or ``--rounds``)."""
     from instances.cluster import MAX_CLUSTER_GPUS
     from instances.errors import InputError
+    from instances.limits import check_time
     rounds = getattr(args, rounds_flag.lstrip("-"))
     for flag, v, lo, hi in (("--gpus", args.gpus, 8, MAX_CLUSTER_GPUS), ("--jobs", args.jobs, 1, MAX_BENCH_JOBS),
                             (rounds_flag, rounds, 1, None)):
@@ -233,10 +234,15 @@ def _check_synthetic_args(args, rounds_flag: str) -> None:
             raise InputError(f"must be {'>= ' + str(lo) if hi is None else f'in {lo}..{hi:,}'}, got {v}", field=flag)
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise InputError(f"must be a finite number of seconds > 0, got {args.time_limit}", field="--time-limit")
+    check_time(args.time_limit, field="--time-limit")
     if not (math.isfinite(args.rel_gap) and 0 <= args.rel_gap < 1):
         raise InputError(f"must be in [0, 1), got {args.rel_gap}", field="--rel-gap")
     if getattr(args, "threads", 1) < 1:
         raise InputError(f"must be >= 1, got {args.threads}", field="--threads")
+    from ..solvers.base import available_cores
+    if getattr(args, "threads", 1) > available_cores():
+        raise InputError(f"must be at most the {available_cores()} CPU core(s) this process may use, got "
+                         f"{args.threads}", field="--threads")
 
 
 def run_solver_bench(args) -> int:
@@ -395,13 +401,16 @@ def _mpi_comm():
     return comm if comm.Get_size() > 1 else None
 
 
-def write_outputs(rows: list[dict], out_dir, instance_name: str, plugins: tuple = ()) -> None:
+def write_outputs(rows: list[dict], out_dir, instance_name: str, plugins: tuple = (), *,
+                  interrupted: bool = False) -> None:
     import csv
     from dataclasses import asdict
     from pathlib import Path
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     doc = {"instance": instance_name, "rows": rows, "plugins": [asdict(p) for p in plugins]}
+    if interrupted:                     # Ctrl-C: the rows so far (each row's end_reason says which ran out)
+        doc["interrupted"] = True
     (d / "results.json").write_text(dumps(doc, indent=2, default=str))
     with open(d / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(POLICY_COLUMNS), extrasaction="ignore")
@@ -500,10 +509,12 @@ def run_policy_bench(args) -> int:
     if args.profile_store is not None:
         from estimators.perf import open_profile_store
         open_profile_store(args.profile_store, "--profile-store")       # before any simulation
-    from ..simulator import MAX_ROUNDS
-    if args.rounds is not None and not 1 <= args.rounds <= MAX_ROUNDS:
-        raise InputError(f"must be in 1..{MAX_ROUNDS:,} (the simulator's safety limit), got {args.rounds:,}",
-                         field="--rounds")
+    if args.rounds is not None and args.rounds < 1:
+        raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
+    from ..simulator import SimConfig
+    if args.rounds is not None and args.rounds > SimConfig.max_rounds:
+        raise InputError(f"the horizon of {args.rounds:,} rounds exceeds the safety limit of "
+                         f"{SimConfig.max_rounds:,} rounds", field="--rounds")
     from .bench_seeds import run_seeded_bench, seeds_arg
     seeds = seeds_arg(args, policies)
     workload = workload_args(args)
@@ -523,16 +534,26 @@ def run_policy_bench(args) -> int:
             + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
     if seeds is not None:
         return run_seeded_bench(args, seeds, policies, options, names, reconfig_opts, log, comm)
-    rows = policy_bench(workload, policies, options, args.rounds, not args.no_run_out, args.perf, reconfig_opts,
-                        args.seed, args.out, log, comm, names, args.profile_store, args.perf_runtime)
+    from .simulate import Interrupt
+    with Interrupt("arena bench policies") as interrupt:
+        rows = policy_bench(workload, policies, options, args.rounds, not args.no_run_out, args.perf, reconfig_opts,
+                            args.seed, args.out, log, comm, names, args.profile_store, args.perf_runtime,
+                            stop=interrupt)
     if rows is None:
-        return 0
+        return Interrupt.EXIT_STATUS if interrupt.requested else 0
+    interrupted = interrupt.requested or any(r.get("end_reason") == "interrupted" for r in rows)
     add_jct_bound(rows, inst, options)
     if args.out:
-        write_outputs(rows, args.out, inst.name, args.plugins)
+        write_outputs(rows, args.out, inst.name, args.plugins, interrupted=interrupted)
+    if interrupted:
+        done = [r["policy"] for r in rows if r.get("end_reason") != "interrupted"]
+        print(f"arena bench policies: interrupted (Ctrl-C): {len(done)} of {len(policies)} policies ran to their "
+              f"end ({', '.join(done) or 'none'}); "
+              + (f"the rows so far are in {args.out}/ (results.json: interrupted true, each row's end_reason)"
+                 if args.out else "the rows so far follow"), file=sys.stderr)
     if args.json:
         print(dumps(rows, indent=2, default=str))
-        return 0
+        return Interrupt.EXIT_STATUS if interrupted else 0
     print(f"{'policy':<18} {'finished':>8} {'never':>5} {'JCT runout s':>12} {'/bound':>6} {'makespan s':>11} "
           f"{'JCT common s':>12} {'util':>5} {'reconf/job':>10} {'GPU-h lost':>10} {'paid':>5} {'decide s':>9}")
     for r in rows:
@@ -553,5 +574,5 @@ def run_policy_bench(args) -> int:
               f"decisions from {decided_with(rows)}, move costs {rows[0]['move_costs']}")
     if args.out:
         print(f"wrote {args.out}/results.json, results.csv, comparison.png")
-    return 0
+    return Interrupt.EXIT_STATUS if interrupted else 0
 

@@ -35,10 +35,11 @@ def build_workload(w: dict):
 
 def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: bool, perf_kind: str | None,
                    reconfig_opts: dict, seed: int, out_dir=None, log=None, name: str | None = None,
-                   profile_store: str | None = None, runtime: str | None = None) -> dict:
+                   profile_store: str | None = None, runtime: str | None = None, stop=None) -> dict:
     """One row: policy ``name`` (default: ``policy``) with ``options``, labelled ``policy``;
     its performance model reads ``profile_store`` when given and assumes ``runtime`` (when
-    None: the runtime the workload's truth was measured under)."""
+    None: the runtime the workload's truth was measured under); ``stop`` (Ctrl-C) ends its
+    simulation before the next round (the row's ``end_reason`` is then ``interrupted``)."""
     from ..policy import make_policy
     from ..reconfig import ReconfigCostModel
     from ..simulator import simulate
@@ -63,8 +64,14 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
                 f"{p.elapsed_s:.0f} s")
 
     t0 = time.perf_counter()
-    res = simulate(inst, pol, perf=perf, reconfig=reconfig, rounds=rounds, run_out=run_out,
-                   seed=seed, progress=progress, out_dir=out_dir, outages=outages)
+    from instances.errors import InputError
+
+    from .simulate import SIM_FLAGS
+    try:
+        res = simulate(inst, pol, perf=perf, reconfig=reconfig, rounds=rounds, run_out=run_out,
+                       seed=seed, progress=progress, out_dir=out_dir, outages=outages, stop=stop)
+    except InputError as e:             # refused before the first round: named by its flag
+        raise InputError(e.reason, file=e.file, line=e.line, field=SIM_FLAGS.get(e.field or "", e.field)) from None
     from .simulate import report_incomplete
     report_incomplete(res, f"arena bench policies [{policy}]")
     row = {k: res.summary.get(k) for k in POLICY_COLUMNS
@@ -74,6 +81,7 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     row["perf"] = getattr(perf, "name", None) if perf is not None else None
     row["perf_runtime"] = getattr(perf, "runtime", None) if perf is not None else None
     row["move_costs"] = reconfig.preset
+    row["end_reason"] = res.summary.get("end_reason")
     row["outages"] = workload.get("outages")
     row["_jct_by_job"] = {j.job_id: j.jct_s for j in res.jobs if j.jct_s is not None}
     row["options"] = options
@@ -89,20 +97,24 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
 def policy_bench(workload: dict, policies, options: dict, rounds, run_out: bool, perf_kind: str | None,
                  reconfig_opts: dict, seed: int, out_dir=None, log=None, comm=None,
                  names: dict[str, str] | None = None, profile_store: str | None = None,
-                 runtime: str | None = None) -> list[dict] | None:
+                 runtime: str | None = None, stop=None) -> list[dict] | None:
     """Rows, one per policy label (on rank 0; None on other MPI ranks); ``names`` maps a
     label to its policy (default: the label is the name); every policy's performance model
-    reads ``profile_store`` when given (fcfs decides without one)."""
+    reads ``profile_store`` when given (fcfs decides without one). ``stop`` (Ctrl-C) ends
+    the running simulation before its next round and skips the policies not yet begun:
+    their rows are missing."""
     from pathlib import Path
     names = names or {}
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     mine = [p for i, p in enumerate(policies) if i % size == rank]
     rows = []
     for p in mine:
+        if stop is not None and stop():
+            break
         sub = (Path(out_dir) / p) if out_dir else None
         rows.append(run_one_policy(workload, p, options.get(p, {}), rounds, run_out, perf_kind, reconfig_opts,
                                    seed, sub, log, name=names.get(p, p), profile_store=profile_store,
-                                   runtime=runtime))
+                                   runtime=runtime, stop=stop))
     if comm is not None:
         gathered = comm.gather(rows, root=0)
         if rank != 0:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from instances.errors import InputError
+from instances.limits import check_priority, check_time
 from launcher.config import MOVE_PATHS
 
 from ..service.client import DEFAULT_URL, Client, NoAnswer
@@ -203,14 +204,14 @@ def register(subparsers) -> None:
     rl.set_defaults(func=run_release)
 
     pr = subparsers.add_parser("priority", help="change a job's priority",
-                               description="Set a queued, running or held job's priority (a finite number > 0; "
+                               description="Set a queued, running or held job's priority (in [1e-4, 1e4]; "
                                            "submitted jobs have 1 unless their spec says otherwise). The next round "
                                            "decides with it: the policies whose objective has the throughput term, "
                                            "which weighs a job by its priority (arena, arena-incremental, suika, sia, "
                                            "sia-ap), favour it; fcfs, gavel and elasticflow-ls ignore priorities. The "
                                            "job's history notes the change.")
     pr.add_argument("id", type=int, help="job id")
-    pr.add_argument("priority", type=float, help="the new priority (> 0)")
+    pr.add_argument("priority", type=float, help="the new priority (in [1e-4, 1e4])")
     pr.add_argument("--reason", default="", help="why (in the job's history)")
     _client_args(pr)
     pr.set_defaults(func=run_priority)
@@ -593,6 +594,7 @@ def _table(jobs: list[dict]) -> str:
 def run_status(args) -> int:
     if not (math.isfinite(args.patience) and args.patience >= 0):
         raise InputError(f"must be a finite number of seconds >= 0, got {args.patience}", field="--patience")
+    check_time(args.patience, field="--patience")
     cl = _client(args)
     silent_since = None                 # --watch: when the service stopped answering
     while True:
@@ -689,8 +691,7 @@ def run_release(args) -> int:
 
 
 def run_priority(args) -> int:
-    if not (math.isfinite(args.priority) and args.priority > 0):      # checked here too: nothing sent
-        raise InputError(f"must be a finite number > 0, got {args.priority}", field="priority")
+    check_priority(args.priority)                       # checked here too: nothing sent
     ans = _client(args).post(f"/api/jobs/{args.id}/priority", {"priority": args.priority, "reason": args.reason})
     print(f"job {ans['id']}: priority {ans['was']:g} -> {ans['priority']:g} ({ans['status']}); the next round "
           f"decides with it")

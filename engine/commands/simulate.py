@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.limits import check_time
 
 from .flags import fields_as_flags
 
@@ -321,6 +322,45 @@ class ProgressLine:
             self.stream.flush()
 
 
+class Interrupt:
+    """Ctrl-C (SIGINT) during a run, as a ``stop`` the simulator asks before every round:
+    the first asks the run to stop there (its results so far are written, and the command
+    exits with status 130); a second stops at once (``KeyboardInterrupt``). Outside the
+    main thread nothing is installed (the run then stops only at a second, plain Ctrl-C)."""
+
+    EXIT_STATUS = 130                   # 128 + SIGINT, as a shell reports it
+
+    def __init__(self, prog: str):
+        self.prog, self.requested, self._old = prog, False, None
+
+    def __enter__(self) -> "Interrupt":
+        import signal
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:              # not the main thread
+            self._old = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{self.prog}: interrupted: stopping before the next round and writing the results so far "
+              f"(Ctrl-C again to stop at once, writing nothing)", file=sys.stderr, flush=True)
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
+# simulate()'s parameters as the flags that set them
+SIM_FLAGS = {"rounds": "--rounds", "max_rounds": "--max-rounds", "round_interval_s": "--round-interval"}
+
+
 def report_incomplete(res, prog: str) -> None:
     """On stderr: every job never placed, with why, and a run-out that a safety stop ended."""
     from ..metrics import never_placed_lines
@@ -332,6 +372,9 @@ def report_incomplete(res, prog: str) -> None:
             why = (f"reached the safety limit of {s['safety_limit_rounds']:,} rounds "
                    f"({s['safety_limit_rounds'] * s['round_interval_s'] / 86400 / 365:.1f} simulated years; "
                    f"raise it with --max-rounds)")
+        elif s.get("end_reason") == "clock bound":
+            why = (f"reached the bound on simulated time after {s['rounds_simulated']:,} rounds (the clock must stay "
+                   f"<= 9e12 s, about 285,000 years; beyond it float time loses millisecond precision)")
         else:
             why = "stalled: nothing ran, nothing was left to arrive and the policy started nothing"
         print(f"{prog}: warning: the run-out ended before every job finished: {why}; "
@@ -341,22 +384,18 @@ def report_incomplete(res, prog: str) -> None:
 def run(args) -> int:
     from ..metrics import format_summary
     from ..reconfig import ReconfigCostModel
-    from ..simulator import simulate
+    from ..simulator import SimConfig, simulate
 
     if args.rounds is not None and args.rounds < 1:
         raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
-    from instances.outages import MAX_TIME_S
-
-    from ..simulator import MAX_ROUNDS
-    if args.round_interval is not None and not 0 < args.round_interval <= MAX_TIME_S:
-        raise InputError(f"must be a number of seconds in (0, {MAX_TIME_S:.3g}] (past it the rounds' times lose "
-                         f"their tenth of a second), got {args.round_interval}", field="--round-interval")
+    if args.round_interval is not None:
+        check_time(args.round_interval, field="--round-interval", strict_min=True)
     if args.max_rounds is not None and args.max_rounds < 1:
         raise InputError(f"must be >= 1, got {args.max_rounds}", field="--max-rounds")
-    limit = args.max_rounds or MAX_ROUNDS
+    limit = args.max_rounds if args.max_rounds is not None else SimConfig.max_rounds
     if args.rounds and args.rounds > limit:
-        raise InputError(f"the horizon {args.rounds:,} exceeds the safety limit of {limit:,} rounds"
-                         + ("" if args.max_rounds else " (raise it with --max-rounds)"), field="--rounds")
+        raise InputError(f"the horizon of {args.rounds:,} rounds exceeds the safety limit of {limit:,} rounds"
+                         + ("" if args.max_rounds is not None else " (raise it with --max-rounds)"), field="--rounds")
     from instances.paths import check_output_dir
     if args.out is not None and not args.out.strip():
         raise InputError("is empty (leave it out for the default results/<instance>-<policy>)", field="--out")
@@ -388,9 +427,12 @@ def run(args) -> int:
     bar = None if args.quiet else ProgressLine()
     t0 = time.perf_counter()
     try:
-        res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=args.rounds, run_out=args.run_out,
-                       seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval,
-                       max_rounds=args.max_rounds, outages=outages, shadow=shadow)
+        with Interrupt("arena simulate") as interrupt:
+            res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=args.rounds, run_out=args.run_out,
+                           seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval,
+                           max_rounds=args.max_rounds, outages=outages, shadow=shadow, stop=interrupt)
+    except InputError as e:             # refused before the first round: named by its flag
+        raise InputError(e.reason, file=e.file, line=e.line, field=SIM_FLAGS.get(e.field or "", e.field)) from None
     finally:
         if bar:
             bar.close()
@@ -404,4 +446,10 @@ def run(args) -> int:
         write_plots(res, out)
     print(format_summary(res.summary))
     print(f"\nresults in {out}/ ({time.perf_counter() - t0:.1f} s)")
+    if res.summary.get("end_reason") == "interrupted":
+        s = res.summary
+        print(f"arena simulate: interrupted (Ctrl-C) after {s['rounds_simulated']:,} rounds: the results so far are "
+              f"in {out}/ (summary.json: end_reason 'interrupted'; jobs.csv and rounds.csv up to that round)",
+              file=sys.stderr)
+        return Interrupt.EXIT_STATUS
     return 0

@@ -90,6 +90,7 @@ def _build_config(args, run_dir: str):
     from pathlib import Path
 
     from instances.errors import InputError
+    from instances.limits import check_time
     from launcher.api import checkpoint_global_batch
     from launcher.config import DEFAULT_STALL_TIMEOUT_S, OptimizerConfig, ParallelPlan, TrainConfig
     from launcher.launch import hostfile_hosts
@@ -116,6 +117,7 @@ def _build_config(args, run_dir: str):
         checkpoint_global_batch(args.checkpoint_dir)
     if not args.timeout > 0:
         raise InputError(f"must be > 0 seconds, got {args.timeout}", field="--timeout")
+    check_time(args.timeout, field="--timeout")
     return TrainConfig(
         model=args.model, plan=plan, steps=args.steps, global_batch=global_batch, seed=args.seed,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from instances.errors import InputError
+from instances.limits import MAX_COEFFICIENT, MAX_TIME_S, TIME_BOUND, check_coefficient, show_number
 from instances.registry import Registry
 
 if TYPE_CHECKING:
@@ -55,7 +56,10 @@ def _coerce(value: Any, annotation: str, where: str) -> Any:
     ann = annotation.replace(" ", "")
     if not isinstance(value, str):
         if ann == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:       # an integer past float's range: refused by the bounds
+                return (math.inf if value > 0 else -math.inf)
         if ann == "int" and isinstance(value, bool):
             raise InputError(f"expected an integer, got {value!r}", field=where)
         return value
@@ -76,8 +80,32 @@ def _coerce(value: Any, annotation: str, where: str) -> Any:
     return s
 
 
+def _bounded(value: Any, where: str) -> None:
+    """A numeric term option within the bounds on input (``instances.limits``): finite; a
+    time (an option named ``*_s``) at most ``MAX_TIME_S``, any other number of magnitude
+    at most ``MAX_COEFFICIENT``. The term's own check says what else it needs (a sign, a
+    range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    try:
+        f = float(value)
+    except OverflowError:
+        f = (math.inf if value > 0 else -math.inf)
+    if where.endswith("_s"):
+        if math.isfinite(f) and f <= MAX_TIME_S:
+            return
+        reason = TIME_BOUND if f > MAX_TIME_S else "must be a finite number of seconds"
+    else:
+        if math.isfinite(f) and abs(f) <= MAX_COEFFICIENT:
+            return
+        reason = (f"must be a finite number in [-{MAX_COEFFICIENT:g}, {MAX_COEFFICIENT:g}] (larger values "
+                  f"overflow or ill-condition the objective)")
+    raise InputError(f"{reason}, got {show_number(value)}", field=where)
+
+
 def make_term(name: str, **options: Any):
-    """Build a term from keyword options (strings from the command line are converted)."""
+    """Build a term from keyword options (strings from the command line are converted);
+    every numeric option is within the bounds on input (``_bounded``)."""
     cls = TERMS.get(name)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -86,6 +114,7 @@ def make_term(name: str, **options: Any):
             raise InputError(f"objective term {name!r} has no option {k!r}; options: "
                              f"{', '.join(sorted(fields)) or '(none)'}", field=f"{name}.{k}")
         kwargs[k] = _coerce(v, str(fields[k].type), f"{name}.{k}")
+        _bounded(kwargs[k], f"{name}.{k}")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
@@ -101,9 +130,7 @@ class Objective:
 
     def __post_init__(self):
         for w, t in self.terms:
-            if not math.isfinite(w) or w < 0:
-                raise InputError(f"weight of term {t.name!r} must be finite and >= 0, got {w}",
-                                 field=f"w_{t.name}")
+            check_coefficient(w, field=f"w_{t.name}", what=f"weight of term {t.name!r}: ")
 
     @property
     def columnwise(self) -> bool:
@@ -141,9 +168,7 @@ def parse_objective(config: Mapping[str, Any], defaults: Mapping[str, float]) ->
             if name not in TERMS:
                 raise InputError(f"unknown objective term {name!r}; known: {', '.join(term_names())}",
                                  field=k)
-            w = float(_coerce(v, "float", k))
-            if not math.isfinite(w) or w < 0:
-                raise InputError(f"weight must be finite and >= 0, got {v!r}", field=k)
+            w = check_coefficient(_coerce(v, "float", k), field=k, what="weight ")
             weights[name] = w
         elif "." in k:
             name, opt = k.split(".", 1)

@@ -33,8 +33,10 @@ import math
 import numpy as np
 
 from estimators.perf import DpOnlyTwin
+from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
 from instances.grid import Grid
+from instances.limits import check_coefficient
 
 from ..context import Decisions, JobView, RoundContext
 from ..formulation.round_data import (
@@ -85,12 +87,13 @@ class ElasticFlowLS:
         try:
             self.slack_factor = float(config.get("slack_factor", 10.0))
             self.max_gpus = int(config.get("max_gpus", 16))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise InputError("policy 'elasticflow-ls': slack_factor and max_gpus must be numbers",
                              field="slack_factor") from None
         self.heterogeneous = parse_bool(self.name, "heterogeneous", config.get("heterogeneous", False))
-        if not self.slack_factor >= 1 or self.max_gpus < 1:
-            raise InputError("slack_factor must be >= 1 and max_gpus >= 1", field="slack_factor")
+        check_coefficient(self.slack_factor, field="slack_factor", minimum=1.0, what="slack_factor ")
+        if not 1 <= self.max_gpus <= MAX_CLUSTER_GPUS:
+            raise InputError(f"max_gpus must be in [1, {MAX_CLUSTER_GPUS}], got {self.max_gpus}", field="max_gpus")
         self._dp_only = DpOnlyTwin()
         self._grids = GridCache(dp_only=not ap)
         self._cache = RoundDataCache()

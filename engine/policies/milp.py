@@ -55,8 +55,10 @@ import numpy as np
 
 from estimators import PerformanceModel
 from estimators.perf import DpOnlyTwin
+from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
 from instances.grid import Grid
+from instances.limits import MAX_TIME_S, show_number
 
 from ..context import Decisions, JobView, RoundContext
 from ..formulation import build_model, build_round_data
@@ -68,6 +70,7 @@ from ..objectives import Objective, parse_objective, split_objective_config
 from ..placement import Placer, place_with_repair
 from ..policy import Policy, register_policy
 from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
+from ..solvers.base import MAX_SOLVER_SEED
 from ..solvers.greedy import greedy_solution
 from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
 
@@ -125,13 +128,15 @@ def _number(policy: str, rest: Mapping[str, Any], key: str, default: float, cast
     raw = rest.get(key, default)
     try:
         v = cast(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"policy {policy!r}: {key} must be a number, got {raw!r}", field=key) from None
     if cast is int and v != raw:                      # 1.5 threads is not 1 thread
         raise InputError(f"policy {policy!r}: {key} must be a whole number, got {raw!r}", field=key)
-    if not (lo <= v <= hi and math.isfinite(v)):
-        bound = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}]"
-        raise InputError(f"policy {policy!r}: {key} must be a finite number {bound}, got {raw!r}", field=key)
+    if not (lo <= v <= hi and (cast is int or math.isfinite(v))):
+        bound = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi:g}]" if isinstance(hi, float) and hi >= 1e6 \
+            else f"in [{lo}, {hi}]"
+        raise InputError(f"policy {policy!r}: {key} must be a finite number {bound}, got {show_number(raw)}",
+                         field=key)
     return v
 
 
@@ -145,7 +150,7 @@ def _with_default_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> di
             continue
         try:
             off = float(config[f"w_{term}"]) == 0.0
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             off = False                 # parse_objective reports the bad weight
         if off:
             merged.pop(key)
@@ -165,11 +170,11 @@ class MilpPolicy:
                              "and w_<term>, <term>.<option>", field=unknown[0])
         self.objective: Objective = parse_objective(obj_cfg, spec.weights)
         options = SolverOptions(threads=_number(spec.name, rest, "threads", 1, int, 1),
-                                seed=_number(spec.name, rest, "seed", 0, int, 0))
+                                seed=_number(spec.name, rest, "seed", 0, int, 0, MAX_SOLVER_SEED))
         self.backend: SolverBackend = make_backend(str(rest.get("backend", spec.backend)), options)
-        self.time_limit_s: float = _number(spec.name, rest, "time_limit_s", 10.0, float, 0.01)
+        self.time_limit_s: float = _number(spec.name, rest, "time_limit_s", 10.0, float, 0.01, MAX_TIME_S)
         self.rel_gap: float = _number(spec.name, rest, "rel_gap", 0.01, float, 0.0, 1.0)
-        self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1)
+        self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1, MAX_CLUSTER_GPUS)
         columns = str(rest.get("columns", "best_per_count" if spec.best_plan_per_count else "all"))
         if columns not in COLUMNS:
             raise InputError(f"policy {spec.name!r}: columns must be one of {', '.join(COLUMNS)}, got {columns!r}",

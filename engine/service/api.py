@@ -56,7 +56,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
-from instances.json_input import loads_unique
+from instances.structured import loads_json
 
 from .auth import Caller, Tokens, bearer
 from .jobspec import MAX_JOB_ID, JobSpec
@@ -113,11 +113,9 @@ async def _json_body(request: Request, empty: Any) -> Any:
     if not raw:
         return empty
     try:
-        return loads_unique(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"body is not JSON: {e}", field="body") from None
-    except InputError as e:                 # a key given twice: where in the body
-        raise InputError(e.reason, field=f"body.{e.field}") from None
+        return loads_json(raw, field="body")
+    except InputError as e:
+        raise InputError(f"body is not JSON: {e.reason}", field="body") from None
 
 
 async def _body_and_reason(request: Request, known: tuple[str, ...] = ("reason",)) -> tuple[Any, str | None]:
@@ -441,7 +439,7 @@ def create_app(ctx: ApiContext):
     async def priority(job_id: JobId, request: Request) -> Any:
         body, reason = await _body_and_reason(request, ("priority", "reason"))
         if not isinstance(body, dict) or "priority" not in body:
-            return _error(400, 'send {"priority": P} (P a finite number > 0)', field="priority")
+            return _error(400, 'send {"priority": P} (P a finite number in [1e-4, 1e4])', field="priority")
         if reason is None:
             return _error(400, "reason must be a string", field="reason")
         with store() as s:

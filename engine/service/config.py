@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from instances.errors import InputError
+from instances.limits import check_time
 from instances.paths import real_path
 from launcher.config import MOVE_PATHS
 
@@ -63,6 +64,9 @@ class ServiceConfig:
                 not all(isinstance(r, str) and r and "\0" not in r for r in roots):
             raise InputError(f"must be one or more folders, got {self.data_roots!r}", field="data_roots")
         object.__setattr__(self, "data_roots", tuple(dict.fromkeys(real_path(r) for r in roots)))
+        for f in fields(self):                  # every time and duration: within the bound on times
+            if f.name.endswith("_s") and getattr(self, f.name) is not None:
+                check_time(getattr(self, f.name), field=f.name)
 
 
 def default(name: str):

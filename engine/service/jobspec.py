@@ -9,9 +9,9 @@ A TOML job file holds flat keys::
     steps = 200                             # training iterations
     gpu_type = "a100"                       # optional: only this GPU type
     gpus = 4                                # optional: the GPU count asked for (Job.requested_gpus)
-    priority = 1.0                          # optional, > 0
+    priority = 1.0                          # optional, in [1e-4, 1e4]
     tenant = "team-a"                       # optional
-    deadline_s = 3600                       # optional: seconds after submission
+    deadline_s = 3600                       # optional: seconds after submission (<= 9e12)
     seed = 0                                # optional: initialisation and synthetic data
     data = "corpus.txt"                     # optional: a local file read as bytes (relative: to this file)
     after = [3, 4]                          # optional: start only once these jobs (of this service) finished
@@ -27,9 +27,7 @@ and ``..`` are resolved, checked before either is opened.
 """
 from __future__ import annotations
 
-import math
 import re
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -37,8 +35,10 @@ from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
 from instances.jobs import MAX_GLOBAL_BATCH, MAX_ITERATIONS, Job
+from instances.limits import MAX_TIME_S, check_priority, check_time
 from instances.models import canonical_model_name, get_model
 from instances.paths import check_within_roots
+from instances.structured import check_depth, loads_toml
 from launcher.datafile import DATA_ROOT_FLAG, check_data_file, min_data_bytes
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")     # fullmatch: "$" would let a final "\n" in
@@ -78,6 +78,7 @@ class JobSpec:
         back from the state database, whose file is checked again when the job launches)."""
         if not isinstance(d, dict):
             raise InputError(f"a job is an object of keys, got {type(d).__name__}", file=source)
+        check_depth(d, file=source)             # a dict built in code (the API's is checked as it is read)
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(d) - set(known), key=str)
         if unknown:
@@ -140,11 +141,7 @@ class JobSpec:
                 text = text.decode("utf-8")
             except UnicodeDecodeError:
                 raise InputError("not UTF-8 text (expected TOML)", file=source) from None
-        try:
-            d = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            m = re.search(r"\(at line (\d+)", str(e))
-            raise InputError(f"malformed TOML: {e}", file=source, line=int(m.group(1)) if m else None) from None
+        d = loads_toml(text, file=source)
         return cls.from_dict(d, source=source, base_dir=base_dir, cluster=cluster, roots=roots)
 
     def check_cluster(self, cluster: ClusterSpec, *, source: str = REQUEST) -> None:
@@ -193,9 +190,11 @@ class JobSpec:
 
     def to_job(self, job_id: str, arrival_s: float) -> Job:
         """The engine's job, arriving at ``arrival_s`` on the loop's clock. The seed and the
-        data file are the launcher's (``TrainConfig``), not the scheduler's."""
+        data file are the launcher's (``TrainConfig``), not the scheduler's. A deadline that
+        the clock would put past the bound on times (``deadline_s`` near 9e12 s after an
+        arrival on the wall clock) is that bound: 285,000 years away, no constraint either way."""
         return Job(job_id, self.model, self.global_batch, self.steps, arrival_s,
-                   deadline_s=None if self.deadline_s is None else arrival_s + self.deadline_s,
+                   deadline_s=None if self.deadline_s is None else min(arrival_s + self.deadline_s, MAX_TIME_S),
                    priority=self.priority, tenant=self.tenant, requested_gpu_type=self.gpu_type,
                    requested_gpus=self.gpus)
 
@@ -246,17 +245,10 @@ def _check(spec: JobSpec) -> None:
             object.__setattr__(spec, "gpu_type", canonical_gpu_name(text("gpu_type")))
         except InputError as e:
             raise err("gpu_type", e.reason) from None
-    for field, optional in (("priority", False), ("deadline_s", True)):
-        v = getattr(spec, field)
-        if v is None and optional:
-            continue
-        try:
-            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0
-        except OverflowError:                       # an integer past float's range
-            ok = False
-        if not ok:
-            raise err(field, f"must be a finite number > 0, got {v!r}")
-        object.__setattr__(spec, field, float(v))
+    object.__setattr__(spec, "priority", check_priority(spec.priority, file=REQUEST))
+    if spec.deadline_s is not None:
+        object.__setattr__(spec, "deadline_s", check_time(spec.deadline_s, field="deadline_s", file=REQUEST,
+                                                          strict_min=True))
     if spec.data is not None:
         text("data")                                # (the file itself: from_dict's check_files)
         if not get_model(spec.model).is_transformer:

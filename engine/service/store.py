@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from instances.errors import InputError
+from instances.limits import check_priority
 
 from .auth import USER_RE
 from .jobspec import JobSpec
@@ -580,13 +581,7 @@ class Store:
         """A user's change of a job's priority (queued, running or held; the scheduler
         reads it at its next round): stored beside the submitted spec, with a note in the
         job's history (from and to its status). Returns the priority it had."""
-        try:
-            ok = not isinstance(priority, bool) and isinstance(priority, (int, float)) and math.isfinite(priority) \
-                and priority > 0
-        except OverflowError:                       # an integer past float's range
-            ok = False
-        if not ok:
-            raise InputError(f"must be a finite number > 0, got {priority!r}", field="priority")
+        priority = check_priority(priority)
         with self._tx() as now:
             cur = self._job_status(job_id)
             if cur in TERMINAL:

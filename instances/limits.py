@@ -1,0 +1,107 @@
+"""The bounds on numeric and size input, one place for each (docs/instances.md, "Limits").
+
+- ``MAX_TIME_S`` (9e12 s, about 285,000 years): every time and duration an input gives
+  (trace arrivals, deadlines and durations in every format, outage times, round
+  intervals, solver time limits, job spec fields, generator options) is at most this.
+  A double holds integers exactly up to 2^53, so a time counted in milliseconds stays
+  exact up to 2^53 / 1000 s (about 9.007e12 s); beyond it ``t + d`` rounds and, far
+  enough out, rounds back to ``t`` (a simulation that never advances). The simulated
+  clock is held to it as well (``engine/simulator.py``).
+- ``MAX_COEFFICIENT`` (1e4): objective weights and the coefficient options of objective
+  terms lie in [0, 1e4], a job's priority in [1e-4, 1e4]. Their product with the terms'
+  own factors (a speedup, a clipped ratio) stays below about 1e15, finite and well under
+  the 1e20 that HiGHS reads as infinite, and the ratio of two jobs' priorities within
+  1e8, which keeps the solvers' tolerances meaningful.
+- ``MAX_INPUT_BYTES`` (128 MiB): the most bytes an input file read through
+  ``instances.csv_rows.read_text`` (traces, outage lists) may hold, after gzip
+  decompression; the decompression is streamed and stops there (a gzip bomb never
+  expands in memory). The largest bundled trace (Philly, 82,247 jobs) is 3.4 MB.
+- ``MAX_NESTING_DEPTH`` (64): how deeply a JSON or TOML document may nest arrays and
+  objects (``instances.structured``); every such file the project reads is at most 4
+  deep.
+"""
+from __future__ import annotations
+
+import math
+
+from .errors import InputError
+
+MAX_TIME_S = 9e12
+TIME_BOUND = ("must be <= 9e12 s (about 285,000 years; beyond it float time loses millisecond "
+              "precision)")
+
+MAX_COEFFICIENT = 1e4
+MIN_PRIORITY = 1.0 / MAX_COEFFICIENT
+
+MAX_INPUT_BYTES = 128 * 1024 * 1024
+
+MAX_NESTING_DEPTH = 64
+
+
+def is_number(v) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def show_number(v) -> str:
+    """A value as an error shows it: a huge integer by its magnitude, not its 300 digits."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**16:
+        return f"{float(v):.3g}" if abs(v) < 10**308 else f"an integer of about {int(v.bit_length() * 0.30103)} digits"
+    return repr(v)
+
+
+def check_time(v, *, field: str | None = None, file: str | None = None, line: int | None = None,
+               minimum: float | None = 0.0, strict_min: bool = False, what: str = "") -> float:
+    """``v`` as a float time or duration in ``[minimum, MAX_TIME_S]`` (``strict_min``: above
+    ``minimum``), or an ``InputError`` naming ``field`` (and ``file``, ``line``) that says
+    the bound. ``what`` prefixes the reason (e.g. ``job j1: ``)."""
+    def err(msg: str) -> InputError:
+        return InputError(f"{what}{msg}", file=file, line=line, field=field)
+    if not is_number(v):
+        raise err(f"must be a number of seconds, got {v!r}")
+    try:
+        f = float(v)
+    except OverflowError:               # an int past a float's range
+        raise err(f"{TIME_BOUND}, got {show_number(v)}") from None
+    if math.isnan(f):
+        raise err(f"must be a finite number of seconds, got {v!r}")
+    if f > MAX_TIME_S:
+        raise err(f"{TIME_BOUND}, got {show_number(v)}")
+    if minimum is not None and (f <= minimum if strict_min else f < minimum):
+        raise err(f"must be {'>' if strict_min else '>='} {minimum:g}, got {show_number(v)}")
+    return f
+
+
+def check_coefficient(v, *, field: str | None = None, file: str | None = None, line: int | None = None,
+                      minimum: float = 0.0, strict_min: bool = False, what: str = "") -> float:
+    """``v`` as a float in ``[minimum, MAX_COEFFICIENT]`` (``strict_min``: above ``minimum``),
+    or an ``InputError`` naming ``field`` that says the range."""
+    lo = f"{'(' if strict_min else '['}{minimum:g}"
+    rng = f"in {lo}, {MAX_COEFFICIENT:g}] (larger values overflow or ill-condition the objective)"
+    if not is_number(v):
+        raise InputError(f"{what}must be a number {rng}, got {v!r}", file=file, line=line, field=field)
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not (math.isfinite(f) and (f > minimum if strict_min else f >= minimum) and f <= MAX_COEFFICIENT):
+        raise InputError(f"{what}must be a finite number {rng}, got {show_number(v)}", file=file, line=line,
+                         field=field)
+    return f
+
+
+def check_priority(v, *, field: str | None = "priority", file: str | None = None, line: int | None = None,
+                   what: str = "") -> float:
+    """A job's priority: a finite number in ``[MIN_PRIORITY, MAX_COEFFICIENT]``."""
+    rng = (f"in [{MIN_PRIORITY:g}, {MAX_COEFFICIENT:g}] (the objective multiplies by it: beyond that range it "
+           "overflows or ill-conditions the solvers)")
+    if not is_number(v):
+        raise InputError(f"{what}must be a number {rng}, got {v!r}", file=file, line=line, field=field)
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not (math.isfinite(f) and MIN_PRIORITY <= f <= MAX_COEFFICIENT):
+        raise InputError(f"{what}must be a finite number {rng}, got {show_number(v)}", file=file, line=line,
+                         field=field)
+    return f
