@@ -288,7 +288,7 @@ BAD_OPTIONS = [   # (arguments, what the error must say): every one refused befo
     (["bench", "incremental", "--backend", "nosuch"], "field '--backend': unknown solver backend 'nosuch'"),
     (["bench", "policies", "--instance", "demo", "--perf", "nosuch"], "field '--perf': unknown performance model"),
     (["simulate", "--rounds", str(10**13)],
-     "field '--rounds': the horizon 10,000,000,000,000 exceeds the safety limit of 1,000,000 rounds"),
+     "field '--rounds': the horizon of 10,000,000,000,000 rounds exceeds the safety limit of 1,000,000 rounds"),
     (["bench", "policies", "--instance", "demo", "--rounds", str(10**13)], "field '--rounds': must be in 1..1,000,000"),
     (["simulate", "--round-interval", "inf"], "field '--round-interval': must be a number of seconds in (0, 7.04e+13]"),
     (["simulate", "--round-interval", "1e200"], "field '--round-interval'"),
