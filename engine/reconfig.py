@@ -79,9 +79,9 @@ class ReconfigCostModel:
             except OverflowError:               # an integer past float's range
                 ok = False
             if not ok:
-                raise ValueError(f"ReconfigCostModel.{f} must be a finite number >= 0, got {v!r}")
+                raise ValueError(f"{f} must be a finite number >= 0, got {v!r}")
             if f.endswith("_s") and v > MAX_TIME_S:
-                raise ValueError(f"ReconfigCostModel.{f} {TIME_BOUND}, got {v!r}")
+                raise ValueError(f"{f} {TIME_BOUND}, got {v!r}")
         if self.state_path not in STATE_PATHS:
             raise ValueError(f"state_path must be one of {STATE_PATHS}, got {self.state_path!r}")
         if self.moves is not None and not isinstance(self.moves, MoveCostParams):

@@ -117,7 +117,7 @@ def test_serve_refuses_a_round_interval_past_the_bound(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,field", [
     (["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--dry-run", "--stall-timeout", "1e300"],
-     "stall_timeout_s"),
+     "--stall-timeout"),
     (["train", "--model", "tiny-gpt__2L", "--plan", "dp=1", "--steps", "2", "--dry-run", "--timeout", "1e300"],
      "--timeout"),
     (["status", "--patience", "1e300", "--url", "http://127.0.0.1:9"], "--patience"),

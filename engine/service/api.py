@@ -114,7 +114,9 @@ async def _json_body(request: Request, empty: Any) -> Any:
         return empty
     try:
         return loads_json(raw, field="body")
-    except InputError as e:
+    except InputError as e:                 # a key given twice names its place (body.KEY)
+        if e.field != "body":
+            raise
         raise InputError(f"body is not JSON: {e.reason}", field="body") from None
 
 
