@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5, help="rounds after the first (default 5)")
     a = p.parse_args(argv)
 
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from engine.service.jobspec import JobSpec
     from estimators import make_performance_model

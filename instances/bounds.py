@@ -19,7 +19,7 @@ than its bound (tested). With the noise on, a short job can beat it by the noise
 
 What it is for: how far a schedule is from running every job alone at its fastest (the
 ratio of average JCT to average bound), and, per class of job length, where a policy's
-gain over another comes from (``arena bench bound``, ``engine/commands/bound.py``;
+gain over another comes from (``arena bench bound``, ``engine/cli/commands/bench/bound.py``;
 ``arena bench policies`` adds the ratio to every row). It is not an achievable target:
 jobs share the cluster.
 """

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.context import Allocation, JobView, RoundContext
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
+from engine.core.allocation import Allocation
+from engine.core.context import JobView, RoundContext
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
 from estimators.base import Estimate
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
@@ -92,7 +93,7 @@ def test_arena_dumps_every_round_model(tmp_path):
 
 
 def test_arena_simulates_the_demo_without_packing_failures():
-    from engine.simulator import simulate
+    from engine.sim.simulator import simulate
     from estimators import make_performance_model
     from instances.builtin import get_instance
     inst = get_instance("demo")

@@ -3,7 +3,7 @@ policies on traces, estimate jobs' parallel plans, benchmark solvers and policie
 real torch jobs under MPI, and run live rescheduling rounds over them (`arena serve`)
 (run `arena COMMAND --help`; `arena` alone simulates the demo).
 
-One module per subcommand under ``engine/commands``. Each command module defines
+One module per subcommand under ``engine/cli/commands``. Each command module defines
 ``register(subparsers)``, which adds its parser and sets
 ``func`` (called with the parsed args; returns an exit code). Modules import heavy
 dependencies (torch, solvers) inside their handlers, so ``arena --help`` stays fast.
@@ -18,15 +18,15 @@ import sys
 from instances.errors import InputError
 
 COMMAND_MODULES = (
-    "engine.commands.simulate",
-    "engine.commands.instances",
-    "engine.commands.outages",
-    "engine.commands.estimate",
-    "engine.commands.profile",
-    "engine.commands.bench",
-    "engine.commands.train",
-    "engine.commands.models",
-    "engine.commands.service",
+    "engine.cli.commands.simulate",
+    "engine.cli.commands.instances",
+    "engine.cli.commands.outages",
+    "engine.cli.commands.estimate",
+    "engine.cli.commands.profile",
+    "engine.cli.commands.bench",
+    "engine.cli.commands.train",
+    "engine.cli.commands.models",
+    "engine.cli.commands.service",
 )
 
 
@@ -46,12 +46,11 @@ def _plugin_preparser() -> argparse.ArgumentParser:
 
 def plugin_registries() -> tuple:
     """Every registry a plug-in may add to (discovered before a plug-in runs)."""
+    from engine.core.policy import POLICIES
+    from engine.decide.objectives.base import TERMS
+    from engine.decide.solvers.base import BACKENDS
     from estimators.perf import KINDS
     from instances.oracle import ORACLES
-
-    from .objectives.base import TERMS
-    from .policy import POLICIES
-    from .solvers.base import BACKENDS
     return (POLICIES, TERMS, BACKENDS, KINDS, ORACLES)
 
 

@@ -3,7 +3,6 @@ decisions it returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Mapping
 
 from estimators.base import PerformanceModel, Plan
@@ -11,63 +10,18 @@ from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
 
+from .allocation import Allocation, GpuId
 from .quick_init import quick_init
 
 if TYPE_CHECKING:
     from .reconfig import ReconfigCostModel
-
-GpuId = tuple[int, int]          # (node_id, local GPU index on that node)
-
-
-@quick_init
-@dataclass(frozen=True)
-class Allocation:
-    grid: Grid
-    gpus: tuple[GpuId, ...]      # sorted; len == grid.num_gpus
-
-    def __post_init__(self):
-        if len(self.gpus) != self.grid.num_gpus:
-            raise ValueError(f"allocation holds {len(self.gpus)} GPUs for grid {self.grid}")
-
-    @property
-    def nodes(self) -> tuple[int, ...]:
-        return tuple(sorted({n for n, _ in self.gpus}))
-
-    def on_any(self, nodes: frozenset[int]) -> bool:
-        """Whether it holds a GPU on one of ``nodes`` (e.g. the nodes out of service)."""
-        return bool(nodes) and any(n in nodes for n, _ in self.gpus)
-
-    @cached_property
-    def gpus_canonical(self) -> bool:
-        """Whether ``gpus`` is sorted with each GPU once (the placer's form; kept with the
-        allocation, as placement asks every round)."""
-        g = self.gpus
-        return all(a < b for a, b in zip(g, g[1:]))
-
-    @cached_property
-    def node_masks(self) -> tuple[tuple[int, int, int], ...] | None:
-        """``node_masks(gpus)``, kept with the allocation (placement reads it every round)."""
-        return node_masks(self.gpus)
-
-
-@lru_cache(maxsize=1 << 14)
-def node_masks(gpus: tuple[GpuId, ...]) -> tuple[tuple[int, int, int], ...] | None:
-    """``gpus`` as (node, bit mask of its GPU indices, count) per node, in node order
-    (None: a negative index); a GPU listed twice counts once. Memoized: pinned GPUs
-    recur every round."""
-    masks: dict[int, int] = {}
-    for n, i in gpus:
-        if i < 0:
-            return None
-        masks[int(n)] = masks.get(int(n), 0) | (1 << int(i))
-    return tuple((n, m, m.bit_count()) for n, m in sorted(masks.items()))
 
 
 @quick_init
 @dataclass(frozen=True)
 class ChangeHistory:
     """A job's last change of allocation (start, resume or move), what the stability rule
-    (engine/stability.py) reads."""
+    (engine/decide/stability.py) reads."""
     changed_at_s: float                 # when it took its current allocation
     iterations_since: float             # progress made on it since
     rate_before: float                  # iterations/s measured before the change (0: it was queued)

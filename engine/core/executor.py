@@ -1,9 +1,9 @@
 """The executor seam: simulated and real execution behind one interface.
 
-``SimExecutor`` (engine/sim_executor.py) advances jobs at the oracle's true speed and
+``SimExecutor`` (engine/sim/sim_executor.py) advances jobs at the oracle's true speed and
 charges reconfiguration downtime; ``launcher.mpi_executor.MpiExecutor`` launches,
 stops, checkpoints and relaunches real torch jobs. The launcher does not import the
-engine: it satisfies this protocol structurally. The round loop (engine/round_loop.py)
+engine: it satisfies this protocol structurally. The round loop (engine/core/round_loop.py)
 reads nothing of an executor but this protocol.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from instances.grid import Shape
 from instances.jobs import Job
 
-from .context import Allocation
+from .allocation import Allocation
 from .quick_init import quick_init
 
 

@@ -17,7 +17,7 @@ from typing import Iterable
 from estimators.base import LearnsOnline
 from instances.jobs import Job
 
-from .context import Allocation
+from .allocation import Allocation
 from .executor import JobProgress
 
 

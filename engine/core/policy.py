@@ -3,7 +3,7 @@
 A policy is an object built from validated config with one method,
 ``decide(ctx: RoundContext) -> Decisions``, a pure function of the round context.
 Register a factory by name with ``@register_policy("name")`` in a module of
-``engine/policies/`` (every module there is discovered; no list to edit); the factory is
+``engine/decide/policies/`` (every module there is discovered; no list to edit); the factory is
 called with keyword config (and must reject unknown keys).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Policy(Protocol):
     def decide(self, ctx: RoundContext) -> Decisions: ...
 
 
-POLICIES: Registry[Callable[..., Policy]] = Registry("policy", package="engine.policies")
+POLICIES: Registry[Callable[..., Policy]] = Registry("policy", package="engine.decide.policies")
 register_policy = POLICIES.register
 policy_names = POLICIES.names
 

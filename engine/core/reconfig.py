@@ -44,7 +44,7 @@ from instances.jobs import Job
 from instances.limits import MAX_TIME_S, TIME_BOUND, is_number
 from instances.memory_rule import ADAM_STATE_BYTES_PER_PARAM
 
-from .context import Allocation
+from .allocation import Allocation
 
 STATE_PATHS = ("d2d", "storage")
 

@@ -1,8 +1,8 @@
 """The round loop, once, for both clocks.
 
 A ``RoundLoop`` holds the engine's state (jobs and GPU ownership), a policy, the
-placement and an ``Executor`` (engine/executor.py). Its drivers decide *when* a round
-happens: the simulator (engine/simulator.py) calls it at ``t0 + k x interval`` of a
+placement and an ``Executor`` (engine/core/executor.py). Its drivers decide *when* a round
+happens: the simulator (engine/sim/simulator.py) calls it at ``t0 + k x interval`` of a
 virtual clock with ``SimExecutor``; the live service (engine/service/) calls it on the
 wall clock (a timer, arrivals, completions, failures) with the launcher's
 ``MpiExecutor``. Everything between is here and nowhere else:
@@ -18,7 +18,7 @@ wall clock (a timer, arrivals, completions, failures) with the launcher's
    are dropped and shown to the policy next time (``JobView.known_infeasible_shapes``);
    placement maps grids to GPUs; the executor stops, moves and launches; invariants are
    asserted; the round is recorded. A shadow policy (``shadow``), when given, is asked on
-   the same context and compared (``RoundRecord.shadow``, engine/shadow.py); its
+   the same context and compared (``RoundRecord.shadow``, engine/core/shadow.py); its
    decisions are never carried out.
 
 A policy with ``event_driven = True`` is asked only after an event (arrival,
@@ -72,7 +72,7 @@ class RoundRecord:
     throughput_samples_per_s: float = 0.0
     gpu_busy_s: dict = field(default_factory=dict)       # per GPU type, GPU-seconds held
     reconfig_lost_gpu_s: float = 0.0
-    shadow: ShadowComparison | None = None   # a shadow policy's decision compared (engine/shadow.py)
+    shadow: ShadowComparison | None = None   # a shadow policy's decision compared (engine/core/shadow.py)
 
 
 class RoundLoop:

@@ -15,7 +15,7 @@ from typing import Iterable
 from instances.cluster import ClusterSpec, Node
 from instances.jobs import Job
 
-from .context import Allocation, GpuId
+from .allocation import Allocation, GpuId
 
 
 class StateError(RuntimeError):

@@ -61,10 +61,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from engine.core.context import JobView, RoundContext
 from instances.errors import InputError
 from instances.limits import MAX_COEFFICIENT, check_time, show_number
-
-from .context import JobView, RoundContext
 
 HOUR_S = 3600.0
 

@@ -31,7 +31,7 @@ Definitions (all times in seconds; "by the horizon" = up to ``t0 + rounds x inte
   ``reconfigurations_per_job_runout`` (over every job of the instance) and
   ``reconfig_gpu_hours_lost_runout`` over the whole run.
 - with a shadow policy (``simulate(shadow=...)``, ``arena simulate --shadow-policy``):
-  ``shadow_*`` keys (``engine.shadow.summarize``) and ``shadow.csv``, one row per round
+  ``shadow_*`` keys (``engine.core.shadow.summarize``) and ``shadow.csv``, one row per round
   the shadow was asked.
 """
 from __future__ import annotations
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .shadow import COLUMNS as SHADOW_COLUMNS
-from .shadow import summarize as shadow_summary
+from engine.core.shadow import COLUMNS as SHADOW_COLUMNS
+from engine.core.shadow import summarize as shadow_summary
 
 TIMING_KEYS = ("decision_time_median_s", "decision_time_p99_s", "decision_time_total_s", "wall_time_s",
                "shadow_decision_time_median_s")
@@ -254,8 +254,8 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         s["reconfig_gpu_hours_lost_runout"] = sum(r.reconfig_lost_gpu_s for r in sim.rounds) / 3600.0
         s["stopped_by_safety"] = sim.stopped_by_safety
         s["safety_limit_rounds"] = cfg.max_rounds
-    s.update(sim.loop.moves.summary())      # what the moves expected and gave (engine/move_ledger.py)
-    s.update(shadow_summary(sim.rounds))    # a shadow policy's agreement, when one was asked (engine/shadow.py)
+    s.update(sim.loop.moves.summary())      # what the moves expected and gave (engine/core/move_ledger.py)
+    s.update(shadow_summary(sim.rounds))    # a shadow policy's agreement, when one was asked (engine/core/shadow.py)
     return s
 
 
@@ -284,7 +284,7 @@ def write_result(result, out_dir) -> list[Path]:
         w.writerow(base + [f"gpu_busy_s_{t}" for t in types])
         for r in result.rounds:
             w.writerow([getattr(r, k) for k in base] + [r.gpu_busy_s.get(t, 0.0) for t in types])
-    from .move_ledger import COLUMNS as MOVE_COLUMNS
+    from engine.core.move_ledger import COLUMNS as MOVE_COLUMNS
     with paths[3].open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(MOVE_COLUMNS))
         w.writeheader()

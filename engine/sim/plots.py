@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 PLOT_FILES = ("jct_cdf.png", "throughput.png", "gpu_util.png", "queue_length.png", "moves.png")
-SHADOW_PLOT = "shadow.png"      # with a shadow policy only (engine/shadow.py)
+SHADOW_PLOT = "shadow.png"      # with a shadow policy only (engine/core/shadow.py)
 
 
 def write_plots(result, out_dir) -> list[Path]:

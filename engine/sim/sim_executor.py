@@ -27,12 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.allocation import Allocation
+from engine.core.executor import ExecutorTotals, JobProgress
+from engine.core.reconfig import ReconfigCostModel
 from instances.grid import Shape
 from instances.jobs import Job
-
-from .context import Allocation
-from .executor import ExecutorTotals, JobProgress
-from .reconfig import ReconfigCostModel
 
 DEFAULT_ITERATION_NOISE_CV = 0.05      # per-iteration step-time jitter (stated default)
 EXACT_NOISE_DRAWS = 256                 # above this many new iterations: normal approximation of the sum

@@ -1,4 +1,4 @@
-"""Round-based, event-driven cluster simulator: the round loop (engine/round_loop.py)
+"""Round-based, event-driven cluster simulator: the round loop (engine/core/round_loop.py)
 driven by a virtual clock, with ``SimExecutor`` as the executor.
 
 Time starts at the first job's arrival ``t0``; round ``k`` happens at
@@ -44,13 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.core.reconfig import ReconfigCostModel
+from engine.core.round_loop import RoundLoop, RoundRecord
 from instances.errors import InputError
 from instances.limits import MAX_TIME_S, TIME_BOUND, check_time
 from instances.outages import Outage, down_at
 
 from . import metrics
-from .reconfig import ReconfigCostModel
-from .round_loop import RoundLoop, RoundRecord
 from .sim_executor import DEFAULT_ITERATION_NOISE_CV, SimExecutor
 
 # The run-out's default safety limit, in rounds (SimConfig.max_rounds, --max-rounds).
@@ -108,7 +108,7 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
     ``outages``: nodes out of service over time; at each round the nodes out then are
     unavailable and the jobs on a node that just went out are evicted (``RoundLoop.set_unavailable``).
     ``shadow``: a second policy asked every round beside ``policy`` and compared, never
-    carried out (engine/shadow.py; ``shadow.csv`` and the ``shadow_*`` summary keys).
+    carried out (engine/core/shadow.py; ``shadow.csv`` and the ``shadow_*`` summary keys).
     ``stop``: asked before every round; when it answers true the run ends there with the
     results so far (``end_reason`` ``interrupted``)."""
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import sys
 
-from .flags import fields_as_flags
-from .jsonout import dumps
-from .simulate import seed_arg
+from ..common import check_batch, seed_arg
+from ..flags import fields_as_flags
+from ..jsonout import dumps
 
 ACTIONS = ("grids", "accuracy", "proxy-quality", "fit")
 # the flag behind each field the grids action's job, cluster and performance model refuse
@@ -97,14 +97,6 @@ def check_options_read(args) -> None:
             readers.remove("accuracy --against local")
         raise InputError(f"the {key} action does not read it (it is for {' and '.join(readers)})",
                          field=f"--{dest.replace('_', '-')}")
-
-
-def check_batch(batch: int) -> None:
-    from instances.errors import InputError
-    from instances.jobs import MAX_GLOBAL_BATCH
-    if not 1 <= batch <= MAX_GLOBAL_BATCH:
-        raise InputError(f"must be in 1..{MAX_GLOBAL_BATCH:,} samples (a thousand times the largest measured batch), "
-                         f"got {batch:,}", field="--batch")
 
 
 def run(args) -> int:

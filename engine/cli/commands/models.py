@@ -7,7 +7,7 @@ Example::
 """
 from __future__ import annotations
 
-from .jsonout import dumps
+from ..jsonout import dumps
 
 
 def register(subparsers) -> None:

@@ -18,13 +18,13 @@ import sys
 
 from instances.errors import InputError
 
-from .simulate import seed_arg
+from ..common import seed_arg
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("outages", help="write a synthetic node-outage file (failures and repairs)",
                               description=__doc__.split("\n\n")[0])
-    from .simulate import add_workload_args
+    from ..common import add_workload_args
     add_workload_args(p.add_argument_group("workload (default: --instance demo)"))
     p.add_argument("--mtbf-hours", type=float, required=True, metavar="H",
                    help="mean time between failures of one node, in hours of service")
@@ -40,7 +40,7 @@ def run(args) -> int:
     from instances.outages import synthetic_outages, write_outages
     from instances.paths import check_output_file
 
-    from .simulate import build_instance
+    from ..common import build_instance
     check_output_file(args.out, "--out")
     inst = build_instance(args)
     start = min((j.arrival_s for j in inst.jobs), default=0.0)

@@ -2,8 +2,8 @@
 the profiling cost against running every grid directly."""
 from __future__ import annotations
 
-from .flags import fields_as_flags
-from .jsonout import dumps
+from ..flags import fields_as_flags
+from ..jsonout import dumps
 
 # the flag behind each field the profiler's configs and the cost comparison refuse
 PROFILE_FLAGS = {"model": "--model", "micro_batches": "--micro-batches", "tp_degrees": "--tp",
@@ -44,7 +44,7 @@ def check_args(args) -> None:
     from instances.errors import InputError
     from instances.models import get_model
 
-    from .estimate import check_batch
+    from ..common import check_batch
     check_batch(args.batch)
     for flag, v, lo, hi in (("--max-gpus", args.max_gpus, 1, MAX_CLUSTER_GPUS),
                             ("--run-grids", args.run_grids, 0, None), ("--warmup-iters", args.warmup_iters, 0, None),

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.service.client import DEFAULT_URL, Client, NoAnswer
+from engine.service.config import default
+from engine.service.lock import DB_LOCK_SUFFIX, ServiceLock
 from instances.errors import InputError
 from instances.limits import check_priority, check_time
 from launcher.config import MOVE_PATHS
 
-from ..service.client import DEFAULT_URL, Client, NoAnswer
-from ..service.config import default
-from ..service.lock import DB_LOCK_SUFFIX, ServiceLock
-from .flags import fields_as_flags
-from .jsonout import dumps
+from ..flags import fields_as_flags
+from ..jsonout import dumps
 
 # The flag that sets each field of ServiceConfig (engine/service/config.py), for its errors;
 # tests/test_cli_flags.py walks it against the config's fields and the parser.
@@ -80,7 +80,7 @@ def register(subparsers) -> None:
                    help="performance model the policy decides with: analytic, learned, learned-level, table, online "
                         "(default: analytic, which ranks grids best; "
                         "fcfs needs none)")
-    from .simulate import add_profile_store_arg, add_shadow_args
+    from ..common import add_profile_store_arg, add_shadow_args
     add_profile_store_arg(s)
     add_shadow_args(s)
     s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
@@ -132,7 +132,7 @@ def register(subparsers) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; any other needs --token or --tokens-file)")
     s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
-    from ..service.auth import MAKE_TOKEN, MIN_TOKEN_CHARS
+    from engine.service.auth import MAKE_TOKEN, MIN_TOKEN_CHARS
     s.add_argument("--token", default=None,
                    help="API token, one user who may do everything (default $ARENA_TOKEN unless --tokens-file is "
                         f"given); at least {MIN_TOKEN_CHARS} characters of two kinds or more; make one with: "
@@ -278,7 +278,7 @@ def register(subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print what was copied as JSON")
     b.set_defaults(func=run_backup)
 
-    from ..service.store import JOB_STATUSES
+    from engine.service.store import JOB_STATUSES
     j = subparsers.add_parser("jobs", help="every job of the service (or those in one status)",
                               description="Every job of the service, or those in one status.")
     j.add_argument("--status", choices=JOB_STATUSES, default=None, help="only the jobs in this status")
@@ -357,11 +357,11 @@ class ServiceParts:
 
 def build_service_parts(args) -> ServiceParts:
     """Everything ``arena serve`` needs, validated before anything starts."""
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.service.config import ServiceConfig
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 
-    from ..reconfig import ReconfigCostModel
-    from ..service.config import ServiceConfig
-    from .simulate import build_perf, build_policy, build_shadow, model_reader, parse_options
+    from ..common import build_perf, build_policy, build_shadow, model_reader, parse_options
 
     if (args.cluster is None) == (args.local_slots is None):
         raise InputError("give exactly one of --cluster FILE and --local-slots N", field="--cluster")
@@ -444,7 +444,7 @@ def _check_port(host: str, port: int) -> None:
 def _tokens(args):
     """The service's tokens (``engine/service/auth.py``): ``--tokens-file``, else
     ``--token`` (or ``$ARENA_TOKEN``); None: neither. Each token is checked."""
-    from ..service.auth import Tokens
+    from engine.service.auth import Tokens
     if args.tokens_file is not None:
         if args.token is not None:
             raise InputError("give --token (one user) or --tokens-file (a token per user), not both",
@@ -477,8 +477,8 @@ def run_serve(args) -> int:
     _check_service_extra()                        # before any option is checked or file made
     import uvicorn
 
-    from ..service.api import ApiContext, create_app
-    from ..service.daemon import Service, fault_from_env
+    from engine.service.api import ApiContext, create_app
+    from engine.service.daemon import Service, fault_from_env
 
     parts = build_service_parts(args)
     cluster, policy, shadow, perf, reconfig, tokens, cfg, lock = (
@@ -538,7 +538,7 @@ def run_submit(args) -> int:
         p = Path(args.file)
         if not p.is_file():
             raise InputError("job file not found" if not p.exists() else "not a file", file=str(p))
-        from ..service.jobspec import JobSpec
+        from engine.service.jobspec import JobSpec
         spec = JobSpec.from_toml(p)               # checked here too: the error names the file and line
         body = spec.to_dict()
     else:
@@ -548,7 +548,7 @@ def run_submit(args) -> int:
             raise InputError(f"missing {', '.join(missing)} (or give a JOB.toml)", field=missing[0])
         if str(flags["model"]).lower().endswith(".json"):
             flags["model"] = str(Path(flags["model"]).resolve())
-        from ..service.jobspec import JobSpec
+        from engine.service.jobspec import JobSpec
         try:                                      # checked here too, as a job file is
             spec = JobSpec.from_dict(flags, source="the command line")
         except InputError as e:
@@ -622,13 +622,13 @@ def run_status(args) -> int:
 def move_line(m: dict) -> str:
     """One move-ledger row for people: when, where to, what was expected, what it made
     (``views.move_summary``, which the page shows too)."""
-    from ..service.views import move_summary
+    from engine.service.views import move_summary
     return f"{time.strftime('%H:%M:%S', time.localtime(m['at']))} {move_summary(m)['text']}"
 
 
 def _show_status(cl: Client, args) -> bool:
     """Print the jobs (or one job); True when every one shown has ended."""
-    from ..service.store import TERMINAL
+    from engine.service.store import TERMINAL
     if args.id is not None:
         job = cl.get(f"/api/jobs/{args.id}")
         if args.json:
@@ -725,7 +725,7 @@ def run_nodes(args) -> int:
 
 
 def run_logs(args) -> int:
-    from ..service.views import MAX_LOG_CHARS
+    from engine.service.views import MAX_LOG_CHARS
     if not 0 <= args.chars <= MAX_LOG_CHARS:
         raise InputError(f"must be in 0..{MAX_LOG_CHARS}, got {args.chars}", field="--chars")
     ans = _client(args).get(f"/api/jobs/{args.id}/logs?chars={args.chars}")
@@ -740,8 +740,8 @@ def run_logs(args) -> int:
 
 
 def run_rounds(args) -> int:
-    from ..service.views import MAX_ROUNDS_SHOWN
-    from ..shadow import counts_line
+    from engine.core.shadow import counts_line
+    from engine.service.views import MAX_ROUNDS_SHOWN
     if not 1 <= args.last <= MAX_ROUNDS_SHOWN:
         raise InputError(f"must be in 1..{MAX_ROUNDS_SHOWN}, got {args.last}", field="--last")
     client = _client(args)
@@ -761,7 +761,7 @@ def run_rounds(args) -> int:
 
 
 def shadow_line(c: dict) -> str:
-    """One round's shadow comparison (engine/shadow.py ``to_dict``) as one line."""
+    """One round's shadow comparison (engine/core/shadow.py ``to_dict``) as one line."""
     if c["error"]:
         return f"shadow {c['policy']}: failed: {c['error']}"
     diff = ", ".join(f"job {d['job']} {d['primary'] or 'waits'} -> {d['shadow'] or 'waits'}" for d in c["differ"])
@@ -773,10 +773,9 @@ def shadow_line(c: dict) -> str:
 
 
 def run_export_trace(args) -> int:
+    from engine.service.export import workload
+    from engine.service.store import Store
     from instances.traces import write_trace
-
-    from ..service.export import workload
-    from ..service.store import Store
     _check_not_the_state(args.out, args.db, "--out")
     out = _check_writable_file(args.out, "--out")
     with Store(args.db, readonly=True) as st:
@@ -792,7 +791,7 @@ def run_export_trace(args) -> int:
 
 
 def run_backup(args) -> int:
-    from ..service.store import SCHEMA_VERSION, Store
+    from engine.service.store import SCHEMA_VERSION, Store
     out = Path(args.out)
     if out.exists():
         raise InputError("already exists; a backup does not overwrite", file=str(out), field="--out")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from .flags import fields_as_flags
-from .jsonout import dumps
-from .simulate import seed_arg
+from ..common import seed_arg
+from ..flags import fields_as_flags
+from ..jsonout import dumps
 
 # The flag that sets each field of the run's config (launcher/config.py: TrainConfig, its
 # ParallelPlan and OptimizerConfig) and of the checks before launch (launcher/validate.py),

@@ -21,12 +21,11 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
+from engine.core.context import JobView, RoundContext
 from estimators.base import EstimatesInBulk, LearnsOnline, throughputs
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
-
-from ..context import JobView, RoundContext
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ class RoundData:
         """The same round with only ``columns`` (sorted, distinct column indices): every
         job kept, the per-column arrays cut to those columns, ``current_col`` renumbered.
         Every running job's current column must be among them. A columnwise objective
-        (``engine/objectives/base.py``) applied to it gives the full model restricted to
+        (``engine/decide/objectives/base.py``) applied to it gives the full model restricted to
         those columns."""
         cols = np.asarray(columns, dtype=np.int64)
         current = self.current_among(cols)

@@ -1,6 +1,6 @@
 """The incremental search's compiled loops (numba): the candidate columns (the rule is
 candidates.py's), and the expand and balance steps: sequential loops over moves, each a
-few array reads (engine/incremental/search.py holds the data layout and the module doc
+few array reads (engine/decide/incremental/search.py holds the data layout and the module doc
 that describes the steps).
 
 Conventions: columns 0..n_x-1 of the restricted model, grouped by job (job j owns

@@ -34,7 +34,7 @@ compiled loops, ``kernel.py``):
 4. **expand** again, to fill what balance freed.
 
 Stability seams: ``frozen`` jobs keep exactly their current column (the rest of the
-stability rule, hysteresis included, is in ``c``: engine/stability.py). Move budget:
+stability rule, hysteresis included, is in ``c``: engine/decide/stability.py). Move budget:
 at most ``max_moved_jobs`` running jobs change column and at most ``max_moved_gpus``
 GPUs in the columns moved jobs land on; both are two more rows of the same slack
 arithmetic.

@@ -3,7 +3,7 @@
 Times are wall-clock (``time.perf_counter``) and CPU (``time.process_time``; both
 sides run in one thread, so CPU time is the fairer figure on a shared machine).
 
-A sequence of synthetic rounds (``engine.formulation.synthetic``) in which each round
+A sequence of synthetic rounds (``engine.decide.formulation.synthetic``) in which each round
 starts from the allocation decided in the previous one (jobs leave and arrive between
 rounds). Round 0 starts from an empty cluster and is decided by the full MILP (the
 state the incremental search takes over); rounds 1..R are each decided both ways on

@@ -11,7 +11,7 @@ no): what it adds on a column depends only on that column and on per-job arrays,
 on the job's other columns, and the rows it adds do not depend on which columns exist.
 Applying it to a round restricted to some columns (``RoundData.restricted``) then gives
 exactly the full model restricted to them, which lets the incremental search build its
-model from its candidate columns alone (``engine/incremental/round.py``); a test holds
+model from its candidate columns alone (``engine/decide/incremental/round.py``); a test holds
 every term that declares it to that.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ObjectiveTerm(Protocol):
     def apply(self, data: RoundData, builder: ModelBuilder, weight: float) -> None: ...
 
 
-TERMS: Registry[type] = Registry("objective term", package="engine.objectives", field="objective")
+TERMS: Registry[type] = Registry("objective term", package="engine.decide.objectives", field="objective")
 
 
 def register_term(name: str):

@@ -17,7 +17,7 @@ loss as a bonus, so not scheduling it (a preemption) is what pays it.
 
 ``hysteresis`` (default 0.05) charges a move of a running job that fraction of its
 current column's normalized throughput: a move must beat staying by that margin (part of
-the stability rule every optimizing policy applies, engine/stability.py); 0 turns it off.
+the stability rule every optimizing policy applies, engine/decide/stability.py); 0 turns it off.
 
 ``give_way`` (default 0: off) judges a move that makes a running job slower (it gives
 up GPUs so that others can start or grow) for the whole cluster: it charges that

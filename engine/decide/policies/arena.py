@@ -1,6 +1,6 @@
 """``arena``: our policy. Every job's candidate grids across GPU types, counts, node
 shapes and pipeline depths, valued by the estimators' proxy-plan estimates (ctx.perf),
-one MILP per round over jobs x grids (engine/formulation), solved by the configured
+one MILP per round over jobs x grids (engine/decide/formulation), solved by the configured
 backend (default ``auto``: warm Lagrangian prices, escalating to LP rounding and the
 HiGHS MILP until the 1% gap is proved).
 

@@ -12,7 +12,7 @@ Each round:
 3. the GPUs left go, one doubling at a time, to the admitted job with the largest
    normalized throughput gain per added GPU (diminishing returns), while they fit.
 
-Jobs the stability rule freezes (engine/stability.py) keep their grid and are served
+Jobs the stability rule freezes (engine/decide/stability.py) keep their grid and are served
 first. Under the rule's cluster-wide budget, a round whose allocation moves more running
 jobs than the round's allowance is allocated again with every running job kept where it
 is except the first ``allowance`` of those moves in deadline order (the MILP policies
@@ -32,13 +32,15 @@ import math
 
 import numpy as np
 
+from engine.core.context import Decisions, JobView, RoundContext
+from engine.core.placement import Placer
+from engine.core.policy import register_policy
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
 from instances.grid import Grid
 from instances.limits import check_coefficient
 
-from ..context import Decisions, JobView, RoundContext
 from ..formulation.round_data import (
     GridCache,
     RoundDataCache,
@@ -47,8 +49,7 @@ from ..formulation.round_data import (
     columns_of_jobs,
     freeze_jobs,
 )
-from ..placement import Placer, place_with_repair
-from ..policy import register_policy
+from ..placement_repair import place_with_repair
 from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
 
 

@@ -15,7 +15,7 @@
 - A job the engine has seen to be infeasible on its requested shape
   (``JobView.known_infeasible_shapes``) is skipped, and neither blocks nor holds GPUs.
 
-The fit test uses the engine's placement rule (``engine.placement``) in FCFS order; the
+The fit test uses the engine's placement rule (``engine.core.placement``) in FCFS order; the
 engine then places larger shapes first, and its repair step covers the rare case where
 that order matters (0 packing failures on the Arena traces).
 """
@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.core.context import Decisions, RoundContext
+from engine.core.placement import Placer
+from engine.core.policy import register_policy
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
-
-from ..context import Decisions, RoundContext
-from ..placement import Placer
-from ..policy import register_policy
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.core.context import JobView
 from instances.grid import Grid
 
-from ..context import JobView
 from .milp import MilpPolicySpec, register_milp_policy
 
 

@@ -17,7 +17,7 @@ here, once:
 - ``pinned_jobs``: comma-separated job ids that must be scheduled;
 - ``stability``, ``payback``, ``payback_max_s``, ``max_moves_per_hour``,
   ``max_changes_per_job``, ``move_backoff_s``, ``change_budget_per_job``: the stability rule
-  (engine/stability.py): running jobs it freezes keep their current grid;
+  (engine/decide/stability.py): running jobs it freezes keep their current grid;
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
 - ``event_driven`` (false): decide only after an event (arrival, completion, failure) or
   when the last decisions were not all carried out, not every round — a faster replay
@@ -25,12 +25,12 @@ here, once:
   only at the next event);
 - ``search``: ``milp`` (the full per-round model, default) or ``incremental`` (the
   expand/balance search from the current allocation on the same model restricted to a
-  neighbourhood of candidate columns, ``engine/incremental``), with
+  neighbourhood of candidate columns, ``engine/decide/incremental``), with
   ``queued_candidates`` (``all``/``small``), ``other_type_candidates`` (``same``/``any``:
   a running job's candidates on another GPU type), ``move_budget_jobs`` and
   ``move_budget_gpus`` (fractions of the running jobs and of the cluster's GPUs that
   may move per round; 1 = no budget);
-- ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/objectives).
+- ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/decide/objectives).
 
 Candidate grids are cached per (model, global batch); estimates and each job's columns
 per performance model (``RoundDataCache``); the model's rows before the objective terms,
@@ -53,6 +53,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from engine.core.context import Decisions, JobView, RoundContext
+from engine.core.placement import Placer
+from engine.core.policy import Policy, register_policy
 from estimators import PerformanceModel
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
@@ -60,15 +63,13 @@ from instances.errors import InputError
 from instances.grid import Grid
 from instances.limits import MAX_TIME_S, show_number
 
-from ..context import Decisions, JobView, RoundContext
 from ..formulation import build_model, build_round_data
 from ..formulation.build import RowsMemo
 from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
 from ..incremental import OTHER_TYPE_CHOICES, QUEUED_CHOICES, IncrementalConfig, search_round
 from ..objectives import Objective, parse_objective, split_objective_config
-from ..placement import Placer, place_with_repair
-from ..policy import Policy, register_policy
+from ..placement_repair import place_with_repair
 from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
 from ..solvers.base import MAX_SOLVER_SEED
 from ..solvers.greedy import greedy_solution
@@ -300,5 +301,5 @@ def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., Policy]:
     def factory(**config: Any) -> MilpPolicy:
         return MilpPolicy(spec, **config)
     factory.__name__ = f"make_{spec.name.replace('-', '_')}"
-    factory.__doc__ = f"The {spec.name!r} optimizing policy (engine.policies.milp.MilpPolicy)."
+    factory.__doc__ = f"The {spec.name!r} optimizing policy (engine.decide.policies.milp.MilpPolicy)."
     return register_policy(spec.name)(factory)

@@ -6,7 +6,7 @@ incrementally (most of the cluster stays put), with a topology-aware ordering, a
 *expand* step and a *balance* step, in polynomial time, and moves job state device to
 device. What we chose:
 
-- **search**: always the incremental search (``engine/incremental``): from the current
+- **search**: always the incremental search (``engine/decide/incremental``): from the current
   allocation, a running job may take its current grid or a neighbour (x2 / /2 GPUs of
   its type, another node shape or GPU type at its GPU count, with the planner's best
   pipeline depth for each shape); a queued job any of its grids. *Expand* admits and

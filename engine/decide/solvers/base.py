@@ -123,14 +123,14 @@ class SolverOptions:
             raise InputError(f"seed must be an integer in [0, {MAX_SOLVER_SEED}], got {self.seed!r}", field="seed")
 
 
-BACKENDS: Registry[Callable[..., SolverBackend]] = Registry("solver backend", package="engine.solvers",
+BACKENDS: Registry[Callable[..., SolverBackend]] = Registry("solver backend", package="engine.decide.solvers",
                                                            field="backend")
 register_backend = BACKENDS.register
 backend_names = BACKENDS.names
 
 
 def make_backend(name: str, options: SolverOptions | None = None) -> SolverBackend:
-    """A backend by registered name (every module of engine/solvers is discovered; solver
+    """A backend by registered name (every module of engine/decide/solvers is discovered; solver
     packages are imported only inside ``solve``/``available``, so every backend is listed
     even where its solver is missing)."""
     return BACKENDS.get(name)(options or SolverOptions())

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from instances.errors import InputError
 
-from .jsonout import dumps
-from .simulate import seed_arg
+from ...common import seed_arg
+from ...jsonout import dumps
 
 CLASSES = ((0.0, 3600.0, "< 1 h"), (3600.0, 86400.0, "1 h - 1 d"), (86400.0, 864000.0, "1 d - 10 d"),
            (864000.0, math.inf, "> 10 d"))
@@ -141,11 +141,11 @@ def print_report(name: str, rep: dict) -> None:
 
 
 def register(sub) -> None:
-    """``arena bench bound`` (called by ``engine/commands/bench.py``)."""
+    """``arena bench bound`` (registered by ``engine/cli/commands/bench/__init__.py``)."""
     b = sub.add_parser("bound", help="average JCT of simulated runs against every job alone at its fastest",
                        description=__doc__.split("\n\n")[0])
     b.add_argument("runs", nargs="*", metavar="RUN_DIR", help="`arena simulate --out` directories of this workload")
-    from .simulate import add_workload_args
+    from ...common import add_workload_args
     add_workload_args(b)
     b.add_argument("--seed", type=seed_arg, default=0, help="instance seed (default 0)")
     b.add_argument("--max-gpus", type=int, default=16,
@@ -159,7 +159,7 @@ def register(sub) -> None:
 def run_bound_bench(args) -> int:
     from instances.bounds import jct_lower_bounds
 
-    from .simulate import build_instance
+    from ...common import build_instance
     if args.max_gpus < 1:
         raise InputError(f"must be >= 1, got {args.max_gpus}", field="--max-gpus")
     if args.plot:

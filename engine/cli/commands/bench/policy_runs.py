@@ -1,5 +1,5 @@
 """Runs of policies on one workload, side by side: the core of ``arena bench policies``
-(engine/commands/bench.py) and of its form over several seeds (engine/commands/bench_seeds.py):
+(engine/cli/commands/bench/policies.py) and of its form over several seeds (engine/cli/commands/bench/seeds.py):
 a workload named by plain values (each MPI rank builds it), one simulation per policy
 label, the rows' common-jobs and lower-bound columns."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ def workload_args(args) -> dict:
 def build_workload(w: dict):
     import argparse
 
-    from .simulate import build_instance
+    from ...common import build_instance
     return build_instance(argparse.Namespace(**w))
 
 
@@ -40,10 +40,11 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     its performance model reads ``profile_store`` when given and assumes ``runtime`` (when
     None: the runtime the workload's truth was measured under); ``stop`` (Ctrl-C) ends its
     simulation before the next round (the row's ``end_reason`` is then ``interrupted``)."""
-    from ..policy import make_policy
-    from ..reconfig import ReconfigCostModel
-    from ..simulator import simulate
-    from .simulate import build_perf, decides_without_model, load_outages_arg
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.sim.simulator import simulate
+
+    from ...common import build_perf, decides_without_model, load_outages_arg
 
     name = name or policy
     inst = build_workload(workload)
@@ -66,13 +67,13 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     t0 = time.perf_counter()
     from instances.errors import InputError
 
-    from .simulate import SIM_FLAGS
+    from ...common import SIM_FLAGS
     try:
         res = simulate(inst, pol, perf=perf, reconfig=reconfig, rounds=rounds, run_out=run_out,
                        seed=seed, progress=progress, out_dir=out_dir, outages=outages, stop=stop)
     except InputError as e:             # refused before the first round: named by its flag
         raise InputError(e.reason, file=e.file, line=e.line, field=SIM_FLAGS.get(e.field or "", e.field)) from None
-    from .simulate import report_incomplete
+    from ...progress import report_incomplete
     report_incomplete(res, f"arena bench policies [{policy}]")
     row = {k: res.summary.get(k) for k in POLICY_COLUMNS
            if k not in ("policy", "policy_name", "perf", "perf_runtime", "move_costs")}

@@ -1,11 +1,11 @@
 """``arena bench policies --seeds``: the comparison once per seed, then each policy's
 spread over the seeds and a paired JCT comparison against a baseline (the statistics:
-engine/seed_stats.py; one seed's comparison: engine/commands/bench.py, policy_runs.py)."""
+engine/sim/seed_stats.py; one seed's comparison: engine/cli/commands/bench/policies.py, policy_runs.py)."""
 from __future__ import annotations
 
 import math
 
-from .jsonout import dumps
+from ...jsonout import dumps
 from .policy_runs import (
     POLICY_COLUMNS,
     add_jct_bound,
@@ -19,9 +19,8 @@ from .policy_runs import (
 
 def seeds_arg(args, policies: list[str]) -> list[int] | None:
     """``--seeds`` as a list (None without it), and ``--baseline`` checked against the labels."""
+    from engine.sim.seed_stats import parse_seeds
     from instances.errors import InputError
-
-    from ..seed_stats import parse_seeds
     if args.seeds is None:
         if args.baseline is not None:
             raise InputError("--baseline needs --seeds (it names the policy the others are compared with, "
@@ -41,10 +40,10 @@ def run_seeded_bench(args, seeds: list[int], policies: list[str], options: dict,
                      reconfig_opts: dict, log, comm) -> int:
     """``bench policies --seeds``: the whole comparison once per seed (each seed's runs in
     ``OUT/seed-S/``), then each policy's spread over the seeds and its paired JCT ratio
-    against the baseline (engine/seed_stats.py)."""
+    against the baseline (engine/sim/seed_stats.py)."""
     from pathlib import Path
 
-    from ..seed_stats import aggregate, seeds_changed_nothing
+    from engine.sim.seed_stats import aggregate, seeds_changed_nothing
     baseline = args.baseline or policies[0]
     rank = comm.Get_rank() if comm is not None else 0
     workloads = {s: {**workload_args(args), "seed": s} for s in seeds}
@@ -110,7 +109,7 @@ def write_seeded_outputs(rows: list[dict], agg: list[dict], out_dir, instance_na
     from dataclasses import asdict
     from pathlib import Path
 
-    from ..seed_stats import COUNTS, METRICS
+    from engine.sim.seed_stats import COUNTS, METRICS
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     doc = {"instance": instance_name, "seeds": seeds, "aggregate": agg, "rows": rows,
