@@ -3,10 +3,12 @@ policies on traces, estimate jobs' parallel plans, benchmark solvers and policie
 real torch jobs under MPI, and run live rescheduling rounds over them (`arena serve`)
 (run `arena COMMAND --help`; `arena` alone simulates the demo).
 
-One module per subcommand under ``engine/cli/commands``. Each command module defines
-``register(subparsers)``, which adds its parser and sets
-``func`` (called with the parsed args; returns an exit code). Modules import heavy
-dependencies (torch, solvers) inside their handlers, so ``arena --help`` stays fast.
+One module per subcommand under ``engine/cli/commands`` (``bench``: a package, one module
+per subcommand of its own). Each command module defines ``register(subparsers)``, which
+adds its parser and sets ``func`` (called with the parsed args; returns an exit code). A
+command imports no other command: what several share is in ``engine/cli`` (``common``,
+``progress``, ``flags``, ``jsonout``). Modules import heavy dependencies (torch, solvers)
+inside their handlers, so ``arena --help`` stays fast.
 """
 from __future__ import annotations
 
