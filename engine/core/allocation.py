@@ -1,6 +1,6 @@
 """What a job holds: an ``Allocation`` (a grid on concrete GPUs ``(node_id, index)``).
-Below the round context and the reconfiguration cost model, which both read it (so
-neither imports the other for it)."""
+Below the round context and the reconfiguration cost model, which both read it: the
+context names the cost model, the cost model never imports the context."""
 from __future__ import annotations
 
 from dataclasses import dataclass
