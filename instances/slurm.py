@@ -66,6 +66,14 @@ ENDED_JOB_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NO
 
 
 # --- running Slurm's commands ---------------------------------------------------------------
+class SlurmCommandError(InputError):
+    """A Slurm command that failed; ``message`` is Slurm's own last error line."""
+
+    def __init__(self, reason: str, message: str, *, field: str | None = "--slurm"):
+        super().__init__(reason, field=field)
+        self.message = message
+
+
 @dataclass(frozen=True)
 class SlurmCommands:
     """How to run Slurm's client commands: the ``slurm.conf`` they read (``SLURM_CONF``;
@@ -112,8 +120,8 @@ class SlurmCommands:
             if any(q in (out.stderr + out.stdout) for q in quiet_errors):
                 return out.stdout
             if "Unable to contact slurm controller" in msg or "Zero Bytes were transmitted" in msg:
-                raise InputError(f"the Slurm controller does not answer (`{shown}`: {msg})", field="--slurm")
-            raise InputError(f"`{shown}` failed: {msg}", field="--slurm")
+                raise SlurmCommandError(f"the Slurm controller does not answer (`{shown}`: {msg})", msg)
+            raise SlurmCommandError(f"`{shown}` failed: {msg}", msg)
         return out.stdout
 
     def ping(self) -> None:
