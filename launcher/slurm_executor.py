@@ -17,7 +17,10 @@ the jobs a crashed service left running (``find_running``, ``adopt``).
   srun's exit status in ``slurm_exit`` before it ends.
 - **State**: one ``squeue`` for all of the executor's jobs at most every ``poll_s``
   seconds (sooner once a launch's ``slurm_exit`` appears); a job Slurm no longer lists is
-  looked up in ``sacct`` where accounting is enabled.
+  looked up in ``sacct`` where accounting is enabled. While Slurm does not answer (the
+  controller down), a launch runs on as far as the executor knows (``slurm_error`` says
+  why), stop and kill say nothing (the ``stop`` file still reaches the ranks), and a
+  launch whose script wrote its exit status ends ``EXIT_GRACE_S`` later.
 - **Stop**: the ``stop`` file, then ``scancel --signal=TERM`` (to the ranks): they
   checkpoint at the end of the step and exit; after ``stop_timeout_s``, ``scancel
   --signal=KILL --full`` and ``scancel``.
@@ -170,15 +173,22 @@ class SlurmRun:
         rc = self._exit_status()
         if rc is not None and self._exit_seen is None:
             self._exit_seen = time.monotonic()
-        job = self.ex._slurm_job(self.slurm_job_id, fresh=rc is not None, after=self.submitted_at)
+        exited = self._exit_seen is not None and time.monotonic() - self._exit_seen > EXIT_GRACE_S
+        try:
+            job = self.ex._slurm_job(self.slurm_job_id, fresh=rc is not None, after=self.submitted_at)
+            if job is None:
+                job = self.ex._accounted(self.slurm_job_id)
+                if job is None:
+                    self.state, self.reason = "unknown to Slurm", ""
+        except InputError as e:         # Slurm not answering: the job runs on as far as we know
+            self.ex.slurm_error = e.reason
+            if not exited:
+                return None
+            job, self.state, self.reason = None, "unknown", f"Slurm did not answer: {e.reason}"
         if job is not None:
             self.state, self.reason = job.state, job.reason
-            if not job.ended and not (self._exit_seen is not None and
-                                      time.monotonic() - self._exit_seen > EXIT_GRACE_S):
+            if not job.ended and not exited:
                 return None
-        else:
-            acct = self.ex._accounted(self.slurm_job_id)
-            self.state, self.reason = (acct.state, acct.reason) if acct else ("unknown to Slurm", "")
         self.returncode = NO_EXIT_STATUS if rc is None else rc
         return self.returncode
 
@@ -191,15 +201,23 @@ class SlurmRun:
         return rc
 
     def request_stop(self) -> None:
-        job = self.ex._slurm_job(self.slurm_job_id, fresh=True, after=self.submitted_at)
-        if job is not None and job.state == "PENDING":      # nothing started: nothing to checkpoint
-            self.ex._scancel(self.slurm_job_id)
-        else:
-            self.ex._scancel("--signal=TERM", self.slurm_job_id)
+        """SIGTERM to the ranks (the ``stop`` file, written first by the executor, reaches them
+        too when Slurm does not answer)."""
+        try:
+            job = self.ex._slurm_job(self.slurm_job_id, fresh=True, after=self.submitted_at)
+            if job is not None and job.state == "PENDING":      # nothing started: nothing to checkpoint
+                self.ex._scancel(self.slurm_job_id)
+            else:
+                self.ex._scancel("--signal=TERM", self.slurm_job_id)
+        except InputError as e:
+            self.ex.slurm_error = e.reason
 
     def kill(self) -> None:
-        self.ex._scancel("--signal=KILL", "--full", self.slurm_job_id)
-        self.ex._scancel(self.slurm_job_id)
+        try:
+            self.ex._scancel("--signal=KILL", "--full", self.slurm_job_id)
+            self.ex._scancel(self.slurm_job_id)
+        except InputError as e:
+            self.ex.slurm_error = e.reason
 
     def describe_end(self, returncode: int) -> str:
         how = f"Slurm job {self.slurm_job_id} ended {self.state}"
@@ -223,6 +241,7 @@ class SlurmExecutor(MpiExecutor):
         self._snapshot: dict[int, SlurmJob] = {}
         self._snapshot_at = 0.0                 # time.time() of the last squeue
         self._layout: dict[str, dict[str, int]] = {}    # job -> Slurm node -> ranks of its current launch
+        self.slurm_error: str | None = None     # the last Slurm command that failed while jobs ran (to log)
 
     # --- starting a launch -------------------------------------------------------------------
     def _placement(self, alloc) -> dict[str, int]:
@@ -300,7 +319,7 @@ class SlurmExecutor(MpiExecutor):
         if fresh and age > 0.2 or age > self.slurm.poll_s or self._snapshot_at < after:
             ids = {st.proc.slurm_job_id for st in self._jobs.values()
                    if isinstance(st.proc, SlurmRun) and st.proc.returncode is None} | {slurm_job_id}
-            self._snapshot_at = time.time()
+            self._snapshot_at = time.time()     # (also when squeue fails: asked again after poll_s)
             self._snapshot = list_jobs(self.commands, ids)
         return self._snapshot.get(slurm_job_id)
 

@@ -22,10 +22,11 @@ from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.slurm import SlurmCommands, discover, list_jobs
+from launcher import slurm_executor
 from launcher.launch import read_results
 from launcher.mpi_executor import MpiExecutorConfig
 from launcher.reference import train_reference
-from launcher.slurm_executor import SlurmExecutor, SlurmExecutorConfig
+from launcher.slurm_executor import SlurmExecutor, SlurmExecutorConfig, SlurmRun
 
 MODEL = "tiny-gpt__2L"
 BATCH = 8
@@ -213,6 +214,34 @@ def test_a_fresh_executor_adopts_a_running_job_without_relaunch_or_lost_step(slu
     assert sorted(Path(tmp_path, "j2").glob("launch_*")) == [Path(tmp_path, "j2", "launch_0")]
 
 
+def dead_conf(cluster, tmp_path: Path) -> Path:
+    """The cluster's slurm.conf with a controller port nobody listens on (clients give up in ~1 s)."""
+    dead = tmp_path / "dead.conf"
+    dead.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=1", cluster.conf.read_text()) + "MessageTimeout=1\n")
+    return dead
+
+
+def test_slurm_not_answering_mid_run_is_no_end_of_the_run(slurm_cluster, tmp_path, monkeypatch):
+    """The controller gone while a launch runs: the launch runs on as far as the executor
+    knows (no failure, no traceback; stop and kill say nothing), and ends once its batch
+    script has written srun's exit status and Slurm still does not answer."""
+    cfg = slurm_config(slurm_cluster, "d")
+    ex = SlurmExecutor(MpiExecutorConfig(work_dir=str(tmp_path)), SlurmExecutorConfig(
+        nodes=cfg.nodes, gres=cfg.gres, conf=str(dead_conf(slurm_cluster, tmp_path)), tag="d", poll_s=0.1))
+    run_dir = tmp_path / "launch_0"
+    run_dir.mkdir()
+    run = SlurmRun(ex, 4242, str(run_dir), time.time())
+    assert run.poll() is None
+    assert ex.slurm_error.startswith("the Slurm controller does not answer (`squeue")
+    run.request_stop()
+    run.kill()
+    monkeypatch.setattr(slurm_executor, "EXIT_GRACE_S", 0.0)
+    (run_dir / slurm_executor.EXIT_FILE).write_text("0\n")
+    assert run.poll() == 0
+    assert run.describe_end(0).startswith("Slurm job 4242 ended unknown (Slurm did not answer: the Slurm "
+                                          "controller does not answer"), run.describe_end(0)
+
+
 def test_bad_inputs_are_clear_errors(slurm_cluster, tmp_path, monkeypatch):
     job = Job("j3", MODEL, BATCH, 4, 0.0)
     one = gpus((0, 0))
@@ -223,12 +252,9 @@ def test_bad_inputs_are_clear_errors(slurm_cluster, tmp_path, monkeypatch):
     assert str(e.value) == ("field 'sbatch': Slurm refused the launch of job j3 on n1: sbatch: error: Batch job "
                             "submission failed: Invalid partition name specified")
     # the controller down: a slurm.conf whose controller port nobody listens on
-    dead = tmp_path / "dead.conf"
-    dead.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=1", slurm_cluster.conf.read_text())
-                    + "MessageTimeout=2\n")
     cfg = slurm_config(slurm_cluster, "c")
     ex = SlurmExecutor(MpiExecutorConfig(work_dir=str(tmp_path)), SlurmExecutorConfig(
-        nodes=cfg.nodes, gres=cfg.gres, conf=str(dead), tag="c"))
+        nodes=cfg.nodes, gres=cfg.gres, conf=str(dead_conf(slurm_cluster, tmp_path)), tag="c"))
     with pytest.raises(InputError) as e:
         ex.launch(job, one, Plan(pp=1, dp=1, tp=1, stage_layers=(4,)), ex.now_s())
     assert str(e.value) == ("field 'sbatch': Slurm refused the launch of job j3 on n1: the Slurm controller does "
