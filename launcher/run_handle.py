@@ -21,8 +21,13 @@ from . import launch as _launch
 
 
 class RunHandle(Protocol):
-    pid: int | None                     # the local launcher process (mpiexec), None when there is none here
-    returncode: int | None              # set once ended
+    @property
+    def pid(self) -> int | None:
+        """The local launcher process (mpiexec), None when there is none here."""
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status, once ended."""
 
     def poll(self) -> int | None:
         """The run's exit status once it has ended, else None."""

@@ -151,7 +151,7 @@ def parse_launch(job: SlurmJob, tag: str) -> tuple[str, int] | None:
 class SlurmRun:
     """One launch as a Slurm batch job (``launcher.run_handle.RunHandle``)."""
 
-    pid = None
+    pid: int | None = None                  # no launcher process here
 
     def __init__(self, ex: "SlurmExecutor", slurm_job_id: int, run_dir: str, submitted_at: float):
         self.ex, self.slurm_job_id, self.run_dir = ex, int(slurm_job_id), Path(run_dir)
@@ -317,8 +317,10 @@ class SlurmExecutor(MpiExecutor):
         executor still running) when that is older than ``poll_s``, than ``after``, or ``fresh``."""
         age = time.time() - self._snapshot_at
         if fresh and age > 0.2 or age > self.slurm.poll_s or self._snapshot_at < after:
-            ids = {st.proc.slurm_job_id for st in self._jobs.values()
-                   if isinstance(st.proc, SlurmRun) and st.proc.returncode is None} | {slurm_job_id}
+            ids = {slurm_job_id}
+            for st in self._jobs.values():
+                if isinstance(st.proc, SlurmRun) and st.proc.returncode is None:
+                    ids.add(st.proc.slurm_job_id)
             self._snapshot_at = time.time()     # (also when squeue fails: asked again after poll_s)
             self._snapshot = list_jobs(self.commands, ids)
         return self._snapshot.get(slurm_job_id)
@@ -361,8 +363,8 @@ class SlurmExecutor(MpiExecutor):
         own. A launch that ended meanwhile is accounted from Slurm and the run folder
         (finished, or failed with Slurm's state) and reported by the next ``advance``. None
         when Slurm and the run folder know no such launch."""
-        if job.job_id in self._jobs and self._jobs[job.job_id].proc is not None \
-                and self._jobs[job.job_id].proc.poll() is None:
+        held = self._jobs[job.job_id].proc if job.job_id in self._jobs else None
+        if held is not None and held.poll() is None:
             raise RuntimeError(f"job {job.job_id} is already running in this executor")
         cfg, _ = self._config_for(job, alloc, plan, launch_index=launch_index)
         run_dir = Path(cfg.run_dir)
@@ -379,7 +381,7 @@ class SlurmExecutor(MpiExecutor):
         st = self._jobs.get(job.job_id)
         if st is None:
             st = self._jobs[job.job_id] = _Job(job, cfg, None)
-        prog = read_progress(cfg.progress_path) or {}
+        prog = read_progress(cfg.progress_path or "") or {}
         st.cfg, st.hostfile, st.shape, st.gpus = cfg, None, alloc.grid.shape, alloc.grid.num_gpus
         st.stopping, st.finished, st.failed, st.final, st.ended_at_s, st.reported = False, False, None, False, None, \
             False
