@@ -455,6 +455,37 @@ class SlurmView:
         own = own or {}
         return {n.name: k for n in self.nodes if (k := max(0, n.slots_alloc - own.get(n.name, 0)))}
 
+    def availability(self, spec: ClusterSpec, own: Mapping[str, int] | None = None) -> "NodeAvailability":
+        """This reading against the cluster ``spec`` the engine schedules on (read earlier):
+        by node id, the nodes out of service and why (Slurm's state; a node Slurm no longer
+        lists in the partition; a node whose GPUs changed), the slots other jobs hold, and
+        the partition's nodes the spec lacks."""
+        by_name = {n.name: n for n in self.nodes}
+        out: dict[int, str] = {}
+        unusable: dict[int, int] = {}
+        held = self.unusable_slots(own)
+        for node in spec.nodes():
+            now = by_name.get(node.host or "")
+            if now is None:
+                out[node.node_id] = f"no longer in Slurm partition {self.partition!r}"
+            elif (now.gpu_type, now.slots) != (node.gpu_type, node.num_gpus):
+                out[node.node_id] = (f"its slots changed in Slurm ({node.num_gpus} x {node.gpu_type} -> {now.slots} "
+                                     f"x {now.gpu_type}); a restart takes the new shape")
+            elif now.out_of_service is not None:
+                out[node.node_id] = now.out_of_service
+            if now is not None and now.name in held:
+                unusable[node.node_id] = held[now.name]
+        known = {n.host for n in spec.nodes()}
+        return NodeAvailability(out, unusable, tuple(n.name for n in self.nodes if n.name not in known))
+
+
+@dataclass(frozen=True)
+class NodeAvailability:
+    """One Slurm reading against the engine's cluster (``SlurmView.availability``)."""
+    out_of_service: dict[int, str]        # node id -> why nothing may run there now
+    unusable_slots: dict[int, int]        # node id -> slots Slurm jobs not ours hold
+    new_nodes: tuple[str, ...]            # Slurm nodes of the partition the cluster spec lacks
+
 
 def discover(commands: SlurmCommands | None = None, partition: str | None = None,
              table: Mapping[str, str] | None = None, form: str = "auto") -> SlurmView:

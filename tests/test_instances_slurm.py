@@ -4,6 +4,7 @@
 held by other jobs, and every bad input as a clear error."""
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,22 @@ def test_real_cluster_bad_inputs(slurm_cluster, tmp_path):
     assert re.fullmatch(r"field '--slurm': the Slurm controller does not answer \(`scontrol ping`: Slurmctld"
                         r"\(primary\) at \S+ is DOWN\); start slurmctld or point SLURM_CONF at the cluster's "
                         r"slurm.conf", str(e.value)), str(e.value)
+
+
+def test_availability_against_the_cluster_read_at_start():
+    """Each round's reading maps onto the node ids of the cluster read at start: Slurm's
+    states, nodes gone from the partition, nodes whose GPUs changed, nodes added."""
+    start = SlurmView("arena", tuple(nodes_from_sinfo_json(read("sinfo.json"), TABLE)), "sinfo --json")
+    spec = start.spec()
+    now = SlurmView("arena", tuple(nodes_from_sinfo_json(read("sinfo_states.json"), TABLE)), "sinfo --json")
+    a = now.availability(spec)
+    assert a.out_of_service == {0: "draining (disk check)", 1: "not responding", 2: "failing (psu)"}
+    assert a.unusable_slots == {0: 1} and a.new_nodes == ()
+    assert start.availability(spec, own={"n1": 1}).unusable_slots == {}
+    n1, n2, n3 = start.nodes
+    moved = SlurmView("arena", (n1, replace(n3, name="n4"), replace(n2, gpus=1)), "sinfo --json")
+    a = moved.availability(spec)
+    assert a.out_of_service == {
+        1: "its slots changed in Slurm (2 x a100-40gb -> 1 x a100-40gb); a restart takes the new shape",
+        2: "no longer in Slurm partition 'arena'"}
+    assert a.new_nodes == ("n4",)
