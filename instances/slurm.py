@@ -43,6 +43,7 @@ from typing import Iterable, Mapping
 from .cluster import ClusterSpec, NodeGroup, read_json_file
 from .errors import InputError
 from .gpus import GPU_TYPES, canonical_gpu_name
+from .paths import check_input_file
 
 DEFAULT_TIMEOUT_S = 30.0
 UNTYPED = "untyped"                      # the table's key for GPUs with no GRES type (``gpu:2``)
@@ -84,6 +85,8 @@ class SlurmCommands:
     def __post_init__(self):
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise InputError(f"must be a number of seconds > 0, got {self.timeout_s!r}", field="timeout_s")
+        if self.conf is not None:           # (Slurm's commands retry a missing one for 60 s)
+            check_input_file(self.conf, "--slurm-conf")
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -156,6 +156,13 @@ def test_view_spec_groups_nodes_by_type_and_counts_foreign_capacity():
     assert v.launch_gres() == {"n1": "gpu:a100", "n2": "gpu:a100", "n3": None}
 
 
+def test_a_missing_slurm_conf_is_refused_at_once(tmp_path):
+    # Slurm's own commands retry a missing slurm.conf for 60 s before they give up
+    with pytest.raises(InputError) as e:
+        SlurmCommands(str(tmp_path / "slurm.conf"))
+    assert str(e.value) == f"{tmp_path / 'slurm.conf'}, field '--slurm-conf': file not found"
+
+
 def test_no_slurm_commands_on_path(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(InputError) as e:
