@@ -113,9 +113,9 @@ class SlurmCommands:
             out = subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=self.timeout_s,
                                  stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise InputError(f"`{shown}` did not answer within {self.timeout_s:g} s (is the Slurm controller "
-                             f"reachable? SLURM_CONF={self.env().get('SLURM_CONF', '(Slurm default)')})",
-                             field="--slurm") from None
+            raise SlurmCommandError(f"`{shown}` did not answer within {self.timeout_s:g} s (is the Slurm controller "
+                                    f"reachable? SLURM_CONF={self.env().get('SLURM_CONF', '(Slurm default)')})",
+                                    f"{args[0]} did not answer within {self.timeout_s:g} s") from None
         except OSError as e:
             raise InputError(f"cannot run `{shown}`: {e.strerror or e}", field="--slurm") from None
         if out.returncode != 0:

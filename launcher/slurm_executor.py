@@ -76,6 +76,15 @@ _OPTION = re.compile(r"^([A-Za-z][A-Za-z0-9-]*)(?:=(.*))?$")
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+class SlurmRefused(InputError):
+    """sbatch refused a launch. ``transient``: Slurm did not answer (the controller down):
+    not a verdict on the job or its shape, unlike a refusal of the request itself."""
+
+    def __init__(self, reason: str, *, transient: bool):
+        super().__init__(reason, field="sbatch")
+        self.transient = transient
+
+
 @dataclass(frozen=True)
 class SlurmExecutorConfig:
     """Where and how launches go on Slurm. ``nodes`` and ``gres`` come from discovery
@@ -285,9 +294,10 @@ class SlurmExecutor(MpiExecutor):
         try:
             out = self.commands.run(*args)
         except SlurmCommandError as e:
-            what = "the Slurm controller does not answer: " if "controller does not answer" in e.reason else ""
-            raise InputError(f"Slurm refused the launch of job {job.job_id} on {','.join(names)}: {what}{e.message}",
-                             field="sbatch") from None
+            down = "controller does not answer" in e.reason or "did not answer" in e.reason
+            what = "the Slurm controller does not answer: " if down else ""
+            raise SlurmRefused(f"Slurm refused the launch of job {job.job_id} on {','.join(names)}: {what}{e.message}",
+                               transient=down) from None
         try:
             slurm_id = int(out.strip().split(";")[0])
         except ValueError:

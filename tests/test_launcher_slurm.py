@@ -251,6 +251,7 @@ def test_bad_inputs_are_clear_errors(slurm_cluster, tmp_path, monkeypatch):
         ex.launch(job, one, Plan(pp=1, dp=1, tp=1, stage_layers=(4,)), ex.now_s())
     assert str(e.value) == ("field 'sbatch': Slurm refused the launch of job j3 on n1: sbatch: error: Batch job "
                             "submission failed: Invalid partition name specified")
+    assert not e.value.transient                    # a verdict on the request
     # the controller down: a slurm.conf whose controller port nobody listens on
     cfg = slurm_config(slurm_cluster, "c")
     ex = SlurmExecutor(MpiExecutorConfig(work_dir=str(tmp_path)), SlurmExecutorConfig(
@@ -260,6 +261,7 @@ def test_bad_inputs_are_clear_errors(slurm_cluster, tmp_path, monkeypatch):
     assert str(e.value) == ("field 'sbatch': Slurm refused the launch of job j3 on n1: the Slurm controller does "
                             "not answer: sbatch: error: Batch job submission failed: Unable to contact slurm "
                             "controller (connect failure)")
+    assert e.value.transient                        # Slurm away: no verdict on the job or its shape
     # options the executor sets itself, a bad tag, a node without a Slurm name
     with pytest.raises(InputError, match="field '--slurm-opt': 'nodelist=n3': the executor sets --nodelist itself"):
         SlurmExecutorConfig(nodes=cfg.nodes, options=("time=10", "nodelist=n3"))
