@@ -111,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", default="n1,n2", help="two GPU nodes of the cluster (comma-separated)")
     ap.add_argument("--partition", default=None)
     ap.add_argument("--work-dir", default=None, help="shared work folder (default: a temporary one)")
+    ap.add_argument("--launchers", default="mpiexec",
+                    help="how Slurm launches start their ranks, comma-separated: mpiexec (Hydra), srun (--mpi=pmi2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -135,19 +137,24 @@ def main(argv=None) -> int:
         a, b = (ids[n] for n in args.nodes.split(","))
         gtype = view.node(args.nodes.split(",")[0]).gpu_type
         base = dict(checkpoint_every=0, checkpoint_interval_s=0, stop_timeout_s=60)
-        slurm = SlurmExecutor(MpiExecutorConfig(work_dir=str(work / "slurm"), **base),
-                              SlurmExecutorConfig(nodes=view.node_names(), gres=view.launch_gres(), conf=conf,
-                                                  partition=args.partition, tag="bench", poll_s=0.5))
-        local = MpiExecutor(MpiExecutorConfig(work_dir=str(work / "local"), **base))
-        plans = {
-            "local": {"start": Alloc("cpu", ((0, 0), (0, 1))), "d2d": Alloc("cpu", ((0, 0), (0, 1)), pp=2),
-                      "storage": Alloc("cpu", ((0, 0), (0, 1)))},
-            "slurm": {"start": Alloc(gtype, ((a, 0), (b, 0))), "d2d": Alloc(gtype, ((a, 0), (b, 0)), pp=2),
-                      "storage": Alloc(gtype, ((b, 0), (b, 1)))},
-        }
+        executors: dict = {"local": MpiExecutor(MpiExecutorConfig(work_dir=str(work / "local"), **base))}
+        for launcher in args.launchers.split(","):
+            executors[f"slurm-{launcher}"] = SlurmExecutor(
+                MpiExecutorConfig(work_dir=str(work / launcher), **base),
+                SlurmExecutorConfig(nodes=view.node_names(), gres=view.launch_gres(), conf=conf, launcher=launcher,
+                                    partition=args.partition, tag="bench", poll_s=0.5))
+        on_slurm = {"start": Alloc(gtype, ((a, 0), (b, 0))), "d2d": Alloc(gtype, ((a, 0), (b, 0)), pp=2),
+                    "storage": Alloc(gtype, ((b, 0), (b, 1)))}
+        local = {"start": Alloc("cpu", ((0, 0), (0, 1))), "d2d": Alloc("cpu", ((0, 0), (0, 1)), pp=2),
+                 "storage": Alloc("cpu", ((0, 0), (0, 1)))}
         for rep in range(args.reps):
-            for kind, ex in (("local", local), ("slurm", slurm)):
-                row = one_run(ex, kind, rep, plans[kind], args.steps_between)
+            for kind, ex in executors.items():
+                try:
+                    row = one_run(ex, kind, rep, local if kind == "local" else on_slurm, args.steps_between)
+                except RuntimeError as e:           # a launch that failed: counted, not measured
+                    say(f"{kind} rep {rep}: {e}")
+                    rows.append({"executor": kind, "rep": rep, "failed": str(e)[:500]})
+                    continue
                 say(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()
                                 if not isinstance(v, dict)}))
                 rows.append(row)
@@ -158,20 +165,28 @@ def main(argv=None) -> int:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     summary = {}
-    for kind in ("local", "slurm"):
-        mine = [r for r in rows if r["executor"] == kind]
-        summary[kind] = {k: {"median": statistics.median(r[k] for r in mine), "min": min(r[k] for r in mine),
-                             "max": max(r[k] for r in mine)}
-                         for k in ("launch_to_first_step_s", "launch_to_ranks_started_s", "rank_init_s",
-                                   "d2d_move_s", "storage_move_s") if all(k in r for r in mine)}
+    for kind in dict.fromkeys(r["executor"] for r in rows):
+        mine = [r for r in rows if r["executor"] == kind and "failed" not in r]
+        failed = sum(1 for r in rows if r["executor"] == kind and "failed" in r)
+        if not mine:
+            summary[kind] = {"failed_runs": failed}
+            continue
+        stats = {k: {"median": statistics.median(r[k] for r in mine), "min": min(r[k] for r in mine),
+                     "max": max(r[k] for r in mine)}
+                 for k in ("launch_to_first_step_s", "launch_to_ranks_started_s", "rank_init_s", "d2d_move_s",
+                           "storage_move_s") if all(k in r for r in mine)}
+        summary[kind] = {"failed_runs": failed, **stats}
     result = {"model": MODEL, "reps": args.reps, "host": platform.node(), "cpus": os.cpu_count(),
               "load_avg_at_end": os.getloadavg(), "commit": commit, "summary": summary, "runs": rows}
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         for kind, s in summary.items():
+            print(f"{kind:14s} failed runs: {s['failed_runs']}")
             for k, v in s.items():
-                print(f"{kind:6s} {k:28s} median {v['median']:7.2f}  min {v['min']:7.2f}  max {v['max']:7.2f}")
+                if not isinstance(v, dict):
+                    continue
+                print(f"{kind:14s} {k:28s} median {v['median']:7.2f}  min {v['min']:7.2f}  max {v['max']:7.2f}")
     return 0
 
 

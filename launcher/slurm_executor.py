@@ -11,18 +11,22 @@ the jobs a crashed service left running (``find_running``, ``adopt``).
   ``--gres=gpu[:TYPE]:N`` where the nodes have GPU GRES; ``--partition``, ``--account``
   and the operator's extra options), named ``arena.<tag>.<job>.<launch>`` with a comment
   ``arena tag=<tag> job=<job> launch=<n>``, logging into the run folder. Its script runs
-  ``srun --mpi=pmi2 --kill-on-bad-exit=1 python -m launcher.worker CONFIG``: Slurm starts
-  every rank itself (MPICH's mpi4py reads Slurm's PMI-2), so ``scancel --signal`` reaches
-  every rank, a rank that fails takes the step down (like Hydra), and the script records
-  srun's exit status in ``slurm_exit`` before it ends.
+  the ranks with MPICH's ``mpiexec`` (Hydra, which sees the Slurm allocation and starts
+  one proxy per node with ``srun``; the same launcher and PMI as ``MpiExecutor``), or,
+  with ``launcher="srun"``, ``srun --mpi=pmi2 --kill-on-bad-exit=1`` (Slurm's own PMI-2:
+  once in about twenty launches here MPICH's segmented business cards reached Slurm's
+  PMI-2 server garbled and the launch died in ``MPI_Init``, a known incompatibility; hence
+  Hydra by default). The script records the launcher's exit status in ``slurm_exit``.
 - **State**: one ``squeue`` for all of the executor's jobs at most every ``poll_s``
   seconds (sooner once a launch's ``slurm_exit`` appears); a job Slurm no longer lists is
   looked up in ``sacct`` where accounting is enabled. While Slurm does not answer (the
   controller down), a launch runs on as far as the executor knows (``slurm_error`` says
   why), stop and kill say nothing (the ``stop`` file still reaches the ranks), and a
   launch whose script wrote its exit status ends ``EXIT_GRACE_S`` later.
-- **Stop**: the ``stop`` file, then ``scancel --signal=TERM`` (to the ranks): they
-  checkpoint at the end of the step and exit; after ``stop_timeout_s``, ``scancel
+- **Stop**: the ``stop`` file in the (shared) run folder: rank 0 reads it at every step
+  and all ranks agree on it, so they checkpoint at the end of the step and exit (what
+  SIGTERM would do; with ``launcher="srun"`` a ``scancel --signal=TERM`` goes to the
+  ranks too); a launch still pending is cancelled. After ``stop_timeout_s``, ``scancel
   --signal=KILL --full`` and ``scancel``.
 - **A run Slurm ended** (an outside ``scancel``, time limit, node failure, preemption)
   that did not finish training is a failed run, whose reason names the Slurm state; the
@@ -61,12 +65,13 @@ from .mpi_executor import LaunchedJobProgress, MpiExecutor, MpiExecutorConfig, _
 from .telemetry import read_progress
 from .worker import EVENTS_FILE
 
-EXIT_FILE = "slurm_exit"                 # in the run folder: srun's exit status, written by the batch script
+EXIT_FILE = "slurm_exit"                 # in the run folder: the rank launcher's exit status, written by the script
 JOB_ID_FILE = "slurm_job_id"             # in the run folder: the launch's Slurm job id
 SCRIPT_FILE = "slurm_job.sh"
 NO_EXIT_STATUS = -1                      # the batch script ended without writing its status (killed)
 EXIT_GRACE_S = 10.0                      # after slurm_exit appears, how long Slurm may still list the job running
-MPI_PLUGINS = ("pmi2", "pmix")
+LAUNCHERS = ("mpiexec", "srun")         # how the batch script starts the ranks
+MPI_PLUGINS = ("pmi2", "pmix")           # srun --mpi, with launcher="srun"
 # sbatch options the executor sets itself: an operator's --slurm-opt may not set them
 OWN_OPTIONS = frozenset({"nodelist", "w", "nodes", "N", "ntasks", "n", "ntasks-per-node", "gres", "job-name", "J",
                          "comment", "output", "o", "error", "e", "open-mode", "chdir", "D", "parsable", "wrap",
@@ -97,7 +102,8 @@ class SlurmExecutorConfig:
     options: tuple[str, ...] = ()               # extra sbatch options, "KEY=VALUE" or "KEY" (--slurm-opt)
     conf: str | None = None                     # SLURM_CONF for every Slurm command; None: Slurm's default
     command_timeout_s: float = 30.0
-    mpi: str = "pmi2"                           # srun --mpi
+    launcher: str = "mpiexec"                   # "mpiexec": MPICH's Hydra in the allocation; "srun": srun --mpi
+    mpi: str = "pmi2"                           # srun --mpi, with launcher="srun"
     poll_s: float = 1.0                         # squeue at most this often
 
     def __post_init__(self):
@@ -114,6 +120,8 @@ class SlurmExecutorConfig:
             if m.group(1) in OWN_OPTIONS:
                 raise InputError(f"{opt!r}: the executor sets --{m.group(1)} itself (placement, names, logs); "
                                  f"use --partition/--account for those", field="--slurm-opt")
+        if self.launcher not in LAUNCHERS:
+            raise InputError(f"must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}", field="launcher")
         if self.mpi not in MPI_PLUGINS:
             raise InputError(f"must be one of {', '.join(MPI_PLUGINS)}, got {self.mpi!r}", field="mpi")
         if not self.poll_s > 0:
@@ -210,13 +218,13 @@ class SlurmRun:
         return rc
 
     def request_stop(self) -> None:
-        """SIGTERM to the ranks (the ``stop`` file, written first by the executor, reaches them
-        too when Slurm does not answer)."""
+        """The ``stop`` file (written first by the executor) asks the ranks to checkpoint and
+        exit; here a pending job is cancelled, and under ``srun`` the ranks get SIGTERM too."""
         try:
             job = self.ex._slurm_job(self.slurm_job_id, fresh=True, after=self.submitted_at)
             if job is not None and job.state == "PENDING":      # nothing started: nothing to checkpoint
                 self.ex._scancel(self.slurm_job_id)
-            else:
+            elif self.ex.slurm.launcher == "srun":
                 self.ex._scancel("--signal=TERM", self.slurm_job_id)
         except InputError as e:
             self.ex.slurm_error = e.reason
@@ -233,8 +241,8 @@ class SlurmRun:
         if self.reason and self.reason not in ("None", "(null)"):
             how += f" ({self.reason})"
         if returncode == NO_EXIT_STATUS:
-            return how + ", its batch script killed before it saw srun end"
-        return how + f", srun exit status {returncode}"
+            return how + f", its batch script killed before it saw {self.ex.slurm.launcher} end"
+        return how + f", {self.ex.slurm.launcher} exit status {returncode}"
 
 
 class SlurmExecutor(MpiExecutor):
@@ -315,11 +323,17 @@ class SlurmExecutor(MpiExecutor):
             f"# arena launch in {cfg.run_dir} (written by launcher/slurm_executor.py)",
             f"export {env}",
             f"export PYTHONPATH={q(_launch.REPO_ROOT)}${{PYTHONPATH:+:$PYTHONPATH}}",
-            f"srun --mpi={self.slurm.mpi} --kill-on-bad-exit=1 --ntasks-per-node={ranks_per_node} "
-            f"{q(sys.executable)} -m launcher.worker {q(str(config_path))}",
+            self._rank_launcher(cfg, ranks_per_node) + f" {q(sys.executable)} -m launcher.worker {q(str(config_path))}",
             "rc=$?",
             f"echo $rc > {q(str(exit_file))}.tmp && mv -f {q(str(exit_file))}.tmp {q(str(exit_file))}",
             "exit $rc", ""])
+
+    def _rank_launcher(self, cfg: TrainConfig, ranks_per_node: int) -> str:
+        if self.slurm.launcher == "srun":
+            return f"srun --mpi={self.slurm.mpi} --kill-on-bad-exit=1 --ntasks-per-node={ranks_per_node}"
+        # Hydra reads the nodes from the allocation and starts its proxies there with srun
+        return (f"{shlex.quote(_launch.mpiexec_path())} -print-all-exitcodes -n {cfg.plan.world_size} "
+                f"-ppn {ranks_per_node}")
 
     # --- Slurm state ------------------------------------------------------------------------------
     def _slurm_job(self, slurm_job_id: int, *, fresh: bool = False, after: float = 0.0) -> SlurmJob | None:
