@@ -66,9 +66,17 @@ def wait_steps(ex, job_id: str, n: int, timeout_s: float = 300.0) -> None:
     while len(read_results(ex.run_dir(job_id))) < n:
         if time.monotonic() - t0 > timeout_s:
             raise RuntimeError(f"{job_id}: fewer than {n} steps after {timeout_s} s")
-        if ex.has_events():
-            raise RuntimeError(f"{job_id}: the run ended early: {ex.progress(job_id)}")
+        p = ex.progress(job_id)
+        if p.failed or p.finished:
+            raise RuntimeError(f"{job_id}: the run ended early: {p.failed or 'finished'}")
         time.sleep(0.05)
+
+
+def _launch_tail(ex, job_id: str) -> str:
+    try:
+        return (Path(ex.run_dir(job_id)) / "stderr.log").read_text(errors="replace")[-1500:]
+    except (KeyError, OSError):
+        return ""
 
 
 def one_run(ex, kind: str, rep: int, allocs: dict, steps_between: int) -> dict:
@@ -152,8 +160,11 @@ def main(argv=None) -> int:
                 try:
                     row = one_run(ex, kind, rep, local if kind == "local" else on_slurm, args.steps_between)
                 except RuntimeError as e:           # a launch that failed: counted, not measured
-                    say(f"{kind} rep {rep}: {e}")
-                    rows.append({"executor": kind, "rep": rep, "failed": str(e)[:500]})
+                    jid = f"{kind}{rep}"
+                    err = _launch_tail(ex, jid)
+                    say(f"{kind} rep {rep}: {e}\n{err}")
+                    rows.append({"executor": kind, "rep": rep, "failed": str(e)[:500], "stderr_tail": err})
+                    ex.close()                      # nothing of it left holding nodes
                     continue
                 say(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()
                                 if not isinstance(v, dict)}))
