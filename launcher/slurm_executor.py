@@ -14,9 +14,9 @@ the jobs a crashed service left running (``find_running``, ``adopt``).
   the ranks with MPICH's ``mpiexec`` (Hydra, which sees the Slurm allocation and starts
   one proxy per node with ``srun``; the same launcher and PMI as ``MpiExecutor``), or,
   with ``launcher="srun"``, ``srun --mpi=pmi2 --kill-on-bad-exit=1`` (Slurm's own PMI-2:
-  once in about twenty launches here MPICH's segmented business cards reached Slurm's
-  PMI-2 server garbled and the launch died in ``MPI_Init``, a known incompatibility; hence
-  Hydra by default). The script records the launcher's exit status in ``slurm_exit``.
+  4 of about 27 launches here died in ``MPI_Init``, MPICH's business card garbled on its
+  way through Slurm's PMI-2 server or its shared-memory bootstrap failing; hence Hydra by
+  default). The script records the launcher's exit status in ``slurm_exit``.
 - **State**: one ``squeue`` for all of the executor's jobs at most every ``poll_s``
   seconds (sooner once a launch's ``slurm_exit`` appears); a job Slurm no longer lists is
   looked up in ``sacct`` where accounting is enabled. While Slurm does not answer (the
