@@ -26,6 +26,7 @@ from .d2d import MOVE_FILE
 from .worker import CHECKPOINT_FILE, EVENTS_FILE, EXITS_DIR, PIDS_DIR, RESULTS_FILE, STOP_FILE
 
 RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 LAUNCH_FILES = ("results.jsonl", "events.jsonl", "progress.json", "stdout.log", "stderr.log")
 PREVIOUS_DIR = "previous"
 # MPICH's (Hydra's) failure banner and exit-code line: the launcher reports a failure in
@@ -87,10 +88,9 @@ def build_command(cfg: TrainConfig, config_path: str | os.PathLike, hostfile: st
     return cmd + [sys.executable, "-m", "launcher.worker", str(config_path)]
 
 
-def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) -> subprocess.Popen:
-    """Write the run's config and start mpiexec in its own session (so it can be signalled
-    as a group). ``echo``: stream rank output to this process's stdout/stderr instead of the
-    run directory's log files."""
+def prepare_run_dir(cfg: TrainConfig) -> Path:
+    """Make the run directory ready for a launch: an earlier launch's files archived, stale
+    control files removed, the run's ``config.json`` written (its path returned)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     archive_previous_launch(run_dir)
@@ -102,9 +102,24 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
         shutil.rmtree(run_dir / d, ignore_errors=True)
     config_path = run_dir / "config.json"
     cfg.write(config_path)
+    return config_path
+
+
+def rank_env() -> dict[str, str]:
+    """The environment ranks run in: this one, one thread per rank, and the repository on
+    ``PYTHONPATH`` (so ``python -m launcher.worker`` imports this tree)."""
     env = {**os.environ, **RANK_ENV}
-    repo_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) -> subprocess.Popen:
+    """Write the run's config and start mpiexec in its own session (so it can be signalled
+    as a group). ``echo``: stream rank output to this process's stdout/stderr instead of the
+    run directory's log files."""
+    run_dir = Path(cfg.run_dir)
+    config_path = prepare_run_dir(cfg)
+    env = rank_env()
     if echo:
         out, err = None, None
     else:
@@ -125,9 +140,7 @@ def start_joiners(cfg: TrainConfig, move_path: str | os.PathLike, offset: int, c
     positions ``offset ..`` (``launcher.worker MOVE.json --join OFFSET``), logging to
     ``join_<generation>.stdout.log`` / ``.stderr.log`` in the run directory."""
     run_dir = Path(cfg.run_dir)
-    env = {**os.environ, **RANK_ENV}
-    repo_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+    env = rank_env()
     cmd = [mpiexec_path(), "-print-all-exitcodes", "-n", str(count), sys.executable, "-m", "launcher.worker",
            str(move_path), "--join", str(offset)]
     out = open(run_dir / f"join_{generation}.stdout.log", "ab")

@@ -39,7 +39,6 @@ mapping every rank runs on this host.
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -53,6 +52,7 @@ from instances.models import get_model
 from . import d2d, move_record
 from . import launch as _launch
 from .config import MOVE_PATHS, OptimizerConfig, ParallelPlan, TrainConfig
+from .run_handle import LocalRun, RunHandle
 from .telemetry import NONFINITE, read_progress, write_progress
 from .validate import validate
 from .worker import STOP_FILE
@@ -131,7 +131,7 @@ class _Job:
     job: Any
     cfg: TrainConfig
     hostfile: str | None
-    proc: subprocess.Popen | None = None
+    proc: RunHandle | None = None               # the current launch's ranks (``launcher.run_handle``)
     launches: int = 0
     stopping: bool = False
     finished: bool = False
@@ -202,8 +202,12 @@ class MpiExecutor:
             "last_checkpoint_step") or 0)
         st.steps_final = False
         st.joiners, st.move_generation = [], 0
-        st.proc = _launch.start(cfg, hostfile)
+        st.proc = self._start_run(job, cfg, hostfile, alloc)
         st.launches += 1
+
+    def _start_run(self, job, cfg: TrainConfig, hostfile: str | None, alloc) -> RunHandle:
+        """Start the ranks of one launch (here: mpiexec on this host or over ``hostfile``)."""
+        return LocalRun(_launch.start(cfg, hostfile), cfg.run_dir)
 
     def stop(self, job_id: str, now_s: float) -> None:
         st = self._job(job_id)
@@ -211,15 +215,12 @@ class MpiExecutor:
             self._poll(st)
             return
         st.stopping = True
-        (Path(st.cfg.run_dir) / STOP_FILE).write_text("stop requested by MpiExecutor\n")
-        try:
-            os.kill(st.proc.pid, signal.SIGTERM)        # mpiexec forwards it to every rank
-        except ProcessLookupError:
-            pass
+        (Path(st.cfg.run_dir) / STOP_FILE).write_text("stop requested by the executor\n")
+        st.proc.request_stop()                          # SIGTERM to every rank
         try:
             st.proc.wait(timeout=self.config.stop_timeout_s)
         except subprocess.TimeoutExpired:
-            self._kill(st, signal.SIGKILL)
+            self._kill(st)
             st.proc.wait()
         self._wait_joiners(st)
         st.ended_at_s = self.now_s()
@@ -231,15 +232,17 @@ class MpiExecutor:
                            steps_total=st.cfg.steps, last_checkpoint_step=prog.get("last_checkpoint_step"),
                            iteration_time_s=prog.get("iteration_time_s"))
 
-    def release(self, job_id: str, now_s: float) -> None:
+    def release(self, job_id: str, now_s: float, *, target=None) -> None:
         """First half of a move, on the path ``released_path`` then names. ``"storage"``:
         stopped with a checkpoint (frees the GPUs for other movers). ``"d2d"``
         (``move_path="d2d"``, a running job on this host): nothing stops yet; the ranks
         keep training until ``reconfigure`` moves them (on one host nothing binds a rank
-        to the GPUs the allocation named)."""
+        to the GPUs the allocation named). ``target``: the allocation the job moves to,
+        where the caller knows it (an executor whose device-to-device moves depend on it
+        reads it)."""
         st = self._job(job_id)
         t0 = time.time()
-        if self._can_move_d2d(st):
+        if self._can_move_d2d(st, target):
             st.released_path = "d2d"
         else:
             self.stop(job_id, now_s)
@@ -259,11 +262,11 @@ class MpiExecutor:
         parts go to ``move_records``."""
         st = self._job(job_id)
         if st.released_at is None:
-            self.release(job_id, now_s)
+            self.release(job_id, now_s, target=alloc)
         t0, st.released_at = st.released_at, None
         path, reason = "storage", None
         if st.released_path == "d2d":
-            reason = self._move_d2d(st, alloc, plan, t0) if self._can_move_d2d(st) else \
+            reason = self._move_d2d(st, alloc, plan, t0) if self._can_move_d2d(st, alloc) else \
                 "the job ended before the move"
             if reason is None:
                 return
@@ -372,8 +375,8 @@ class MpiExecutor:
         """The job as it was launched."""
         return self._job(job_id).job
 
-    def process(self, job_id: str) -> subprocess.Popen | None:
-        """mpiexec of the job's current launch (None before any)."""
+    def process(self, job_id: str) -> RunHandle | None:
+        """The ranks of the job's current launch (None before any): ``.pid`` is mpiexec's."""
         return self._job(job_id).proc
 
     def run_dir(self, job_id: str) -> str:
@@ -391,7 +394,7 @@ class MpiExecutor:
         """Kill every job still running (no checkpoint)."""
         for st in self._jobs.values():
             if st.proc is not None and any(p.poll() is None for p in [st.proc, *st.joiners]):
-                self._kill(st, signal.SIGKILL)
+                self._kill(st)
                 for p in [st.proc, *st.joiners]:
                     p.wait()
 
@@ -407,10 +410,12 @@ class MpiExecutor:
             raise KeyError(f"job {job_id!r} was never launched by this executor")
         return self._jobs[job_id]
 
-    def _kill(self, st: _Job, sig: int) -> None:
-        _launch.kill_job(st.proc, st.cfg.run_dir, sig)
+    def _kill(self, st: _Job) -> None:
+        """SIGKILL to every process of the job (its launch and processes that joined a move)."""
+        if st.proc is not None:
+            st.proc.kill()
         for p in st.joiners:
-            _launch.kill_job(p, st.cfg.run_dir, sig)
+            _launch.kill_job(p, st.cfg.run_dir, signal.SIGKILL)
 
     def _wait_joiners(self, st: _Job) -> None:
         """Processes that joined a move end with the job (same last step); kill stragglers."""
@@ -422,7 +427,9 @@ class MpiExecutor:
                 p.wait()
 
     # --- device-to-device moves ------------------------------------------------------------
-    def _can_move_d2d(self, st: _Job) -> bool:
+    def _can_move_d2d(self, st: _Job, target=None) -> bool:
+        """Whether a move of ``st`` (to ``target``, where known) can go device to device: here,
+        a running job on this host with no hostfile."""
         return (self.config.move_path == "d2d" and not self.config.node_hosts and st.hostfile is None
                 and st.proc is not None and st.proc.poll() is None and not st.stopping
                 and all(p.poll() is None for p in st.joiners))
@@ -478,7 +485,7 @@ class MpiExecutor:
         except subprocess.TimeoutExpired:
             pass
         if any(p.poll() is None for p in [st.proc, *st.joiners]):
-            self._kill(st, signal.SIGKILL)
+            self._kill(st)
         for p in [st.proc, *st.joiners]:
             p.wait()
         self._poll(st)
@@ -549,7 +556,7 @@ class MpiExecutor:
         if oom:
             self._out_of_memory.add((st.job.job_id, st.shape))
         st.failed = ("out of memory: " if oom else "") + (
-            f"mpiexec exited with status {rc} (progress status {prog.get('status')!r}; ranks that did "
+            f"{st.proc.describe_end(rc)} (progress status {prog.get('status')!r}; ranks that did "
             f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
         write_progress(st.cfg.progress_path, status="failed",
                        iterations_done=prog.get("last_checkpoint_step") or 0, steps_total=st.cfg.steps,

@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (if needed), the browser the status-page test drives
-# (Debian's chromium, when running as root and it is missing), then lint (ruff),
+# Set up a virtual environment (if needed), the browser the status-page test drives and the Slurm
+# daemons the Slurm tests start (Debian's chromium, slurmctld, slurmd, slurm-client and munge, when
+# running as root and they are missing), then lint (ruff),
 # type-check the seams (mypy, files listed in pyproject.toml, beside the tests) and run the whole test suite.
 # Fails when no test ran (pytest exit code 5), so CI never passes on an empty run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# Debian's chromium installs in the background while pip works (both mostly wait on the network).
-browser_pid=""
-if ! command -v chromium >/dev/null 2>&1; then
+# Debian's chromium (the status-page test) and Slurm with munge (the Slurm tests: a real cluster of
+# several slurmd on this host, tests/slurm_cluster.py) install in the background while pip works
+# (both mostly wait on the network).
+apt_pkgs=""
+command -v chromium >/dev/null 2>&1 || apt_pkgs="chromium"
+for b in slurmctld slurmd sinfo munged; do
+  if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$b" >/dev/null 2>&1; then
+    apt_pkgs="$apt_pkgs slurmctld slurmd slurm-client munge"
+    break
+  fi
+done
+apt_pid=""
+if [ -n "$apt_pkgs" ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "scripts/test.sh: installing Debian's chromium for the status-page test" >&2
-    browser_log=$(mktemp)
-    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >"$browser_log" 2>&1 &
-    browser_pid=$!
+    echo "scripts/test.sh: installing Debian's$apt_pkgs for the status-page and Slurm tests" >&2
+    apt_log=$(mktemp)
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $apt_pkgs) >"$apt_log" 2>&1 &
+    apt_pid=$!
   else
-    echo "scripts/test.sh: no chromium (apt-get install chromium): the status-page test will be skipped" >&2
+    echo "scripts/test.sh: not root or no apt-get: cannot apt-get install$apt_pkgs; the tests that need" \
+         "them (status page: chromium; Slurm: Slurm as root) are skipped, each saying why" >&2
   fi
 fi
 if [ ! -x .venv/bin/python ]; then
@@ -29,9 +41,9 @@ fi
 mypy_log=$(mktemp)
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-if [ -n "$browser_pid" ] && ! wait "$browser_pid"; then
-  echo "scripts/test.sh: installing chromium failed:" >&2
-  tail -20 "$browser_log" >&2
+if [ -n "$apt_pid" ] && ! wait "$apt_pid"; then
+  echo "scripts/test.sh: installing$apt_pkgs failed:" >&2
+  tail -20 "$apt_log" >&2
   exit 1
 fi
 # One pytest worker per core (pytest-xdist; at most 4): most tests wait on subprocesses

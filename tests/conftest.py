@@ -17,3 +17,29 @@ def pytest_collection_modifyitems(config, items):
     started first, the long tests no longer end the run alone on one worker while the
     other waits (the order of the tests is otherwise kept; no test depends on it)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm cluster on this host (``tests/slurm_cluster.py``): nodes n1 and n2 with two
+    fake GPUs each (GRES ``gpu:a100:2``), n3 CPU-only, partition ``arena``; one per pytest
+    process (each xdist worker its own: own munged, ports and folder), started on first
+    use (about 1.5 s), stopped at the end. Skipped, saying why in one line, when not root
+    or Slurm is not installed."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tests.slurm_cluster import SlurmCluster, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="arena-slurm-", dir="/tmp"))   # short: munged's socket path
+    cluster = SlurmCluster(root)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
