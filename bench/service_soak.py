@@ -1,4 +1,4 @@
-"""The service's soak under load, printed: ``arena serve --local-slots 2 --local-nodes 2``
+"""The service's soak under load, printed: ``arena serve --local-slots 3 --local-nodes 2``
 with real torch jobs, 200 submissions from 8 concurrent clients (keys, some sent again,
 some twice at once), cancels, holds and releases while it runs, and the service SIGKILLed
 at 10 seeded random moments and started again at once (engine/service/soak.py says what

@@ -19,7 +19,7 @@ from engine.service.soak import RankSampler, SoakConfig, analyse, format_report,
 
 SHORT = SoakConfig(submissions=12, clients=3, kills=2, steps=(5, 15), submit_window_s=10.0,
                    repeat_share=0.3, twin_share=0.15, cancel_share=0.2, hold_share=0.2, release_share=0.5,
-                   act_after_s=(0.5, 8.0), settle_timeout_s=240.0, timeout_s=480.0)
+                   act_after_s=(0.5, 8.0), settle_stall_s=120.0, timeout_s=480.0, slots=2)
 
 
 @pytest.mark.slow

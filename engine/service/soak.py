@@ -10,7 +10,8 @@ What it measures (``SoakReport``), each from outside the service:
 - **jobs lost**: every submission the service accepted (an id answered for its key) must
   end finished, cancelled (a cancel was accepted) or held (a hold was accepted and not
   released), none missing from the database, failed, or still queued or running when the
-  run settles (``settle_timeout_s`` after the clients and the kills are done);
+  run settles: after the clients and the kills are done, it waits while jobs keep settling,
+  and ends when every job has or none has for ``settle_stall_s`` (a stuck job);
 - **duplicate submissions**: every answer for one key names the same job, including two
   sends of one key at the same moment from two threads, and the database holds one job
   per key;
@@ -60,11 +61,11 @@ class SoakConfig:
     clients: int = 8                     # concurrent clients (threads), each with its own seeded behaviour
     kills: int = 10                      # SIGKILLs of the service, at seeded random moments
     seed: int = 1
-    slots: int = 2                       # per node (--local-slots)
+    slots: int = 3                       # per node (--local-slots)
     nodes: int = 2                       # --local-nodes
     model: str = "tiny-gpt__2L"
     global_batch: int = 8
-    steps: tuple[int, int] = (20, 80)    # each job's steps, drawn in this range
+    steps: tuple[int, int] = (20, 60)    # each job's steps, drawn in this range
     step_delay_s: float = 0.1            # --step-delay: a step lasts at least this long
     checkpoint_interval_s: float = 3.0   # --checkpoint-interval
     round_interval_s: float = 10.0       # --round-interval
@@ -78,7 +79,7 @@ class SoakConfig:
     act_after_s: tuple[float, float] = (1.0, 40.0)   # a repeat, cancel or hold comes this long after its submission
     read_every_s: tuple[float, float] = (0.5, 3.0)   # each client reads a status or a list this often
     sample_every_s: float = 0.25         # the process table's sampling period
-    settle_timeout_s: float = 600.0      # after the clients and kills: every job settled within this
+    settle_stall_s: float = 180.0        # after the clients and kills: jobs not settled when none has for this long
     startup_timeout_s: float = 120.0     # a (re)start answers /api/health within this
     request_timeout_s: float = 30.0      # a request unanswered this long while the service is up: a hang
     timeout_s: float = 3600.0            # the whole run
@@ -527,8 +528,7 @@ def run_soak(cfg: SoakConfig, tmp: Path, progress: Callable[[str], None] | None 
             if th.error is not None:
                 raise RuntimeError(f"{th.name} failed: {type(th.error).__name__}: {th.error}") from th.error
         say(f"{time.monotonic() - origin:.0f} s: clients and kills done; waiting for every job to settle")
-        unsettled = _settle(Client(url, timeout_s=cfg.request_timeout_s), min(deadline, time.monotonic()
-                                                                               + cfg.settle_timeout_s), say)
+        unsettled = _settle(Client(url, timeout_s=cfg.request_timeout_s), deadline, cfg.settle_stall_s, say)
     finally:
         stop.set()
         killer.stop.set()
@@ -542,10 +542,11 @@ def run_soak(cfg: SoakConfig, tmp: Path, progress: Callable[[str], None] | None 
                    {j: sorted(f) for j, f in left.items()}, rc, started_wall, time.time(), time.monotonic() - t0)
 
 
-def _settle(client: Client, deadline: float, say: Callable[[str], None]) -> list[dict]:
-    """Wait until every job is settled (ended, or held); those that are not by ``deadline``."""
+def _settle(client: Client, deadline: float, stall_s: float, say: Callable[[str], None]) -> list[dict]:
+    """Wait until every job is settled (ended, or held); those that are not when none has
+    settled for ``stall_s``, or at ``deadline``."""
     jobs: list = []
-    last = 0.0
+    last, fewest, settled_at = 0.0, math.inf, time.monotonic()
     while time.monotonic() < deadline:
         try:
             jobs = client.get("/api/jobs")          # type: ignore[assignment]
@@ -555,6 +556,11 @@ def _settle(client: Client, deadline: float, say: Callable[[str], None]) -> list
         open_jobs = [j for j in jobs if j["status"] not in SETTLED]
         if not open_jobs:
             return []
+        if len(open_jobs) < fewest:
+            fewest, settled_at = len(open_jobs), time.monotonic()
+        elif time.monotonic() - settled_at > stall_s:
+            say(f"no job settled for {stall_s:g} s; {len(open_jobs)} not settled")
+            break
         if time.monotonic() - last >= 15:
             last = time.monotonic()
             say(f"{len(open_jobs)} jobs not settled yet")
