@@ -148,6 +148,13 @@ class Service:
         self._phase = "starting"
         self._moves_written = 0                # ledger entries stored so far ...
         self._moves_open: list = []            # ... and those of them still open (rewritten as they change)
+        # the last round's parts, in seconds (bench/bench_service_round.py): ``adopt_s`` the
+        # executor polled, the store's requests read and carried out, submissions adopted;
+        # ``decide_s`` the policy; ``record_s`` the decision committed; ``carry_s`` the rest
+        # (context, placement, stops, moves and launches with their journal, invariants, the
+        # move ledger stored)
+        self.round_parts: dict[str, float] = {}
+        self._record_s = 0.0
 
     # ------------------------------------------------------------------------------
     def _alive(self, phase: str) -> None:
@@ -366,6 +373,7 @@ class Service:
     def step(self, now: float) -> RoundRecord:
         """One round at ``now`` (wall clock)."""
         loop, st = self.loop, self.loop.state
+        t_start = time.perf_counter()
         self._alive(f"round {self._round_index + 1}")
         interval = now - self._last_round if math.isfinite(self._last_round) else self.cfg.round_interval_s
         now = max(now, st.now_s)
@@ -414,12 +422,16 @@ class Service:
                 self.log(f"job {row.id} ({row.name}) submitted")
         self._apply_drains(now)
         self._round_index += 1
+        t_round, self._record_s = time.perf_counter(), 0.0
         try:
             rec = loop.round(now, self._round_index)
         finally:
             self.executor.stop_reasons.clear()         # a job that moved instead of stopping
         self._store_moves()
         self._last_round, self._trigger = now, ""
+        rest = time.perf_counter() - t_round
+        self.round_parts = {"adopt_s": t_round - t_start, "decide_s": rec.decision_time_s, "record_s": self._record_s,
+                            "carry_s": max(0.0, rest - rec.decision_time_s - self._record_s)}
         return rec
 
     def _admissions(self) -> list:
@@ -554,6 +566,7 @@ class Service:
 
     def _record_round(self, ctx: RoundContext, decisions: Decisions, rec: RoundRecord) -> None:
         """The decision, committed before it is carried out."""
+        t0 = time.perf_counter()
         info = dict(decisions.info)
         grids = {jid: str(g) for jid, g in decisions.grids.items()}
         plans = {jid: {"dp": p.dp, "tp": p.tp, "pp": p.pp} for jid, p in decisions.plans.items()}
@@ -571,6 +584,7 @@ class Service:
                                 solve_time_s=float(info.get("solve_wall_s", rec.decision_time_s)),
                                 objective=finite(info.get("objective")), gap=finite(info.get("gap")),
                                 decisions=recorded, keep=self.cfg.keep_rounds)
+        self._record_s += time.perf_counter() - t0
         self.fault("after-round-recorded")
 
     def shutdown(self) -> None:
