@@ -120,16 +120,17 @@ def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, 
 def queue_window(ctx: RoundContext, max_queued: int) -> tuple[RoundContext, int]:
     """``ctx`` with every running job and at most ``max_queued`` queued ones (0: all):
     those of the highest priority, then the earliest arrival, then the job id. Returns
-    it and how many queued jobs were left out; the jobs keep ``ctx``'s order."""
-    if max_queued <= 0:
-        return ctx, 0
+    it and how many queued jobs were left out, with those the round loop left out
+    already (``ctx.queued_left_out``: it builds views only for this window when the
+    policy has ``max_queued``); the jobs keep ``ctx``'s order."""
     queued = [v for v in ctx.jobs if v.current is None]
-    if len(queued) <= max_queued:
-        return ctx, 0
+    if max_queued <= 0 or len(queued) <= max_queued:
+        return ctx, ctx.queued_left_out
     keep = {id(v) for v in heapq.nsmallest(max_queued, queued,
                                             key=lambda v: (-v.job.priority, v.job.arrival_s, v.job.job_id))}
     jobs = tuple(v for v in ctx.jobs if v.current is not None or id(v) in keep)
-    return dataclasses.replace(ctx, jobs=jobs), len(queued) - max_queued
+    left_out = ctx.queued_left_out + len(queued) - max_queued
+    return dataclasses.replace(ctx, jobs=jobs, queued_left_out=left_out), left_out
 
 
 def parse_job_list(value: object) -> frozenset[str]:
