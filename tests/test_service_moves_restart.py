@@ -165,7 +165,9 @@ def test_one_service_per_state_and_a_moved_job_counts_its_steps_after_a_kill_9_r
     from engine.service.client import Client
     from engine.service.scenario import free_port
     from tests.test_engine_helpers import wait_until
-    db, work, steps = tmp_path / "state.db", tmp_path / "work", 120
+    # (steps: enough that the job is still running after two refused services have started
+    # and exited, and after the move and the restart, on a loaded CI host: at 120 it could finish first)
+    db, work, steps = tmp_path / "state.db", tmp_path / "work", 300
     first, second = _service(tmp_path, "serve.log"), None
     first.start()
     try:
