@@ -26,7 +26,7 @@ SERVICE_COMMANDS = ("serve", "submit", "status", "cancel", "hold", "release", "p
                     "logs", "rounds", "export-trace", "backup", "jobs")
 BENCH_COMMANDS = ("bench",)
 
-HEADER = """# Command-line reference: simulate, estimate, profile, bench, train
+HEADER = """# Command-line reference: simulate, estimate, profile, train
 
 Generated from the `arena` command's argparse parsers by `scripts/gen_cli_docs.py`; do not
 edit by hand: run `python scripts/gen_cli_docs.py` after changing a flag
