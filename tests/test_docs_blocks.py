@@ -31,7 +31,7 @@ from engine.service.scenario import free_port
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 INSTALL = "python3 -m venv"
-PAGES = ("extending.md",)
+PAGES = ("extending.md", "operators.md")
 
 pytestmark = pytest.mark.slow
 
@@ -105,3 +105,13 @@ def test_extending_runs_as_written(tmp_path):
     assert re.search(r"^sjf +[0-9.]+x \[", out, re.M), out[-3000:]           # paired.py read the comparison
     assert re.search(r"^arena-compact +[0-9.]+x \[", out, re.M), out[-3000:]
     assert re.search(r"first +finished", out), out[-3000:]                   # the live job ran under sjf
+
+
+def test_operators_runs_as_written(tmp_path):
+    out = run_page("operators.md", tmp_path, timeout_s=300)
+    ops = tmp_path / "clone" / "ops"
+    assert "already submitted as job 1" in out, out[-3000:]                 # the key made it idempotent
+    assert "drained: maintenance" in out, out[-3000:]
+    assert (ops / "backup.db").is_file() and (ops / "state" / "restored.db").is_file()
+    assert re.search(r"service restarted; resumes from step \d+", out), out[-3000:]   # the kill -9 cost
+    assert re.search(r"^ +1 nightly +finished", out, re.M), out[-3000:]
