@@ -2,7 +2,9 @@
 # Set up a virtual environment (if needed), the browser the status-page test drives and the Slurm
 # daemons the Slurm tests start (Debian's chromium, slurmctld, slurmd, slurm-client and munge, when
 # running as root and they are missing), then lint (ruff),
-# type-check the seams (mypy, files listed in pyproject.toml, beside the tests) and run the whole test suite.
+# type-check the seams (mypy, files listed in pyproject.toml, beside the tests), build the documentation
+# site (mkdocs build --strict into a temporary folder: a broken link or anchor, or a page left out of
+# mkdocs.yml's navigation, fails) and run the whole test suite.
 # Fails when no test ran (pytest exit code 5), so CI never passes on an empty run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,13 +36,17 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || exit 1
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[torch,service,test]' || exit 1
+.venv/bin/python -m pip install -q -e '.[torch,service,test,docs]' || exit 1
 .venv/bin/ruff check . || exit 1
 # mypy (about 30 s cold, one core) runs beside the first tests; its verdict is awaited
 # before the tests' exit code is returned.
 mypy_log=$(mktemp)
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
+# The docs site (about 10 s), beside mypy; never written into the tree.
+docs_dir=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$docs_dir/site" >"$docs_dir/log" 2>&1 &
+docs_pid=$!
 if [ -n "$apt_pid" ] && ! wait "$apt_pid"; then
   echo "scripts/test.sh: installing$apt_pkgs failed:" >&2
   tail -20 "$apt_log" >&2
@@ -59,6 +65,15 @@ if [ "$mypy_rc" -ne 0 ]; then
   echo "scripts/test.sh: mypy failed (above)" >&2
   exit 1
 fi
+wait "$docs_pid"
+docs_rc=$?
+if [ "$docs_rc" -ne 0 ]; then
+  cat "$docs_dir/log" >&2
+  echo "scripts/test.sh: mkdocs build --strict failed (above): a broken link or anchor, or a page not in mkdocs.yml's nav" >&2
+  rm -rf "$docs_dir"
+  exit 1
+fi
+rm -rf "$docs_dir"
 if [ "$rc" -eq 5 ]; then
   echo "scripts/test.sh: pytest collected no tests" >&2
   exit 1
