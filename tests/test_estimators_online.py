@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.allocation import Allocation
 from engine.core.context import JobView, RoundContext
 from engine.core.executor import JobProgress
 from engine.core.online_feed import OnlineFeed
@@ -21,6 +20,7 @@ from estimators import LearnsOnline, make_performance_model
 from estimators.base import EstimatesInBulk
 from estimators.online import SHARED_WINDOW, ObservationStore, OnlineModel, OnlinePrior
 from estimators.perf import DpOnlyTwin
+from instances.allocation import Allocation
 from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job

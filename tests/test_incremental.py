@@ -282,8 +282,8 @@ def test_incremental_option_and_suika_are_validated():
 
 @pytest.mark.parametrize("search", ["milp", "incremental"])
 def test_stability_seam_freezes_a_job_in_both_searches(search):
-    from engine.core.allocation import Allocation
     from engine.core.context import JobView
+    from instances.allocation import Allocation
     from instances.grid import Grid, Shape
     from tests.test_policies_arena import TypeSpeedPerf, ctx_of, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from instances.allocation import Allocation
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from launcher.config import ParallelPlan
@@ -19,10 +20,8 @@ BATCH = 8
 LOSS_TOL = 1e-4                  # as tests/test_launcher_mpi.py
 
 
-class Alloc:                     # structurally engine.core.allocation.Allocation
-    def __init__(self, n: int, pp: int = 1):
-        self.grid = Grid(Shape("cpu", 1, n), pp=pp)
-        self.gpus = tuple((0, i) for i in range(n))
+def Alloc(n: int, pp: int = 1) -> Allocation:
+    return Allocation(Grid(Shape("cpu", 1, n), pp=pp), tuple((0, i) for i in range(n)))
 
 
 def plan(text: str, mb: int = 1) -> ParallelPlan:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.allocation import Allocation
 from engine.core.executor import JobProgress
-from estimators.base import Plan
+from instances.allocation import Allocation
 from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job
+from instances.plan import Plan
 from launcher.launch import rank_pids, ranks_not_done, read_events, read_results
 from launcher.mpi_executor import LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
 from launcher.reference import train_reference
@@ -122,8 +122,8 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
 
 OOM_CHILD = """
 import json, sys
-from engine.core.allocation import Allocation
-from estimators.base import Plan
+from instances.allocation import Allocation
+from instances.plan import Plan
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.models import get_model

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.allocation import Allocation
 from engine.core.context import JobView, RoundContext
 from engine.core.policy import make_policy
 from engine.core.reconfig import ReconfigCostModel
 from estimators.base import Estimate
+from instances.allocation import Allocation
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
 from instances.grid import Grid, Shape

@@ -89,10 +89,10 @@ def test_a_moves_ledger_entry_is_stored_before_its_new_launch_is(tmp_path):
     """The journal's order for a move: its ledger entry is committed before the second
     half's launch intent, so a service killed in between leaves no move the ledger lacks
     (recovery then carries the entry on, or closes it at the job's progress)."""
-    from engine.core.allocation import Allocation
     from engine.core.policy import make_policy
     from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
+    from instances.allocation import Allocation
     from instances.cluster import ClusterSpec, NodeGroup
     from tests.test_engine_helpers import grid
 

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.allocation import Allocation
 from engine.core.context import ChangeHistory, Decisions, JobView
 from engine.core.policy import make_policy
 from engine.core.reconfig import ReconfigCostModel
 from engine.decide.stability import StabilityRule
 from engine.sim.simulator import simulate
+from instances.allocation import Allocation
 from instances.builtin import get_instance
 from instances.errors import InputError
 from launcher.reshard_plan import changed_owner_bytes

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from estimators.base import PerformanceModel, Plan
+from estimators.base import PerformanceModel
+from instances.allocation import Allocation, GpuId
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
-
-from .allocation import Allocation, GpuId
-from .quick_init import quick_init
+from instances.plan import Plan
+from instances.quick_init import quick_init
 
 if TYPE_CHECKING:
     from .reconfig import ReconfigCostModel
