@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.core.context import JobView, RoundContext
-from engine.core.policy import make_policy
+from engine.core.policy import Policy, make_policy
 from engine.core.reconfig import ReconfigCostModel
 from estimators.base import Estimate
 from instances.allocation import Allocation
@@ -163,7 +163,7 @@ def test_the_round_loop_builds_views_only_for_the_policy_window_and_the_simulati
     perf = make_performance_model("table")
     seen = []
 
-    class Watch:
+    class Watch(Policy):
         def __init__(self, policy):
             self.policy, self.name, self.max_queued = policy, policy.name, policy.max_queued
 

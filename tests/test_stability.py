@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.context import ChangeHistory, Decisions, JobView
-from engine.core.policy import make_policy
+from engine.core.policy import Policy, make_policy
 from engine.core.reconfig import ReconfigCostModel
 from engine.decide.stability import StabilityRule
 from engine.sim.simulator import simulate
@@ -92,7 +92,7 @@ def test_change_budget_allowance_is_paid_by_completions():
         RoundContext(0.0, 0, 300.0, inst.cluster, (), None, None)) is None
 
 
-class BudgetRecording:
+class BudgetRecording(Policy):
     """A policy that checks the wrapped policy moved at most its round's allowance of running jobs."""
 
     def __init__(self, inner):
@@ -138,7 +138,7 @@ def test_stability_config_is_validated(cfg):
         make_policy("arena", **cfg)
 
 
-class Recording:
+class Recording(Policy):
     """A policy that records what the wrapped policy decided for the jobs its rule froze."""
 
     def __init__(self, inner):

@@ -95,10 +95,10 @@ class RoundLoop:
         self.state = EngineState(cluster, list(jobs))
         self.placer = Placer(cluster)
         self.rounds: list[RoundRecord] = []
-        self.event_driven = bool(getattr(policy, "event_driven", False))
+        self.event_driven = policy.event_driven
         # queued jobs given to the policy (and the shadow): at most the larger of their
         # ``max_queued`` windows (0: every queued job, also when either has none)
-        windows = [int(getattr(p, "max_queued", 0) or 0) for p in (policy, shadow) if p is not None]
+        windows = [p.max_queued for p in (policy, shadow) if p is not None]
         self.queue_window = 0 if 0 in windows else max(windows)
         self._need_decide = True
         self._ended = False               # jobs finished or failed since the last round

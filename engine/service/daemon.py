@@ -115,8 +115,8 @@ class Service:
         """``lock``: this state's lock (lock.py), already taken (``arena serve`` takes it
         before it checks the port); else the service takes it before it opens the store."""
         self.cluster, self.cfg, self.log = cluster, cfg, log
-        self.policy_name = getattr(policy, "name", type(policy).__name__)
-        self.shadow_name = None if shadow is None else getattr(shadow, "name", type(shadow).__name__)
+        self.policy_name = policy.name
+        self.shadow_name = None if shadow is None else shadow.name
         self.fault = fault or (lambda point: None)
         Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
         self.lock = lock if lock is not None else ServiceLock.acquire(cfg.db_path, cfg.work_dir)

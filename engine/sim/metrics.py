@@ -155,7 +155,7 @@ def build_result(sim) -> SimResult:
         grid = str(r.alloc.grid) if r.alloc else ""
         la, rc = p.launch_lost_gpu_s, p.reconfig_lost_gpu_s
         why = never_placed_reason(j, r.infeasible_drops, r.packing_failures, dict(st.cluster.gpus_by_type),
-                                  getattr(sim.policy, "name", ""))[1] \
+                                  sim.policy.name)[1] \
             if r.submitted_s is not None and r.first_start_s is None else ""
         jobs.append(JobResult(
             j.job_id, j.model, j.global_batch, j.num_iterations, j.arrival_s, j.requested_gpu_type,
@@ -167,7 +167,7 @@ def build_result(sim) -> SimResult:
             r.evictions))
     summary = summarize(sim, jobs)
     return SimResult(summary, jobs, sim.rounds, getattr(sim.instance, "name", ""),
-                     getattr(sim.policy, "name", type(sim.policy).__name__), dict(st.cluster.gpus_by_type),
+                     sim.policy.name, dict(st.cluster.gpus_by_type),
                      list(sim.loop.moves.entries))
 
 
@@ -193,7 +193,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
     dec = [r.decision_time_s for r in sim.rounds if r.decided]
     s: dict = {
         "instance": getattr(sim.instance, "name", ""),
-        "policy": getattr(sim.policy, "name", type(sim.policy).__name__),
+        "policy": sim.policy.name,
         "perf": getattr(sim.loop.perf, "name", None),              # what the policy decided with (None: no model)
         "perf_runtime": getattr(sim.loop.perf, "runtime", None),   # the training runtime it assumed
         "seed": cfg.seed,

@@ -34,7 +34,7 @@ import numpy as np
 
 from engine.core.context import Decisions, JobView, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import register_policy
+from engine.core.policy import Policy, register_policy
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
@@ -74,7 +74,7 @@ class _Usage:
             self.used[t][li] += d
 
 
-class ElasticFlowLS:
+class ElasticFlowLS(Policy):
     KEYS = ("slack_factor", "heterogeneous", "max_gpus") + STABILITY_KEYS
 
     def __init__(self, *, ap: bool = False, **config):

@@ -181,7 +181,7 @@ def _with_default_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> di
     return merged
 
 
-class MilpPolicy:
+class MilpPolicy(Policy):
     """One optimization model per round over every job x candidate grid (see module doc)."""
 
     def __init__(self, spec: MilpPolicySpec, **config: Any):
