@@ -109,7 +109,7 @@ class BudgetRecording(Policy):
             assert all(v.job_id in d.grids for v in ctx.jobs if v.current is not None)
         self.moves_seen += len(moved)
         # info's "frozen" counts the rule's jobs only; the ones the budget held are apart
-        assert d.info.get("frozen", 0) == len(self.inner.stability.frozen(ctx)), d.info
+        assert d.stats.frozen == len(self.inner.stability.frozen(ctx)), d.stats
         return d
 
 

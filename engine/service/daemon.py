@@ -590,22 +590,23 @@ class Service:
     def _record_round(self, ctx: RoundContext, decisions: Decisions, rec: RoundRecord) -> None:
         """The decision, committed before it is carried out."""
         t0 = time.perf_counter()
-        info = dict(decisions.info)
+        stats = decisions.stats
         grids = {jid: str(g) for jid, g in decisions.grids.items()}
         plans = {jid: {"dp": p.dp, "tp": p.tp, "pp": p.pp} for jid, p in decisions.plans.items()}
         current = {v.job_id: str(v.current.grid) for v in ctx.jobs if v.current is not None}
 
         def finite(x: object) -> float | None:
             return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-        recorded = {"grids": grids, "plans": plans, "before": current, "status": str(info.get("status", "")),
+        recorded = {"grids": grids, "plans": plans, "before": current, "status": stats.status,
                     "jobs": len(ctx.jobs)}
         if rec.shadow is not None:           # the shadow policy's view of the same round (engine/core/shadow.py)
             recorded["shadow"] = rec.shadow.to_dict()
             if rec.shadow.error is not None:
                 self.log(f"shadow policy {rec.shadow.policy} failed this round: {rec.shadow.error}")
         self.store.record_round(policy=self.policy_name, trigger=self._trigger or "timer",
-                                solve_time_s=float(info.get("solve_wall_s", rec.decision_time_s)),
-                                objective=finite(info.get("objective")), gap=finite(info.get("gap")),
+                                solve_time_s=float(rec.decision_time_s if stats.solve_wall_s is None
+                                                   else stats.solve_wall_s),
+                                objective=finite(stats.objective), gap=finite(stats.gap),
                                 decisions=recorded, keep=self.cfg.keep_rounds)
         self._record_s += time.perf_counter() - t0
         self.fault("after-round-recorded")
