@@ -378,7 +378,7 @@ def test_live_round_loop_feeds_the_launchers_measurements(tmp_path):
         seen = []
         for k in range(1, 40):
             time.sleep(1.0)
-            loop.collect(float(k), 1.0)
+            loop.collect(float(k))
             loop.round(float(k), k)
             if m.store.of("0"):
                 seen.append((m.store.of("0")[g].iterations, m.store.of("0")[g].mean_s,

@@ -43,7 +43,7 @@ def _loop(n_jobs: int, policy: str = "fcfs") -> RoundLoop:
 
 def _step(loop: RoundLoop, k: int) -> None:
     now = k * INTERVAL
-    loop.collect(now, INTERVAL)
+    loop.collect(now)
     loop.round(now, k)
 
 

@@ -383,10 +383,9 @@ class Service:
         loop, st = self.loop, self.loop.state
         t_start = time.perf_counter()
         self._alive(f"round {self._round_index + 1}")
-        interval = now - self._last_round if math.isfinite(self._last_round) else self.cfg.round_interval_s
         now = max(now, st.now_s)
         nodes_of = {jid: r.alloc.nodes for jid, r in st.running.items() if r.alloc is not None}
-        ended = loop.collect(now, max(interval, 1e-6))
+        ended = loop.collect(now)
         for p in ended:
             r = st.jobs[p.job_id]
             # a run refused or out of memory for its shape: the shape's fault, not the node's or the job's
