@@ -155,7 +155,7 @@ class Service:
         # journal, invariants, the move ledger stored)
         self.round_parts: dict[str, float] = {}
         self._record_s = 0.0
-        # the idle loop's checks (_due) read the store only after another connection (the
+        # the idle loop's checks (due) read the store only after another connection (the
         # API, a command) committed to it, or after a round: its data version when a look
         # found nothing to act on (None: look)
         self._quiet_version: int | None = None
@@ -343,7 +343,7 @@ class Service:
                 if self.cfg.stop_after_s is not None and now - self.started_at >= self.cfg.stop_after_s:
                     self.log(f"stop-after {self.cfg.stop_after_s:g} s reached")
                     break
-                if self._due(now):
+                if self.due(now):
                     self.step(now)
                 self.wake.wait(self.cfg.poll_interval_s)
                 self.wake.clear()
@@ -352,7 +352,14 @@ class Service:
             self.shutdown()
             self._alive("stopped")
 
-    def _due(self, now: float) -> bool:
+    @property
+    def trigger(self) -> str:
+        """Why the next round happens ("" until ``due`` finds a reason; "start" before the first)."""
+        return self._trigger
+
+    def due(self, now: float) -> bool:
+        """Whether a round is due at ``now`` (the scheduler asks at every poll); when it is,
+        ``trigger`` says why. Reads the store only when it changed since the last look."""
         if now - self._last_round < self.cfg.min_round_gap_s:
             return False
         if self.wake.is_set() or self._trigger:
@@ -366,7 +373,7 @@ class Service:
             if self._drained() != self.loop.state.cluster.unavailable:
                 self._trigger = "node drained or returned"
                 return True
-            if self._admissions() or self.store.cancel_requests() or self.store.hold_requests():
+            if self.admissions() or self.store.cancel_requests() or self.store.hold_requests():
                 self._trigger = "submission, cancel, hold or release"
                 return True
             self._quiet_version = version
@@ -421,7 +428,7 @@ class Service:
         self._sync_priorities()
         outside = self._queued_outside_loop()         # (read once: the two below share it)
         ended = self._end_orphans(outside)
-        for row in self._admissions([r for r in outside if r.id not in ended]):
+        for row in self.admissions([r for r in outside if r.id not in ended]):
             if str(row.id) in st.jobs:                 # held, released since
                 loop.release(str(row.id), now)
                 self.log(f"job {row.id} ({row.name}) released")
@@ -451,7 +458,7 @@ class Service:
         return min((r.retry_after_s for r in self.loop.state.queued.values() if r.retry_after_s > now),
                    default=math.inf)
 
-    def _admissions(self, rows: list | None = None) -> list:
+    def admissions(self, rows: list | None = None) -> list:
         """Jobs queued in the store that the loop does not have queued or running: new
         submissions whose ``after`` jobs have all finished (and jobs queued before a
         restart), and held jobs released since. ``rows``: ``_queued_outside_loop()``,
