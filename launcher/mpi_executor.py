@@ -412,6 +412,11 @@ class MpiExecutor:
     def __exit__(self, *exc):
         self.close()
 
+    def launched_job(self, job_id: str) -> LaunchedJob:
+        """What the executor keeps of ``job_id`` (its launches, moves, failure); ``KeyError``
+        if it never launched it."""
+        return self._job(job_id)
+
     # --- internals ------------------------------------------------------------------------
     def _job(self, job_id: str) -> LaunchedJob:
         if job_id not in self._jobs:

@@ -39,8 +39,8 @@ def wait_for(pred, timeout_s=120.0):
 
 
 def all_results(ex, job_id):
-    return {r["step"]: r["loss"] for d in sorted({m["_run_dir"] for m in ex._job(job_id).moves} | {ex.run_dir(job_id)})
-            for r in read_results(d)}
+    dirs = {m["_run_dir"] for m in ex.launched_job(job_id).moves} | {ex.run_dir(job_id)}
+    return {r["step"]: r["loss"] for d in sorted(dirs) for r in read_results(d)}
 
 
 @pytest.mark.slow

@@ -98,7 +98,7 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
         detect_s = time.monotonic() - t_kill
         assert [e.job_id for e in events] == ["j1"] and events[0].failed, events
         assert detect_s < FAILURE_REPORT_S, detect_s
-        assert 1 in ranks_not_done(second_dir) and "did not reach the end" in ex._job("j1").failed
+        assert 1 in ranks_not_done(second_dir) and "did not reach the end" in ex.launched_job("j1").failed
         assert ex.runs_on(job, alloc(2).grid.shape)          # a killed rank is no memory verdict
         p = ex.progress("j1")
         assert not p.running and not p.finished and p.iterations_done == p.last_checkpoint_iteration

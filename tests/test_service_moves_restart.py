@@ -67,7 +67,7 @@ def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_an
         rows = {m["job_id"]: m for m in svc.store.moves()}
         for jid, resumed_at in ((died, 40.0), (shutdown, 50.0)):     # carried on: open, in this run's ledger
             assert rows[jid]["ended_at"] is None and rows[jid]["iterations_after"] == 20.0
-            assert svc.loop.moves._open[str(jid)].to_grid == BIG
+            assert svc.loop.moves.open_entry(str(jid)).to_grid == BIG
             r = svc.loop.state.jobs[str(jid)]
             assert r.status is JobStatus.QUEUED and r.iterations_done == resumed_at
             # relaunched where the move put it, the job's steps since the restart count
