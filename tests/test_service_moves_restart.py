@@ -77,7 +77,7 @@ def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_an
         assert (rows[preempted]["end_reason"], rows[preempted]["iterations_after"]) == ("service restarted", 25.0)
         assert rows[preempted]["ended_at"] == pytest.approx(preempted_at)
         assert any("2 open move(s) of the last run carried on" in m for m in logs), logs
-        svc._store_moves()
+        svc.store_moves()
         assert all(m["end_reason"] == "finished" and m["iterations_after"] == 90.0
                    for m in svc.store.moves() if m["job_id"] in (died, shutdown))
         assert svc.store.check() == []
