@@ -1,7 +1,7 @@
 """Does the profiler's cache model explain a whole step? One process, interleaved.
 
 For each model: every distinct layer is timed as the profiler times it
-(``profiler._time_layer``: cold after the profiler's cache flush, warm repeated at once,
+(``profiler.time_layer``: cold after the profiler's cache flush, warm repeated at once,
 and its working set), and a real forward + backward of the launcher's whole model on one
 rank at the same batch is timed in the same process, round after round, so that the
 host's load drifts over all of them alike. Reported per round and as the median over the
@@ -27,7 +27,7 @@ def measure(model: str, batch: int, rounds: int, steps: int = 5) -> dict:
     import torch
 
     from estimators.evaluation.local_accuracy import cache_hit
-    from estimators.profiler import ProfilerConfig, _time_layer, build_layer
+    from estimators.profiler import ProfilerConfig, build_layer, time_layer
     from instances.models import get_model
     from launcher.model import build_model, loss_fn
     torch.set_num_threads(1)
@@ -48,7 +48,7 @@ def measure(model: str, batch: int, rounds: int, steps: int = 5) -> dict:
         target = torch.randint(0, specs[-1].signature[1], (batch,))
     out = []
     for _ in range(rounds):
-        t = {k: _time_layer(mod, make, batch, cfg, "cpu") for k, (mod, make) in layers.items()}
+        t = {k: time_layer(mod, make, batch, cfg, "cpu") for k, (mod, make) in layers.items()}
         per = [t[(s.kind, tuple(s.signature))] for s in specs]
         cold = sum(p.fwd_s + p.bwd_s for p in per)
         warm = sum(p.warm_fwd_s + p.warm_bwd_s for p in per)

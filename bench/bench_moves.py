@@ -44,11 +44,11 @@ def log(msg: str) -> None:
     print(f"[bench-moves] {msg}", file=sys.stderr, flush=True)
 
 
-class _Alloc:                       # structurally engine.core.allocation.Allocation
-    def __init__(self, n: int):
-        from instances.grid import Grid, Shape
-        self.grid = Grid(Shape("cpu", 1, n), pp=1)
-        self.gpus = tuple((0, i) for i in range(n))
+def _alloc(n: int):
+    """``n`` CPU slots on node 0 (one grid stage)."""
+    from instances.allocation import Allocation
+    from instances.grid import Grid, Shape
+    return Allocation(Grid(Shape("cpu", 1, n), pp=1), tuple((0, i) for i in range(n)))
 
 
 def run_chain(model: str, path: str, rep: int, steps_between: int, batch: int, work: Path,
@@ -67,13 +67,13 @@ def run_chain(model: str, path: str, rep: int, steps_between: int, batch: int, w
     job_id = f"{Path(model).stem}-{path}-{rep}"
     t_end = time.monotonic() + timeout_s
     with ex:
-        ex.launch(Job(job_id, model, batch, steps, 0.0), _Alloc(plans[0].world_size), plans[0], 0.0)
+        ex.launch(Job(job_id, model, batch, steps, 0.0), _alloc(plans[0].world_size), plans[0], 0.0)
         for i, p in enumerate(plans[1:], 1):
             while ex.progress(job_id).iterations_done < steps_between * i:
                 if time.monotonic() > t_end or ex.progress(job_id).failed:
                     raise RuntimeError(f"{job_id}: no progress ({ex.progress(job_id).failed})")
                 time.sleep(0.02)
-            ex.reconfigure(job_id, _Alloc(p.world_size), p, 0.0)
+            ex.reconfigure(job_id, _alloc(p.world_size), p, 0.0)
             rec = ex.move_records(job_id)[-1]
             log(f"{job_id}: move {i} {rec['kind']} by {rec['path']}")
         while not (ex.progress(job_id).finished or ex.progress(job_id).failed):

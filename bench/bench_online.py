@@ -45,7 +45,6 @@ import time
 
 import numpy as np
 
-from engine.core.allocation import Allocation
 from engine.core.executor import JobProgress
 from engine.core.online_feed import OnlineFeed
 from engine.core.reconfig import ReconfigCostModel
@@ -53,6 +52,7 @@ from engine.sim.sim_executor import DEFAULT_ITERATION_NOISE_CV, SimExecutor
 from estimators import make_performance_model
 from estimators.evaluation.online_prior import fit_prior_to_points, measured_points
 from estimators.online import OnlineModel, OnlinePrior
+from instances.allocation import Allocation
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.measurements import load_measured_iter_times

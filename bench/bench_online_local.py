@@ -29,10 +29,10 @@ import sys
 import tempfile
 import time
 
-from engine.core.allocation import Allocation
 from engine.core.online_feed import OnlineFeed
 from estimators import make_performance_model
 from estimators.online import OnlineModel
+from instances.allocation import Allocation
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from launcher.launch import read_results

@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from estimators.base import Plan  # noqa: E402
+from instances.allocation import Allocation  # noqa: E402
 from instances.grid import Grid, Shape  # noqa: E402
 from instances.jobs import Job  # noqa: E402
+from instances.plan import Plan  # noqa: E402
 from instances.slurm import SlurmCommands, discover  # noqa: E402
 from launcher.launch import read_events, read_results  # noqa: E402
 from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig  # noqa: E402
@@ -50,11 +51,10 @@ DP2 = Plan(pp=1, dp=2, tp=1, stage_layers=(4,))
 PP2 = Plan(pp=2, dp=1, tp=1, stage_layers=(2, 2), microbatches=2)
 
 
-class Alloc:                                  # structurally engine.core.allocation.Allocation
-    def __init__(self, gpu_type: str, placed: tuple[tuple[int, int], ...], pp: int = 1):
-        nodes = sorted({n for n, _ in placed})
-        self.grid = Grid(Shape(gpu_type, len(nodes), len(placed) // len(nodes)), pp=pp)
-        self.gpus = placed
+def Alloc(gpu_type: str, placed: tuple[tuple[int, int], ...], pp: int = 1) -> Allocation:
+    """The allocation of ``placed`` GPUs (the same count on each of their nodes)."""
+    nodes = sorted({n for n, _ in placed})
+    return Allocation(Grid(Shape(gpu_type, len(nodes), len(placed) // len(nodes)), pp=pp), placed)
 
 
 def say(msg: str) -> None:

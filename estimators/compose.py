@@ -37,8 +37,8 @@ from functools import lru_cache
 
 from instances.arch import ModelArch
 from instances.gpus import GpuType
+from instances.plan import Plan
 
-from .base import Plan
 from .config import EfficiencyConfig
 from .layers import TRANSFORMER_KINDS, expert_parallel_degree, layer_costs
 

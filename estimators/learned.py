@@ -51,9 +51,10 @@ from instances.gpus import get_gpu
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.models import get_model
+from instances.plan import Plan
 
 from .analytic import AnalyticModel
-from .base import Estimate, Plan
+from .base import Estimate
 from .planner import PlanResult, best_shape_result
 
 ARTIFACT_VERSION = 2

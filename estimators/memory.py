@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from instances.arch import ModelArch
 from instances.gpus import GpuType
+from instances.plan import Plan
 
-from .base import Plan
 from .compose import micro_batch_size
 from .config import EfficiencyConfig, MemoryConfig
 from .layers import LayerCost, expert_parallel_degree, layer_costs

@@ -38,8 +38,8 @@ from instances.arch import ModelArch
 from instances.gpus import GpuType, get_gpu
 from instances.grid import Grid, Shape, pow2_upto
 from instances.models import get_model
+from instances.plan import Plan
 
-from .base import Plan
 from .compose import Breakdown, StageTable, micro_batch_size
 from .config import EstimatorConfig
 from .layers import expert_parallel_degree, layer_costs, max_useful_tp

@@ -217,7 +217,7 @@ def build_layer(arch: ModelArch, index: int, tp: int, dtype: str):
 
 @dataclass(frozen=True)
 class LayerTiming:
-    """What ``_time_layer`` measures: median forward and backward times after a cache
+    """What ``time_layer`` measures: median forward and backward times after a cache
     flush (``fwd_s``, ``bwd_s``) and repeated at once without one (``warm_*``: the layer's
     data still in cache from the pass just before), and the layer's working set — its
     parameters and gradients (``param_bytes`` each) and what autograd saves for backward
@@ -230,7 +230,7 @@ class LayerTiming:
     saved_bytes: float
 
 
-def _time_layer(mod, make, mb: int, cfg: ProfilerConfig, device: str) -> LayerTiming:
+def time_layer(mod, make, mb: int, cfg: ProfilerConfig, device: str) -> LayerTiming:
     import torch
     mod = mod.to(device)
 
@@ -325,7 +325,7 @@ def profile_layers(arch: ModelArch, *, store: ProfileStore | None = None, cfg: P
                 if mod is None:
                     mod, make = build_layer(small_arch, i, tp, dtype)
                 t0 = time.perf_counter()
-                timing = _time_layer(mod, make, mb, cfg, dev)
+                timing = time_layer(mod, make, mb, cfg, dev)
                 f_s, b_s = timing.fwd_s, timing.bwd_s
                 spent += time.perf_counter() - t0
                 sf, sb = small[i].fwd_flops * mb, small[i].bwd_flops * mb

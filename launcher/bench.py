@@ -41,31 +41,27 @@ def bench_plans(model: str, steps: int, batch: int, work: Path) -> list[dict]:
 
 
 def bench_reconfiguration(model: str, batch: int, work: Path) -> dict:
+    from instances.allocation import Allocation
     from instances.grid import Grid, Shape
     from instances.jobs import Job
 
+    from .config import ParallelPlan
     from .launch import rank_pids, read_events, read_results
     from .mpi_executor import MpiExecutor, MpiExecutorConfig
 
-    class _Alloc:                       # structurally engine.core.allocation.Allocation
-        def __init__(self, pp):
-            self.grid = Grid(Shape("cpu", 1, 2), pp=pp)
-            self.gpus = ((0, 0), (0, 1))
-
-    class _Plan:
-        def __init__(self, dp, tp, pp, mb):
-            self.dp, self.tp, self.pp, self.microbatches, self.schedule = dp, tp, pp, mb, "1f1b"
+    def _alloc(pp: int) -> Allocation:
+        return Allocation(Grid(Shape("cpu", 1, 2), pp=pp), ((0, 0), (0, 1)))
 
     job = Job("bench", model, batch, 100_000, 0.0)
     ex = MpiExecutor(MpiExecutorConfig(work_dir=str(work / "executor"), checkpoint_every=0))
     try:
-        ex.launch(job, _Alloc(1), _Plan(2, 1, 1, 1), ex.now_s())
+        ex.launch(job, _alloc(1), ParallelPlan(dp=2, tp=1, pp=1, microbatches=1), ex.now_s())
         _wait(lambda: ex.progress("bench").iterations_done >= 20)
         old_dir = ex.run_dir("bench")
         t0 = time.time()
         ex.stop("bench", ex.now_s())
         t_stop = time.time()
-        ex.launch(job, _Alloc(2), _Plan(1, 1, 2, 2), ex.now_s())
+        ex.launch(job, _alloc(2), ParallelPlan(dp=1, tp=1, pp=2, microbatches=2), ex.now_s())
         new_dir = ex.run_dir("bench")
         _wait(lambda: read_results(new_dir))
         t_first = read_results(new_dir)[0]["time"]

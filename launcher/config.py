@@ -13,6 +13,7 @@ from pathlib import Path
 
 from instances.errors import InputError
 from instances.limits import check_time
+from instances.plan import Plan
 from instances.structured import loads_json
 
 MOVE_PATHS = ("d2d", "storage")       # how a running job moves: device to device where it can, or via storage
@@ -87,15 +88,12 @@ class ParallelPlan:
         return cls(**degrees, **extra)
 
     @classmethod
-    def from_plan_like(cls, plan) -> "ParallelPlan":
-        """Build from any object with ``dp``, ``tp``, ``pp`` (and optionally ``microbatches``,
-        ``schedule``, ``stage_layers``), e.g. ``estimators.base.Plan`` -- read structurally."""
+    def from_plan(cls, plan: Plan | ParallelPlan) -> ParallelPlan:
+        """The launcher's form of a scheduler's ``instances.plan.Plan`` (or the plan itself)."""
         if isinstance(plan, ParallelPlan):
             return plan
-        return cls(dp=plan.dp, tp=plan.tp, pp=plan.pp,
-                   microbatches=getattr(plan, "microbatches", 1),
-                   schedule=getattr(plan, "schedule", "1f1b"),
-                   stage_layers=tuple(getattr(plan, "stage_layers", ()) or ()))
+        return cls(dp=plan.dp, tp=plan.tp, pp=plan.pp, microbatches=plan.microbatches,
+                   schedule=plan.schedule, stage_layers=tuple(plan.stage_layers))
 
 
 @dataclass(frozen=True)

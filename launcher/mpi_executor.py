@@ -44,10 +44,14 @@ import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
+from instances.allocation import Allocation
 from instances.errors import InputError
+from instances.grid import Shape
+from instances.jobs import Job
 from instances.models import get_model
+from instances.plan import Plan
 
 from . import d2d, move_record
 from . import launch as _launch
@@ -127,8 +131,10 @@ def out_of_memory(text: str | None) -> bool:
 
 
 @dataclass
-class _Job:
-    job: Any
+class LaunchedJob:
+    """What the executor keeps of one job across its launches (and a subclass's, e.g.
+    ``SlurmExecutor``)."""
+    job: Job
     cfg: TrainConfig
     hostfile: str | None
     proc: RunHandle | None = None               # the current launch's ranks (``launcher.run_handle``)
@@ -142,7 +148,7 @@ class _Job:
     released_at: float | None = None            # wall time a move's stop was requested (``release``)
     reconfiguration_s: list[float] = field(default_factory=list)
     gpus: int = 0                               # of the current (or last) launch
-    shape: Any = None                           # of the current (or last) launch's allocation
+    shape: Shape | None = None                  # of the current (or last) launch's allocation
     launch_started: float | None = None         # wall time of a launch from the queue, until its first step
     launch_lost_gpu_s: float = 0.0              # GPU-seconds from a launch to its first step
     reconfig_lost_gpu_s: float = 0.0            # GPU-seconds from a move's stop request to its first step
@@ -166,9 +172,9 @@ class MpiExecutor:
             raise TypeError("pass either a MpiExecutorConfig or its fields as keywords, not both")
         self.config = config
         self._t0 = time.monotonic()
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, LaunchedJob] = {}
         self._job_options: dict[str, dict] = {}
-        self._out_of_memory: set[tuple[str, Any]] = set()    # (job id, shape) whose launch ran out of memory
+        self._out_of_memory: set[tuple[str, Shape | None]] = set()    # (job id, shape) whose launch ran out of memory
         Path(config.work_dir).mkdir(parents=True, exist_ok=True)
 
     # --- clock -------------------------------------------------------------------------
@@ -176,7 +182,8 @@ class MpiExecutor:
         return self.config.epoch_s + time.monotonic() - self._t0
 
     # --- protocol ------------------------------------------------------------------------
-    def launch(self, job, alloc, plan, now_s: float, *, launch_index: int | None = None) -> None:
+    def launch(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None, now_s: float, *,
+               launch_index: int | None = None) -> None:
         """Start ``job``; ``launch_index`` names its run directory (``launch_<n>``; default:
         the next one after those already in the job's folder, so a new executor over an
         old work folder never reuses one)."""
@@ -189,7 +196,7 @@ class MpiExecutor:
         device_type = self.config.memory_device or alloc.grid.gpu_type
         validate(cfg, ranks=alloc.grid.num_gpus, device_type=device_type)
         if st is None:
-            st = self._jobs[job.job_id] = _Job(job, cfg, hostfile)
+            st = self._jobs[job.job_id] = LaunchedJob(job, cfg, hostfile)
         prev = read_progress(cfg.progress_path) or {}
         write_progress(cfg.progress_path, status="starting",
                        iterations_done=prev.get("last_checkpoint_step") or 0, steps_total=cfg.steps,
@@ -205,7 +212,7 @@ class MpiExecutor:
         st.proc = self._start_run(job, cfg, hostfile, alloc)
         st.launches += 1
 
-    def _start_run(self, job, cfg: TrainConfig, hostfile: str | None, alloc) -> RunHandle:
+    def _start_run(self, job: Job, cfg: TrainConfig, hostfile: str | None, alloc: Allocation) -> RunHandle:
         """Start the ranks of one launch (here: mpiexec on this host or over ``hostfile``)."""
         return LocalRun(_launch.start(cfg, hostfile), cfg.run_dir)
 
@@ -232,7 +239,7 @@ class MpiExecutor:
                            steps_total=st.cfg.steps, last_checkpoint_step=prog.get("last_checkpoint_step"),
                            iteration_time_s=prog.get("iteration_time_s"))
 
-    def release(self, job_id: str, now_s: float, *, target=None) -> None:
+    def release(self, job_id: str, now_s: float, *, target: Allocation | None = None) -> None:
         """First half of a move, on the path ``released_path`` then names. ``"storage"``:
         stopped with a checkpoint (frees the GPUs for other movers). ``"d2d"``
         (``move_path="d2d"``, a running job on this host): nothing stops yet; the ranks
@@ -254,7 +261,8 @@ class MpiExecutor:
         st = self._job(job_id)
         return st.released_path if st.released_at is not None else None
 
-    def reconfigure(self, job_id: str, alloc, plan, now_s: float, *, launch_index: int | None = None) -> None:
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: Plan | ParallelPlan | None, now_s: float, *,
+                    launch_index: int | None = None) -> None:
         """Second half of a move (or the whole move without a ``release``): device to
         device where possible, else (or when that fails) stop with a checkpoint and relaunch
         the new plan from storage (in run folder ``launch_<launch_index>``, default the
@@ -404,20 +412,25 @@ class MpiExecutor:
     def __exit__(self, *exc):
         self.close()
 
+    def launched_job(self, job_id: str) -> LaunchedJob:
+        """What the executor keeps of ``job_id`` (its launches, moves, failure); ``KeyError``
+        if it never launched it."""
+        return self._job(job_id)
+
     # --- internals ------------------------------------------------------------------------
-    def _job(self, job_id: str) -> _Job:
+    def _job(self, job_id: str) -> LaunchedJob:
         if job_id not in self._jobs:
             raise KeyError(f"job {job_id!r} was never launched by this executor")
         return self._jobs[job_id]
 
-    def _kill(self, st: _Job) -> None:
+    def _kill(self, st: LaunchedJob) -> None:
         """SIGKILL to every process of the job (its launch and processes that joined a move)."""
         if st.proc is not None:
             st.proc.kill()
         for p in st.joiners:
             _launch.kill_job(p, st.cfg.run_dir, signal.SIGKILL)
 
-    def _wait_joiners(self, st: _Job) -> None:
+    def _wait_joiners(self, st: LaunchedJob) -> None:
         """Processes that joined a move end with the job (same last step); kill stragglers."""
         for p in st.joiners:
             try:
@@ -427,14 +440,15 @@ class MpiExecutor:
                 p.wait()
 
     # --- device-to-device moves ------------------------------------------------------------
-    def _can_move_d2d(self, st: _Job, target=None) -> bool:
+    def _can_move_d2d(self, st: LaunchedJob, target: Allocation | None = None) -> bool:
         """Whether a move of ``st`` (to ``target``, where known) can go device to device: here,
         a running job on this host with no hostfile."""
         return (self.config.move_path == "d2d" and not self.config.node_hosts and st.hostfile is None
                 and st.proc is not None and st.proc.poll() is None and not st.stopping
                 and all(p.poll() is None for p in st.joiners))
 
-    def _move_d2d(self, st: _Job, alloc, plan, t0: float) -> str | None:
+    def _move_d2d(self, st: LaunchedJob, alloc: Allocation, plan: Plan | ParallelPlan | None,
+                  t0: float) -> str | None:
         """Ask the running ranks to move to ``plan`` device to device (``launcher.d2d``);
         None when done, else why not (the caller falls back to storage)."""
         cfg, _ = self._config_for(st.job, alloc, plan, launch_index=0)
@@ -474,7 +488,7 @@ class MpiExecutor:
         st.launch_started = None
         return None
 
-    def _end_failed_move(self, st: _Job) -> None:
+    def _end_failed_move(self, st: LaunchedJob) -> None:
         """After a d2d move that failed or was refused: every process of the job gone (a
         refusal saved a checkpoint and exits by itself; a failure is torn down by Hydra;
         what is left is killed), the progress at the last checkpoint, which the relaunch
@@ -495,7 +509,7 @@ class MpiExecutor:
                        iteration_time_s=prog.get("iteration_time_s"))
         st.last_stop = {"plan": _plan3(st.cfg.plan), "run_dir": st.cfg.run_dir, "exited_at": time.time()}
 
-    def _fill_moves(self, st: _Job) -> None:
+    def _fill_moves(self, st: LaunchedJob) -> None:
         """First step, total and warm-up of moves whose steps ran (each from the results of
         its own launch, after it and before the next move)."""
         results: dict[str, list[dict]] = {}
@@ -518,7 +532,7 @@ class MpiExecutor:
                 st.reconfiguration_s.append(rec["total_s"])
                 st.reconfig_lost_gpu_s += rec["total_s"] * rec["_gpus"]
 
-    def _poll(self, st: _Job) -> None:
+    def _poll(self, st: LaunchedJob) -> None:
         if st.open_moves:
             self._fill_moves(st)
         if st.launch_started is not None:
@@ -563,13 +577,14 @@ class MpiExecutor:
                        last_checkpoint_step=prog.get("last_checkpoint_step"),
                        iteration_time_s=prog.get("iteration_time_s"), reason=st.failed)
 
-    def _config_for(self, job, alloc, plan, launch_index: int) -> tuple[TrainConfig, str | None]:
+    def _config_for(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None,
+                    launch_index: int) -> tuple[TrainConfig, str | None]:
         job_dir = Path(self.config.work_dir) / job.job_id
         run_dir = job_dir / f"launch_{launch_index}"
         if plan is None:
             pp = alloc.grid.pp
             plan = ParallelPlan(dp=alloc.grid.num_gpus // pp, tp=1, pp=pp, microbatches=pp)
-        pplan = ParallelPlan.from_plan_like(plan)
+        pplan = ParallelPlan.from_plan(plan)
         if pplan.tp > 1 and not get_model(job.model).is_transformer:
             # the launcher splits Wide-ResNet over data and pipeline ranks only: the tensor
             # ranks of the scheduler's plan become data ranks (same ranks, same training)

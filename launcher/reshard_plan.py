@@ -162,7 +162,8 @@ def _intersect(a: Region, b: Region) -> Region | None:
     return tuple(out)
 
 
-def _contains(outer: Region, inner: Region) -> bool:
+def contains(outer: Region, inner: Region) -> bool:
+    """Whether region ``inner`` lies within ``outer`` (per dimension: offset, length)."""
     return all(o0 <= i0 and i0 + i_n <= o0 + on for (o0, on), (i0, i_n) in zip(outer, inner))
 
 
@@ -188,7 +189,7 @@ def transfer_plan(old: Sequence[Mapping[str, Region]], new: Sequence[Mapping[str
                      for cell in product(*[list(zip(c[:-1], c[1:])) for c in cuts])]
             by_src: dict[int, list[Region]] = {}
             for cell in cells:
-                srcs = [s for s, reg in holders if _contains(reg, cell)]
+                srcs = [s for s, reg in holders if contains(reg, cell)]
                 if not srcs:
                     raise ValueError(f"no old rank holds {name} {cell}")
                 if dst < kept and dst in srcs:

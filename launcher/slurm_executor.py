@@ -53,15 +53,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 from urllib.parse import quote, unquote
 
+from instances.allocation import Allocation
 from instances.errors import InputError
+from instances.jobs import Job
+from instances.plan import Plan
 from instances.slurm import SlurmCommandError, SlurmCommands, SlurmJob, accounted_job, list_jobs, natural_key
 
 from . import launch as _launch
-from .config import TrainConfig
-from .mpi_executor import LaunchedJobProgress, MpiExecutor, MpiExecutorConfig, _Job
+from .config import ParallelPlan, TrainConfig
+from .mpi_executor import LaunchedJob, LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
 from .telemetry import read_progress
 from .worker import EVENTS_FILE
 
@@ -272,7 +275,7 @@ class SlurmExecutor(MpiExecutor):
             per[name] = per.get(name, 0) + 1
         return per
 
-    def _start_run(self, job, cfg: TrainConfig, hostfile: str | None, alloc) -> SlurmRun:
+    def _start_run(self, job: Job, cfg: TrainConfig, hostfile: str | None, alloc: Allocation) -> SlurmRun:
         per = self._placement(alloc)
         counts = set(per.values())
         if len(counts) != 1:
@@ -358,7 +361,7 @@ class SlurmExecutor(MpiExecutor):
                                                                      "Job/step already"))
 
     # --- moves ------------------------------------------------------------------------------------
-    def _can_move_d2d(self, st: _Job, target=None) -> bool:
+    def _can_move_d2d(self, st: LaunchedJob, target: Allocation | None = None) -> bool:
         """Device to device only inside the running Slurm job: ``target`` keeps its
         allocation (the same Slurm nodes with the same ranks on each)."""
         if target is None or self.config.move_path != "d2d" or st.proc is None or st.stopping:
@@ -380,7 +383,8 @@ class SlurmExecutor(MpiExecutor):
                 out.append(SlurmLaunch(mine[0], mine[1], j.job_id, j.state))
         return sorted(out, key=lambda launch: launch.slurm_job_id)
 
-    def adopt(self, job, alloc, plan: Any, launch_index: int) -> LaunchedJobProgress | None:
+    def adopt(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None,
+              launch_index: int) -> LaunchedJobProgress | None:
         """Take over launch ``launch_index`` of ``job`` (on ``alloc`` with ``plan``, as the
         caller recorded it) that an earlier executor started: no relaunch, nothing stopped;
         its progress is read on, and stop and moves work as for a launch of this executor's
@@ -404,7 +408,7 @@ class SlurmExecutor(MpiExecutor):
             return None
         st = self._jobs.get(job.job_id)
         if st is None:
-            st = self._jobs[job.job_id] = _Job(job, cfg, None)
+            st = self._jobs[job.job_id] = LaunchedJob(job, cfg, None)
         prog = read_progress(cfg.progress_path or "") or {}
         st.cfg, st.hostfile, st.shape, st.gpus = cfg, None, alloc.grid.shape, alloc.grid.num_gpus
         st.stopping, st.finished, st.failed, st.final, st.ended_at_s, st.reported = False, False, None, False, None, \

@@ -1,11 +1,11 @@
 """Shared value objects: shapes, grids, allocations, plans, and the policy registry."""
 import pytest
 
-from engine.core.allocation import Allocation
 from engine.core.policy import make_policy, policy_names
-from estimators.base import Plan
+from instances.allocation import Allocation
 from instances.errors import InputError
 from instances.grid import Grid, Shape
+from instances.plan import Plan
 
 
 def test_grid_counts_and_validation():

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.context import Decisions
+from engine.core.policy import Policy
 from engine.sim.simulator import simulate
 from instances.grid import Grid, Shape
 from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
 
 
-class RandomPolicy:
+class RandomPolicy(Policy):
     """Keeps, moves, resizes, preempts or starts jobs at random (seeded by the round)."""
     name = "random"
 

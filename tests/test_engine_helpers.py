@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.core.context import Decisions
+from engine.core.policy import Policy
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.grid import Grid, Shape
 from instances.jobs import Job
@@ -51,7 +52,7 @@ def grid(gtype: str, nodes: int, per_node: int, pp: int = 1) -> Grid:
 
 
 @dataclass
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """Calls ``rule(ctx) -> {job_id: Grid}`` each round and records what it saw."""
     rule: object
     name: str = "scripted"

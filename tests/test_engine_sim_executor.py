@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from engine.core.allocation import Allocation
 from engine.core.reconfig import ReconfigCostModel
 from engine.sim.sim_executor import InfeasibleAllocation, SimExecutor
+from instances.allocation import Allocation
 from tests.test_engine_helpers import LinearOracle, grid, job
 
 

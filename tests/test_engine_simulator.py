@@ -190,7 +190,7 @@ def test_bad_decisions_raise():
 
 
 def test_reconfig_cost_model_terms():
-    from engine.core.allocation import Allocation
+    from instances.allocation import Allocation
     j = job("A", 0.0, 10)
     g2, g8 = grid("a100", 1, 2), grid("a100", 1, 8)
     a = Allocation(g2, ((0, 0), (0, 1)))

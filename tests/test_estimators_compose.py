@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estimators.base import Plan
 from estimators.compose import compose, pipeline_time, simulate_pipeline
 from estimators.config import EfficiencyConfig
 from estimators.layers import layer_costs
@@ -14,6 +13,7 @@ from estimators.timing import CatalogComm, RooflineTimer
 from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import get_model
+from instances.plan import Plan
 
 
 def test_two_stages_four_microbatches_by_hand():

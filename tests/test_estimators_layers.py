@@ -3,12 +3,12 @@ from dataclasses import replace
 
 import pytest
 
-from estimators.base import Plan
 from estimators.config import EfficiencyConfig, MemoryConfig
 from estimators.layers import layer_costs
 from estimators.memory import plan_memory
 from instances.errors import InputError
 from instances.models import get_model
+from instances.plan import Plan
 
 NO_REMAT = EfficiencyConfig(recompute_activations=False, dp_sharded_optimizer=False)
 ARCH = get_model("tiny-gpt__2L")        # h=64, heads=4, s=32, V=256, fp32, 2 decoder layers

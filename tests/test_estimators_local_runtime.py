@@ -2,7 +2,6 @@
 tensor rank, the measured per-layer tensor-parallel overhead, and the contention timer."""
 import pytest
 
-from estimators.base import Plan
 from estimators.compose import compose
 from estimators.config import EfficiencyConfig
 from estimators.evaluation.local_accuracy import ContendedTimer, RuntimeTerms, launcher_runtime
@@ -11,6 +10,7 @@ from estimators.timing import CatalogComm, RooflineTimer
 from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import get_model
+from instances.plan import Plan
 
 ARCH = get_model("tiny-gpt__4L")
 GPU = get_gpu("a100-40gb")

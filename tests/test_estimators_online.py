@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.allocation import Allocation
 from engine.core.context import JobView, RoundContext
 from engine.core.executor import JobProgress
 from engine.core.online_feed import OnlineFeed
@@ -21,6 +20,7 @@ from estimators import LearnsOnline, make_performance_model
 from estimators.base import EstimatesInBulk
 from estimators.online import SHARED_WINDOW, ObservationStore, OnlineModel, OnlinePrior
 from estimators.perf import DpOnlyTwin
+from instances.allocation import Allocation
 from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job
@@ -378,7 +378,7 @@ def test_live_round_loop_feeds_the_launchers_measurements(tmp_path):
         seen = []
         for k in range(1, 40):
             time.sleep(1.0)
-            loop.collect(float(k), 1.0)
+            loop.collect(float(k))
             loop.round(float(k), k)
             if m.store.of("0"):
                 seen.append((m.store.of("0")[g].iterations, m.store.of("0")[g].mean_s,

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.allocation import Allocation
 from engine.core.context import JobView, RoundContext
 from engine.core.reconfig import ReconfigCostModel
 from engine.decide.formulation import Capacity, build_model, build_round_data, tiny_round_data
 from engine.decide.objectives import parse_objective
 from engine.decide.solvers import make_backend
 from estimators.base import Estimate
+from instances.allocation import Allocation
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.grid import Grid, Shape
 from instances.jobs import Job

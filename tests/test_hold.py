@@ -43,7 +43,7 @@ def _loop(n_jobs: int, policy: str = "fcfs") -> RoundLoop:
 
 def _step(loop: RoundLoop, k: int) -> None:
     now = k * INTERVAL
-    loop.collect(now, INTERVAL)
+    loop.collect(now)
     loop.round(now, k)
 
 
@@ -153,11 +153,11 @@ def test_a_restarted_service_leaves_a_held_job_held_and_takes_it_back_once_relea
     try:
         svc.recover()
         assert str(held) not in svc.loop.state.jobs and str(pending) in svc.loop.state.jobs
-        assert svc.store.job(held).status == "held" and [r.id for r in svc._admissions()] == []
-        svc._carry_out_holds(1.0)
+        assert svc.store.job(held).status == "held" and [r.id for r in svc.admissions()] == []
+        svc.carry_out_holds(1.0)
         assert svc.store.job(pending).status == "held" and svc.loop.state.jobs[str(pending)].status is JobStatus.HELD
         assert svc.store.release(held) == "released" and svc.store.release(pending) == "released"
-        assert sorted(r.id for r in svc._admissions()) == [held, pending]   # new to the loop, and held in it
+        assert sorted(r.id for r in svc.admissions()) == [held, pending]   # new to the loop, and held in it
     finally:
         svc.shutdown()
 
@@ -199,7 +199,7 @@ def test_the_service_hands_a_priority_set_in_the_store_to_the_loop(tmp_path):
         svc.recover()
         assert svc.loop.state.jobs[str(before)].job.priority == 2.0
         svc.store.set_priority(after, 7.0)               # while it runs: at the next round
-        svc._sync_priorities()
+        svc.sync_priorities()
         assert svc.loop.state.jobs[str(after)].job.priority == 7.0
     finally:
         svc.shutdown()
@@ -225,16 +225,16 @@ def test_a_job_after_others_waits_for_them_and_fails_when_one_cannot_finish(tmp_
     try:
         svc.recover()
         assert set(svc.loop.state.jobs) == {str(a), str(b)}       # c and d wait
-        assert svc._admissions() == []
+        assert svc.admissions() == []
         svc.store.set_status(a, "finished", "test")
-        assert svc._admissions() == []                           # c still waits for b
+        assert svc.admissions() == []                           # c still waits for b
         svc.store.request_cancel(b)
         svc.store.set_status(b, "cancelled", "test")
-        svc._end_orphans()
+        svc.end_orphans()
         for j in (c, d):
             assert svc.store.job(j).status == "failed"
             assert svc.store.history(j)[-1].reason == f"job {b}, which it was to run after, is cancelled"
         e = svc.store.submit(spec("e", a))                 # after a finished job: ready at once
-        assert [r.id for r in svc._admissions()] == [e] and svc.store.check() == []
+        assert [r.id for r in svc.admissions()] == [e] and svc.store.check() == []
     finally:
         svc.shutdown()

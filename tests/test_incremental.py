@@ -282,8 +282,8 @@ def test_incremental_option_and_suika_are_validated():
 
 @pytest.mark.parametrize("search", ["milp", "incremental"])
 def test_stability_seam_freezes_a_job_in_both_searches(search):
-    from engine.core.allocation import Allocation
     from engine.core.context import JobView
+    from instances.allocation import Allocation
     from instances.grid import Grid, Shape
     from tests.test_policies_arena import TypeSpeedPerf, ctx_of, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
@@ -294,7 +294,7 @@ def test_stability_seam_freezes_a_job_in_both_searches(search):
     started = ChangeHistory(changed_at_s=0.0, iterations_since=0.0, rate_before=0.0)   # not one step made yet
     ctx = ctx_of([JobView(job(gpus=4), 1000.0, cur, last_change=started)], TypeSpeedPerf({"a100": 2.0, "a40": 1.0}))
     d = pol.decide(ctx)
-    assert d.grids["j"] == cur.grid and d.info["frozen"] == 1
+    assert d.grids["j"] == cur.grid and d.stats.frozen == 1
 
 
 def test_suika_runs_the_demo_end_to_end(capsys, tmp_path):

@@ -131,9 +131,9 @@ def test_other_time_flags_are_bounded(tmp_path, capsys, monkeypatch, argv, field
 def test_the_executor_raises_when_float_time_cannot_advance():
     """The loop guard: a completion that cannot move later in float time raises (was a
     spin). Reachable only past the bound, which every input is held to."""
-    from engine.core.allocation import Allocation
     from engine.core.reconfig import ReconfigCostModel
     from engine.sim.sim_executor import SimExecutor
+    from instances.allocation import Allocation
     from tests.test_engine_helpers import LinearOracle, grid, job
     ex = SimExecutor(LinearOracle(work_s=0.1), ReconfigCostModel(charge_launch=False), iteration_noise_cv=0)
     ex.launch(job("j", 0.0, 100), Allocation(grid("a100", 1, 1), ((0, 0),)), None, 1e19)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from instances.allocation import Allocation
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from launcher.config import ParallelPlan
@@ -19,10 +20,8 @@ BATCH = 8
 LOSS_TOL = 1e-4                  # as tests/test_launcher_mpi.py
 
 
-class Alloc:                     # structurally engine.core.allocation.Allocation
-    def __init__(self, n: int, pp: int = 1):
-        self.grid = Grid(Shape("cpu", 1, n), pp=pp)
-        self.gpus = tuple((0, i) for i in range(n))
+def Alloc(n: int, pp: int = 1) -> Allocation:
+    return Allocation(Grid(Shape("cpu", 1, n), pp=pp), tuple((0, i) for i in range(n)))
 
 
 def plan(text: str, mb: int = 1) -> ParallelPlan:
@@ -40,8 +39,8 @@ def wait_for(pred, timeout_s=120.0):
 
 
 def all_results(ex, job_id):
-    return {r["step"]: r["loss"] for d in sorted({m["_run_dir"] for m in ex._job(job_id).moves} | {ex.run_dir(job_id)})
-            for r in read_results(d)}
+    dirs = {m["_run_dir"] for m in ex.launched_job(job_id).moves} | {ex.run_dir(job_id)}
+    return {r["step"]: r["loss"] for d in sorted(dirs) for r in read_results(d)}
 
 
 @pytest.mark.slow

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.allocation import Allocation
 from engine.core.executor import JobProgress
-from estimators.base import Plan
+from instances.allocation import Allocation
 from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job
+from instances.plan import Plan
 from launcher.launch import rank_pids, ranks_not_done, read_events, read_results
 from launcher.mpi_executor import LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
 from launcher.reference import train_reference
@@ -98,7 +98,7 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
         detect_s = time.monotonic() - t_kill
         assert [e.job_id for e in events] == ["j1"] and events[0].failed, events
         assert detect_s < FAILURE_REPORT_S, detect_s
-        assert 1 in ranks_not_done(second_dir) and "did not reach the end" in ex._job("j1").failed
+        assert 1 in ranks_not_done(second_dir) and "did not reach the end" in ex.launched_job("j1").failed
         assert ex.runs_on(job, alloc(2).grid.shape)          # a killed rank is no memory verdict
         p = ex.progress("j1")
         assert not p.running and not p.finished and p.iterations_done == p.last_checkpoint_iteration
@@ -122,8 +122,8 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
 
 OOM_CHILD = """
 import json, sys
-from engine.core.allocation import Allocation
-from estimators.base import Plan
+from instances.allocation import Allocation
+from instances.plan import Plan
 from instances.grid import Grid, Shape
 from instances.jobs import Job
 from instances.models import get_model

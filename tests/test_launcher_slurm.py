@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.allocation import Allocation
-from estimators.base import Plan
+from instances.allocation import Allocation
 from instances.errors import InputError
 from instances.grid import Grid, Shape
 from instances.jobs import Job
+from instances.plan import Plan
 from instances.slurm import SlurmCommands, discover, list_jobs
 from launcher import slurm_executor
 from launcher.launch import read_results

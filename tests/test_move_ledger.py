@@ -94,7 +94,7 @@ def test_an_entry_handed_back_after_a_restart_counts_what_the_job_makes_after_it
     e.to_grid = g                                  # it ran where its move put it: relaunched there
     t = 0.0
     while loop.state.jobs["1"].status is not JobStatus.FINISHED:
-        loop.collect(t, 10.0)
+        loop.collect(t)
         loop.round(t, int(t // 10))
         assert t < 1000
         if loop.state.jobs["1"].status is JobStatus.RUNNING:

@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.allocation import Allocation
 from engine.core.placement import Placer
+from instances.allocation import Allocation
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.grid import Grid, Shape
 

@@ -188,11 +188,19 @@ def test_a_plugins_policy_that_cannot_be_built_or_cannot_decide_is_named_not_its
         @register_policy("no-decide")
         class NoDecide:
             decide = 3
+        @register_policy("bare")
+        class Bare:
+            name = "bare"
+            def decide(self, ctx):
+                return None
     """)
     for policy, match in (("buggy", r"field '--policy': policy 'buggy' \(defined in .*odd\.py\) could not be built: "
                                     r"TypeError: object of type 'int' has no len\(\) \(.*odd\.py, line 5\)"),
                           ("no-decide", r"field '--policy': policy 'no-decide' \(defined in .*odd\.py\) built a "
-                                        r"NoDecide object, which has no decide\(ctx\) method")):
+                                        r"NoDecide object, which has no decide\(ctx\) method"),
+                          ("bare", r"field '--policy': policy 'bare' \(defined in .*odd\.py\) built a Bare object, "
+                                   r"which lacks event_driven \(bool\), max_queued \(int >= 0\) \(subclass "
+                                   r"engine\.core\.policy\.Policy for the defaults\)")):
         assert main(["simulate", "--plugin", str(tmp_path / "odd.py"), "--instance", "demo", "--policy", policy,
                      "--rounds", "2", "--quiet", "--no-plots", "--out", str(tmp_path / policy)]) == 2
         err = capsys.readouterr().err

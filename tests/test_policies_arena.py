@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.allocation import Allocation
 from engine.core.context import JobView, RoundContext
-from engine.core.policy import make_policy
+from engine.core.policy import Policy, make_policy
 from engine.core.reconfig import ReconfigCostModel
 from estimators.base import Estimate
+from instances.allocation import Allocation
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
 from instances.grid import Grid, Shape
@@ -46,7 +46,7 @@ def test_arena_picks_the_faster_grid(backend):
     assert d.grids["j"].gpu_type == "a100-40gb"
     d = pol.decide(ctx_of([JobView(job(), 1000.0, None)], TypeSpeedPerf({"a100": 1.0, "a40": 3.0})))
     assert d.grids["j"].gpu_type == "a40"
-    assert d.info["status"] == "optimal" and d.info["jobs"] == 1
+    assert d.stats.status == "optimal" and d.stats.jobs == 1
 
 
 def test_arena_keeps_a_running_job_when_moving_does_not_pay():
@@ -142,8 +142,8 @@ def test_max_queued_decides_over_a_window_of_the_queue_by_priority_then_arrival(
     assert [v.job_id for v in small.jobs] == ["r", "q0", "q1", "q7"] and left == 5 == small.queued_left_out
     assert queue_window(ctx, 0) == (ctx, 0) and queue_window(ctx, 8) == (ctx, 0)
     d = make_policy("arena", max_queued=3).decide(ctx)
-    assert set(d.grids) <= {"r", "q0", "q1", "q7"} and d.info["queued_left_out"] == 5 and d.info["jobs"] == 4
-    assert make_policy("arena").decide(ctx).info["queued_left_out"] == 0
+    assert set(d.grids) <= {"r", "q0", "q1", "q7"} and d.stats.queued_left_out == 5 and d.stats.jobs == 4
+    assert make_policy("arena").decide(ctx).stats.queued_left_out == 0
     for bad in (-1, 1.5, "x"):
         with pytest.raises(InputError) as e:
             make_policy("arena", max_queued=bad)
@@ -163,7 +163,7 @@ def test_the_round_loop_builds_views_only_for_the_policy_window_and_the_simulati
     perf = make_performance_model("table")
     seen = []
 
-    class Watch:
+    class Watch(Policy):
         def __init__(self, policy):
             self.policy, self.name, self.max_queued = policy, policy.name, policy.max_queued
 

@@ -68,8 +68,8 @@ def _moves(policy, speedup: float) -> bool:
     """Whether ``policy``'s objective and solver move a running a40 2x2 job to a100 1x4
     when the a100 shape is ``speedup`` times faster (same estimates for both policies:
     the data-parallel-only estimation of the baselines is not what this compares)."""
-    from engine.core.allocation import Allocation
     from engine.decide.formulation import build_model, build_round_data
+    from instances.allocation import Allocation
     from instances.grid import Grid, Shape
     from tests.test_policies_arena import CLUSTER, TypeSpeedPerf, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
@@ -122,10 +122,10 @@ def test_give_way_charges_only_the_slower_columns_of_a_running_job():
     queued jobs' columns are not touched."""
     import numpy as np
 
-    from engine.core.allocation import Allocation
     from engine.decide.formulation import build_round_data
     from engine.decide.formulation.model import ModelBuilder
     from engine.decide.objectives.reconfig import ReconfigPenalty
+    from instances.allocation import Allocation
     from instances.grid import Grid, Shape
     from tests.test_policies_arena import CLUSTER, TypeSpeedPerf, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))

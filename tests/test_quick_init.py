@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.allocation import Allocation
 from engine.core.context import ChangeHistory, JobView
 from engine.core.executor import JobProgress
-from engine.core.quick_init import quick_init
+from instances.allocation import Allocation
 from instances.grid import Grid, Shape
+from instances.quick_init import quick_init
 
 GRID = Grid(Shape("a100", 1, 2), pp=1)
 

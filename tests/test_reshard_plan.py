@@ -49,7 +49,7 @@ def test_exact_plan_gives_every_new_rank_exactly_its_regions(layouts):
                 got = [p for p in pieces if p.dst == dst and p.name == name]
                 assert sum(p.numel for p in got) == rp.Piece(name, 0, 0, reg).numel
                 for p in got:                                 # each piece inside what its source held
-                    assert rp._contains(old[p.src][name], p.region) and rp._contains(reg, p.region)
+                    assert rp.contains(old[p.src][name], p.region) and rp.contains(reg, p.region)
         kept = min(len(old), len(new))
         for p in pieces:                                      # a rank keeps what it already holds
             if p.dst < kept and name_held(old, p.dst, p.name, p.region):
@@ -57,7 +57,7 @@ def test_exact_plan_gives_every_new_rank_exactly_its_regions(layouts):
 
 
 def name_held(old, rank, name, region):
-    return name in old[rank] and rp._contains(old[rank][name], region)
+    return name in old[rank] and rp.contains(old[rank][name], region)
 
 
 def test_closed_form_cases():

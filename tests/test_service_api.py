@@ -567,10 +567,11 @@ def test_health_is_503_while_the_scheduler_is_stuck_in_a_round_and_metrics_say_s
     import time as _time
 
     from engine.core.context import Decisions
+    from engine.core.policy import Policy
     from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
 
-    class Blocking:
+    class Blocking(Policy):
         name = "blocking"
 
         def __init__(self):

@@ -286,9 +286,9 @@ def test_restart_stops_ranks_left_training_by_an_interrupted_device_to_device_mo
     # store, its ranks keep training), then the service "dies" before the second half: the
     # next start finds the ranks, has them checkpoint and stop, and the job is queued with
     # its checkpoint
-    from engine.core.allocation import Allocation
     from engine.service.jobspec import JobSpec
     from engine.service.journal import JournaledExecutor
+    from instances.allocation import Allocation
     from launcher.launch import live_rank_pids, stop_detached
     from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
     from tests.test_engine_helpers import grid

@@ -1,4 +1,4 @@
-"""The scheduler's idle check (``Service._due``, every poll between rounds): it reads
+"""The scheduler's idle check (``Service.due``, every poll between rounds): it reads
 the store's queue, cancel and hold requests and drains only after another connection
 (the API's, a command's) committed to the store, or after a round; each kind of request
 committed elsewhere is still noticed at the next poll; a failed job's backoff ends a wait
@@ -46,12 +46,12 @@ def idle(tmp_path):
 
 def test_the_idle_check_reads_the_queue_once_and_then_only_after_the_store_changed(idle):
     svc, db, ids, reads, now = idle
-    assert not svc._due(now) and reads == ["queued"]           # looked once: nothing to act on
+    assert not svc.due(now) and reads == ["queued"]           # looked once: nothing to act on
     for _ in range(3):
-        assert not svc._due(now)
+        assert not svc.due(now)
     assert reads == ["queued"]                                 # nothing committed since: not read again
     svc._quiet_version = None                                  # as after a round (it wrote to the store)
-    assert not svc._due(now) and reads == ["queued", "queued"]
+    assert not svc.due(now) and reads == ["queued", "queued"]
 
 
 @pytest.mark.parametrize("change, trigger", [
@@ -63,17 +63,17 @@ def test_the_idle_check_reads_the_queue_once_and_then_only_after_the_store_chang
 ], ids=["submit", "cancel", "hold", "release", "drain"])
 def test_a_request_committed_by_another_connection_is_noticed_at_the_next_poll(idle, change, trigger):
     svc, db, ids, reads, now = idle
-    assert not svc._due(now)
+    assert not svc.due(now)
     with Store(db) as api:                                     # the API's own connection
         change(api, ids)
-    assert svc._due(now) and svc._trigger == trigger
+    assert svc.due(now) and svc.trigger == trigger
 
 
 def test_a_failed_jobs_backoff_ends_the_wait_without_reading_the_queue(idle):
     svc, db, ids, reads, now = idle
-    assert not svc._due(now)
+    assert not svc.due(now)
     svc.loop.state.queued[str(ids[0])].retry_after_s = now + 5.0    # as a failed run leaves it
     svc._next_retry = svc._backoff_end_after(now)              # (found at the end of each round)
-    assert not svc._due(now + 1.0)
-    assert svc._due(now + 6.0) and svc._trigger == "a failed job's backoff ended"
+    assert not svc.due(now + 1.0)
+    assert svc.due(now + 6.0) and svc.trigger == "a failed job's backoff ended"
     assert reads == ["queued"]

@@ -67,7 +67,7 @@ def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_an
         rows = {m["job_id"]: m for m in svc.store.moves()}
         for jid, resumed_at in ((died, 40.0), (shutdown, 50.0)):     # carried on: open, in this run's ledger
             assert rows[jid]["ended_at"] is None and rows[jid]["iterations_after"] == 20.0
-            assert svc.loop.moves._open[str(jid)].to_grid == BIG
+            assert svc.loop.moves.open_entry(str(jid)).to_grid == BIG
             r = svc.loop.state.jobs[str(jid)]
             assert r.status is JobStatus.QUEUED and r.iterations_done == resumed_at
             # relaunched where the move put it, the job's steps since the restart count
@@ -77,7 +77,7 @@ def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_an
         assert (rows[preempted]["end_reason"], rows[preempted]["iterations_after"]) == ("service restarted", 25.0)
         assert rows[preempted]["ended_at"] == pytest.approx(preempted_at)
         assert any("2 open move(s) of the last run carried on" in m for m in logs), logs
-        svc._store_moves()
+        svc.store_moves()
         assert all(m["end_reason"] == "finished" and m["iterations_after"] == 90.0
                    for m in svc.store.moves() if m["job_id"] in (died, shutdown))
         assert svc.store.check() == []
@@ -89,10 +89,10 @@ def test_a_moves_ledger_entry_is_stored_before_its_new_launch_is(tmp_path):
     """The journal's order for a move: its ledger entry is committed before the second
     half's launch intent, so a service killed in between leaves no move the ledger lacks
     (recovery then carries the entry on, or closes it at the job's progress)."""
-    from engine.core.allocation import Allocation
     from engine.core.policy import make_policy
     from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
+    from instances.allocation import Allocation
     from instances.cluster import ClusterSpec, NodeGroup
     from tests.test_engine_helpers import grid
 

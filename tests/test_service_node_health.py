@@ -86,21 +86,21 @@ def test_failures_counted_before_a_restart_count_on_after_it(tmp_path):
     now = time.time()
     svc = service()
     try:
-        svc._count_node_failure(str(c), (1,), now - 700.0)       # outside the window by the restart
-        svc._count_node_failure(str(a), (1,), now - 10.0)
+        svc.count_node_failure(str(c), (1,), now - 700.0)       # outside the window by the restart
+        svc.count_node_failure(str(a), (1,), now - 10.0)
         assert svc.store.drained() == {} and svc.node_failures() == {1: 1}
     finally:
         svc.shutdown()
     svc = service()                                               # the restart
     try:
         assert svc.node_failures() == {1: 1} and svc.store.drained() == {}
-        svc._count_node_failure(str(b), (1,), now)
+        svc.count_node_failure(str(b), (1,), now)
         reason = svc.store.drained()[1][0]
         assert reason.startswith("auto: runs of 2 jobs failed on it") and f"jobs {a}, {b}" in reason
-        svc._apply_drains(now)                                     # the next round takes it out of service
+        svc.apply_drains(now)                                     # the next round takes it out of service
         assert svc.loop.state.cluster.unavailable == {1}
         svc.store.undrain(1)                                       # `arena undrain 1`
-        svc._apply_drains(now)
+        svc.apply_drains(now)
         assert svc.node_failures() == {} and svc.store.node_failures(since=0.0) == []
     finally:
         svc.shutdown()

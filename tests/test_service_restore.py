@@ -52,8 +52,8 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
     # when the service dies. Started again on the copy, recovery must stop both runs the
     # copy does not know, resume A from launch 2's checkpoint, and give the next job
     # submitted (B's id again, in the copy) a fresh folder.
-    from engine.core.allocation import Allocation
     from engine.service.journal import JournaledExecutor
+    from instances.allocation import Allocation
     from launcher.launch import live_rank_pids, rank_pids, stop_detached
     from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
     from tests.test_engine_helpers import grid

@@ -638,3 +638,37 @@ def test_the_service_keeps_its_last_rounds(tmp_path):
         assert [r.idx for r in svc.store.rounds()] == [3, 4]
     finally:
         svc.shutdown()
+
+
+def test_a_round_records_the_policys_decision_stats(tmp_path):
+    """The service's round row takes status, objective, gap and the solve time from the
+    decision's ``DecisionStats``; a policy that reports none records its decision time."""
+    from engine.core.context import Decisions, DecisionStats
+    from engine.core.policy import Policy
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from instances.cluster import ClusterSpec, NodeGroup
+
+    class Reporting(Policy):
+        name = "reporting"
+
+        def __init__(self):
+            self.stats = [DecisionStats(status="optimal", objective=3.5, gap=0.01, solve_wall_s=0.25),
+                          DecisionStats()]
+
+        def decide(self, ctx):
+            return Decisions({}, stats=self.stats.pop(0))
+
+    svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), Reporting(), None, ReconfigCostModel(),
+                  ServiceConfig(db_path=str(tmp_path / "s.db"), work_dir=str(tmp_path / "w")), log=lambda m: None)
+    try:
+        svc.recover()
+        svc.step(time.time())
+        rec = svc.step(time.time() + 1)
+        first, second = svc.store.rounds()
+        assert (first.policy, first.objective, first.gap, first.solve_time_s) == ("reporting", 3.5, 0.01, 0.25)
+        assert first.decisions["status"] == "optimal"
+        assert (second.objective, second.gap, second.decisions["status"]) == (None, None, "")
+        assert second.solve_time_s == rec.decision_time_s
+    finally:
+        svc.shutdown()

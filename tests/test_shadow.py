@@ -10,7 +10,7 @@ import pytest
 
 from engine.cli.main import main as cli_main
 from engine.core.context import Decisions
-from engine.core.policy import make_policy
+from engine.core.policy import Policy, make_policy
 from engine.core.reconfig import ReconfigCostModel
 from engine.core.shadow import COLUMNS, compare
 from engine.sim.metrics import TIMING_KEYS
@@ -87,7 +87,7 @@ def test_compare_counts_waits_stops_and_agreements():
     assert set(same.row()) == set(COLUMNS) - {"round", "time_s"}
 
 
-class Broken:
+class Broken(Policy):
     name = "broken"
 
     def decide(self, ctx):

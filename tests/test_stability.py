@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.allocation import Allocation
 from engine.core.context import ChangeHistory, Decisions, JobView
-from engine.core.policy import make_policy
+from engine.core.policy import Policy, make_policy
 from engine.core.reconfig import ReconfigCostModel
 from engine.decide.stability import StabilityRule
 from engine.sim.simulator import simulate
+from instances.allocation import Allocation
 from instances.builtin import get_instance
 from instances.errors import InputError
 from launcher.reshard_plan import changed_owner_bytes
@@ -92,7 +92,7 @@ def test_change_budget_allowance_is_paid_by_completions():
         RoundContext(0.0, 0, 300.0, inst.cluster, (), None, None)) is None
 
 
-class BudgetRecording:
+class BudgetRecording(Policy):
     """A policy that checks the wrapped policy moved at most its round's allowance of running jobs."""
 
     def __init__(self, inner):
@@ -109,7 +109,7 @@ class BudgetRecording:
             assert all(v.job_id in d.grids for v in ctx.jobs if v.current is not None)
         self.moves_seen += len(moved)
         # info's "frozen" counts the rule's jobs only; the ones the budget held are apart
-        assert d.info.get("frozen", 0) == len(self.inner.stability.frozen(ctx)), d.info
+        assert d.stats.frozen == len(self.inner.stability.frozen(ctx)), d.stats
         return d
 
 
@@ -138,7 +138,7 @@ def test_stability_config_is_validated(cfg):
         make_policy("arena", **cfg)
 
 
-class Recording:
+class Recording(Policy):
     """A policy that records what the wrapped policy decided for the jobs its rule froze."""
 
     def __init__(self, inner):

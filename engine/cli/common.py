@@ -121,7 +121,7 @@ def build_policy(name: str, opts: dict, *, name_flag: str = "--policy", opt_flag
     """The policy ``name`` built from ``opts``; an unknown name is an ``InputError`` on
     ``name_flag``, a refused option one on ``opt_flag`` (the policy's own message names the
     policy and the key, said once)."""
-    from engine.core.policy import make_policy, policy_names
+    from engine.core.policy import make_policy, policy_lacks, policy_names
     if name not in policy_names():
         raise InputError(f"unknown policy {name!r}; known: {', '.join(policy_names())}", field=name_flag)
     try:
@@ -136,9 +136,13 @@ def build_policy(name: str, opts: dict, *, name_flag: str = "--policy", opt_flag
         if isinstance(e, InputError) and e.field and e.field not in reason:
             reason += f" (option {e.field})"
         raise InputError(reason, field=opt_flag) from None
-    if not callable(getattr(policy, "decide", None)):
+    lacks = policy_lacks(policy)
+    if "decide(ctx)" in lacks:
         raise InputError(f"policy {name!r}{_defined_in(name)} built a {type(policy).__name__} object, which has "
                          "no decide(ctx) method", field=name_flag)
+    if lacks:
+        raise InputError(f"policy {name!r}{_defined_in(name)} built a {type(policy).__name__} object, which lacks "
+                         f"{', '.join(lacks)} (subclass engine.core.policy.Policy for the defaults)", field=name_flag)
     return policy
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from estimators.base import PerformanceModel, Plan
+from estimators.base import PerformanceModel
+from instances.allocation import Allocation, GpuId
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
-
-from .allocation import Allocation, GpuId
-from .quick_init import quick_init
+from instances.plan import Plan
+from instances.quick_init import quick_init
 
 if TYPE_CHECKING:
     from .reconfig import ReconfigCostModel
@@ -75,14 +75,49 @@ class RoundContext:
 
 
 @dataclass(frozen=True)
+class DecisionStats:
+    """What a policy reports of one decision; a field it has no value for keeps its default.
+    The live service records ``status``, ``objective``, ``gap`` and ``solve_wall_s`` with
+    each round."""
+    jobs: int = 0                         # jobs the decision was over (after the queue window)
+    queued_left_out: int = 0              # queued jobs beyond the policy's ``max_queued`` window
+    frozen: int = 0                       # running jobs the stability rule kept on their grid
+    move_allowance: int | None = None     # running jobs the round's budget let move (None: no budget)
+    placement_repairs: int = 0            # chosen grids placement could not map and replaced
+    placement_dropped: tuple[str, ...] = ()   # chosen jobs placement left waiting (ids)
+    decide_time_s: float = 0.0
+    # an optimizing policy's model and its solve (the solver backend's ``Solution``)
+    backend: str = ""
+    status: str = ""                      # the solution's status ("" without a solver)
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    message: str = ""
+    solver_build_time_s: float | None = None    # the backend's own figures
+    solver_solve_time_s: float | None = None
+    solver_extra: Mapping[str, Any] = field(default_factory=dict)   # backend-specific counters
+    search: str = ""                      # "full" or "incremental"
+    columns: int = 0
+    rows: int = 0
+    unschedulable: tuple[str, ...] = ()
+    estimate_time_s: float | None = None
+    model_build_time_s: float | None = None
+    solve_wall_s: float | None = None     # the solve as the policy timed it
+    # a deadline policy (elasticflow)
+    admitted: int = 0
+    best_effort: int = 0
+    held_by_budget: int = 0
+
+
+@dataclass(frozen=True)
 class Decisions:
     """Which grid each job should run on this round; jobs absent from ``grids`` wait.
 
     ``placements`` optionally pins concrete GPUs (policies that place for themselves);
     otherwise the engine's placement maps grids to GPUs. ``plans`` optionally carries
-    the chosen plan per job; ``info`` is free-form solver/policy statistics.
+    the chosen plan per job; ``stats`` what the policy reports of the decision.
     """
     grids: Mapping[str, Grid]
     placements: Mapping[str, tuple[GpuId, ...]] = field(default_factory=dict)
     plans: Mapping[str, Plan] = field(default_factory=dict)
-    info: Mapping[str, Any] = field(default_factory=dict)
+    stats: DecisionStats = field(default_factory=DecisionStats)

@@ -9,13 +9,13 @@ reads nothing of an executor but this protocol.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from instances.allocation import Allocation
 from instances.grid import Shape
 from instances.jobs import Job
-
-from .allocation import Allocation
-from .quick_init import quick_init
+from instances.plan import Plan
+from instances.quick_init import quick_init
 
 
 @quick_init
@@ -45,7 +45,7 @@ class ExecutorTotals:
 
 
 class Executor(Protocol):
-    def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
+    def launch(self, job: Job, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
         """Start ``job`` on ``alloc`` (resuming from its last checkpoint, if any)."""
 
     def stop(self, job_id: str, now_s: float) -> None:
@@ -56,7 +56,7 @@ class Executor(Protocol):
         checkpoint), so that jobs moving onto them in the same round find them free.
         ``reconfigure`` follows for the same job in the same round."""
 
-    def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
         """Move a running job to another allocation/plan (stop unless released, reshard,
         relaunch)."""
 

@@ -92,6 +92,10 @@ class MoveLedger:
         self.entries: list[MoveEntry] = []
         self._open: dict[str, MoveEntry] = {}
 
+    def open_entry(self, job_id: str) -> MoveEntry | None:
+        """The job's open entry (its last move, not closed yet), if any."""
+        return self._open.get(job_id)
+
     def opened(self, entry: MoveEntry) -> None:
         self.closed(entry.job_id, entry.time_s, entry.iterations_at, "moved again")
         self.entries.append(entry)

@@ -15,9 +15,9 @@ import math
 from typing import Iterable
 
 from estimators.base import LearnsOnline
+from instances.allocation import Allocation
 from instances.jobs import Job
 
-from .allocation import Allocation
 from .executor import JobProgress
 
 

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Mapping
 
+from instances.allocation import Allocation, GpuId, node_masks
 from instances.cluster import ClusterSpec
 from instances.grid import Grid, Shape
-
-from .allocation import Allocation, GpuId, node_masks
 
 FreeMap = list[int]             # per node, a bit mask of its free GPU indices
 

@@ -39,12 +39,11 @@ import math
 from dataclasses import dataclass
 
 from estimators.move_cost import MoveCostParams
+from instances.allocation import Allocation
 from instances.grid import Grid
 from instances.jobs import Job
 from instances.limits import MAX_TIME_S, TIME_BOUND, is_number
 from instances.memory_rule import ADAM_STATE_BYTES_PER_PARAM
-
-from .allocation import Allocation
 
 STATE_PATHS = ("d2d", "storage")
 

@@ -47,6 +47,9 @@ from .reconfig import ReconfigCostModel
 from .shadow import Shadow, ShadowComparison
 from .state import EngineState, JobStatus
 
+# the shortest time a round is accounted over (a wall clock may repeat or step back)
+MIN_ACCOUNTED_S = 1e-6
+
 
 @dataclass
 class RoundRecord:
@@ -95,10 +98,10 @@ class RoundLoop:
         self.state = EngineState(cluster, list(jobs))
         self.placer = Placer(cluster)
         self.rounds: list[RoundRecord] = []
-        self.event_driven = bool(getattr(policy, "event_driven", False))
+        self.event_driven = policy.event_driven
         # queued jobs given to the policy (and the shadow): at most the larger of their
         # ``max_queued`` windows (0: every queued job, also when either has none)
-        windows = [int(getattr(p, "max_queued", 0) or 0) for p in (policy, shadow) if p is not None]
+        windows = [p.max_queued for p in (policy, shadow) if p is not None]
         self.queue_window = 0 if 0 in windows else max(windows)
         self._need_decide = True
         self._ended = False               # jobs finished or failed since the last round
@@ -173,9 +176,10 @@ class RoundLoop:
         """Running jobs holding a GPU on one of ``nodes``."""
         return [jid for jid, r in self.state.running.items() if r.alloc is not None and r.alloc.on_any(nodes)]
 
-    def collect(self, now: float, interval_s: float) -> list[JobProgress]:
+    def collect(self, now: float) -> list[JobProgress]:
         """Bring the executor to ``now``; book completions and failures; account the
-        previous round over its ``interval_s``. Returns what finished or failed."""
+        previous round over the time since it (``now`` - its ``time_s``, at least 1 µs).
+        Returns what finished or failed."""
         st, ex = self.state, self.executor
         st.set_time(now)
         ended = ex.advance(now)
@@ -201,6 +205,7 @@ class RoundLoop:
         totals = ex.totals()
         if self.rounds:
             rec = self.rounds[-1]
+            interval_s = max(now - rec.time_s, MIN_ACCOUNTED_S)
             rec.throughput_samples_per_s = (totals.samples_done - self._samples_prev) / interval_s
             rec.gpu_busy_s = {t: self._busy_by_type[t] * interval_s - freed_after[t] for t in self._gpu_types}
             rec.reconfig_lost_gpu_s = totals.reconfig_lost_gpu_s - self._lost_prev

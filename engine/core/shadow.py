@@ -130,7 +130,7 @@ class Shadow:
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        self.name: str = getattr(policy, "name", type(policy).__name__)
+        self.name: str = policy.name
 
     def observe(self, ctx: RoundContext, primary: Decisions) -> ShadowComparison:
         t0 = time.perf_counter()

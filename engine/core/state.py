@@ -12,10 +12,9 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
+from instances.allocation import Allocation, GpuId
 from instances.cluster import ClusterSpec, Node
 from instances.jobs import Job
-
-from .allocation import Allocation, GpuId
 
 
 class StateError(RuntimeError):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core.allocation import GpuId
 from engine.core.context import RoundContext
 from engine.core.placement import Placer
+from instances.allocation import GpuId
 
 from .formulation.round_data import RoundData
 

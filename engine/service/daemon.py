@@ -115,8 +115,8 @@ class Service:
         """``lock``: this state's lock (lock.py), already taken (``arena serve`` takes it
         before it checks the port); else the service takes it before it opens the store."""
         self.cluster, self.cfg, self.log = cluster, cfg, log
-        self.policy_name = getattr(policy, "name", type(policy).__name__)
-        self.shadow_name = None if shadow is None else getattr(shadow, "name", type(shadow).__name__)
+        self.policy_name = policy.name
+        self.shadow_name = None if shadow is None else shadow.name
         self.fault = fault or (lambda point: None)
         Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
         self.lock = lock if lock is not None else ServiceLock.acquire(cfg.db_path, cfg.work_dir)
@@ -133,7 +133,7 @@ class Service:
             node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew,
                                           keep_measurements=self.cfg.keep_measurements,
-                                          before_move=self._store_moves)
+                                          before_move=self.store_moves)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
@@ -155,7 +155,7 @@ class Service:
         # journal, invariants, the move ledger stored)
         self.round_parts: dict[str, float] = {}
         self._record_s = 0.0
-        # the idle loop's checks (_due) read the store only after another connection (the
+        # the idle loop's checks (due) read the store only after another connection (the
         # API, a command) committed to it, or after a round: its data version when a look
         # found nothing to act on (None: look)
         self._quiet_version: int | None = None
@@ -221,7 +221,7 @@ class Service:
             ck = int(prog.get("last_checkpoint_step") or 0)
             st.mark_launch(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
             self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
-        self._end_orphans()
+        self.end_orphans()
         rows = [r for r in st.jobs() if r.status in ("queued", "running")]
         deps = self._dep_statuses(rows)
         for row in rows:
@@ -294,7 +294,7 @@ class Service:
             led.closed(e.job_id, at, done, "finished" if finished else "service restarted")
             ended.append(e.job_id)
         if carried or ended:
-            self._store_moves()
+            self.store_moves()
             self.log(f"move ledger: {len(carried)} open move(s) of the last run carried on"
                      + (f" (jobs {', '.join(carried)})" if carried else "")
                      + (f", {len(ended)} ended (jobs {', '.join(ended)})" if ended else ""))
@@ -343,7 +343,7 @@ class Service:
                 if self.cfg.stop_after_s is not None and now - self.started_at >= self.cfg.stop_after_s:
                     self.log(f"stop-after {self.cfg.stop_after_s:g} s reached")
                     break
-                if self._due(now):
+                if self.due(now):
                     self.step(now)
                 self.wake.wait(self.cfg.poll_interval_s)
                 self.wake.clear()
@@ -352,7 +352,14 @@ class Service:
             self.shutdown()
             self._alive("stopped")
 
-    def _due(self, now: float) -> bool:
+    @property
+    def trigger(self) -> str:
+        """Why the next round happens ("" until ``due`` finds a reason; "start" before the first)."""
+        return self._trigger
+
+    def due(self, now: float) -> bool:
+        """Whether a round is due at ``now`` (the scheduler asks at every poll); when it is,
+        ``trigger`` says why. Reads the store only when it changed since the last look."""
         if now - self._last_round < self.cfg.min_round_gap_s:
             return False
         if self.wake.is_set() or self._trigger:
@@ -366,7 +373,7 @@ class Service:
             if self._drained() != self.loop.state.cluster.unavailable:
                 self._trigger = "node drained or returned"
                 return True
-            if self._admissions() or self.store.cancel_requests() or self.store.hold_requests():
+            if self.admissions() or self.store.cancel_requests() or self.store.hold_requests():
                 self._trigger = "submission, cancel, hold or release"
                 return True
             self._quiet_version = version
@@ -379,20 +386,21 @@ class Service:
         return False
 
     def step(self, now: float) -> RoundRecord:
-        """One round at ``now`` (wall clock)."""
+        """One round at ``now`` (wall clock). Its steps (``end_orphans``, ``carry_out_holds``,
+        ``sync_priorities``, ``apply_drains``, ``count_node_failure``, ``store_moves``) are
+        public so that a test can drive one alone."""
         loop, st = self.loop, self.loop.state
         t_start = time.perf_counter()
         self._alive(f"round {self._round_index + 1}")
-        interval = now - self._last_round if math.isfinite(self._last_round) else self.cfg.round_interval_s
         now = max(now, st.now_s)
         nodes_of = {jid: r.alloc.nodes for jid, r in st.running.items() if r.alloc is not None}
-        ended = loop.collect(now, max(interval, 1e-6))
+        ended = loop.collect(now)
         for p in ended:
             r = st.jobs[p.job_id]
             # a run refused or out of memory for its shape: the shape's fault, not the node's or the job's
             shape_ok = r.status is JobStatus.FINISHED or self.executor.runs_on(r.job, self._last_shape(p.job_id))
             if p.failed and p.job_id in nodes_of and shape_ok and not p.final:     # (final: the job's own fault)
-                self._count_node_failure(p.job_id, nodes_of[p.job_id], now)
+                self.count_node_failure(p.job_id, nodes_of[p.job_id], now)
             if r.status is JobStatus.FINISHED:
                 self._set_status(int(p.job_id), "finished", "training finished")
                 self.log(f"job {p.job_id} finished")
@@ -418,25 +426,25 @@ class Service:
                 loop.cancel(key, now)
             self._set_status(jid, "cancelled", "cancelled by the user")
             self.log(f"job {jid} cancelled")
-        self._carry_out_holds(now)
-        self._sync_priorities()
+        self.carry_out_holds(now)
+        self.sync_priorities()
         outside = self._queued_outside_loop()         # (read once: the two below share it)
-        ended = self._end_orphans(outside)
-        for row in self._admissions([r for r in outside if r.id not in ended]):
+        ended = self.end_orphans(outside)
+        for row in self.admissions([r for r in outside if r.id not in ended]):
             if str(row.id) in st.jobs:                 # held, released since
                 loop.release(str(row.id), now)
                 self.log(f"job {row.id} ({row.name}) released")
             else:
                 self._adopt(row.id, row.spec, row.submitted_at)
                 self.log(f"job {row.id} ({row.name}) submitted")
-        self._apply_drains(now)
+        self.apply_drains(now)
         self._round_index += 1
         t_round, self._record_s = time.perf_counter(), 0.0
         try:
             rec = loop.round(now, self._round_index)
         finally:
             self.executor.stop_reasons.clear()         # a job that moved instead of stopping
-        self._store_moves()
+        self.store_moves()
         self._last_round, self._trigger = now, ""
         self._quiet_version = None                     # this round wrote to the store: look again
         self._next_retry = self._backoff_end_after(now)
@@ -452,7 +460,7 @@ class Service:
         return min((r.retry_after_s for r in self.loop.state.queued.values() if r.retry_after_s > now),
                    default=math.inf)
 
-    def _admissions(self, rows: list | None = None) -> list:
+    def admissions(self, rows: list | None = None) -> list:
         """Jobs queued in the store that the loop does not have queued or running: new
         submissions whose ``after`` jobs have all finished (and jobs queued before a
         restart), and held jobs released since. ``rows``: ``_queued_outside_loop()``,
@@ -479,7 +487,7 @@ class Service:
         """Every job it runs after (``JobSpec.after``) has finished (``deps``: their statuses)."""
         return all(deps.get(int(d)) == "finished" for d in row.spec.get("after") or ())
 
-    def _end_orphans(self, outside: list | None = None) -> set[int]:
+    def end_orphans(self, outside: list | None = None) -> set[int]:
         """A job waiting for others (``after``) fails when one of them failed or was
         cancelled: it would never start. ``outside``: ``_queued_outside_loop()``, when the
         caller has just read it. Returns the ids of the jobs failed."""
@@ -496,7 +504,7 @@ class Service:
                 failed.add(row.id)
         return failed
 
-    def _carry_out_holds(self, now: float) -> None:
+    def carry_out_holds(self, now: float) -> None:
         """Requested holds: a running job is stopped with a checkpoint (the store queues it),
         then the store holds it. A hold withdrawn in between (``release`` before it was
         carried out) leaves the job queued, in the store and in the loop."""
@@ -513,7 +521,7 @@ class Service:
             elif rec is not None and rec.status is JobStatus.HELD:
                 self.loop.release(key, now)
 
-    def _sync_priorities(self) -> None:
+    def sync_priorities(self) -> None:
         """Priorities users set since the loop took the jobs (``arena priority``)."""
         jobs = self.loop.state.jobs
         for jid, prio in self.store.priorities_set().items():
@@ -523,7 +531,7 @@ class Service:
                 self.loop.set_priority(str(jid), prio)
                 self.log(f"job {jid}: priority {prio:g}")
 
-    def _store_moves(self) -> None:
+    def store_moves(self) -> None:
         """Write the move ledger's new entries, and the open ones again (they may have paid
         back or ended since), to the store."""
         entries = self.loop.moves.entries
@@ -532,7 +540,7 @@ class Service:
         self._moves_written = len(entries)
         self._moves_open = [e for e in changed if e.ended_s is None]
 
-    def _count_node_failure(self, job_id: str, nodes, now: float) -> None:
+    def count_node_failure(self, job_id: str, nodes, now: float) -> None:
         """A run that failed on ``nodes`` (not for its shape): stored (a restart counts on
         from it), and counted toward the node's drain (``_drain_flagged``)."""
         if self.health.threshold:
@@ -565,7 +573,7 @@ class Service:
         """The nodes drained in the store that this cluster has (others are logged at recovery)."""
         return frozenset(n for n in self.store.drained() if n < len(self.loop.state.cluster.nodes))
 
-    def _apply_drains(self, now: float) -> None:
+    def apply_drains(self, now: float) -> None:
         """Nodes drained or returned since the last round: this round moves the jobs on a
         drained node elsewhere (device to device where the launcher can), or stops them
         with a checkpoint when there is no room."""
@@ -590,22 +598,23 @@ class Service:
     def _record_round(self, ctx: RoundContext, decisions: Decisions, rec: RoundRecord) -> None:
         """The decision, committed before it is carried out."""
         t0 = time.perf_counter()
-        info = dict(decisions.info)
+        stats = decisions.stats
         grids = {jid: str(g) for jid, g in decisions.grids.items()}
         plans = {jid: {"dp": p.dp, "tp": p.tp, "pp": p.pp} for jid, p in decisions.plans.items()}
         current = {v.job_id: str(v.current.grid) for v in ctx.jobs if v.current is not None}
 
         def finite(x: object) -> float | None:
             return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-        recorded = {"grids": grids, "plans": plans, "before": current, "status": str(info.get("status", "")),
+        recorded = {"grids": grids, "plans": plans, "before": current, "status": stats.status,
                     "jobs": len(ctx.jobs)}
         if rec.shadow is not None:           # the shadow policy's view of the same round (engine/core/shadow.py)
             recorded["shadow"] = rec.shadow.to_dict()
             if rec.shadow.error is not None:
                 self.log(f"shadow policy {rec.shadow.policy} failed this round: {rec.shadow.error}")
         self.store.record_round(policy=self.policy_name, trigger=self._trigger or "timer",
-                                solve_time_s=float(info.get("solve_wall_s", rec.decision_time_s)),
-                                objective=finite(info.get("objective")), gap=finite(info.get("gap")),
+                                solve_time_s=float(rec.decision_time_s if stats.solve_wall_s is None
+                                                   else stats.solve_wall_s),
+                                objective=finite(stats.objective), gap=finite(stats.gap),
                                 decisions=recorded, keep=self.cfg.keep_rounds)
         self._record_s += time.perf_counter() - t0
         self.fault("after-round-recorded")
@@ -622,7 +631,7 @@ class Service:
             except Exception as e:            # keep stopping the others; the next start recovers
                 self.log(f"job {jid}: stop at shutdown failed: {e}")
         try:
-            self._store_moves()
+            self.store_moves()
         except Exception as e:                # the next start ends what is left open
             self.log(f"the move ledger was not stored at shutdown: {e}")
         self.mpi.close()

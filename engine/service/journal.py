@@ -33,12 +33,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from engine.core.allocation import Allocation
 from engine.core.executor import ExecutorTotals, JobProgress
-from estimators.base import Plan
+from instances.allocation import Allocation
 from instances.errors import InputError
 from instances.grid import Shape
 from instances.jobs import Job
+from instances.plan import Plan
 from launcher.datafile import DataFileRefused
 from launcher.mpi_executor import MpiExecutor
 

@@ -41,11 +41,17 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
+from engine.core.executor import JobProgress
+from engine.core.move_ledger import MoveLedger
+from engine.core.round_loop import RoundRecord
 from engine.core.shadow import COLUMNS as SHADOW_COLUMNS
 from engine.core.shadow import summarize as shadow_summary
+from engine.core.state import EngineState
+from instances.jobs import Job
 
 TIMING_KEYS = ("decision_time_median_s", "decision_time_p99_s", "decision_time_total_s", "wall_time_s",
                "shadow_decision_time_median_s")
@@ -87,6 +93,31 @@ def _pct(xs: list[float], q: float) -> float:
 def _mean(xs) -> float:
     xs = list(xs)
     return float(sum(xs) / len(xs)) if xs else math.nan
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """A finished simulation, as its metrics read it (``engine.sim.simulator`` builds it)."""
+    instance_name: str
+    policy_name: str
+    perf_name: str | None                 # the performance model the policy decided with (None: none)
+    perf_runtime: str | None              # the training runtime that model assumed
+    seed: int
+    round_interval_s: float               # the round loop's (``RoundLoop.round_interval_s``)
+    horizon_rounds: int                   # ``rounds``; == max_rounds: no horizon
+    max_rounds: int                       # the run-out safety limit
+    run_out: bool
+    t0: float                             # the first arrival: round 0
+    horizon_s: float                      # t0 + horizon_rounds x round_interval_s
+    end_s: float                          # the clock when the run ended
+    end_reason: str        # horizon, all jobs finished, stalled, safety limit, clock bound, interrupted
+    stopped_by_safety: bool
+    wall_s: float
+    jobs: Sequence[Job]                   # by arrival, then id
+    state: EngineState                    # the round loop's state at the end
+    progress: Callable[[str], JobProgress]   # the executor's progress of a job
+    rounds: list[RoundRecord]
+    moves: MoveLedger
 
 
 @dataclass
@@ -146,16 +177,16 @@ def never_placed_lines(result, limit: int = 20) -> list[str]:
     return out
 
 
-def build_result(sim) -> SimResult:
-    st, ex = sim.state, sim.executor
+def build_result(sim: SimRun) -> SimResult:
+    st = sim.state
     jobs: list[JobResult] = []
     for j in sim.jobs:
         r = st.jobs[j.job_id]
-        p = ex.progress(j.job_id)
+        p = sim.progress(j.job_id)
         grid = str(r.alloc.grid) if r.alloc else ""
         la, rc = p.launch_lost_gpu_s, p.reconfig_lost_gpu_s
         why = never_placed_reason(j, r.infeasible_drops, r.packing_failures, dict(st.cluster.gpus_by_type),
-                                  getattr(sim.policy, "name", ""))[1] \
+                                  sim.policy_name)[1] \
             if r.submitted_s is not None and r.first_start_s is None else ""
         jobs.append(JobResult(
             j.job_id, j.model, j.global_batch, j.num_iterations, j.arrival_s, j.requested_gpu_type,
@@ -166,17 +197,15 @@ def build_result(sim) -> SimResult:
             st.attained_gpu_s_at(r, sim.end_s), la, rc, r.infeasible_drops, r.packing_failures, grid, why,
             r.evictions))
     summary = summarize(sim, jobs)
-    return SimResult(summary, jobs, sim.rounds, getattr(sim.instance, "name", ""),
-                     getattr(sim.policy, "name", type(sim.policy).__name__), dict(st.cluster.gpus_by_type),
-                     list(sim.loop.moves.entries))
+    return SimResult(summary, jobs, list(sim.rounds), sim.instance_name, sim.policy_name,
+                     dict(st.cluster.gpus_by_type), list(sim.moves.entries))
 
 
-def summarize(sim, jobs: list[JobResult]) -> dict:
-    cfg = sim.cfg
+def summarize(sim: SimRun, jobs: list[JobResult]) -> dict:
     H = sim.horizon_s
     t0 = sim.t0
-    I = cfg.round_interval_s
-    hrounds = [r for r in sim.rounds if r.index < cfg.rounds]
+    I = sim.round_interval_s
+    hrounds = [r for r in sim.rounds if r.index < sim.horizon_rounds]
     # the active span: up to the round in which every job had finished (no idle tail)
     all_done = next((r.index for r in sim.rounds if r.finished_total == len(jobs)), None)
     active = [r for r in hrounds if all_done is None or r.index < all_done]
@@ -192,15 +221,15 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
     thr = [r.throughput_samples_per_s for r in active]
     dec = [r.decision_time_s for r in sim.rounds if r.decided]
     s: dict = {
-        "instance": getattr(sim.instance, "name", ""),
-        "policy": getattr(sim.policy, "name", type(sim.policy).__name__),
-        "perf": getattr(sim.loop.perf, "name", None),              # what the policy decided with (None: no model)
-        "perf_runtime": getattr(sim.loop.perf, "runtime", None),   # the training runtime it assumed
-        "seed": cfg.seed,
+        "instance": sim.instance_name,
+        "policy": sim.policy_name,
+        "perf": sim.perf_name,              # what the policy decided with (None: no model)
+        "perf_runtime": sim.perf_runtime,   # the training runtime it assumed
+        "seed": sim.seed,
         "round_interval_s": I,
-        "horizon_rounds": cfg.rounds if cfg.rounds < cfg.max_rounds else None,   # None: no horizon
+        "horizon_rounds": sim.horizon_rounds if sim.horizon_rounds < sim.max_rounds else None,   # None: no horizon
         "rounds_simulated": len(sim.rounds),
-        "run_out": cfg.run_out,
+        "run_out": sim.run_out,
         "jobs_total": len(jobs),
         "jobs_submitted": sum(1 for j in jobs if j.submitted_s is not None and j.submitted_s <= H + 1e-9),
         "jobs_finished": len(fin_h),
@@ -240,7 +269,7 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         s[f"gpu_util_{t}"] = busy / (n * span) if span > 0 else math.nan
     total = sum(caps.values())
     s["gpu_util"] = (sum(sum(r.gpu_busy_s.values()) for r in active) / (total * span)) if span > 0 else math.nan
-    if cfg.run_out:
+    if sim.run_out:
         fin = [j for j in jobs if j.finish_s is not None]
         s["jobs_finished_runout"] = len(fin)
         s["jobs_unfinished_runout"] = len(jobs) - len(fin)
@@ -253,8 +282,8 @@ def summarize(sim, jobs: list[JobResult]) -> dict:
         s["reconfigurations_per_job_runout"] = s["reconfigurations_runout"] / len(jobs) if jobs else 0.0
         s["reconfig_gpu_hours_lost_runout"] = sum(r.reconfig_lost_gpu_s for r in sim.rounds) / 3600.0
         s["stopped_by_safety"] = sim.stopped_by_safety
-        s["safety_limit_rounds"] = cfg.max_rounds
-    s.update(sim.loop.moves.summary())      # what the moves expected and gave (engine/core/move_ledger.py)
+        s["safety_limit_rounds"] = sim.max_rounds
+    s.update(sim.moves.summary())      # what the moves expected and gave (engine/core/move_ledger.py)
     s.update(shadow_summary(sim.rounds))    # a shadow policy's agreement, when one was asked (engine/core/shadow.py)
     return s
 

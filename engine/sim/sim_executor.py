@@ -23,15 +23,16 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from engine.core.allocation import Allocation
 from engine.core.executor import ExecutorTotals, JobProgress
 from engine.core.reconfig import ReconfigCostModel
+from instances.allocation import Allocation
 from instances.grid import Shape
 from instances.jobs import Job
+from instances.oracle import Oracle
+from instances.plan import Plan
 
 DEFAULT_ITERATION_NOISE_CV = 0.05      # per-iteration step-time jitter (stated default)
 EXACT_NOISE_DRAWS = 256                 # above this many new iterations: normal approximation of the sum
@@ -71,7 +72,7 @@ class SimExecutor:
     over a quiet round costs O(1) and an event O(log jobs); per-job progress is brought
     up to date lazily."""
 
-    def __init__(self, oracle: Any, reconfig: ReconfigCostModel, *,
+    def __init__(self, oracle: Oracle, reconfig: ReconfigCostModel, *,
                  iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV, seed: int = 0):
         if not (isinstance(iteration_noise_cv, (int, float)) and math.isfinite(iteration_noise_cv)
                 and iteration_noise_cv >= 0):
@@ -110,7 +111,7 @@ class SimExecutor:
     def totals(self) -> ExecutorTotals:
         return ExecutorTotals(self.samples_done, self.reconfig_lost_gpu_s_total)
 
-    def launch(self, job: Job, alloc: Allocation, plan: Any, now_s: float) -> None:
+    def launch(self, job: Job, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
         self._run_until(now_s)
         r = self._runs.get(job.job_id)
         if r is not None and r.alloc is not None:
@@ -138,7 +139,7 @@ class SimExecutor:
     def release(self, job_id: str, now_s: float) -> None:
         """Nothing to do: a simulated move takes effect at once (``reconfigure``)."""
 
-    def reconfigure(self, job_id: str, alloc: Allocation, plan: Any, now_s: float) -> None:
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
         self._run_until(now_s)
         r = self._running[job_id]
         it = self.true_iteration_time(r.job, alloc.grid.shape)

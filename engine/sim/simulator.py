@@ -42,12 +42,17 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Protocol, Sequence
 
+from engine.core.policy import Policy
 from engine.core.reconfig import ReconfigCostModel
 from engine.core.round_loop import RoundLoop, RoundRecord
+from estimators.base import PerformanceModel
+from instances.cluster import ClusterSpec
 from instances.errors import InputError
+from instances.jobs import Job
 from instances.limits import MAX_TIME_S, TIME_BOUND, check_time
+from instances.oracle import Oracle
 from instances.outages import Outage, down_at
 
 from . import metrics
@@ -84,6 +89,16 @@ class SimConfig:
                              f"rounds (raise it with --max-rounds)", field="rounds")
 
 
+class SimInstance(Protocol):
+    """What a simulation runs (``instances.builtin.Instance`` is one)."""
+    name: str
+    cluster: ClusterSpec
+    jobs: Sequence[Job]
+    oracle: Oracle                      # the truth: iteration times and what fits
+    round_interval_s: float             # the default round interval
+    horizon_rounds: int | None          # the default horizon (None: run until every job is done)
+
+
 @dataclass
 class RoundProgress:
     round_index: int
@@ -95,13 +110,14 @@ class RoundProgress:
     max_rounds: int = SimConfig.max_rounds     # the safety limit (horizon_rounds == it: no horizon)
 
 
-def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: ReconfigCostModel | None = None,
+def simulate(instance: SimInstance, policy: Policy, *, perf: PerformanceModel | None = None,
+             reconfig: ReconfigCostModel | None = None,
              rounds: int | None = None, run_out: bool = False, seed: int = 0,
              progress: Callable[[RoundProgress], None] | None = None, out_dir: str | Path | None = None,
              round_interval_s: float | None = None, stall_rounds: int = 20,
              check_invariants_every_round: bool = True, max_rounds: int | None = None,
              iteration_noise_cv: float = DEFAULT_ITERATION_NOISE_CV,
-             outages: tuple[Outage, ...] = (), shadow: Any = None,
+             outages: tuple[Outage, ...] = (), shadow: Policy | None = None,
              stop: Callable[[], bool] | None = None) -> metrics.SimResult:
     """Simulate ``policy`` on ``instance`` (cluster, jobs, oracle); see the module doc.
     ``max_rounds``: the run-out safety limit (default ``SimConfig.max_rounds``).
@@ -114,18 +130,17 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
 
     max_rounds = SimConfig.max_rounds if max_rounds is None else max_rounds
     if rounds is None:
-        rounds = getattr(instance, "horizon_rounds", None)
+        rounds = instance.horizon_rounds
     if rounds is None:                  # no horizon: run until every job is done
         rounds, run_out = max_rounds, True
     cfg = SimConfig(round_interval_s=float(round_interval_s if round_interval_s is not None
-                                           else getattr(instance, "round_interval_s", 300.0)),
+                                           else instance.round_interval_s),
                     rounds=int(rounds), run_out=run_out, seed=seed, stall_rounds=stall_rounds,
                     max_rounds=max_rounds, check_invariants=check_invariants_every_round,
                     iteration_noise_cv=iteration_noise_cv, outages=tuple(outages))
     reconfig = reconfig or ReconfigCostModel()
-    sim = _Simulation(instance, policy, perf, reconfig, cfg, progress, shadow, stop)
-    sim.run()
-    result = metrics.build_result(sim)
+    run = _Simulation(instance, policy, perf, reconfig, cfg, progress, shadow, stop).run()
+    result = metrics.build_result(run)
     if out_dir is not None:
         metrics.write_result(result, out_dir)
         from . import plots
@@ -136,8 +151,9 @@ def simulate(instance: Any, policy: Any, *, perf: Any = None, reconfig: Reconfig
 class _Simulation:
     """The virtual-clock driver of the round loop: round ``k`` at ``t0 + k x interval``."""
 
-    def __init__(self, instance, policy, perf, reconfig: ReconfigCostModel, cfg: SimConfig, progress,
-                 shadow=None, stop=None):
+    def __init__(self, instance: SimInstance, policy: Policy, perf: PerformanceModel | None,
+                 reconfig: ReconfigCostModel, cfg: SimConfig, progress: Callable[[RoundProgress], None] | None,
+                 shadow: Policy | None = None, stop: Callable[[], bool] | None = None):
         self.instance, self.policy, self.cfg = instance, policy, cfg
         self.progress_cb = progress
         self.stop = stop
@@ -174,11 +190,10 @@ class _Simulation:
         self.stopped_by_safety = False
         # horizon | all jobs finished | stalled | safety limit | clock bound | interrupted
         self.end_reason = ""
-        self.wall_s = 0.0
 
-    def run(self) -> None:
+    def run(self) -> metrics.SimRun:
         cfg, st, loop = self.cfg, self.state, self.loop
-        I = cfg.round_interval_s
+        I = loop.round_interval_s
         next_arrival = 0
         stall = 0
         # the times an outage begins or ends: the nodes out change only there
@@ -194,7 +209,7 @@ class _Simulation:
                 raise RuntimeError(f"the simulated clock did not advance at round {k} ({now!r} s after {prev_now!r} "
                                    f"s): times must stay within instances.limits.MAX_TIME_S")
             prev_now = now
-            loop.collect(now, I)
+            loop.collect(now)
             # stop?
             if self.stop is not None and self.stop():
                 self.end_s, self.end_reason = now, "interrupted"
@@ -242,4 +257,10 @@ class _Simulation:
                                                len(self.jobs), time.perf_counter() - start_wall,
                                                cfg.max_rounds))
         loop.moves.close_all(self.end_s, {j: self.executor.progress(j).iterations_done for j in st.running})
-        self.wall_s = time.perf_counter() - start_wall
+        return metrics.SimRun(
+            instance_name=self.instance.name, policy_name=self.policy.name,
+            perf_name=getattr(loop.perf, "name", None), perf_runtime=getattr(loop.perf, "runtime", None),
+            seed=cfg.seed, round_interval_s=I, horizon_rounds=cfg.rounds, max_rounds=cfg.max_rounds,
+            run_out=cfg.run_out, t0=self.t0, horizon_s=self.horizon_s, end_s=self.end_s, end_reason=self.end_reason,
+            stopped_by_safety=self.stopped_by_safety, wall_s=time.perf_counter() - start_wall, jobs=self.jobs,
+            state=st, progress=self.executor.progress, rounds=self.rounds, moves=loop.moves)

@@ -61,9 +61,10 @@ from dataclasses import dataclass, replace
 from instances.errors import InputError
 from instances.gpus import get_gpu
 from instances.models import get_model
+from instances.plan import Plan
 
 from ..analytic import AnalyticModel
-from ..base import Estimate, Plan
+from ..base import Estimate
 from ..config import EfficiencyConfig, MemoryConfig
 from ..planner import Planner, PlanResult
 from ..profile_store import ProfileStore

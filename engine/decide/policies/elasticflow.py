@@ -32,9 +32,9 @@ import math
 
 import numpy as np
 
-from engine.core.context import Decisions, JobView, RoundContext
+from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import register_policy
+from engine.core.policy import Policy, register_policy
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
@@ -74,7 +74,7 @@ class _Usage:
             self.used[t][li] += d
 
 
-class ElasticFlowLS:
+class ElasticFlowLS(Policy):
     KEYS = ("slack_factor", "heterogeneous", "max_gpus") + STABILITY_KEYS
 
     def __init__(self, *, ap: bool = False, **config):
@@ -192,12 +192,12 @@ class ElasticFlowLS:
         chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, data.speedup, chosen)
         grids = {data.job_ids[j]: data.grids[k] for j, k in chosen.items()}
         plans = {data.job_ids[j]: data.plans[k] for j, k in chosen.items() if data.plans[k] is not None}
-        info = {"backend": "elasticflow-greedy", "jobs": data.n_jobs, "admitted": len(chosen) - len(
-            [j for j in late if j in chosen]), "best_effort": len([j for j in late if j in chosen]),
-            "placement_repairs": repairs, "placement_dropped": dropped, "frozen": len(rule_kept),
-            "held_by_budget": len(kept - rule_kept), "move_allowance": allowance,
-            "decide_time_s": time.perf_counter() - t0}
-        return Decisions(grids=grids, plans=plans, placements=placements, info=info)
+        best_effort = len([j for j in late if j in chosen])
+        stats = DecisionStats(backend="elasticflow-greedy", jobs=data.n_jobs, admitted=len(chosen) - best_effort,
+                              best_effort=best_effort, placement_repairs=repairs, placement_dropped=tuple(dropped),
+                              frozen=len(rule_kept), held_by_budget=len(kept - rule_kept), move_allowance=allowance,
+                              decide_time_s=time.perf_counter() - t0)
+        return Decisions(grids=grids, plans=plans, placements=placements, stats=stats)
 
 
 @register_policy("elasticflow-ls")

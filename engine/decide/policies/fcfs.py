@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 from engine.core.context import Decisions, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import register_policy
+from engine.core.policy import Policy, register_policy
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 
 
 @dataclass(frozen=True)
-class FcfsPolicy:
+class FcfsPolicy(Policy):
     backfill: bool = True
     block_scope: str = "cluster"
     default_gpu_type: str | None = None

@@ -21,7 +21,7 @@ here, once:
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
 - ``max_queued`` (0: none): the round decides over every running job and at most this
   many queued jobs, those of the highest priority, then the earliest arrival, then the
-  job id (``queue_window``); the others wait this round (``info["queued_left_out"]``).
+  job id (``queue_window``); the others wait this round (``DecisionStats.queued_left_out``).
   A queue of thousands on a cluster that can start a few jobs a round otherwise costs
   its estimates, columns and solve every round (docs/results/2026-12-04-service-round-scale.md);
 - ``event_driven`` (false): decide only after an event (arrival, completion, failure) or
@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from engine.core.context import Decisions, JobView, RoundContext
+from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
 from engine.core.placement import Placer
 from engine.core.policy import Policy, register_policy
 from estimators import PerformanceModel
@@ -181,7 +181,7 @@ def _with_default_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> di
     return merged
 
 
-class MilpPolicy:
+class MilpPolicy(Policy):
     """One optimization model per round over every job x candidate grid (see module doc)."""
 
     def __init__(self, spec: MilpPolicySpec, **config: Any):
@@ -312,13 +312,15 @@ class MilpPolicy:
             d.mkdir(parents=True, exist_ok=True)
             export_model(model, d / f"round_{ctx.round_index:05d}.mps", "mps")
             export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
-        info = {**sol.stats(), "search": self.search, "frozen": len(frozen), "move_allowance": allowance,
-                "placement_repairs": repairs,
-                "placement_dropped": dropped, "jobs": data.n_jobs, "queued_left_out": left_out,
-                "columns": data.n_cols, "rows": model.n_rows, "unschedulable": list(data.unschedulable),
-                "estimate_time_s": t1 - t0, "model_build_time_s": t2 - t1, "solve_wall_s": t3 - t2,
-                "decide_time_s": time.perf_counter() - t0}
-        return Decisions(grids=grids, plans=plans, placements=placements, info=info)
+        stats = DecisionStats(
+            jobs=data.n_jobs, queued_left_out=left_out, frozen=len(frozen), move_allowance=allowance,
+            placement_repairs=repairs, placement_dropped=tuple(dropped),
+            backend=sol.backend, status=sol.status, objective=sol.objective, bound=sol.bound, gap=sol.gap,
+            message=sol.message, solver_build_time_s=sol.build_time_s, solver_solve_time_s=sol.solve_time_s,
+            solver_extra=dict(sol.extra), search=self.search, columns=data.n_cols, rows=model.n_rows,
+            unschedulable=tuple(data.unschedulable), estimate_time_s=t1 - t0, model_build_time_s=t2 - t1,
+            solve_wall_s=t3 - t2, decide_time_s=time.perf_counter() - t0)
+        return Decisions(grids=grids, plans=plans, placements=placements, stats=stats)
 
 
 def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., Policy]:

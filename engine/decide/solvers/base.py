@@ -71,11 +71,6 @@ class Solution:
     def selected(self, n_x: int) -> np.ndarray:
         return np.flatnonzero(self.values[:n_x] > 0.5)
 
-    def stats(self) -> dict:
-        return {"backend": self.backend, "status": self.status, "objective": self.objective,
-                "bound": self.bound, "gap": self.gap, "build_time_s": self.build_time_s,
-                "solve_time_s": self.solve_time_s, "message": self.message, **self.extra}
-
 
 def relative_gap(value: float, bound: float) -> float:
     if not np.isfinite(bound):

@@ -54,7 +54,7 @@ class RowBlock:
         return np.bincount(self.rows[idx], weights=self.data[idx], minlength=n)
 
 
-class _Structure:
+class Structure:
     """Per-model arrays that the greedy needs (built once per model)."""
 
     def __init__(self, model):
@@ -93,10 +93,10 @@ class _Structure:
 
 
 def greedy_select(model, order: np.ndarray, start: np.ndarray | None = None,
-                  structure: _Structure | None = None, x0: np.ndarray | None = None) -> np.ndarray:
+                  structure: Structure | None = None, x0: np.ndarray | None = None) -> np.ndarray:
     """Take columns in ``order`` while they fit. ``x0`` (optional) is a set of columns
     already known to fit together (taken first, without checks)."""
-    s = structure or _Structure(model)
+    s = structure or Structure(model)
     n_x = model.n_x
     x = np.zeros(n_x)
     act = np.zeros(model.n_rows)
@@ -234,7 +234,7 @@ def complete(model, x: np.ndarray, threads: int = 1) -> tuple[np.ndarray, bool]:
     return v, True
 
 
-def orders(model, s: _Structure) -> list[np.ndarray]:
+def orders(model, s: Structure) -> list[np.ndarray]:
     c = model.c[: model.n_x]
     by_value = np.lexsort((s.usage, -c))
     by_density = np.lexsort((-c, -(c / np.maximum(s.usage, 1e-12))))
@@ -245,7 +245,7 @@ def greedy_solution(model, *, backend: str = "greedy", status: str = "feasible",
                     build_time_s: float = 0.0, bound: float = float("inf"),
                     start: np.ndarray | None = None) -> Solution:
     t0 = time.perf_counter()
-    s = _Structure(model)
+    s = Structure(model)
     best_v, best_val = None, -np.inf
     for order in orders(model, s):
         x = greedy_select(model, order, start=start, structure=s)

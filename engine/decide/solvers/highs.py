@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import GAP_TOLERANCE, Solution, SolverOptions, register_backend, relative_gap
-from .greedy import _Structure, complete, greedy_select, greedy_solution, orders
+from .greedy import Structure, complete, greedy_select, greedy_solution, orders
 from .highs_api import new_highs, to_highs_lp
 
 _INF = float("inf")
@@ -48,7 +48,7 @@ def solve_lp(model, options: SolverOptions, time_limit_s: float):
 
 def round_lp(model, v_lp: np.ndarray, structure=None) -> np.ndarray:
     """Columns in decreasing LP value (ties by objective), then the greedy orders."""
-    s = structure or _Structure(model)
+    s = structure or Structure(model)
     xl = v_lp[: model.n_x]
     c = model.c[: model.n_x]
     frac_order = np.lexsort((-c, -xl))

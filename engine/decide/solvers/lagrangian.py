@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from ..same_inputs import kept, same
 from .base import Solution, SolverOptions, register_backend, relative_gap
-from .greedy import RowBlock, _Structure, greedy_select
+from .greedy import RowBlock, Structure, greedy_select
 from .highs_api import reuse_highs
 
 MAX_ITERS = 200
@@ -48,7 +48,7 @@ def applicable(model) -> bool:
 
 
 class _Dual:
-    def __init__(self, model, s: _Structure, like: _Dual | None = None):
+    def __init__(self, model, s: Structure, like: _Dual | None = None):
         """``like``: a dual of a model with the same structure (``_Memo``), whose row
         block is taken as is; only the objective is read from ``model``."""
         self.model = model
@@ -98,7 +98,7 @@ class _Memo:
         self.model: object = None          # the last model looked at (the same object: no comparison)
         self.key: tuple | None = None
         self.applies = False
-        self.structure: _Structure | None = None
+        self.structure: Structure | None = None
         self.dual: _Dual | None = None
 
     @staticmethod
@@ -120,10 +120,10 @@ class _Memo:
         self.model = model
         return self.applies
 
-    def structures(self, model) -> tuple[_Structure, _Dual]:
+    def structures(self, model) -> tuple[Structure, _Dual]:
         """The greedy's structure and the dual of ``model`` (after ``look(model)``)."""
         if self.structure is None or self.dual is None:
-            self.structure = _Structure(model)
+            self.structure = Structure(model)
             self.dual = _Dual(model, self.structure)
             return self.structure, self.dual
         return self.structure, _Dual(model, self.structure, like=self.dual)

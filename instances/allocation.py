@@ -1,6 +1,6 @@
 """What a job holds: an ``Allocation`` (a grid on concrete GPUs ``(node_id, index)``).
-Below the round context and the reconfiguration cost model, which both read it: the
-context names the cost model, the cost model never imports the context."""
+A value the engine decides, the reconfiguration cost model prices and the launcher's
+executors run on, so it lives below all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
