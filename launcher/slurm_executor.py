@@ -63,7 +63,7 @@ from . import launch as _launch
 from .config import TrainConfig
 from .mpi_executor import LaunchedJobProgress, MpiExecutor, MpiExecutorConfig, _Job
 from .telemetry import read_progress
-from .worker import EVENTS_FILE
+from .worker import EVENTS_FILE, STOP_FILE
 
 EXIT_FILE = "slurm_exit"                 # in the run folder: the rank launcher's exit status, written by the script
 JOB_ID_FILE = "slurm_job_id"             # in the run folder: the launch's Slurm job id
@@ -419,6 +419,52 @@ class SlurmExecutor(MpiExecutor):
         self._layout[job.job_id] = self._placement(alloc)
         self._poll(st)
         return self.progress(job.job_id)
+
+    def _found(self, run_dir: str | Path) -> SlurmLaunch | None:
+        """The launch Slurm still runs for run folder ``<work>/<job>/launch_<n>``, if any."""
+        run_dir = Path(run_dir)
+        index = run_dir.name.removeprefix("launch_")
+        if not index.isdigit():
+            return None
+        found = [r for r in self.find_running() if r.job_id == run_dir.parent.name and r.launch_index == int(index)]
+        return found[-1] if found else None
+
+    def left_running(self, run_dir: str) -> bool:
+        """Whether Slurm still runs (or has pending) the launch of ``run_dir`` that an
+        earlier process submitted."""
+        return self._found(run_dir) is not None
+
+    def stop_left(self, run_dir: str, pid: int | None = None, timeout_s: float = 60.0) -> bool:
+        """Stop the Slurm job of a launch an earlier process submitted (``pid`` is unused
+        here): the ``stop`` file asks its ranks to checkpoint and exit (a pending job is
+        cancelled at once); after ``timeout_s``, ``scancel``. True when it ended on request."""
+        found = self._found(run_dir)
+        return True if found is None else self.stop_found(found, run_dir, timeout_s)
+
+    def stop_found(self, launch: SlurmLaunch, run_dir: str | Path, timeout_s: float) -> bool:
+        """Stop one launch ``find_running`` listed (see ``stop_left``)."""
+        run = SlurmRun(self, launch.slurm_job_id, str(run_dir), 0.0)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / STOP_FILE).write_text("stop requested after a service restart\n")
+        run.request_stop()
+        try:
+            run.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            run.kill()
+            return False
+
+    def stop_unknown(self, keep: set[tuple[str, int]], timeout_s: float) -> list[tuple[SlurmLaunch, bool]]:
+        """Stop every launch of this service's tag Slurm still runs except those in ``keep``
+        ((job, launch index) pairs: the launches the caller has taken over); each as
+        ``stop_left`` does. Returns the launches stopped, each with whether it ended on request."""
+        out = []
+        for launch in self.find_running():
+            if (launch.job_id, launch.launch_index) in keep:
+                continue
+            run_dir = Path(self.config.work_dir) / launch.job_id / f"launch_{launch.launch_index}"
+            out.append((launch, self.stop_found(launch, run_dir, timeout_s)))
+        return out
 
     def slurm_job_id(self, job_id: str) -> int | None:
         """The Slurm job of the job's current launch (None before any)."""
