@@ -308,6 +308,13 @@ class SlurmNode:
         return ", ".join(dict.fromkeys(words)) + (f" ({self.reason})" if self.reason else "")
 
     @property
+    def registering(self) -> bool:
+        """State UNKNOWN and nothing else wrong: what a node shows after the controller
+        restarted until its slurmd registers again (not a verdict on the node)."""
+        return self.state == "UNKNOWN" and not any(f in OUT_OF_SERVICE_FLAGS for f in self.flags if
+                                                   f != "NOT_RESPONDING")
+
+    @property
     def sinfo_state(self) -> str:
         """The state as ``sinfo -o %T`` prints it (``idle``, ``mixed``, ``drained``,
         ``draining``, ``down*`` ...)."""
@@ -356,9 +363,11 @@ def _node(name: str, partitions, state: str, flags, cpus, cpus_alloc, gres: str 
                      reason=(reason or "").strip())
 
 
-def nodes_from_sinfo_json(text: str, table: Mapping[str, str]) -> list[SlurmNode]:
+def nodes_from_sinfo_json(text: str, table: Mapping[str, str], partition: str | None = None) -> list[SlurmNode]:
     """Nodes of ``sinfo --json`` (OpenAPI v0.0.38, Slurm 22.05). Its ``errors`` (the
-    controller down gives "Unspecified error" with exit status 0) are an ``InputError``."""
+    controller down gives "Unspecified error" with exit status 0) are an ``InputError``.
+    ``partition``: only that partition's nodes (the others' GRES are not read: a GPU type
+    the table lacks elsewhere on the cluster is no error here)."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -373,6 +382,8 @@ def nodes_from_sinfo_json(text: str, table: Mapping[str, str]) -> list[SlurmNode
     out = []
     for i, n in enumerate(raw["nodes"]):
         try:
+            if partition is not None and partition not in (n.get("partitions") or []):
+                continue
             out.append(_node(n["name"], n.get("partitions") or [], n["state"], n.get("state_flags") or [],
                              n["cpus"], n.get("alloc_cpus"), n.get("gres"), n.get("gres_used"), n.get("reason", ""),
                              table))
@@ -392,8 +403,9 @@ def parse_key_values(line: str) -> dict[str, str]:
             for i, m in enumerate(ms)}
 
 
-def nodes_from_scontrol(text: str, table: Mapping[str, str]) -> list[SlurmNode]:
-    """Nodes of ``scontrol -o -d show nodes`` (one line per node)."""
+def nodes_from_scontrol(text: str, table: Mapping[str, str], partition: str | None = None) -> list[SlurmNode]:
+    """Nodes of ``scontrol -o -d show nodes`` (one line per node); ``partition``: only
+    that partition's nodes (as ``nodes_from_sinfo_json``)."""
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -401,6 +413,8 @@ def nodes_from_scontrol(text: str, table: Mapping[str, str]) -> list[SlurmNode]:
         kv = parse_key_values(line)
         try:
             parts = [] if kv.get("Partitions", "") in ("", "(null)") else kv["Partitions"].split(",")
+            if partition is not None and partition not in parts:
+                continue
             reason = re.sub(r"\s*\[[^]]*\]\s*$", "", kv.get("Reason", ""))      # "[user@time]"
             out.append(_node(kv["NodeName"], parts, kv["State"], (), kv.get("CPUTot") or kv["CPUEfctv"],
                              kv.get("CPUAlloc"), kv.get("Gres"), kv.get("GresUsed"), reason, table))
@@ -538,9 +552,9 @@ def discover(commands: SlurmCommands | None = None, partition: str | None = None
     if form in ("auto", "json"):
         text = commands.run("sinfo", "--json") if form == "json" else _try_json(commands)
         if text is not None:
-            nodes, source = nodes_from_sinfo_json(text, table), "sinfo --json"
+            nodes, source = nodes_from_sinfo_json(text, table, partition), "sinfo --json"
     if nodes is None:
-        nodes = nodes_from_scontrol(commands.run("scontrol", "-o", "-d", "show", "nodes"), table)
+        nodes = nodes_from_scontrol(commands.run("scontrol", "-o", "-d", "show", "nodes"), table, partition)
     mine = sorted((n for n in nodes if partition in n.partitions), key=lambda n: natural_key(n.name))
     if not mine:
         raise InputError(f"Slurm partition {partition!r} has no nodes", field="--partition")

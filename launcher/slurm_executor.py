@@ -19,10 +19,13 @@ the jobs a crashed service left running (``find_running``, ``adopt``).
   default). The script records the launcher's exit status in ``slurm_exit``.
 - **State**: one ``squeue`` for all of the executor's jobs at most every ``poll_s``
   seconds (sooner once a launch's ``slurm_exit`` appears); a job Slurm no longer lists is
-  looked up in ``sacct`` where accounting is enabled. While Slurm does not answer (the
-  controller down), a launch runs on as far as the executor knows (``slurm_error`` says
-  why), stop and kill say nothing (the ``stop`` file still reaches the ranks), and a
-  launch whose script wrote its exit status ends ``EXIT_GRACE_S`` later.
+  looked up in ``sacct`` where accounting is enabled. After a ``squeue`` that failed, the
+  next poll asks ``scontrol ping`` first (quick even when the controller is down, where
+  ``squeue`` retries for about ``MessageTimeout`` seconds and would hold up every poll).
+  While Slurm does not answer (the controller down), a launch runs on as far as the
+  executor knows (``slurm_error`` says why), stop and kill say nothing (the ``stop`` file
+  still reaches the ranks), and a launch whose script wrote its exit status ends
+  ``EXIT_GRACE_S`` later.
 - **Stop**: the ``stop`` file in the (shared) run folder: rank 0 reads it at every step
   and all ranks agree on it, so they checkpoint at the end of the step and exit (what
   SIGTERM would do; with ``launcher="srun"`` a ``scancel --signal=TERM`` goes to the
@@ -257,6 +260,9 @@ class SlurmExecutor(MpiExecutor):
             self.commands.path(name)
         self._snapshot: dict[int, SlurmJob] = {}
         self._snapshot_at = 0.0                 # time.time() of the last squeue
+        # the last squeue failed (the controller away): until ``scontrol ping`` answers again, no
+        # squeue (each retries for about MessageTimeout seconds, which would hold up every poll)
+        self._unanswered = False
         self._layout: dict[str, dict[str, int]] = {}    # job -> Slurm node -> ranks of its current launch
         self.slurm_error: str | None = None     # the last Slurm command that failed while jobs ran (to log)
 
@@ -346,7 +352,16 @@ class SlurmExecutor(MpiExecutor):
                 if isinstance(st.proc, SlurmRun) and st.proc.returncode is None:
                     ids.add(st.proc.slurm_job_id)
             self._snapshot_at = time.time()     # (also when squeue fails: asked again after poll_s)
-            self._snapshot = list_jobs(self.commands, ids)
+            if self._unanswered:
+                self.commands.ping()            # quick, and an InputError while the controller is away
+            try:
+                self._snapshot = list_jobs(self.commands, ids)
+            except SlurmCommandError:
+                self._unanswered = True
+                raise
+            finally:
+                self._snapshot_at = time.time()
+            self._unanswered = False
         return self._snapshot.get(slurm_job_id)
 
     def _accounted(self, slurm_job_id: int) -> SlurmJob | None:

@@ -145,7 +145,7 @@ class SlurmNodeState:
             return SlurmReading(now, error=e.reason, view=self.last.view, out_of_service=self.last.out_of_service,
                                 held_by_others=self.last.held_by_others, new_nodes=self.last.new_nodes)
         self._logged_error = None
-        self.last = SlurmReading(now, view=view, **self._against(view, before, after))
+        self.last = SlurmReading(now, view=view, **self._against(view, before, after, self.last))
         for name in self.last.new_nodes:
             if name not in self._new_logged:
                 self._new_logged.add(name)
@@ -181,13 +181,27 @@ class SlurmNodeState:
                 own[name] = own.get(name, 0) + (js.gpus_per_node if name in gpu_nodes else js.cpus_per_node)
         return own
 
-    def _against(self, view: SlurmView, before: dict[str, int], after: dict[str, int]) -> dict:
+    def _against(self, view: SlurmView, before: dict[str, int], after: dict[str, int],
+                 previous: SlurmReading | None = None) -> dict:
         """``view`` against the cluster at start: out of service (Slurm's state, gone,
         changed, held by jobs not ours), held slots, new nodes. ``before``/``after``: our
-        jobs' slots read just before and after ``view`` (the larger counts)."""
+        jobs' slots read just before and after ``view`` (the larger counts). A node in
+        state UNKNOWN without a drain, down or failing flag (a restarted controller before
+        the node's slurmd has registered again) keeps its verdict of ``previous``: a
+        controller restart does not take every node out of service (at start, with no
+        earlier reading, such a node is out)."""
         own = {n: max(before.get(n, 0), after.get(n, 0)) for n in {*before, *after}}
         a = view.availability(self.spec, own)
         out = dict(a.out_of_service)
+        if previous is not None:
+            by_name = {n.name: n for n in view.nodes}
+            for node in self.spec.nodes():
+                s = by_name.get(node.host or "")
+                if s is None or not s.registering:
+                    continue
+                out.pop(node.node_id, None)
+                if node.node_id in previous.out_of_service:
+                    out[node.node_id] = previous.out_of_service[node.node_id]
         kind = {n.node_id: ("GPUs" if n.gpu_type != CPU_TYPE else "CPUs", n.num_gpus) for n in self.spec.nodes()}
         for node, k in a.unusable_slots.items():
             if node not in out:
