@@ -368,8 +368,16 @@ def test_bad_slurm_inputs_at_start(cluster, tmp_path, monkeypatch, capsys):
         assert main(base + extra) == 2, what
         err = capsys.readouterr().err
         assert re.match(want, err) and len(err.splitlines()) == 1, (what, err)
-    # the GRES type mapped with --slurm-gpu-types: the partition is read
     monkeypatch.undo()
+    for argv, want in ((["--local-slots", "1", "--partition", "arena"], "field '--partition': --partition goes with "
+                                                                       "--slurm"),
+                       (["--slurm", "--local-slots", "1"], "field '--cluster': give exactly one of --cluster FILE, "
+                                                           "--local-slots N and --slurm"),
+                       (["--slurm", "--local-nodes", "2"], "field '--local-nodes': --local-nodes goes with "
+                                                           "--local-slots")):
+        assert main(["serve", *argv, "--db", str(tmp_path / "s.db"), "--work-dir", str(tmp_path / "w")]) == 2
+        assert capsys.readouterr().err == f"arena: error: {want}\n"
+    # the GRES type mapped with --slurm-gpu-types: the partition is read
     from engine.service.slurm_nodes import SlurmSettings, SlurmSetup
     table = tmp_path / "types.json"
     table.write_text('{"xpu9": "h100-sxm"}')
