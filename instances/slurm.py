@@ -308,6 +308,31 @@ class SlurmNode:
         return ", ".join(dict.fromkeys(words)) + (f" ({self.reason})" if self.reason else "")
 
     @property
+    def registering(self) -> bool:
+        """State UNKNOWN and nothing else wrong: what a node shows after the controller
+        restarted until its slurmd registers again (not a verdict on the node)."""
+        return self.state == "UNKNOWN" and not any(f in OUT_OF_SERVICE_FLAGS for f in self.flags if
+                                                   f != "NOT_RESPONDING")
+
+    @property
+    def sinfo_state(self) -> str:
+        """The state as ``sinfo -o %T`` prints it (``idle``, ``mixed``, ``drained``,
+        ``draining``, ``down*`` ...)."""
+        busy = self.state in ("ALLOCATED", "MIXED") or "COMPLETING" in self.flags
+        if "FAIL" in self.flags:
+            word = "failing" if busy else "fail"
+        elif "DRAIN" in self.flags and self.state not in ("DOWN", "ERROR"):
+            word = "draining" if busy else "drained"
+        elif "MAINTENANCE" in self.flags and self.state not in ("ALLOCATED", "MIXED"):
+            word = "maint"
+        elif "COMPLETING" in self.flags:
+            word = "completing"
+        else:
+            word = self.state.lower()
+        marks = {"NOT_RESPONDING": "*", "POWERED_DOWN": "~", "POWERING_UP": "#", "POWERING_DOWN": "%"}
+        return word + "".join(m for f, m in marks.items() if f in self.flags)
+
+    @property
     def launch_gres(self) -> str | None:
         """The ``--gres`` name a job asks this node's GPUs by (``gpu:a100``, ``gpu``), None without GPUs."""
         if not self.gpus:
@@ -338,9 +363,11 @@ def _node(name: str, partitions, state: str, flags, cpus, cpus_alloc, gres: str 
                      reason=(reason or "").strip())
 
 
-def nodes_from_sinfo_json(text: str, table: Mapping[str, str]) -> list[SlurmNode]:
+def nodes_from_sinfo_json(text: str, table: Mapping[str, str], partition: str | None = None) -> list[SlurmNode]:
     """Nodes of ``sinfo --json`` (OpenAPI v0.0.38, Slurm 22.05). Its ``errors`` (the
-    controller down gives "Unspecified error" with exit status 0) are an ``InputError``."""
+    controller down gives "Unspecified error" with exit status 0) are an ``InputError``.
+    ``partition``: only that partition's nodes (the others' GRES are not read: a GPU type
+    the table lacks elsewhere on the cluster is no error here)."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -355,6 +382,8 @@ def nodes_from_sinfo_json(text: str, table: Mapping[str, str]) -> list[SlurmNode
     out = []
     for i, n in enumerate(raw["nodes"]):
         try:
+            if partition is not None and partition not in (n.get("partitions") or []):
+                continue
             out.append(_node(n["name"], n.get("partitions") or [], n["state"], n.get("state_flags") or [],
                              n["cpus"], n.get("alloc_cpus"), n.get("gres"), n.get("gres_used"), n.get("reason", ""),
                              table))
@@ -374,8 +403,9 @@ def parse_key_values(line: str) -> dict[str, str]:
             for i, m in enumerate(ms)}
 
 
-def nodes_from_scontrol(text: str, table: Mapping[str, str]) -> list[SlurmNode]:
-    """Nodes of ``scontrol -o -d show nodes`` (one line per node)."""
+def nodes_from_scontrol(text: str, table: Mapping[str, str], partition: str | None = None) -> list[SlurmNode]:
+    """Nodes of ``scontrol -o -d show nodes`` (one line per node); ``partition``: only
+    that partition's nodes (as ``nodes_from_sinfo_json``)."""
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -383,6 +413,8 @@ def nodes_from_scontrol(text: str, table: Mapping[str, str]) -> list[SlurmNode]:
         kv = parse_key_values(line)
         try:
             parts = [] if kv.get("Partitions", "") in ("", "(null)") else kv["Partitions"].split(",")
+            if partition is not None and partition not in parts:
+                continue
             reason = re.sub(r"\s*\[[^]]*\]\s*$", "", kv.get("Reason", ""))      # "[user@time]"
             out.append(_node(kv["NodeName"], parts, kv["State"], (), kv.get("CPUTot") or kv["CPUEfctv"],
                              kv.get("CPUAlloc"), kv.get("Gres"), kv.get("GresUsed"), reason, table))
@@ -520,9 +552,9 @@ def discover(commands: SlurmCommands | None = None, partition: str | None = None
     if form in ("auto", "json"):
         text = commands.run("sinfo", "--json") if form == "json" else _try_json(commands)
         if text is not None:
-            nodes, source = nodes_from_sinfo_json(text, table), "sinfo --json"
+            nodes, source = nodes_from_sinfo_json(text, table, partition), "sinfo --json"
     if nodes is None:
-        nodes = nodes_from_scontrol(commands.run("scontrol", "-o", "-d", "show", "nodes"), table)
+        nodes = nodes_from_scontrol(commands.run("scontrol", "-o", "-d", "show", "nodes"), table, partition)
     mine = sorted((n for n in nodes if partition in n.partitions), key=lambda n: natural_key(n.name))
     if not mine:
         raise InputError(f"Slurm partition {partition!r} has no nodes", field="--partition")
@@ -587,6 +619,69 @@ def list_jobs(commands: SlurmCommands, ids: Iterable[int] | None = None) -> dict
             raise InputError(f"`squeue` printed a line not in the asked format: {line[:120]!r}", field="squeue")
         j = SlurmJob(int(f[0]), f[1].strip().upper(), f[2].strip(), f[3], f[4], "" if f[5] == "(null)" else f[5])
         out[j.job_id] = j
+    return out
+
+
+_HOST_RANGE = re.compile(r"([^,\[\]]*)(?:\[([^\]]*)\])?([^,\[\]]*)")
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm's node list expression as names: ``n[1-3,7],gpu01`` -> n1, n2, n3, n7, gpu01
+    (zero padding kept: ``gpu[08-10]`` -> gpu08, gpu09, gpu10); ``(null)``/empty: none."""
+    expr = (expr or "").strip()
+    if expr in ("", "(null)", "None assigned"):
+        return []
+    out: list[str] = []
+    for item in _split_top(expr.replace("[", "(").replace("]", ")")):
+        item = item.replace("(", "[").replace(")", "]")
+        m = _HOST_RANGE.fullmatch(item.strip())
+        if not m:
+            raise InputError(f"cannot read the node list {expr!r}", field="squeue")
+        prefix, ranges, suffix = m.groups()
+        if ranges is None:
+            out.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise InputError(f"cannot read the node list {expr!r}", field="squeue")
+            width = len(lo) if lo.startswith("0") else 0
+            out += [f"{prefix}{str(i).zfill(width)}{suffix}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+@dataclass(frozen=True)
+class JobSlots:
+    """One of this user's jobs with what it holds on each of its nodes (``job_slots``)."""
+    job: SlurmJob
+    nodes: tuple[str, ...]                # its nodes, expanded
+    gpus_per_node: int                    # GPU GRES it holds per node
+    cpus_per_node: int
+
+
+JOB_SLOTS_FORMAT = "%i|%T|%r|%j|%N|%D|%C|%b|%k"    # the comment last
+HOLDING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING",
+                            "STAGE_OUT"})       # states in which a job holds its nodes' resources
+
+
+def job_slots(commands: SlurmCommands) -> list[JobSlots]:
+    """This user's jobs that hold resources now (running, completing ...), each with its
+    nodes and the GPUs and CPUs it holds on each (``squeue``'s per-node GRES ``%b`` and
+    CPUs ``%C`` over nodes ``%D``)."""
+    text = commands.run("squeue", "--me", "--noheader", f"--states={','.join(sorted(HOLDING_STATES))}",
+                        f"--format={JOB_SLOTS_FORMAT}")
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|", 8)
+        if len(f) != 9 or not f[0].strip().isdigit() or not f[5].strip().isdigit() or not f[6].strip().isdigit():
+            raise InputError(f"`squeue` printed a line not in the asked format: {line[:120]!r}", field="squeue")
+        job = SlurmJob(int(f[0]), f[1].strip().upper(), f[2].strip(), f[3], f[4], "" if f[8] == "(null)" else f[8])
+        gres = re.sub(r"\bgres[:/]", "", f[7].strip())
+        nodes = max(1, int(f[5]))
+        out.append(JobSlots(job, tuple(expand_hostlist(f[4])), sum(n for _, n in parse_gres(gres, where="squeue %b")),
+                            int(f[6]) // nodes))
     return out
 
 

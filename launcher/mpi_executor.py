@@ -393,6 +393,18 @@ class MpiExecutor:
     def checkpoint_dir(self, job_id: str) -> str:
         return self._job(job_id).cfg.checkpoint_dir
 
+    # --- launches an earlier process left (a restarted service) -----------------------------
+    def left_running(self, run_dir: str) -> bool:
+        """Whether ranks of the launch in ``run_dir``, started by an earlier process, still
+        run (here: recorded rank pids alive on this host)."""
+        return bool(_launch.live_rank_pids(run_dir))
+
+    def stop_left(self, run_dir: str, pid: int | None, timeout_s: float) -> bool:
+        """Stop the ranks of a launch an earlier process started (``pid``: its mpiexec, where
+        recorded): asked to checkpoint and exit, killed after ``timeout_s``. True when they
+        exited on request."""
+        return _launch.stop_detached(run_dir, pid, timeout_s)
+
     def request_checkpoint(self, job_id: str) -> None:
         """Ask a running job to checkpoint at the end of its current step and continue."""
         st = self._job(job_id)

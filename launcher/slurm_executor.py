@@ -19,10 +19,13 @@ the jobs a crashed service left running (``find_running``, ``adopt``).
   default). The script records the launcher's exit status in ``slurm_exit``.
 - **State**: one ``squeue`` for all of the executor's jobs at most every ``poll_s``
   seconds (sooner once a launch's ``slurm_exit`` appears); a job Slurm no longer lists is
-  looked up in ``sacct`` where accounting is enabled. While Slurm does not answer (the
-  controller down), a launch runs on as far as the executor knows (``slurm_error`` says
-  why), stop and kill say nothing (the ``stop`` file still reaches the ranks), and a
-  launch whose script wrote its exit status ends ``EXIT_GRACE_S`` later.
+  looked up in ``sacct`` where accounting is enabled. After a ``squeue`` that failed, the
+  next poll asks ``scontrol ping`` first (quick even when the controller is down, where
+  ``squeue`` retries for about ``MessageTimeout`` seconds and would hold up every poll).
+  While Slurm does not answer (the controller down), a launch runs on as far as the
+  executor knows (``slurm_error`` says why), stop and kill say nothing (the ``stop`` file
+  still reaches the ranks), and a launch whose script wrote its exit status ends
+  ``EXIT_GRACE_S`` later.
 - **Stop**: the ``stop`` file in the (shared) run folder: rank 0 reads it at every step
   and all ranks agree on it, so they checkpoint at the end of the step and exit (what
   SIGTERM would do; with ``launcher="srun"`` a ``scancel --signal=TERM`` goes to the
@@ -66,7 +69,7 @@ from . import launch as _launch
 from .config import ParallelPlan, TrainConfig
 from .mpi_executor import LaunchedJob, LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
 from .telemetry import read_progress
-from .worker import EVENTS_FILE
+from .worker import EVENTS_FILE, STOP_FILE
 
 EXIT_FILE = "slurm_exit"                 # in the run folder: the rank launcher's exit status, written by the script
 JOB_ID_FILE = "slurm_job_id"             # in the run folder: the launch's Slurm job id
@@ -260,6 +263,9 @@ class SlurmExecutor(MpiExecutor):
             self.commands.path(name)
         self._snapshot: dict[int, SlurmJob] = {}
         self._snapshot_at = 0.0                 # time.time() of the last squeue
+        # the last squeue failed (the controller away): until ``scontrol ping`` answers again, no
+        # squeue (each retries for about MessageTimeout seconds, which would hold up every poll)
+        self._unanswered = False
         self._layout: dict[str, dict[str, int]] = {}    # job -> Slurm node -> ranks of its current launch
         self.slurm_error: str | None = None     # the last Slurm command that failed while jobs ran (to log)
 
@@ -349,7 +355,16 @@ class SlurmExecutor(MpiExecutor):
                 if isinstance(st.proc, SlurmRun) and st.proc.returncode is None:
                     ids.add(st.proc.slurm_job_id)
             self._snapshot_at = time.time()     # (also when squeue fails: asked again after poll_s)
-            self._snapshot = list_jobs(self.commands, ids)
+            if self._unanswered:
+                self.commands.ping()            # quick, and an InputError while the controller is away
+            try:
+                self._snapshot = list_jobs(self.commands, ids)
+            except SlurmCommandError:
+                self._unanswered = True
+                raise
+            finally:
+                self._snapshot_at = time.time()
+            self._unanswered = False
         return self._snapshot.get(slurm_job_id)
 
     def _accounted(self, slurm_job_id: int) -> SlurmJob | None:
@@ -423,6 +438,52 @@ class SlurmExecutor(MpiExecutor):
         self._layout[job.job_id] = self._placement(alloc)
         self._poll(st)
         return self.progress(job.job_id)
+
+    def _found(self, run_dir: str | Path) -> SlurmLaunch | None:
+        """The launch Slurm still runs for run folder ``<work>/<job>/launch_<n>``, if any."""
+        run_dir = Path(run_dir)
+        index = run_dir.name.removeprefix("launch_")
+        if not index.isdigit():
+            return None
+        found = [r for r in self.find_running() if r.job_id == run_dir.parent.name and r.launch_index == int(index)]
+        return found[-1] if found else None
+
+    def left_running(self, run_dir: str) -> bool:
+        """Whether Slurm still runs (or has pending) the launch of ``run_dir`` that an
+        earlier process submitted."""
+        return self._found(run_dir) is not None
+
+    def stop_left(self, run_dir: str, pid: int | None = None, timeout_s: float = 60.0) -> bool:
+        """Stop the Slurm job of a launch an earlier process submitted (``pid`` is unused
+        here): the ``stop`` file asks its ranks to checkpoint and exit (a pending job is
+        cancelled at once); after ``timeout_s``, ``scancel``. True when it ended on request."""
+        found = self._found(run_dir)
+        return True if found is None else self.stop_found(found, run_dir, timeout_s)
+
+    def stop_found(self, launch: SlurmLaunch, run_dir: str | Path, timeout_s: float) -> bool:
+        """Stop one launch ``find_running`` listed (see ``stop_left``)."""
+        run = SlurmRun(self, launch.slurm_job_id, str(run_dir), 0.0)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / STOP_FILE).write_text("stop requested after a service restart\n")
+        run.request_stop()
+        try:
+            run.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            run.kill()
+            return False
+
+    def stop_unknown(self, keep: set[tuple[str, int]], timeout_s: float) -> list[tuple[SlurmLaunch, bool]]:
+        """Stop every launch of this service's tag Slurm still runs except those in ``keep``
+        ((job, launch index) pairs: the launches the caller has taken over); each as
+        ``stop_left`` does. Returns the launches stopped, each with whether it ended on request."""
+        out = []
+        for launch in self.find_running():
+            if (launch.job_id, launch.launch_index) in keep:
+                continue
+            run_dir = Path(self.config.work_dir) / launch.job_id / f"launch_{launch.launch_index}"
+            out.append((launch, self.stop_found(launch, run_dir, timeout_s)))
+        return out
 
     def slurm_job_id(self, job_id: str) -> int | None:
         """The Slurm job of the job's current launch (None before any)."""

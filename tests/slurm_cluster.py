@@ -40,6 +40,7 @@ class NodeDef:
     cpus: int = 4
     gpus: int = 0                      # fake GPUs (GRES gpu:gpu_type:gpus); 0: a CPU-only node
     gpu_type: str | None = "a100"      # the GRES type name; None: untyped (gpu:N)
+    partition: str | None = None       # None: the cluster's (default) partition; else a partition of its own name
 
 
 DEFAULT_NODES = (NodeDef("n1", gpus=2), NodeDef("n2", gpus=2), NodeDef("n3"))
@@ -172,8 +173,12 @@ class SlurmCluster:
             gres = f" Gres=gpu:{n.gpu_type + ':' if n.gpu_type else ''}{n.gpus}" if n.gpus else ""
             lines.append(f"NodeName={n.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.ports[n.name]} "
                          f"CPUs={n.cpus} RealMemory=4000{gres} State=UNKNOWN")
-        lines.append(f"PartitionName={self.partition} Nodes={','.join(n.name for n in self.nodes)} Default=YES "
-                     "MaxTime=INFINITE State=UP")
+        parts: dict[str, list[str]] = {}
+        for n in self.nodes:
+            parts.setdefault(n.partition or self.partition, []).append(n.name)
+        for name, members in parts.items():
+            default = "YES" if name == self.partition else "NO"
+            lines.append(f"PartitionName={name} Nodes={','.join(members)} Default={default} MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _spawn(self, key: str, cmd: list[str]) -> None:

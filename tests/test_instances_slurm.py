@@ -236,3 +236,17 @@ def test_availability_against_the_cluster_read_at_start():
         1: "its slots changed in Slurm (2 x a100-40gb -> 1 x a100-40gb); a restart takes the new shape",
         2: "no longer in Slurm partition 'arena'"}
     assert a.new_nodes == ("n4",)
+
+
+def test_only_the_partitions_nodes_are_read():
+    """A node of another partition whose GRES type the table lacks (or mixes types) is no
+    error for this partition's discovery: its GRES are not read."""
+    raw = json.loads(read("sinfo.json"))
+    odd = {**raw["nodes"][0], "name": "x1", "partitions": ["other"], "gres": "gpu:xpu9:2"}
+    text = json.dumps({**raw, "nodes": raw["nodes"] + [odd]})
+    assert [n.name for n in nodes_from_sinfo_json(text, TABLE, "arena")] == \
+        [n.name for n in nodes_from_sinfo_json(read("sinfo.json"), TABLE)]
+    with pytest.raises(InputError, match="node x1: Slurm GRES gpu:xpu9 is not in the GRES type table"):
+        nodes_from_sinfo_json(text, TABLE)
+    with pytest.raises(InputError, match="node x1: Slurm GRES gpu:xpu9"):
+        nodes_from_sinfo_json(text, TABLE, "other")

@@ -131,3 +131,38 @@ def test_policy_bench_checks_inputs_before_running(extra, field, capsys):
     assert "error" in err.lower()
     if field:
         assert field in err
+
+
+def test_policy_bench_over_slurm_tasks_gives_the_same_rows(slurm_cluster, tmp_path, capsys):
+    """``srun -n 2 arena bench policies --seeds 0,1`` (Slurm starts no MPI here:
+    ``MpiDefault=none``): the tasks split the policies of each seed and task 0 prints the
+    one-process rows, once (engine/cli/commands/bench/spread.py)."""
+    args = [a if a != "15" else "5" for a in ARGS] + ["--seeds", "0,1"]
+    assert main(args) == 0
+    single = json.loads(capsys.readouterr().out)["rows"]
+    out = slurm_cluster.run("srun", "-n", "2", "--kill-on-bad-exit=1", f"--chdir={tmp_path}", sys.executable,
+                            "-m", "engine.cli", *args, check=False, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    multi = json.loads(out.stdout)["rows"]                  # one JSON document: task 1 prints nothing
+    keys = ("seed", "policy", "jobs_finished", "avg_jct_s", "avg_throughput", "reconfigurations")
+    assert [{k: r[k] for k in keys} for r in multi] == [{k: r[k] for k in keys} for r in single]
+    assert len(single) == 4
+    assert not (tmp_path / ".arena-tasks").exists()          # the tasks' gathering folder removed
+
+
+def test_slurm_tasks_gather_in_rank_order_and_name_a_task_that_failed(tmp_path, monkeypatch):
+    from engine.cli.commands.bench.spread import SlurmTasks, TaskFailed, comm
+    env = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
+    monkeypatch.chdir(tmp_path)
+    one = comm(env)
+    assert isinstance(one, SlurmTasks) and (one.Get_rank(), one.Get_size()) == (1, 2)
+    assert comm({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"}) is None        # a batch script, not a step
+    zero = SlurmTasks(0, 2, one.folder)
+    assert one.gather({"r": 1}) is None
+    assert zero.gather({"r": 0}) == [{"r": 0}, {"r": 1}]
+    one._at_exit()                                                          # task 1 exits before its next rows
+    with pytest.raises(TaskFailed, match="Slurm task 1 of 2 ended without its rows"):
+        zero.gather({"r": 0})
+    one.finish()
+    zero.finish()
+    assert not (tmp_path / ".arena-tasks").exists()

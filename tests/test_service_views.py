@@ -304,7 +304,7 @@ class StubMpi:
     def __init__(self, path: str):
         self.path, self.released = path, None
 
-    def release(self, job_id: str, now_s: float) -> None:
+    def release(self, job_id: str, now_s: float, *, target=None) -> None:
         self.released = self.path
 
     def released_path(self, job_id: str) -> str | None:

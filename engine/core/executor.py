@@ -51,10 +51,12 @@ class Executor(Protocol):
     def stop(self, job_id: str, now_s: float) -> None:
         """Stop a running job, checkpointing first; its progress is kept."""
 
-    def release(self, job_id: str, now_s: float) -> None:
+    def release(self, job_id: str, now_s: float, *, target: Allocation | None = None) -> None:
         """A running job is about to move: free its GPUs now (live: stop it with a
         checkpoint), so that jobs moving onto them in the same round find them free.
-        ``reconfigure`` follows for the same job in the same round."""
+        ``reconfigure`` follows for the same job in the same round. ``target``: the
+        allocation it moves to (an executor whose device-to-device moves depend on where
+        the job goes reads it; the round loop always passes it)."""
 
     def reconfigure(self, job_id: str, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
         """Move a running job to another allocation/plan (stop unless released, reshard,
@@ -73,3 +75,14 @@ class Executor(Protocol):
 
     def totals(self) -> ExecutorTotals:
         """Samples processed and GPU-seconds lost to moves, cluster-wide, so far."""
+
+
+class AdoptingExecutor(Executor, Protocol):
+    """A live executor that can take over launches an earlier process started (the
+    service's re-adoption after a restart: ``RoundLoop.adopt_running``)."""
+
+    def adopt(self, job: Job, alloc: Allocation, plan: Plan | None, launch_index: int) -> JobProgress | None:
+        """Take over launch ``launch_index`` of ``job`` (on ``alloc`` with ``plan``) without
+        touching it: no relaunch; its progress, stop and moves as for a launch of this
+        executor's own. A launch that ended meanwhile is accounted (finished or failed)
+        and reported by the next ``advance``. None when no such launch is known."""

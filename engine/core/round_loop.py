@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from estimators.base import PerformanceModel
+from instances.allocation import Allocation
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
@@ -158,6 +159,20 @@ class RoundLoop:
     def release(self, job_id: str, now: float) -> None:
         """A held job goes back to the queue; it resumes from where it was held."""
         self.state.release(job_id, now)
+        self._need_decide = True
+
+    def adopt_running(self, job: Job, alloc: Allocation, iterations_done: float, now: float) -> None:
+        """A job whose launch an earlier process started and the executor has taken over
+        (``AdoptingExecutor.adopt``, a restarted service): recorded as running on ``alloc``
+        at ``iterations_done`` from ``now``, without a launch. Its start counts as a first
+        start (the engine's history of it began with this process)."""
+        st = self.state
+        if job.job_id not in st.jobs:
+            st.add_job(job)
+        st.submit(job.job_id, now)
+        if iterations_done:
+            st.set_progress(job.job_id, iterations_done)
+        st.start(job.job_id, alloc, now)
         self._need_decide = True
 
     def set_unavailable(self, nodes: Iterable[int], now: float) -> list[str]:
@@ -352,9 +367,9 @@ class RoundLoop:
         # moves: release first, then assign
         moving = [(jid, a) for jid, a in allocs.items() if jid in current and a is not current[jid]
                   and (a.gpus != current[jid].gpus or a.grid != current[jid].grid)]
-        for jid, _ in moving:          # every mover leaves its GPUs before any takes new ones
+        for jid, a in moving:          # every mover leaves its GPUs before any takes new ones
             st.release_for_move(jid)
-            ex.release(jid, now)
+            ex.release(jid, now, target=a)
         for jid, a in moving:
             st.move(jid, a, now, forced=jid in leaving)
             self._ledger_move(jid, current[jid], a, now, forced=jid in leaving)

@@ -14,7 +14,7 @@ process; the ``arena submit/status/cancel/logs/jobs`` commands are its clients.
 | GET | /api/jobs/{id}/logs | the latest launch's output |
 | POST | /api/nodes/{node}/drain | take a node (id or host) out of service; its jobs move off (``{"reason": ...}``) |
 | POST | /api/nodes/{node}/undrain | return it to service |
-| GET | /api/cluster | every GPU and the job holding it; drained nodes |
+| GET | /api/cluster | every GPU and the job holding it; drained nodes; on Slurm, each node's Slurm state |
 | GET | /api/rounds | the last rounds' decisions, solve time and gap (and the shadow policy's comparison) |
 | GET | /api/shadow | the shadow policy's agreement counts over every round it was asked in |
 | GET | /api/state | what the page polls: cluster, queue, rounds, jobs not ended, the ``?ended=N`` (50) last ended |
@@ -103,6 +103,8 @@ class ApiContext:
     liveness: Callable[[], dict] | None = None
     # per node, the different jobs whose runs failed on it lately (Service.node_failures)
     node_failures: Callable[[], dict[int, int]] | None = None
+    # on Slurm: Slurm's node state for ``/api/cluster`` (Service.slurm_nodes_view); None: not on Slurm
+    slurm_nodes: Callable[[], dict] | None = None
     # loss curves read from the run folders, kept between requests (engine/service/losses.py)
     losses: LossLog = field(default_factory=LossLog)
 
@@ -481,7 +483,13 @@ def create_app(ctx: ApiContext):
     @app.get("/api/cluster")
     def cluster() -> dict:
         with store() as s:
-            return cluster_view(s, ctx.cluster)
+            view = cluster_view(s, ctx.cluster)
+        if ctx.slurm_nodes is not None:                 # (read outside the store's transaction)
+            slurm = ctx.slurm_nodes()
+            for n in view["nodes"]:
+                n["slurm"] = slurm["nodes"].get(n["node"])
+            view["slurm"] = {k: v for k, v in slurm.items() if k != "nodes"}
+        return view
 
     @app.get("/api/rounds")
     def rounds(last: Annotated[int, Query(ge=1, le=MAX_ROUNDS_SHOWN)] = 20) -> list:

@@ -61,11 +61,13 @@ from engine.core.policy import Policy
 from engine.core.reconfig import ReconfigCostModel
 from engine.core.round_loop import RoundLoop, RoundRecord
 from engine.core.state import JobStatus
+from instances.allocation import Allocation
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
-from instances.grid import Shape
-from launcher.launch import live_rank_pids, stop_detached
+from instances.grid import Grid, Shape
+from instances.plan import Plan
 from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
+from launcher.slurm_executor import SlurmExecutor
 from launcher.telemetry import read_progress
 
 from .config import ServiceConfig
@@ -73,9 +75,11 @@ from .jobspec import JobSpec
 from .journal import JournaledExecutor
 from .lock import ServiceLock
 from .node_health import NodeHealth
+from .slurm_nodes import SlurmNodeState, SlurmSetup
 from .store import TERMINAL, Store
 from .workdir import set_aside_unknown
 
+SLURM_RETRY_S = 5.0                     # while the Slurm controller does not answer, asked again this often
 SHUTDOWN = "service shutdown"           # why a clean shutdown stops a job (its launch's end reason begins so)
 
 # Named points where a test may kill the service (``ARENA_FAULT=point[:n]``: SIGKILL at the
@@ -111,9 +115,12 @@ class Service:
     def __init__(self, cluster: ClusterSpec, policy: Policy, perf: object, reconfig: ReconfigCostModel,
                  cfg: ServiceConfig, *, log: Callable[[str], None] = _stderr,
                  fault: Callable[[str], None] | None = None, shadow: Policy | None = None,
-                 lock: ServiceLock | None = None):
+                 lock: ServiceLock | None = None, slurm: SlurmSetup | None = None):
         """``lock``: this state's lock (lock.py), already taken (``arena serve`` takes it
-        before it checks the port); else the service takes it before it opens the store."""
+        before it checks the port); else the service takes it before it opens the store.
+        ``slurm``: the cluster read from Slurm (``arena serve --slurm``; ``cluster`` is its
+        spec): launches are Slurm batch jobs and Slurm's node state is read every round
+        (slurm_nodes.py)."""
         self.cluster, self.cfg, self.log = cluster, cfg, log
         self.policy_name = policy.name
         self.shadow_name = None if shadow is None else shadow.name
@@ -125,12 +132,21 @@ class Service:
         except BaseException:
             self.lock.release()
             raise
-        self.mpi = MpiExecutor(MpiExecutorConfig(
+        mpi_cfg = MpiExecutorConfig(
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
             poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
             move_path=cfg.move_path, data_roots=cfg.data_roots,
-            node_hosts={n.node_id: n.host for n in cluster.nodes() if n.host is not None}))
+            node_hosts={} if slurm is not None else
+            {n.node_id: n.host for n in cluster.nodes() if n.host is not None})
+        try:
+            self.mpi: MpiExecutor = MpiExecutor(mpi_cfg) if slurm is None else SlurmExecutor(mpi_cfg, slurm.executor)
+            # Slurm's node state, read again before every round (None: not on Slurm)
+            self.slurm_nodes = None if slurm is None else SlurmNodeState(slurm, log)
+        except BaseException:
+            self.store.close()
+            self.lock.release()
+            raise
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew,
                                           keep_measurements=self.cfg.keep_measurements,
                                           before_move=self.store_moves)
@@ -160,6 +176,8 @@ class Service:
         # found nothing to act on (None: look)
         self._quiet_version: int | None = None
         self._next_retry = math.inf            # the earliest backoff end after the last round
+        self._taken_over: set[tuple[str, int]] = set()   # (job, launch folder) re-adopted at recovery
+        self._slurm_retry_at = -math.inf       # on Slurm: the controller is asked again from then
 
     # ------------------------------------------------------------------------------
     def _alive(self, phase: str) -> None:
@@ -190,26 +208,29 @@ class Service:
         self._alive("recovering")
         st = self.store
         # what the work folder holds and the database does not know (restored from an older copy)
+        ex = self.mpi
         set_aside_unknown(self.cfg.work_dir, st.last_generations(), self.cfg.stop_timeout_s, self.log,
-                          alive=lambda: self._alive("recovering"))
+                          alive=lambda: self._alive("recovering"), running=ex.left_running, stop=ex.stop_left)
         open_moves = self._open_moves()       # (read before the launches below are ended)
         for row in st.jobs():                 # ranks left training by a move the crash interrupted
             launches = st.launches(row.id)
             if row.status in TERMINAL or not launches or launches[-1].state == "started":
-                continue                      # (a started launch is stopped below)
+                continue                      # (a started launch is taken over or stopped below)
             ran = [lch for lch in launches if (lch.pid_info or {}).get("run_dir")]
             self._alive("recovering")             # each job's stop takes up to stop_timeout_s
-            if ran and live_rank_pids(ran[-1].pid_info["run_dir"]):
-                clean = stop_detached(ran[-1].pid_info["run_dir"], None, self.cfg.stop_timeout_s)
+            if ran and ex.left_running(ran[-1].pid_info["run_dir"]):
+                clean = ex.stop_left(ran[-1].pid_info["run_dir"], None, self.cfg.stop_timeout_s)
                 self.log(f"job {row.id}: ranks of launch {ran[-1].generation} were still training (a move "
                          f"the restart interrupted); {'asked to checkpoint and stopped' if clean else 'killed'}")
         for launch in st.running_launches():
             self._alive("recovering")
             jid, gen = launch.job_id, launch.generation
+            if self._take_over(launch):
+                continue
             info = launch.pid_info or {}
             run_dir = info.get("run_dir") or str(Path(self.cfg.work_dir) / str(jid) / f"launch_{gen}")
             if Path(run_dir).is_dir():
-                clean = stop_detached(run_dir, info.get("pid"), self.cfg.stop_timeout_s)
+                clean = ex.stop_left(run_dir, info.get("pid"), self.cfg.stop_timeout_s)
                 self.log(f"job {jid}: launch {gen} was active at restart; its ranks were "
                          f"{'asked to checkpoint and stopped' if clean else 'killed after the grace period'}")
             prog = read_progress(Path(self.cfg.work_dir) / str(jid) / "progress.json") or {}
@@ -221,8 +242,13 @@ class Service:
             ck = int(prog.get("last_checkpoint_step") or 0)
             st.mark_launch(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
             self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
+        if isinstance(ex, SlurmExecutor):     # launches of this service's tag the database has no active launch for
+            for found, clean in ex.stop_unknown(self._taken_over, self.cfg.stop_timeout_s):
+                self.log(f"Slurm job {found.slurm_job_id} (job {found.job_id}, launch folder {found.launch_index}) "
+                         f"is not an active launch in the state database; "
+                         f"{'asked to checkpoint and stopped' if clean else 'cancelled after the grace period'}")
         self.end_orphans()
-        rows = [r for r in st.jobs() if r.status in ("queued", "running")]
+        rows = [r for r in st.jobs() if r.status in ("queued", "running") and str(r.id) not in self.loop.state.jobs]
         deps = self._dep_statuses(rows)
         for row in rows:
             prog = read_progress(Path(self.cfg.work_dir) / str(row.id) / "progress.json") or {}
@@ -247,6 +273,72 @@ class Service:
         problems = st.check()
         if problems:
             raise RuntimeError("state database inconsistent after recovery: " + "; ".join(problems[:5]))
+
+    def _take_over(self, launch) -> bool:
+        """Re-adoption: the store's active launch ``launch`` (state ``started``, or ``intent``
+        whose start went through before the crash) taken over by the executor where it can
+        (``adopt``: Slurm finds the job by its tag; nothing is relaunched or stopped). Still
+        running: the job runs on in the round loop. Ended while the service was down: the
+        launch is accounted from Slurm and the run folder, finished (the job is) or failed
+        (the job resumes from its checkpoint). False when the executor does not adopt or
+        knows no such launch: the caller stops what is left and queues the job."""
+        ex = self.mpi
+        if not hasattr(ex, "adopt"):
+            return False
+        st, jid, gen = self.store, launch.job_id, launch.generation
+        row = st.job(jid)
+        info = launch.pid_info or {}
+        run_dir = Path(info.get("run_dir") or Path(self.cfg.work_dir) / str(jid) / f"launch_{gen}")
+        index = run_dir.name.removeprefix("launch_")
+        if row.status in TERMINAL or not index.isdigit():
+            return False
+        try:
+            spec = JobSpec.from_dict(row.spec, source=f"job {jid} in the state database", check_files=False)
+            job = spec.to_job(str(jid), row.submitted_at)
+            alloc, plan = self._launch_allocation(launch)
+        except (InputError, ValueError, KeyError, TypeError) as e:
+            self.log(f"job {jid}: launch {gen} cannot be taken over ({e}); it is stopped and relaunched")
+            return False
+        ex.set_job_options(job.job_id, seed=spec.seed, data_path=spec.data)
+        p = self.executor.adopt(job, alloc, plan, int(index), gen)
+        if p is None:
+            return False
+        self._taken_over.add((str(jid), int(index)))
+        where = f"Slurm job {info['slurm_job_id']}" if info.get("slurm_job_id") else f"run folder {run_dir.name}"
+        if p.running:
+            if launch.state == "intent":
+                st.mark_launch(jid, gen, "started", pid_info=self.executor._pid_info(job.job_id))
+            self._set_status(jid, "running", f"taken over after a restart ({where}, at step {int(p.iterations_done)})")
+            self.loop.adopt_running(job, alloc, p.iterations_done, max(time.time(), self.loop.state.now_s))
+            self.log(f"job {jid}: launch {gen} ({where}) still runs: taken over at step {int(p.iterations_done)}, "
+                     f"nothing relaunched")
+        elif p.finished:
+            st.mark_launch(jid, gen, "finished", reason=f"training finished while the service was down ({where})")
+            self._set_status(jid, "finished", "training finished while the service was down")
+            self.log(f"job {jid}: launch {gen} ({where}) finished while the service was down")
+        else:
+            ck = int(p.last_checkpoint_iteration)
+            st.mark_launch(jid, gen, "failed", reason=f"ended while the service was down: {str(p.failed)[:1500]}")
+            self._set_status(jid, "queued", f"its run ended while the service was down; resumes from step {ck}: "
+                                            f"{str(p.failed)[:300]}")
+            self.log(f"job {jid}: launch {gen} ({where}) ended while the service was down: {str(p.failed)[:200]}; "
+                     f"resumes from step {ck}")
+            if not p.final:
+                self.count_node_failure(str(jid), alloc.nodes, time.time())
+        return True
+
+    @staticmethod
+    def _launch_allocation(launch) -> tuple[Allocation, Plan | None]:
+        """The allocation and plan a launch record names (``journal.plan_record``)."""
+        rec = launch.plan
+        grid = Grid(Shape(rec["gpu_type"], int(rec["nodes"]), int(rec["gpus_per_node"])), pp=int(rec["pp"]))
+        gpus = tuple(sorted((int(n), int(i)) for n, i in (g.split(":") for g in launch.gpus)))
+        plan = None
+        if "stage_layers" in rec:
+            plan = Plan(pp=int(rec["pp"]), dp=int(rec["dp"]), tp=int(rec["tp"]),
+                        stage_layers=tuple(int(x) for x in rec["stage_layers"]),
+                        microbatches=int(rec.get("microbatches") or 1))
+        return Allocation(grid, gpus), plan
 
     def _open_moves(self) -> dict[tuple[int, float], float | None]:
         """The move-ledger entries the last service left open, (job, time) -> ``None`` for
@@ -284,7 +376,7 @@ class Service:
             self._moves_open.append(e)
             rec = self.loop.state.jobs.get(e.job_id)
             stopped_at = open_moves.get((m["job_id"], m["at"]), math.nan)
-            if stopped_at is None and rec is not None and rec.status is JobStatus.QUEUED:
+            if stopped_at is None and rec is not None and rec.status in (JobStatus.QUEUED, JobStatus.RUNNING):
                 carried.append(e.job_id)
                 continue
             prog = read_progress(Path(self.cfg.work_dir) / e.job_id / "progress.json") or {}
@@ -343,7 +435,7 @@ class Service:
                 if self.cfg.stop_after_s is not None and now - self.started_at >= self.cfg.stop_after_s:
                     self.log(f"stop-after {self.cfg.stop_after_s:g} s reached")
                     break
-                if self.due(now):
+                if self.due(now) and self._slurm_ready(now):
                     self.step(now)
                 self.wake.wait(self.cfg.poll_interval_s)
                 self.wake.clear()
@@ -370,7 +462,7 @@ class Service:
             return True
         version = self.store.data_version()
         if version != self._quiet_version:     # the store changed since the last look: look
-            if self._drained() != self.loop.state.cluster.unavailable:
+            if self._drained() | frozenset(self._slurm_out()) != self.loop.state.cluster.unavailable:
                 self._trigger = "node drained or returned"
                 return True
             if self.admissions() or self.store.cancel_requests() or self.store.hold_requests():
@@ -573,22 +665,45 @@ class Service:
         """The nodes drained in the store that this cluster has (others are logged at recovery)."""
         return frozenset(n for n in self.store.drained() if n < len(self.loop.state.cluster.nodes))
 
+    def _slurm_out(self) -> dict[int, str]:
+        """Nodes out of service by the last reading of Slurm's state, with why (none off Slurm)."""
+        return {} if self.slurm_nodes is None else self.slurm_nodes.last.out_of_service
+
     def apply_drains(self, now: float) -> None:
-        """Nodes drained or returned since the last round: this round moves the jobs on a
-        drained node elsewhere (device to device where the launcher can), or stops them
-        with a checkpoint when there is no room."""
-        want, st = self._drained(), self.loop.state
+        """Nodes drained or returned since the last round (``arena drain``, the automatic
+        drain, and on Slurm the nodes Slurm's last reading puts out of service): this round
+        moves the jobs on such a node elsewhere (device to device where the launcher can),
+        or stops them with a checkpoint when there is no room."""
+        drained, slurm_out, st = self._drained(), self._slurm_out(), self.loop.state
+        want = drained | frozenset(slurm_out)
         before = st.cluster.unavailable
         if want == before:
             return
-        self.log(f"nodes out of service: {sorted(want) or 'none'} (drained: {sorted(want - before) or 'none'}, "
-                 f"returned: {sorted(before - want) or 'none'})")
+        why = {n: f"drained in Slurm: {slurm_out[n]}" if n in slurm_out and n not in drained else "drained"
+               for n in want}
+        host = {n.node_id: f" ({n.host})" if n.host else "" for n in self.cluster.nodes()}
+        self.log(f"nodes out of service: {sorted(want) or 'none'} (out: "
+                 + (", ".join(f"{n}{host[n]} {why[n]}" for n in sorted(want - before)) or "none")
+                 + f"; returned: {', '.join(f'{n}{host[n]}' for n in sorted(before - want)) or 'none'})")
         for node in before - want:
             self._clear_node(node)                     # back in service: its failures count afresh
         for jid in self.loop.set_unavailable(want, now):
             node = min(set(st.jobs[jid].alloc.nodes) & want)
-            self.executor.stop_reasons[jid] = f"node {node} drained"      # if this round stops it
-            self.log(f"job {jid} must leave drained node {node}: moved this round, or stopped with a checkpoint")
+            self.executor.stop_reasons[jid] = f"node {node} {why[node]}"      # if this round stops it
+            self.log(f"job {jid} must leave node {node}{host[node]} ({why[node]}): moved this round, or stopped "
+                     f"with a checkpoint")
+
+    def _slurm_ready(self, now: float) -> bool:
+        """On Slurm: read Slurm's node state for the round due now; False (the round waits,
+        tried again ``SLURM_RETRY_S`` later) while the controller does not answer."""
+        if self.slurm_nodes is None:
+            return True
+        if now < self._slurm_retry_at:
+            return False
+        if not self.slurm_nodes.read().answered:
+            self._slurm_retry_at = now + SLURM_RETRY_S
+            return False
+        return True
 
     def _last_shape(self, job_id: str) -> Shape:
         """The shape of the job's latest launch (from the store)."""

@@ -106,16 +106,36 @@ class JournaledExecutor:
                 pass
             self.store.mark_launch(jid, gen, "failed", reason=f"refused before start: {e}")
             data = isinstance(e, DataFileRefused)     # the job's data file, not the shape: no shape would do
-            if not data:
+            # Slurm did not answer (``SlurmRefused.transient``): no verdict on the job or its shape
+            if not data and not getattr(e, "transient", False):
                 self._infeasible.add((job_id, alloc.grid.shape))
             self._refused.append(JobProgress(job_id, self.mpi_iterations(job_id), False,
                                              finished_at_s=now_s, failed=f"launch refused: {e}", final=data,
                                              last_checkpoint_iteration=self.mpi_iterations(job_id)))
             return
-        proc = self.mpi.process(job_id)
-        self.store.mark_launch(jid, gen, "started", pid_info={"pid": proc.pid if proc else None,
-                                                               "run_dir": self.mpi.run_dir(job_id)})
+        self.store.mark_launch(jid, gen, "started", pid_info=self._pid_info(job_id))
         self.store.set_status(jid, "running", f"launch {gen} on {alloc.grid}{how()}")
+
+    def _pid_info(self, job_id: str) -> dict:
+        """What a restart needs to find the launch's ranks: mpiexec's pid (local), the run
+        folder, and the Slurm job id (on Slurm)."""
+        proc = self.mpi.process(job_id)
+        info: dict[str, Any] = {"pid": proc.pid if proc else None, "run_dir": self.mpi.run_dir(job_id)}
+        slurm_id = getattr(proc, "slurm_job_id", None)
+        if slurm_id is not None:
+            info["slurm_job_id"] = int(slurm_id)
+        return info
+
+    def adopt(self, job: Job, alloc: Allocation, plan: Any, launch_index: int, generation: int) -> JobProgress | None:
+        """Take over the store's active launch ``generation`` of ``job``, which runs in run
+        folder ``launch_<launch_index>`` (``AdoptingExecutor.adopt``; a restarted service).
+        Its checkpoint is recorded; None when the executor knows no such launch."""
+        p = self.mpi.adopt(job, alloc, plan, launch_index)        # type: ignore[attr-defined]
+        if p is None:
+            return None
+        self.generation[job.job_id] = generation
+        self._record_checkpoint(job.job_id, p)
+        return JobProgress(**p.__dict__)
 
     def stop(self, job_id: str, now_s: float, reason: str | None = None) -> None:
         """``reason``: for the job's history; else the one the service left in
@@ -139,14 +159,14 @@ class JournaledExecutor:
             self.store.set_status(jid, "queued", f"{reason} (resumes from step {ck})" if not in_place
                                   else f"{reason} ({what})")
 
-    def release(self, job_id: str, now_s: float) -> None:
+    def release(self, job_id: str, now_s: float, *, target: Allocation | None = None) -> None:
         """First half of a move, journaled. Through storage: a stop with a checkpoint (a
         crash before the relaunch leaves a queued job with its checkpoint). Device to
         device: the launch ends in the store (its GPUs are free for other movers) while
         its ranks keep training; a crash before ``reconfigure`` leaves a queued job whose
         ranks the restart asks to checkpoint and stop."""
         self.beat()
-        self.mpi.release(job_id, now_s)
+        self.mpi.release(job_id, now_s, target=target)
         d2d = self.mpi.released_path(job_id) == "d2d"
         self._journal_stop(job_id, "moving (device to device)" if d2d else "moving", in_place=d2d)
         self.fault("mid-move")
@@ -157,7 +177,7 @@ class JournaledExecutor:
         checkpoint in ``launch_<generation>``)."""
         self.beat()
         if self.mpi.released_path(job_id) is None:
-            self.release(job_id, now_s)
+            self.release(job_id, now_s, target=alloc)
         self.before_move()
         self._start(job_id, alloc, plan, now_s,
                     lambda gen: self.mpi.reconfigure(job_id, alloc, plan, now_s, launch_index=gen),
@@ -191,6 +211,8 @@ class JournaledExecutor:
             jid, gen = int(p.job_id), self.generation[p.job_id]
             self._record_checkpoint(p.job_id, p)
             self._record_moves(p.job_id)
+            if self._launch_state(jid, gen) not in ("intent", "started"):
+                continue                  # already ended in the store (a launch a restart accounted)
             if p.finished:
                 self.store.mark_launch(jid, gen, "finished", reason="training finished")
             else:
@@ -211,6 +233,9 @@ class JournaledExecutor:
         return ExecutorTotals(t.samples_done, t.reconfig_lost_gpu_s)
 
     # -- helpers -------------------------------------------------------------------
+    def _launch_state(self, jid: int, generation: int) -> str | None:
+        return next((lch.state for lch in reversed(self.store.launches(jid)) if lch.generation == generation), None)
+
     def mpi_iterations(self, job_id: str) -> float:
         try:
             return self.mpi.progress(job_id).last_checkpoint_iteration

@@ -58,11 +58,20 @@ def unknown_folders(work_dir: Path, last_generation: dict[int, int]) -> list[tup
     return out
 
 
+def _local_running(run_dir: str | Path) -> bool:
+    return bool(live_rank_pids(run_dir))
+
+
 def set_aside_unknown(work_dir: str | Path, last_generation: dict[int, int], stop_timeout_s: float,
-                      log: Callable[[str], None], alive: Callable[[], None] = lambda: None) -> list[Path]:
+                      log: Callable[[str], None], alive: Callable[[], None] = lambda: None,
+                      running: Callable[[str], bool] = _local_running,
+                      stop: Callable[[str, int | None, float], bool] = stop_detached) -> list[Path]:
     """Stop the ranks of every unknown folder (module doc) and move it to
     ``<work>/not-in-database/``; returns the new paths. ``alive`` is called before each
-    folder (a stop takes up to ``stop_timeout_s``)."""
+    folder (a stop takes up to ``stop_timeout_s``). ``running(run_dir)`` and ``stop(run_dir,
+    pid, timeout_s)``: how the executor finds and stops ranks an earlier process left
+    (``MpiExecutor.left_running``/``stop_left``; default: local ranks, whose pids the run
+    folder records; on Slurm, the launch's batch job found by the service's tag)."""
     work = Path(work_dir)
     found = unknown_folders(work, last_generation)
     if not found:
@@ -76,8 +85,8 @@ def set_aside_unknown(work_dir: str | Path, last_generation: dict[int, int], sto
         runs = [path] if n is not None else [r for r in path.iterdir() if r.is_dir() and _launch_number(r) is not None]
         stopped = []
         for r in runs:
-            if live_rank_pids(r):
-                clean = stop_detached(r, None, stop_timeout_s)
+            if running(str(r)):
+                clean = stop(str(r), None, stop_timeout_s)
                 stopped.append(f"{r.name} ({'checkpointed and stopped' if clean else 'killed after the grace period'})")
         what = f"job {jid}'s launch folder {path.name}" if n is not None else f"job folder {jid}"
         why = (f"beyond the job's last launch in the state database ({last_generation[jid]})" if n is not None

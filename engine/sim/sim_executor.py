@@ -136,7 +136,7 @@ class SimExecutor:
         self._detach(r)
         r.alloc, r.iteration_time_s = None, None
 
-    def release(self, job_id: str, now_s: float) -> None:
+    def release(self, job_id: str, now_s: float, *, target: Allocation | None = None) -> None:
         """Nothing to do: a simulated move takes effect at once (``reconfigure``)."""
 
     def reconfigure(self, job_id: str, alloc: Allocation, plan: Plan | None, now_s: float) -> None:

@@ -71,9 +71,28 @@ def register(subparsers) -> None:
                        help="cluster JSON (as for simulate) with \"hosts\": one host name per node in each group")
     where.add_argument("--local-slots", type=int, metavar="N",
                        help="one host (this one) whose CPU ranks stand in for N GPUs (type cpu)")
+    where.add_argument("--slurm", action="store_true",
+                       help="the nodes of a Slurm partition (read from Slurm at start, their state again every "
+                            "round); launches run as Slurm batch jobs (docs/slurm.md)")
     s.add_argument("--local-nodes", type=int, default=1, metavar="K",
                    help="with --local-slots: K nodes of N slots each, all on this host (to try multi-node "
                         "placement, moves and drains on one machine; default 1)")
+    sl = s.add_argument_group("Slurm (with --slurm)")
+    sl.add_argument("--partition", default=None, metavar="P", help="the Slurm partition (default: Slurm's default one)")
+    sl.add_argument("--account", default=None, metavar="A", help="the Slurm account every launch is charged to")
+    sl.add_argument("--slurm-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra sbatch option for every launch, without its dashes (repeatable), e.g. "
+                         "time=2-00:00:00, reservation=arena, qos=high; not the ones the service sets itself "
+                         "(nodes, tasks, GRES, names, logs, partition, account)")
+    sl.add_argument("--slurm-gpu-types", default=None, metavar="FILE",
+                    help="a JSON object mapping Slurm GRES types to catalog GPU types, over the built-in table "
+                         "(instances/data/slurm/gpu_types.json), e.g. {\"a100\": \"a100-80gb\"}")
+    sl.add_argument("--slurm-tag", default="arena", metavar="TAG",
+                    help="this service's mark in its Slurm jobs' names and comments, by which a restarted "
+                         "service finds the jobs it left running; give every service on one Slurm cluster its own "
+                         "(default %(default)s)")
+    sl.add_argument("--slurm-conf", default=None, metavar="FILE",
+                    help="the cluster's slurm.conf (default: Slurm's own, or $SLURM_CONF)")
     s.add_argument("--policy", default="arena", metavar="NAME", help="scheduling policy (default arena)")
     s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
     s.add_argument("--perf", default=None, metavar="KIND",
@@ -353,6 +372,7 @@ class ServiceParts:
     tokens: Any                 # engine.service.auth.Tokens, or None (loopback without tokens)
     cfg: Any                    # engine.service.config.ServiceConfig
     lock: ServiceLock           # held: one service per state (engine/service/lock.py)
+    slurm: Any = None           # engine.service.slurm_nodes.SlurmSetup with --slurm, else None
 
 
 def build_service_parts(args) -> ServiceParts:
@@ -363,9 +383,24 @@ def build_service_parts(args) -> ServiceParts:
 
     from ..common import build_perf, build_policy, build_shadow, model_reader, parse_options
 
-    if (args.cluster is None) == (args.local_slots is None):
-        raise InputError("give exactly one of --cluster FILE and --local-slots N", field="--cluster")
-    if args.local_slots is not None:
+    if sum((args.cluster is not None, args.local_slots is not None, bool(args.slurm))) != 1:
+        raise InputError("give exactly one of --cluster FILE, --local-slots N and --slurm", field="--cluster")
+    slurm_flags = [f for f, v in (("--partition", args.partition), ("--account", args.account),
+                                  ("--slurm-opt", args.slurm_opt), ("--slurm-gpu-types", args.slurm_gpu_types),
+                                  ("--slurm-tag", args.slurm_tag != "arena"), ("--slurm-conf", args.slurm_conf))
+                   if v]
+    if slurm_flags and not args.slurm:
+        raise InputError(f"{slurm_flags[0]} goes with --slurm", field=slurm_flags[0])
+    slurm = None
+    if args.slurm:
+        if args.local_nodes != 1:
+            raise InputError("--local-nodes goes with --local-slots", field="--local-nodes")
+        from engine.service.slurm_nodes import SlurmSettings, SlurmSetup
+        slurm = SlurmSetup.discover(SlurmSettings(partition=args.partition, account=args.account,
+                                                  options=tuple(args.slurm_opt), gpu_types=args.slurm_gpu_types,
+                                                  tag=args.slurm_tag, conf=args.slurm_conf))
+        cluster = slurm.cluster
+    elif args.local_slots is not None:
         if args.local_slots < 1:
             raise InputError(f"must be >= 1, got {args.local_slots}", field="--local-slots")
         if args.local_nodes < 1:
@@ -428,7 +463,7 @@ def build_service_parts(args) -> ServiceParts:
     except BaseException:
         lock.release()
         raise
-    return ServiceParts(cluster, policy, shadow, perf, reconfig, tokens, cfg, lock)
+    return ServiceParts(cluster, policy, shadow, perf, reconfig, tokens, cfg, lock, slurm)
 
 
 def _check_port(host: str, port: int) -> None:
@@ -485,11 +520,12 @@ def run_serve(args) -> int:
         parts.cluster, parts.policy, parts.shadow, parts.perf, parts.reconfig, parts.tokens, parts.cfg, parts.lock)
     log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow,
-                      lock=lock)
+                      lock=lock, slurm=parts.slurm)
     app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, tokens,
                                 shadow_policy=service.shadow_name, data_roots=cfg.data_roots,
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
                                 node_failures=service.node_failures,
+                                slurm_nodes=None if service.slurm_nodes is None else service.slurm_nodes.peek,
                                 plugins=tuple(p.describe() for p in args.plugins),
                                 local_hosts=None if tokens else LOCAL_HOSTS | {args.host.lower()}))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
@@ -714,13 +750,25 @@ def run_nodes(args) -> int:
     if args.json:
         print(dumps(cl, indent=1))
         return 0
-    print(f"{'node':>4} {'host':<16} {'type':<12} {'held':>7}  jobs / drained")
+    slurm = cl.get("slurm")
+    print(f"{'node':>4} {'host':<16} {'type':<12} {'held':>7}  " + ("slurm      " if slurm else "")
+          + "jobs / out of service")
     for n in cl["nodes"]:
         jobs = sorted({g["job"] for g in n["gpus"] if g["job"] is not None})
         held = sum(g["job"] is not None for g in n["gpus"])
-        note = f"drained: {n['drained']['reason']}" if n["drained"] else ""
+        notes = [f"drained: {n['drained']['reason']}"] if n["drained"] else []
+        sn = n.get("slurm") or {}
+        if sn.get("out_of_service"):
+            notes.append(f"out (Slurm, last round): {sn['out_of_service']}")
+        state = f"{sn.get('state') or '?':<10} " if slurm else ""
         print(f"{n['node']:>4} {str(n['host'] or '-'):<16} {n['gpu_type']:<12} {held:>3}/{len(n['gpus']):<3}  "
-              f"{' '.join(map(str, jobs)) or '-'}{'  ' + note if note else ''}")
+              f"{state}{' '.join(map(str, jobs)) or '-'}{'  ' + '; '.join(notes) if notes else ''}")
+    if slurm:
+        if slurm.get("error"):
+            print(f"Slurm's state could not be read now: {slurm['error']}")
+        if slurm.get("new_nodes"):
+            print(f"in partition {slurm['partition']} but not in the cluster read at start (a restart takes them): "
+                  f"{', '.join(slurm['new_nodes'])}")
     return 0
 
 

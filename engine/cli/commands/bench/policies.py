@@ -5,7 +5,6 @@ reconfiguration cost model, side by side, plus a comparison figure (the group's 
 from __future__ import annotations
 
 import math
-import os
 import re
 import sys
 
@@ -30,7 +29,7 @@ def register(sub) -> None:
     q = sub.add_parser("policies", help="all policies on one workload, side by side",
                        description="Every policy on the same workload, truth oracle and reconfiguration cost "
                                    "model, side by side (run out by default), plus a comparison figure; spreads "
-                                   "over MPI ranks under mpiexec -n K.")
+                                   "over MPI ranks under mpiexec -n K, and over Slurm tasks under srun -n K.")
     from ...common import add_outages_arg, add_perf_runtime_arg, add_profile_store_arg, add_workload_args
     add_workload_args(q)
     add_outages_arg(q)
@@ -110,15 +109,6 @@ def _policy_options(specs: list[str], policies) -> dict[str, dict]:
                              field="--policy-opt")
         out[pol][k] = parse_value(v)
     return out
-
-
-def _mpi_comm():
-    """COMM_WORLD when launched by mpiexec with more than one rank, else None."""
-    if not any(v in os.environ for v in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")):
-        return None
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    return comm if comm.Get_size() > 1 else None
 
 
 def write_outputs(rows: list[dict], out_dir, instance_name: str, plugins: tuple = (), *,
@@ -235,7 +225,7 @@ def run_policy_bench(args) -> int:
     if args.rounds is not None and args.rounds > SimConfig.max_rounds:
         raise InputError(f"the horizon of {args.rounds:,} rounds exceeds the safety limit of "
                          f"{SimConfig.max_rounds:,} rounds", field="--rounds")
-    from .seeds import run_seeded_bench, seeds_arg
+    from .seeds import seeds_arg
     seeds = seeds_arg(args, policies)
     workload = workload_args(args)
     inst = build_workload(workload)
@@ -244,14 +234,26 @@ def run_policy_bench(args) -> int:
     if args.out:
         from instances.paths import check_output_dir
         check_output_dir(args.out, "--out")
-    comm = _mpi_comm()
+    from . import spread
+    comm = spread.comm()
+    rc = _run_spread(args, inst, workload, policies, options, names, reconfig_opts, move_costs, seeds, comm)
+    spread.finish(comm)                       # (not after an error: rank 0 hears of it, see spread.py)
+    return rc
+
+
+def _run_spread(args, inst, workload, policies, options, names, reconfig_opts, move_costs, seeds, comm) -> int:
+    """The runs (this process's share of them under ``mpiexec``/``srun``, ``spread.py``) and,
+    on rank 0, the rows."""
+    from .seeds import run_seeded_bench
+    from .spread import SlurmTasks
     rank = comm.Get_rank() if comm is not None else 0
     quiet = args.quiet or args.json
     log = None if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     if log and rank == 0:
         log(f"bench policies on {inst.name} ({len(inst.jobs)} jobs, {inst.cluster.num_gpus} GPUs, move costs "
             f"{move_costs.preset}): {', '.join(policies)}"
-            + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
+            + (f" over {comm.Get_size()} {'Slurm tasks' if isinstance(comm, SlurmTasks) else 'MPI ranks'}"
+               if comm is not None else ""))
     if seeds is not None:
         return run_seeded_bench(args, seeds, policies, options, names, reconfig_opts, log, comm)
     from ...progress import Interrupt
