@@ -42,6 +42,11 @@ keeps it. Hysteresis is in the objective (``reconfig.hysteresis``), so both sear
 it.
 The solver's hint is what every job runs now. A solver exception becomes a greedy
 decision (status ``error``, with the reason): a round never crashes.
+
+Rounds of the Sia artifact's adaptive-batch goodput jobs (instances/goodput.py) go to the
+spec's ``goodput`` policy when it has one (the baseline as its authors' simulator runs
+it: engine/policies/sia_goodput.py, gavel_goodput.py); the options it names
+(``goodput_options``) are its own, the others the runner's.
 """
 from __future__ import annotations
 
@@ -73,6 +78,7 @@ from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions
 from ..solvers.base import MAX_SOLVER_SEED
 from ..solvers.greedy import greedy_solution
 from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
+from .goodput_rounds import goodput_round
 
 GridFilter = Callable[[JobView, Grid], bool]
 
@@ -99,6 +105,10 @@ class MilpPolicySpec:
     best_plan_per_count: bool = False
     searches: tuple[str, ...] = SEARCHES                  # allowed; the first is the default
     runner: Mapping[str, Any] = field(default_factory=dict)   # default runner options (e.g. budgets)
+    # rounds of goodput jobs (instances/goodput.py): the policy that decides them, built
+    # with (name, **options) from the options named in ``goodput_options``
+    goodput: Callable[..., Any] | None = None
+    goodput_options: tuple[str, ...] = ()
 
 
 def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, hint: np.ndarray | None,
@@ -163,6 +173,8 @@ class MilpPolicy:
     def __init__(self, spec: MilpPolicySpec, **config: Any):
         self.spec = spec
         self.name = spec.name
+        goodput_cfg = {k: config.pop(k) for k in list(config) if k in spec.goodput_options}
+        self._goodput = spec.goodput(spec.name, **goodput_cfg) if spec.goodput is not None else None
         obj_cfg, rest = split_objective_config(_with_default_options(spec, {**spec.runner, **config}))
         unknown = sorted(set(rest) - set(RUNNER_KEYS))
         if unknown:
@@ -223,6 +235,11 @@ class MilpPolicy:
         return self.spec.grid_filter is None or self.spec.grid_filter(view, grid)
 
     def decide(self, ctx: RoundContext) -> Decisions:
+        if ctx.jobs and goodput_round(ctx):
+            if self._goodput is None:
+                raise InputError(f"policy {self.name!r} has no form for the Sia artifact's goodput jobs; use sia, "
+                                 "gavel, pollux or arena", field="--policy")
+            return self._goodput.decide(ctx)
         t0 = time.perf_counter()
         perf = self._perf(ctx.perf)
         data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,

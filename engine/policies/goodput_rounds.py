@@ -1,0 +1,151 @@
+"""What the goodput-aware baselines share on the Sia artifact's instances (``sia:``,
+instances/goodput.py): their candidate configurations, what each job has been seen to
+run on, its restart state, and placement of the chosen configurations on GPUs.
+
+Configurations are the artifact's (``CONFIGS_4GPU`` / ``CONFIGS_8GPU`` of its policies):
+1, 2, 4 ... GPUs up to a node on one node, then whole nodes (2, 3 ... nodes), up to 64
+GPUs and at most the GPU cluster's nodes and its ``cluster_max_physical_nnodes``.
+Placement keeps a job whose configuration is unchanged on its GPUs, then places the
+largest configurations first with the engine's placer; a one-node configuration that
+finds no node with room is spread symmetrically over 2, 4 ... nodes (as the artifact's
+placer spreads it over the GPUs left), and a job that still does not fit waits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from instances.errors import InputError
+from instances.goodput import BatchPlan, GoodputJob, is_goodput
+from instances.grid import Grid, Shape
+
+from ..context import Decisions, GpuId, JobView, RoundContext
+from ..placement import Placer
+
+MAX_CONFIG_GPUS = 64
+
+
+def goodput_round(ctx: RoundContext) -> bool:
+    """Whether the round's jobs are goodput jobs (all of them); mixed kinds are refused."""
+    kinds = {is_goodput(v.job) for v in ctx.jobs}
+    if len(kinds) > 1:
+        raise InputError("a round mixes the Sia artifact's goodput jobs with fixed-batch jobs; policies decide for "
+                         "one kind at a time", field="--instance")
+    return kinds == {True}
+
+
+def goodput_model(ctx: RoundContext):
+    """The round's goodput estimates (``estimators.goodput.GoodputModel``)."""
+    perf = ctx.perf
+    if perf is None or not callable(getattr(perf, "goodput", None)):
+        raise InputError("goodput jobs need the goodput model (estimators.goodput.GoodputModel) to decide with; "
+                         f"got {getattr(perf, 'name', perf)!r}", field="--perf")
+    return perf
+
+
+def sia_configs(ctx: RoundContext, max_physical_nodes: dict[str, int] | None = None) -> dict[str, list[Shape]]:
+    """Per GPU type, the artifact's configurations as shapes, in its order."""
+    nodes_of: dict[str, list[int]] = {}
+    for g in ctx.cluster.groups:
+        nodes_of.setdefault(g.gpu_type, []).extend([g.gpus_per_node] * g.num_nodes)
+    out: dict[str, list[Shape]] = {}
+    for t, sizes in nodes_of.items():
+        gpn = max(sizes)
+        n_nodes = len(sizes)
+        if max_physical_nodes and t in max_physical_nodes:
+            n_nodes = min(n_nodes, max_physical_nodes[t])
+        shapes, g = [], 1
+        while g < gpn:
+            shapes.append(Shape(t, 1, g))
+            g *= 2
+        shapes.extend(Shape(t, k, gpn) for k in range(1, n_nodes + 1) if k * gpn <= MAX_CONFIG_GPUS)
+        out[t] = shapes
+    return out
+
+
+def progress_of(view: JobView) -> float:
+    return max(0.0, float(view.job.num_iterations) - float(view.remaining_iterations))
+
+
+def in_restart(view: JobView, now: float) -> bool:
+    """Whether a running job is still in its restart downtime (it holds GPUs, computes nothing)."""
+    if view.current is None or view.last_change is None:
+        return False
+    restart = getattr(view.job, "restart_s", 0.0)
+    return now < view.last_change.changed_at_s + restart
+
+
+@dataclass
+class JobRecord:
+    """What a policy has seen of one job over the rounds."""
+    profiled: dict[str, int] = field(default_factory=dict)   # GPU type -> most replicas it computed on
+    restarts: int = 0
+
+
+class Seen:
+    """Per job: the GPU types and replica counts it has computed on (a running job that
+    is past its restart has run on its shape since the last round)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobRecord] = {}
+
+    def update(self, ctx: RoundContext) -> None:
+        active = set()
+        for v in ctx.jobs:
+            active.add(v.job_id)
+            rec = self.jobs.setdefault(v.job_id, JobRecord())
+            if v.current is not None and v.last_change is not None and \
+                    ctx.now_s > v.last_change.changed_at_s + getattr(v.job, "restart_s", 0.0):
+                t = v.current.grid.gpu_type
+                rec.profiled[t] = max(rec.profiled.get(t, 0), v.current.grid.num_gpus)
+        for jid in [j for j in self.jobs if j not in active]:
+            del self.jobs[jid]
+
+
+def place(ctx: RoundContext, placer: Placer, wanted: dict[str, Shape], plans: dict[str, BatchPlan],
+          order: list[str]) -> Decisions:
+    """Grids and pinned GPUs for the wanted shapes (module doc); ``order``: who is placed
+    first among equal sizes."""
+    free = placer.empty_free_map(ctx.unavailable_nodes)
+    views = {v.job_id: v for v in ctx.jobs}
+    grids: dict[str, Grid] = {}
+    pins: dict[str, tuple[GpuId, ...]] = {}
+    rest = []
+    for jid in order:
+        if jid not in wanted:
+            continue
+        cur = views[jid].current
+        if cur is not None and cur.grid.shape == wanted[jid] and not cur.on_any(ctx.unavailable_nodes):
+            placer.take(free, cur.gpus)
+            grids[jid], pins[jid] = cur.grid, cur.gpus
+        else:
+            rest.append(jid)
+    rank = {jid: i for i, jid in enumerate(order)}
+    rest.sort(key=lambda j: (-wanted[j].num_gpus, rank[j]))
+    for jid in rest:
+        shape = wanted[jid]
+        cur = views[jid].current
+        prefer = cur.gpus if cur is not None else ()
+        for s in _spreads(shape):
+            gpus = placer.choose(free, s, prefer)
+            if gpus is not None:
+                placer.take(free, gpus)
+                grids[jid], pins[jid] = Grid(s), gpus
+                break
+    return Decisions(grids=grids, placements=pins, plans={j: plans[j] for j in grids if j in plans})
+
+
+def _spreads(shape: Shape) -> list[Shape]:
+    """``shape``, then for a one-node shape the same GPUs over 2, 4 ... nodes."""
+    out = [shape]
+    if shape.num_nodes == 1:
+        k = 2
+        while k <= shape.gpus_per_node and shape.gpus_per_node % k == 0:
+            out.append(Shape(shape.gpu_type, k, shape.gpus_per_node // k))
+            k *= 2
+    return out
+
+
+def job_of(view: JobView) -> GoodputJob:
+    job = view.job
+    assert isinstance(job, GoodputJob)
+    return job
