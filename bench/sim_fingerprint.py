@@ -14,7 +14,7 @@ import hashlib
 import json
 import sys
 
-TIMING = {"decision_time_s", "decision_time_median_s", "decision_time_p99_s",
+TIMING = {"decision_time_s", "context_time_s", "decision_time_median_s", "decision_time_p99_s",
           "decision_time_total_s", "wall_time_s"}
 LIVE_ONLY = {"failures"}        # counters of live runs (always 0 in simulation)
 

@@ -109,6 +109,9 @@ class RoundContext:
     finished_jobs: int = 0              # jobs finished so far
     changes_total: int = 0              # moves and preemptions of every job so far, finished ones included
     unavailable_nodes: frozenset[int] = frozenset()   # drained or down: no job may be placed there
+    # queued jobs left out of ``jobs``: beyond the policy's ``max_queued`` (the round loop
+    # builds views only for the queued jobs a policy that says so will consider)
+    queued_left_out: int = 0
 
     def job(self, job_id: str) -> JobView:
         for j in self.jobs:

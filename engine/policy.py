@@ -5,6 +5,12 @@ A policy is an object built from validated config with one method,
 Register a factory by name with ``@register_policy("name")`` in a module of
 ``engine/policies/`` (every module there is discovered; no list to edit); the factory is
 called with keyword config (and must reject unknown keys).
+
+Optional attributes a policy may have, read by the round loop: ``event_driven`` (asked
+only after an event; engine/round_loop.py) and ``max_queued`` (an int > 0: it decides
+over every running job and at most this many queued jobs, those of the highest priority,
+then the earliest arrival, then the job id; the loop then builds views only for those,
+``RoundContext.queued_left_out`` counting the others; ``engine.policies.milp.queue_window``).
 """
 from __future__ import annotations
 

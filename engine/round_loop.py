@@ -26,6 +26,7 @@ completion, failure) or when its last decisions were not all carried out.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -67,6 +68,7 @@ class RoundRecord:
     repairs: int = 0
     failures: int = 0                # runs that failed since the previous round (live)
     decision_time_s: float = 0.0
+    context_time_s: float = 0.0      # building the policy's RoundContext
     decided: bool = False            # the policy was called this round
     # over the interval [time_s, next round), filled at the next round:
     throughput_samples_per_s: float = 0.0
@@ -94,6 +96,10 @@ class RoundLoop:
         self.placer = Placer(cluster)
         self.rounds: list[RoundRecord] = []
         self.event_driven = bool(getattr(policy, "event_driven", False))
+        # queued jobs given to the policy (and the shadow): at most the larger of their
+        # ``max_queued`` windows (0: every queued job, also when either has none)
+        windows = [int(getattr(p, "max_queued", 0) or 0) for p in (policy, shadow) if p is not None]
+        self.queue_window = 0 if 0 in windows else max(windows)
         self._need_decide = True
         self._ended = False               # jobs finished or failed since the last round
         self._failed_since = 0
@@ -221,8 +227,10 @@ class RoundLoop:
                 st.jobs[jid].measured_iteration_time_s = p.measured_iteration_time_s
                 self._feed.report(st.jobs[jid].job, st.jobs[jid].alloc, p)
             self._feed.keep_only(st.running)
+            t_ctx = time.perf_counter()
             ctx = self.context(now, index)
             t_dec = time.perf_counter()
+            rec.context_time_s = t_dec - t_ctx
             decisions = self.policy.decide(ctx)
             rec.decision_time_s = time.perf_counter() - t_dec
             rec.decided = True
@@ -261,16 +269,20 @@ class RoundLoop:
             views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, r.alloc,
                                  st.attained_gpu_s_at(r, now), r.queued_s, r.reconfigurations,
                                  r.measured_iteration_time_s, r.known_infeasible, change))
-        for r in st.queued.values():
-            if r.retry_after_s > now:
-                continue                  # backing off after a failed run
+        queued = [r for r in st.queued.values() if r.retry_after_s <= now]   # (others back off after a failure)
+        left_out = 0
+        if self.queue_window and len(queued) > self.queue_window:      # the policy's window (``max_queued``)
+            left_out = len(queued) - self.queue_window
+            queued = heapq.nsmallest(self.queue_window, queued,
+                                     key=lambda r: (-r.job.priority, r.job.arrival_s, r.job.job_id))
+        for r in queued:
             views.append(JobView(r.job, r.job.num_iterations - r.iterations_done, None,
                                  r.attained_gpu_s, st.queued_s_at(r, now), r.reconfigurations,
                                  None, r.known_infeasible))
         views.sort(key=lambda v: (v.job.arrival_s, v.job.job_id))
         return RoundContext(now, index, self.round_interval_s, self.cluster, tuple(views), self.perf,
                             self.reconfig, self.seed, len(st.finished_ids), st.changes_count,
-                            st.cluster.unavailable)
+                            st.cluster.unavailable, left_out)
 
     def _apply(self, decisions: Decisions, now: float, rec: RoundRecord) -> None:
         st, ex = self.state, self.executor

@@ -127,3 +127,57 @@ def test_columns_option_separates_co_designed_placement_from_the_best_plan_per_c
     assert not make_policy("arena").best_per_count
     with pytest.raises(InputError, match="columns"):
         make_policy("arena", columns="some")
+
+
+def test_max_queued_decides_over_a_window_of_the_queue_by_priority_then_arrival():
+    from engine.policies.milp import queue_window
+    running = JobView(Job("r", "gpt__350M", 64, 1000, 0.0), 500.0,
+                      Allocation(Grid(Shape("a40", 1, 2)), ((1, 0), (1, 1))))
+    queued = [JobView(Job(f"q{i}", "gpt__350M", 64, 1000, float(i), priority=3.0 if i == 7 else 1.0), 1000.0, None)
+              for i in range(8)]
+    ctx = ctx_of([running, *queued], TypeSpeedPerf({"a100": 1.0, "a40": 1.0}))
+    small, left = queue_window(ctx, 3)
+    # the running job, the high-priority late arrival, then the earliest two; ctx's order kept
+    assert [v.job_id for v in small.jobs] == ["r", "q0", "q1", "q7"] and left == 5 == small.queued_left_out
+    assert queue_window(ctx, 0) == (ctx, 0) and queue_window(ctx, 8) == (ctx, 0)
+    d = make_policy("arena", max_queued=3).decide(ctx)
+    assert set(d.grids) <= {"r", "q0", "q1", "q7"} and d.info["queued_left_out"] == 5 and d.info["jobs"] == 4
+    assert make_policy("arena").decide(ctx).info["queued_left_out"] == 0
+    for bad in (-1, 1.5, "x"):
+        with pytest.raises(InputError) as e:
+            make_policy("arena", max_queued=bad)
+        assert e.value.field == "max_queued"
+
+
+def test_the_round_loop_builds_views_only_for_the_policy_window_and_the_simulation_runs_out():
+    """A policy with ``max_queued`` is given every running job and only its window of the
+    queue (the loop builds no view for the others, ``queued_left_out`` counts them); the
+    demo still finishes every job. A window larger than any queue changes nothing."""
+    from engine.round_loop import RoundLoop
+    from engine.sim_executor import SimExecutor
+    from engine.simulator import simulate
+    from estimators import make_performance_model
+    from instances.builtin import get_instance
+    inst = get_instance("demo")
+    perf = make_performance_model("table")
+    seen = []
+
+    class Watch:
+        def __init__(self, policy):
+            self.policy, self.name, self.max_queued = policy, policy.name, policy.max_queued
+
+        def decide(self, ctx):
+            seen.append((sum(v.current is None for v in ctx.jobs), ctx.queued_left_out))
+            return self.policy.decide(ctx)
+    loop = RoundLoop(inst.cluster, Watch(make_policy("arena", max_queued=2)), SimExecutor(inst.oracle,
+                     ReconfigCostModel()), perf=perf, round_interval_s=300.0, jobs=inst.jobs)
+    for j in inst.jobs:
+        loop.submit(j.job_id, 0.0)
+    loop.round(0.0, 0)
+    assert seen == [(2, len(inst.jobs) - 2)]
+    res = simulate(inst, make_policy("arena", max_queued=2), perf=perf, run_out=True)
+    assert res.summary["jobs_finished"] == len(inst.jobs)
+    a = simulate(inst, make_policy("arena"), perf=perf, rounds=30).summary
+    b = simulate(inst, make_policy("arena", max_queued=10_000), perf=perf, rounds=30).summary
+    drop = {"wall_time_s", "decision_time_median_s", "decision_time_p99_s", "decision_time_total_s"}
+    assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}

@@ -19,6 +19,11 @@ here, once:
   ``max_changes_per_job``, ``move_backoff_s``, ``change_budget_per_job``: the stability rule
   (engine/stability.py): running jobs it freezes keep their current grid;
 - ``dump_rounds_dir``: write every round's model as MPS and LP files there;
+- ``max_queued`` (0: none): the round decides over every running job and at most this
+  many queued jobs, those of the highest priority, then the earliest arrival, then the
+  job id (``queue_window``); the others wait this round (``info["queued_left_out"]``).
+  A queue of thousands on a cluster that can start a few jobs a round otherwise costs
+  its estimates, columns and solve every round (docs/results/2026-12-04-service-round-scale.md);
 - ``event_driven`` (false): decide only after an event (arrival, completion, failure) or
   when the last decisions were not all carried out, not every round — a faster replay
   whose results differ (time-dependent terms and the stability rule's thawing are seen
@@ -50,6 +55,8 @@ it: engine/policies/sia_goodput.py, gavel_goodput.py); the options it names
 """
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -85,7 +92,7 @@ GridFilter = Callable[[JobView, Grid], bool]
 # Knobs every optimizing policy accepts (besides its objective keys w_<term>, <term>.<opt>).
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "columns", "threads", "seed", "pinned_jobs",
                "dump_rounds_dir", "search", "queued_candidates", "other_type_candidates", "move_budget_jobs",
-               "move_budget_gpus",
+               "move_budget_gpus", "max_queued",
                "event_driven") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
 COLUMNS = ("all", "best_per_count")
@@ -121,6 +128,22 @@ def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, 
     except Exception as e:          # a round never crashes: decide greedily and say why
         return greedy_solution(model, backend=getattr(backend, "name", "?"), status="error",
                                message=f"{type(e).__name__}: {e}; greedy decision")
+
+
+def queue_window(ctx: RoundContext, max_queued: int) -> tuple[RoundContext, int]:
+    """``ctx`` with every running job and at most ``max_queued`` queued ones (0: all):
+    those of the highest priority, then the earliest arrival, then the job id. Returns
+    it and how many queued jobs were left out, with those the round loop left out
+    already (``ctx.queued_left_out``: it builds views only for this window when the
+    policy has ``max_queued``); the jobs keep ``ctx``'s order."""
+    queued = [v for v in ctx.jobs if v.current is None]
+    if max_queued <= 0 or len(queued) <= max_queued:
+        return ctx, ctx.queued_left_out
+    keep = {id(v) for v in heapq.nsmallest(max_queued, queued,
+                                            key=lambda v: (-v.job.priority, v.job.arrival_s, v.job.job_id))}
+    jobs = tuple(v for v in ctx.jobs if v.current is not None or id(v) in keep)
+    left_out = ctx.queued_left_out + len(queued) - max_queued
+    return dataclasses.replace(ctx, jobs=jobs, queued_left_out=left_out), left_out
 
 
 def parse_job_list(value: object) -> frozenset[str]:
@@ -193,6 +216,7 @@ class MilpPolicy:
                              field="columns")
         self.best_per_count = columns == "best_per_count"
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
+        self.max_queued: int = _number(spec.name, rest, "max_queued", 0, int, 0)
         self.stability = StabilityRule.from_config(spec.name, rest)
         self.event_driven = parse_bool(spec.name, "event_driven", rest.get("event_driven", False))
         self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
@@ -241,6 +265,7 @@ class MilpPolicy:
                                  "gavel, pollux or arena", field="--policy")
             return self._goodput.decide(ctx)
         t0 = time.perf_counter()
+        ctx, left_out = queue_window(ctx, self.max_queued)
         perf = self._perf(ctx.perf)
         data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
                                 grid_filter=self._keep, cache=self._cache)
@@ -305,7 +330,7 @@ class MilpPolicy:
             export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
         info = {**sol.stats(), "search": self.search, "frozen": len(frozen), "move_allowance": allowance,
                 "placement_repairs": repairs,
-                "placement_dropped": dropped, "jobs": data.n_jobs,
+                "placement_dropped": dropped, "jobs": data.n_jobs, "queued_left_out": left_out,
                 "columns": data.n_cols, "rows": model.n_rows, "unschedulable": list(data.unschedulable),
                 "estimate_time_s": t1 - t0, "model_build_time_s": t2 - t1, "solve_wall_s": t3 - t2,
                 "decide_time_s": time.perf_counter() - t0}

@@ -1,6 +1,7 @@
 """The HTTP client of the ``arena submit/status/cancel/logs/jobs`` commands (stdlib
-``urllib``; bounded timeouts). Errors come back as ``InputError`` naming the field the
-service named, or as ``NoAnswer`` saying that no service answers."""
+``urllib``; bounded timeouts). Errors come back as ``Refused`` (an ``InputError`` with the
+HTTP status) naming the field the service named, or as ``NoAnswer`` saying that no
+service answers."""
 from __future__ import annotations
 
 import http.client
@@ -20,6 +21,14 @@ class NoAnswer(InputError):
     def __init__(self, message: str, *, maybe_done: bool):
         super().__init__(message, field="--url")
         self.maybe_done = maybe_done
+
+
+class Refused(InputError):
+    """The service answered with an error; ``status``: its HTTP status (400, 404, 409, ...)."""
+
+    def __init__(self, message: str, *, status: int, file: str | None = None, field: str | None = None):
+        super().__init__(message, file=file, field=field)
+        self.status = status
 
 
 class Client:
@@ -49,8 +58,8 @@ class Client:
             msg = err.get("error") or e.reason
             if e.code == 401:                      # what to do about it, in the command's own flags
                 msg = f"{msg}; give the token with --token or ARENA_TOKEN"
-            raise InputError(f"the service answered {e.code}: {msg}", file=err.get("file"),
-                             field="--token" if e.code == 401 else err.get("field")) from None
+            raise Refused(f"the service answered {e.code}: {msg}", status=e.code, file=err.get("file"),
+                          field="--token" if e.code == 401 else err.get("field")) from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
             # URLError: nothing reached the service; the rest: it went away (or stalled) after the request
             # was sent, in the middle of its answer (IncompleteRead, RemoteDisconnected) or before it

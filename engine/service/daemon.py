@@ -148,6 +148,18 @@ class Service:
         self._phase = "starting"
         self._moves_written = 0                # ledger entries stored so far ...
         self._moves_open: list = []            # ... and those of them still open (rewritten as they change)
+        # the last round's parts, in seconds (bench/bench_service_round.py): ``adopt_s`` the
+        # executor polled, the store's requests read and carried out, submissions adopted;
+        # ``decide_s`` the policy's context built and its decision; ``record_s`` the decision
+        # committed; ``carry_s`` the rest (placement, stops, moves and launches with their
+        # journal, invariants, the move ledger stored)
+        self.round_parts: dict[str, float] = {}
+        self._record_s = 0.0
+        # the idle loop's checks (_due) read the store only after another connection (the
+        # API, a command) committed to it, or after a round: its data version when a look
+        # found nothing to act on (None: look)
+        self._quiet_version: int | None = None
+        self._next_retry = math.inf            # the earliest backoff end after the last round
 
     # ------------------------------------------------------------------------------
     def _alive(self, phase: str) -> None:
@@ -349,13 +361,16 @@ class Service:
         if self.mpi.has_events() or self.executor.has_refused():
             self._trigger = "job finished or failed"
             return True
-        if self._drained() != self.loop.state.cluster.unavailable:
-            self._trigger = "node drained or returned"
-            return True
-        if self._admissions() or self.store.cancel_requests() or self.store.hold_requests():
-            self._trigger = "submission, cancel, hold or release"
-            return True
-        if any(self._last_round < r.retry_after_s <= now for r in self.loop.state.queued.values()):
+        version = self.store.data_version()
+        if version != self._quiet_version:     # the store changed since the last look: look
+            if self._drained() != self.loop.state.cluster.unavailable:
+                self._trigger = "node drained or returned"
+                return True
+            if self._admissions() or self.store.cancel_requests() or self.store.hold_requests():
+                self._trigger = "submission, cancel, hold or release"
+                return True
+            self._quiet_version = version
+        if self._last_round < self._next_retry <= now:
             self._trigger = "a failed job's backoff ended"
             return True
         if now - self._last_round >= self.cfg.round_interval_s:
@@ -366,6 +381,7 @@ class Service:
     def step(self, now: float) -> RoundRecord:
         """One round at ``now`` (wall clock)."""
         loop, st = self.loop, self.loop.state
+        t_start = time.perf_counter()
         self._alive(f"round {self._round_index + 1}")
         interval = now - self._last_round if math.isfinite(self._last_round) else self.cfg.round_interval_s
         now = max(now, st.now_s)
@@ -404,8 +420,9 @@ class Service:
             self.log(f"job {jid} cancelled")
         self._carry_out_holds(now)
         self._sync_priorities()
-        self._end_orphans()
-        for row in self._admissions():
+        outside = self._queued_outside_loop()         # (read once: the two below share it)
+        ended = self._end_orphans(outside)
+        for row in self._admissions([r for r in outside if r.id not in ended]):
             if str(row.id) in st.jobs:                 # held, released since
                 loop.release(str(row.id), now)
                 self.log(f"job {row.id} ({row.name}) released")
@@ -414,20 +431,34 @@ class Service:
                 self.log(f"job {row.id} ({row.name}) submitted")
         self._apply_drains(now)
         self._round_index += 1
+        t_round, self._record_s = time.perf_counter(), 0.0
         try:
             rec = loop.round(now, self._round_index)
         finally:
             self.executor.stop_reasons.clear()         # a job that moved instead of stopping
         self._store_moves()
         self._last_round, self._trigger = now, ""
+        self._quiet_version = None                     # this round wrote to the store: look again
+        self._next_retry = self._backoff_end_after(now)
+        rest = time.perf_counter() - t_round
+        decide = rec.context_time_s + rec.decision_time_s
+        self.round_parts = {"adopt_s": t_round - t_start, "decide_s": decide, "record_s": self._record_s,
+                            "carry_s": max(0.0, rest - decide - self._record_s)}
         return rec
 
-    def _admissions(self) -> list:
+    def _backoff_end_after(self, now: float) -> float:
+        """The earliest end of a queued job's backoff after ``now`` (inf: none), for the idle
+        check: the queue changes only in rounds, so it is found once per round."""
+        return min((r.retry_after_s for r in self.loop.state.queued.values() if r.retry_after_s > now),
+                   default=math.inf)
+
+    def _admissions(self, rows: list | None = None) -> list:
         """Jobs queued in the store that the loop does not have queued or running: new
         submissions whose ``after`` jobs have all finished (and jobs queued before a
-        restart), and held jobs released since."""
+        restart), and held jobs released since. ``rows``: ``_queued_outside_loop()``,
+        when the caller has just read it."""
         jobs = self.loop.state.jobs
-        rows = self._queued_outside_loop()
+        rows = self._queued_outside_loop() if rows is None else rows
         deps = self._dep_statuses(r for r in rows if str(r.id) not in jobs)
         return [r for r in rows
                 if (jobs[str(r.id)].status is JobStatus.HELD if str(r.id) in jobs else self._ready(r, deps))]
@@ -435,9 +466,8 @@ class Service:
     def _queued_outside_loop(self) -> list:
         """Rows of the jobs queued in the store that the loop has not queued or running (new,
         waiting for others, or released): the ids are polled, only these rows read whole."""
-        jobs = self.loop.state.jobs
-        ids = [i for i in self.store.job_ids("queued")
-               if str(i) not in jobs or jobs[str(i)].status is JobStatus.HELD]
+        jobs, held = self.loop.state.jobs, self.loop.state.held
+        ids = [i for i in self.store.job_ids("queued") if (k := str(i)) not in jobs or k in held]
         return self.store.jobs("queued", ids=ids) if ids else []
 
     def _dep_statuses(self, rows) -> dict[int, str]:
@@ -449,10 +479,13 @@ class Service:
         """Every job it runs after (``JobSpec.after``) has finished (``deps``: their statuses)."""
         return all(deps.get(int(d)) == "finished" for d in row.spec.get("after") or ())
 
-    def _end_orphans(self) -> None:
+    def _end_orphans(self, outside: list | None = None) -> set[int]:
         """A job waiting for others (``after``) fails when one of them failed or was
-        cancelled: it would never start."""
-        rows = [r for r in self._queued_outside_loop() if str(r.id) not in self.loop.state.jobs and r.spec.get("after")]
+        cancelled: it would never start. ``outside``: ``_queued_outside_loop()``, when the
+        caller has just read it. Returns the ids of the jobs failed."""
+        outside = self._queued_outside_loop() if outside is None else outside
+        rows = [r for r in outside if str(r.id) not in self.loop.state.jobs and r.spec.get("after")]
+        failed: set[int] = set()
         deps = self._dep_statuses(rows)
         for row in rows:
             ended = {int(d): deps[int(d)] for d in row.spec["after"] if deps.get(int(d)) in ("failed", "cancelled")}
@@ -460,6 +493,8 @@ class Service:
                 d, why = min(ended.items())
                 self._set_status(row.id, "failed", f"job {d}, which it was to run after, is {why}")
                 self.log(f"job {row.id} failed: job {d}, which it was to run after, is {why}")
+                failed.add(row.id)
+        return failed
 
     def _carry_out_holds(self, now: float) -> None:
         """Requested holds: a running job is stopped with a checkpoint (the store queues it),
@@ -554,6 +589,7 @@ class Service:
 
     def _record_round(self, ctx: RoundContext, decisions: Decisions, rec: RoundRecord) -> None:
         """The decision, committed before it is carried out."""
+        t0 = time.perf_counter()
         info = dict(decisions.info)
         grids = {jid: str(g) for jid, g in decisions.grids.items()}
         plans = {jid: {"dp": p.dp, "tp": p.tp, "pp": p.pp} for jid, p in decisions.plans.items()}
@@ -571,6 +607,7 @@ class Service:
                                 solve_time_s=float(info.get("solve_wall_s", rec.decision_time_s)),
                                 objective=finite(info.get("objective")), gap=finite(info.get("gap")),
                                 decisions=recorded, keep=self.cfg.keep_rounds)
+        self._record_s += time.perf_counter() - t0
         self.fault("after-round-recorded")
 
     def shutdown(self) -> None:

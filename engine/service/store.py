@@ -904,6 +904,11 @@ class Store:
         """Ids of the jobs in ``status`` (nothing parsed: cheap to poll)."""
         return [int(r[0]) for r in self.conn.execute("SELECT id FROM jobs WHERE status = ? ORDER BY id", (status,))]
 
+    def data_version(self) -> int:
+        """SQLite's ``PRAGMA data_version``: another value after another connection (the
+        API's, a command's) committed; this connection's own commits leave it."""
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
     def last_generations(self) -> dict[int, int]:
         """Per job in the store, its latest launch generation (0: never launched)."""
         return {int(j): int(g) for j, g in self.conn.execute(
