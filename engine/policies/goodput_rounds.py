@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from instances.errors import InputError
 from instances.goodput import BatchPlan, GoodputJob, is_goodput
 from instances.grid import Grid, Shape
@@ -101,10 +103,45 @@ class Seen:
             del self.jobs[jid]
 
 
+def free_gpus(ctx: RoundContext, types: list[str]) -> dict[str, int]:
+    """GPUs per type on the nodes in service."""
+    free = {t: 0 for t in types}
+    for node in ctx.cluster.nodes():
+        if node.node_id not in ctx.unavailable_nodes and node.gpu_type in free:
+            free[node.gpu_type] += node.num_gpus
+    return free
+
+
+def solve_assignment(n_jobs: int, types: list[str], cols: list[tuple[int, str, Shape]], cost: np.ndarray,
+                     pinned: list[int], free: dict[str, int], time_limit_s: float, rel_gap: float,
+                     policy: str) -> list[int]:
+    """The columns chosen by ``min cost @ x`` over binary x, at most one column per job,
+    the GPUs of each type at most ``free``, the ``pinned`` columns at 1 (HiGHS, SciPy)."""
+    if not cols:
+        return []
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+    n = len(cols)
+    tindex = {t: i for i, t in enumerate(types)}
+    rows = [j for j, _, _ in cols] + [n_jobs + tindex[t] for _, t, _ in cols]
+    vals = [1.0] * n + [float(s.num_gpus) for _, _, s in cols]
+    a = coo_matrix((vals, (rows, list(range(n)) * 2)), shape=(n_jobs + len(types), n)).tocsr()
+    ub = np.concatenate([np.ones(n_jobs), [free[t] for t in types]])
+    lo = np.zeros(n)
+    lo[pinned] = 1.0
+    res = milp(cost, integrality=np.ones(n), bounds=Bounds(lo, np.ones(n)),
+               constraints=[LinearConstraint(a, -np.inf, ub)],
+               options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
+    if res.x is None:
+        raise RuntimeError(f"policy {policy!r}: the assignment MILP found no solution ({res.message})")
+    return [k for k in range(n) if res.x[k] > 0.5]
+
+
 def place(ctx: RoundContext, placer: Placer, wanted: dict[str, Shape], plans: dict[str, BatchPlan],
-          order: list[str]) -> Decisions:
+          order: list[str], alternatives: dict[str, list[Shape]] | None = None) -> Decisions:
     """Grids and pinned GPUs for the wanted shapes (module doc); ``order``: who is placed
-    first among equal sizes."""
+    first among equal sizes; ``alternatives``: per job, the shapes to try in turn (default:
+    the wanted one, then its symmetric spreads)."""
     free = placer.empty_free_map(ctx.unavailable_nodes)
     views = {v.job_id: v for v in ctx.jobs}
     grids: dict[str, Grid] = {}
@@ -114,7 +151,9 @@ def place(ctx: RoundContext, placer: Placer, wanted: dict[str, Shape], plans: di
         if jid not in wanted:
             continue
         cur = views[jid].current
-        if cur is not None and cur.grid.shape == wanted[jid] and not cur.on_any(ctx.unavailable_nodes):
+        same = cur is not None and (cur.grid.shape == wanted[jid] or (
+            alternatives is not None and cur.grid.shape in alternatives.get(jid, ())))
+        if cur is not None and same and not cur.on_any(ctx.unavailable_nodes):
             placer.take(free, cur.gpus)
             grids[jid], pins[jid] = cur.grid, cur.gpus
         else:
@@ -125,7 +164,7 @@ def place(ctx: RoundContext, placer: Placer, wanted: dict[str, Shape], plans: di
         shape = wanted[jid]
         cur = views[jid].current
         prefer = cur.gpus if cur is not None else ()
-        for s in _spreads(shape):
+        for s in (alternatives.get(jid) if alternatives and jid in alternatives else _spreads(shape)):
             gpus = placer.choose(free, s, prefer)
             if gpus is not None:
                 placer.take(free, gpus)

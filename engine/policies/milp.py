@@ -51,7 +51,10 @@ decision (status ``error``, with the reason): a round never crashes.
 Rounds of the Sia artifact's adaptive-batch goodput jobs (instances/goodput.py) go to the
 spec's ``goodput`` policy when it has one (the baseline as its authors' simulator runs
 it: engine/policies/sia_goodput.py, gavel_goodput.py); the options it names
-(``goodput_options``) are its own, the others the runner's.
+(``goodput_options``) are its own, the others the runner's. A spec without one (``arena``)
+decides them with its own objective over goodput columns
+(engine/formulation/goodput_data.py): every GPU type and shape valued at the batch the
+job would choose there, each job adapting its batch within the application's limits.
 """
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ from instances.limits import MAX_TIME_S, show_number
 from ..context import Decisions, JobView, RoundContext
 from ..formulation import build_model, build_round_data
 from ..formulation.build import RowsMemo
+from ..formulation.goodput_data import build_goodput_round_data
 from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
 from ..incremental import OTHER_TYPE_CHOICES, QUEUED_CHOICES, IncrementalConfig, search_round
@@ -85,7 +89,7 @@ from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions
 from ..solvers.base import MAX_SOLVER_SEED
 from ..solvers.greedy import greedy_solution
 from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
-from .goodput_rounds import goodput_round
+from .goodput_rounds import goodput_model, goodput_round
 
 GridFilter = Callable[[JobView, Grid], bool]
 
@@ -259,16 +263,17 @@ class MilpPolicy:
         return self.spec.grid_filter is None or self.spec.grid_filter(view, grid)
 
     def decide(self, ctx: RoundContext) -> Decisions:
-        if ctx.jobs and goodput_round(ctx):
-            if self._goodput is None:
-                raise InputError(f"policy {self.name!r} has no form for the Sia artifact's goodput jobs; use sia, "
-                                 "gavel, pollux or arena", field="--policy")
+        goodput = bool(ctx.jobs) and goodput_round(ctx)
+        if goodput and self._goodput is not None:
             return self._goodput.decide(ctx)
         t0 = time.perf_counter()
         ctx, left_out = queue_window(ctx, self.max_queued)
-        perf = self._perf(ctx.perf)
-        data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
-                                grid_filter=self._keep, cache=self._cache)
+        if goodput:                     # columns valued by goodput at the best batch per shape
+            data = build_goodput_round_data(ctx, goodput_model(ctx), self.max_gpus)
+        else:
+            perf = self._perf(ctx.perf)
+            data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
+                                    grid_filter=self._keep, cache=self._cache)
         if self.best_per_count:
             data = best_plan_per_count(data)
         frozen = self.stability.frozen(ctx)

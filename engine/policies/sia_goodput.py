@@ -48,7 +48,17 @@ from instances.grid import Shape
 
 from ..context import Decisions, RoundContext
 from ..placement import Placer
-from .goodput_rounds import Seen, goodput_model, in_restart, job_of, place, progress_of, sia_configs
+from .goodput_rounds import (
+    Seen,
+    free_gpus,
+    goodput_model,
+    in_restart,
+    job_of,
+    place,
+    progress_of,
+    sia_configs,
+    solve_assignment,
+)
 
 ZERO_ALLOC_GAIN = 1e-4
 OPTIONS = ("p", "lambda_n", "clip", "restart_factor", "max_replicas_factor", "project_throughputs",
@@ -185,7 +195,8 @@ class SiaGoodput:
                     pinned.append(len(cols))
                 cols.append((j, t, s))
                 cost.append(min(round(val ** p, 2), clip))
-        chosen = self._solve(views, types, cols, np.array(cost, dtype=float), lam, pinned, ctx)
+        chosen = solve_assignment(len(views), types, cols, np.array(cost, dtype=float) - lam, pinned,
+                                  free_gpus(ctx, types), self.time_limit_s, self.rel_gap, self.name)
         wanted = {views[cols[k][0]].job_id: cols[k][2] for k in chosen}
         plans = {jid: ADAPTIVE for jid in wanted}
         if self._placer is None or self._placer.spec is not ctx.cluster:
@@ -195,35 +206,3 @@ class SiaGoodput:
         info = {"jobs": len(views), "columns": len(cols), "chosen": len(chosen), "placed": len(dec.grids),
                 "decide_time_s": time.perf_counter() - t0}
         return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, info=info)
-
-    def _solve(self, views, types, cols, cost, lam, pinned, ctx) -> list[int]:
-        if not cols:
-            return []
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import coo_matrix
-        n = len(cols)
-        n_jobs = len(views)
-        rows, cidx, vals = [], [], []
-        for k, (j, t, s) in enumerate(cols):
-            rows.append(j)
-            cidx.append(k)
-            vals.append(1.0)
-        tindex = {t: i for i, t in enumerate(types)}
-        for k, (j, t, s) in enumerate(cols):
-            rows.append(n_jobs + tindex[t])
-            cidx.append(k)
-            vals.append(float(s.num_gpus))
-        a = coo_matrix((vals, (rows, cidx)), shape=(n_jobs + len(types), n)).tocsr()
-        free = {t: 0 for t in types}
-        for node in ctx.cluster.nodes():
-            if node.node_id not in ctx.unavailable_nodes and node.gpu_type in free:
-                free[node.gpu_type] += node.num_gpus
-        ub = np.concatenate([np.ones(n_jobs), [free[t] for t in types]])
-        lo = np.zeros(n)
-        lo[pinned] = 1.0
-        res = milp(cost - lam, integrality=np.ones(n), bounds=Bounds(lo, np.ones(n)),
-                   constraints=[LinearConstraint(a, -np.inf, ub)],
-                   options={"time_limit": self.time_limit_s, "mip_rel_gap": self.rel_gap})
-        if res.x is None:
-            raise RuntimeError(f"policy {self.name!r}: the MILP found no solution ({res.message})")
-        return [k for k in range(n) if res.x[k] > 0.5]
