@@ -412,6 +412,19 @@ class GoodputOracle:
         seg = self.segment(job, shape, 0.0)
         return None if seg is None else seg.seconds_per_unit
 
+    def run_time(self, job: Job, shape: Shape) -> float | None:
+        """Seconds to run the whole job on ``shape`` from its start, adapting its batch, no
+        restart (None: it cannot run there): a lower bound on its JCT there."""
+        t, progress = 0.0, 0.0
+        target = job.progress_target if isinstance(job, GoodputJob) else float(job.num_iterations)
+        while progress < target - 1e-9:
+            seg = self.segment(job, shape, progress)
+            if seg is None or not seg.end_progress > progress:
+                return None
+            t += (seg.end_progress - progress) * seg.seconds_per_unit
+            progress = seg.end_progress
+        return t
+
 
 def build_jobs(world: SiaWorld, workload: str) -> tuple[GoodputJob, ...]:
     rows = load_workload(world.artifact, workload)

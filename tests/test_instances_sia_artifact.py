@@ -47,13 +47,13 @@ def test_instance_from_the_fixture():
     assert isinstance(toy, GoodputJob) and toy.model == "sia:toy" and toy.application == "toy"
     assert (toy.requested_gpus, toy.requested_batch, toy.arrival_s) == (2, 32, 10.0)
     # B0 is the smallest validated batch; the target is the smallest progress any curve
-    # reaches at max_epochs = 3 (curves at 100, 95, 90 per epoch)
+    # reaches at max_epochs = 3 (curves at 5000, 4750, 4500 per epoch)
     assert (toy.global_batch, toy.max_batch) == (16, 128)
-    assert toy.progress_target == pytest.approx(270.0) and toy.num_iterations == 270
+    assert toy.progress_target == pytest.approx(13500.0) and toy.num_iterations == 13500
     # restart time from the name chain of applications.py, penalty from sia.py
     assert (toy.restart_s, toy.restart_penalty_s) == (20.0, 20.0)
     big = inst.jobs[1]
-    assert (big.restart_s, big.restart_penalty_s, big.progress_target) == (100.0, 90.0, pytest.approx(96.0))
+    assert (big.restart_s, big.restart_penalty_s, big.progress_target) == (100.0, 90.0, pytest.approx(4800.0))
     assert sia_instance_names(SIM) == ["sia:mini/workload-1", "sia:mini/workload-2", "sia:pipes/workload-1"]
 
 
@@ -88,7 +88,7 @@ def test_throughput_interpolation_and_goodput_by_hand():
     gain = (var + sqr) / (var / scale + sqr)
     assert (seg.batch, seg.atomic, seg.accum) == (32, 16, 0)
     assert 1.0 / seg.seconds_per_unit == pytest.approx(gain / step / 1.5)      # calibration 1 / SLOWDOWNS
-    assert seg.end_progress == pytest.approx(90.0)                 # the end of epoch 0
+    assert seg.end_progress == pytest.approx(4500.0)               # the end of epoch 0
     # one GPU past the initial batch accumulates (as the artifact does)
     one = inst.oracle.segment(job, Shape("t4", 1, 1), 0.0, BatchPlan(fixed=64))
     assert (one.atomic, one.accum) == (32, 1)
@@ -98,8 +98,8 @@ def test_throughput_interpolation_and_goodput_by_hand():
         f = inst.oracle.segment(job, Shape("t4", 1, 2), 0.0, BatchPlan(fixed=b))
         assert f is None or ad.seconds_per_unit <= f.seconds_per_unit + 1e-12
     # later epochs: the gradient statistics change, and so does the rate
-    later = inst.oracle.segment(job, Shape("t4", 1, 2), 150.0, BatchPlan(fixed=32))
-    assert later.end_progress == pytest.approx(180.0) and later.seconds_per_unit != seg.seconds_per_unit
+    later = inst.oracle.segment(job, Shape("t4", 1, 2), 7500.0, BatchPlan(fixed=32))
+    assert later.end_progress == pytest.approx(9000.0) and later.seconds_per_unit != seg.seconds_per_unit
     # a GPU type the artifact's cluster does not simulate
     assert inst.oracle.segment(job, Shape("a100-40gb", 1, 1), 0.0) is None
 
@@ -114,7 +114,7 @@ def test_a_job_alone_runs_its_epochs_at_the_oracles_rates():
     plan = BatchPlan(fixed=64)
     ex = SimExecutor(inst.oracle, PRESETS["sia"](), iteration_noise_cv=0.0)
     ex.launch(job, Allocation(Grid(shape), ((0, 0), (0, 1), (0, 2), (0, 3))), plan, 0.0)
-    done = ex.advance(10_000.0)
+    done = ex.advance(100_000.0)
     assert len(done) == 1
     expect, prog = job.restart_s, 0.0
     while prog < job.progress_target - 1e-9:

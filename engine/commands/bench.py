@@ -499,7 +499,7 @@ def run_policy_bench(args) -> int:
             raise InputError(f"label {label!r}: {e.reason}", field=e.field) from None
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
-        move_costs = ReconfigCostModel.from_options(reconfig_opts)
+        ReconfigCostModel.from_options(reconfig_opts)                 # checked before any work
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     if args.perf is not None:
@@ -519,7 +519,7 @@ def run_policy_bench(args) -> int:
     seeds = seeds_arg(args, policies)
     workload = workload_args(args)
     inst = build_workload(workload)
-    from .simulate import load_outages_arg
+    from .simulate import load_outages_arg, reconfig_for
     load_outages_arg(args.outages, inst.cluster)                      # checked before any simulation
     if args.out:
         from instances.paths import check_output_dir
@@ -530,7 +530,7 @@ def run_policy_bench(args) -> int:
     log = None if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     if log and rank == 0:
         log(f"bench policies on {inst.name} ({len(inst.jobs)} jobs, {inst.cluster.num_gpus} GPUs, move costs "
-            f"{move_costs.preset}): {', '.join(policies)}"
+            f"{reconfig_for(inst, reconfig_opts).preset}): {', '.join(policies)}"
             + (f" over {comm.Get_size()} MPI ranks" if comm is not None else ""))
     if seeds is not None:
         return run_seeded_bench(args, seeds, policies, options, names, reconfig_opts, log, comm)

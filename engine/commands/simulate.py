@@ -313,12 +313,18 @@ def reconfig_for(inst, reconfig_opts: dict):
 
     from ..reconfig import ReconfigCostModel
     opts = dict(reconfig_opts)
-    if isinstance(inst.oracle, GoodputOracle) and "preset" not in opts:
+    goodput = isinstance(inst.oracle, GoodputOracle)
+    if goodput and "preset" not in opts:
         opts["preset"] = "sia"
     try:
-        return ReconfigCostModel.from_options(opts)
+        model = ReconfigCostModel.from_options(opts)
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
+    if goodput and model.moves is not None:
+        raise InputError(f"preset {model.preset} prices a move by the model's size; the Sia artifact's jobs have no "
+                         "model architecture: use preset=sia (their own restart times, the default) or preset=arena",
+                         field="--reconfig-opt")
+    return model
 
 
 def add_perf_runtime_arg(p) -> None:

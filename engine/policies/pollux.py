@@ -98,7 +98,12 @@ class Pollux:
             prof = max(rec.profiled.values(), default=0)
             limit = min(max(int(self.factor * prof), 1), cap, aws.max_batch // aws.min_local_bsz)
             prog = progress_of(v)
-            base = self._believed(world, job, fair, prog, types, gpn) if prof else None
+            # the goodput on a fair share (at most what its batch limits allow: the artifact's
+            # fitted model extrapolates there, the profiles cannot)
+            base = self._believed(world, job, min(fair, aws.max_batch // aws.min_local_bsz), prog, types, gpn) \
+                if prof else None
+            if base is not None and not base > 0:
+                base = self._believed(world, job, 1, prog, types, gpn)
             age = ctx.now_s - job.arrival_s
             f = max(age - v.reconfigurations * self.restart_s, 0.0) / (age + self.restart_s)
             cur = v.current.grid if v.current is not None else None
