@@ -618,8 +618,11 @@ def load_workload(art: SiaArtifact, name: str) -> list[WorkloadRow]:
                                                 f"{', '.join(sorted(art.app_settings))}")
         try:
             application(art, app)
-        except InputError as e:
-            raise InputError(f"application {app!r}: {e}", file=str(path), line=line, field="application") from None
+        except InputError as e:        # a profile's own error names its file; a refused application this line
+            if e.file is not None and Path(e.file).name in (SIA_APPLICATIONS_FILE, SIA_CONFIG_FILE):
+                raise InputError(f"{e.reason} ({Path(e.file).name})", file=str(path), line=line,
+                                 field="application") from None
+            raise
         r = rows.int(rec, line, "num_replicas", minimum=1)
         b = rows.int(rec, line, "batch_size", minimum=1)
         assert t is not None and r is not None and b is not None
