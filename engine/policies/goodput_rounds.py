@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from instances.errors import InputError
-from instances.goodput import BatchPlan, GoodputJob, is_goodput
+from instances.goodput import ADAPTIVE, BatchPlan, GoodputJob, is_goodput, placement_of
 from instances.grid import Grid, Shape
 
 from ..context import Decisions, GpuId, JobView, RoundContext
@@ -81,6 +81,10 @@ class JobRecord:
     """What a policy has seen of one job over the rounds."""
     profiled: dict[str, int] = field(default_factory=dict)   # GPU type -> most replicas it computed on
     restarts: int = 0
+    # GPU type -> {(nodes, replicas, per-GPU batch): (step s, all-reduce s)} it ran at, and
+    # the gradient statistics (sqr, var) it last measured (recorded when ``Seen`` has a world)
+    points: dict[str, dict[tuple[int, int, int], tuple[float, float]]] = field(default_factory=dict)
+    grad: tuple[float, float] | None = None
 
 
 class Seen:
@@ -90,7 +94,10 @@ class Seen:
     def __init__(self) -> None:
         self.jobs: dict[str, JobRecord] = {}
 
-    def update(self, ctx: RoundContext) -> None:
+    def update(self, ctx: RoundContext, world=None) -> None:
+        """Record the shapes running jobs computed on since the last round; with ``world``
+        (``SiaWorld``) also what they measured there: step times at the per-GPU batch they
+        chose and their gradient statistics."""
         active = set()
         for v in ctx.jobs:
             active.add(v.job_id)
@@ -99,8 +106,25 @@ class Seen:
                     ctx.now_s > v.last_change.changed_at_s + getattr(v.job, "restart_s", 0.0):
                 t = v.current.grid.gpu_type
                 rec.profiled[t] = max(rec.profiled.get(t, 0), v.current.grid.num_gpus)
+                if world is not None:
+                    self._measure(world, v, rec)
         for jid in [j for j in self.jobs if j not in active]:
             del self.jobs[jid]
+
+    @staticmethod
+    def _measure(world, v: JobView, rec: JobRecord) -> None:
+        job = job_of(v)
+        shape = v.current.grid.shape
+        app = world.on(job.application, shape.gpu_type)
+        epoch = app.curves.epoch_of(progress_of(v))
+        placement = placement_of(shape)
+        cfg = app.configure(placement, ADAPTIVE, epoch)
+        if cfg is None:
+            return
+        ss = app.step_sync(placement, cfg[0])
+        if ss is not None:
+            rec.points.setdefault(shape.gpu_type, {})[(shape.num_nodes, shape.num_gpus, cfg[0])] = ss
+        rec.grad = app.curves.grad_stats(sum(placement) * cfg[0] * (cfg[1] + 1), epoch)
 
 
 def free_gpus(ctx: RoundContext, types: list[str]) -> dict[str, int]:

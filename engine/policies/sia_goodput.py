@@ -62,7 +62,8 @@ from .goodput_rounds import (
 
 ZERO_ALLOC_GAIN = 1e-4
 OPTIONS = ("p", "lambda_n", "clip", "restart_factor", "max_replicas_factor", "project_throughputs",
-           "time_limit_s", "rel_gap")
+           "time_limit_s", "rel_gap", "estimates")
+ESTIMATES = ("profiles", "fitted")
 
 
 def _float(policy: str, cfg: dict, key: str, default: float | None, lo: float = -math.inf,
@@ -111,6 +112,11 @@ class SiaGoodput:
         self.project = _bool(name, cfg, "project_throughputs", True)
         self.time_limit_s = _float(name, cfg, "time_limit_s", 60.0, 0.01, 1e6)
         self.rel_gap = _float(name, cfg, "rel_gap", 1e-4, 0.0, 1.0)
+        self.estimates = str(cfg.get("estimates", "profiles"))
+        if self.estimates not in ESTIMATES:
+            raise InputError(f"policy {name!r}: estimates must be one of {', '.join(ESTIMATES)}, got "
+                             f"{self.estimates!r}", field="estimates")
+        self._fits: dict[tuple, Any] = {}
         self.seen = Seen()
         self._placer: Placer | None = None
 
@@ -126,7 +132,10 @@ class SiaGoodput:
         model = goodput_model(ctx)
         world = model.world
         p, lam, clip = self._defaults(world)
-        self.seen.update(ctx)
+        fitted = self.estimates == "fitted"
+        self.seen.update(ctx, world if fitted else None)
+        if len(self._fits) > 20_000:
+            self._fits.clear()
         phys = {world.types[c]: n for c, n in world.config.max_physical_nodes.items() if c in world.types}
         configs = sia_configs(ctx, phys)
         types = list(configs)
@@ -157,18 +166,23 @@ class SiaGoodput:
                 for s in configs[t]:
                     if s.num_gpus > cap_rep and (t, s) != cur_key:
                         continue
-                    if t in fns:
+                    if t in fns and fitted:
+                        g = self._fitted(job, rec, t, apps[t], s.num_nodes, s.num_gpus)
+                    elif t in fns:
                         seg = model.goodput(job, s, prog, plan)
                         g = 0.0 if seg is None else 1.0 / seg.seconds_per_unit
                     elif t not in bootstrap:    # projected from the first type it ran on
                         dest = fns[0]
                         k = math.ceil(s.num_gpus / gpn[dest])
-                        rest = s.num_gpus % gpn[dest]
-                        pl = (s.num_gpus,) if k == 1 else \
-                            (gpn[dest],) * (s.num_gpus // gpn[dest]) + ((rest,) if rest else ())
-                        seg = world.on_placement(job, dest, pl, prog, plan)
                         ratio = apps[t].one_gpu_throughput() / apps[dest].one_gpu_throughput()
-                        g = 0.0 if seg is None else ratio / seg.seconds_per_unit
+                        if fitted:
+                            g = ratio * self._fitted(job, rec, dest, apps[dest], k, s.num_gpus)
+                        else:
+                            rest = s.num_gpus % gpn[dest]
+                            pl = (s.num_gpus,) if k == 1 else \
+                                (gpn[dest],) * (s.num_gpus // gpn[dest]) + ((rest,) if rest else ())
+                            seg = world.on_placement(job, dest, pl, prog, plan)
+                            g = 0.0 if seg is None else ratio / seg.seconds_per_unit
                     else:
                         g = 0.0
                     values[(t, s)] = g
@@ -206,3 +220,17 @@ class SiaGoodput:
         info = {"jobs": len(views), "columns": len(cols), "chosen": len(chosen), "placed": len(dec.grids),
                 "decide_time_s": time.perf_counter() - t0}
         return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, info=info)
+
+    def _fitted(self, job, rec, t: str, app, nodes: int, replicas: int) -> float:
+        """Goodput from Pollux's throughput model fitted to what the job ran on on type ``t``
+        and the gradient statistics it last measured (``estimates=fitted``)."""
+        from estimators.goodput import fit_throughput, fitted_goodput
+        pts = rec.points.get(t)
+        if not pts or rec.grad is None:
+            return 0.0
+        key = (job.job_id, t, len(pts))
+        params = self._fits.get(key)
+        if params is None:
+            params = self._fits[key] = fit_throughput([(*k, *v) for k, v in pts.items()])
+        return fitted_goodput(params, rec.grad, app.init_batch, nodes, replicas, job.requested_batch,
+                              app.min_local_bsz, app.max_local_bsz)
