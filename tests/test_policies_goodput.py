@@ -144,3 +144,30 @@ def test_cli_errors(argv, message, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("arena: error: ") and message in err
+
+
+def test_pollux_throughput_fit_recovers_its_own_model():
+    import numpy as np
+
+    from estimators.goodput import fit_throughput, fitted_iteration_time
+    true = np.array([0.02, 0.004, 0.05, 0.002, 0.01, 0.001, 1.5])
+    pts = []
+    for nodes, reps in ((1, 1), (1, 2), (1, 4), (2, 8), (3, 12)):
+        for b in (8, 16, 32):
+            step = float(fitted_iteration_time(true, nodes, reps, np.array([b], float), np.array([0.0]))[0])
+            comp = true[0] + true[1] * b
+            pts.append((nodes, reps, b, step, step - comp))
+    p = fit_throughput(pts)
+    for nodes, reps, b, step, _ in pts:
+        pred = float(fitted_iteration_time(p, nodes, reps, np.array([b], float), np.array([0.0]))[0])
+        assert pred == pytest.approx(step, rel=0.05)
+    # one configuration seen: alpha_c is held at half its compute time, the network terms at their bounds
+    one = fit_throughput([(1, 1, 16, 0.1, 0.0)])
+    assert one[0] == pytest.approx(0.05) and one[2] == pytest.approx(one[4] * 1.1)
+
+
+def test_sia_with_fitted_estimates_runs_the_fixture_out():
+    inst, _, res = _run("sia", estimates="fitted")
+    assert res.summary["jobs_finished_runout"] == len(inst.jobs)
+    with pytest.raises(InputError, match="estimates must be one of profiles, fitted"):
+        make_policy("sia", estimates="oracle")
