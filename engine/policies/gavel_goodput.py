@@ -13,8 +13,11 @@ truth still counts its progress in goodput at that batch). Every ``round_s`` sec
 2. the LP ``max sum_jt thr_jt x_jt`` over time fractions, ``sum_t x_jt <= 1``,
    ``sum_j count_j x_jt <= GPUs of t`` (HiGHS). The artifact solves it with ECOS, an
    interior-point method, whose answer shares a tie equally between identical jobs; a
-   vertex solver would give the whole share to one of them, so the fractions of jobs
-   with identical throughput rows and counts are averaged (an optimal solution too);
+   vertex solver gives the whole share to one of them. ``share_ties=true`` averages the
+   fractions of jobs with identical throughput rows and counts (an optimal solution
+   too); the default keeps HiGHS's vertex, which came closer to the artifact's own runs
+   on the 8 Philly workloads (average JCT -6% against +16% with ties shared:
+   docs/results/2026-12-04-sia-fidelity.md);
 3. priorities ``x_jt / (time job j had on t / time all jobs had on t)`` (a new job
    starts with half a round on every type), jobs taken in decreasing priority (then
    allocation; ties in type order, then arrival) while their count fits what is left
@@ -40,7 +43,7 @@ from instances.grid import Shape
 
 from ..context import Decisions, RoundContext
 from ..placement import Placer
-from .goodput_rounds import goodput_model, job_of, place, progress_of
+from .goodput_rounds import goodput_model, job_of, place, progress_of, quiet_stdout
 
 OPTIONS = ("round_s", "share_ties")
 GAVEL_ROUND_S = 360.0
@@ -79,7 +82,7 @@ class GavelGoodput:
                              field="round_s") from None
         if not (math.isfinite(self.round_s) and self.round_s > 0):
             raise InputError(f"policy {name!r}: round_s must be > 0, got {cfg['round_s']!r}", field="round_s")
-        share = str(cfg.get("share_ties", "true")).strip().lower()
+        share = str(cfg.get("share_ties", "false")).strip().lower()
         if share not in ("true", "false", "1", "0", "yes", "no"):
             raise InputError(f"policy {name!r}: share_ties must be true or false", field="share_ties")
         self.share_ties = share in ("true", "1", "yes")
@@ -184,7 +187,8 @@ class GavelGoodput:
             for i in range(n):
                 a_ub[m + i, j * n + i] = count[j]
         b_ub = np.concatenate([np.ones(m), workers])
-        res = linprog(-thr.reshape(-1), A_ub=a_ub, b_ub=b_ub, bounds=(0, 1), method="highs")
+        with quiet_stdout():
+            res = linprog(-thr.reshape(-1), A_ub=a_ub, b_ub=b_ub, bounds=(0, 1), method="highs")
         if res.x is None:
             raise RuntimeError(f"gavel: the allocation LP failed ({res.message})")
         return np.clip(np.round(res.x.reshape(m, n), 5), 0.0, 1.0)

@@ -12,6 +12,9 @@ placer spreads it over the GPUs left), and a job that still does not fit waits.
 """
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,6 +130,26 @@ class Seen:
         rec.grad = app.curves.grad_stats(sum(placement) * cfg[0] * (cfg[1] + 1), epoch)
 
 
+@contextmanager
+def quiet_stdout():
+    """The process's stdout file descriptor sent to /dev/null: HiGHS's C++ code (through
+    SciPy) prints notes there, and stdout carries tables and ``--json`` output."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:                 # no stdout file descriptor: nothing to protect
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
 def free_gpus(ctx: RoundContext, types: list[str]) -> dict[str, int]:
     """GPUs per type on the nodes in service."""
     free = {t: 0 for t in types}
@@ -153,9 +176,10 @@ def solve_assignment(n_jobs: int, types: list[str], cols: list[tuple[int, str, S
     ub = np.concatenate([np.ones(n_jobs), [free[t] for t in types]])
     lo = np.zeros(n)
     lo[pinned] = 1.0
-    res = milp(cost, integrality=np.ones(n), bounds=Bounds(lo, np.ones(n)),
-               constraints=[LinearConstraint(a, -np.inf, ub)],
-               options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
+    with quiet_stdout():
+        res = milp(cost, integrality=np.ones(n), bounds=Bounds(lo, np.ones(n)),
+                   constraints=[LinearConstraint(a, -np.inf, ub)],
+                   options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
     if res.x is None:
         raise RuntimeError(f"policy {policy!r}: the assignment MILP found no solution ({res.message})")
     return [k for k in range(n) if res.x[k] > 0.5]
