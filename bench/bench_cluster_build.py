@@ -1,5 +1,5 @@
 """What building a large cluster costs: its JSON read (``load_cluster``), the engine's
-state (``engine.state.ClusterState``) and the placer (``engine.placement.Placer``), for
+state (``engine.core.state.ClusterState``) and the placer (``engine.core.placement.Placer``), for
 ``n`` and ``4 n`` nodes, laid out two ways: one group of ``n`` one-GPU nodes, and ``n``
 one-node groups (the worst case for the per-group work). A linear build takes about 4x as
 long at ``4 n``; a quadratic one (``nodes_by_type`` by tuple concatenation took 20 s at
@@ -20,8 +20,8 @@ from pathlib import Path
 
 
 def build(n: int, layout: str, folder: Path) -> dict[str, float]:
-    from engine.placement import Placer
-    from engine.state import ClusterState
+    from engine.core.placement import Placer
+    from engine.core.state import ClusterState
     from instances.cluster import load_cluster
     groups = ([{"gpu_type": "a100", "num_nodes": n, "gpus_per_node": 1}] if layout == "one group"
               else [{"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 1}] * n)

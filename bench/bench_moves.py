@@ -44,7 +44,7 @@ def log(msg: str) -> None:
     print(f"[bench-moves] {msg}", file=sys.stderr, flush=True)
 
 
-class _Alloc:                       # structurally engine.context.Allocation
+class _Alloc:                       # structurally engine.core.allocation.Allocation
     def __init__(self, n: int):
         from instances.grid import Grid, Shape
         self.grid = Grid(Shape("cpu", 1, n), pp=1)

@@ -45,11 +45,11 @@ import time
 
 import numpy as np
 
-from engine.context import Allocation
-from engine.executor import JobProgress
-from engine.online_feed import OnlineFeed
-from engine.reconfig import ReconfigCostModel
-from engine.sim_executor import DEFAULT_ITERATION_NOISE_CV, SimExecutor
+from engine.core.allocation import Allocation
+from engine.core.executor import JobProgress
+from engine.core.online_feed import OnlineFeed
+from engine.core.reconfig import ReconfigCostModel
+from engine.sim.sim_executor import DEFAULT_ITERATION_NOISE_CV, SimExecutor
 from estimators import make_performance_model
 from estimators.evaluation.online_prior import fit_prior_to_points, measured_points
 from estimators.online import OnlineModel, OnlinePrior

@@ -29,8 +29,8 @@ import sys
 import tempfile
 import time
 
-from engine.context import Allocation
-from engine.online_feed import OnlineFeed
+from engine.core.allocation import Allocation
+from engine.core.online_feed import OnlineFeed
 from estimators import make_performance_model
 from estimators.online import OnlineModel
 from instances.grid import Grid, Shape

@@ -33,8 +33,8 @@ PARTS = ("adopt_s", "decide_s", "record_s", "carry_s")
 
 
 def bench(n_jobs: int, slots: int, repeat: int, policy_opts: dict) -> dict:
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from engine.service.jobspec import JobSpec
     from estimators import make_performance_model
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if any(n < 1 for n in a.jobs) or a.slots < 1 or a.repeat < 1:
         p.error("--jobs, --slots and --repeat must be >= 1")
-    from engine.commands.simulate import parse_options
+    from engine.cli.commands.simulate import parse_options
     opts = parse_options(a.policy_opt, "--policy-opt")
     results = [bench(n, a.slots, a.repeat, opts) for n in a.jobs]
     print(json.dumps(results, indent=1) if a.json else table(results))

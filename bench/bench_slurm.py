@@ -50,7 +50,7 @@ DP2 = Plan(pp=1, dp=2, tp=1, stage_layers=(4,))
 PP2 = Plan(pp=2, dp=1, tp=1, stage_layers=(2, 2), microbatches=2)
 
 
-class Alloc:                                  # structurally engine.context.Allocation
+class Alloc:                                  # structurally engine.core.allocation.Allocation
     def __init__(self, gpu_type: str, placed: tuple[tuple[int, int], ...], pp: int = 1):
         nodes = sorted({n for n, _ in placed})
         self.grid = Grid(Shape(gpu_type, len(nodes), len(placed) // len(nodes)), pp=pp)

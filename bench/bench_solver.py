@@ -4,7 +4,7 @@
 
 Sizes: 1,280 GPUs / 500 active jobs, 2,048 / 1,000 and 10,240 / 4,000 (synthetic rounds
 of Arena's shape, consecutive rounds sharing 95% of their jobs). Writes one JSON list
-of rows (see ``engine.commands.bench.solver_bench``) and prints a table.
+of rows (see ``engine.cli.commands.bench.solver.solver_bench``) and prints a table.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from engine.commands.bench import solver_bench
+from engine.cli.commands.bench.solver import solver_bench
 
 SIZES = ((1280, 500, 0.1), (2048, 1000, 0.25), (10240, 4000, 2.0))     # GPUs, jobs, target median s
 

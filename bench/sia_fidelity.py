@@ -93,9 +93,9 @@ def read_reference(path: Path) -> dict:
 
 
 def run_ours(inst, label: str, name: str, options: dict) -> dict:
-    from engine.commands.simulate import goodput_perf, reconfig_for
-    from engine.policy import make_policy
-    from engine.simulator import simulate
+    from engine.cli.common import goodput_perf, reconfig_for
+    from engine.core.policy import make_policy
+    from engine.sim.simulator import simulate
     pol = make_policy(name, **options)
     t0 = time.perf_counter()
     res = simulate(inst, pol, perf=goodput_perf(None, None, None, inst.oracle), reconfig=reconfig_for(inst, {}),
@@ -109,7 +109,7 @@ def run_ours(inst, label: str, name: str, options: dict) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    from engine.seed_stats import spread
+    from engine.sim.seed_stats import spread
     s = {k: spread(r[k] for r in rows) for k in METRICS}
     pooled = [j for r in rows for j in r["_jcts"]]
     s["p99_pooled_h"] = p99_index(pooled) / 3600 if pooled else None
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, metavar="FILE", help="write the rows and summaries as JSON here too")
     args = ap.parse_args(argv)
 
-    from engine.seed_stats import paired_ratio, parse_seeds
+    from engine.sim.seed_stats import paired_ratio, parse_seeds
     from instances.errors import InputError
     from instances.sia_artifact import artifact_root, list_workloads
     from instances.sia_instances import load_sia_instance

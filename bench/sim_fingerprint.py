@@ -30,8 +30,8 @@ def _clean(obj):
 
 
 def fingerprint(instance: str, policy: str, rounds: int | None, run_out: bool) -> dict:
-    from engine.policy import make_policy
-    from engine.simulator import simulate
+    from engine.core.policy import make_policy
+    from engine.sim.simulator import simulate
     from estimators import make_performance_model
     from instances.builtin import get_instance
 

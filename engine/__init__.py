@@ -1,2 +1,5 @@
-"""What to decide each round: state, round context, grids, objectives, formulation,
-solver backends, policies, placement, reconfiguration cost, simulator, metrics, CLI."""
+"""What to decide each round, in parts whose imports point one way
+(docs/architecture.md, "Packages"): ``core`` (the round: context, policy seam, round
+loop, state, placement, executor, move costs), ``decide`` (policies, objective terms,
+formulation, solver backends, incremental search), ``sim`` (the simulator, its
+metrics and plots), ``service`` (the live service) and ``cli`` (the ``arena`` command)."""

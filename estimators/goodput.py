@@ -9,7 +9,7 @@ This is "perfect profiling": Sia and Pollux instead fit Pollux's throughput mode
 (compute, all-reduce and their overlap, seven parameters) to the configurations each
 job has run on, and use the gradient statistics the job last measured; what the
 scheduler is allowed to *know* (which GPU types a job has been profiled on, how far it
-may grow) is the policies' business (engine/policies/sia_goodput.py). A named
+may grow) is the policies' business (engine/decide/policies/sia_goodput.py). A named
 simplification, measured in docs/results/2026-12-04-sia-fidelity.md.
 
 ``estimate(job, grid)`` (the ``PerformanceModel`` seam, for the move ledger and the

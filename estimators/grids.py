@@ -30,8 +30,7 @@ from instances.grid import Grid, pow2_upto
 from instances.jobs import Job
 
 from .config import EstimatorConfig
-from .memory_fit import low_memory_plans, shape_fits_with_margin
-from .planner import Planner
+from .planner import Planner, low_memory_plans, shape_fits_with_margin
 
 
 def grid_fits(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, *, dp_only: bool = False) -> bool:

@@ -3,7 +3,7 @@ times measured while the job runs (non-intrusive profiling: nothing is run for i
 
 ``observe(job, grid, iteration_time_s, iterations)`` adds ``iterations`` measured
 iterations averaging ``iteration_time_s`` on ``grid`` (the engine's round loop feeds
-every running job's new measurements each round; engine/online_feed.py). Then, for that
+every running job's new measurements each round; engine/core/online_feed.py). Then, for that
 job (docs/estimators.md, "Online profiling", states the rule):
 
 - on a grid it ran ``min_iterations`` or more iterations on: the observed mean;
@@ -49,7 +49,7 @@ Estimates of a job without observations of its own are the base model's times th
 shared correction (shared by every job of the same model and batch); ``estimate_key(job)``
 changes whenever the job's own estimates may have, ``shared_key()`` whenever another
 job's run was established, so callers that memoize estimates
-(engine/formulation/round_data.py) never serve stale ones.
+(engine/decide/formulation/round_data.py) never serve stale ones.
 """
 from __future__ import annotations
 

@@ -44,7 +44,6 @@ from .compose import Breakdown, StageTable, micro_batch_size
 from .config import EstimatorConfig
 from .layers import expert_parallel_degree, layer_costs, max_useful_tp
 from .memory import MemoryBreakdown, MemoryTable
-from .memory_fit import shape_fits_with_margin
 from .timing import CatalogComm, RooflineTimer
 
 
@@ -388,3 +387,37 @@ def best_shape_result(planner: Planner, model: str, global_batch: int, shape: Sh
         if best is None or r.iteration_time_s < best.iteration_time_s:
             best = r
     return best
+
+
+# Memory fit of a grid's low-memory plans, shared by the proxy plan's feasibility (the grid
+# memory margin) and the grid enumeration (``estimators.grids``, whose module doc describes
+# the low-memory plans).
+def shape_fits_with_margin(arch: ModelArch, global_batch: int, shape: Shape, planner: Planner) -> bool:
+    """True when the lowest-memory plan over the shape's pipeline depths, times
+    ``MemoryConfig.grid_margin``, fits (cached in the planner)."""
+    key = (arch, global_batch, shape, "margin")
+    hit = planner.fits_cache.get(key)
+    if hit is None:
+        gpu, n = get_gpu(shape.gpu_type), shape.num_gpus
+        hit = planner.fits_cache[key] = any(
+            mem.fits(gpu, planner.cfg.memory, planner.cfg.memory.grid_margin)
+            for pp in range(1, n + 1) if n % pp == 0
+            for mem in low_memory_plans(arch, global_batch, Grid(shape, pp), planner, False))
+    return hit
+
+
+def low_memory_plans(arch: ModelArch, global_batch: int, grid: Grid, planner: Planner, dp_only: bool):
+    """Memory of the low-memory plans of a grid (module doc), lazily."""
+    pp = grid.pp
+    if pp > len(arch.layers()) or (dp_only and pp > 1):
+        return
+    gpu = get_gpu(grid.gpu_type)
+    splits = {planner.split(arch, gpu, pp), planner.memory_split(arch, global_batch, grid)}
+    for tp in planner.tp_options(arch, grid, within_node=False, dp_only=dp_only, global_batch=global_batch):
+        dp = grid.num_gpus // pp // tp
+        per_replica = max(1, -(-global_batch // dp))
+        # one sample per micro-batch; pure DP without gradient accumulation: the whole batch at once
+        mb, m = (1, per_replica) if planner.accumulates(dp_only) else (per_replica, 1)
+        for split in splits:
+            yield planner.memtable(arch, mb, tp, dp, grid.shape.gpus_per_node,
+                                   expert_parallel_degree(arch, dp)).breakdown(split, m, "1f1b")

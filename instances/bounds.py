@@ -21,7 +21,7 @@ instances/goodput.py) gives the whole run's time on a shape itself (``run_time``
 
 What it is for: how far a schedule is from running every job alone at its fastest (the
 ratio of average JCT to average bound), and, per class of job length, where a policy's
-gain over another comes from (``arena bench bound``, ``engine/commands/bound.py``;
+gain over another comes from (``arena bench bound``, ``engine/cli/commands/bench/bound.py``;
 ``arena bench policies`` adds the ratio to every row). It is not an achievable target:
 jobs share the cluster.
 """

@@ -6,7 +6,7 @@
   A double holds integers exactly up to 2^53, so a time counted in milliseconds stays
   exact up to 2^53 / 1000 s (about 9.007e12 s); beyond it ``t + d`` rounds and, far
   enough out, rounds back to ``t`` (a simulation that never advances). The simulated
-  clock is held to it as well (``engine/simulator.py``).
+  clock is held to it as well (``engine/sim/simulator.py``).
 - ``MAX_COEFFICIENT`` (1e4): objective weights and the coefficient options of objective
   terms lie in [0, 1e4], a job's priority in [1e-4, 1e4]. Their product with the terms'
   own factors (a speedup, a clipped ratio) stays below about 1e15, finite and well under

@@ -3,7 +3,7 @@ reserve outside the model, and the fraction of a device's memory a plan may fill
 
 Every check of whether a plan fits reads it: the launcher's pre-launch check
 (``launcher/validate.py``), the estimators' memory model (``estimators.config.MemoryConfig``
-defaults) and the reconfiguration cost's state movement (``engine/reconfig.py``); the
+defaults) and the reconfiguration cost's state movement (``engine/core/reconfig.py``); the
 truth oracle's memory rule takes its bytes per parameter from here too.
 
 - Model state per parameter (``state_bytes_per_param``): weights and gradients in the

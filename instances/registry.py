@@ -2,7 +2,7 @@
 terms, performance models, truth oracles.
 
 A ``Registry`` maps names to factories. Its plug-ins are discovered, not listed by hand:
-``Registry(kind, package="engine.objectives")`` imports every module of that package the
+``Registry(kind, package="engine.decide.objectives")`` imports every module of that package the
 first time a name is looked up, and each module registers what it defines with
 ``@registry.register("name")``. Adding a plug-in is therefore one new module in the
 package. An unknown name raises the project's ``InputError`` listing the known names.

@@ -47,7 +47,7 @@ def bench_reconfiguration(model: str, batch: int, work: Path) -> dict:
     from .launch import rank_pids, read_events, read_results
     from .mpi_executor import MpiExecutor, MpiExecutorConfig
 
-    class _Alloc:                       # structurally engine.context.Allocation
+    class _Alloc:                       # structurally engine.core.allocation.Allocation
         def __init__(self, pp):
             self.grid = Grid(Shape("cpu", 1, 2), pp=pp)
             self.gpus = ((0, 0), (0, 1))

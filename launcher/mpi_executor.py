@@ -1,4 +1,4 @@
-"""``MpiExecutor``: the engine's Executor protocol (engine/executor.py) carried out with real
+"""``MpiExecutor``: the engine's Executor protocol (engine/core/executor.py) carried out with real
 MPI-launched torch jobs. It satisfies the protocol structurally and does not import the
 engine; ``progress`` returns ``LaunchedJobProgress``, field-for-field the engine's
 ``JobProgress``.
@@ -93,7 +93,7 @@ class MpiExecutorConfig:
 
 @dataclass(frozen=True)
 class LaunchedJobProgress:
-    """Same fields as ``engine.executor.JobProgress``."""
+    """Same fields as ``engine.core.executor.JobProgress``."""
     job_id: str
     iterations_done: float
     running: bool
@@ -110,7 +110,7 @@ class LaunchedJobProgress:
 
 @dataclass(frozen=True)
 class LaunchedTotals:
-    """Same fields as ``engine.executor.ExecutorTotals``."""
+    """Same fields as ``engine.core.executor.ExecutorTotals``."""
     samples_done: float
     reconfig_lost_gpu_s: float
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from engine.cli import main
-from engine.commands.simulate import build_perf
-from engine.metrics import write_result
-from engine.policy import make_policy
-from engine.simulator import simulate
+from engine.cli.common import build_perf
+from engine.cli.main import main
+from engine.core.policy import make_policy
+from engine.sim.metrics import write_result
+from engine.sim.simulator import simulate
 from instances.bounds import cluster_shapes, jct_lower_bounds
 from instances.builtin import get_instance
 from instances.grid import Shape

@@ -1,4 +1,4 @@
-"""A config's error names the flag that set the value (engine/commands/flags.py): each
+"""A config's error names the flag that set the value (engine/cli/flags.py): each
 command's table of config fields -> flags is walked against the config's fields (a new
 field needs a flag or a word that no flag sets it) and the command's parser (every flag
 named exists), and a bad value of every flag of `arena train` and `arena serve` is
@@ -10,9 +10,9 @@ from dataclasses import fields
 
 import pytest
 
-from engine.cli import build_parser, main
-from engine.commands.service import SERVE_FLAGS, SERVE_NOT_FLAGS
-from engine.commands.train import TRAIN_FLAGS, TRAIN_NOT_FLAGS
+from engine.cli.commands.service import SERVE_FLAGS, SERVE_NOT_FLAGS
+from engine.cli.commands.train import TRAIN_FLAGS, TRAIN_NOT_FLAGS
+from engine.cli.main import build_parser, main
 from engine.service.config import ServiceConfig
 from launcher.config import OptimizerConfig, ParallelPlan, TrainConfig
 
@@ -35,8 +35,8 @@ def test_every_config_field_has_its_flag_or_is_set_by_no_flag(command, configs, 
 
 
 def test_every_flag_a_table_names_is_a_flag_of_its_command():
-    from engine.commands.estimate import ESTIMATE_FLAGS
-    from engine.commands.profile import PROFILE_FLAGS
+    from engine.cli.commands.estimate import ESTIMATE_FLAGS
+    from engine.cli.commands.profile import PROFILE_FLAGS
     for command, table in (("train", TRAIN_FLAGS), ("serve", SERVE_FLAGS), ("estimate", ESTIMATE_FLAGS),
                            ("profile", PROFILE_FLAGS)):
         assert set(table.values()) <= options_of(command), command

@@ -1,8 +1,8 @@
 """Shared value objects: shapes, grids, allocations, plans, and the policy registry."""
 import pytest
 
-from engine.context import Allocation
-from engine.policy import make_policy, policy_names
+from engine.core.allocation import Allocation
+from engine.core.policy import make_policy, policy_names
 from estimators.base import Plan
 from instances.errors import InputError
 from instances.grid import Grid, Shape

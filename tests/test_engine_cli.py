@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from engine.cli import main
-from engine.plots import PLOT_FILES
+from engine.cli.main import main
+from engine.sim.plots import PLOT_FILES
 
 
 def test_simulate_demo_writes_all_files(tmp_path, capsys):
@@ -74,7 +74,7 @@ def test_instances_lists_builtins(capsys):
 
 
 def test_parse_value():
-    from engine.commands.simulate import parse_value
+    from engine.cli.common import parse_value
     assert parse_value("3") == 3 and parse_value("2.5") == 2.5 and parse_value("False") is False
     assert parse_value("cbc") == "cbc" and parse_value("none") is None
 
@@ -145,7 +145,7 @@ def test_run_out_safety_limit_is_reported(tmp_path, capsys):
 def test_help_describes_the_tool_and_every_command_and_flag():
     import argparse
 
-    from engine.cli import build_parser
+    from engine.cli.main import build_parser
     parser = build_parser()
     assert parser.description.startswith("arena: schedule large-model training jobs")
     missing = []
@@ -232,7 +232,7 @@ def test_a_reader_that_goes_away_is_no_traceback():
     import subprocess
     import sys
     code = ("import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
-            "from engine.cli import main; sys.exit(main(['models', '--json']))")
+            "from engine.cli.main import main; sys.exit(main(['models', '--json']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
 
@@ -248,7 +248,7 @@ def test_json_output_is_strict_json_without_nan_or_infinity(tmp_path, capsys):
 
     import numpy as np
 
-    from engine.commands.jsonout import dumps
+    from engine.cli.jsonout import dumps
     assert strict_json(dumps({"a": math.nan, "b": [math.inf, 1.5, np.float32("nan"), np.float64(2.0)],
                               "c": (np.int64(3),)})) == {"a": None, "b": [None, 1.5, None, 2.0], "c": [3]}
     # the greedy backend proves no gap (infinite); fcfs over 3 rounds finishes no job (mean JCT over none)

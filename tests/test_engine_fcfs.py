@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
-from engine.simulator import simulate
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
+from engine.sim.simulator import simulate
 from instances.grid import Shape
 from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
 

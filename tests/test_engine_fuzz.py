@@ -9,8 +9,8 @@ from dataclasses import asdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.context import Decisions
-from engine.simulator import simulate
+from engine.core.context import Decisions
+from engine.sim.simulator import simulate
 from instances.grid import Grid, Shape
 from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.context import Decisions
+from engine.core.context import Decisions
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.grid import Grid, Shape
 from instances.jobs import Job

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.context import Allocation
-from engine.invariants import InvariantViolation, check_invariants
-from engine.state import EngineState, JobStatus, StateError
+from engine.core.allocation import Allocation
+from engine.core.invariants import InvariantViolation, check_invariants
+from engine.core.state import EngineState, JobStatus, StateError
 from tests.test_engine_helpers import cluster, grid, job
 
 
@@ -70,7 +70,7 @@ def test_nonexistent_gpu_trips():
 
 
 def test_a_run_refused_on_its_shape_is_not_a_failure():
-    from engine.context import Allocation
+    from engine.core.allocation import Allocation
     from instances.grid import Grid, Shape
     st = EngineState(cluster(("a100", 2, 4)), [job("A", 0.0, 10)])
     st.submit("A", 0.0)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from engine.context import Allocation
-from engine.reconfig import ReconfigCostModel
-from engine.sim_executor import InfeasibleAllocation, SimExecutor
+from engine.core.allocation import Allocation
+from engine.core.reconfig import ReconfigCostModel
+from engine.sim.sim_executor import InfeasibleAllocation, SimExecutor
 from tests.test_engine_helpers import LinearOracle, grid, job
 
 

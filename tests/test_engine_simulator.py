@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.metrics import TIMING_KEYS, never_placed_lines
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
-from engine.simulator import simulate
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
+from engine.sim.metrics import TIMING_KEYS, never_placed_lines
+from engine.sim.simulator import simulate
 from tests.test_engine_helpers import Inst, LinearOracle, ScriptedPolicy, cluster, grid, job
 
 A100 = "a100-40gb"
@@ -190,7 +190,7 @@ def test_bad_decisions_raise():
 
 
 def test_reconfig_cost_model_terms():
-    from engine.context import Allocation
+    from engine.core.allocation import Allocation
     j = job("A", 0.0, 10)
     g2, g8 = grid("a100", 1, 2), grid("a100", 1, 8)
     a = Allocation(g2, ((0, 0), (0, 1)))
@@ -220,7 +220,7 @@ def test_reconfig_cost_model_terms():
     assert dm.cost_s(j, a, b) == pytest.approx(1.0 + 2.0 + 3.0 + 2 * state / bw)       # nothing kept
     assert dm.cost_to_grid_s(j, a, grow.grid) == pytest.approx(dm.cost_s(j, a, grow))  # prices keeping GPUs
     # without a move-cost model the price skips building the nominal allocation: the same figures
-    from engine.reconfig import nominal_allocation
+    from engine.core.reconfig import nominal_allocation
     for model in (m, ReconfigCostModel(charge_launch=False), ReconfigCostModel(restart_s=7.0, replan_cap_s=25.0)):
         for old in (None, a, b, c):
             for g in (g2, g8, grid("a100", 2, 2), grid("a40", 1, 4)):

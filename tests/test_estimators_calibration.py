@@ -200,7 +200,7 @@ def test_scale_oracle_removes_a_per_group_factor_and_keeps_the_rest():
 
 
 def test_accuracy_plots_are_written_from_the_report_rows(tmp_path):
-    from engine.accuracy_plots import ACCURACY_PLOT_FILES, write_accuracy_plots
+    from engine.cli.accuracy_plots import ACCURACY_PLOT_FILES, write_accuracy_plots
     rows = [{"row": f"r{k}", "model": "gpt__760M", "gpu_type": t, "num_nodes": 1, "gpus_per_node": g,
              "global_batch": 256, "measured_s": 2.0 + k, "analytic": 0.1 * (-1) ** k,
              "learned": {"gpu_type": 0.05, "model": None, "row": -0.02}}

@@ -149,7 +149,7 @@ def test_no_plan_has_more_replicas_than_samples(batch, gpus, dp_only):
 def test_estimate_command_never_lists_dp_above_the_batch(capsys):
     import json
 
-    from engine.cli import main
+    from engine.cli.main import main
     assert main(["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "64", "--batch", "16",
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["grids"]

@@ -116,7 +116,7 @@ def test_summarize_passes_takes_the_median_per_plan():
     assert s["mape_cache"] is None                       # results without the cache model's twin
     import json
 
-    from engine.commands.estimate import local_json
+    from engine.cli.commands.estimate import local_json
     out = json.loads(json.dumps(local_json(passes, s)))  # --json: the summary and every pass's runs
     assert out["pass_count"] == 3 and [len(p) for p in out["passes"]] == [2, 3, 2]
     assert out["passes"][1][2]["measured_s"] is None and out["passes"][0][0]["rel_error"] == pytest.approx(0.1)

@@ -111,7 +111,7 @@ def test_learned_fit_predict_save_load_update(records, tmp_path):
 def test_cli_estimate_grids(capsys):
     import json as _json
 
-    from engine.cli import main
+    from engine.cli.main import main
     assert main(["estimate", "--model", "gpt__760M", "--gpu-type", "a40", "--gpus", "4", "--batch", "128",
                  "--json"]) == 0
     out = _json.loads(capsys.readouterr().out)

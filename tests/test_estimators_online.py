@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.context import Allocation, JobView, RoundContext
-from engine.executor import JobProgress
-from engine.formulation.round_data import RoundDataCache, build_round_data
-from engine.online_feed import OnlineFeed
-from engine.reconfig import ReconfigCostModel
-from engine.simulator import simulate
+from engine.core.allocation import Allocation
+from engine.core.context import JobView, RoundContext
+from engine.core.executor import JobProgress
+from engine.core.online_feed import OnlineFeed
+from engine.core.reconfig import ReconfigCostModel
+from engine.decide.formulation.round_data import RoundDataCache, build_round_data
+from engine.sim.simulator import simulate
 from estimators import LearnsOnline, make_performance_model
 from estimators.base import EstimatesInBulk
 from estimators.online import SHARED_WINDOW, ObservationStore, OnlineModel, OnlinePrior
@@ -361,7 +362,7 @@ def test_live_round_loop_feeds_the_launchers_measurements(tmp_path):
     progress each round and the online model receives the launcher's measured mean."""
     import time
 
-    from engine.round_loop import RoundLoop
+    from engine.core.round_loop import RoundLoop
     from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
 
     g = Grid(Shape("cpu", 1, 2), 1)
@@ -481,7 +482,7 @@ def test_best_depth_per_shape_is_the_first_best_grid_and_keeps_the_current_one(c
     """``_block``'s vectorized pick against the rule written as a loop: per shape, the
     current grid if its estimate is usable, else the first grid (enumeration order) of
     the highest positive finite throughput; shapes without one are dropped."""
-    from engine.formulation.round_data import _block, _Candidates, _Layout
+    from engine.decide.formulation.round_data import _block, _Candidates, _Layout
     grids = [Grid(Shape(A100, 1, 2 ** s), 1) for s, _ in cols]
     thr = [t for _, t in cols]
     current = current if current < len(cols) else -1

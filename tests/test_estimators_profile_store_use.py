@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
 from estimators.perf import DpOnlyTwin, make_default_model, open_profile_store
 from estimators.profile_store import LayerProfile, ProfileStore
 from instances.errors import InputError

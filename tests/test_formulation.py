@@ -7,11 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.context import Allocation, JobView, RoundContext
-from engine.formulation import Capacity, build_model, build_round_data, tiny_round_data
-from engine.objectives import parse_objective
-from engine.reconfig import ReconfigCostModel
-from engine.solvers import make_backend
+from engine.core.allocation import Allocation
+from engine.core.context import JobView, RoundContext
+from engine.core.reconfig import ReconfigCostModel
+from engine.decide.formulation import Capacity, build_model, build_round_data, tiny_round_data
+from engine.decide.objectives import parse_objective
+from engine.decide.solvers import make_backend
 from estimators.base import Estimate
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.grid import Grid, Shape
@@ -147,7 +148,7 @@ def test_round_data_keeps_the_best_depth_per_shape_and_the_current_grid():
 def test_model_building_is_fast_at_scale():
     import time
 
-    from engine.formulation import synthetic_round_data
+    from engine.decide.formulation import synthetic_round_data
     data = synthetic_round_data(2048, 1000, 0)
     t0 = time.perf_counter()
     model = build_model(data, parse_objective({}, {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1}))
@@ -156,7 +157,7 @@ def test_model_building_is_fast_at_scale():
 
 
 def test_bad_model_arrays_are_rejected():
-    from engine.formulation import ModelBuilder
+    from engine.decide.formulation import ModelBuilder
     b = ModelBuilder(2, np.array([0, 0]), 1)
     with pytest.raises(ValueError):
         b.add_x_objective(np.array([1.0]))
@@ -189,7 +190,7 @@ def test_row_names_are_made_when_read_and_match_the_rows():
 def test_the_model_matrix_is_the_same_whichever_way_it_is_assembled():
     """Rows given in order become CSR directly; any other order goes through COO. Both
     give the same canonical matrix (duplicates summed)."""
-    from engine.formulation.model import ModelBuilder
+    from engine.decide.formulation.model import ModelBuilder
     rng = np.random.default_rng(3)
     r = np.sort(rng.integers(0, 6, 60))
     c = rng.integers(0, 9, 60)
@@ -225,8 +226,8 @@ def test_rows_kept_across_rounds_build_the_model_built_afresh(calls):
     capacity, other objectives, some adding rows and variables, pinned jobs, a model
     restricted to some columns with or without a frozen job's column fixed, move budgets)
     gives the model built without it."""
-    from engine.formulation import synthetic_round_data
-    from engine.formulation.build import RowsMemo
+    from engine.decide.formulation import synthetic_round_data
+    from engine.decide.formulation.build import RowsMemo
     datas = [synthetic_round_data(64, 12, 0), synthetic_round_data(64, 12, 0, round_index=1),
              synthetic_round_data(64, 12, 1), synthetic_round_data(128, 12, 0)]
     objectives = [parse_objective({}, {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1}),
@@ -249,8 +250,8 @@ def test_rows_kept_across_rounds_build_the_model_built_afresh(calls):
 
 
 def test_rows_kept_across_rounds_are_taken_as_they_are_only_while_their_inputs_stay_equal():
-    from engine.formulation import synthetic_round_data
-    from engine.formulation.build import RowsMemo
+    from engine.decide.formulation import synthetic_round_data
+    from engine.decide.formulation.build import RowsMemo
     data = synthetic_round_data(64, 12, 0)
     arena = parse_objective({}, {"throughput": 1, "jct": 1, "queue": 1, "reconfig": 1})
     memo = RowsMemo()

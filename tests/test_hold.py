@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
-from engine.round_loop import RoundLoop
-from engine.sim_executor import SimExecutor
-from engine.state import JobStatus, StateError
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
+from engine.core.round_loop import RoundLoop
+from engine.core.state import JobStatus, StateError
+from engine.sim.sim_executor import SimExecutor
 from instances.builtin import get_instance
 
 DEMO = get_instance("demo")

@@ -1,4 +1,4 @@
-"""The incremental re-scheduling search (engine/incremental): feasible on the full model,
+"""The incremental re-scheduling search (engine/decide/incremental): feasible on the full model,
 frozen jobs and the move budget respected, expand and balance each matter, the
 restricted model is the full one restricted, suika runs the demo, the yardstick and
 its CLI."""
@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.formulation import build_model, synthetic_round_data, tiny_round_data
-from engine.formulation.synthetic import local_columns
-from engine.incremental import (
+from engine.cli.main import main
+from engine.core.policy import make_policy
+from engine.decide.formulation import build_model, synthetic_round_data, tiny_round_data
+from engine.decide.formulation.synthetic import local_columns
+from engine.decide.incremental import (
     OTHER_TYPE_CHOICES,
     QUEUED_CHOICES,
     IncrementalConfig,
@@ -23,10 +24,9 @@ from engine.incremental import (
     candidate_columns,
     search_round,
 )
-from engine.incremental.yardstick import summarize, yardstick
-from engine.objectives import parse_objective
-from engine.policy import make_policy
-from engine.solvers import make_backend
+from engine.decide.incremental.yardstick import summarize, yardstick
+from engine.decide.objectives import parse_objective
+from engine.decide.solvers import make_backend
 from instances.errors import InputError
 
 ARENA = {"throughput": 1.0, "jct": 1.0, "queue": 1.0, "reconfig": 1.0}
@@ -282,14 +282,15 @@ def test_incremental_option_and_suika_are_validated():
 
 @pytest.mark.parametrize("search", ["milp", "incremental"])
 def test_stability_seam_freezes_a_job_in_both_searches(search):
-    from engine.context import Allocation, JobView
+    from engine.core.allocation import Allocation
+    from engine.core.context import JobView
     from instances.grid import Grid, Shape
     from tests.test_policies_arena import TypeSpeedPerf, ctx_of, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
     ctx = ctx_of([JobView(job(gpus=4), 1000.0, cur)], TypeSpeedPerf({"a100": 2.0, "a40": 1.0}))
     pol = make_policy("arena", search=search)
     assert pol.decide(ctx).grids["j"].gpu_type == "a100-40gb"        # worth the move
-    from engine.context import ChangeHistory
+    from engine.core.context import ChangeHistory
     started = ChangeHistory(changed_at_s=0.0, iterations_since=0.0, rate_before=0.0)   # not one step made yet
     ctx = ctx_of([JobView(job(gpus=4), 1000.0, cur, last_change=started)], TypeSpeedPerf({"a100": 2.0, "a40": 1.0}))
     d = pol.decide(ctx)
@@ -358,7 +359,7 @@ def _reference_expand(st) -> None:
     order of gain per GPU added, a pointer per job past the columns found not to fit;
     repeatedly the job whose pointed move has the largest density (ties: lower job)
     moves if it still fits, else its pointer advances."""
-    from engine.incremental.kernel import EPS
+    from engine.decide.incremental.kernel import EPS
     n_x, n_jobs = st.n_x, len(st.lo)
 
     def delta(j, k):
@@ -414,7 +415,7 @@ def _reference_expand(st) -> None:
 @given(gpus=st.sampled_from([16, 32, 64]), jobs=st.integers(1, 30), seed=st.integers(0, 10_000),
        running=st.floats(0.0, 1.0), budget=st.sampled_from([0.0, 0.2, 1.0]))
 def test_compiled_expand_equals_the_plain_reference(gpus, jobs, seed, running, budget):
-    from engine.incremental.search import _State
+    from engine.decide.incremental.search import _State
     data = synthetic_round_data(gpus, jobs, seed, running_fraction=running)
     cols = candidate_columns(data)
     model = build_model(data, OBJ, columns=cols)
@@ -446,8 +447,8 @@ def test_expand_short_cuts_on_a_closed_cluster_equal_the_plain_reference(seed):
     round where the queued jobs want far more than the cluster has, every type closes
     during expand, so the short cuts are taken; the decision equals the plain reference,
     which has none."""
-    from engine.incremental import kernel
-    from engine.incremental.search import _State
+    from engine.decide.incremental import kernel
+    from engine.decide.incremental.search import _State
     data = synthetic_round_data(32, 60, seed, running_fraction=0.3)
     cols = candidate_columns(data)
     model = build_model(data, OBJ, columns=cols)
@@ -468,5 +469,5 @@ def test_expand_short_cuts_on_a_closed_cluster_equal_the_plain_reference(seed):
 def test_the_kernels_helpers_are_compiled_without_reference_counting():
     """The speed the bench measures depends on it (docs/engine.md): a numba that no
     longer has the flag still runs the kernels, but this test says it lost it."""
-    from engine.incremental import kernel
+    from engine.decide.incremental import kernel
     assert kernel.HELPER == {"_nrt": False}

@@ -204,15 +204,15 @@ def test_train_config_json_fuzzed(doc):
 @FUZZ
 @given(items=st.lists(st.text(max_size=12), max_size=4))
 def test_cli_key_values_fuzzed(items):
-    from engine.commands.simulate import parse_options
+    from engine.cli.common import parse_options
     parses_or_input_error(parse_options, items, "--policy-opt")
 
 
 @FUZZ
 @given(text=st.text(max_size=40))
 def test_objective_weights_fuzzed(text):
-    from engine.commands.bench import _parse_weights
-    parses_or_input_error(_parse_weights, text)
+    from engine.cli.commands.bench.synthetic import parse_weights
+    parses_or_input_error(parse_weights, text)
 
 
 @FUZZ
@@ -234,7 +234,7 @@ def test_hostfiles_fuzzed(tmp_path, lines):
 def test_estimate_command_numbers_fuzzed(argv, capsys):
     """CLI numbers: argparse rejects non-numbers (SystemExit 2); the command refuses the rest
     with exit status 2 (an input error), or answers (1: a valid request no grid can run)."""
-    from engine.cli import main
+    from engine.cli.main import main
     base = {"--model": "gpt__350M", "--gpu-type": "a100", "--gpus": "8"}
     args = ["estimate"] + [x for k, v in base.items() if k not in argv for x in (k, v)] + argv
     try:
@@ -351,7 +351,7 @@ def test_policy_numbers_fuzzed(opts, policy):
     """``--policy-opt`` numbers (as the command line parses them, or as Python values): a
     policy or an InputError on ``--policy-opt``, never an overflow, never a policy whose
     objective could overflow."""
-    from engine.commands.simulate import build_policy, parse_value
+    from engine.cli.common import build_policy, parse_value
     opts = {k: parse_value(v) if isinstance(v, str) else v for k, v in opts.items()}
     if policy == "elasticflow-ls":
         opts = {k: v for k, v in opts.items() if k in ("payback_max_s", "move_backoff_s", "change_budget_per_job",
@@ -401,8 +401,8 @@ def test_simulations_with_huge_times_end_or_are_refused(tmp_path, arrival, prior
     """A trace whose times and priority are anywhere, simulated with any round interval and
     horizon: results, or an InputError before the first round; never a hang (the deadline),
     never another exception."""
-    from engine.commands.simulate import build_policy
-    from engine.simulator import simulate
+    from engine.cli.common import build_policy
+    from engine.sim.simulator import simulate
     from instances.builtin import Instance
     from instances.oracle import TableOracle
     text = (OUR_MAGIC + "\n" + ",".join(OUR_COLUMNS) + "\n"

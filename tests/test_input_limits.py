@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
 from instances.errors import InputError
 from instances.limits import MAX_NESTING_DEPTH, MAX_TIME_S
 
@@ -131,9 +131,9 @@ def test_other_time_flags_are_bounded(tmp_path, capsys, monkeypatch, argv, field
 def test_the_executor_raises_when_float_time_cannot_advance():
     """The loop guard: a completion that cannot move later in float time raises (was a
     spin). Reachable only past the bound, which every input is held to."""
-    from engine.context import Allocation
-    from engine.reconfig import ReconfigCostModel
-    from engine.sim_executor import SimExecutor
+    from engine.core.allocation import Allocation
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.sim.sim_executor import SimExecutor
     from tests.test_engine_helpers import LinearOracle, grid, job
     ex = SimExecutor(LinearOracle(work_s=0.1), ReconfigCostModel(charge_launch=False), iteration_noise_cv=0)
     ex.launch(job("j", 0.0, 100), Allocation(grid("a100", 1, 1), ((0, 0),)), None, 1e19)
@@ -175,8 +175,8 @@ def test_a_cluster_at_the_gpu_limit_builds_its_state_and_places_a_job():
     """One million one-GPU nodes (the documented limit, MAX_CLUSTER_GPUS): the engine's
     state and the placer are built (was quadratic: never finished) and place a job.
     Correctness only; bench/bench_cluster_build.py measures the scaling."""
-    from engine.placement import Placer
-    from engine.state import ClusterState
+    from engine.core.placement import Placer
+    from engine.core.state import ClusterState
     from instances.cluster import MAX_CLUSTER_GPUS, ClusterSpec, NodeGroup
     from instances.grid import Grid, Shape
     spec = ClusterSpec((NodeGroup("a100", MAX_CLUSTER_GPUS - 4, 1), NodeGroup("v100", 1, 4)))
@@ -350,7 +350,7 @@ def test_every_solver_backend_is_held_to_the_cores_present():
     """Every backend (HiGHS, CP-SAT, SCIP, CBC, the Lagrangian and greedy paths) takes its
     threads from SolverOptions, which refuses more than the cores present (99,999 aborted
     HiGHS after a minute and 800 MB)."""
-    from engine.solvers.base import SolverOptions, available_cores, backend_names, make_backend
+    from engine.decide.solvers.base import SolverOptions, available_cores, backend_names, make_backend
     cores = available_cores()
     assert cores == len(os.sched_getaffinity(0))
     for name in backend_names():

@@ -178,7 +178,7 @@ def test_fuzz_file_bytes_give_a_model_or_an_input_error(tmp_path_factory, raw):
 
 
 def test_cli_estimate_of_a_config_json_model():
-    from engine.cli import main
+    from engine.cli.main import main
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = main(["estimate", "--model", str(TINY_LLAMA), "--gpu-type", "a100", "--gpus", "4", "--batch", "8",
@@ -213,7 +213,7 @@ def test_the_training_length_defaults_to_the_pretraining_length_and_the_file_can
 
 
 def test_cli_estimate_names_the_sequence_length_and_the_key_when_nothing_fits(tmp_path):
-    from engine.cli import main
+    from engine.cli.main import main
     big = LLAMA | {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
                    "intermediate_size": 14336, "max_position_embeddings": 131072, "num_hidden_layers": 32}
     p = write(tmp_path, big)

@@ -105,9 +105,9 @@ def test_throughput_interpolation_and_goodput_by_hand():
 
 
 def test_a_job_alone_runs_its_epochs_at_the_oracles_rates():
-    from engine.context import Allocation
-    from engine.reconfig import PRESETS
-    from engine.sim_executor import SimExecutor
+    from engine.core.allocation import Allocation
+    from engine.core.reconfig import PRESETS
+    from engine.sim.sim_executor import SimExecutor
     inst = load_sia_instance("sia:mini/workload-2", SIM)
     job = inst.jobs[0]
     shape = Shape("t4", 1, 4)
@@ -128,8 +128,8 @@ def test_a_job_alone_runs_its_epochs_at_the_oracles_rates():
 def test_fixed_batch_jobs_keep_their_executor_path():
     """An oracle without ``segment`` runs a job at one rate (the path every built-in
     instance takes); the segment machinery is not entered."""
-    from engine.reconfig import ReconfigCostModel
-    from engine.sim_executor import SimExecutor
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.sim.sim_executor import SimExecutor
     from instances.oracle import TableOracle
     assert SimExecutor(TableOracle(), ReconfigCostModel())._segments is False
     assert SimExecutor(GoodputOracle(load_sia_instance("sia:mini/workload-2", SIM).oracle.world),

@@ -342,7 +342,7 @@ def test_arena_fuzz_valid_and_corrupted(rows, divisor, factor, data):
 
 
 def test_gpu_types_from_the_command_line_is_a_comma_separated_string(capsys, tmp_path):
-    from engine.cli import main
+    from engine.cli.main import main
     text = "timestamp,duration,num_gpus,gpu_time,cluster\n0,3600,2,7200,vc1\n60,600,1,600,vc1\n"
     for value, types in (("a100,a40", {"a100-40gb", "a40"}), (" a40 ", {"a40"})):
         jobs = parse_trace(text, "p.csv", gpu_types=value)

@@ -19,7 +19,7 @@ BATCH = 8
 LOSS_TOL = 1e-4                  # as tests/test_launcher_mpi.py
 
 
-class Alloc:                     # structurally engine.context.Allocation
+class Alloc:                     # structurally engine.core.allocation.Allocation
     def __init__(self, n: int, pp: int = 1):
         self.grid = Grid(Shape("cpu", 1, n), pp=pp)
         self.gpus = tuple((0, i) for i in range(n))

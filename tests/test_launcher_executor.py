@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.context import Allocation
-from engine.executor import JobProgress
+from engine.core.allocation import Allocation
+from engine.core.executor import JobProgress
 from estimators.base import Plan
 from instances.errors import InputError
 from instances.grid import Grid, Shape
@@ -122,7 +122,7 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
 
 OOM_CHILD = """
 import json, sys
-from engine.context import Allocation
+from engine.core.allocation import Allocation
 from estimators.base import Plan
 from instances.grid import Grid, Shape
 from instances.jobs import Job

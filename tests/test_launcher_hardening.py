@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
 from instances.errors import InputError
 from launcher.api import STALLED_RC, describe_failure, make_config, run_training
 from launcher.config import DEFAULT_CHECKPOINT_INTERVAL_S, ParallelPlan, TrainConfig

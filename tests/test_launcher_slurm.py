@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.context import Allocation
+from engine.core.allocation import Allocation
 from estimators.base import Plan
 from instances.errors import InputError
 from instances.grid import Grid, Shape

@@ -249,7 +249,7 @@ def test_hostfile_parsing(tmp_path):
 
 
 def test_cli_refuses_bad_plan_and_dry_runs(capsys):
-    from engine.cli import main
+    from engine.cli.main import main
 
     assert main(["train", "--model", MODEL, "--plan", "tp=3", "--steps", "2"]) == 2
     assert "tensor degree tp=3 does not divide" in capsys.readouterr().err

@@ -1,10 +1,10 @@
-"""The move ledger (engine/move_ledger.py): payback by hand, and a simulated run's ledger
+"""The move ledger (engine/core/move_ledger.py): payback by hand, and a simulated run's ledger
 held to the jobs' own counts (called from tests/test_bounds.py on fcfs, arena and sia-ap)."""
 from __future__ import annotations
 
 import pytest
 
-from engine.move_ledger import MoveEntry, MoveLedger
+from engine.core.move_ledger import MoveEntry, MoveLedger
 
 ENDS = {"moved again", "preempted", "evicted", "failed", "finished", "cancelled", "run ended"}
 
@@ -74,9 +74,9 @@ def _restarted_loop(to_grid: str):
     """A round loop as a restarted service has it: job "1" queued, and the open entry of
     its move before the restart handed back (``MoveLedger.reopen``); the policy places it
     on one 2-GPU grid."""
-    from engine.reconfig import ReconfigCostModel
-    from engine.round_loop import RoundLoop
-    from engine.sim_executor import SimExecutor
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.core.round_loop import RoundLoop
+    from engine.sim.sim_executor import SimExecutor
     from tests.test_engine_helpers import LinearOracle, ScriptedPolicy, cluster, grid, job
     g = grid("a100", 1, 2)
     loop = RoundLoop(cluster(("a100", 1, 2)), ScriptedPolicy(lambda ctx: {v.job.job_id: g for v in ctx.jobs}),
@@ -89,7 +89,7 @@ def _restarted_loop(to_grid: str):
 
 
 def test_an_entry_handed_back_after_a_restart_counts_what_the_job_makes_after_it():
-    from engine.state import JobStatus
+    from engine.core.state import JobStatus
     loop, e, g = _restarted_loop(to_grid="")
     e.to_grid = g                                  # it ran where its move put it: relaunched there
     t = 0.0

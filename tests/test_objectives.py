@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.formulation import build_model, tiny_round_data
-from engine.objectives import make_term, parse_objective, term_names
-from engine.solvers import available_backends, make_backend
+from engine.decide.formulation import build_model, tiny_round_data
+from engine.decide.objectives import make_term, parse_objective, term_names
+from engine.decide.solvers import available_backends, make_backend
 from instances.errors import InputError
 
 BACKENDS = [b for b in available_backends() if b != "greedy"]
@@ -72,7 +72,7 @@ def test_makespan_favours_the_longest_remaining_work(backend):
 
 
 def test_makespan_coefficients_follow_the_formula():
-    from engine.formulation.model import ModelBuilder
+    from engine.decide.formulation.model import ModelBuilder
     jobs = [{"cols": [("a100", 1, 1, 1.0), ("a100", 1, 2, 1.8)], "remaining": 1000},
             {"cols": [("a100", 1, 1, 1.0)], "remaining": 500}]
     data = tiny_round_data({"a100": [2]}, jobs)
@@ -170,7 +170,7 @@ def test_las_favours_the_job_that_got_less(backend):
 
 
 def test_every_registered_term_has_a_test():
-    # terms are discovered from engine/objectives/; a new one needs only its module and a
+    # terms are discovered from engine/decide/objectives/; a new one needs only its module and a
     # test that names it (in quotes) somewhere under tests/
     from pathlib import Path
     text = "\n".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
@@ -210,7 +210,7 @@ def test_queue_offset_makes_the_objective_a_penalty():
 def test_the_jct_terms_median_is_numpys_to_the_bit(values):
     """The `jct` term's median (its own, for speed) against ``np.median`` on the same
     array: odd and even sizes, ties, infinities and nans."""
-    from engine.objectives.jct import median
+    from engine.decide.objectives.jct import median
     a = np.array(values)
     want = float(np.median(a))
     got = median(a)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.formulation.round_data import Capacity
-from engine.policy import make_policy
-from engine.simulator import simulate
-from engine.state import StateError
+from engine.core.policy import make_policy
+from engine.core.state import StateError
+from engine.decide.formulation.round_data import Capacity
+from engine.sim.simulator import simulate
 from instances.builtin import get_instance
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
@@ -71,9 +71,9 @@ def test_capacity_loses_the_nodes_out_and_keeps_the_levels():
 
 
 def _fcfs_loop(n_jobs: int):
-    from engine.reconfig import ReconfigCostModel
-    from engine.round_loop import RoundLoop
-    from engine.sim_executor import SimExecutor
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.core.round_loop import RoundLoop
+    from engine.sim.sim_executor import SimExecutor
     loop = RoundLoop(DEMO.cluster, make_policy("fcfs"), SimExecutor(DEMO.oracle, ReconfigCostModel()),
                      round_interval_s=300.0, jobs=DEMO.jobs[:n_jobs])
     for j in DEMO.jobs[:n_jobs]:
@@ -151,7 +151,7 @@ def test_outage_file_errors_name_the_file_line_and_field(tmp_path):
 
 
 def test_simulate_cli_takes_an_outage_file_and_checks_it_first(tmp_path, capsys):
-    from engine.cli import main
+    from engine.cli.main import main
     f = tmp_path / "out.csv"
     f.write_text("node,start_s,end_s\n99,0,10\n")
     assert main(["simulate", "--instance", "demo", "--policy", "fcfs", "--outages", str(f), "--quiet",
@@ -173,7 +173,7 @@ def test_a_cluster_out_for_good_ends_the_run_out_as_stalled_with_every_job_repor
 
 
 def test_bench_policies_runs_every_policy_under_the_same_outages(tmp_path, capsys):
-    from engine.cli import main
+    from engine.cli.main import main
     f = tmp_path / "out.csv"
     f.write_text("node,start_s,end_s\n0,1500,6000\n4,1200,5000\n")
     assert main(["bench", "policies", "--instance", "demo", "--policy", "arena", "--policy", "fcfs",
@@ -196,7 +196,7 @@ def test_an_eviction_is_not_a_change_the_stability_rule_counts():
 
 
 def test_synthetic_outages_are_seeded_poisson_failures_that_the_simulator_reads_back(tmp_path, capsys):
-    from engine.cli import main
+    from engine.cli.main import main
     from instances.outages import synthetic_outages
     big = ClusterSpec((NodeGroup("a100", 400, 8),), "big")
     a = synthetic_outages(big, mtbf_h=100.0, repair_h=2.0, start_s=0.0, hours=50.0, seed=3)
@@ -245,7 +245,7 @@ def test_random_outages_keep_every_invariant_and_lose_no_job(spans, policy):
 
 
 def test_synthetic_outages_never_end_before_they_start_and_absurd_options_are_refused_up_front(tmp_path, capsys):
-    from engine.cli import main
+    from engine.cli.main import main
     from instances.outages import MAX_SYNTHETIC_OUTAGES, synthetic_outages
     short = synthetic_outages(DEMO.cluster, mtbf_h=24.0, repair_h=0.01, start_s=0.0, hours=1000.0, seed=0)
     assert len(short) > 100 and all(o.end_s > o.start_s for o in short)

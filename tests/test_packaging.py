@@ -23,7 +23,8 @@ def test_the_scheduling_core_and_the_service_import_without_torch():
     # README: the scheduling core imports without torch; `arena serve` too (its launched
     # ranks import it), so the service starts in about a second, not three
     code = ("import sys\n"
-            "import engine.cli, engine.simulator, engine.policies.milp, engine.incremental.search\n"
+            "import engine.cli.main, engine.sim.simulator, engine.decide.policies.milp\n"
+            "import engine.decide.incremental.search\n"
             "import engine.service.daemon, engine.service.api, launcher.mpi_executor, launcher.validate\n"
             "import estimators.analytic, estimators.learned, estimators.perf, estimators.grids\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")

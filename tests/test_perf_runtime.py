@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
 from estimators.config import EstimatorConfig, arena_runtime
 from estimators.perf import DpOnlyTwin, make_default_model
 from instances.errors import InputError
@@ -48,7 +48,7 @@ def test_simulations_estimate_for_the_runtime_their_truth_was_measured_under(tmp
     # artifact's, and a policy decides for it unless --perf-runtime says otherwise
     import json
 
-    from engine.commands.simulate import build_perf
+    from engine.cli.common import build_perf
     from instances.builtin import get_instance
     from instances.oracle import make_oracle
     assert get_instance("demo").oracle.training_runtime == "arena"
@@ -71,7 +71,7 @@ def test_a_learned_artifact_passed_over_for_another_runtime_is_named(tmp_path, m
     # Arena runtime fits afresh, and says so (the fit itself is tested with the learned model;
     # here it is replaced to keep the test fast)
     import estimators.perf as perf
-    from engine.commands.simulate import build_perf
+    from engine.cli.common import build_perf
     art = tmp_path / "learned.joblib"
     art.write_bytes(b"")
     monkeypatch.setenv("ARENA_LEARNED_ARTIFACT", str(art))

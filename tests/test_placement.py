@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.context import Allocation
-from engine.placement import Placer
+from engine.core.allocation import Allocation
+from engine.core.placement import Placer
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.grid import Grid, Shape
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.cli import main, plugin_registries
-from engine.formulation import build_model, tiny_round_data
-from engine.formulation.model import ModelBuilder
-from engine.objectives import make_term, parse_objective
-from engine.policy import policy_names
+from engine.cli.main import main, plugin_registries
+from engine.core.policy import policy_names
+from engine.decide.formulation import build_model, tiny_round_data
+from engine.decide.formulation.model import ModelBuilder
+from engine.decide.objectives import make_term, parse_objective
 from instances.errors import InputError
 from instances.plugins import ENV_DISABLE_AUTOLOAD, ENV_PLUGINS, entry_point_specs, load_plugin, load_plugins
 
@@ -51,8 +51,8 @@ def write(tmp_path: Path, name: str, body: str) -> Path:
 
 POLICY_PLUGIN = """
     import dataclasses
-    from engine.policies.arena import ARENA
-    from engine.policies.milp import register_milp_policy
+    from engine.decide.policies.arena import ARENA
+    from engine.decide.policies.milp import register_milp_policy
     register_milp_policy(dataclasses.replace(ARENA, name="{name}", weights={{"throughput": 1.0}}))
 """
 
@@ -173,7 +173,7 @@ def test_a_keyboard_interrupt_while_loading_a_plugin_stays_one(registries, tmp_p
 def test_a_plugins_policy_that_cannot_be_built_or_cannot_decide_is_named_not_its_options(registries, tmp_path,
                                                                                           capsys):
     # registering something that is not callable: refused while loading, naming the plug-in
-    path = write(tmp_path, "notcallable.py", "from engine.policy import register_policy\n"
+    path = write(tmp_path, "notcallable.py", "from engine.core.policy import register_policy\n"
                                              "register_policy('not-callable')(42)\n")
     with pytest.raises(InputError, match=r"notcallable\.py \(--plugin\) failed to load: TypeError: policy "
                                          r"'not-callable' must be a class or a function that builds one, got 42"):
@@ -181,7 +181,7 @@ def test_a_plugins_policy_that_cannot_be_built_or_cannot_decide_is_named_not_its
     assert "not-callable" not in policy_names()
     # a factory that fails with no option given, and one that builds an object without decide(): --policy
     write(tmp_path, "odd.py", """
-        from engine.policy import register_policy
+        from engine.core.policy import register_policy
         @register_policy("buggy")
         def make(**kw):
             return len(3)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.context import Allocation, JobView, RoundContext
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
+from engine.core.allocation import Allocation
+from engine.core.context import JobView, RoundContext
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
 from estimators.base import Estimate
 from instances.cluster import ClusterSpec, NodeGroup
 from instances.errors import InputError
@@ -92,7 +93,7 @@ def test_arena_dumps_every_round_model(tmp_path):
 
 
 def test_arena_simulates_the_demo_without_packing_failures():
-    from engine.simulator import simulate
+    from engine.sim.simulator import simulate
     from estimators import make_performance_model
     from instances.builtin import get_instance
     inst = get_instance("demo")
@@ -130,7 +131,7 @@ def test_columns_option_separates_co_designed_placement_from_the_best_plan_per_c
 
 
 def test_max_queued_decides_over_a_window_of_the_queue_by_priority_then_arrival():
-    from engine.policies.milp import queue_window
+    from engine.decide.policies.milp import queue_window
     running = JobView(Job("r", "gpt__350M", 64, 1000, 0.0), 500.0,
                       Allocation(Grid(Shape("a40", 1, 2)), ((1, 0), (1, 1))))
     queued = [JobView(Job(f"q{i}", "gpt__350M", 64, 1000, float(i), priority=3.0 if i == 7 else 1.0), 1000.0, None)
@@ -153,9 +154,9 @@ def test_the_round_loop_builds_views_only_for_the_policy_window_and_the_simulati
     """A policy with ``max_queued`` is given every running job and only its window of the
     queue (the loop builds no view for the others, ``queued_left_out`` counts them); the
     demo still finishes every job. A window larger than any queue changes nothing."""
-    from engine.round_loop import RoundLoop
-    from engine.sim_executor import SimExecutor
-    from engine.simulator import simulate
+    from engine.core.round_loop import RoundLoop
+    from engine.sim.sim_executor import SimExecutor
+    from engine.sim.simulator import simulate
     from estimators import make_performance_model
     from instances.builtin import get_instance
     inst = get_instance("demo")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.context import JobView, RoundContext
-from engine.policy import make_policy, policy_names
-from engine.reconfig import ReconfigCostModel
+from engine.core.context import JobView, RoundContext
+from engine.core.policy import make_policy, policy_names
+from engine.core.reconfig import ReconfigCostModel
 from estimators import make_performance_model
 from instances.builtin import get_instance
 from instances.errors import InputError
@@ -68,8 +68,8 @@ def _moves(policy, speedup: float) -> bool:
     """Whether ``policy``'s objective and solver move a running a40 2x2 job to a100 1x4
     when the a100 shape is ``speedup`` times faster (same estimates for both policies:
     the data-parallel-only estimation of the baselines is not what this compares)."""
-    from engine.context import Allocation
-    from engine.formulation import build_model, build_round_data
+    from engine.core.allocation import Allocation
+    from engine.decide.formulation import build_model, build_round_data
     from instances.grid import Grid, Shape
     from tests.test_policies_arena import CLUSTER, TypeSpeedPerf, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
@@ -110,7 +110,7 @@ def test_baseline_config_is_validated(name):
 
 @pytest.mark.parametrize("name", ["gavel", "sia", "elasticflow-ls"])
 def test_baselines_simulate_the_demo_without_packing_failures(name):
-    from engine.simulator import simulate
+    from engine.sim.simulator import simulate
     res = simulate(get_instance("demo"), make_policy(name), perf=make_performance_model("table"), rounds=30)
     assert res.summary["packing_failures"] == 0
     assert res.summary["jobs_finished"] > 0
@@ -122,10 +122,10 @@ def test_give_way_charges_only_the_slower_columns_of_a_running_job():
     queued jobs' columns are not touched."""
     import numpy as np
 
-    from engine.context import Allocation
-    from engine.formulation import build_round_data
-    from engine.formulation.model import ModelBuilder
-    from engine.objectives.reconfig import ReconfigPenalty
+    from engine.core.allocation import Allocation
+    from engine.decide.formulation import build_round_data
+    from engine.decide.formulation.model import ModelBuilder
+    from engine.decide.objectives.reconfig import ReconfigPenalty
     from instances.grid import Grid, Shape
     from tests.test_policies_arena import CLUSTER, TypeSpeedPerf, job
     cur = Allocation(Grid(Shape("a40", 2, 2)), ((1, 0), (1, 1), (2, 0), (2, 1)))
@@ -151,7 +151,7 @@ def test_give_way_charges_only_the_slower_columns_of_a_running_job():
 
 
 def test_arena_judges_giving_way_by_default_and_the_baselines_do_not():
-    from engine.objectives.reconfig import ReconfigPenalty
+    from engine.decide.objectives.reconfig import ReconfigPenalty
 
     def give_way(name, **cfg):
         (term,) = [t for _, t in make_policy(name, **cfg).objective.terms if isinstance(t, ReconfigPenalty)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
 
 ARGS = ["bench", "policies", "--instance", "demo", "--policy", "fcfs", "--policy", "elasticflow-ls",
         "--rounds", "15", "--no-run-out", "--quiet", "--json"]
@@ -28,7 +28,7 @@ def test_policy_bench_writes_rows_table_and_figure(tmp_path, capsys):
 
 
 def test_policy_bench_rejects_options_for_absent_policies():
-    from engine.commands.bench import _policy_options
+    from engine.cli.commands.bench.policies import _policy_options
     from instances.errors import InputError
     with pytest.raises(InputError):
         _policy_options(["arena:w_jct=2"], ["fcfs"])

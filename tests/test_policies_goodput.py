@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.commands.simulate import goodput_perf, reconfig_for
-from engine.policy import make_policy
-from engine.simulator import simulate
+from engine.cli.common import goodput_perf, reconfig_for
+from engine.core.policy import make_policy
+from engine.sim.simulator import simulate
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, BatchPlan
 from instances.sia_instances import load_sia_instance
@@ -92,7 +92,7 @@ def test_gavel_runs_the_workloads_counts_and_batches_in_360_s_rounds():
 def test_pollux_is_heterogeneity_unaware_and_refuses_fixed_batch_jobs():
     _, pol, res = _run("pollux")
     assert res.summary["jobs_finished_runout"] == 4
-    from engine.commands.simulate import build_perf
+    from engine.cli.common import build_perf
     from instances.builtin import get_instance
     inst = get_instance("demo")
     with pytest.raises(InputError, match="decides only the Sia artifact's adaptive-batch goodput jobs"):
@@ -140,7 +140,7 @@ def test_sia_ap_is_sia_on_goodput_jobs():
      "nowhere, field '--sia-artifact': does not exist"),
 ])
 def test_cli_errors(argv, message, capsys, tmp_path):
-    from engine.cli import main
+    from engine.cli.main import main
     assert main(argv + ["--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("arena: error: ") and message in err

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.context import Allocation, ChangeHistory, JobView
-from engine.executor import JobProgress
-from engine.quick_init import quick_init
+from engine.core.allocation import Allocation
+from engine.core.context import ChangeHistory, JobView
+from engine.core.executor import JobProgress
+from engine.core.quick_init import quick_init
 from instances.grid import Grid, Shape
 
 GRID = Grid(Shape("a100", 1, 2), pp=1)

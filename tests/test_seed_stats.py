@@ -1,4 +1,4 @@
-"""Policies over several seeds (engine/seed_stats.py, ``arena bench policies --seeds``):
+"""Policies over several seeds (engine/sim/seed_stats.py, ``arena bench policies --seeds``):
 the spread and the paired JCT ratio by hand, as properties, and end to end."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.seed_stats import aggregate, paired_ratio, parse_seeds, seeds_changed_nothing, spread
+from engine.cli.main import main
+from engine.sim.seed_stats import aggregate, paired_ratio, parse_seeds, seeds_changed_nothing, spread
 
 
 def row(policy, seed, jct, unfinished=0, makespan=100.0):

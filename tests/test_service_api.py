@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from engine.cli import main as cli_main
+from engine.cli.main import main as cli_main
 from engine.service.api import MAX_BODY_BYTES, ApiContext, create_app
 from engine.service.store import Store
 from instances.cluster import ClusterSpec, NodeGroup
@@ -144,7 +144,7 @@ def test_a_job_after_an_unknown_job_is_refused_and_one_after_a_queued_job_waits_
 
 
 def test_a_priority_change_is_stored_shown_and_bad_ones_are_refused(api, capsys):
-    from engine.cli import main as cli_main
+    from engine.cli.main import main as cli_main
     client, db, woken = api
     client.post("/api/jobs", json=GOOD)
     woken.clear()
@@ -248,8 +248,8 @@ def test_serve_flags_default_to_the_service_config(tmp_path):
     import dataclasses
     import socket
 
-    from engine.cli import build_parser
-    from engine.commands.service import build_service_parts
+    from engine.cli.commands.service import build_service_parts
+    from engine.cli.main import build_parser
     from engine.service.config import ServiceConfig
     from launcher.config import MOVE_PATHS
     with socket.socket() as s:
@@ -299,8 +299,8 @@ def test_a_config_json_model_is_copied_at_submission(api, tmp_path):
 
 
 def test_a_job_no_grid_can_run_is_refused_at_submission(tmp_path):
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from engine.service.jobspec import JobSpec
     from estimators import make_performance_model
@@ -464,7 +464,7 @@ def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
     for _ in range(3):
         client.post("/api/jobs", json=GOOD)
     client.post("/api/jobs/2/cancel")
-    from engine.move_ledger import MoveEntry
+    from engine.core.move_ledger import MoveEntry
     with Store(db) as st:
         st.set_status(3, "cancelled", "test")
         st.record_round(policy="arena", trigger="test", solve_time_s=0.25, objective=None, gap=None, decisions={})
@@ -486,8 +486,8 @@ def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
 
 
 def test_shadow_comparisons_are_counted_for_the_api_metrics_and_the_rounds_command(api):
-    from engine.commands.service import shadow_line
-    from engine.shadow import JobDiff, ShadowComparison
+    from engine.cli.commands.service import shadow_line
+    from engine.core.shadow import JobDiff, ShadowComparison
     client, db, _ = api
     agree = ShadowComparison("sia-ap", 3, 3, (), 0, (3, 3), (4, 4), (0, 0), None, 0.01)
     differ = ShadowComparison("sia-ap", 2, 1, (JobDiff("7", "cpu:1x2:pp1", "cpu:1x4:pp1", None),), 1, (2, 1),
@@ -566,8 +566,8 @@ def test_health_is_503_while_the_scheduler_is_stuck_in_a_round_and_metrics_say_s
     import threading
     import time as _time
 
-    from engine.context import Decisions
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.context import Decisions
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
 
     class Blocking:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from engine.cli import main as cli_main
+from engine.cli.main import main as cli_main
 from engine.service.api import ApiContext, create_app
 from engine.service.auth import MAKE_TOKEN, Tokens, bearer, token_problem
 from engine.service.jobspec import JobSpec
@@ -197,8 +197,8 @@ def test_serve_refuses_weak_tokens_and_bad_tokens_files_before_making_anything(t
     monkeypatch.setenv("ARENA_TOKEN", "short")
     assert cli_main(base) == 2 and "field 'ARENA_TOKEN': the token is 5 characters long" in capsys.readouterr().err
     assert not (tmp_path / "w").exists() and not (tmp_path / "s.db").exists()
-    from engine.cli import build_parser
-    from engine.commands.service import build_service_parts
+    from engine.cli.commands.service import build_service_parts
+    from engine.cli.main import build_parser
     args = build_parser().parse_args(base + ["--tokens-file", str(good), "--port", str(free_port())])
     parts = build_service_parts(args)                # ARENA_TOKEN is not read beside --tokens-file
     parts.lock.release()

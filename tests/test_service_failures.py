@@ -93,7 +93,7 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
     checkpoint; the held job stays held while slots are free;
     released, it resumes from the checkpoint it was held at; SIGTERM stops it with a
     checkpoint and the next start resumes it from there."""
-    from engine.cli import main as cli_main
+    from engine.cli.main import main as cli_main
     port = free_port()
     sp = _start(tmp_path, port, slots=4)
     client = Client(sp.url)
@@ -163,7 +163,7 @@ def test_draining_moves_a_job_device_to_device_then_stops_it_with_a_checkpoint_w
     the job's node moves it device to device to the other node, where it keeps training;
     draining that one too leaves no room, so it is stopped with a checkpoint and nothing
     is launched while both are out; returning a node resumes it from that checkpoint."""
-    from engine.cli import main as cli_main
+    from engine.cli.main import main as cli_main
     port = free_port()
     sp = _start(tmp_path, port, "--local-nodes", "2")
     client = Client(sp.url)
@@ -286,7 +286,7 @@ def test_restart_stops_ranks_left_training_by_an_interrupted_device_to_device_mo
     # store, its ranks keep training), then the service "dies" before the second half: the
     # next start finds the ranks, has them checkpoint and stop, and the job is queued with
     # its checkpoint
-    from engine.context import Allocation
+    from engine.core.allocation import Allocation
     from engine.service.jobspec import JobSpec
     from engine.service.journal import JournaledExecutor
     from launcher.launch import live_rank_pids, stop_detached
@@ -309,8 +309,8 @@ def test_restart_stops_ranks_left_training_by_an_interrupted_device_to_device_mo
 
 
 def _interrupted_move_then_restart(store, mpi, journal, jid, db, work, run_dir):
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from instances.cluster import ClusterSpec, NodeGroup
     from launcher.launch import live_rank_pids

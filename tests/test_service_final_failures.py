@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.reconfig import ReconfigCostModel
+from engine.core.reconfig import ReconfigCostModel
 from engine.service.config import ServiceConfig
 from engine.service.jobspec import JobSpec
 from engine.service.store import Store
@@ -28,7 +28,7 @@ class _Running:
     """An in-process service (scheduler thread only, no HTTP) over ``tmp``; stopped on exit."""
 
     def __init__(self, tmp: Path, **cfg):
-        from engine.policy import make_policy
+        from engine.core.policy import make_policy
         from engine.service.daemon import Service
         from estimators import make_performance_model
         self.db = tmp / "state.db"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
 from engine.service.daemon import Service, ServiceConfig
 from engine.service.jobspec import JobSpec
 from engine.service.store import Store

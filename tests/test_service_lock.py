@@ -83,8 +83,8 @@ def test_a_file_system_that_refuses_locks_is_named(tmp_path, monkeypatch):
 
 
 def test_a_service_on_a_locked_state_is_refused_before_it_touches_anything(tmp_path):
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from instances.cluster import ClusterSpec, NodeGroup
     db, work = tmp_path / "state.db", tmp_path / "work"
@@ -119,7 +119,7 @@ def test_the_lock_is_not_inherited_by_the_processes_the_service_starts(tmp_path)
         child.wait(10)
 
 
-BLOCK = "import sys; sys.modules['{mod}'] = None; from engine.cli import main; sys.exit(main(sys.argv[1:]))"
+BLOCK = "import sys; sys.modules['{mod}'] = None; from engine.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 @pytest.mark.parametrize("mod", ["uvicorn", "fastapi"])
@@ -141,7 +141,7 @@ def test_serve_without_the_service_extra_says_which_extra_to_install_and_the_cli
 
 
 def test_export_trace_does_not_write_over_the_state_database(tmp_path, capsys):
-    from engine.cli import main as cli_main
+    from engine.cli.main import main as cli_main
     from engine.service.jobspec import JobSpec
     db = tmp_path / "state.db"
     with Store(db) as st:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.move_ledger import MoveEntry
+from engine.core.move_ledger import MoveEntry
 from engine.service.jobspec import JobSpec
 from engine.service.store import Store
 
@@ -47,10 +47,10 @@ def _moved(st: Store, work: Path, gpus: list[str], *, then: str, checkpoint: int
 
 
 def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_and_closes_the_rest(tmp_path):
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.core.state import JobStatus
     from engine.service.daemon import Service, ServiceConfig
-    from engine.state import JobStatus
     from instances.cluster import ClusterSpec, NodeGroup
     db, work = str(tmp_path / "state.db"), tmp_path / "work"
     with Store(db) as st:
@@ -89,9 +89,9 @@ def test_a_moves_ledger_entry_is_stored_before_its_new_launch_is(tmp_path):
     """The journal's order for a move: its ledger entry is committed before the second
     half's launch intent, so a service killed in between leaves no move the ledger lacks
     (recovery then carries the entry on, or closes it at the job's progress)."""
-    from engine.context import Allocation
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.allocation import Allocation
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from instances.cluster import ClusterSpec, NodeGroup
     from tests.test_engine_helpers import grid
@@ -161,7 +161,7 @@ def test_one_service_per_state_and_a_moved_job_counts_its_steps_after_a_kill_9_r
     import subprocess
     import sys
 
-    from engine.cli import main as cli_main
+    from engine.cli.main import main as cli_main
     from engine.service.client import Client
     from engine.service.scenario import free_port
     from tests.test_engine_helpers import wait_until

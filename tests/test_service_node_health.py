@@ -66,8 +66,8 @@ def test_failures_counted_before_a_restart_count_on_after_it(tmp_path):
     cleared in the store too."""
     import time
 
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from engine.service.jobspec import JobSpec
     from engine.service.store import Store
@@ -116,8 +116,8 @@ def test_a_node_at_the_threshold_when_the_service_died_is_drained_at_recovery(tm
     drained the node: the recovery drains it (naming both); node 0 has one and stays."""
     import time
 
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from engine.service.jobspec import JobSpec
     from engine.service.store import Store

@@ -52,7 +52,7 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
     # when the service dies. Started again on the copy, recovery must stop both runs the
     # copy does not know, resume A from launch 2's checkpoint, and give the next job
     # submitted (B's id again, in the copy) a fresh folder.
-    from engine.context import Allocation
+    from engine.core.allocation import Allocation
     from engine.service.journal import JournaledExecutor
     from launcher.launch import live_rank_pids, rank_pids, stop_detached
     from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
@@ -94,8 +94,8 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
 
 
 def _restart_on_the_copy(copy, work, a, b, at_copy, pids):
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from instances.cluster import ClusterSpec, NodeGroup
 

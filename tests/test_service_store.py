@@ -139,7 +139,7 @@ def test_rounds_and_bad_values(store):
 
 
 def shadow_round(policy, jobs, agree, error=None):
-    from engine.shadow import JobDiff, ShadowComparison
+    from engine.core.shadow import JobDiff, ShadowComparison
     differ = tuple(JobDiff(str(i), "cpu:1x1:pp1", None, None) for i in range(jobs - agree))
     return {"grids": {}, "shadow": ShadowComparison(policy, jobs, agree, differ, len(differ), (1, 1), (1, 1),
                                                     (0, 0), None, 0.01, error=error).to_dict()}
@@ -531,8 +531,8 @@ def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):
 
 
 def test_the_move_ledger_is_stored_updated_closed_and_checked(store):
-    from engine.commands.service import move_line
-    from engine.move_ledger import MoveEntry
+    from engine.cli.commands.service import move_line
+    from engine.core.move_ledger import MoveEntry
     j = store.submit(SPEC)
     e = MoveEntry(str(j), 100.0, False, "cpu:1x1:pp1", "cpu:1x2:pp1", 2.0, 2.1, 3.9, 8.0, 40.0)
     store.record_moves([e])
@@ -565,7 +565,7 @@ def test_a_backup_taken_while_the_service_writes_is_one_committed_state(tmp_path
     store; an existing file is refused, never overwritten."""
     import threading
 
-    from engine.cli import main as cli_main
+    from engine.cli.main import main as cli_main
     db = tmp_path / "state.db"
     Store(db).close()
     done = threading.Event()
@@ -614,8 +614,8 @@ def test_the_service_keeps_its_last_rounds(tmp_path):
     """``--keep-rounds`` reaches the store: a service deciding every round (``arena``, not
     event-driven) over four rounds with keep_rounds=2 holds rounds 3 and 4; and
     ``--keep-measurements`` reaches the executor that records them."""
-    from engine.policy import make_policy
-    from engine.reconfig import ReconfigCostModel
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
     from engine.service.daemon import Service, ServiceConfig
     from estimators import make_performance_model
     from instances.cluster import ClusterSpec, NodeGroup

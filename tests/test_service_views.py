@@ -311,7 +311,7 @@ class StubMpi:
         return self.released
 
     def progress(self, job_id: str):
-        from engine.executor import JobProgress
+        from engine.core.executor import JobProgress
         return JobProgress(job_id, 3.0, True, last_checkpoint_iteration=0.0)
 
 
@@ -347,8 +347,8 @@ def test_a_job_in_the_middle_of_a_move_is_shown_moving_not_queued(tmp_path, path
 
 
 def test_a_move_is_summed_up_by_one_function_for_the_cli_and_the_page(tmp_path):
-    from engine.commands.service import move_line
-    from engine.move_ledger import MoveEntry
+    from engine.cli.commands.service import move_line
+    from engine.core.move_ledger import MoveEntry
     from engine.service.views import move_summary
     with Store(tmp_path / "s.db") as st:
         jid = st.submit(tiny("m"))
@@ -371,7 +371,7 @@ def test_a_move_is_summed_up_by_one_function_for_the_cli_and_the_page(tmp_path):
 def page_jobs(db: Path, work: Path) -> dict[str, int]:
     """What the page test shows: a job mid-move (device to device, its ranks training), a
     running job with a move in its ledger, and one queued with no room left (its id 3)."""
-    from engine.move_ledger import MoveEntry
+    from engine.core.move_ledger import MoveEntry
     from engine.service.journal import JournaledExecutor
     from launcher.telemetry import write_progress
     with Store(db, clock=Clock()) as st:

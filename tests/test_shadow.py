@@ -1,4 +1,4 @@
-"""The shadow policy (engine/shadow.py): asked every round on the same context as the
+"""The shadow policy (engine/core/shadow.py): asked every round on the same context as the
 policy that decides, compared job by job, never carried out — a simulation's results
 are the same with and without it; a shadow that raises is recorded, not propagated."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from engine.cli import main as cli_main
-from engine.context import Decisions
-from engine.metrics import TIMING_KEYS
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
-from engine.shadow import COLUMNS, compare
-from engine.simulator import simulate
+from engine.cli.main import main as cli_main
+from engine.core.context import Decisions
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
+from engine.core.shadow import COLUMNS, compare
+from engine.sim.metrics import TIMING_KEYS
+from engine.sim.simulator import simulate
 from estimators.base import Estimate
 from tests.test_engine_helpers import Inst, LinearOracle, ScriptedPolicy, cluster, grid, job
 from tests.test_engine_simulator import _grow_when_alone
@@ -65,7 +65,7 @@ def test_a_shadow_that_differs_in_one_round_is_counted_exactly_and_changes_nothi
     # job-rounds: A in rounds 0-9, B in rounds 1-2 (it ends at 820 s): 12, one of them differs
     assert s["shadow_job_agreement"] == pytest.approx(11 / 12)
     assert s["shadow_rate_ratio_geomean"] == pytest.approx(0.5)
-    from engine.plots import SHADOW_PLOT, write_plots
+    from engine.sim.plots import SHADOW_PLOT, write_plots
     assert SHADOW_PLOT in [p.name for p in write_plots(res, tmp_path / "with")]
     assert SHADOW_PLOT not in [p.name for p in write_plots(plain, tmp_path / "without")]
 

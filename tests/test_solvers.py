@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.formulation import build_model, synthetic_round_data, tiny_round_data
-from engine.objectives import parse_objective
-from engine.policies.milp import solve_safely
-from engine.solvers import BackendUnavailable, available_backends, make_backend
-from engine.solvers.pulp_backend import export_model
+from engine.decide.formulation import build_model, synthetic_round_data, tiny_round_data
+from engine.decide.objectives import parse_objective
+from engine.decide.policies.milp import solve_safely
+from engine.decide.solvers import BackendUnavailable, available_backends, make_backend
+from engine.decide.solvers.pulp_backend import export_model
 
 EXACT = [b for b in ("highs", "cpsat", "scip", "pulp-cbc", "pulp-highs") if b in available_backends()]
 HEURISTIC = ["auto", "lagrangian", "highs-lp", "highs-auto"]
@@ -151,7 +151,7 @@ def test_mps_and_lp_export_round_trip(tmp_path, via):
 def test_row_block_reads_columns_as_scipy_does():
     import scipy.sparse as sp
 
-    from engine.solvers.greedy import RowBlock
+    from engine.decide.solvers.greedy import RowBlock
     rng = np.random.default_rng(3)
     for _ in range(20):
         n_rows, n_cols = int(rng.integers(1, 12)), int(rng.integers(1, 40))
@@ -214,7 +214,7 @@ def test_highs_solves_after_pulps_highs_started_the_scheduler(monkeypatch):
     on (it did: a test order under pytest-xdist failed 24 objective tests)."""
     import highspy
 
-    from engine.solvers import highs_api
+    from engine.decide.solvers import highs_api
     highspy.Highs.resetGlobalScheduler(True)                 # as in a fresh process
     monkeypatch.setattr(highs_api, "_SCHEDULER_THREADS", [None])
     model = small_model(0)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from engine.cli import main
-from engine.commands.bench import solver_bench
+from engine.cli.commands.bench.solver import solver_bench
+from engine.cli.main import main
 
 
 def test_solver_bench_rows_are_checked_and_proved():

@@ -1,4 +1,4 @@
-"""The stability rule (engine/stability.py), the move pricing it works with, and the
+"""The stability rule (engine/decide/stability.py), the move pricing it works with, and the
 ``-ap`` column reduction."""
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.context import Allocation, ChangeHistory, Decisions, JobView
-from engine.policy import make_policy
-from engine.reconfig import ReconfigCostModel
-from engine.simulator import simulate
-from engine.stability import StabilityRule
+from engine.core.allocation import Allocation
+from engine.core.context import ChangeHistory, Decisions, JobView
+from engine.core.policy import make_policy
+from engine.core.reconfig import ReconfigCostModel
+from engine.decide.stability import StabilityRule
+from engine.sim.simulator import simulate
 from instances.builtin import get_instance
 from instances.errors import InputError
 from launcher.reshard_plan import changed_owner_bytes
@@ -77,7 +78,7 @@ def test_lifetime_change_limit_bounds_reconfigurations_per_job():
 
 
 def test_change_budget_allowance_is_paid_by_completions():
-    from engine.context import RoundContext
+    from engine.core.context import RoundContext
     inst = get_instance("demo")
     rule = StabilityRule(change_budget_per_job=0.5)
 
@@ -186,8 +187,8 @@ def test_changed_owner_bytes_properties(old, new, kept):
 
 
 def test_best_plan_per_count_keeps_one_column_per_type_and_count():
-    from engine.context import RoundContext
-    from engine.formulation.round_data import best_plan_per_count, build_round_data
+    from engine.core.context import RoundContext
+    from engine.decide.formulation.round_data import best_plan_per_count, build_round_data
     inst = get_instance("demo")
     views = tuple(JobView(j, float(j.num_iterations), None) for j in inst.jobs[:6])
     ctx = RoundContext(0.0, 0, 300.0, inst.cluster, views, _table(), ReconfigCostModel())
@@ -205,7 +206,7 @@ def test_best_plan_per_count_keeps_one_column_per_type_and_count():
 
 
 def test_policies_decide_from_estimates_by_default(tmp_path, monkeypatch):
-    from engine.commands.simulate import build_perf
+    from engine.cli.common import build_perf
     from estimators.perf import default_kind, learned_artifact_path
     monkeypatch.setenv("ARENA_LEARNED_ARTIFACT", str(tmp_path / "none.joblib"))
     assert learned_artifact_path() == tmp_path / "none.joblib"
@@ -218,9 +219,9 @@ def test_policies_decide_from_estimates_by_default(tmp_path, monkeypatch):
 def test_fixed_columns_leave_the_model_but_keep_their_capacity_and_value():
     import numpy as np
 
-    from engine.context import RoundContext
-    from engine.formulation import build_model, build_round_data
-    from engine.solvers.lagrangian import applicable
+    from engine.core.context import RoundContext
+    from engine.decide.formulation import build_model, build_round_data
+    from engine.decide.solvers.lagrangian import applicable
     inst = get_instance("demo")
     views = tuple(JobView(j, float(j.num_iterations), None) for j in inst.jobs[:8])
     ctx = RoundContext(0.0, 0, 300.0, inst.cluster, views, _table(), ReconfigCostModel())
@@ -246,8 +247,8 @@ def test_fixed_columns_leave_the_model_but_keep_their_capacity_and_value():
 def test_preemption_is_charged_the_resume_it_will_cost():
     import numpy as np
 
-    from engine.context import RoundContext
-    from engine.formulation import build_model, build_round_data
+    from engine.core.context import RoundContext
+    from engine.decide.formulation import build_model, build_round_data
     inst = get_instance("demo")
     j0 = inst.jobs[0]
     views = [JobView(j, float(j.num_iterations), None) for j in inst.jobs[1:6]]

@@ -1,4 +1,4 @@
-"""The live rescheduling service: the round loop (engine/round_loop.py) on the wall clock,
+"""The live rescheduling service: the round loop (engine/core/round_loop.py) on the wall clock,
 with the launcher's ``MpiExecutor`` journaled in the SQLite state store.
 
 A round happens on a timer (``round_interval_s``), when a job is submitted, cancelled,
@@ -55,6 +55,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from engine.core.context import Decisions, RoundContext
+from engine.core.move_ledger import MoveEntry
+from engine.core.policy import Policy
+from engine.core.reconfig import ReconfigCostModel
+from engine.core.round_loop import RoundLoop, RoundRecord
+from engine.core.state import JobStatus
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.grid import Shape
@@ -62,12 +68,6 @@ from launcher.launch import live_rank_pids, stop_detached
 from launcher.mpi_executor import MpiExecutor, MpiExecutorConfig
 from launcher.telemetry import read_progress
 
-from ..context import Decisions, RoundContext
-from ..move_ledger import MoveEntry
-from ..policy import Policy
-from ..reconfig import ReconfigCostModel
-from ..round_loop import RoundLoop, RoundRecord
-from ..state import JobStatus
 from .config import ServiceConfig
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
@@ -599,7 +599,7 @@ class Service:
             return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
         recorded = {"grids": grids, "plans": plans, "before": current, "status": str(info.get("status", "")),
                     "jobs": len(ctx.jobs)}
-        if rec.shadow is not None:           # the shadow policy's view of the same round (engine/shadow.py)
+        if rec.shadow is not None:           # the shadow policy's view of the same round (engine/core/shadow.py)
             recorded["shadow"] = rec.shadow.to_dict()
             if rec.shadow.error is not None:
                 self.log(f"shadow policy {rec.shadow.policy} failed this round: {rec.shadow.error}")

@@ -33,6 +33,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from engine.core.allocation import Allocation
+from engine.core.executor import ExecutorTotals, JobProgress
 from estimators.base import Plan
 from instances.errors import InputError
 from instances.grid import Shape
@@ -40,8 +42,6 @@ from instances.jobs import Job
 from launcher.datafile import DataFileRefused
 from launcher.mpi_executor import MpiExecutor
 
-from ..context import Allocation
-from ..executor import ExecutorTotals, JobProgress
 from .store import StateConflict, Store
 
 Fault = Callable[[str], None]            # test hook: called at named points (see daemon.FaultPoints)

@@ -391,7 +391,7 @@ def format_moves(rows: list[dict]) -> str:
 
 def format_shadow(db_path: str) -> str:
     """The shadow policy's agreement over the run (empty without one)."""
-    from ..shadow import counts_line
+    from engine.core.shadow import counts_line
     with Store(db_path, readonly=True) as st:
         return "\n".join(counts_line(p, c) for p, c in st.shadow_counts().items())
 

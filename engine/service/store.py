@@ -168,7 +168,7 @@ MIGRATIONS: tuple[str, ...] = (
         at REAL NOT NULL
     );
     """,
-    # v5 -> v6: the move ledger (engine/move_ledger.py): each move of a running job, what
+    # v5 -> v6: the move ledger (engine/core/move_ledger.py): each move of a running job, what
     # the decision expected of it and what it gave
     """
     CREATE TABLE moves (
@@ -651,7 +651,7 @@ class Store:
                    "paid_back_s")
 
     def record_moves(self, entries: Iterable[Any]) -> None:
-        """Insert or update move-ledger entries (``engine.move_ledger.MoveEntry``) in one
+        """Insert or update move-ledger entries (``engine.core.move_ledger.MoveEntry``) in one
         transaction: a new move, or what an open one has made since (its end, progress,
         payback)."""
         rows = [(int(e.job_id), float(e.time_s), int(bool(e.forced)), str(e.from_grid), str(e.to_grid),
@@ -694,7 +694,7 @@ class Store:
         """Per shadow policy, counts over the rounds it was compared in (each only grows,
         also when old rounds are deleted): ``rounds``, ``agreeing`` (every job given the
         same grid), ``failed`` (the shadow raised), ``jobs`` compared (over the rounds it
-        did not fail) and ``disagreeing`` jobs (engine/shadow.py)."""
+        did not fail) and ``disagreeing`` jobs (engine/core/shadow.py)."""
         rows = self.conn.execute("SELECT policy, rounds, agreeing, failed, jobs, disagreeing FROM shadow_totals "
                                  "ORDER BY policy").fetchall()
         return {str(p): dict(zip(("rounds", "agreeing", "failed", "jobs", "disagreeing"), map(int, rest)))

@@ -24,9 +24,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from engine.objectives.base import register_term
-from engine.policies.arena import ARENA
-from engine.policies.milp import register_milp_policy
+from engine.decide.objectives.base import register_term
+from engine.decide.policies.arena import ARENA
+from engine.decide.policies.milp import register_milp_policy
 from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
 

@@ -1,0 +1,1 @@
+"""Subcommands of the `arena` CLI, one module (or package: `bench`) each."""

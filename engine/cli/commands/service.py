@@ -1,0 +1,821 @@
+"""`arena serve` and its clients: live rescheduling rounds over real torch jobs.
+
+``arena serve`` runs the scheduler (the same round loop, policies, objectives and
+estimators as the simulator, on the wall clock, with the MPI launcher) and serves a JSON
+HTTP API and a status page (http://127.0.0.1:8765/ by default). State is in SQLite
+(``--db``), crash-safe: a restarted service takes over its jobs. ``SIGTERM`` or Ctrl-C
+stops every running job with a checkpoint.
+
+``arena submit JOB.toml`` (or flags), ``arena status [ID] [--watch]``, ``arena cancel ID``,
+``arena hold ID`` / ``arena release ID``, ``arena priority ID P``, ``arena drain NODE`` / ``arena undrain NODE``,
+``arena nodes``, ``arena rounds`` (with ``--shadow-policy P``: where P would have decided
+otherwise), ``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``--url``,
+``--token``; environment ``ARENA_URL``, ``ARENA_TOKEN``).
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import os
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.service.client import DEFAULT_URL, Client, NoAnswer
+from engine.service.config import default
+from engine.service.lock import DB_LOCK_SUFFIX, ServiceLock
+from instances.errors import InputError
+from instances.limits import check_priority, check_time
+from launcher.config import MOVE_PATHS
+
+from ..flags import fields_as_flags
+from ..jsonout import dumps
+
+# The flag that sets each field of ServiceConfig (engine/service/config.py), for its errors;
+# tests/test_cli_flags.py walks it against the config's fields and the parser.
+SERVE_FLAGS = {
+    "db_path": "--db", "work_dir": "--work-dir", "round_interval_s": "--round-interval",
+    "checkpoint_interval_s": "--checkpoint-interval", "stop_timeout_s": "--stop-timeout",
+    "max_failures": "--max-failures", "failure_backoff_s": "--failure-backoff", "stop_after_s": "--stop-after",
+    "move_path": "--move-path", "step_delay_s": "--step-delay", "keep_rounds": "--keep-rounds",
+    "keep_measurements": "--keep-measurements", "stall_after_s": "--stall-after",
+    "drain_after_failures": "--drain-after-failures", "failure_window_s": "--failure-window",
+    "data_roots": "--data-root",
+}
+SERVE_NOT_FLAGS = frozenset({"min_round_gap_s", "poll_interval_s", "checkpoint_every"})    # (the defaults hold)
+
+LOOPBACK_NAMES = ("localhost",)
+# the host names a loopback service answers to without a token, beside its --host
+# (engine/service/api.py, ``_foreign``: a guard against DNS rebinding)
+LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", *LOOPBACK_NAMES})
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=os.environ.get("ARENA_URL", DEFAULT_URL),
+                   help=f"the service's address (default $ARENA_URL or {DEFAULT_URL})")
+    p.add_argument("--token", default=os.environ.get("ARENA_TOKEN"),
+                   help="API token, when the service was started with one (default $ARENA_TOKEN)")
+
+
+def register(subparsers) -> None:
+    doc = __doc__.split("\n\n")
+    s = subparsers.add_parser("serve", help="run the live rescheduling service (API, status page, SQLite state)",
+                              description="\n\n".join(doc[:2]), formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = s.add_argument_group("cluster (one of)")
+    where.add_argument("--cluster", metavar="FILE",
+                       help="cluster JSON (as for simulate) with \"hosts\": one host name per node in each group")
+    where.add_argument("--local-slots", type=int, metavar="N",
+                       help="one host (this one) whose CPU ranks stand in for N GPUs (type cpu)")
+    s.add_argument("--local-nodes", type=int, default=1, metavar="K",
+                   help="with --local-slots: K nodes of N slots each, all on this host (to try multi-node "
+                        "placement, moves and drains on one machine; default 1)")
+    s.add_argument("--policy", default="arena", metavar="NAME", help="scheduling policy (default arena)")
+    s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
+    s.add_argument("--perf", default=None, metavar="KIND",
+                   help="performance model the policy decides with: analytic, learned, learned-level, table, online "
+                        "(default: analytic, which ranks grids best; "
+                        "fcfs needs none)")
+    from ..common import add_profile_store_arg, add_shadow_args
+    add_profile_store_arg(s)
+    add_shadow_args(s)
+    s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="reconfiguration cost option (repeatable), e.g. restart_s=10")
+    s.add_argument("--db", default=".arena/state.db", metavar="PATH",
+                   help="SQLite state database (default .arena/state.db under the working folder)")
+    s.add_argument("--work-dir", default=".arena/work", metavar="DIR",
+                   help="jobs' checkpoints, logs and progress (default .arena/work)")
+    s.add_argument("--data-root", action="append", default=None, metavar="DIR", dest="data_roots",
+                   help="a folder jobs' data files and model config.json files may be read from (repeatable; "
+                        "default: the work folder); a path is checked with its links and '..' resolved, at "
+                        "submission and again at every launch")
+    s.add_argument("--round-interval", type=float, default=default("round_interval_s"), metavar="S",
+                   help="seconds between timer rounds (rounds also run on arrival, completion, failure; "
+                        "default %(default)s)")
+    s.add_argument("--keep-rounds", type=int, default=default("keep_rounds"), metavar="N",
+                   help="rounds kept in the database, older ones deleted as new ones are recorded (the shadow "
+                        "policy's totals and every job's history are kept whole; 0: keep every round; "
+                        "default %(default)s)")
+    s.add_argument("--keep-measurements", type=int, default=default("keep_measurements"), metavar="N",
+                   help="per job, the newest iteration-time measurements kept in the database (one a minute at "
+                        "most while it runs; measured moves are all kept; 0: keep all; default %(default)s, a "
+                        "week at one a minute)")
+    s.add_argument("--stall-after", type=float, default=default("stall_after_s"), metavar="S",
+                   help="/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
+                        "shown no sign of life (a poll, a round begun, a job launched, stopped, moved or "
+                        "recovered) for this long (default %(default)s)")
+    s.add_argument("--checkpoint-interval", type=float, default=default("checkpoint_interval_s"), metavar="S",
+                   help="every launch checkpoints at least this often, in seconds of training "
+                        "(default %(default)s)")
+    s.add_argument("--move-path", choices=MOVE_PATHS, default=default("move_path"),
+                   help="how running jobs move: d2d = device to device where the launcher can (a running job "
+                        "on one host), else through a checkpoint; storage = always stop, checkpoint and "
+                        "relaunch (default %(default)s)")
+    s.add_argument("--stop-timeout", type=float, default=default("stop_timeout_s"), metavar="S",
+                   help="grace period for ranks to checkpoint and exit before they are killed "
+                        "(default %(default)s)")
+    s.add_argument("--max-failures", type=int, default=default("max_failures"), metavar="N",
+                   help="failed runs before a job is marked failed (default %(default)s)")
+    s.add_argument("--failure-backoff", type=float, default=default("failure_backoff_s"), metavar="S",
+                   help="a job whose run failed waits S seconds before it is offered again, doubling with every "
+                        "failure (default %(default)s)")
+    s.add_argument("--drain-after-failures", type=int, default=default("drain_after_failures"), metavar="N",
+                   help="take a node out of service (as `arena drain` would, the jobs named in the reason) once "
+                        "runs of N different jobs have failed on it within --failure-window; never the last "
+                        "node in service; 0: never (default %(default)s)")
+    s.add_argument("--failure-window", type=float, default=default("failure_window_s"), metavar="S",
+                   help="the window of --drain-after-failures, in seconds (default %(default)s)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; any other needs --token or --tokens-file)")
+    s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    from engine.service.auth import MAKE_TOKEN, MIN_TOKEN_CHARS
+    s.add_argument("--token", default=None,
+                   help="API token, one user who may do everything (default $ARENA_TOKEN unless --tokens-file is "
+                        f"given); at least {MIN_TOKEN_CHARS} characters of two kinds or more; make one with: "
+                        + MAKE_TOKEN.replace("%", "%%"))
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="a token per user: lines 'USER TOKEN' or 'USER TOKEN admin' (mode 600). A job's cancel, "
+                        "hold, release and priority need its submitter's token or an admin's; a drain an admin's; "
+                        "every user may read and submit (docs/service.md, \"Who may do what\")")
+    s.add_argument("--stop-after", type=float, default=default("stop_after_s"), metavar="S",
+                   help="shut down (checkpointing every job) after S seconds: a bound for demos and tests")
+    s.add_argument("--step-delay", type=float, default=default("step_delay_s"), metavar="S",
+                   help="sleep S seconds after every training step (demos: slow tiny jobs to watch them move)")
+    s.set_defaults(func=run_serve)
+
+    sub = subparsers.add_parser("submit", help="submit a job to the service (JOB.toml or flags)",
+                                description="Submit a job: a TOML job file (see docs/service.md) or flags. The "
+                                            "service validates it and answers with its id.")
+    sub.add_argument("file", nargs="?", metavar="JOB.toml", help="job file")
+    sub.add_argument("--name", help="job name (letters, digits, . _ -)")
+    sub.add_argument("--model", help="catalog model or a Hugging Face-style config.json")
+    sub.add_argument("--batch", type=int, dest="global_batch", help="global batch (samples per step)")
+    sub.add_argument("--steps", type=int, help="training steps")
+    sub.add_argument("--gpus", type=int, help="GPU count asked for (optional)")
+    sub.add_argument("--gpu-type", help="GPU type asked for (optional)")
+    sub.add_argument("--after", type=int, action="append", metavar="ID",
+                     help="start only once job ID of this service has finished (repeatable; optional); if it "
+                          "fails or is cancelled, this job fails")
+    sub.add_argument("--key", metavar="KEY",
+                     help="idempotency key: submitting again with the same key gives back the job it submitted, "
+                          "not a second one (default: a new random key, printed when no answer came)")
+    sub.add_argument("--json", action="store_true", help="print the answer as JSON")
+    _client_args(sub)
+    sub.set_defaults(func=run_submit)
+
+    st = subparsers.add_parser("status", help="the service's jobs, or one job, as the database has them",
+                               description="Jobs with status, plan, progress and loss (one job: its history).")
+    st.add_argument("id", nargs="?", type=int, help="job id")
+    st.add_argument("--watch", action="store_true", help="refresh every 2 s until every job has ended (Ctrl-C stops)")
+    st.add_argument("--patience", type=float, default=120.0, metavar="S",
+                    help="with --watch: wait this long for a service that stopped answering (restarting) before "
+                         "giving up (default 120)")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    _client_args(st)
+    st.set_defaults(func=run_status)
+
+    c = subparsers.add_parser("cancel", help="cancel a job (stopped with a checkpoint)",
+                              description="Ask the service to cancel a job; a running one is stopped with a "
+                                          "checkpoint.")
+    c.add_argument("id", type=int, help="job id")
+    _client_args(c)
+    c.set_defaults(func=run_cancel)
+
+    h = subparsers.add_parser("hold", help="set a job aside (stopped with a checkpoint) until released",
+                              description="Ask the service to set a job aside: a running one is stopped with a "
+                                          "checkpoint, a queued one leaves the queue; it keeps its progress and is "
+                                          "not scheduled until `arena release ID` (e.g. to let an urgent job through "
+                                          "or to inspect a run). A held job stays held across service restarts.")
+    h.add_argument("id", type=int, help="job id")
+    h.add_argument("--reason", default="", help="why (in the job's history and the log)")
+    _client_args(h)
+    h.set_defaults(func=run_hold)
+
+    rl = subparsers.add_parser("release", help="return a held job to the queue",
+                               description="Return a held job to the queue; it resumes from the checkpoint it was "
+                                           "held at when the policy next places it. A hold not yet carried out is "
+                                           "withdrawn.")
+    rl.add_argument("id", type=int, help="job id")
+    _client_args(rl)
+    rl.set_defaults(func=run_release)
+
+    pr = subparsers.add_parser("priority", help="change a job's priority",
+                               description="Set a queued, running or held job's priority (in [1e-4, 1e4]; "
+                                           "submitted jobs have 1 unless their spec says otherwise). The next round "
+                                           "decides with it: the policies whose objective has the throughput term, "
+                                           "which weighs a job by its priority (arena, arena-incremental, suika, sia, "
+                                           "sia-ap), favour it; fcfs, gavel and elasticflow-ls ignore priorities. The "
+                                           "job's history notes the change.")
+    pr.add_argument("id", type=int, help="job id")
+    pr.add_argument("priority", type=float, help="the new priority (in [1e-4, 1e4])")
+    pr.add_argument("--reason", default="", help="why (in the job's history)")
+    _client_args(pr)
+    pr.set_defaults(func=run_priority)
+
+    d = subparsers.add_parser("drain", help="take a node out of service (its jobs move off)",
+                              description="Take a node out of service for maintenance or repair: the next round "
+                                          "moves the jobs on it elsewhere (or, with no room, stops them with a "
+                                          "checkpoint and queues them), and nothing is placed there until "
+                                          "`arena undrain`.")
+    d.add_argument("node", help="node id (as `arena nodes` and the page show it) or host name")
+    d.add_argument("--reason", default="", help="why (shown on the page and in the log)")
+    _client_args(d)
+    d.set_defaults(func=run_drain, drain=True)
+
+    u = subparsers.add_parser("undrain", help="return a drained node to service",
+                              description="Return a drained node to service; the next round may place jobs on it.")
+    u.add_argument("node", help="node id or host name")
+    _client_args(u)
+    u.set_defaults(func=run_drain, drain=False)
+
+    nd = subparsers.add_parser("nodes", help="the cluster's nodes: GPUs held, drained ones with why",
+                               description="Every node of the service's cluster: GPU type, GPUs held by jobs, "
+                                           "and whether it is drained (with the reason).")
+    nd.add_argument("--json", action="store_true", help="print JSON")
+    _client_args(nd)
+    nd.set_defaults(func=run_nodes)
+
+    lg = subparsers.add_parser("logs", help="a job's latest launch output",
+                               description="The stdout and stderr of a job's latest launch.")
+    lg.add_argument("id", type=int, help="job id")
+    lg.add_argument("--chars", type=int, default=20_000,
+                    help="characters from the end of each (0-1000000, default 20000)")
+    _client_args(lg)
+    lg.set_defaults(func=run_logs)
+
+    r = subparsers.add_parser("rounds", help="the service's last scheduling rounds (and the shadow policy's view)",
+                              description="The last rounds as the database has them: trigger, decision time, the "
+                                          "grids decided; with `arena serve --shadow-policy P`, where P would have "
+                                          "decided otherwise, and its agreement over every round.")
+    r.add_argument("--last", type=int, default=10, metavar="N", help="rounds to show (1-1000, default 10)")
+    r.add_argument("--json", action="store_true", help="print JSON (the rounds and the shadow counts)")
+    _client_args(r)
+    r.set_defaults(func=run_rounds)
+
+    x = subparsers.add_parser("export-trace", help="the service's submitted jobs as a trace, to replay offline",
+                              description="Every job ever submitted to a service's state database, written in our "
+                                          "trace format (arrivals = submission times, the first at 0), to replay "
+                                          "the same workload under every policy: arena bench policies --cluster "
+                                          "FILE --trace TRACE. Reads the database; no service needs to run. The "
+                                          "replay's truth is the simulator's oracle, not what the service measured.")
+    _db_arg(x)
+    x.add_argument("--out", required=True, metavar="TRACE.csv", help="trace file to write")
+    x.set_defaults(func=run_export_trace)
+
+    b = subparsers.add_parser("backup", help="a consistent copy of the service's state database, while it runs",
+                              description="A consistent copy of a service's state database, taken with SQLite's "
+                                          "online backup while the service may be writing; checked (Store.check) "
+                                          "before it is put in place. To restore: stop the service, start it with "
+                                          "--db BACKUP (or copy it over the database and remove the database's "
+                                          "-wal and -shm files); recovery then reconciles the jobs with what the "
+                                          "work folder holds (see docs/service.md).")
+    _db_arg(b)
+    b.add_argument("--out", required=True, metavar="FILE", help="the copy to write (must not exist)")
+    b.add_argument("--json", action="store_true", help="print what was copied as JSON")
+    b.set_defaults(func=run_backup)
+
+    from engine.service.store import JOB_STATUSES
+    j = subparsers.add_parser("jobs", help="every job of the service (or those in one status)",
+                              description="Every job of the service, or those in one status.")
+    j.add_argument("--status", choices=JOB_STATUSES, default=None, help="only the jobs in this status")
+    j.add_argument("--last", type=int, default=None, metavar="N",
+                   help="only the N newest jobs (of that status), still listed by id")
+    j.add_argument("--json", action="store_true", help="print JSON")
+    _client_args(j)
+    j.set_defaults(func=run_jobs)
+
+
+# ---------------------------------------------------------------------------------- serve
+def _is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _db_arg(p) -> None:
+    """``--db``, for the commands that read a service's database directly (no service needed)."""
+    p.add_argument("--db", default=".arena/state.db", metavar="PATH",
+                   help="the service's state database (default .arena/state.db)")
+
+
+def _check_writable_file(path: str, flag: str) -> Path:
+    """A file this command may create or write (its folder made if missing)."""
+    from instances.paths import check_output_file
+    p = Path(path)
+    if p.is_dir():
+        raise InputError("is a folder, not a file", file=str(p), field=flag)
+    check_output_file(p, flag)                # really written to: os.access says yes to root and /proc
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _data_roots(given: list[str] | None) -> tuple[str, ...] | None:
+    """``--data-root`` folders, each an existing folder (None: the work folder, made later)."""
+    if not given:
+        return None
+    for d in given:
+        if not Path(d).expanduser().is_dir():
+            raise InputError("not an existing folder", file=d, field="--data-root")
+    return tuple(given)
+
+
+def _check_not_the_state(path: str, db: str, flag: str) -> None:
+    """An output file that is not the state database nor one of its files (SQLite's
+    ``-wal``, ``-shm`` and ``-journal``, the service's lock): writing there would destroy
+    the state a service may be running on (a link to one of them counts)."""
+    d = Path(db)
+    state = [d, *(d.with_name(d.name + s) for s in ("-wal", "-shm", "-journal", DB_LOCK_SUFFIX))]
+    p = Path(path)
+    try:
+        same = p.exists() and any(q.exists() and os.path.samefile(p, q) for q in state)
+    except OSError:
+        same = False                              # (unreadable: the writability check names it)
+    if same:
+        raise InputError(f"is the state database {db} or one of its files; writing it would destroy the "
+                         "service's state: give another file", file=str(p), field=flag)
+
+
+@dataclass(frozen=True)
+class ServiceParts:
+    """What ``arena serve`` is made of, each part validated (``build_service_parts``)."""
+    cluster: Any
+    policy: Any
+    shadow: Any
+    perf: Any
+    reconfig: Any
+    tokens: Any                 # engine.service.auth.Tokens, or None (loopback without tokens)
+    cfg: Any                    # engine.service.config.ServiceConfig
+    lock: ServiceLock           # held: one service per state (engine/service/lock.py)
+
+
+def build_service_parts(args) -> ServiceParts:
+    """Everything ``arena serve`` needs, validated before anything starts."""
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.service.config import ServiceConfig
+    from instances.cluster import ClusterSpec, NodeGroup, load_cluster
+
+    from ..common import build_perf, build_policy, build_shadow, model_reader, parse_options
+
+    if (args.cluster is None) == (args.local_slots is None):
+        raise InputError("give exactly one of --cluster FILE and --local-slots N", field="--cluster")
+    if args.local_slots is not None:
+        if args.local_slots < 1:
+            raise InputError(f"must be >= 1, got {args.local_slots}", field="--local-slots")
+        if args.local_nodes < 1:
+            raise InputError(f"must be >= 1, got {args.local_nodes}", field="--local-nodes")
+        from instances.cluster import MAX_CLUSTER_GPUS
+        if args.local_slots * args.local_nodes > MAX_CLUSTER_GPUS:
+            raise InputError(f"{args.local_nodes:,} nodes of {args.local_slots:,} slots are more than the "
+                             f"{MAX_CLUSTER_GPUS:,} a cluster may have",
+                             field="--local-slots" if args.local_slots >= args.local_nodes else "--local-nodes")
+        # no host names: every rank runs here, started by mpiexec without a hostfile
+        cluster = ClusterSpec((NodeGroup("cpu", args.local_nodes, args.local_slots),),
+                              f"local-{args.local_slots}" if args.local_nodes == 1
+                              else f"local-{args.local_nodes}x{args.local_slots}")
+    else:
+        if args.local_nodes != 1:
+            raise InputError("--local-nodes goes with --local-slots", field="--local-nodes")
+        cluster = load_cluster(args.cluster)
+        missing = [g.gpu_type for g in cluster.groups if g.hosts is None]
+        if missing:
+            raise InputError(f"node groups of {', '.join(missing)} have no \"hosts\" (one host name per node): the "
+                             "service must know where to launch ranks", file=args.cluster, field="hosts")
+    if not 1 <= args.port <= 65535:
+        raise InputError(f"must be in 1..65535, got {args.port}", field="--port")
+    tokens = _tokens(args)
+    if not _is_loopback(args.host) and tokens is None:
+        raise InputError(f"binding to {args.host} (not loopback) needs API tokens (--token, ARENA_TOKEN or "
+                         "--tokens-file): without one, anyone who reaches the port may cancel any job",
+                         field="--token")
+    opts = parse_options(args.policy_opt, "--policy-opt")
+    policy = build_policy(args.policy, opts)
+    shadow = build_shadow(args)
+    # the jobs run on our launcher: its runtime
+    perf = build_perf(args.perf, model_reader(args), args.profile_store)
+    reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
+    try:
+        reconfig = ReconfigCostModel.from_options(reconfig_opts)
+    except (TypeError, ValueError) as e:
+        raise InputError(str(e), field="--reconfig-opt") from None
+    work = Path(args.work_dir)
+    data_roots = _data_roots(args.data_roots)
+    with fields_as_flags(SERVE_FLAGS):            # every option checked before a file or folder is made
+        cfg = ServiceConfig(db_path=str(Path(args.db)), work_dir=str(work.resolve()),
+                            round_interval_s=args.round_interval,
+                            checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
+                            max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
+                            stop_after_s=args.stop_after, move_path=args.move_path,
+                            step_delay_s=args.step_delay, keep_rounds=args.keep_rounds,
+                            keep_measurements=args.keep_measurements,
+                            stall_after_s=args.stall_after, drain_after_failures=args.drain_after_failures,
+                            failure_window_s=args.failure_window, data_roots=data_roots)
+    _check_writable_file(args.db, "--db")
+    if work.exists() and not work.is_dir():
+        raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
+    work.mkdir(parents=True, exist_ok=True)
+    # one service per state, checked before the port (a second service may be given another port)
+    # and before anything is touched: held until this process ends (engine/service/lock.py)
+    lock = ServiceLock.acquire(cfg.db_path, cfg.work_dir)
+    try:
+        _check_port(args.host, args.port)
+    except BaseException:
+        lock.release()
+        raise
+    return ServiceParts(cluster, policy, shadow, perf, reconfig, tokens, cfg, lock)
+
+
+def _check_port(host: str, port: int) -> None:
+    """The address is free to bind (as the server will)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise InputError(f"cannot bind {host}:{port}: {e.strerror or e}", field="--port") from None
+
+
+def _tokens(args):
+    """The service's tokens (``engine/service/auth.py``): ``--tokens-file``, else
+    ``--token`` (or ``$ARENA_TOKEN``); None: neither. Each token is checked."""
+    from engine.service.auth import Tokens
+    if args.tokens_file is not None:
+        if args.token is not None:
+            raise InputError("give --token (one user) or --tokens-file (a token per user), not both",
+                             field="--tokens-file")
+        return Tokens.from_file(args.tokens_file)
+    if args.token is not None:
+        return Tokens.single(args.token, field="--token")
+    env = os.environ.get("ARENA_TOKEN")
+    return None if env is None else Tokens.single(env, field="ARENA_TOKEN")
+
+
+SERVICE_EXTRA = "pip install -e '.[service]'"     # what brings FastAPI and uvicorn (pyproject.toml)
+
+
+def _check_service_extra() -> None:
+    """FastAPI and uvicorn (the ``service`` extra) are installed; else an error that says
+    which extra to install (the clients talk HTTP with the standard library: they need none)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise InputError(f"arena serve needs the 'service' extra (FastAPI and uvicorn; no module named "
+                         f"{e.name!r}): {SERVICE_EXTRA}") from None
+
+
+def run_serve(args) -> int:
+    import signal
+    import threading
+
+    _check_service_extra()                        # before any option is checked or file made
+    import uvicorn
+
+    from engine.service.api import ApiContext, create_app
+    from engine.service.daemon import Service, fault_from_env
+
+    parts = build_service_parts(args)
+    cluster, policy, shadow, perf, reconfig, tokens, cfg, lock = (
+        parts.cluster, parts.policy, parts.shadow, parts.perf, parts.reconfig, parts.tokens, parts.cfg, parts.lock)
+    log = lambda m: print(f"[arena serve {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    service = Service(cluster, policy, perf, reconfig, cfg, log=log, fault=fault_from_env(log), shadow=shadow,
+                      lock=lock)
+    app = create_app(ApiContext(cfg.db_path, cfg.work_dir, cluster, service.policy_name, tokens,
+                                shadow_policy=service.shadow_name, data_roots=cfg.data_roots,
+                                wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
+                                node_failures=service.node_failures,
+                                plugins=tuple(p.describe() for p in args.plugins),
+                                local_hosts=None if tokens else LOCAL_HOSTS | {args.host.lower()}))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           access_log=False, lifespan="off"))
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def scheduler() -> None:
+        try:
+            service.run(stop)
+        except BaseException as e:          # the API must not outlive its scheduler
+            failure.append(e)
+            log(f"scheduler stopped on an error: {type(e).__name__}: {e}")
+        finally:
+            server.should_exit = True
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())   # uvicorn re-raises it after its own shutdown
+    thread = threading.Thread(target=scheduler, name="arena-scheduler", daemon=True)
+    thread.start()
+    log(f"API and status page on http://{args.host}:{args.port}/ ("
+        + (f"tokens required: {tokens.describe()}" if tokens else "no token: any local user may do anything") + ")")
+    try:
+        server.run()
+    finally:
+        stop.set()
+        thread.join()
+    if failure:
+        e = failure[0]
+        if isinstance(e, InputError):
+            raise e
+        return 1
+    return 0
+
+
+# -------------------------------------------------------------------------------- clients
+def _client(args) -> Client:
+    return Client(args.url, args.token)
+
+
+def run_submit(args) -> int:
+    flags = {k: getattr(args, k) for k in ("name", "model", "global_batch", "steps", "gpus", "gpu_type", "after")
+             if getattr(args, k) is not None}
+    if args.file:
+        if flags:
+            raise InputError("give a job file or flags, not both", field="file")
+        p = Path(args.file)
+        if not p.is_file():
+            raise InputError("job file not found" if not p.exists() else "not a file", file=str(p))
+        from engine.service.jobspec import JobSpec
+        spec = JobSpec.from_toml(p)               # checked here too: the error names the file and line
+        body = spec.to_dict()
+    else:
+        missing = [f"--{f.replace('global_batch', 'batch')}" for f in ("name", "model", "global_batch", "steps")
+                   if f not in flags]
+        if missing:
+            raise InputError(f"missing {', '.join(missing)} (or give a JOB.toml)", field=missing[0])
+        if str(flags["model"]).lower().endswith(".json"):
+            flags["model"] = str(Path(flags["model"]).resolve())
+        from engine.service.jobspec import JobSpec
+        try:                                      # checked here too, as a job file is
+            spec = JobSpec.from_dict(flags, source="the command line")
+        except InputError as e:
+            flag = {"global_batch": "--batch", "gpu_type": "--gpu-type"}.get(e.field or "", f"--{e.field}")
+            raise InputError(e.reason, field=flag) from None
+        body = {k: v for k, v in spec.to_dict().items() if k in flags}    # (the service fills the rest)
+    key = args.key if args.key is not None else uuid.uuid4().hex
+    try:
+        ans = _client(args).post("/api/jobs", body, key=key)
+    except NoAnswer as e:
+        if e.maybe_done:                          # it may have stored the job: the same key is safe to resend
+            raise InputError(f"{e.reason}; to submit without risking a second copy, run this again with "
+                             f"--key {key}", field=e.field) from None
+        raise
+    if args.json:
+        print(dumps(ans))
+    else:
+        print(f"{'already submitted as' if ans.get('replayed') else 'submitted'} job {ans['id']} ({ans['name']})")
+    return 0
+
+
+def _plan(p: dict | None) -> str:
+    if not p:
+        return "-"
+    return (f"dp{p.get('dp')}xtp{p.get('tp')}xpp{p.get('pp')} {p.get('gpu_type')} "
+            f"{p.get('nodes')}x{p.get('gpus_per_node')}")
+
+
+def _table(jobs: list[dict]) -> str:
+    rows = [f"{'id':>4} {'name':<16} {'status':<10} {'plan':<28} {'steps':>11} {'samples/s':>10} {'loss':>8} "
+            f"{'launches':>8} {'moves':>5}"]
+    for j in jobs:
+        pr = j["progress"]
+        thr = pr.get("throughput_samples_per_s")
+        thr_s = f"{thr:.1f}" if thr else "-"
+        loss_s = f"{j['loss']:.4f}" if j.get("loss") is not None else "-"
+        steps = f"{pr.get('iterations_done') or 0}/{j['steps']}"
+        rows.append(f"{j['id']:>4} {j['name'][:16]:<16} {j.get('state', j['status']):<10} {_plan(j['plan'])[:28]:<28} "
+                    f"{steps:>11} {thr_s:>10} {loss_s:>8} {j['launches']:>8} {j['moves']:>5}")
+    return "\n".join(rows)
+
+
+def run_status(args) -> int:
+    if not (math.isfinite(args.patience) and args.patience >= 0):
+        raise InputError(f"must be a finite number of seconds >= 0, got {args.patience}", field="--patience")
+    check_time(args.patience, field="--patience")
+    cl = _client(args)
+    silent_since = None                 # --watch: when the service stopped answering
+    while True:
+        try:
+            ended = _show_status(cl, args)
+        except NoAnswer:
+            if not args.watch:
+                raise
+            now = time.monotonic()
+            silent_since = silent_since or now
+            if now - silent_since > args.patience:
+                raise
+            print(f"no answer from {args.url} for {now - silent_since:.0f} s (restarting?); waiting up to "
+                  f"{args.patience:g} s", file=sys.stderr)
+            time.sleep(2.0)
+            continue
+        silent_since = None
+        if not args.watch or ended:
+            return 0
+        sys.stdout.flush()
+        time.sleep(2.0)
+        print()
+
+
+def move_line(m: dict) -> str:
+    """One move-ledger row for people: when, where to, what was expected, what it made
+    (``views.move_summary``, which the page shows too)."""
+    from engine.service.views import move_summary
+    return f"{time.strftime('%H:%M:%S', time.localtime(m['at']))} {move_summary(m)['text']}"
+
+
+def _show_status(cl: Client, args) -> bool:
+    """Print the jobs (or one job); True when every one shown has ended."""
+    from engine.service.store import TERMINAL
+    if args.id is not None:
+        job = cl.get(f"/api/jobs/{args.id}")
+        if args.json:
+            print(dumps(job, indent=1))
+        else:
+            print(_table([job]))
+            extra = [f"priority {job['priority']:g}"] if job.get("priority", 1.0) != 1.0 else []
+            if job.get("after"):
+                waiting = ", ".join(map(str, job["waiting_for"]))
+                extra.append(f"after job(s) {', '.join(map(str, job['after']))}"
+                             + (f", waiting for {waiting}" if waiting else ""))
+            if job.get("hold_requested") or job.get("cancel_requested"):
+                extra.append("hold requested" if job.get("hold_requested") else "cancel requested")
+            if job.get("submitted_by"):
+                extra.append(f"submitted by {job['submitted_by']}")
+            if extra:
+                print("; ".join(extra))
+            if job.get("moving"):
+                mv = job["moving"]
+                print(f"moving {mv['path']}" + (": its ranks keep training until they move" if mv["ranks_training"]
+                                                 else ""))
+            if job.get("waits"):
+                print(f"waits: {job['waits']}")
+            print("history:")
+            for h in job["history"]:
+                print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "
+                      f"{h['reason']}")
+            if job.get("move_ledger"):
+                print("moves (expected: the estimate the decision used; made: measured since the move):")
+                for m in job["move_ledger"]:
+                    print("  " + move_line(m))
+        return job["status"] in TERMINAL
+    jobs = cl.get("/api/jobs")
+    print(dumps(jobs, indent=1) if args.json else _table(jobs))
+    return all(j["status"] in TERMINAL for j in jobs)
+
+
+def run_cancel(args) -> int:
+    ans = _client(args).post(f"/api/jobs/{args.id}/cancel")
+    print(f"cancel of job {ans['id']} requested (it was {ans['status']})")
+    return 0
+
+
+def run_hold(args) -> int:
+    ans = _client(args).post(f"/api/jobs/{args.id}/hold", {"reason": args.reason})
+    if ans["already"]:
+        print(f"job {ans['id']} is already held or its hold requested ({ans['status']})")
+    else:
+        print(f"hold of job {ans['id']} requested (it was {ans['status']}); `arena release {ans['id']}` returns it")
+    return 0
+
+
+def run_release(args) -> int:
+    ans = _client(args).post(f"/api/jobs/{args.id}/release")
+    if ans["released"] == "released":
+        print(f"job {ans['id']} released: back in the queue")
+    else:
+        print(f"job {ans['id']}: its hold, not yet carried out, was withdrawn ({ans['status']})")
+    return 0
+
+
+def run_priority(args) -> int:
+    check_priority(args.priority)                       # checked here too: nothing sent
+    ans = _client(args).post(f"/api/jobs/{args.id}/priority", {"priority": args.priority, "reason": args.reason})
+    print(f"job {ans['id']}: priority {ans['was']:g} -> {ans['priority']:g} ({ans['status']}); the next round "
+          f"decides with it")
+    return 0
+
+
+def run_drain(args) -> int:
+    """``arena drain`` and ``arena undrain``."""
+    from urllib.parse import quote
+    drain = args.drain
+    path = f"/api/nodes/{quote(str(args.node), safe='')}/{'drain' if drain else 'undrain'}"
+    ans = _client(args).post(path, {"reason": args.reason} if drain else {})
+    state = "drained" if drain else "returned to service"
+    print(f"node {ans['node']} {'was already ' if ans['already'] else ''}{state}")
+    return 0
+
+
+def run_nodes(args) -> int:
+    cl = _client(args).get("/api/cluster")
+    if args.json:
+        print(dumps(cl, indent=1))
+        return 0
+    print(f"{'node':>4} {'host':<16} {'type':<12} {'held':>7}  jobs / drained")
+    for n in cl["nodes"]:
+        jobs = sorted({g["job"] for g in n["gpus"] if g["job"] is not None})
+        held = sum(g["job"] is not None for g in n["gpus"])
+        note = f"drained: {n['drained']['reason']}" if n["drained"] else ""
+        print(f"{n['node']:>4} {str(n['host'] or '-'):<16} {n['gpu_type']:<12} {held:>3}/{len(n['gpus']):<3}  "
+              f"{' '.join(map(str, jobs)) or '-'}{'  ' + note if note else ''}")
+    return 0
+
+
+def run_logs(args) -> int:
+    from engine.service.views import MAX_LOG_CHARS
+    if not 0 <= args.chars <= MAX_LOG_CHARS:
+        raise InputError(f"must be in 0..{MAX_LOG_CHARS}, got {args.chars}", field="--chars")
+    ans = _client(args).get(f"/api/jobs/{args.id}/logs?chars={args.chars}")
+    if ans["launch"] is None:
+        print(f"job {args.id} has not been launched yet")
+        return 0
+    print(f"== job {args.id}, launch {ans['launch']}: stdout ==")
+    print(ans["stdout"].rstrip())
+    print(f"== job {args.id}, launch {ans['launch']}: stderr ==")
+    print(ans["stderr"].rstrip())
+    return 0
+
+
+def run_rounds(args) -> int:
+    from engine.core.shadow import counts_line
+    from engine.service.views import MAX_ROUNDS_SHOWN
+    if not 1 <= args.last <= MAX_ROUNDS_SHOWN:
+        raise InputError(f"must be in 1..{MAX_ROUNDS_SHOWN}, got {args.last}", field="--last")
+    client = _client(args)
+    rounds, shadow = client.get(f"/api/rounds?last={args.last}"), client.get("/api/shadow")
+    if args.json:
+        print(dumps({"rounds": rounds, "shadow": shadow}, indent=1))
+        return 0
+    for r in rounds:
+        d = r["decisions"]
+        print(f"round {r['index']:>5} {time.strftime('%H:%M:%S', time.localtime(r['at']))} {r['trigger']:<24} "
+              f"{d.get('jobs', 0):>3} jobs, {len(d.get('grids', {})):>3} placed, {r['solve_time_s']:.3f} s")
+        if d.get("shadow"):
+            print("      " + shadow_line(d["shadow"]))
+    for name, c in shadow["counts"].items():
+        print(counts_line(name, c))
+    return 0
+
+
+def shadow_line(c: dict) -> str:
+    """One round's shadow comparison (engine/core/shadow.py ``to_dict``) as one line."""
+    if c["error"]:
+        return f"shadow {c['policy']}: failed: {c['error']}"
+    diff = ", ".join(f"job {d['job']} {d['primary'] or 'waits'} -> {d['shadow'] or 'waits'}" for d in c["differ"])
+    more = c["disagreements"] - len(c["differ"])
+    ratio = "" if c["rate_ratio"] is None else f"; est. rate on the grids that differ x{c['rate_ratio']:.2f}"
+    return (f"shadow {c['policy']}: same grid for {c['agree']}/{c['jobs']} jobs; moves or stops "
+            f"{c['changes'][0]} vs {c['changes'][1]}; GPUs {c['gpus'][0]} vs {c['gpus'][1]}{ratio}"
+            + (f"; differs: {diff}" if diff else "") + (f" (+{more} more)" if more > 0 else ""))
+
+
+def run_export_trace(args) -> int:
+    from engine.service.export import workload
+    from engine.service.store import Store
+    from instances.traces import write_trace
+    _check_not_the_state(args.out, args.db, "--out")
+    out = _check_writable_file(args.out, "--out")
+    with Store(args.db, readonly=True) as st:
+        jobs, statuses = workload(st, args.db)
+        after = sum(1 for r in st.jobs() if r.spec.get("after"))
+    write_trace(jobs, out)
+    span = max(j.arrival_s for j in jobs)
+    print(f"arena export-trace: {len(jobs)} job(s) over {span:.0f} s of submissions written to {out} (live: "
+          + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + "; every one is replayed to its last step)"
+          + (f"; {after} ran after others and arrive at their submission (a trace has no dependencies)"
+             if after else ""), file=sys.stderr)
+    return 0
+
+
+def run_backup(args) -> int:
+    from engine.service.store import SCHEMA_VERSION, Store
+    out = Path(args.out)
+    if out.exists():
+        raise InputError("already exists; a backup does not overwrite", file=str(out), field="--out")
+    out = _check_writable_file(args.out, "--out")
+    t0 = time.monotonic()
+    with Store(args.db, readonly=True) as st:
+        st.backup(out)
+    with Store(out, readonly=True) as copy:
+        counts = {k: v for k, v in copy.status_counts().items() if v}
+        last = copy.rounds(last=1)
+    report = {"db": str(args.db), "out": str(out), "bytes": out.stat().st_size, "schema_version": SCHEMA_VERSION,
+              "jobs": counts, "last_round": last[0].idx if last else None, "seconds": time.monotonic() - t0}
+    if args.json:
+        print(dumps(report))
+    print(f"arena backup: {out} ({report['bytes']:,} bytes, schema {SCHEMA_VERSION}, checked): "
+          + (", ".join(f"{n} {s}" for s, n in counts.items()) or "no jobs")
+          + (f"; last round {report['last_round']}" if last else ""), file=sys.stderr)
+    return 0
+
+
+def run_jobs(args) -> int:
+    if args.last is not None and args.last < 1:
+        raise InputError(f"must be >= 1, got {args.last}", field="--last")
+    query = [f"status={args.status}"] * bool(args.status) + [f"last={args.last}"] * (args.last is not None)
+    jobs = _client(args).get("/api/jobs" + ("?" + "&".join(query) if query else ""))
+    print(dumps(jobs, indent=1) if args.json else _table(jobs))
+    return 0

@@ -1,1 +1,0 @@
-"""Subcommands of the `arena` CLI, one module each."""
