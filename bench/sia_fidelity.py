@@ -4,7 +4,7 @@ policies, beside the Sia simulator's logs of the same workloads and the paper's 
     python bench/sia_fidelity.py --sia-artifact DIR --trace philly [--workloads 1-8] \\
         [--policy sia --policy gavel --policy pollux --policy arena] [--policy LABEL=NAME --policy-opt LABEL:K=V] \\
         [--reference sia=/work/sia-runs/sia-philly --reference gavel=... --reference pollux=...] \\
-        [--baseline sia] [--json] [--out FILE]
+        [--baseline sia] [--json] [--out FILE] [--ours-from FILE]
 
 Per policy and workload (``sia:<trace>/workload-N``, every job run out): average JCT,
 p99 JCT (the job at index ``int(0.99 n)`` of the sorted JCTs, the artifact's rule),
@@ -19,6 +19,9 @@ holds at each logged round times the round's length, as the artifact's
 of our average JCT to its reference's; every policy the paired per-workload comparison
 of average JCT against ``--baseline`` (geometric mean of baseline / policy, 95%
 interval). Progress on stderr; ``--json``: the rows and summaries as JSON on stdout.
+``--ours-from FILE`` takes our rows from an earlier ``--out`` instead of simulating
+again (the references are read afresh: the Sia simulator's runs take hours and finish
+one by one).
 """
 from __future__ import annotations
 
@@ -133,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default="sia")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, metavar="FILE", help="write the rows and summaries as JSON here too")
+    ap.add_argument("--ours-from", default=None, metavar="FILE",
+                    help="our rows from an earlier --out (its workloads and policies) instead of simulating again")
     args = ap.parse_args(argv)
 
+    from engine.cli.common import parse_value
     from engine.sim.seed_stats import paired_ratio, parse_seeds
     from instances.errors import InputError
     from instances.sia_artifact import artifact_root, list_workloads
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             if label not in options or not k:
                 raise InputError(f"bad --policy-opt {o!r}: LABEL:KEY=VALUE with LABEL one of {list(options)}",
                                  field="--policy-opt")
-            options[label][k] = v
+            options[label][k] = parse_value(v)
         refs = {}
         for r in args.reference:
             label, _, d = r.partition("=")
@@ -170,14 +176,26 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(f"--reference {r!r}: LABEL=DIR with DIR a folder of workload-N.log",
                                  field="--reference")
             refs[label] = Path(d)
+        earlier = None
+        if args.ours_from:
+            try:
+                earlier = [r for r in json.loads(Path(args.ours_from).read_text())["rows"] if r["source"] == "ours"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise InputError(f"not an earlier --out of this script ({e})", file=args.ours_from,
+                                 field="--ours-from") from None
+            names = [n for n in names if any(r["workload"] == n for r in earlier)]
     except InputError as e:
         print(f"sia_fidelity: error: {e}", file=sys.stderr)
         return 2
 
     rows: list[dict] = []
     for wname in names:
-        inst = load_sia_instance("sia:" + wname, root)
-        for label, name in policies.items():
+        if earlier is not None:
+            for r in earlier:
+                if r["workload"] == wname and (not args.policy or r["policy"] in policies):
+                    rows.append({**r, "_jcts": [h * 3600 for h in r["jcts_h"]]})
+        inst = load_sia_instance("sia:" + wname, root) if earlier is None else None
+        for label, name in policies.items() if inst is not None else ():
             m = run_ours(inst, label, name, options[label])
             rows.append({"source": "ours", "policy": label, "policy_name": name, "workload": wname, **m})
             log(f"{wname} {label}: avg JCT {m['avg_jct_h']:.3f} h, p99 {m['p99_jct_h']:.2f} h, makespan "
@@ -207,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "ratio": ours_m / ref_m}
             summaries.append(s)
     out = {"trace": args.trace, "workloads": names, "summaries": summaries, "table3": TABLE3.get(args.trace),
-           "rows": [{k: v for k, v in r.items() if k != "_jcts"} for r in rows]}
+           "rows": [{**{k: v for k, v in r.items() if k != "_jcts"}, "jcts_h": [j / 3600 for j in r["_jcts"]]}
+                    for r in rows]}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
     if args.json:
