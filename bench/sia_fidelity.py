@@ -121,6 +121,11 @@ def summarize(rows: list[dict]) -> dict:
     return s
 
 
+def _plain(rows: list[dict]) -> list[dict]:
+    """The rows as JSON keeps them (each row's JCTs in hours)."""
+    return [{**{k: v for k, v in r.items() if k != "_jcts"}, "jcts_h": [j / 3600 for j in r["_jcts"]]} for r in rows]
+
+
 def _fmt(sp: dict) -> str:
     return "-" if sp["mean"] is None else f"{sp['mean']:.2f} ± {sp['sd']:.2f}"
 
@@ -206,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 m = read_reference(f)
                 rows.append({"source": "sia-simulator", "policy": label, "workload": wname, **m})
                 log(f"{wname} {label} (Sia simulator): avg JCT {m['avg_jct_h']:.3f} h")
+        if args.out:                # the rows so far: --ours-from reads them if the run is cut short
+            Path(args.out).write_text(json.dumps({"trace": args.trace, "rows": _plain(rows)}, indent=1))
     summaries = []
     for source in ("ours", "sia-simulator"):
         for label in dict.fromkeys(r["policy"] for r in rows if r["source"] == source):
@@ -225,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "ratio": ours_m / ref_m}
             summaries.append(s)
     out = {"trace": args.trace, "workloads": names, "summaries": summaries, "table3": TABLE3.get(args.trace),
-           "rows": [{**{k: v for k, v in r.items() if k != "_jcts"}, "jcts_h": [j / 3600 for j in r["_jcts"]]}
-                    for r in rows]}
+           "rows": _plain(rows)}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
     if args.json:
