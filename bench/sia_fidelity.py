@@ -19,8 +19,8 @@ holds at each logged round times the round's length, as the artifact's
 of our average JCT to its reference's; every policy the paired per-workload comparison
 of average JCT against ``--baseline`` (geometric mean of baseline / policy, 95%
 interval). Progress on stderr; ``--json``: the rows and summaries as JSON on stdout.
-``--ours-from FILE`` takes our rows from an earlier ``--out`` instead of simulating
-again (the references are read afresh: the Sia simulator's runs take hours and finish
+``--ours-from FILE`` (repeatable) takes our rows from earlier ``--out`` files instead of
+simulating again (the references are read afresh: the Sia simulator's runs take hours and finish
 one by one).
 """
 from __future__ import annotations
@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default="sia")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, metavar="FILE", help="write the rows and summaries as JSON here too")
-    ap.add_argument("--ours-from", default=None, metavar="FILE",
-                    help="our rows from an earlier --out (its workloads and policies) instead of simulating again")
+    ap.add_argument("--ours-from", action="append", default=[], metavar="FILE",
+                    help="our rows from an earlier --out (its workloads and policies) instead of simulating again "
+                         "(repeatable: runs of different workloads side by side)")
     args = ap.parse_args(argv)
 
     from engine.cli.common import parse_value
@@ -183,11 +184,19 @@ def main(argv: list[str] | None = None) -> int:
             refs[label] = Path(d)
         earlier = None
         if args.ours_from:
-            try:
-                earlier = [r for r in json.loads(Path(args.ours_from).read_text())["rows"] if r["source"] == "ours"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise InputError(f"not an earlier --out of this script ({e})", file=args.ours_from,
-                                 field="--ours-from") from None
+            earlier = []
+            for path in args.ours_from:
+                try:
+                    earlier += [r for r in json.loads(Path(path).read_text())["rows"] if r["source"] == "ours"]
+                except (OSError, ValueError, KeyError, TypeError) as e:
+                    raise InputError(f"not an earlier --out of this script ({e})", file=path,
+                                     field="--ours-from") from None
+            seen = set()
+            for r in earlier:
+                if (r["workload"], r["policy"]) in seen:
+                    raise InputError(f"{r['workload']} {r['policy']} is in two of the --ours-from files",
+                                     field="--ours-from")
+                seen.add((r["workload"], r["policy"]))
             names = [n for n in names if any(r["workload"] == n for r in earlier)]
     except InputError as e:
         print(f"sia_fidelity: error: {e}", file=sys.stderr)

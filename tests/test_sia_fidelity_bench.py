@@ -56,6 +56,9 @@ def test_ours_from_rebuilds_the_same_table(fidelity, tmp_path, capsys):
     first = capsys.readouterr().out
     assert fidelity.main(["--sia-artifact", str(FIXTURE), "--trace", "mini", "--ours-from", str(out)]) == 0
     assert capsys.readouterr().out == first
+    assert fidelity.main(["--sia-artifact", str(FIXTURE), "--trace", "mini", "--ours-from", str(out),
+                          "--ours-from", str(out)]) == 2
+    assert "mini/workload-2 gavel is in two of the --ours-from files" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert fidelity.main(["--sia-artifact", str(FIXTURE), "--trace", "mini", "--ours-from", str(bad)]) == 2
