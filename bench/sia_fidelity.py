@@ -127,7 +127,9 @@ def _plain(rows: list[dict]) -> list[dict]:
 
 
 def _fmt(sp: dict) -> str:
-    return "-" if sp["mean"] is None else f"{sp['mean']:.2f} ± {sp['sd']:.2f}"
+    if sp["mean"] is None:
+        return "-"
+    return f"{sp['mean']:.2f}" if sp.get("n", 2) < 2 else f"{sp['mean']:.2f} ± {sp['sd']:.2f}"     # no sd of one
 
 
 def main(argv: list[str] | None = None) -> int:
