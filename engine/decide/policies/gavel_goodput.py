@@ -28,6 +28,12 @@ Between decisions every job keeps what it holds (the GPUs of a job that finished
 idle until the next decision, as in the artifact). Placement: goodput_rounds.place (a
 count that is not a whole number of nodes is placed on equal shares of the fewest
 nodes that fit, e.g. 6 GPUs as 3 x 2 on 4-GPU nodes; the artifact fills node by node).
+
+What differs from the artifact, with its measured effect (the 8 Philly workloads,
+docs/results/2026-12-04-sia-fidelity.md): the LP's solver (above: HiGHS's vertex, average
+JCT 6.4% below the artifact's Gavel; with ``share_ties=true`` 15.1% above), and
+the symmetric placement and the goodput model's perfect profiling (not measured apart:
+included in those figures).
 """
 from __future__ import annotations
 
