@@ -16,6 +16,8 @@ simulator. Nothing is charged for queueing, launching or
 moving, and the truth is taken without the simulator's iteration noise; so with that
 noise off (``simulate(..., iteration_noise_cv=0)``) no policy finishes a job earlier
 than its bound (tested). With the noise on, a short job can beat it by the noise.
+An oracle whose rates change as a job progresses (the Sia artifact's goodput jobs,
+instances/goodput.py) gives the whole run's time on a shape itself (``run_time``).
 
 What it is for: how far a schedule is from running every job alone at its fastest (the
 ratio of average JCT to average bound), and, per class of job length, where a policy's
@@ -62,8 +64,13 @@ def jct_lower_bounds(jobs: tuple[Job, ...] | list[Job], cluster: ClusterSpec, or
         best_t, best_s = math.inf, None
         req = (cluster.fewest_nodes_shape(job.requested_gpu_type, job.requested_gpus)
                if job.requested_gpu_type and job.requested_gpus else None)
+        run_time = getattr(oracle, "run_time", None)
         for shape in shapes + ([req] if req is not None and req not in shapes else []):
-            t = oracle.true_iteration_time(job, shape)
+            if run_time is not None:                          # per iteration: the whole run's mean
+                total = run_time(job, shape)
+                t = None if total is None else total / job.num_iterations
+            else:
+                t = oracle.true_iteration_time(job, shape)
             if t is None:
                 continue
             if t < best_t or (t == best_t and best_s is not None and shape.num_nodes < best_s.num_nodes):

@@ -89,6 +89,16 @@ _CATALOG: tuple[GpuType, ...] = (
             "pcie", "NVIDIA L20 product brief: FP16 tensor 119.5 TF dense, FP32 59.8 TF, 48 GB GDDR6 "
             "864 GB/s, PCIe Gen4 x16; 200 Gb/s per GPU assumed",
             tf32_flops=59.8 * TFLOPS, fp32_gemm_flops=29.9 * TFLOPS),
+    # The Sia (SOSP'23) artifact's GPU types besides A100: AWS g4dn.12xlarge nodes ("aws",
+    # 4 x T4) and on-prem 8 x RTX 2080 Ti nodes ("rtx"); their runs are simulated from the
+    # artifact's measured profiles, never from these specs (instances/sia_artifact.py).
+    GpuType("t4", 65 * TFLOPS, 8.1 * TFLOPS, 16 * GIB, 320 * GB, 16 * GB, 1.5625 * GB, 4,
+            "pcie", "NVIDIA T4 datasheet: FP16 tensor 65 TF (mixed precision), FP32 8.1 TF, 16 GB GDDR6 "
+            "320 GB/s, PCIe Gen3 x16 32 GB/s bidirectional; AWS g4dn.12xlarge: 4 GPUs, 50 Gb/s per node"),
+    GpuType("rtx-2080ti", 53.8 * TFLOPS, 13.4 * TFLOPS, 11 * GIB, 616 * GB, 16 * GB, 1.25 * GB, 8,
+            "pcie", "NVIDIA GeForce RTX 2080 Ti (Turing whitepaper): FP16 tensor 53.8 TF with FP32 accumulate, "
+            "FP32 13.4 TF, 11 GB GDDR6 616 GB/s, PCIe Gen3 x16; 8 GPUs per node and 10 GB/s per node "
+            "assumed (the Sia artifact's on-prem nodes)"),
     GpuType("cpu", 0.1 * TFLOPS, 0.1 * TFLOPS, 16 * GIB, 10 * GB, 5 * GB, 1 * GB, 1,
             "host", "nominal figures for a small x86 VM (2 cores with AVX2 FMA, one DDR channel); "
             "`arena profile` measures the real numbers on the local CPU"),

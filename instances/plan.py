@@ -1,5 +1,7 @@
-"""A plan: the parallel layout inside a grid (``Plan``). A value the estimators choose,
-the engine decides with and the launcher runs, so it lives below all three."""
+"""A plan: the parallel layout inside a grid (``Plan``), or a goodput job's batch
+(``BatchPlan``, the Sia artifact's adaptive-batch jobs, instances/goodput.py). A value the
+estimators choose, the engine decides with and the launcher runs, so it lives below all
+three. ``JobPlan`` is either: what a decision carries per job and an executor is given."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,3 +35,23 @@ class Plan:
     @property
     def num_gpus(self) -> int:
         return self.pp * self.dp * self.tp
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """A goodput job's batch for an allocation: ``fixed`` (the global batch, kept), or
+    adaptive within [``low``, ``high``] (None: the application's own limits)."""
+    fixed: int | None = None
+    low: int | None = None
+    high: int | None = None
+
+    def __post_init__(self):
+        for f in ("fixed", "low", "high"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"BatchPlan.{f} must be a positive integer or None, got {v!r}")
+        if self.fixed is not None and (self.low is not None or self.high is not None):
+            raise ValueError("BatchPlan: give a fixed batch or a range, not both")
+
+
+JobPlan = Plan | BatchPlan

@@ -63,10 +63,23 @@ def add_workload_args(p) -> None:
                    help="job trace (ours, Arena's or Philly's CSV; auto-detected), with --cluster")
     p.add_argument("--trace-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="trace import option, e.g. iteration_divisor=5 (repeatable)")
+    p.add_argument("--sia-artifact", default=None, metavar="DIR",
+                   help="the Sia (SOSP'23) artifact's folder, for --instance sia:TRACE/WORKLOAD (e.g. "
+                        "sia:philly/workload-1): its cluster, workloads and profiles (docs/sia-artifact.md)")
 
 
 def build_instance(args):
     """The instance named by --instance, or built from --cluster and --trace."""
+    from instances.sia_instances import is_sia_name
+    artifact = getattr(args, "sia_artifact", None)
+    if is_sia_name(args.instance):
+        if args.cluster or args.trace or args.trace_opt:
+            raise InputError("a sia: instance brings its own cluster and jobs: drop --cluster, --trace and "
+                             "--trace-opt", field="--instance")
+        from instances.sia_instances import load_sia_instance
+        return load_sia_instance(args.instance, artifact)
+    if artifact is not None:
+        raise InputError("--sia-artifact is read only for --instance sia:TRACE/WORKLOAD", field="--sia-artifact")
     if args.cluster or args.trace:
         if args.instance:
             raise InputError("give either --instance or --cluster with --trace, not both", field="--instance")
@@ -190,13 +203,18 @@ def decides_without_model(kind: str | None, policy_name: str) -> bool:
 
 
 def build_perf(kind: str | None, policy_name: str, profile_store: str | None = None, runtime: str | None = None,
-               truth_runtime: str = "default"):
+               truth_runtime: str = "default", oracle=None):
     """The performance model a policy decides with: ``kind``, else the default
     (``estimators.perf.default_kind``: analytic; never the table the oracle uses as
     truth), reading ``profile_store`` (``--profile-store``) when given, for the training
     ``runtime`` (``--perf-runtime``: ``estimators.perf.make_default_model``); when not
     given, ``truth_runtime``: the runtime the instance's truth was measured under (the
-    oracle's ``training_runtime``). fcfs needs none (and refuses either option)."""
+    oracle's ``training_runtime``). fcfs needs none (and refuses either option). On the
+    Sia artifact's instances (``oracle`` a ``GoodputOracle``) every policy decides with
+    the goodput model of its profiles (``estimators.goodput.GoodputModel``)."""
+    from instances.goodput import GoodputOracle
+    if isinstance(oracle, GoodputOracle):
+        return goodput_perf(kind, profile_store, runtime, oracle)
     if decides_without_model(kind, policy_name):
         for value, flag in ((profile_store, "--profile-store"), (runtime, "--perf-runtime")):
             if value is not None:
@@ -221,6 +239,40 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
                          file=profile_store, field="--profile-store")
     with fields_as_flags({"kind": "--perf", "profile_store": "--profile-store", "runtime": "--perf-runtime"}):
         return make_default_model(kind, profile_store=profile_store, runtime=runtime)
+
+
+def goodput_perf(kind: str | None, profile_store: str | None, runtime: str | None, oracle):
+    """The goodput model of a ``sia:`` instance; ``--perf``, ``--profile-store`` and
+    ``--perf-runtime`` do not apply there."""
+    from estimators.goodput import GoodputModel
+    if kind is not None and kind != GoodputModel.name:
+        raise InputError(f"the Sia artifact's goodput jobs are estimated from its own profiles ({GoodputModel.name}); "
+                         f"--perf {kind} does not apply to them", field="--perf")
+    for value, flag in ((profile_store, "--profile-store"), (runtime, "--perf-runtime")):
+        if value is not None:
+            raise InputError(f"the Sia artifact's goodput jobs are estimated from its own profiles; {flag} does not "
+                             "apply to them", field=flag)
+    return GoodputModel(oracle.world)
+
+
+def reconfig_for(inst, reconfig_opts: dict):
+    """The move cost model ``--reconfig-opt`` names; on the Sia artifact's instances the
+    default preset is ``sia`` (each job's own restart time, as the artifact charges)."""
+    from engine.core.reconfig import ReconfigCostModel
+    from instances.goodput import GoodputOracle
+    opts = dict(reconfig_opts)
+    goodput = isinstance(inst.oracle, GoodputOracle)
+    if goodput and "preset" not in opts:
+        opts["preset"] = "sia"
+    try:
+        model = ReconfigCostModel.from_options(opts)
+    except (TypeError, ValueError) as e:
+        raise InputError(str(e), field="--reconfig-opt") from None
+    if goodput and model.moves is not None:
+        raise InputError(f"preset {model.preset} prices a move by the model's size; the Sia artifact's jobs have no "
+                         "model architecture: use preset=sia (their own restart times, the default) or preset=arena",
+                         field="--reconfig-opt")
+    return model
 
 
 def add_perf_runtime_arg(p) -> None:

@@ -10,7 +10,7 @@ from instances.allocation import Allocation, GpuId
 from instances.cluster import ClusterSpec
 from instances.grid import Grid
 from instances.jobs import Job
-from instances.plan import Plan
+from instances.plan import JobPlan
 from instances.quick_init import quick_init
 
 if TYPE_CHECKING:
@@ -119,5 +119,5 @@ class Decisions:
     """
     grids: Mapping[str, Grid]
     placements: Mapping[str, tuple[GpuId, ...]] = field(default_factory=dict)
-    plans: Mapping[str, Plan] = field(default_factory=dict)
+    plans: Mapping[str, JobPlan] = field(default_factory=dict)
     stats: DecisionStats = field(default_factory=DecisionStats)

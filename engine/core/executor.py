@@ -14,7 +14,7 @@ from typing import Protocol
 from instances.allocation import Allocation
 from instances.grid import Shape
 from instances.jobs import Job
-from instances.plan import Plan
+from instances.plan import JobPlan
 from instances.quick_init import quick_init
 
 
@@ -45,7 +45,7 @@ class ExecutorTotals:
 
 
 class Executor(Protocol):
-    def launch(self, job: Job, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
+    def launch(self, job: Job, alloc: Allocation, plan: JobPlan | None, now_s: float) -> None:
         """Start ``job`` on ``alloc`` (resuming from its last checkpoint, if any)."""
 
     def stop(self, job_id: str, now_s: float) -> None:
@@ -58,7 +58,7 @@ class Executor(Protocol):
         allocation it moves to (an executor whose device-to-device moves depend on where
         the job goes reads it; the round loop always passes it)."""
 
-    def reconfigure(self, job_id: str, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: JobPlan | None, now_s: float) -> None:
         """Move a running job to another allocation/plan (stop unless released, reshard,
         relaunch)."""
 
@@ -81,7 +81,7 @@ class AdoptingExecutor(Executor, Protocol):
     """A live executor that can take over launches an earlier process started (the
     service's re-adoption after a restart: ``RoundLoop.adopt_running``)."""
 
-    def adopt(self, job: Job, alloc: Allocation, plan: Plan | None, launch_index: int) -> JobProgress | None:
+    def adopt(self, job: Job, alloc: Allocation, plan: JobPlan | None, launch_index: int) -> JobProgress | None:
         """Take over launch ``launch_index`` of ``job`` (on ``alloc`` with ``plan``) without
         touching it: no relaunch; its progress, stop and moves as for a launch of this
         executor's own. A launch that ended meanwhile is accounted (finished or failed)

@@ -18,6 +18,10 @@ fields of its ``MoveCostParams``):
   ranks) and warm-up. No re-planning (the planner takes milliseconds).
 - ``local``: the same model calibrated from the moves measured on this project's machine
   (``MoveCostParams.measured_here()``, docs/launcher.md).
+- ``sia``: the Sia artifact's own charge, for its goodput jobs (instances/goodput.py): every
+  start, move or resume costs the job's restart time (``GoodputJob.restart_s``, the
+  artifact's per-application ``rescale_time``: 25 s to 250 s), whatever the GPUs; the
+  default on ``sia:`` instances.
 
 With a move-cost model: a first start costs start-up + warm-up; a resume after preemption
 is a move through storage (its state was written when it stopped and is read back); a
@@ -69,6 +73,7 @@ class ReconfigCostModel:
     state_path: str = "d2d"             # with ``moves``: how a running job's state moves
     state_bytes_per_param: float = ADAM_STATE_BYTES_PER_PARAM      # 16: instances.memory_rule
     charge_launch: bool = True
+    job_restart: bool = False           # ``sia`` setting: each change costs the job's own ``restart_s``
 
     def __post_init__(self):
         for f in ("replan_per_gpu_s", "replan_cap_s", "restart_s", "state_bytes_per_param"):
@@ -87,6 +92,15 @@ class ReconfigCostModel:
             raise ValueError("moves must be a MoveCostParams or None")
         if not isinstance(self.charge_launch, bool):
             raise ValueError("charge_launch must be a bool")
+        if not isinstance(self.job_restart, bool):
+            raise ValueError("job_restart must be a bool")
+
+    def _job_restart_s(self, job: Job) -> float:
+        restart = getattr(job, "restart_s", None)
+        if restart is None:
+            raise ValueError(f"move costs preset {self.preset!r} charge each job's own restart time; job "
+                             f"{job.job_id} has none (only the Sia artifact's goodput jobs do)")
+        return float(restart)
 
     def state_bytes(self, job: Job) -> float:
         return job.arch.param_count * self.state_bytes_per_param
@@ -99,6 +113,8 @@ class ReconfigCostModel:
         if old is None and not self.charge_launch:
             return 0.0
         cost = min(self.replan_per_gpu_s * new.grid.num_gpus, self.replan_cap_s) + self.restart_s
+        if self.job_restart:
+            cost += self._job_restart_s(job)
         m = self.moves
         if m is None:
             return cost
@@ -124,7 +140,8 @@ class ReconfigCostModel:
         if self.moves is None:                      # ``cost_s`` without a move-cost model, GPUs aside
             if old is None and not self.charge_launch:
                 return 0.0
-            return min(self.replan_per_gpu_s * grid.num_gpus, self.replan_cap_s) + self.restart_s
+            cost = min(self.replan_per_gpu_s * grid.num_gpus, self.replan_cap_s) + self.restart_s
+            return cost + self._job_restart_s(job) if self.job_restart else cost
         new = nominal_allocation(grid)
         if old is not None and old.grid.gpu_type == grid.gpu_type:
             n = min(len(old.gpus), len(new.gpus))
@@ -161,4 +178,5 @@ PRESETS = {
                                            moves=MoveCostParams.gpu_cluster_defaults()),
     "local": lambda: ReconfigCostModel(preset="local", replan_per_gpu_s=0.0, replan_cap_s=0.0,
                                        moves=MoveCostParams.measured_here()),
+    "sia": lambda: ReconfigCostModel(preset="sia", replan_per_gpu_s=0.0, replan_cap_s=0.0, job_restart=True),
 }

@@ -17,6 +17,14 @@ generator seeded by ``seed``, as iterations complete; beyond ``EXACT_NOISE_DRAWS
 iterations at once their sum is drawn from its normal approximation (central limit; the
 mean of that many factors is within a fraction of a percent of 1 anyway). Progress
 itself advances at the true time.
+
+Jobs whose rate changes as they progress (adaptive-batch goodput jobs, instances/goodput.py)
+are run by an oracle that has ``segment(job, shape, progress, plan)``: it returns the
+rate until the end of the current stretch (an epoch: the job's statistical efficiency
+and the batch it chooses change between epochs), and an event at that point asks again.
+The plan a decision carried (``launch``/``reconfigure``) is handed to ``segment`` (a
+``BatchPlan``: the batch the job keeps or may choose from). Jobs of an oracle without
+``segment`` run at one rate per allocation, as before.
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ from instances.allocation import Allocation
 from instances.grid import Shape
 from instances.jobs import Job
 from instances.oracle import Oracle
-from instances.plan import Plan
+from instances.plan import JobPlan
 
 DEFAULT_ITERATION_NOISE_CV = 0.05      # per-iteration step-time jitter (stated default)
 EXACT_NOISE_DRAWS = 256                 # above this many new iterations: normal approximation of the sum
@@ -61,9 +69,11 @@ class _Run:
     measured_from: float = 0.0      # iterations done when the run on this allocation started
     noise_n: int = 0                # iterations measured there so far ...
     noise_sum: float = 0.0          # ... and the sum of their noise factors
+    plan: JobPlan | None = None                # the decision's plan (segment oracles read it)
+    seg_end: float | None = None    # segment oracles: progress where the current rate ends
 
 
-_DOWN_END, _FINISH = 0, 1
+_DOWN_END, _FINISH, _SEGMENT = 0, 1, 2
 
 
 class SimExecutor:
@@ -92,6 +102,7 @@ class SimExecutor:
         self._events: list[tuple[float, int, str, int, int]] = []   # (time, seq, job, gen, kind)
         self._seq = 0
         self._carry: list[JobProgress] = []   # completions found outside ``advance``
+        self._segments = callable(getattr(oracle, "segment", None))   # rates that change with progress
 
     # -- truth ---------------------------------------------------------------------
     def true_iteration_time(self, job: Job, shape: Shape) -> float | None:
@@ -111,14 +122,17 @@ class SimExecutor:
     def totals(self) -> ExecutorTotals:
         return ExecutorTotals(self.samples_done, self.reconfig_lost_gpu_s_total)
 
-    def launch(self, job: Job, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
+    def launch(self, job: Job, alloc: Allocation, plan: JobPlan | None, now_s: float) -> None:
         self._run_until(now_s)
         r = self._runs.get(job.job_id)
         if r is not None and r.alloc is not None:
             raise RuntimeError(f"job {job.job_id} launched while running")
         if r is not None and r.finished_at_s is not None:
             raise RuntimeError(f"job {job.job_id} launched after it finished")
-        it = self.true_iteration_time(job, alloc.grid.shape)
+        if self._segments:
+            it = self._segment_rate(job, alloc.grid.shape, r.iterations_done if r is not None else 0.0, plan)
+        else:
+            it = self.true_iteration_time(job, alloc.grid.shape)
         if it is None:
             raise InfeasibleAllocation(f"job {job.job_id} cannot run on {alloc.grid.shape}")
         resumed = r is not None
@@ -126,6 +140,7 @@ class SimExecutor:
             r = _Run(job, None, None)
             self._runs[job.job_id] = r
         r.t_last_s = now_s
+        r.plan = plan
         self._running[job.job_id] = r
         self._start(r, alloc, it, self.reconfig.cost_s(job, None, alloc, resumed), True)
 
@@ -139,12 +154,17 @@ class SimExecutor:
     def release(self, job_id: str, now_s: float, *, target: Allocation | None = None) -> None:
         """Nothing to do: a simulated move takes effect at once (``reconfigure``)."""
 
-    def reconfigure(self, job_id: str, alloc: Allocation, plan: Plan | None, now_s: float) -> None:
+    def reconfigure(self, job_id: str, alloc: Allocation, plan: JobPlan | None, now_s: float) -> None:
         self._run_until(now_s)
         r = self._running[job_id]
-        it = self.true_iteration_time(r.job, alloc.grid.shape)
+        if self._segments:
+            self._progress_to(r, now_s)
+            it = self._segment_rate(r.job, alloc.grid.shape, r.iterations_done, plan)
+        else:
+            it = self.true_iteration_time(r.job, alloc.grid.shape)
         if it is None:
             raise InfeasibleAllocation(f"job {job_id} cannot run on {alloc.grid.shape}")
+        r.plan = plan
         self._progress_to(r, now_s)
         down = self.reconfig.cost_s(r.job, r.alloc, alloc)
         self._detach(r)
@@ -172,6 +192,35 @@ class SimExecutor:
         return done
 
     # -- helpers -------------------------------------------------------------------
+    def _segment_rate(self, job: Job, shape: Shape, progress: float, plan: JobPlan | None) -> float | None:
+        """Seconds per unit of progress from ``progress`` (segment oracles), None: infeasible."""
+        seg = self.oracle.segment(job, shape, progress, plan)
+        if seg is None:
+            return None
+        if not seg.seconds_per_unit > 0:
+            raise ValueError(f"oracle returned a non-positive time per unit {seg.seconds_per_unit!r} "
+                             f"for job {job.job_id} on {shape}")
+        return seg.seconds_per_unit
+
+    def _next_event(self, r: _Run, t: float) -> None:
+        """Push ``r``'s next event from ``t`` (it computes): its completion, or, under a
+        segment oracle, the end of its current segment when that comes first."""
+        if self._segments:
+            seg = self.oracle.segment(r.job, r.alloc.grid.shape, r.iterations_done, r.plan)
+            if seg is not None:
+                if seg.seconds_per_unit != r.iteration_time_s:
+                    self._rate -= r.rate
+                    r.iteration_time_s = seg.seconds_per_unit
+                    r.rate = r.job.global_batch / r.iteration_time_s
+                    self._rate += r.rate
+                end = seg.end_progress
+                if end < r.job.num_iterations - 1.0 and end > r.iterations_done:
+                    r.seg_end = end
+                    self._push(t + (end - r.iterations_done) * r.iteration_time_s, r, _SEGMENT)
+                    return
+            r.seg_end = None
+        self._push(t + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s, r, _FINISH)
+
     def _measured(self, r: _Run) -> tuple[float | None, float]:
         """(mean measured iteration time, whole iterations it averages) of ``r``'s run on
         its allocation: the true time times the mean of per-iteration noise factors."""
@@ -216,7 +265,7 @@ class SimExecutor:
     def _begin_computing(self, r: _Run, t: float) -> None:
         r.computing = True
         self._rate += r.rate
-        self._push(t + (r.job.num_iterations - r.iterations_done) * r.iteration_time_s, r, _FINISH)
+        self._next_event(r, t)
 
     def _detach(self, r: _Run) -> None:
         """Remove ``r``'s contribution to the cluster's rates; its pending events go stale."""
@@ -246,6 +295,10 @@ class SimExecutor:
                 if not r.downtime_is_launch:
                     self._down_gpus -= r.alloc.grid.num_gpus
                 self._begin_computing(r, te)
+            elif kind == _SEGMENT:
+                if r.seg_end is not None:                # float time: land on the boundary
+                    r.iterations_done = max(r.iterations_done, r.seg_end)
+                self._next_event(r, te)
             elif r.finished_at_s is not None:
                 del self._running[jid]
                 self._detach(r)

@@ -37,6 +37,7 @@ from ..common import (
     load_outages_arg,
     model_reader,
     parse_options,
+    reconfig_for,
     seed_arg,
 )
 from ..progress import Interrupt, ProgressLine, report_incomplete
@@ -118,13 +119,14 @@ def run(args) -> int:
     shadow = build_shadow(args)
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
-        reconfig = ReconfigCostModel.from_options(reconfig_opts)
+        ReconfigCostModel.from_options(reconfig_opts)       # checked before any work
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     inst = build_instance(args)
+    reconfig = reconfig_for(inst, reconfig_opts)
     outages = load_outages_arg(args.outages, inst.cluster)
     perf = build_perf(args.perf, model_reader(args), args.profile_store, args.perf_runtime,
-                      inst.oracle.training_runtime)
+                      inst.oracle.training_runtime, inst.oracle)
     out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
     check_output_dir(out, "--out")
     bar = None if args.quiet else ProgressLine()

@@ -8,6 +8,11 @@ priorities. Here each round is the MILP over (job, type) at the requested count 
 normalized throughput weighted by least attained service (``las``: jobs that got less
 so far come first, which is how the rounds realize max-min shares over time), a bonus
 per job run, and the same reconfiguration cost as every policy. No space sharing.
+
+On the Sia artifact's goodput jobs (``sia:`` instances) both decide as Sia's comparison
+ran Gavel: engine/decide/policies/gavel_goodput.py (its LP, time-sharing rounds of 360 s, the
+workload's GPU counts and batches). The artifact's profiles hold only data-parallel
+runs, so there ``gavel-ap`` is ``gavel``.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import dataclasses
 from engine.core.context import JobView
 from instances.grid import Grid
 
+from .gavel_goodput import OPTIONS as GOODPUT_OPTIONS
+from .gavel_goodput import GavelGoodput
 from .milp import MilpPolicySpec, register_milp_policy
 
 
@@ -25,7 +32,7 @@ def keeps_requested_count(view: JobView, grid: Grid) -> bool:
 
 
 GAVEL = MilpPolicySpec(name="gavel", weights={"las": 1.0, "queue": 1.0, "reconfig": 1.0}, dp_only=True,
-                       grid_filter=keeps_requested_count)
+                       grid_filter=keeps_requested_count, goodput=GavelGoodput, goodput_options=GOODPUT_OPTIONS)
 register_milp_policy(GAVEL)
 # ``gavel-ap``: the same policy, each job run with the planner's best plan (node shape,
 # pipeline depth, tensor/data split) for the GPU type and count gavel chose, from the

@@ -47,6 +47,14 @@ keeps it. Hysteresis is in the objective (``reconfig.hysteresis``), so both sear
 it.
 The solver's hint is what every job runs now. A solver exception becomes a greedy
 decision (status ``error``, with the reason): a round never crashes.
+
+Rounds of the Sia artifact's adaptive-batch goodput jobs (instances/goodput.py) go to the
+spec's ``goodput`` policy when it has one (the baseline as its authors' simulator runs
+it: engine/decide/policies/sia_goodput.py, gavel_goodput.py); the options it names
+(``goodput_options``) are its own, the others the runner's. A spec without one (``arena``)
+decides them with its own objective over goodput columns
+(engine/decide/formulation/goodput_data.py): every GPU type and shape valued at the batch the
+job would choose there, each job adapting its batch within the application's limits.
 """
 from __future__ import annotations
 
@@ -72,6 +80,7 @@ from instances.limits import MAX_TIME_S, show_number
 
 from ..formulation import build_model, build_round_data
 from ..formulation.build import RowsMemo
+from ..formulation.goodput_data import build_goodput_round_data
 from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
 from ..incremental import OTHER_TYPE_CHOICES, QUEUED_CHOICES, IncrementalConfig, search_round
@@ -81,6 +90,7 @@ from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions
 from ..solvers.base import MAX_SOLVER_SEED
 from ..solvers.greedy import greedy_solution
 from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
+from .goodput_rounds import goodput_model, goodput_round
 
 GridFilter = Callable[[JobView, Grid], bool]
 
@@ -107,6 +117,10 @@ class MilpPolicySpec:
     best_plan_per_count: bool = False
     searches: tuple[str, ...] = SEARCHES                  # allowed; the first is the default
     runner: Mapping[str, Any] = field(default_factory=dict)   # default runner options (e.g. budgets)
+    # rounds of goodput jobs (instances/goodput.py): the policy that decides them, built
+    # with (name, **options) from the options named in ``goodput_options``
+    goodput: Callable[..., Any] | None = None
+    goodput_options: tuple[str, ...] = ()
 
 
 def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, hint: np.ndarray | None,
@@ -187,6 +201,8 @@ class MilpPolicy(Policy):
     def __init__(self, spec: MilpPolicySpec, **config: Any):
         self.spec = spec
         self.name = spec.name
+        goodput_cfg = {k: config.pop(k) for k in list(config) if k in spec.goodput_options}
+        self._goodput = spec.goodput(spec.name, **goodput_cfg) if spec.goodput is not None else None
         obj_cfg, rest = split_objective_config(_with_default_options(spec, {**spec.runner, **config}))
         unknown = sorted(set(rest) - set(RUNNER_KEYS))
         if unknown:
@@ -248,11 +264,17 @@ class MilpPolicy(Policy):
         return self.spec.grid_filter is None or self.spec.grid_filter(view, grid)
 
     def decide(self, ctx: RoundContext) -> Decisions:
+        goodput = bool(ctx.jobs) and goodput_round(ctx)
+        if goodput and self._goodput is not None:
+            return self._goodput.decide(ctx)
         t0 = time.perf_counter()
         ctx, left_out = queue_window(ctx, self.max_queued)
-        perf = self._perf(ctx.perf)
-        data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
-                                grid_filter=self._keep, cache=self._cache)
+        if goodput:                     # columns valued by goodput at the best batch per shape
+            data = build_goodput_round_data(ctx, goodput_model(ctx), self.max_gpus)
+        else:
+            perf = self._perf(ctx.perf)
+            data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
+                                    grid_filter=self._keep, cache=self._cache)
         if self.best_per_count:
             data = best_plan_per_count(data)
         frozen = self.stability.frozen(ctx)

@@ -11,15 +11,23 @@ bonus (Sia's ILP schedules every job it can); the restart factor is the
 ``reconfig`` term with a fixed per-move cost (``reconfig.per_move``, default 0.25 of a
 round) on top of the shared cost model's downtime. Sia's bootstrapping profiler is
 replaced by the estimator's DP-only estimates.
+
+On the Sia artifact's goodput jobs (``sia:`` instances) both decide as Sia's own
+simulator does: engine/decide/policies/sia_goodput.py (goodput with batch adaptation, Sia's p,
+lambda_n, restart penalties and bootstrapping). The artifact's profiles hold only
+data-parallel runs, so there ``sia-ap`` is ``sia``.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from .milp import MilpPolicySpec, register_milp_policy
+from .sia_goodput import OPTIONS as GOODPUT_OPTIONS
+from .sia_goodput import SiaGoodput
 
 SIA = MilpPolicySpec(name="sia", weights={"throughput": 1.0, "queue": 1.0, "reconfig": 1.0},
-                     options={"throughput.reference": "smallest", "reconfig.per_move": 0.25}, dp_only=True)
+                     options={"throughput.reference": "smallest", "reconfig.per_move": 0.25}, dp_only=True,
+                     goodput=SiaGoodput, goodput_options=GOODPUT_OPTIONS)
 register_milp_policy(SIA)
 # ``sia-ap``: the same policy, each job run with the planner's best plan (node shape,
 # pipeline depth, tensor/data split) for the GPU type and count sia chose, from the

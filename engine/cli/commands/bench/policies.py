@@ -209,7 +209,7 @@ def run_policy_bench(args) -> int:
             raise InputError(f"label {label!r}: {e.reason}", field=e.field) from None
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
     try:
-        move_costs = ReconfigCostModel.from_options(reconfig_opts)
+        ReconfigCostModel.from_options(reconfig_opts)                 # checked before any work
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     if args.perf is not None:
@@ -229,11 +229,12 @@ def run_policy_bench(args) -> int:
     seeds = seeds_arg(args, policies)
     workload = workload_args(args)
     inst = build_workload(workload)
-    from ...common import load_outages_arg
+    from ...common import load_outages_arg, reconfig_for
     load_outages_arg(args.outages, inst.cluster)                      # checked before any simulation
     if args.out:
         from instances.paths import check_output_dir
         check_output_dir(args.out, "--out")
+    move_costs = reconfig_for(inst, reconfig_opts)           # (an instance of the Sia artifact: its own preset)
     from . import spread
     comm = spread.comm()
     rc = _run_spread(args, inst, workload, policies, options, names, reconfig_opts, move_costs, seeds, comm)

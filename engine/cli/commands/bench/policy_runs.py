@@ -23,7 +23,8 @@ POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs",
 def workload_args(args) -> dict:
     """What names the workload, as plain values (each MPI rank builds it from them)."""
     return {"instance": args.instance, "cluster": args.cluster, "trace": args.trace,
-            "trace_opt": list(args.trace_opt), "seed": args.seed, "outages": args.outages}
+            "trace_opt": list(args.trace_opt), "seed": args.seed, "outages": args.outages,
+            "sia_artifact": getattr(args, "sia_artifact", None)}
 
 
 def build_workload(w: dict):
@@ -41,10 +42,9 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     None: the runtime the workload's truth was measured under); ``stop`` (Ctrl-C) ends its
     simulation before the next round (the row's ``end_reason`` is then ``interrupted``)."""
     from engine.core.policy import make_policy
-    from engine.core.reconfig import ReconfigCostModel
     from engine.sim.simulator import simulate
 
-    from ...common import build_perf, decides_without_model, load_outages_arg
+    from ...common import build_perf, decides_without_model, load_outages_arg, reconfig_for
 
     name = name or policy
     inst = build_workload(workload)
@@ -52,8 +52,8 @@ def run_one_policy(workload: dict, policy: str, options: dict, rounds, run_out: 
     pol = make_policy(name, **options)
     bare = decides_without_model(perf_kind, name)
     perf = build_perf(perf_kind, name, None if bare else profile_store, None if bare else runtime,
-                      inst.oracle.training_runtime)
-    reconfig = ReconfigCostModel.from_options(reconfig_opts)
+                      inst.oracle.training_runtime, inst.oracle)
+    reconfig = reconfig_for(inst, reconfig_opts)
     last = [0.0]
 
     def progress(p):
