@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.cli.common import goodput_perf, reconfig_for
-from engine.core.policy import make_policy
+from engine.core.policy import Policy, make_policy
+from engine.decide.policies.gavel_goodput import HELD
 from engine.sim.simulator import simulate
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, BatchPlan
@@ -17,11 +18,12 @@ from instances.sia_instances import load_sia_instance
 FIXTURE = Path(__file__).parent / "data" / "sia_artifact"
 
 
-class Recorder:
+class Recorder(Policy):
     """A policy that records every round's context and decision of the policy it wraps."""
 
     def __init__(self, inner):
         self.inner, self.name, self.rounds = inner, inner.name, []
+        self.event_driven, self.max_queued = inner.event_driven, inner.max_queued
 
     def decide(self, ctx):
         d = self.inner.decide(ctx)
@@ -81,7 +83,7 @@ def test_sia_keeps_a_job_in_its_restart():
 def test_gavel_runs_the_workloads_counts_and_batches_in_360_s_rounds():
     inst, pol, _ = _run("gavel")
     want = {j.job_id: (j.requested_gpus, j.requested_batch) for j in inst.jobs}
-    decided = [ctx.now_s for ctx, d in pol.rounds if not d.info.get("held")]
+    decided = [ctx.now_s for ctx, d in pol.rounds if d.stats.message != HELD]
     assert all(b - a >= 360 - 1e-6 for a, b in zip(decided, decided[1:]))
     for ctx, d in pol.rounds:
         for jid, g in d.grids.items():
@@ -108,7 +110,7 @@ def test_options_of_the_goodput_forms():
     with pytest.raises(InputError, match="round_s must be > 0"):
         make_policy("gavel", round_s=0)
     _, pol, _ = _run("gavel", round_s=120)
-    decided = [ctx.now_s for ctx, d in pol.rounds if not d.info.get("held")]
+    decided = [ctx.now_s for ctx, d in pol.rounds if d.stats.message != HELD]
     assert min(b - a for a, b in zip(decided, decided[1:])) == pytest.approx(120.0)
 
 

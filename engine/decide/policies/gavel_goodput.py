@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.context import Decisions, RoundContext
+from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
+from engine.core.policy import Policy
 from instances.errors import InputError
 from instances.goodput import EPS, BatchPlan
 from instances.grid import Shape
@@ -72,7 +73,10 @@ def gang_shapes(gpu_type: str, count: int, gpn: int) -> list[Shape]:
     return out
 
 
-class GavelGoodput:
+HELD = "held: between Gavel's rounds"     # DecisionStats.message of a round Gavel does not decide
+
+
+class GavelGoodput(Policy):
     """Gavel's max-sum-throughput LP and round-based time sharing (module doc)."""
 
     def __init__(self, name: str = "gavel", **cfg: Any):
@@ -159,9 +163,9 @@ class GavelGoodput:
         for jid, g in dec.grids.items():
             self._job_time[jid][g.gpu_type] += self.round_s
             self._cluster_time[g.gpu_type] += self.round_s
-        info = {"jobs": len(views), "scheduled": len(wanted), "placed": len(dec.grids),
-                "decide_time_s": time.perf_counter() - t0}
-        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, info=info)
+        stats = DecisionStats(jobs=len(views), decide_time_s=time.perf_counter() - t0,
+                              placement_dropped=tuple(j for j in wanted if j not in dec.grids))
+        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, stats=stats)
 
     @staticmethod
     def _throughput(world, job, t: str, count: int, gpn: int, workers: int, progress: float) -> float:
@@ -217,4 +221,4 @@ def _hold(ctx: RoundContext) -> Decisions:
     grids = {v.job_id: v.current.grid for v in ctx.jobs if v.current is not None}
     pins = {v.job_id: v.current.gpus for v in ctx.jobs if v.current is not None}
     plans = {v.job_id: BatchPlan(fixed=job_of(v).requested_batch) for v in ctx.jobs if v.current is not None}
-    return Decisions(grids=grids, placements=pins, plans=plans, info={"held": True})
+    return Decisions(grids=grids, placements=pins, plans=plans, stats=DecisionStats(message=HELD))

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.context import Decisions, RoundContext
+from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import register_policy
+from engine.core.policy import Policy, register_policy
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, GoodputJob
 from instances.grid import Shape
@@ -53,7 +53,7 @@ POLLUX_RESTART_S = 30.0            # the artifact's restart delay in the restart
 VNODE_GPUS = 4                     # the artifact's virtual node (its smallest node size)
 
 
-class Pollux:
+class Pollux(Policy):
     def __init__(self, name: str = "pollux", **cfg: Any):
         unknown = sorted(set(cfg) - set(OPTIONS))
         if unknown:
@@ -131,9 +131,9 @@ class Pollux:
         if self._placer is None or self._placer.spec is not ctx.cluster:
             self._placer = Placer(ctx.cluster)
         dec = place(ctx, self._placer, wanted, {jid: ADAPTIVE for jid in wanted}, [v.job_id for v in views])
-        info = {"jobs": len(views), "columns": len(cols), "chosen": len(chosen), "placed": len(dec.grids),
-                "decide_time_s": time.perf_counter() - t0}
-        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, info=info)
+        stats = DecisionStats(jobs=len(views), columns=len(cols), decide_time_s=time.perf_counter() - t0,
+                              placement_dropped=tuple(j for j in wanted if j not in dec.grids))
+        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, stats=stats)
 
     @staticmethod
     def _configs(t: str, gpn: int) -> list[Shape]:

@@ -50,8 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.context import Decisions, RoundContext
+from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
+from engine.core.policy import Policy
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, BatchPlan
 from instances.grid import Shape
@@ -100,7 +101,7 @@ def _bool(policy: str, cfg: dict, key: str, default: bool) -> bool:
     raise InputError(f"policy {policy!r}: {key} must be true or false, got {v!r}", field=key)
 
 
-class SiaGoodput:
+class SiaGoodput(Policy):
     """Sia's MILP on goodput jobs (module doc)."""
 
     def __init__(self, name: str = "sia", **cfg: Any):
@@ -225,9 +226,9 @@ class SiaGoodput:
             self._placer = Placer(ctx.cluster)
         order = [v.job_id for v in views]
         dec = place(ctx, self._placer, wanted, plans, order)
-        info = {"jobs": len(views), "columns": len(cols), "chosen": len(chosen), "placed": len(dec.grids),
-                "decide_time_s": time.perf_counter() - t0}
-        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, info=info)
+        stats = DecisionStats(jobs=len(views), columns=len(cols), decide_time_s=time.perf_counter() - t0,
+                              placement_dropped=tuple(j for j in wanted if j not in dec.grids))
+        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, stats=stats)
 
     def _fitted(self, job, rec, t: str, app, nodes: int, replicas: int) -> float:
         """Goodput from Pollux's throughput model fitted to what the job ran on on type ``t``
