@@ -144,9 +144,9 @@ def test_a_flag_field_needs_a_default_and_known_metadata():
 def test_every_serve_flag_of_service_config_is_made_from_its_field():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = {s: a for a in sub.choices["serve"]._actions for s in a.option_strings}
-    for f in fields(ServiceConfig):
-        if "flag" not in f.metadata:
-            continue
-        a = actions[f.metadata["flag"]]
-        assert a.dest == f.name and a.help == f.metadata["help"], f.name
-        assert a.default == f.metadata.get("default", f.default), f.name
+    by_name = {f.name: f for f in fields(ServiceConfig)}
+    assert len(SERVE_FLAGS) >= 16
+    for name, flag in SERVE_FLAGS.items():
+        f, a = by_name[name], actions[flag]
+        assert a.dest == name and a.help == f.metadata["help"], name
+        assert a.default == f.metadata.get("default", f.default), name
