@@ -6,12 +6,14 @@ refused naming that flag, as the user types it."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from dataclasses import field as dataclass_field
 
 import pytest
 
 from engine.cli.commands.service import SERVE_FLAGS, SERVE_NOT_FLAGS
 from engine.cli.commands.train import TRAIN_FLAGS, TRAIN_NOT_FLAGS
+from engine.cli.flags import add_config_flags, config_flags, config_not_flags, config_values
 from engine.cli.main import build_parser, main
 from engine.service.config import ServiceConfig
 from launcher.config import OptimizerConfig, ParallelPlan, TrainConfig
@@ -80,3 +82,71 @@ def test_a_bad_serve_flag_is_named_as_typed(flag, value, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"field '{flag}'" in err and "Traceback" not in err, err
     assert not (tmp_path / "w").exists() and not (tmp_path / "s.db").exists()      # refused before anything
+
+
+# ------------------------------------------------------- flags made from a config's fields
+@dataclass(frozen=True)
+class _Knobs:
+    path: str = dataclass_field(metadata={"flag": "--path", "default": "p.db", "metavar": "PATH",
+                                          "help": "where (default %(default)s)"})
+    every: int = dataclass_field(default=3, metadata={"flag": "--every", "metavar": "N", "help": "how often"})
+    after: float | None = dataclass_field(default=None, metadata={"flag": "--after", "metavar": "S", "help": "x"})
+    how: str = dataclass_field(default="d2d", metadata={"flag": "--how", "choices": ("d2d", "storage"), "help": "y"})
+    roots: tuple[str, ...] | None = dataclass_field(default=None, metadata={"flag": "--root", "action": "append",
+                                                                           "metavar": "DIR", "help": "z"})
+    loud: bool = dataclass_field(default=False, metadata={"flag": "--loud", "help": "a switch"})
+    hidden: int = 7                                 # no flag
+
+
+def test_add_config_flags_makes_one_argument_per_flag_field():
+    p = argparse.ArgumentParser()
+    add_config_flags(p, _Knobs)
+    assert [a.option_strings[0] for a in p._actions[1:]] == ["--path", "--every", "--after", "--how", "--root",
+                                                             "--loud"]     # field order
+    a = p.parse_args([])
+    assert config_values(a, _Knobs) == {"path": "p.db", "every": 3, "after": None, "how": "d2d", "roots": None,
+                                        "loud": False}
+    a = p.parse_args(["--every", "5", "--after", "1.5", "--how", "storage", "--root", "a", "--root", "b", "--loud"])
+    k = _Knobs(**config_values(a, _Knobs))
+    assert (k.every, k.after, k.how, k.roots, k.loud, k.hidden) == (5, 1.5, "storage", ["a", "b"], True, 7)
+    assert type(k.every) is int and type(k.after) is float
+    assert "where (default p.db)" in " ".join(p.format_help().split())
+    with pytest.raises(SystemExit):
+        p.parse_args(["--how", "tape"])                 # choices kept
+    with pytest.raises(SystemExit):
+        p.parse_args(["--every", "x"])                  # type from the annotation
+    assert config_flags(_Knobs) == {"path": "--path", "every": "--every", "after": "--after", "how": "--how",
+                                    "roots": "--root", "loud": "--loud"}
+    assert config_not_flags(_Knobs) == {"hidden"}
+    q = argparse.ArgumentParser()
+    add_config_flags(q, _Knobs, only=("after", "every"))
+    add_config_flags(q, _Knobs, skip=("after", "every", "loud"))
+    assert [a.option_strings[0] for a in q._actions[1:]] == ["--every", "--after", "--path", "--how", "--root"]
+    with pytest.raises(KeyError, match="hidden"):
+        add_config_flags(argparse.ArgumentParser(), _Knobs, only=("hidden",))
+
+
+def test_a_flag_field_needs_a_default_and_known_metadata():
+    @dataclass
+    class NoDefault:
+        x: int = dataclass_field(metadata={"flag": "--x"})
+
+    @dataclass
+    class Typo:
+        x: int = dataclass_field(default=1, metadata={"flag": "--x", "metvar": "N"})
+
+    with pytest.raises(TypeError, match="NoDefault.x"):
+        add_config_flags(argparse.ArgumentParser(), NoDefault)
+    with pytest.raises(KeyError, match="metvar"):
+        add_config_flags(argparse.ArgumentParser(), Typo)
+
+
+def test_every_serve_flag_of_service_config_is_made_from_its_field():
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {s: a for a in sub.choices["serve"]._actions for s in a.option_strings}
+    by_name = {f.name: f for f in fields(ServiceConfig)}
+    assert len(SERVE_FLAGS) >= 16
+    for name, flag in SERVE_FLAGS.items():
+        f, a = by_name[name], actions[flag]
+        assert a.dest == name and a.help == f.metadata["help"], name
+        assert a.default == f.metadata.get("default", f.default), name

@@ -4,7 +4,7 @@ command line reads its defaults without importing the daemon."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from instances.errors import InputError
 from instances.limits import check_time
@@ -14,26 +14,88 @@ from launcher.config import MOVE_PATHS
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    db_path: str
-    work_dir: str
-    round_interval_s: float = 60.0
+    # The fields a flag of ``arena serve`` sets carry it (flag, help, metavar ...; engine/cli/flags.py
+    # makes the arguments from them), in the order `arena serve --help` lists them.
+    db_path: str = field(metadata={
+        "flag": "--db", "default": ".arena/state.db", "metavar": "PATH",
+        "help": "SQLite state database (default .arena/state.db under the working folder)"})
+    work_dir: str = field(metadata={
+        "flag": "--work-dir", "default": ".arena/work", "metavar": "DIR",
+        "help": "jobs' checkpoints, logs and progress (default .arena/work)"})
+    # folders jobs' data (and config.json) may be read from; None: the work folder. Stored resolved
+    # (links and .. followed)
+    data_roots: tuple[str, ...] | None = field(default=None, metadata={
+        "flag": "--data-root", "action": "append", "metavar": "DIR",
+        "help": "a folder jobs' data files and model config.json files may be read from (repeatable; "
+                "default: the work folder); a path is checked with its links and '..' resolved, at "
+                "submission and again at every launch"})
+    round_interval_s: float = field(default=60.0, metadata={
+        "flag": "--round-interval", "metavar": "S",
+        "help": "seconds between timer rounds (rounds also run on arrival, completion, failure; "
+                "default %(default)s)"})
+    # rounds kept in the database (older deleted; 0: all)
+    keep_rounds: int = field(default=100_000, metadata={
+        "flag": "--keep-rounds", "metavar": "N",
+        "help": "rounds kept in the database, older ones deleted as new ones are recorded (the shadow "
+                "policy's totals and every job's history are kept whole; 0: keep every round; "
+                "default %(default)s)"})
+    # per job, newest iteration-time measurements kept (a week; 0: all)
+    keep_measurements: int = field(default=10_080, metadata={
+        "flag": "--keep-measurements", "metavar": "N",
+        "help": "per job, the newest iteration-time measurements kept in the database (one a minute at "
+                "most while it runs; measured moves are all kept; 0: keep all; default %(default)s, a "
+                "week at one a minute)"})
+    # /api/health says 503 when the scheduler made no step for this long
+    stall_after_s: float = field(default=600.0, metadata={
+        "flag": "--stall-after", "metavar": "S",
+        "help": "/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
+                "shown no sign of life (a poll, a round begun, a job launched, stopped, moved or "
+                "recovered) for this long (default %(default)s)"})
+    # every launch checkpoints at least this often
+    checkpoint_interval_s: float = field(default=60.0, metadata={
+        "flag": "--checkpoint-interval", "metavar": "S",
+        "help": "every launch checkpoints at least this often, in seconds of training "
+                "(default %(default)s)"})
+    # "d2d" where the launcher can, else storage; "storage": always
+    move_path: str = field(default="d2d", metadata={
+        "flag": "--move-path", "choices": MOVE_PATHS,
+        "help": "how running jobs move: d2d = device to device where the launcher can (a running job "
+                "on one host), else through a checkpoint; storage = always stop, checkpoint and "
+                "relaunch (default %(default)s)"})
+    stop_timeout_s: float = field(default=60.0, metadata={
+        "flag": "--stop-timeout", "metavar": "S",
+        "help": "grace period for ranks to checkpoint and exit before they are killed "
+                "(default %(default)s)"})
+    max_failures: int = field(default=3, metadata={
+        "flag": "--max-failures", "metavar": "N",
+        "help": "failed runs before a job is marked failed (default %(default)s)"})
+    failure_backoff_s: float = field(default=30.0, metadata={
+        "flag": "--failure-backoff", "metavar": "S",
+        "help": "a job whose run failed waits S seconds before it is offered again, doubling with every "
+                "failure (default %(default)s)"})
+    # drain a node where runs of this many different jobs failed
+    drain_after_failures: int = field(default=3, metadata={
+        "flag": "--drain-after-failures", "metavar": "N",
+        "help": "take a node out of service (as `arena drain` would, the jobs named in the reason) once "
+                "runs of N different jobs have failed on it within --failure-window; never the last "
+                "node in service; 0: never (default %(default)s)"})
+    # within this long (node_health.py; 0 jobs: never drain)
+    failure_window_s: float = field(default=3600.0, metadata={
+        "flag": "--failure-window", "metavar": "S",
+        "help": "the window of --drain-after-failures, in seconds (default %(default)s)"})
+    # (arena serve's --host, --port, --token and --tokens-file come here: not settings of this config)
+    # safety bound: shut down (checkpointing) after this
+    stop_after_s: float | None = field(default=None, metadata={
+        "flag": "--stop-after", "metavar": "S",
+        "help": "shut down (checkpointing every job) after S seconds: a bound for demos and tests"})
+    # tests and demos: slow tiny jobs down
+    step_delay_s: float = field(default=0.0, metadata={
+        "flag": "--step-delay", "metavar": "S",
+        "help": "sleep S seconds after every training step (demos: slow tiny jobs to watch them move)"})
+    # set by no flag (the defaults hold)
     min_round_gap_s: float = 2.0
     poll_interval_s: float = 0.5
-    max_failures: int = 3
-    failure_backoff_s: float = 30.0
-    stop_timeout_s: float = 60.0
-    checkpoint_interval_s: float = 60.0      # every launch checkpoints at least this often
-    checkpoint_every: int = 0                # and every this many steps (0: time-based only)
-    step_delay_s: float = 0.0                # tests and demos: slow tiny jobs down
-    stop_after_s: float | None = None        # safety bound: shut down (checkpointing) after this
-    move_path: str = "d2d"                   # "d2d" where the launcher can, else storage; "storage": always
-    keep_rounds: int = 100_000               # rounds kept in the database (older deleted; 0: all)
-    keep_measurements: int = 10_080          # per job, newest iteration-time measurements kept (a week; 0: all)
-    stall_after_s: float = 600.0             # /api/health says 503 when the scheduler made no step for this long
-    drain_after_failures: int = 3            # drain a node where runs of this many different jobs failed
-    failure_window_s: float = 3600.0         # within this long (node_health.py; 0 jobs: never drain)
-    data_roots: tuple[str, ...] | None = None  # folders jobs' data (and config.json) may be read from; None:
-                                               # the work folder. Stored resolved (links and .. followed)
+    checkpoint_every: int = 0                # every launch checkpoints every this many steps (0: time-based only)
 
     def __post_init__(self):
         for name in ("round_interval_s", "poll_interval_s", "stop_timeout_s", "stall_after_s",
@@ -68,10 +130,3 @@ class ServiceConfig:
             if f.name.endswith("_s") and getattr(self, f.name) is not None:
                 check_time(getattr(self, f.name), field=f.name)
 
-
-def default(name: str):
-    """The default of ``ServiceConfig.<name>``: what ``arena serve``'s flag shows and uses."""
-    for f in fields(ServiceConfig):
-        if f.name == name:
-            return f.default
-    raise KeyError(name)

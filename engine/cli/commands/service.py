@@ -27,27 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from engine.service.client import DEFAULT_URL, Client, NoAnswer
-from engine.service.config import default
+from engine.service.config import ServiceConfig
 from engine.service.lock import DB_LOCK_SUFFIX, ServiceLock
 from instances.errors import InputError
 from instances.limits import check_priority, check_time
-from launcher.config import MOVE_PATHS
 
-from ..flags import fields_as_flags
+from ..flags import add_config_flags, config_flags, config_not_flags, config_values, fields_as_flags
 from ..jsonout import dumps
 
-# The flag that sets each field of ServiceConfig (engine/service/config.py), for its errors;
-# tests/test_cli_flags.py walks it against the config's fields and the parser.
-SERVE_FLAGS = {
-    "db_path": "--db", "work_dir": "--work-dir", "round_interval_s": "--round-interval",
-    "checkpoint_interval_s": "--checkpoint-interval", "stop_timeout_s": "--stop-timeout",
-    "max_failures": "--max-failures", "failure_backoff_s": "--failure-backoff", "stop_after_s": "--stop-after",
-    "move_path": "--move-path", "step_delay_s": "--step-delay", "keep_rounds": "--keep-rounds",
-    "keep_measurements": "--keep-measurements", "stall_after_s": "--stall-after",
-    "drain_after_failures": "--drain-after-failures", "failure_window_s": "--failure-window",
-    "data_roots": "--data-root",
-}
-SERVE_NOT_FLAGS = frozenset({"min_round_gap_s", "poll_interval_s", "checkpoint_every"})    # (the defaults hold)
+# The flag that sets each field of ServiceConfig, from the field's metadata (engine/service/config.py),
+# for its errors; tests/test_cli_flags.py walks it against the config's fields and the parser.
+SERVE_FLAGS = config_flags(ServiceConfig)
+SERVE_NOT_FLAGS = config_not_flags(ServiceConfig)    # (the defaults hold)
+# the flags listed after --host, --port, --token and --tokens-file in `arena serve --help`
+SERVE_LAST = ("stop_after_s", "step_delay_s")
 
 LOOPBACK_NAMES = ("localhost",)
 # the host names a loopback service answers to without a token, beside its --host
@@ -63,6 +56,12 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
+    _register_serve(subparsers)
+    _register_clients(subparsers)
+
+
+def _register_serve(subparsers) -> None:
+    """``arena serve``: its own flags, then those of ServiceConfig (from the config's fields)."""
     doc = __doc__.split("\n\n")
     s = subparsers.add_parser("serve", help="run the live rescheduling service (API, status page, SQLite state)",
                               description="\n\n".join(doc[:2]), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,50 +103,7 @@ def register(subparsers) -> None:
     add_shadow_args(s)
     s.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="reconfiguration cost option (repeatable), e.g. restart_s=10")
-    s.add_argument("--db", default=".arena/state.db", metavar="PATH",
-                   help="SQLite state database (default .arena/state.db under the working folder)")
-    s.add_argument("--work-dir", default=".arena/work", metavar="DIR",
-                   help="jobs' checkpoints, logs and progress (default .arena/work)")
-    s.add_argument("--data-root", action="append", default=None, metavar="DIR", dest="data_roots",
-                   help="a folder jobs' data files and model config.json files may be read from (repeatable; "
-                        "default: the work folder); a path is checked with its links and '..' resolved, at "
-                        "submission and again at every launch")
-    s.add_argument("--round-interval", type=float, default=default("round_interval_s"), metavar="S",
-                   help="seconds between timer rounds (rounds also run on arrival, completion, failure; "
-                        "default %(default)s)")
-    s.add_argument("--keep-rounds", type=int, default=default("keep_rounds"), metavar="N",
-                   help="rounds kept in the database, older ones deleted as new ones are recorded (the shadow "
-                        "policy's totals and every job's history are kept whole; 0: keep every round; "
-                        "default %(default)s)")
-    s.add_argument("--keep-measurements", type=int, default=default("keep_measurements"), metavar="N",
-                   help="per job, the newest iteration-time measurements kept in the database (one a minute at "
-                        "most while it runs; measured moves are all kept; 0: keep all; default %(default)s, a "
-                        "week at one a minute)")
-    s.add_argument("--stall-after", type=float, default=default("stall_after_s"), metavar="S",
-                   help="/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
-                        "shown no sign of life (a poll, a round begun, a job launched, stopped, moved or "
-                        "recovered) for this long (default %(default)s)")
-    s.add_argument("--checkpoint-interval", type=float, default=default("checkpoint_interval_s"), metavar="S",
-                   help="every launch checkpoints at least this often, in seconds of training "
-                        "(default %(default)s)")
-    s.add_argument("--move-path", choices=MOVE_PATHS, default=default("move_path"),
-                   help="how running jobs move: d2d = device to device where the launcher can (a running job "
-                        "on one host), else through a checkpoint; storage = always stop, checkpoint and "
-                        "relaunch (default %(default)s)")
-    s.add_argument("--stop-timeout", type=float, default=default("stop_timeout_s"), metavar="S",
-                   help="grace period for ranks to checkpoint and exit before they are killed "
-                        "(default %(default)s)")
-    s.add_argument("--max-failures", type=int, default=default("max_failures"), metavar="N",
-                   help="failed runs before a job is marked failed (default %(default)s)")
-    s.add_argument("--failure-backoff", type=float, default=default("failure_backoff_s"), metavar="S",
-                   help="a job whose run failed waits S seconds before it is offered again, doubling with every "
-                        "failure (default %(default)s)")
-    s.add_argument("--drain-after-failures", type=int, default=default("drain_after_failures"), metavar="N",
-                   help="take a node out of service (as `arena drain` would, the jobs named in the reason) once "
-                        "runs of N different jobs have failed on it within --failure-window; never the last "
-                        "node in service; 0: never (default %(default)s)")
-    s.add_argument("--failure-window", type=float, default=default("failure_window_s"), metavar="S",
-                   help="the window of --drain-after-failures, in seconds (default %(default)s)")
+    add_config_flags(s, ServiceConfig, skip=SERVE_LAST)   # --db ... --failure-window (engine/service/config.py)
     s.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; any other needs --token or --tokens-file)")
     s.add_argument("--port", type=int, default=8765, help="port (default 8765)")
@@ -160,12 +116,12 @@ def register(subparsers) -> None:
                    help="a token per user: lines 'USER TOKEN' or 'USER TOKEN admin' (mode 600). A job's cancel, "
                         "hold, release and priority need its submitter's token or an admin's; a drain an admin's; "
                         "every user may read and submit (docs/service.md, \"Who may do what\")")
-    s.add_argument("--stop-after", type=float, default=default("stop_after_s"), metavar="S",
-                   help="shut down (checkpointing every job) after S seconds: a bound for demos and tests")
-    s.add_argument("--step-delay", type=float, default=default("step_delay_s"), metavar="S",
-                   help="sleep S seconds after every training step (demos: slow tiny jobs to watch them move)")
+    add_config_flags(s, ServiceConfig, only=SERVE_LAST)
     s.set_defaults(func=run_serve)
 
+
+def _register_clients(subparsers) -> None:
+    """The service's clients (over HTTP) and the commands that read its database."""
     sub = subparsers.add_parser("submit", help="submit a job to the service (JOB.toml or flags)",
                                 description="Submit a job: a TOML job file (see docs/service.md) or flags. The "
                                             "service validates it and answers with its id.")
@@ -378,7 +334,6 @@ class ServiceParts:
 def build_service_parts(args) -> ServiceParts:
     """Everything ``arena serve`` needs, validated before anything starts."""
     from engine.core.reconfig import ReconfigCostModel
-    from engine.service.config import ServiceConfig
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 
     from ..common import build_perf, build_policy, build_shadow, model_reader, parse_options
@@ -440,18 +395,11 @@ def build_service_parts(args) -> ServiceParts:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     work = Path(args.work_dir)
-    data_roots = _data_roots(args.data_roots)
+    given = config_values(args, ServiceConfig)
+    given.update(db_path=str(Path(args.db_path)), work_dir=str(work.resolve()), data_roots=_data_roots(args.data_roots))
     with fields_as_flags(SERVE_FLAGS):            # every option checked before a file or folder is made
-        cfg = ServiceConfig(db_path=str(Path(args.db)), work_dir=str(work.resolve()),
-                            round_interval_s=args.round_interval,
-                            checkpoint_interval_s=args.checkpoint_interval, stop_timeout_s=args.stop_timeout,
-                            max_failures=args.max_failures, failure_backoff_s=args.failure_backoff,
-                            stop_after_s=args.stop_after, move_path=args.move_path,
-                            step_delay_s=args.step_delay, keep_rounds=args.keep_rounds,
-                            keep_measurements=args.keep_measurements,
-                            stall_after_s=args.stall_after, drain_after_failures=args.drain_after_failures,
-                            failure_window_s=args.failure_window, data_roots=data_roots)
-    _check_writable_file(args.db, "--db")
+        cfg = ServiceConfig(**given)
+    _check_writable_file(args.db_path, "--db")
     if work.exists() and not work.is_dir():
         raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
     work.mkdir(parents=True, exist_ok=True)
