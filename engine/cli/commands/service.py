@@ -555,7 +555,12 @@ def run_serve(args) -> int:
         finally:
             server.should_exit = True
 
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())   # uvicorn re-raises it after its own shutdown
+    terminated = threading.Event()                # SIGTERM: no restart in place
+
+    def on_term(*_) -> None:
+        terminated.set()
+        stop.set()
+    signal.signal(signal.SIGTERM, on_term)        # uvicorn re-raises it after its own shutdown
     thread = threading.Thread(target=scheduler, name="arena-scheduler", daemon=True)
     thread.start()
     log(f"API and status page on http://{args.host}:{args.port}/ ("
@@ -570,7 +575,7 @@ def run_serve(args) -> int:
         if isinstance(e, InputError):
             raise e
         return 1
-    if service.restart_in_place:                  # (its store closed, its lock released: daemon.py)
+    if service.restart_in_place and not terminated.is_set():   # (store closed, lock released: daemon.py)
         _restart_in_place()
     return 0
 
