@@ -38,7 +38,7 @@ import subprocess
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from .cluster import ClusterSpec, NodeGroup, read_json_file
 from .errors import InputError
@@ -458,13 +458,16 @@ class SlurmView:
     source: str                           # "sinfo --json" or "scontrol -o -d show nodes"
 
     def spec(self) -> ClusterSpec:
-        """One node group per (GPU type, slots per node), in node-name order; hosts are the
-        Slurm node names."""
-        groups: dict[tuple[str, int], list[str]] = {}
+        """One node group per run of nodes of one (GPU type, slots per node) in ``nodes``'
+        order (``discover``: one group per kind, in node-name order, unless an earlier order
+        puts nodes the partition gained after the known ones); hosts are the Slurm node names."""
+        groups: list[tuple[tuple[str, int], list[str]]] = []
         for n in self.nodes:
-            groups.setdefault((n.gpu_type, n.slots), []).append(n.name)
+            if not groups or groups[-1][0] != (n.gpu_type, n.slots):
+                groups.append(((n.gpu_type, n.slots), []))
+            groups[-1][1].append(n.name)
         return ClusterSpec(tuple(NodeGroup(t, len(names), slots, hosts=tuple(names))
-                                 for (t, slots), names in groups.items()), f"slurm-{self.partition}")
+                                 for (t, slots), names in groups), f"slurm-{self.partition}")
 
     def node(self, name: str) -> SlurmNode:
         for n in self.nodes:
@@ -523,10 +526,11 @@ class NodeAvailability:
 
 
 def discover(commands: SlurmCommands | None = None, partition: str | None = None,
-             table: Mapping[str, str] | None = None, form: str = "auto") -> SlurmView:
+             table: Mapping[str, str] | None = None, form: str = "auto", order: Sequence[str] = ()) -> SlurmView:
     """Read the nodes of ``partition`` (None: Slurm's default partition) from Slurm.
     ``form``: ``json`` (``sinfo --json``), ``text`` (``scontrol -o -d show nodes``) or
-    ``auto`` (JSON where this Slurm prints it, else text)."""
+    ``auto`` (JSON where this Slurm prints it, else text). ``order``: the node names of an
+    earlier cluster in node-id order (``spec_order``)."""
     if form not in ("auto", "json", "text"):
         raise InputError(f"must be auto, json or text, got {form!r}", field="form")
     commands = commands or SlurmCommands()
@@ -558,15 +562,27 @@ def discover(commands: SlurmCommands | None = None, partition: str | None = None
     mine = sorted((n for n in nodes if partition in n.partitions), key=lambda n: natural_key(n.name))
     if not mine:
         raise InputError(f"Slurm partition {partition!r} has no nodes", field="--partition")
-    order = {name: i for i, name in enumerate(_spec_order(mine))}
-    return SlurmView(partition, tuple(sorted(mine, key=lambda n: order[n.name])), source)
+    rank = {name: i for i, name in enumerate(spec_order(mine, order))}
+    return SlurmView(partition, tuple(sorted(mine, key=lambda n: rank[n.name])), source)
 
 
-def _spec_order(nodes: list[SlurmNode]) -> list[str]:
-    groups: dict[tuple[str, int], list[str]] = {}
-    for n in nodes:
-        groups.setdefault((n.gpu_type, n.slots), []).append(n.name)
-    return [name for names in groups.values() for name in names]
+def spec_order(nodes: list[SlurmNode], order: Sequence[str] = ()) -> list[str]:
+    """The node names of ``nodes`` (in node-name order) in node-id order: grouped by
+    (GPU type, slots per node). With ``order`` (an earlier cluster's node names in node-id
+    order, every one of them still in ``nodes``): that order, the others appended after it
+    the same way, so that the known nodes keep their node ids (a service restarted after
+    its partition gained nodes re-adopts its launches on the nodes they run on). A node of
+    ``order`` that is gone: the plain order."""
+    def grouped(ns: list[SlurmNode]) -> list[str]:
+        groups: dict[tuple[str, int], list[str]] = {}
+        for n in ns:
+            groups.setdefault((n.gpu_type, n.slots), []).append(n.name)
+        return [name for names in groups.values() for name in names]
+    names = {n.name for n in nodes}
+    if not order or not set(order) <= names or len(set(order)) != len(order):
+        return grouped(nodes)
+    known = set(order)
+    return [*order, *grouped([n for n in nodes if n.name not in known])]
 
 
 def _try_json(commands: SlurmCommands) -> str | None:

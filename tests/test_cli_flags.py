@@ -11,7 +11,7 @@ from dataclasses import field as dataclass_field
 
 import pytest
 
-from engine.cli.commands.service import SERVE_FLAGS, SERVE_NOT_FLAGS
+from engine.cli.commands.service import SERVE_FLAGS, SERVE_NOT_FLAGS, SLURM_FLAGS
 from engine.cli.commands.train import TRAIN_FLAGS, TRAIN_NOT_FLAGS
 from engine.cli.flags import add_config_flags, config_flags, config_not_flags, config_values
 from engine.cli.main import build_parser, main
@@ -39,7 +39,8 @@ def test_every_config_field_has_its_flag_or_is_set_by_no_flag(command, configs, 
 def test_every_flag_a_table_names_is_a_flag_of_its_command():
     from engine.cli.commands.estimate import ESTIMATE_FLAGS
     from engine.cli.commands.profile import PROFILE_FLAGS
-    for command, table in (("train", TRAIN_FLAGS), ("serve", SERVE_FLAGS), ("estimate", ESTIMATE_FLAGS),
+    for command, table in (("train", TRAIN_FLAGS), ("serve", SERVE_FLAGS), ("serve", SLURM_FLAGS),
+                           ("estimate", ESTIMATE_FLAGS),
                            ("profile", PROFILE_FLAGS)):
         assert set(table.values()) <= options_of(command), command
 

@@ -24,6 +24,7 @@ from instances.slurm import (
     parse_key_values,
     parse_state,
     partitions_from_scontrol,
+    spec_order,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -154,6 +155,23 @@ def test_view_spec_groups_nodes_by_type_and_counts_foreign_capacity():
     assert v.unusable_slots({"n1": 1}) == {}               # ... unless it is ours
     assert v.out_of_service() == {"n3": "drained (maint x)"}
     assert v.launch_gres() == {"n1": "gpu:a100", "n2": "gpu:a100", "n3": None}
+
+
+def test_nodes_a_partition_gains_come_after_the_known_ones():
+    """``spec_order`` with an earlier cluster's order: the known nodes keep their node ids
+    (a restarted service re-adopts launches by node id), a gained node comes after them in
+    a group of its own even where its kind is known; a known node gone: the plain order."""
+    n1, n2, n3 = nodes_from_sinfo_json(read("sinfo.json"), TABLE)
+    n0 = replace(n2, name="n0")                           # a100 x2, sorts first by name
+    plain = spec_order([n0, n1, n2, n3])
+    assert plain == ["n0", "n1", "n2", "n3"]
+    kept = spec_order([n0, n1, n2, n3], order=("n1", "n2", "n3"))
+    assert kept == ["n1", "n2", "n3", "n0"]
+    spec = SlurmView("arena", tuple({n.name: n for n in (n0, n1, n2, n3)}[x] for x in kept), "sinfo --json").spec()
+    assert [(g.gpu_type, g.hosts) for g in spec.groups] == \
+        [("a100-40gb", ("n1", "n2")), ("cpu", ("n3",)), ("a100-40gb", ("n0",))]
+    assert [spec.node_id(h) for h in ("n1", "n2", "n3", "n0")] == [0, 1, 2, 3]
+    assert spec_order([n0, n1, n3], order=("n1", "n2", "n3")) == ["n0", "n1", "n3"]     # n2 gone
 
 
 def test_a_missing_slurm_conf_is_refused_at_once(tmp_path):

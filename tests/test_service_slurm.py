@@ -1,6 +1,7 @@
 """``arena serve --slurm`` against a real Slurm cluster on this host (``tests/slurm_cluster.py``):
-four one-GPU nodes n1-n4 (GRES ``gpu:a100:1``), a CPU node n5, and in a partition of its own
-a node n6 whose GRES type (``xpu9``) the type table lacks.
+four one-GPU nodes n1-n4 (GRES ``gpu:a100:1``), a CPU node n5, in a partition of its own
+a node n6 whose GRES type (``xpu9``) the type table lacks, and in another (``spare``) an H100
+node n7 that the service's partition gains mid-run.
 
 One service run (the ``fcfs`` policy, so that each job runs on the shape it asks for) goes
 through every scenario in turn:
@@ -13,6 +14,9 @@ through every scenario in turn:
   free GPU node within two rounds; ``state=resume``: the node is offered again, and a new
   job lands on it, the only free GPU node) and an outside ``scancel`` of the CPU job's
   Slurm job (a failed run, counted against its node, that resumes from its checkpoint);
+- the partition gains n7 (``scontrol update partitionname``): the service restarts in place
+  (the same PID; nothing relaunched, the same Slurm jobs run on) and a job asking for an
+  H100 runs on n7;
 - the controller stopped while jobs run: the rounds wait, ``arena nodes`` says why, no job
   is stopped, and the service carries on once it answers again (nodes in state UNKNOWN
   until their slurmd registers with the restarted controller stay in service);
@@ -45,7 +49,9 @@ from launcher.telemetry import read_progress
 from tests.slurm_cluster import NodeDef, SlurmCluster, unavailable
 
 NODES = (NodeDef("n1", gpus=1), NodeDef("n2", gpus=1), NodeDef("n3", gpus=1), NodeDef("n4", gpus=1),
-         NodeDef("n5", cpus=2), NodeDef("n6", gpus=1, gpu_type="xpu9", partition="odd"))
+         NodeDef("n5", cpus=2), NodeDef("n6", gpus=1, gpu_type="xpu9", partition="odd"),
+         NodeDef("n7", gpus=1, gpu_type="h100", partition="spare"))
+ARENA = tuple(n.name for n in NODES if n.partition is None)          # the service's partition at start
 GPU = "a100-40gb"
 STEPS = 60
 JOB = {"model": "tiny-gpt__2L", "global_batch": 8, "steps": STEPS}
@@ -53,6 +59,7 @@ ACROSS = {"name": "across", **JOB, "gpus": 2, "gpu_type": GPU}      # dp=2, one 
 MOVER = {"name": "mover", **JOB, "gpus": 1, "gpu_type": GPU}        # its node drained: moved
 ON_CPU = {"name": "on-cpu", **JOB, "gpus": 1, "gpu_type": "cpu"}    # cancelled from outside
 LATE = {"name": "late", **JOB, "steps": 12, "gpus": 1, "gpu_type": GPU}   # lands on the node given back
+ON_NEW = {"name": "on-new", **JOB, "steps": 12, "gpus": 1, "gpu_type": "h100-sxm"}   # on n7, once gained
 TIMEOUT_S = 240.0
 
 
@@ -228,6 +235,22 @@ def scenario(r: Run) -> None:
     seen["late_hosts"] = r.hosts(wait_for(lambda: r.running("late"), "the late job running"))
     phase("cancelled job relaunched, the resumed node took the late job")
 
+    # --- the partition gains n7: the service restarts in place, the Slurm jobs run on -----------
+    pid, mark = r.sp.proc.pid, len(r.log())
+    launches = {n: (len(r.launches(n)), (r.launches(n)[-1].pid_info or {}).get("slurm_job_id")) for n in r.ids}
+    c.run("scontrol", "update", "partitionname=arena", f"nodes={','.join(ARENA)},n7")
+    # (and in slurm.conf, as an operator would: the controller restarted below reads it)
+    c.conf.write_text(re.sub(r"(PartitionName=arena Nodes=\S+)", r"\1,n7", c.conf.read_text()))
+    wait_for(lambda: "scheduling " in r.log()[mark:].partition("restarting in place")[2],
+             "the service restarted in place", 60)
+    r.sp.wait_healthy(60)
+    seen["gain"] = (pid, r.sp.proc.pid, r.sp.alive(), launches,
+                    {n: (len(r.launches(n)), (r.launches(n)[-1].pid_info or {}).get("slurm_job_id")) for n in r.ids},
+                    r.our_slurm_jobs(), r.log()[mark:])
+    r.submit(ON_NEW)
+    seen["on_new_hosts"] = r.hosts(wait_for(lambda: r.running("on-new"), "the job on the new node running"))
+    phase("n7 gained: restarted in place, a job on n7")
+
     # --- the controller stops answering while jobs run, and comes back -------------------------
     launches = {n: len(r.launches(n)) for n in r.ids}
     mark = len(r.log())
@@ -248,12 +271,11 @@ def scenario(r: Run) -> None:
     phase("every job ended")
 
     # --- a node leaves the partition, then comes back ----------------------------------------
-    part = ",".join(n.name for n in NODES if n.partition is None and n.name != "n4")
+    part = ",".join(n for n in (*ARENA, "n7") if n != "n4")
     c.run("scontrol", "update", "partitionname=arena", f"nodes={part}")
     node4 = lambda: next(n for n in r.client.get("/api/cluster")["nodes"] if n["host"] == "n4")["slurm"]  # noqa: E731
     seen["gone"] = wait_for(lambda: node4()["out_of_service"], "n4 out of service once gone from the partition", 30)
-    c.run("scontrol", "update", "partitionname=arena",
-          f"nodes={','.join(n.name for n in NODES if n.partition is None)}")
+    c.run("scontrol", "update", "partitionname=arena", f"nodes={','.join(ARENA)},n7")
     wait_for(lambda: node4()["out_of_service"] is None, "n4 back in service", 30)
     seen["exit"] = r.sp.terminate()
     phase("stopped")
@@ -279,7 +301,7 @@ def run(cluster, tmp_path_factory):
 def test_jobs_train_to_the_end_on_the_one_process_losses_one_across_two_nodes(run, reference_losses):
     assert {n: run.status(n) for n in run.ids} == {n: "finished" for n in run.ids}
     assert len(run.seen["across_hosts"]) == 2 and run.seen["across_plan"]["dp"] == 2, run.seen
-    subs = [Submission(0, s) for s in (ACROSS, MOVER, ON_CPU, LATE)]
+    subs = [Submission(0, s) for s in (ACROSS, MOVER, ON_CPU, LATE, ON_NEW)]
     dev = loss_deviation(str(run.tmp / "state.db"), str(run.tmp / "work"), subs, run.ids, reference_losses)
     assert max(dev.values()) <= LOSS_TOL, dev
     with run.store() as st:
@@ -311,6 +333,34 @@ def test_a_slurm_drain_moves_the_job_off_within_two_rounds_and_resume_gives_the_
     assert seen["nodes_vs_sinfo_start"] is None and seen["nodes_vs_sinfo_drained"] is None
     line = next(ln for ln in seen["nodes_text_drained"].splitlines() if f" {seen['drained_host']} " in ln)
     assert re.search(r"drain(ed|ing) .*out \(Slurm, last round\): drain(ed|ing) \(arena-test\)", line), line
+
+
+@pytest.mark.slow
+def test_a_node_the_partition_gains_is_taken_in_by_a_restart_in_place(run):
+    pid, pid_after, alive, before, after, slurm_after, log = run.seen["gain"]
+    assert pid_after == pid and alive                                # the same process, executed again
+    assert after == before, (before, after)               # per job: no launch added, the same Slurm job
+    ours = {slurm_id for _, slurm_id in before.values()}
+    assert slurm_after and set(slurm_after) <= ours, (before, slurm_after)   # Slurm runs no other job of ours
+    assert ("the Slurm partition gained nodes n7 (h100-sxm x1): restarting in place to take them in; running "
+            "jobs are re-adopted") in log, log
+    assert log.count("nothing relaunched") >= len(slurm_after) and "running jobs were checkpointed" not in log, log
+    assert run.seen["on_new_hosts"] == ["n7"]
+    # (no step lost or trained twice: test_jobs_train_to_the_end_... checks every resume, and
+    # test_a_restart_takes_over_... that the job across two nodes ran every step once in one launch)
+
+
+def test_a_restart_for_new_nodes_only_for_nodes_in_two_readings_in_a_row_and_not_too_often():
+    """The decision alone (``new_nodes_restart``): which readings restart the service."""
+    from engine.service.slurm_nodes import RESTART_GAP_S, new_nodes_restart
+    assert new_nodes_restart((), ("n7",), True, None, 1e6) == ()              # seen once: not yet
+    assert new_nodes_restart(("n7",), ("n7",), True, None, 1e6) == ("n7",)    # twice in a row
+    assert new_nodes_restart(("n7",), (), True, None, 1e6) == ()              # gone again (flapping)
+    assert new_nodes_restart(("n7",), ("n7", "n8"), True, None, 1e6) == ("n7",)   # n8 waits for a second look
+    assert new_nodes_restart(("n7",), ("n7",), False, None, 1e6) == ()        # a known node missing: ids would move
+    t = 1e6
+    assert new_nodes_restart(("n7",), ("n7",), True, t, t + RESTART_GAP_S - 1) == ()   # restarted lately
+    assert new_nodes_restart(("n7",), ("n7",), True, t, t + RESTART_GAP_S) == ("n7",)
 
 
 @pytest.mark.slow
@@ -349,7 +399,8 @@ def test_bad_slurm_inputs_at_start(cluster, tmp_path, monkeypatch, capsys):
     conf = ["--slurm-conf", str(cluster.conf)]
     cases = [
         ("unknown partition", conf + ["--partition", "gpus"],
-         re.escape("arena: error: field '--partition': unknown Slurm partition 'gpus'; partitions: arena, odd")),
+         re.escape("arena: error: field '--partition': unknown Slurm partition 'gpus'; partitions: arena, odd, "
+                   "spare")),
         ("GRES type missing", conf + ["--partition", "odd"],
          re.escape("arena: error: field '--slurm-gpu-types': node n6: Slurm GRES gpu:xpu9 is not in the GRES type "
                    "table; map it to a catalog GPU type in a JSON file given with --slurm-gpu-types FILE, e.g. "

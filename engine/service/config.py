@@ -11,6 +11,11 @@ from instances.limits import check_time
 from instances.paths import real_path
 from launcher.config import MOVE_PATHS
 
+# arena serve --slurm: what to do with nodes the partition gains while the service runs
+# (engine/service/slurm_nodes.py), and the least time between two in-place restarts for them
+NEW_NODE_ACTIONS = ("restart", "ignore")
+RESTART_GAP_S = 600.0
+
 
 @dataclass(frozen=True)
 class ServiceConfig:

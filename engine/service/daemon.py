@@ -75,7 +75,7 @@ from .jobspec import JobSpec
 from .journal import JournaledExecutor
 from .lock import ServiceLock
 from .node_health import NodeHealth
-from .slurm_nodes import SlurmNodeState, SlurmSetup
+from .slurm_nodes import SlurmNodeState, SlurmSetup, read_node_record, write_node_record
 from .store import TERMINAL, Store
 from .workdir import set_aside_unknown
 
@@ -142,7 +142,11 @@ class Service:
         try:
             self.mpi: MpiExecutor = MpiExecutor(mpi_cfg) if slurm is None else SlurmExecutor(mpi_cfg, slurm.executor)
             # Slurm's node state, read again before every round (None: not on Slurm)
-            self.slurm_nodes = None if slurm is None else SlurmNodeState(slurm, log)
+            self.slurm_nodes = None
+            if slurm is not None:
+                _, restarted_at = read_node_record(cfg.work_dir)
+                self.slurm_nodes = SlurmNodeState(slurm, log, last_restart_at=restarted_at)
+                write_node_record(cfg.work_dir, tuple(n.host or "" for n in cluster.nodes()), restarted_at)
         except BaseException:
             self.store.close()
             self.lock.release()
@@ -178,6 +182,9 @@ class Service:
         self._next_retry = math.inf            # the earliest backoff end after the last round
         self._taken_over: set[tuple[str, int]] = set()   # (job, launch folder) re-adopted at recovery
         self._slurm_retry_at = -math.inf       # on Slurm: the controller is asked again from then
+        # on Slurm: the new nodes this service left its loop for, to restart in place (``run``;
+        # arena serve executes itself again when it is set)
+        self.restart_in_place: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------------------
     def _alive(self, phase: str) -> None:
@@ -436,13 +443,38 @@ class Service:
                     self.log(f"stop-after {self.cfg.stop_after_s:g} s reached")
                     break
                 if self.due(now) and self._slurm_ready(now):
+                    if self.slurm_nodes is not None and self.slurm_nodes.restart_for:
+                        self.restart_in_place = self.slurm_nodes.restart_for
+                        break
                     self.step(now)
                 self.wake.wait(self.cfg.poll_interval_s)
                 self.wake.clear()
         finally:
             self._alive("stopping")
-            self.shutdown()
+            if self.restart_in_place:
+                self.leave_for_restart()
+            else:
+                self.shutdown()
             self._alive("stopped")
+
+    def leave_for_restart(self) -> None:
+        """Leave the state as a crash would, for a restart in place that takes in the nodes
+        the Slurm partition gained (``restart_in_place``): no job is stopped or
+        checkpointed (the restarted service re-adopts the running Slurm jobs); the move
+        ledger is stored, the time of this restart recorded (slurm_nodes.py's
+        ``RESTART_GAP_S``), the store closed and the lock released."""
+        assert self.slurm_nodes is not None
+        names = self.restart_in_place
+        self.log(f"the Slurm partition gained nodes {self.slurm_nodes.describe(names)}: restarting in place to "
+                 f"take them in; running jobs are re-adopted")
+        try:
+            self.store_moves()
+        except Exception as e:                # the next start ends what is left open
+            self.log(f"the move ledger was not stored before the restart: {e}")
+        nodes, _ = read_node_record(self.cfg.work_dir)
+        write_node_record(self.cfg.work_dir, nodes, time.time())
+        self.store.close()
+        self.lock.release()
 
     @property
     def trigger(self) -> str:

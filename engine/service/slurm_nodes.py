@@ -20,8 +20,15 @@ Before every round (``SlurmNodeState.read``), against that cluster:
   as after a drain) until those jobs end. What the service's own jobs hold is read from
   Slurm (``squeue``, before and after the node list, so a launch that starts or ends
   between the two reads is not taken for someone else's);
-- nodes the partition gained since the start are named in the log and in ``arena
-  nodes``: the cluster is fixed at start, a restart takes them in.
+- nodes the partition gained since the start (``new_nodes``) are named in ``arena
+  nodes``. With ``--slurm-new-nodes restart`` (the default) the service takes them in by
+  restarting itself in place once ``restart_for`` names them (``new_nodes_restart``: the
+  same usable new nodes in two readings in a row, every node of the cluster still in the
+  partition, and no in-place restart within ``RESTART_GAP_S``): daemon.py leaves its run
+  loop as a crash would (no job stopped), and ``arena serve`` executes itself again; the
+  restarted service re-adopts the running Slurm jobs. The cluster's node order is kept in
+  the work folder (``NODE_RECORD``), so that the known nodes keep their node ids and the
+  new ones come after them. With ``ignore`` they are only logged: a restart takes them in.
 
 When the controller does not answer, the reading says so (``answered`` False): the
 service holds its rounds (nothing could be launched, stopped or moved) and the launches
@@ -31,14 +38,62 @@ logged once.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Mapping
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.slurm import CPU_TYPE, SlurmCommands, SlurmView, discover, job_slots, load_gpu_type_table
 from launcher.slurm_executor import SlurmExecutorConfig, parse_launch
+
+from .config import NEW_NODE_ACTIONS, RESTART_GAP_S
+
+NODE_RECORD = ".slurm-nodes.json"             # in the work folder: the cluster's Slurm node names in node-id
+                                              # order, and when the service last restarted for new nodes
+
+
+def read_node_record(work_dir: str | os.PathLike) -> tuple[tuple[str, ...], float | None]:
+    """The node names of the cluster the last service on this work folder ran on, in
+    node-id order, and the time of its last in-place restart (None: none); ``((), None)``
+    when there is no record or it cannot be read (discovery then numbers the nodes afresh)."""
+    try:
+        rec = json.loads((Path(work_dir) / NODE_RECORD).read_text())
+        nodes = tuple(rec["nodes"])
+        at = rec.get("restarted_at")
+        if not all(isinstance(n, str) for n in nodes) or not (at is None or isinstance(at, (int, float))):
+            return (), None
+        return nodes, None if at is None else float(at)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return (), None
+
+
+def write_node_record(work_dir: str | os.PathLike, nodes: tuple[str, ...], restarted_at: float | None) -> None:
+    """Write the record ``read_node_record`` reads (atomically: a temporary file renamed)."""
+    path = Path(work_dir) / NODE_RECORD
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"nodes": list(nodes), "restarted_at": restarted_at}))
+    os.replace(tmp, path)
+
+
+def new_nodes_restart(before: tuple[str, ...], now_usable: tuple[str, ...], all_known_present: bool,
+                      last_restart_at: float | None, now: float, gap_s: float = RESTART_GAP_S) -> tuple[str, ...]:
+    """The new nodes to restart in place for now (empty: no restart). ``before`` and
+    ``now_usable``: the usable new nodes (in the partition, not in the cluster, in service
+    by Slurm's state and held by no one else's jobs) of the last reading and of this one.
+    Only the nodes in both count (a node that flaps in and out does not restart the
+    service every round); none while a node of the cluster is missing from the partition
+    (the node ids of the known nodes would change) or within ``gap_s`` of the last
+    in-place restart."""
+    names = tuple(n for n in now_usable if n in before)
+    if not names or not all_known_present:
+        return ()
+    if last_restart_at is not None and now - last_restart_at < gap_s:
+        return ()
+    return names
 
 
 @dataclass(frozen=True)
@@ -51,6 +106,12 @@ class SlurmSettings:
     gpu_types: str | None = None           # --slurm-gpu-types FILE
     tag: str = "arena"                     # --slurm-tag
     conf: str | None = None                # --slurm-conf (None: Slurm's default, or $SLURM_CONF)
+    new_nodes: str = "restart"             # --slurm-new-nodes: restart in place to take them in, or ignore
+
+    def __post_init__(self):
+        if self.new_nodes not in NEW_NODE_ACTIONS:
+            raise InputError(f"must be one of {', '.join(NEW_NODE_ACTIONS)}, got {self.new_nodes!r}",
+                             field="new_nodes")
 
 
 @dataclass(frozen=True)
@@ -62,13 +123,14 @@ class SlurmSetup:
     executor: SlurmExecutorConfig          # launches: nodes, GRES names, partition, account, options, tag
 
     @classmethod
-    def discover(cls, settings: SlurmSettings) -> "SlurmSetup":
+    def discover(cls, settings: SlurmSettings, order: tuple[str, ...] = ()) -> "SlurmSetup":
         """Read the partition from Slurm; an ``InputError`` naming the option at fault (no
         Slurm commands, the controller down, an unknown partition, a GRES type missing
-        from the table ...)."""
+        from the table ...). ``order``: the node names of the cluster the last service ran
+        on (``read_node_record``): they keep their node ids."""
         table = load_gpu_type_table(settings.gpu_types)
         commands = SlurmCommands(settings.conf)
-        view = discover(commands, settings.partition, table)
+        view = discover(commands, settings.partition, table, order=order)
         cfg = SlurmExecutorConfig(nodes=view.node_names(), gres=view.launch_gres(), tag=settings.tag,
                                   partition=view.partition, account=settings.account, options=settings.options,
                                   conf=settings.conf)
@@ -89,6 +151,7 @@ class SlurmReading:
     out_of_service: dict[int, str] = field(default_factory=dict)   # node id -> why (Slurm, or others' jobs)
     held_by_others: dict[int, int] = field(default_factory=dict)   # node id -> slots Slurm jobs not ours hold
     new_nodes: tuple[str, ...] = ()                 # the partition's nodes the cluster lacks
+    usable_new: tuple[str, ...] = ()                # those of them Slurm has in service, held by no one else
 
     def nodes(self, spec: ClusterSpec) -> dict:
         """Per node id, Slurm's side for ``arena nodes``: its state as sinfo prints it, why
@@ -107,7 +170,9 @@ class SlurmReading:
 class SlurmNodeState:
     """Slurm's node state, read before each round against the cluster read at start."""
 
-    def __init__(self, setup: SlurmSetup, log: Callable[[str], None]):
+    def __init__(self, setup: SlurmSetup, log: Callable[[str], None], last_restart_at: float | None = None):
+        """``last_restart_at``: when a service on this work folder last restarted in place
+        for new nodes (``read_node_record``; None: never)."""
         self.setup, self.log = setup, log
         self.spec = setup.cluster
         self.commands = SlurmCommands(setup.settings.conf)
@@ -116,11 +181,14 @@ class SlurmNodeState:
         self._logged_error: str | None = None
         self._new_logged: set[str] = set()
         self.down_since: float | None = None        # the controller stopped answering (None: it answers)
+        self.last_restart_at = last_restart_at
+        self.restart_for: tuple[str, ...] = ()      # new nodes to restart in place for (new_nodes_restart)
 
     def read(self) -> SlurmReading:
         """Read Slurm's nodes now (``SlurmReading``); kept as ``last`` unless the controller
         did not answer or the read failed, where the last good reading stands."""
         now = time.time()
+        self.restart_for = ()
         try:
             self.commands.ping()
         except InputError as e:
@@ -145,13 +213,27 @@ class SlurmNodeState:
             return SlurmReading(now, error=e.reason, view=self.last.view, out_of_service=self.last.out_of_service,
                                 held_by_others=self.last.held_by_others, new_nodes=self.last.new_nodes)
         self._logged_error = None
+        previous = self.last
         self.last = SlurmReading(now, view=view, **self._against(view, before, after, self.last))
+        restart = self.setup.settings.new_nodes == "restart"
+        if restart:
+            present = {n.name for n in view.nodes} >= {n.host for n in self.spec.nodes()}
+            self.restart_for = new_nodes_restart(previous.usable_new, self.last.usable_new, present,
+                                                 self.last_restart_at, now)
         for name in self.last.new_nodes:
             if name not in self._new_logged:
                 self._new_logged.add(name)
                 self.log(f"Slurm node {name} is in partition {view.partition!r} but not in the cluster read at "
-                         f"start: restart arena serve to schedule on it")
+                         + ("start: taken in by a restart in place once it is in service in two readings in a row "
+                            f"(at most one such restart per {RESTART_GAP_S:g} s)" if restart else
+                            "start (--slurm-new-nodes ignore): restart arena serve to schedule on it"))
         return self.last
+
+    def describe(self, names: tuple[str, ...]) -> str:
+        """``n5 (a100 x1), n6 (cpu x4)``: new nodes as the last reading has them."""
+        view = self.last.view
+        by_name = {n.name: n for n in view.nodes} if view is not None else {}
+        return ", ".join(f"{n} ({by_name[n].gpu_type} x{by_name[n].slots})" if n in by_name else n for n in names)
 
     def peek(self) -> dict:
         """For ``arena nodes`` (the API's thread; nothing of this object changes): Slurm's
@@ -207,4 +289,7 @@ class SlurmNodeState:
             if node not in out:
                 what, total = kind[node]
                 out[node] = f"{k} of {total} {what} held by Slurm jobs not arena's"
-        return {"out_of_service": out, "held_by_others": dict(a.unusable_slots), "new_nodes": a.new_nodes}
+        held = view.unusable_slots(own)
+        usable = tuple(n for n in a.new_nodes if view.node(n).out_of_service is None and n not in held)
+        return {"out_of_service": out, "held_by_others": dict(a.unusable_slots), "new_nodes": a.new_nodes,
+                "usable_new": usable}

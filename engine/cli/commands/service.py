@@ -41,6 +41,8 @@ SERVE_FLAGS = config_flags(ServiceConfig)
 SERVE_NOT_FLAGS = config_not_flags(ServiceConfig)    # (the defaults hold)
 # the flags listed after --host, --port, --token and --tokens-file in `arena serve --help`
 SERVE_LAST = ("stop_after_s", "step_delay_s")
+# the flag that sets each field of SlurmSettings (engine/service/slurm_nodes.py) it validates itself
+SLURM_FLAGS = {"new_nodes": "--slurm-new-nodes"}
 
 LOOPBACK_NAMES = ("localhost",)
 # the host names a loopback service answers to without a token, beside its --host
@@ -92,6 +94,13 @@ def _register_serve(subparsers) -> None:
                          "(default %(default)s)")
     sl.add_argument("--slurm-conf", default=None, metavar="FILE",
                     help="the cluster's slurm.conf (default: Slurm's own, or $SLURM_CONF)")
+    from engine.service.config import NEW_NODE_ACTIONS, RESTART_GAP_S
+    sl.add_argument("--slurm-new-nodes", choices=NEW_NODE_ACTIONS, default="restart",
+                    help="nodes the partition gains while the service runs: restart = the service restarts "
+                         "itself in place to take them in (no job stopped: the running Slurm jobs are "
+                         "re-adopted) once such a node is in service in two readings in a row, at most once "
+                         f"per {RESTART_GAP_S:g} s; ignore = only log them (a restart takes them in) "
+                         "(default %(default)s)")
     s.add_argument("--policy", default="arena", metavar="NAME", help="scheduling policy (default arena)")
     s.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
     s.add_argument("--perf", default=None, metavar="KIND",
@@ -342,7 +351,8 @@ def build_service_parts(args) -> ServiceParts:
         raise InputError("give exactly one of --cluster FILE, --local-slots N and --slurm", field="--cluster")
     slurm_flags = [f for f, v in (("--partition", args.partition), ("--account", args.account),
                                   ("--slurm-opt", args.slurm_opt), ("--slurm-gpu-types", args.slurm_gpu_types),
-                                  ("--slurm-tag", args.slurm_tag != "arena"), ("--slurm-conf", args.slurm_conf))
+                                  ("--slurm-tag", args.slurm_tag != "arena"), ("--slurm-conf", args.slurm_conf),
+                                  ("--slurm-new-nodes", args.slurm_new_nodes != "restart"))
                    if v]
     if slurm_flags and not args.slurm:
         raise InputError(f"{slurm_flags[0]} goes with --slurm", field=slurm_flags[0])
@@ -350,10 +360,13 @@ def build_service_parts(args) -> ServiceParts:
     if args.slurm:
         if args.local_nodes != 1:
             raise InputError("--local-nodes goes with --local-slots", field="--local-nodes")
-        from engine.service.slurm_nodes import SlurmSettings, SlurmSetup
-        slurm = SlurmSetup.discover(SlurmSettings(partition=args.partition, account=args.account,
-                                                  options=tuple(args.slurm_opt), gpu_types=args.slurm_gpu_types,
-                                                  tag=args.slurm_tag, conf=args.slurm_conf))
+        from engine.service.slurm_nodes import SlurmSettings, SlurmSetup, read_node_record
+        with fields_as_flags(SLURM_FLAGS):
+            settings = SlurmSettings(partition=args.partition, account=args.account, options=tuple(args.slurm_opt),
+                                     gpu_types=args.slurm_gpu_types, tag=args.slurm_tag, conf=args.slurm_conf,
+                                     new_nodes=args.slurm_new_nodes)
+        # the nodes of the cluster the last service on this work folder ran on keep their node ids
+        slurm = SlurmSetup.discover(settings, order=read_node_record(args.work_dir)[0])
         cluster = slurm.cluster
     elif args.local_slots is not None:
         if args.local_slots < 1:
@@ -490,7 +503,12 @@ def run_serve(args) -> int:
         finally:
             server.should_exit = True
 
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())   # uvicorn re-raises it after its own shutdown
+    terminated = threading.Event()                # SIGTERM: no restart in place
+
+    def on_term(*_) -> None:
+        terminated.set()
+        stop.set()
+    signal.signal(signal.SIGTERM, on_term)        # uvicorn re-raises it after its own shutdown
     thread = threading.Thread(target=scheduler, name="arena-scheduler", daemon=True)
     thread.start()
     log(f"API and status page on http://{args.host}:{args.port}/ ("
@@ -505,7 +523,18 @@ def run_serve(args) -> int:
         if isinstance(e, InputError):
             raise e
         return 1
+    if service.restart_in_place and not terminated.is_set():   # (store closed, lock released: daemon.py)
+        _restart_in_place()
     return 0
+
+
+def _restart_in_place() -> None:
+    """Execute this ``arena serve`` command line again in this process (same PID, same
+    standard streams; every file this process opened is closed: Python opens them
+    close-on-exec), to take in the nodes the Slurm partition gained."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 # -------------------------------------------------------------------------------- clients
