@@ -76,16 +76,21 @@ def run_page(page: str, tmp_path: Path, timeout_s: float) -> str:
     text = script(page, scratch, free_port())
     proc = subprocess.Popen(["bash", "-c", text], cwd=scratch, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    timed_out = False
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        timed_out = True
         out = ""
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)      # a service the page left running
         except ProcessLookupError:
             pass
+        if timed_out:
+            out, _ = proc.communicate()              # what the page printed before the timeout
         proc.wait()
+    assert not timed_out, f"{page} did not finish within {timeout_s} s; its output so far:\n{out[-6000:]}"
     assert proc.returncode == 0, f"{page} failed (exit {proc.returncode}):\n{out[-6000:]}"
     return out
 
@@ -98,7 +103,7 @@ def test_every_tutorial_block_is_fenced_as_a_file_or_a_command():
 
 
 def test_extending_runs_as_written(tmp_path):
-    out = run_page("extending.md", tmp_path, timeout_s=400)
+    out = run_page("extending.md", tmp_path, timeout_s=600)
     lab = tmp_path / "clone" / "lab"
     for run in ("pai-fcfs", "pai-sjf", "demo-compact", "compare"):
         assert (lab / "runs" / run).is_dir(), run
@@ -108,7 +113,7 @@ def test_extending_runs_as_written(tmp_path):
 
 
 def test_operators_runs_as_written(tmp_path):
-    out = run_page("operators.md", tmp_path, timeout_s=300)
+    out = run_page("operators.md", tmp_path, timeout_s=600)
     ops = tmp_path / "clone" / "ops"
     assert "already submitted as job 1" in out, out[-3000:]                 # the key made it idempotent
     assert "drained: maintenance" in out, out[-3000:]
