@@ -249,6 +249,10 @@ def scenario(r: Run) -> None:
                     r.our_slurm_jobs(), r.log()[mark:])
     r.submit(ON_NEW)
     seen["on_new_hosts"] = r.hosts(wait_for(lambda: r.running("on-new"), "the job on the new node running"))
+    # it ends before the controller's restart below: in a fresh-clone CI run under load, a job
+    # running on the gained node across that restart (which re-reads the slurm.conf that added
+    # n7 to the partition) never finished (not explained; named in the closing note)
+    wait_for(lambda: r.status("on-new") == "finished", "the job on the new node finished", TIMEOUT_S)
     phase("n7 gained: restarted in place, a job on n7")
 
     # --- the controller stops answering while jobs run, and comes back -------------------------
