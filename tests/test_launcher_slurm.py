@@ -28,6 +28,7 @@ from launcher.launch import read_results
 from launcher.mpi_executor import MpiExecutorConfig
 from launcher.reference import train_reference
 from launcher.slurm_executor import SlurmExecutor, SlurmExecutorConfig, SlurmRun
+from tests.test_engine_helpers import wait_until
 
 MODEL = "tiny-gpt__2L"
 BATCH = 8
@@ -69,13 +70,7 @@ def executor(cluster, work: Path, tag: str, **kw) -> SlurmExecutor:
 
 
 def wait_for(pred, timeout_s=150.0, poll_s=0.1):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll_s)
-    raise AssertionError("condition not reached in time")
+    return wait_until(pred, timeout_s, "the condition", poll_s)
 
 
 def check_losses(runs: list[list[dict]], ref: list[float]) -> None:

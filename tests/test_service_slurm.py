@@ -47,6 +47,7 @@ from engine.service.store import Store
 from launcher.launch import read_results
 from launcher.telemetry import read_progress
 from tests.slurm_cluster import NodeDef, SlurmCluster, unavailable
+from tests.test_engine_helpers import wait_until
 
 NODES = (NodeDef("n1", gpus=1), NodeDef("n2", gpus=1), NodeDef("n3", gpus=1), NodeDef("n4", gpus=1),
          NodeDef("n5", cpus=2), NodeDef("n6", gpus=1, gpu_type="xpu9", partition="odd"),
@@ -86,13 +87,7 @@ def serve_args(cluster: SlurmCluster, tmp: Path, port: int) -> list[str]:
 
 
 def wait_for(pred, what: str, timeout_s: float = 90.0, poll_s: float = 0.3):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll_s)
-    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+    return wait_until(pred, timeout_s, what, poll_s)
 
 
 class Run:
