@@ -53,9 +53,12 @@ if [ -n "$apt_pid" ] && ! wait "$apt_pid"; then
   exit 1
 fi
 # One pytest worker per core (pytest-xdist; at most 4): most tests wait on subprocesses
-# (mpiexec, torch ranks, a service) part of the time. The long ones start first
-# (tests/conftest.py) and an idle worker takes tests from a busy one (worksteal).
-.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal \
+# (mpiexec, torch ranks, a service) part of the time. Tests go out one at a time to the
+# worker that is running low, except that the modules in tests/conftest.py's WHOLE_MODULES
+# go whole to one worker (--dist loadgroup), so that their module-scoped scenario (a real
+# Slurm cluster, a live service) is built once per run; those start first, then the long
+# tests (tests/conftest.py).
+.venv/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup \
   --durations=15 "$@"     # the slowest tests: where the CI budget goes
 rc=$?
 wait "$mypy_pid"
