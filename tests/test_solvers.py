@@ -171,7 +171,7 @@ def _solves_as_a_fresh_one(reused, model) -> None:
     """``reused`` (a Lagrangian backend that solved other models before) solves ``model``
     as a new backend with the same warm-start prices does."""
     fresh = make_backend("lagrangian")
-    fresh._prices = dict(reused._prices)
+    fresh.prices = reused.prices
     a = reused.solve(model, time_limit_s=1e9)
     b = fresh.solve(model, time_limit_s=1e9)
     np.testing.assert_array_equal(a.values, b.values)
@@ -200,7 +200,7 @@ def test_lagrangian_reuses_a_structure_only_when_the_next_model_has_it_and_solve
     structures = []
     for m in (base, other_objective, tighter, heavier, base):
         _solves_as_a_fresh_one(reused, m)
-        structures.append(reused._memo.structure)
+        structures.append(reused.structure)
     s0, s1, s2, s3, s4 = structures
     assert s1 is s0                                   # only the objective changed: taken as is
     assert s2 is not s1 and s3 is not s2 and s4 is not s3
