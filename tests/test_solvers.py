@@ -207,16 +207,13 @@ def test_lagrangian_reuses_a_structure_only_when_the_next_model_has_it_and_solve
 
 
 @pytest.mark.skipif("pulp-highs" not in available_backends(), reason="PuLP's HiGHS is not installed")
-def test_highs_solves_after_pulps_highs_started_the_scheduler(monkeypatch):
+def test_highs_solves_after_pulps_highs_started_the_scheduler():
     """HiGHS keeps one thread scheduler per process and refuses a run with another thread
     count ("Not Set", then a greedy decision). PuLP's HiGHS in the same process, run first
     in a fresh process, must not leave the scheduler at a count our backends then trip
     on (it did: a test order under pytest-xdist failed 24 objective tests)."""
-    import highspy
-
     from engine.decide.solvers import highs_api
-    highspy.Highs.resetGlobalScheduler(True)                 # as in a fresh process
-    monkeypatch.setattr(highs_api, "_SCHEDULER_THREADS", [None])
+    highs_api.restart_scheduler()                            # as in a fresh process
     model = small_model(0)
     first = make_backend("pulp-highs").solve(model, 30.0, rel_gap=1e-9)
     assert first.status == "optimal", first.message
