@@ -256,6 +256,15 @@ class OnlineModel:
         self._shape_cov: dict = {}              # shape -> _ShapeRuns of its runs in _by_shape
         self._changed: list = []                # the shape of every run taken into _by_shape, in order
 
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries in each derived cache now (``MAX_CACHED`` bounds each): ``shares``
+        (communication share per model, batch and grid), ``observed_base`` (the base's
+        time there), ``fits`` (per job), ``grid_sets`` and ``grid_tuples`` (per grid list),
+        ``shape_runs`` (per shape)."""
+        return {"shares": len(self._shares), "observed_base": len(self._observed_base), "fits": len(self._fits),
+                "grid_sets": len(self._grid_sets), "grid_tuples": len(self._grid_tuples),
+                "shape_runs": len(self._shape_cov)}
+
     # -- LearnsOnline ------------------------------------------------------------------
     def observe(self, job: Job, grid: Grid, iteration_time_s: float, iterations: float) -> None:
         """``iterations`` iterations of ``job`` measured on ``grid``, ``iteration_time_s`` each on average."""

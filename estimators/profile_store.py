@@ -194,7 +194,8 @@ class ProfileStore:
         return sorted(d.name for d in base.iterdir()) if base.exists() else []
 
     # -- collectives -----------------------------------------------------------------
-    def _coll_path(self, device: str) -> Path:
+    def collectives_path(self, device: str) -> Path:
+        """The file that holds ``device``'s collective records (``put_collectives``)."""
         return self.root / "collectives" / f"{device}.json"
 
     def put_collectives(self, records: list[CollectiveProfile]) -> None:
@@ -207,10 +208,10 @@ class ProfileStore:
                 old[(r.op, r.group_size, r.message_bytes, r.backend)] = r
             doc = {"schema_version": SCHEMA_VERSION, "device": device,
                    "entries": [asdict(v) for _, v in sorted(old.items())]}
-            _atomic_write(self._coll_path(device), json.dumps(doc, indent=1))
+            _atomic_write(self.collectives_path(device), json.dumps(doc, indent=1))
 
     def collective_records(self, device: str) -> list[CollectiveProfile]:
-        path = self._coll_path(device)
+        path = self.collectives_path(device)
         if not path.exists():
             return []
         raw = _read_json(path)

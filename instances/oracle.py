@@ -201,6 +201,12 @@ class _TableOracleBase:
         self._cache[(model, int(global_batch), shape.gpu_type, shape.num_nodes, shape.gpus_per_node)] = value
         return value
 
+    @property
+    def cache_size(self) -> int:
+        """How many lookups ``iteration_time`` has kept (each as asked and by its canonical
+        names): it grows with the distinct (model, batch, shape) asked, not with the calls."""
+        return len(self._cache)
+
     def is_measured(self, model: str, global_batch: int, shape: Shape) -> bool:
         key = (canonical_model_name(model), int(global_batch), canonical_gpu_name(shape.gpu_type),
                shape.num_nodes, shape.gpus_per_node)

@@ -577,6 +577,12 @@ def load_artifact(path: str | Path) -> SiaArtifact:
     return _load(artifact_root(path))
 
 
+def forget_loaded() -> None:
+    """Forget the artifacts read so far: the next ``load_artifact`` of each reads its
+    files again (after they were edited in place)."""
+    _load.cache_clear()
+
+
 def application(art: SiaArtifact, name: str) -> SiaApplication:
     """Application ``name``'s profiles on the simulated GPU clusters (read once)."""
     if name not in art.applications:

@@ -589,6 +589,14 @@ class MpiExecutor:
                        last_checkpoint_step=prog.get("last_checkpoint_step"),
                        iteration_time_s=prog.get("iteration_time_s"), reason=st.failed)
 
+    def train_config(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None = None) -> TrainConfig:
+        """The training configuration a first launch of ``job`` on ``alloc`` under ``plan``
+        would start (None: the allocation's data ranks), without launching it: the plan as
+        the launcher runs it (a Wide-ResNet's tensor ranks become data ranks), the job's
+        folders, the executor's options. With ``node_hosts`` it writes the launch's
+        hostfile, as a launch does."""
+        return self._config_for(job, alloc, plan, launch_index=0)[0]
+
     def _config_for(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None,
                     launch_index: int) -> tuple[TrainConfig, str | None]:
         job_dir = Path(self.config.work_dir) / job.job_id

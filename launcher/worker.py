@@ -77,11 +77,12 @@ def _device_names(device) -> tuple[str, str]:
     return "cpu", "cpu"
 
 
-class _Run:
+class RankRun:
     """One rank's training run, in parts that read alone: ``setup`` (distributed
     environment, model, plan, optimizer), ``resume`` (latest checkpoint), ``step`` (one
     optimizer step, timed), ``agree`` (loss and control flags, all-reduced), ``record``
-    (rank 0: step line, results, telemetry) and ``save``; ``main`` runs the loop."""
+    (rank 0: step line, results, telemetry) and ``save``; ``main`` runs the loop (a test
+    can run the parts alone, one rank in its own process)."""
 
     def __init__(self, cfg, env, t_imported: float, t_rendezvous: float):
         from . import telemetry
@@ -429,11 +430,11 @@ class _Run:
         return status, done
 
 
-def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agreed: float, old_l, held_box,
+def _carry_out_move(old: "RankRun | None", req: "d2d.MoveRequest", done: int, t_agreed: float, old_l, held_box,
                     *, position: int | None = None, t_imported: float | None = None, device=None):
     """The move's joint part, run by the old job's ranks (``old``) and by joining processes
     (``old`` None, ``position`` given): joint group, transfer, new group, new model. Returns
-    (the new ``_Run``, the step it continues from), or None for a parked position."""
+    (the new ``RankRun``, the step it continues from), or None for a parked position."""
     import socket
 
     import torch
@@ -481,7 +482,7 @@ def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agr
     else:
         local_rank, host, t_imp = me, socket.gethostname(), t_imported
     env = make_env(cfg.plan, me, n_new, local_rank, device if device is not None else device_for(cfg, me), host)
-    run = _Run(cfg, env, t_imp, time.time())
+    run = RankRun(cfg, env, t_imp, time.time())
     if old is not None:
         run.last_ckpt, run.last_save_time = old.last_ckpt, old.last_save_time
     run.move_generation = req.generation
@@ -501,7 +502,7 @@ def _carry_out_move(old: "_Run | None", req: "d2d.MoveRequest", done: int, t_agr
     return run, done
 
 
-def _train_and_move(run: "_Run", start_step: int) -> tuple["_Run", str, int]:
+def _train_and_move(run: "RankRun", start_step: int) -> tuple["RankRun", str, int]:
     """Train, carrying out device-to-device moves as they are requested; (the run at the
     end, status, steps done). A parked rank returns status "parked"."""
     while True:
@@ -565,7 +566,7 @@ def main(config_path: str) -> int:
     t_imported = _import_torch()
     cfg = TrainConfig.read(config_path)
     env = init_distributed(cfg)
-    run = _Run(cfg, env, t_imported, time.time())
+    run = RankRun(cfg, env, t_imported, time.time())
     run.setup()
     start_step = run.resume()
     if start_step >= cfg.steps:

@@ -517,7 +517,8 @@ def test_derived_caches_stay_bounded_and_estimates_survive_their_clearing(base):
     for job in jobs:
         grids = tuple(candidate_grids(job, cl, max_gpus=8))        # a tuple: the model keeps it by identity too
         before[job.job_id] = m.throughputs(job, grids)
-        assert len(m._fits) <= 3 and len(m._grid_sets) <= 3 and len(m._grid_tuples) <= 3 and len(m._shares) <= 3
+        sizes = m.cache_sizes()
+        assert {"fits", "grid_sets", "grid_tuples", "shares"} <= set(sizes) and max(sizes.values()) <= 3
     for job in jobs:                     # recomputed after being dropped: the same estimates
         grids = candidate_grids(job, cl, max_gpus=8)
         assert m.throughputs(job, grids) == before[job.job_id]

@@ -415,7 +415,7 @@ def _reference_expand(st) -> None:
 @given(gpus=st.sampled_from([16, 32, 64]), jobs=st.integers(1, 30), seed=st.integers(0, 10_000),
        running=st.floats(0.0, 1.0), budget=st.sampled_from([0.0, 0.2, 1.0]))
 def test_compiled_expand_equals_the_plain_reference(gpus, jobs, seed, running, budget):
-    from engine.decide.incremental.search import _State
+    from engine.decide.incremental.search import SearchState
     data = synthetic_round_data(gpus, jobs, seed, running_fraction=running)
     cols = candidate_columns(data)
     model = build_model(data, OBJ, columns=cols)
@@ -424,7 +424,7 @@ def test_compiled_expand_equals_the_plain_reference(gpus, jobs, seed, running, b
     frozen = np.zeros(data.n_jobs, dtype=bool)
     frozen[np.flatnonzero(cur >= 0)[::4]] = True
     lim_jobs, lim_gpus = IncrementalConfig(move_budget_jobs=budget, move_budget_gpus=budget).limits(data)
-    a, b = (_State(model, start, data.col_gpus[cols], data.col_type[cols], frozen, lim_jobs, lim_gpus)
+    a, b = (SearchState(model, start, data.col_gpus[cols], data.col_type[cols], frozen, lim_jobs, lim_gpus)
             for _ in range(2))
     a.repair_start()
     b.repair_start()
@@ -447,21 +447,20 @@ def test_expand_short_cuts_on_a_closed_cluster_equal_the_plain_reference(seed):
     round where the queued jobs want far more than the cluster has, every type closes
     during expand, so the short cuts are taken; the decision equals the plain reference,
     which has none."""
-    from engine.decide.incremental import kernel
-    from engine.decide.incremental.search import _State
+    from engine.decide.incremental.search import SearchState
     data = synthetic_round_data(32, 60, seed, running_fraction=0.3)
     cols = candidate_columns(data)
     model = build_model(data, OBJ, columns=cols)
     assert model.capacity_rows is not None and np.all(model.capacity_rows >= 0)
     start = data.current_among(cols)
-    a, b = (_State(model, start, data.col_gpus[cols], data.col_type[cols], np.zeros(data.n_jobs, dtype=bool),
+    a, b = (SearchState(model, start, data.col_gpus[cols], data.col_type[cols], np.zeros(data.n_jobs, dtype=bool),
                    np.inf, np.inf) for _ in range(2))
     assert np.all(a.cap >= 0)                  # every type's capacity row is known to the kernel
     a.repair_start()
     b.repair_start()
     a.expand()
     _reference_expand(b)
-    assert kernel._all_closed(a.cap, a.min_use, a.ub, a.act)
+    assert a.all_types_closed()
     assert a.assign.tolist() == b.assign.tolist() and a.counts[0] == b.counts[0]
     assert np.allclose(a.act, b.act)
 

@@ -139,7 +139,7 @@ def test_config_is_validated():
 def test_repeated_calls_are_served_from_the_cache(oracle):
     shape = Shape("h100-sxm", 3, 8)
     first = oracle.iteration_time("moe__10B", 512, shape)
-    size = len(oracle._cache)
+    size = oracle.cache_size
     for _ in range(100):
         assert oracle.iteration_time("moe__10B", 512, shape) == first
-    assert len(oracle._cache) == size
+    assert oracle.cache_size == size

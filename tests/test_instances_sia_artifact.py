@@ -33,7 +33,7 @@ def _copy(tmp_path: Path) -> Path:
 
 def _fresh(root: Path):
     from instances import sia_artifact, sia_instances
-    sia_artifact._load.cache_clear()
+    sia_artifact.forget_loaded()
     sia_instances.sia_world.cache_clear()
     return root
 
@@ -131,9 +131,9 @@ def test_fixed_batch_jobs_keep_their_executor_path():
     from engine.core.reconfig import ReconfigCostModel
     from engine.sim.sim_executor import SimExecutor
     from instances.oracle import TableOracle
-    assert SimExecutor(TableOracle(), ReconfigCostModel())._segments is False
+    assert SimExecutor(TableOracle(), ReconfigCostModel()).rates_change_with_progress is False
     assert SimExecutor(GoodputOracle(load_sia_instance("sia:mini/workload-2", SIM).oracle.world),
-                       ReconfigCostModel())._segments is True
+                       ReconfigCostModel()).rates_change_with_progress is True
 
 
 @pytest.mark.parametrize("edit, where, message", [

@@ -77,7 +77,7 @@ def test_a_train_config_with_a_key_twice_is_refused(tmp_path):
 def test_a_profile_store_file_with_a_key_twice_is_refused(tmp_path):
     from estimators.profile_store import ProfileStore
     store = ProfileStore(tmp_path)
-    path = store._coll_path("cpu")
+    path = store.collectives_path("cpu")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"schema_version": 1, "device": "cpu", "entries": [], "entries": []}')
     with pytest.raises(InputError, match="key 'entries' given twice") as e:

@@ -56,7 +56,7 @@ def test_refuses_a_plan_that_does_not_match_the_allocation(tmp_path):
         ex.progress("j0")                                   # never launched
     # a Wide-ResNet plan's tensor ranks run as data ranks (the launcher has no conv TP)
     wrn = Job("j3", "tiny-wide_resnet__50", BATCH, STEPS, 0.0)
-    cfg, _ = ex._config_for(wrn, alloc(1), Plan(pp=1, dp=1, tp=2, stage_layers=(18,)), 0)
+    cfg = ex.train_config(wrn, alloc(1), Plan(pp=1, dp=1, tp=2, stage_layers=(18,)))
     assert (cfg.plan.dp, cfg.plan.tp, cfg.plan.pp) == (2, 1, 1)
     with pytest.raises(InputError, match="needs dp\\*tp\\*pp = 4 ranks but 2"):
         ex.launch(job, alloc(1), Plan(pp=1, dp=4, tp=1, stage_layers=(4,)), 0.0)

@@ -307,13 +307,13 @@ def test_a_save_with_non_finite_weights_is_refused_and_keeps_the_last_checkpoint
 
     from launcher.checkpoint import latest_checkpoint
     from launcher.dist import make_env
-    from launcher.worker import _Run
+    from launcher.worker import RankRun
 
     ck = tmp_path / "ck"
     c = TrainConfig(model=MODEL, plan=ParallelPlan(), steps=3, checkpoint_dir=str(ck), run_dir=str(tmp_path / "run"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        run = _Run(c, make_env(c.plan, 0, 1, 0, torch.device("cpu"), socket.gethostname()), 0.0, 0.0)
+        run = RankRun(c, make_env(c.plan, 0, 1, 0, torch.device("cpu"), socket.gethostname()), 0.0, 0.0)
         run.setup()
         run.build_schedule_and_data()
         run.step(0)

@@ -28,12 +28,12 @@ def test_policy_bench_writes_rows_table_and_figure(tmp_path, capsys):
 
 
 def test_policy_bench_rejects_options_for_absent_policies():
-    from engine.cli.commands.bench.policies import _policy_options
+    from engine.cli.commands.bench.policies import policy_options
     from instances.errors import InputError
     with pytest.raises(InputError):
-        _policy_options(["arena:w_jct=2"], ["fcfs"])
+        policy_options(["arena:w_jct=2"], ["fcfs"])
     # values are parsed as arena simulate's are (a policy that checks a bool gets a bool)
-    assert _policy_options(["arena:w_jct=2", "arena:stability=false"], ["arena"]) == \
+    assert policy_options(["arena:w_jct=2", "arena:stability=false"], ["arena"]) == \
         {"arena": {"w_jct": 2, "stability": False}}
 
 
@@ -160,7 +160,7 @@ def test_slurm_tasks_gather_in_rank_order_and_name_a_task_that_failed(tmp_path, 
     zero = SlurmTasks(0, 2, one.folder)
     assert one.gather({"r": 1}) is None
     assert zero.gather({"r": 0}) == [{"r": 0}, {"r": 1}]
-    one._at_exit()                                                          # task 1 exits before its next rows
+    one.at_exit()                                                           # task 1 exits before its next rows
     with pytest.raises(TaskFailed, match="Slurm task 1 of 2 ended without its rows"):
         zero.gather({"r": 0})
     one.finish()

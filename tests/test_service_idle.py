@@ -37,7 +37,7 @@ def idle(tmp_path):
     real = svc.store.job_ids
     svc.store.job_ids = lambda status: reads.append(status) or real(status)      # type: ignore[method-assign]
     now = time.time()
-    svc._trigger, svc._last_round = "", now - svc.cfg.min_round_gap_s            # a round just past its gap
+    svc.close_round(now - svc.cfg.min_round_gap_s)                # a round just past its gap
     try:
         yield svc, db, ids, reads, now
     finally:
@@ -50,7 +50,7 @@ def test_the_idle_check_reads_the_queue_once_and_then_only_after_the_store_chang
     for _ in range(3):
         assert not svc.due(now)
     assert reads == ["queued"]                                 # nothing committed since: not read again
-    svc._quiet_version = None                                  # as after a round (it wrote to the store)
+    svc.close_round(now - svc.cfg.min_round_gap_s)             # as after a round (it wrote to the store)
     assert not svc.due(now) and reads == ["queued", "queued"]
 
 
@@ -73,7 +73,7 @@ def test_a_failed_jobs_backoff_ends_the_wait_without_reading_the_queue(idle):
     svc, db, ids, reads, now = idle
     assert not svc.due(now)
     svc.loop.state.queued[str(ids[0])].retry_after_s = now + 5.0    # as a failed run leaves it
-    svc._next_retry = svc._backoff_end_after(now)              # (found at the end of each round)
-    assert not svc.due(now + 1.0)
+    svc.close_round(now - svc.cfg.min_round_gap_s)             # the round that failed it (finds the backoff end)
+    assert not svc.due(now + 1.0) and reads == ["queued", "queued"]     # the look after that round
     assert svc.due(now + 6.0) and svc.trigger == "a failed job's backoff ended"
-    assert reads == ["queued"]
+    assert reads == ["queued", "queued"]                       # the backoff's end, without reading the queue

@@ -441,17 +441,16 @@ def test_a_node_unknown_after_a_controller_restart_keeps_its_last_verdict():
     service (their jobs would be stopped); a node UNKNOWN at start, or drained/down, is out."""
     from dataclasses import replace
 
-    from engine.service.slurm_nodes import SlurmNodeState, SlurmReading
+    from engine.service.slurm_nodes import SlurmReading, reading_against
     from instances.slurm import SlurmView, load_gpu_type_table, nodes_from_sinfo_json
     text = (Path(__file__).parent / "data" / "slurm" / "sinfo.json").read_text()
     start = SlurmView("arena", tuple(nodes_from_sinfo_json(text, load_gpu_type_table())), "sinfo --json")
-    state = SlurmNodeState.__new__(SlurmNodeState)           # (its Slurm commands are not used here)
-    state.spec = start.spec()
+    spec = start.spec()
     n1, n2, n3 = start.nodes
     unknown = SlurmView("arena", (replace(n1, state="UNKNOWN", flags=("NOT_RESPONDING",), gpus_alloc=0),
                                   replace(n2, state="UNKNOWN"), replace(n3, state="UNKNOWN", flags=("DRAIN",))),
                         "sinfo --json")
     before = SlurmReading(0.0, view=start, out_of_service={1: "drained (disk)"})
-    got = state._against(unknown, {}, {}, before)["out_of_service"]
+    got = reading_against(spec, unknown, {}, {}, before)["out_of_service"]
     assert got == {1: "drained (disk)", 2: "unknown, drained (maint x)"}, got
-    assert set(state._against(unknown, {}, {})["out_of_service"]) == {0, 1, 2}      # at start: out
+    assert set(reading_against(spec, unknown, {}, {})["out_of_service"]) == {0, 1, 2}   # at start: out

@@ -68,7 +68,7 @@ def test_the_log_forgets_the_least_recently_read_files_beyond_its_points(tmp_pat
     for d in dirs:
         write(d / "results.jsonl", [{"step": s, "loss": 1.0} for s in range(3)])
         log.points(d)
-    assert log._held == 3 and list(log._files) == [str(dirs[2] / "results.jsonl")]   # 3 + 3 > 5: older dropped
+    assert log.points_held == 3 and log.files_held == (str(dirs[2] / "results.jsonl"),)   # 3 + 3 > 5: older dropped
     assert log.points(dirs[0])[0].tolist() == [0, 1, 2]                    # forgotten, read again when asked
     with pytest.raises(ValueError):
         LossLog(max_points=-1)

@@ -171,7 +171,7 @@ def _solves_as_a_fresh_one(reused, model) -> None:
     """``reused`` (a Lagrangian backend that solved other models before) solves ``model``
     as a new backend with the same warm-start prices does."""
     fresh = make_backend("lagrangian")
-    fresh._prices = dict(reused._prices)
+    fresh.prices = reused.prices
     a = reused.solve(model, time_limit_s=1e9)
     b = fresh.solve(model, time_limit_s=1e9)
     np.testing.assert_array_equal(a.values, b.values)
@@ -200,23 +200,20 @@ def test_lagrangian_reuses_a_structure_only_when_the_next_model_has_it_and_solve
     structures = []
     for m in (base, other_objective, tighter, heavier, base):
         _solves_as_a_fresh_one(reused, m)
-        structures.append(reused._memo.structure)
+        structures.append(reused.structure)
     s0, s1, s2, s3, s4 = structures
     assert s1 is s0                                   # only the objective changed: taken as is
     assert s2 is not s1 and s3 is not s2 and s4 is not s3
 
 
 @pytest.mark.skipif("pulp-highs" not in available_backends(), reason="PuLP's HiGHS is not installed")
-def test_highs_solves_after_pulps_highs_started_the_scheduler(monkeypatch):
+def test_highs_solves_after_pulps_highs_started_the_scheduler():
     """HiGHS keeps one thread scheduler per process and refuses a run with another thread
     count ("Not Set", then a greedy decision). PuLP's HiGHS in the same process, run first
     in a fresh process, must not leave the scheduler at a count our backends then trip
     on (it did: a test order under pytest-xdist failed 24 objective tests)."""
-    import highspy
-
     from engine.decide.solvers import highs_api
-    highspy.Highs.resetGlobalScheduler(True)                 # as in a fresh process
-    monkeypatch.setattr(highs_api, "_SCHEDULER_THREADS", [None])
+    highs_api.restart_scheduler()                            # as in a fresh process
     model = small_model(0)
     first = make_backend("pulp-highs").solve(model, 30.0, rel_gap=1e-9)
     assert first.status == "optimal", first.message

@@ -511,8 +511,8 @@ class Service:
 
     def step(self, now: float) -> RoundRecord:
         """One round at ``now`` (wall clock). Its steps (``end_orphans``, ``carry_out_holds``,
-        ``sync_priorities``, ``apply_drains``, ``count_node_failure``, ``store_moves``) are
-        public so that a test can drive one alone."""
+        ``sync_priorities``, ``apply_drains``, ``count_node_failure``, ``store_moves``,
+        ``close_round``) are public so that a test can drive one alone."""
         loop, st = self.loop, self.loop.state
         t_start = time.perf_counter()
         self._alive(f"round {self._round_index + 1}")
@@ -569,14 +569,21 @@ class Service:
         finally:
             self.executor.stop_reasons.clear()         # a job that moved instead of stopping
         self.store_moves()
-        self._last_round, self._trigger = now, ""
-        self._quiet_version = None                     # this round wrote to the store: look again
-        self._next_retry = self._backoff_end_after(now)
+        self.close_round(now)
         rest = time.perf_counter() - t_round
         decide = rec.context_time_s + rec.decision_time_s
         self.round_parts = {"adopt_s": t_round - t_start, "decide_s": decide, "record_s": self._record_s,
                             "carry_s": max(0.0, rest - decide - self._record_s)}
         return rec
+
+    def close_round(self, now: float) -> None:
+        """The idle check's state after a round at ``now`` (the last of ``step``'s steps):
+        the next round is at least ``min_round_gap_s`` later and ``round_interval_s`` at
+        the latest, no trigger is pending, the store is read again at the next ``due``
+        (the round wrote to it), and the earliest end of a queued job's backoff is found."""
+        self._last_round, self._trigger = now, ""
+        self._quiet_version = None                     # this round wrote to the store: look again
+        self._next_retry = self._backoff_end_after(now)
 
     def _backoff_end_after(self, now: float) -> float:
         """The earliest end of a queued job's backoff after ``now`` (inf: none), for the idle

@@ -58,6 +58,20 @@ class LossLog:
             self._forget()
         return out
 
+    @property
+    def points_held(self) -> int:
+        """The points kept now, over all files: at most ``max_points``, unless the file
+        read last alone holds more."""
+        with self._lock:
+            return self._held
+
+    @property
+    def files_held(self) -> tuple[str, ...]:
+        """The results files whose points are kept, least recently read first (forgotten
+        first)."""
+        with self._lock:
+            return tuple(self._files)
+
     def _update(self, path: str) -> _File | None:
         try:
             st = os.stat(path)

@@ -167,6 +167,39 @@ class SlurmReading:
         return out
 
 
+def reading_against(spec: ClusterSpec, view: SlurmView, before: dict[str, int], after: dict[str, int],
+                    previous: SlurmReading | None = None) -> dict:
+    """``view`` (Slurm's nodes read now) against ``spec`` (the cluster read at start): the
+    fields of a ``SlurmReading`` after its time and view (out of service: Slurm's state,
+    gone, changed, held by jobs not ours; held slots; new nodes, and those of them usable).
+    ``before``/``after``: per Slurm node, our jobs' slots read just before and after
+    ``view`` (the larger counts). A node in state UNKNOWN without a drain, down or failing
+    flag (a restarted controller before the node's slurmd has registered again) keeps its
+    verdict of ``previous``: a controller restart does not take every node out of service
+    (at start, with no earlier reading, such a node is out)."""
+    own = {n: max(before.get(n, 0), after.get(n, 0)) for n in {*before, *after}}
+    a = view.availability(spec, own)
+    out = dict(a.out_of_service)
+    if previous is not None:
+        by_name = {n.name: n for n in view.nodes}
+        for node in spec.nodes():
+            s = by_name.get(node.host or "")
+            if s is None or not s.registering:
+                continue
+            out.pop(node.node_id, None)
+            if node.node_id in previous.out_of_service:
+                out[node.node_id] = previous.out_of_service[node.node_id]
+    kind = {n.node_id: ("GPUs" if n.gpu_type != CPU_TYPE else "CPUs", n.num_gpus) for n in spec.nodes()}
+    for node, k in a.unusable_slots.items():
+        if node not in out:
+            what, total = kind[node]
+            out[node] = f"{k} of {total} {what} held by Slurm jobs not arena's"
+    held = view.unusable_slots(own)
+    usable = tuple(n for n in a.new_nodes if view.node(n).out_of_service is None and n not in held)
+    return {"out_of_service": out, "held_by_others": dict(a.unusable_slots), "new_nodes": a.new_nodes,
+            "usable_new": usable}
+
+
 class SlurmNodeState:
     """Slurm's node state, read before each round against the cluster read at start."""
 
@@ -177,7 +210,7 @@ class SlurmNodeState:
         self.spec = setup.cluster
         self.commands = SlurmCommands(setup.settings.conf)
         self.last = SlurmReading(time.time(), view=setup.view,
-                                 **self._against(setup.view, self._own(), self._own()))
+                                 **reading_against(self.spec, setup.view, self._own(), self._own()))
         self._logged_error: str | None = None
         self._new_logged: set[str] = set()
         self.down_since: float | None = None        # the controller stopped answering (None: it answers)
@@ -214,7 +247,7 @@ class SlurmNodeState:
                                 held_by_others=self.last.held_by_others, new_nodes=self.last.new_nodes)
         self._logged_error = None
         previous = self.last
-        self.last = SlurmReading(now, view=view, **self._against(view, before, after, self.last))
+        self.last = SlurmReading(now, view=view, **reading_against(self.spec, view, before, after, self.last))
         restart = self.setup.settings.new_nodes == "restart"
         if restart:
             present = {n.name for n in view.nodes} >= {n.host for n in self.spec.nodes()}
@@ -262,34 +295,3 @@ class SlurmNodeState:
             for name in js.nodes:
                 own[name] = own.get(name, 0) + (js.gpus_per_node if name in gpu_nodes else js.cpus_per_node)
         return own
-
-    def _against(self, view: SlurmView, before: dict[str, int], after: dict[str, int],
-                 previous: SlurmReading | None = None) -> dict:
-        """``view`` against the cluster at start: out of service (Slurm's state, gone,
-        changed, held by jobs not ours), held slots, new nodes. ``before``/``after``: our
-        jobs' slots read just before and after ``view`` (the larger counts). A node in
-        state UNKNOWN without a drain, down or failing flag (a restarted controller before
-        the node's slurmd has registered again) keeps its verdict of ``previous``: a
-        controller restart does not take every node out of service (at start, with no
-        earlier reading, such a node is out)."""
-        own = {n: max(before.get(n, 0), after.get(n, 0)) for n in {*before, *after}}
-        a = view.availability(self.spec, own)
-        out = dict(a.out_of_service)
-        if previous is not None:
-            by_name = {n.name: n for n in view.nodes}
-            for node in self.spec.nodes():
-                s = by_name.get(node.host or "")
-                if s is None or not s.registering:
-                    continue
-                out.pop(node.node_id, None)
-                if node.node_id in previous.out_of_service:
-                    out[node.node_id] = previous.out_of_service[node.node_id]
-        kind = {n.node_id: ("GPUs" if n.gpu_type != CPU_TYPE else "CPUs", n.num_gpus) for n in self.spec.nodes()}
-        for node, k in a.unusable_slots.items():
-            if node not in out:
-                what, total = kind[node]
-                out[node] = f"{k} of {total} {what} held by Slurm jobs not arena's"
-        held = view.unusable_slots(own)
-        usable = tuple(n for n in a.new_nodes if view.node(n).out_of_service is None and n not in held)
-        return {"out_of_service": out, "held_by_others": dict(a.unusable_slots), "new_nodes": a.new_nodes,
-                "usable_new": usable}

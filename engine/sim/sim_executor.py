@@ -104,6 +104,12 @@ class SimExecutor:
         self._carry: list[JobProgress] = []   # completions found outside ``advance``
         self._segments = callable(getattr(oracle, "segment", None))   # rates that change with progress
 
+    @property
+    def rates_change_with_progress(self) -> bool:
+        """Whether the oracle's rates change as a job progresses (it has ``segment``, as
+        Sia's goodput oracle): jobs then run segment by segment; else each at one rate."""
+        return self._segments
+
     # -- truth ---------------------------------------------------------------------
     def true_iteration_time(self, job: Job, shape: Shape) -> float | None:
         key = (job.job_id, shape)

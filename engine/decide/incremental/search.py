@@ -64,12 +64,13 @@ class SearchSteps:
     balance: bool = True
 
 
-class _State:
+class SearchState:
     """The incumbent: a column per job and the activities of the coupling rows (rows
     over the choice variables with a finite upper bound, job rows excluded), plus two
     budget rows (jobs moved, GPUs moved). Column usage is held densely, one row per
     column (``U``): the coupling rows are few (GPU types x node-shape levels, plus any
-    quota rows)."""
+    quota rows). ``incremental_search`` runs its steps (``repair_start``, ``expand``,
+    ``balance``); a test or an ablation can run them one at a time."""
 
     def __init__(self, model: MilpModel, start: np.ndarray, col_gpus: np.ndarray, col_type: np.ndarray,
                  frozen: np.ndarray, max_moved_jobs: float, max_moved_gpus: float):
@@ -155,6 +156,13 @@ class _State:
         from . import kernel
         return bool(kernel.balance(*self._args()))
 
+    def all_types_closed(self) -> bool:
+        """Whether every GPU type is closed now (expand's short cut): its capacity row's
+        slack is below the least any of its columns uses, so no column of a job that
+        holds no GPUs fits (a type whose capacity row is not known stays open)."""
+        from . import kernel
+        return bool(kernel._all_closed(self.cap, self.min_use, self.ub, self.act))
+
     def values(self) -> np.ndarray:
         x = np.zeros(self.n_x + 1)
         x[self.assign] = 1.0
@@ -177,8 +185,8 @@ def incremental_search(model: MilpModel, start: np.ndarray, col_gpus: np.ndarray
         raise ValueError("incremental search: start and frozen need one entry per job")
     if not (max_moved_jobs >= 0 and max_moved_gpus >= 0):
         raise ValueError("incremental search: move budgets must be >= 0")
-    st = _State(model, np.asarray(start, dtype=np.int64), col_gpus, col_type, frozen,
-                max_moved_jobs, max_moved_gpus)
+    st = SearchState(model, np.asarray(start, dtype=np.int64), col_gpus, col_type, frozen,
+                     max_moved_jobs, max_moved_gpus)
     st.repair_start()
     t1 = time.perf_counter()
     if steps.expand:

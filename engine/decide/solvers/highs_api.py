@@ -84,6 +84,15 @@ def claim_scheduler(threads: int) -> None:
     _SCHEDULER_THREADS[0] = threads
 
 
+def restart_scheduler() -> None:
+    """Restart HiGHS's global thread scheduler, as a fresh process has it: the next HiGHS
+    run, ours (``claim_scheduler``) or another library's such as PuLP's, starts it with
+    its own thread count."""
+    import highspy
+    highspy.Highs.resetGlobalScheduler(True)
+    _SCHEDULER_THREADS[0] = None
+
+
 def new_highs(threads: int = 1):
     """A silent Highs instance for ``threads`` threads (``claim_scheduler``)."""
     import highspy

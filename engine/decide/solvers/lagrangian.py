@@ -210,6 +210,23 @@ class LagrangianBackend:
     def available(self) -> bool:
         return True
 
+    @property
+    def prices(self) -> dict[str, float]:
+        """The warm-start prices the next solve starts from (row name -> Lagrange
+        multiplier; the last solve's), a copy. Setting them starts this backend where
+        another one is (rows of the next model not named start at 0)."""
+        return dict(self._prices)
+
+    @prices.setter
+    def prices(self, prices: dict[str, float]) -> None:
+        self._prices = dict(prices)
+
+    @property
+    def structure(self) -> Structure | None:
+        """The greedy's arrays built for the last model solved, reused as is (the same
+        object) while the next model has the same structure (None before the first solve)."""
+        return self._memo.structure
+
     def applies_to(self, model) -> bool:
         """``applicable(model)``, remembered for a model of the last one's structure."""
         return self._memo.look(model)

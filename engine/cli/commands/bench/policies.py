@@ -90,7 +90,7 @@ def _policy_labels(specs: list[str]) -> dict[str, str]:
     return out
 
 
-def _policy_options(specs: list[str], policies) -> dict[str, dict]:
+def policy_options(specs: list[str], policies) -> dict[str, dict]:
     """``--policy-opt LABEL:KEY=VALUE`` per label, values parsed as ``arena simulate``'s
     (int, float, bool or str)."""
     from instances.errors import InputError
@@ -199,7 +199,7 @@ def run_policy_bench(args) -> int:
     from ...common import build_policy, parse_options
     names = _policy_labels(args.policy or list(DEFAULT_POLICIES))
     policies = list(names)
-    options = _policy_options(args.policy_opt, policies)
+    options = policy_options(args.policy_opt, policies)
     for label in policies:          # names, options and inputs are checked before any simulation runs
         try:
             build_policy(names[label], options[label])

@@ -44,7 +44,7 @@ class SlurmTasks:
         self.rank, self.size, self.folder = rank, size, folder
         self._gathers = 0
         self.folder.mkdir(parents=True, exist_ok=True)
-        atexit.register(self._at_exit)
+        atexit.register(self.at_exit)
         self._done = False
 
     def Get_rank(self) -> int:                     # noqa: N802  (mpi4py's names)
@@ -90,7 +90,10 @@ class SlurmTasks:
             except OSError:
                 pass
 
-    def _at_exit(self) -> None:
+    def at_exit(self) -> None:
+        """Registered with ``atexit``: a task other than 0 that exits before ``finish``
+        leaves a mark in the folder, so that task 0's next ``gather`` fails with
+        ``TaskFailed`` naming it instead of waiting for its rows."""
         if not self._done and self.rank != 0:
             try:
                 (self.folder / f"failed-rank-{self.rank}").write_text("it exited before it was done\n")
