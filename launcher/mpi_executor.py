@@ -598,16 +598,21 @@ class MpiExecutor:
                        last_checkpoint_step=prog.get("last_checkpoint_step"),
                        iteration_time_s=prog.get("iteration_time_s"), reason=st.failed)
 
+    def _reachable(self) -> bool:
+        """Whether a kill can reach the ranks now (here: always)."""
+        return True
+
     def _watch_stall(self, st: LaunchedJob) -> None:
         """A running launch whose ranks have written nothing (no step, progress or event:
         ``launch.last_sign_of_life``) for ``run_stall_s`` since it started running (start-up
         included: ranks that never start, e.g. Hydra's ``mpiexec`` waiting for proxies its
         ``srun`` failed to start, never write anything) is killed; it then ends as a failed
         run (``stalled`` in its reason) and the job resumes from its last checkpoint. A kill
-        that did not end it (e.g. Slurm not answering) is repeated every ``stop_timeout_s``."""
+        that did not end it is repeated every ``stop_timeout_s``; none while the ranks cannot
+        be reached (``_reachable``: Slurm not answering)."""
         limit = self.config.run_stall_s
         since = getattr(st.proc, "running_since", None)
-        if limit is None or since is None or st.stopping:
+        if limit is None or since is None or st.stopping or not self._reachable():
             return
         now = time.time()
         if st.stalled is None:

@@ -370,6 +370,11 @@ class SlurmExecutor(MpiExecutor):
             self._unanswered = False
         return self._snapshot.get(slurm_job_id)
 
+    def _reachable(self) -> bool:
+        """Not while the last ``squeue`` failed (the controller away: ``scancel`` would retry
+        for about ``MessageTimeout`` seconds and then fail)."""
+        return not self._unanswered
+
     def _accounted(self, slurm_job_id: int) -> SlurmJob | None:
         job = list_jobs(self.commands, [slurm_job_id]).get(slurm_job_id)
         return job if job is not None else accounted_job(self.commands, slurm_job_id)
