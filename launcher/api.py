@@ -13,7 +13,17 @@ from pathlib import Path
 
 from .checkpoint import latest_checkpoint, read_meta
 from .config import OptimizerConfig, ParallelPlan, TrainConfig
-from .launch import LogEcho, kill_job, rank_exit_codes, ranks_not_done, read_events, read_results, start, tail
+from .launch import (
+    LogEcho,
+    kill_job,
+    last_sign_of_life,
+    rank_exit_codes,
+    ranks_not_done,
+    read_events,
+    read_results,
+    start,
+    tail,
+)
 from .telemetry import NONFINITE, read_progress
 from .validate import validate
 from .worker import NONFINITE_EXIT
@@ -94,19 +104,6 @@ def _output_tail(run_dir, rc: int) -> str:
             f"{tail(Path(run_dir) / 'stdout.log', 1000)}")
 
 
-def _last_sign_of_life(run_dir: Path) -> float | None:
-    """Latest modification time of what rank 0 writes when training starts and at each
-    step; None before that (start-up: imports, rendezvous, checkpoint load)."""
-    out = None
-    for name in ("results.jsonl", "progress.json", "events.jsonl"):
-        try:
-            mtime = (run_dir / name).stat().st_mtime
-            out = mtime if out is None else max(out, mtime)
-        except FileNotFoundError:
-            pass
-    return out
-
-
 def _wait(proc: subprocess.Popen, cfg: TrainConfig, timeout_s: float) -> int:
     """mpiexec's exit status; TIMED_OUT_RC after stopping it at the timeout; STALLED_RC after
     killing a job that, once started, finished no step for ``cfg.stall_timeout_s`` (start-up
@@ -120,7 +117,7 @@ def _wait(proc: subprocess.Popen, cfg: TrainConfig, timeout_s: float) -> int:
         if now - t_start > timeout_s:
             _stop(proc, cfg.run_dir)        # ranks checkpoint (if a directory is set) and exit
             return TIMED_OUT_RC
-        alive = _last_sign_of_life(run_dir) if cfg.stall_timeout_s else None
+        alive = last_sign_of_life(run_dir) if cfg.stall_timeout_s else None
         if alive is not None and now - alive > cfg.stall_timeout_s:
             # a frozen rank holds every other rank in a collective: no checkpoint is possible
             kill_job(proc, cfg.run_dir, signal.SIGKILL)

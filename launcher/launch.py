@@ -242,6 +242,22 @@ def read_events(run_dir: str | os.PathLike) -> list[dict]:
     return read_jsonl(Path(run_dir) / EVENTS_FILE)
 
 
+def last_sign_of_life(run_dir: str | os.PathLike, progress_path: str | os.PathLike | None = None) -> float | None:
+    """Latest modification time of what rank 0 writes once training starts and at every
+    step and event (``results.jsonl``, ``events.jsonl``, the progress file: ``progress_path``,
+    else the run folder's ``progress.json``); None before any (start-up: imports,
+    rendezvous, checkpoint load)."""
+    out = None
+    for path in (Path(run_dir) / RESULTS_FILE, Path(run_dir) / EVENTS_FILE,
+                 Path(progress_path) if progress_path else Path(run_dir) / "progress.json"):
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        out = mtime if out is None else max(out, mtime)
+    return out
+
+
 def rank_pids(run_dir: str | os.PathLike) -> dict[int, tuple[int, str]]:
     """Rank -> (pid, host) as the ranks recorded them."""
     out = {}

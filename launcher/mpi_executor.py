@@ -82,6 +82,9 @@ class MpiExecutorConfig:
     move_timeout_s: float = 300.0               # a d2d move not done by then falls back to storage
     data_roots: tuple[str, ...] | None = None   # jobs' data files must lie in these folders (checked at every
                                                 # launch and by the ranks; launcher/datafile.py); None: anywhere
+    # a running launch whose ranks write nothing (no step, progress or event) for this long, start-up
+    # included, is killed and ends as a failed run (_watch_stall); None: never
+    run_stall_s: float | None = None
 
     def __post_init__(self):
         if not self.work_dir:
@@ -90,6 +93,8 @@ class MpiExecutorConfig:
             raise InputError(f"must be one of {', '.join(MOVE_PATHS)}, got {self.move_path!r}", field="move_path")
         if not self.move_timeout_s > 0:
             raise InputError("must be > 0", field="move_timeout_s")
+        if self.run_stall_s is not None and not self.run_stall_s > 0:
+            raise InputError(f"must be > 0 seconds (or None: never), got {self.run_stall_s!r}", field="run_stall_s")
         if self.checkpoint_every < 0 or not self.stop_timeout_s > 0 or not self.poll_interval_s > 0:
             raise InputError("checkpoint_every >= 0, stop_timeout_s > 0, poll_interval_s > 0",
                              field="executor")
@@ -158,6 +163,8 @@ class LaunchedJob:
     joiners: list = field(default_factory=list)  # mpiexec of processes that joined a d2d move (grow)
     move_generation: int = 0                    # d2d moves requested in the current launch
     moves: list[dict] = field(default_factory=list)     # move records (launcher.move_record)
+    stalled: str | None = None                  # why the current launch was killed as stalled (_watch_stall)
+    stall_kill_at: float | None = None          # time.time() of the last kill of a stalled launch
     open_moves: list[dict] = field(default_factory=list)  # records still waiting for their first steps
     released_path: str | None = None            # how the pending release will move ("d2d"/"storage")
     last_stop: dict | None = None               # plan, run dir and exit time of the last stop
@@ -209,6 +216,7 @@ class MpiExecutor:
             "last_checkpoint_step") or 0)
         st.steps_final = False
         st.joiners, st.move_generation = [], 0
+        st.stalled, st.stall_kill_at = None, None
         st.proc = self._start_run(job, cfg, hostfile, alloc)
         st.launches += 1
 
@@ -563,6 +571,7 @@ class MpiExecutor:
             return
         rc = st.proc.poll()
         if rc is None:
+            self._watch_stall(st)
             return
         st.ended_at_s = self.now_s()
         prog = read_progress(st.cfg.progress_path) or {}
@@ -581,7 +590,7 @@ class MpiExecutor:
         oom = out_of_memory("\n".join(err))
         if oom:
             self._out_of_memory.add((st.job.job_id, st.shape))
-        st.failed = ("out of memory: " if oom else "") + (
+        st.failed = ("out of memory: " if oom else "") + (f"{st.stalled}; " if st.stalled else "") + (
             f"{st.proc.describe_end(rc)} (progress status {prog.get('status')!r}; ranks that did "
             f"not reach the end of training: {_launch.ranks_not_done(st.cfg.run_dir)}): {last[:300]}")
         write_progress(st.cfg.progress_path, status="failed",
@@ -596,6 +605,36 @@ class MpiExecutor:
         folders, the executor's options. With ``node_hosts`` it writes the launch's
         hostfile, as a launch does."""
         return self._config_for(job, alloc, plan, launch_index=0)[0]
+
+    def _reachable(self) -> bool:
+        """Whether a kill can reach the ranks now (here: always)."""
+        return True
+
+    def _watch_stall(self, st: LaunchedJob) -> None:
+        """A running launch whose ranks have written nothing (no step, progress or event:
+        ``launch.last_sign_of_life``) for ``run_stall_s`` since it started running (start-up
+        included: ranks that never start, e.g. Hydra's ``mpiexec`` waiting for proxies its
+        ``srun`` failed to start, never write anything) is killed; it then ends as a failed
+        run (``stalled`` in its reason) and the job resumes from its last checkpoint. A kill
+        that did not end it is repeated every ``stop_timeout_s``; none while the ranks cannot
+        be reached (``_reachable``: Slurm not answering)."""
+        limit = self.config.run_stall_s
+        since = getattr(st.proc, "running_since", None)
+        if limit is None or since is None or st.stopping or not self._reachable():
+            return
+        now = time.time()
+        if st.stalled is None:
+            alive = max(since, _launch.last_sign_of_life(st.cfg.run_dir, st.cfg.progress_path) or since)
+            if now - alive <= limit:
+                return
+            wrote = "nothing since it started running" if alive == since else \
+                f"nothing for {now - alive:.0f} s"
+            st.stalled = (f"stalled: its ranks wrote {wrote} (no step, progress or event for more than "
+                          f"{limit:g} s), so it was killed")
+        elif st.stall_kill_at is not None and now - st.stall_kill_at < self.config.stop_timeout_s:
+            return
+        st.stall_kill_at = now
+        self._kill(st)
 
     def _config_for(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None,
                     launch_index: int) -> tuple[TrainConfig, str | None]:

@@ -7,13 +7,14 @@ session. ``launcher.slurm_executor.SlurmRun``: one Slurm batch job whose ranks `
 starts. Both answer the same few questions, ``subprocess.Popen``-like where Popen has the
 word: has it ended and with what status (``poll``, ``wait``, ``returncode``), ask the
 ranks to checkpoint and exit (``request_stop``), end them at once (``kill``), and say in
-words how the run ended (``describe_end``).
+words how the run ended (``describe_end``), and since when its ranks run (``running_since``).
 """
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +29,12 @@ class RunHandle(Protocol):
     @property
     def returncode(self) -> int | None:
         """The exit status, once ended."""
+
+    @property
+    def running_since(self) -> float | None:
+        """``time.time()`` from which the run holds its resources and its ranks start (None
+        while it waits for them, e.g. a Slurm job still pending): the executor's stall
+        watch (``MpiExecutorConfig.run_stall_s``) counts from there."""
 
     def poll(self) -> int | None:
         """The run's exit status once it has ended, else None."""
@@ -51,6 +58,7 @@ class LocalRun:
     def __init__(self, popen: subprocess.Popen, run_dir: str | os.PathLike):
         self.popen = popen
         self.run_dir = Path(run_dir)
+        self.running_since: float | None = time.time()
 
     @property
     def pid(self) -> int:

@@ -180,6 +180,7 @@ class SlurmRun:
         self.ex, self.slurm_job_id, self.run_dir = ex, int(slurm_job_id), Path(run_dir)
         self.submitted_at = submitted_at        # time.time() of sbatch; 0 for an adopted job
         self.returncode: int | None = None
+        self.running_since: float | None = None     # time.time() of the first squeue that showed it running
         self.state = "PENDING"                  # Slurm's, as last read
         self.reason = ""
         self._exit_seen: float | None = None
@@ -210,6 +211,8 @@ class SlurmRun:
             job, self.state, self.reason = None, "unknown", f"Slurm did not answer: {e.reason}"
         if job is not None:
             self.state, self.reason = job.state, job.reason
+            if job.state == "RUNNING" and self.running_since is None:
+                self.running_since = time.time()
             if not job.ended and not exited:
                 return None
         self.returncode = NO_EXIT_STATUS if rc is None else rc
@@ -367,6 +370,11 @@ class SlurmExecutor(MpiExecutor):
             self._unanswered = False
         return self._snapshot.get(slurm_job_id)
 
+    def _reachable(self) -> bool:
+        """Not while the last ``squeue`` failed (the controller away: ``scancel`` would retry
+        for about ``MessageTimeout`` seconds and then fail)."""
+        return not self._unanswered
+
     def _accounted(self, slurm_job_id: int) -> SlurmJob | None:
         job = list_jobs(self.commands, [slurm_job_id]).get(slurm_job_id)
         return job if job is not None else accounted_job(self.commands, slurm_job_id)
@@ -431,7 +439,7 @@ class SlurmExecutor(MpiExecutor):
         st.launches = max(st.launches, launch_index + 1)
         st.steps_seen, st.steps_final = float(prog.get("iterations_done") or 0), False
         st.launch_started = None if _launch.read_results(run_dir) else time.time()
-        st.joiners = []
+        st.joiners, st.stalled, st.stall_kill_at = [], None, None
         st.move_generation = max([int(e.get("generation") or 0) for e in _launch.read_jsonl(run_dir / EVENTS_FILE)
                                   if e.get("event") in ("moved", "move_refused")] + [0])
         st.proc = SlurmRun(self, slurm_id, str(run_dir), 0.0)

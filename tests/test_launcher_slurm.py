@@ -9,6 +9,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,6 +242,47 @@ def test_slurm_not_answering_mid_run_is_no_end_of_the_run(slurm_cluster, tmp_pat
     assert run.poll() == 0
     assert run.describe_end(0).startswith("Slurm job 4242 ended unknown (Slurm did not answer: the Slurm "
                                           "controller does not answer"), run.describe_end(0)
+
+
+SRUN_ONCE_AWAY = """#!/bin/bash
+# Hydra's srun for its proxies: the first call meets a controller that does not answer
+if [ -e {mark} ]; then rm -f {mark}; SLURM_CONF={dead} exec {srun} "$@"; fi
+exec {srun} "$@"
+"""
+
+
+def test_ranks_that_never_start_are_a_stall_and_are_killed(slurm_cluster, tmp_path, monkeypatch):
+    """Issue 48: the controller away just as a launch's batch script starts its ranks.
+    Hydra's ``srun`` for the proxies gives up ("Unable to confirm allocation for job N:
+    Unable to contact slurm controller"), and ``mpiexec`` then waits for proxies that never
+    come: the Slurm job runs on and no rank ever starts. Here that ``srun`` (the real one,
+    through ``HYDRA_LAUNCHER_EXEC``) meets a slurm.conf whose controller port nobody
+    listens on, for the first launch only. The executor's stall watch kills the launch
+    ``run_stall_s`` after Slurm started it: a failed run that says so (about 15 s here).
+    (Start-up counts: a launch's first write comes after its imports, which take seconds
+    on a loaded host; hence 8 s here, and ``arena serve --launch-stall-after`` 600 s.)"""
+    mark, wrapper = tmp_path / "away-once", tmp_path / "srun-once-away"
+    wrapper.write_text(SRUN_ONCE_AWAY.format(mark=mark, dead=dead_conf(slurm_cluster, tmp_path),
+                                             srun=shutil.which("srun")))
+    wrapper.chmod(0o755)
+    mark.touch()
+    monkeypatch.setenv("HYDRA_LAUNCHER_EXEC", str(wrapper))     # sbatch passes the environment on to the job
+    ex = executor(slurm_cluster, tmp_path / "work", "s", run_stall_s=8.0)
+    job, one, plan = Job("j5", MODEL, BATCH, 8, 0.0), gpus((0, 0)), Plan(pp=1, dp=1, tp=1, stage_layers=(4,))
+    ex.launch(job, one, plan, ex.now_s())
+    first, first_dir = ex.slurm_job_id("j5"), Path(ex.run_dir("j5"))
+    t0 = time.monotonic()
+    events = ex.advance(ex.now_s() + 90)
+    assert [e.job_id for e in events] == ["j5"] and events[0].failed, events   # (old code: nothing, ever)
+    assert time.monotonic() - t0 < 60
+    assert not mark.exists() and "Unable to contact slurm controller" in (first_dir / "stderr.log").read_text()
+    assert events[0].failed.startswith(
+        "stalled: its ranks wrote nothing since it started running (no step, progress or event for more than 8 s), "
+        f"so it was killed; Slurm job {first} ended CANCELLED"), events[0].failed
+    assert read_results(first_dir) == [] and ex.progress("j5").last_checkpoint_iteration == 0
+    left = list_jobs(SlurmCommands(str(slurm_cluster.conf)), [first])
+    assert first not in left or left[first].ended, left                     # its node given back
+    # (a failed run resumes from its last checkpoint at its next launch: the outside scancel above)
 
 
 def test_bad_inputs_are_clear_errors(slurm_cluster, tmp_path, monkeypatch):

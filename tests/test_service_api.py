@@ -614,6 +614,7 @@ def test_health_is_503_while_the_scheduler_is_stuck_in_a_round_and_metrics_say_s
         stop.set()
         thread.join(30)
     assert not thread.is_alive() and svc.liveness()["phase"] == "stopped" and not svc.liveness()["stalled"]
+    assert svc.mpi.config.run_stall_s == 600.0          # --launch-stall-after's default reaches the executor
     with pytest.raises(InputError) as e:
         ServiceConfig(db_path="x", work_dir="y", stall_after_s=0)
     assert e.value.field == "stall_after_s"

@@ -17,9 +17,13 @@ through every scenario in turn:
 - the partition gains n7 (``scontrol update partitionname``): the service restarts in place
   (the same PID; nothing relaunched, the same Slurm jobs run on) and a job asking for an
   H100 runs on n7;
-- the controller stopped while jobs run: the rounds wait, ``arena nodes`` says why, no job
-  is stopped, and the service carries on once it answers again (nodes in state UNKNOWN
-  until their slurmd registers with the restarted controller stay in service);
+- the controller stopped while jobs run (the job on n7 among them, just launched; the
+  restarted controller reads the slurm.conf that added n7): the rounds wait, ``arena
+  nodes`` says why, no job is stopped, and the service carries on once it answers again
+  (nodes in state UNKNOWN until their slurmd registers with the restarted controller stay
+  in service). A launch whose batch script reached Hydra's ``srun`` while the controller
+  was away never starts its ranks (docs/slurm.md): ``--launch-stall-after`` (120 s here)
+  ends it, and the job is launched again (``test_launcher_slurm`` has that case for sure);
 - a node that leaves the partition (``scontrol update partitionname``) is out of service
   until it is back.
 
@@ -83,7 +87,7 @@ def serve_args(cluster: SlurmCluster, tmp: Path, port: int) -> list[str]:
     return ["--slurm", "--slurm-conf", str(cluster.conf), "--policy", "fcfs", "--db", str(tmp / "state.db"),
             "--work-dir", str(tmp / "work"), "--port", str(port), "--round-interval", "2",
             "--checkpoint-interval", "1", "--step-delay", "0.4", "--failure-backoff", "0", "--stop-timeout", "30",
-            "--stop-after", "600"]
+            "--launch-stall-after", "120", "--stop-after", "600"]
 
 
 def wait_for(pred, what: str, timeout_s: float = 90.0, poll_s: float = 0.3):
@@ -244,10 +248,6 @@ def scenario(r: Run) -> None:
                     r.our_slurm_jobs(), r.log()[mark:])
     r.submit(ON_NEW)
     seen["on_new_hosts"] = r.hosts(wait_for(lambda: r.running("on-new"), "the job on the new node running"))
-    # it ends before the controller's restart below: in a fresh-clone CI run under load, a job
-    # running on the gained node across that restart (which re-reads the slurm.conf that added
-    # n7 to the partition) never finished (not explained; named in the closing note)
-    wait_for(lambda: r.status("on-new") == "finished", "the job on the new node finished", TIMEOUT_S)
     phase("n7 gained: restarted in place, a job on n7")
 
     # --- the controller stops answering while jobs run, and comes back -------------------------

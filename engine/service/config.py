@@ -56,6 +56,12 @@ class ServiceConfig:
         "help": "/api/health answers 503 (for a supervisor's liveness probe) once the scheduler has "
                 "shown no sign of life (a poll, a round begun, a job launched, stopped, moved or "
                 "recovered) for this long (default %(default)s)"})
+    # a launch whose ranks write nothing this long is killed, a failed run (launcher/mpi_executor.py)
+    launch_stall_after_s: float = field(default=600.0, metadata={
+        "flag": "--launch-stall-after", "metavar": "S",
+        "help": "a running launch whose ranks write nothing (no step, progress or event) for S seconds, "
+                "start-up included, is killed and counted as a failed run; the job resumes from its last "
+                "checkpoint (0: never; default %(default)s)"})
     # every launch checkpoints at least this often
     checkpoint_interval_s: float = field(default=60.0, metadata={
         "flag": "--checkpoint-interval", "metavar": "S",
@@ -108,7 +114,8 @@ class ServiceConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
-        for name in ("min_round_gap_s", "failure_backoff_s", "checkpoint_interval_s", "step_delay_s"):
+        for name in ("min_round_gap_s", "failure_backoff_s", "checkpoint_interval_s", "step_delay_s",
+                     "launch_stall_after_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)

@@ -136,7 +136,7 @@ class Service:
             work_dir=cfg.work_dir, checkpoint_every=cfg.checkpoint_every,
             checkpoint_interval_s=cfg.checkpoint_interval_s, stop_timeout_s=cfg.stop_timeout_s,
             poll_interval_s=min(cfg.poll_interval_s, 0.2), epoch_s=time.time(), step_delay_s=cfg.step_delay_s,
-            move_path=cfg.move_path, data_roots=cfg.data_roots,
+            move_path=cfg.move_path, data_roots=cfg.data_roots, run_stall_s=cfg.launch_stall_after_s or None,
             node_hosts={} if slurm is not None else
             {n.node_id: n.host for n in cluster.nodes() if n.host is not None})
         try:
