@@ -1,8 +1,9 @@
 """A config's error names the flag that set the value (engine/cli/flags.py): each
 command's table of config fields -> flags is walked against the config's fields (a new
 field needs a flag or a word that no flag sets it) and the command's parser (every flag
-named exists), and a bad value of every flag of `arena train` and `arena serve` is
-refused naming that flag, as the user types it."""
+named exists), and a bad value of every flag of `arena train`, `arena serve` and `arena
+bench`'s options is refused naming that flag, as the user types it; the flags of `arena
+serve` and `arena bench` are made from their config's fields."""
 from __future__ import annotations
 
 import argparse
