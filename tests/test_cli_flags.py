@@ -183,38 +183,43 @@ def test_every_serve_flag_of_service_config_is_made_from_its_field():
         assert a.default == f.metadata.get("default", f.default), name
 
 
-# ------------------------------------------------------- arena bench: flags made from each bench's options
-def _bench_parsers() -> dict[str, argparse.ArgumentParser]:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    bench = next(a for a in sub.choices["bench"]._actions if isinstance(a, argparse._SubParsersAction))
-    return bench.choices
+# ------------------------------------------------------- arena bench and arena simulate: flags made from options
+def _parser_of(*path: str) -> argparse.ArgumentParser:
+    p = build_parser()
+    for name in path:
+        p = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return p
 
 
-def _benches():
+def _options_classes():
     from engine.cli.commands.bench.bound import BOUND_BENCH_FLAGS, BoundBench
     from engine.cli.commands.bench.incremental import INCREMENTAL_BENCH_FLAGS, IncrementalBench
     from engine.cli.commands.bench.policies import POLICY_BENCH_FLAGS, PolicyBench
     from engine.cli.commands.bench.solver import SOLVER_BENCH_FLAGS, SolverBench
-    return (("solver", SolverBench, SOLVER_BENCH_FLAGS), ("incremental", IncrementalBench, INCREMENTAL_BENCH_FLAGS),
-            ("policies", PolicyBench, POLICY_BENCH_FLAGS), ("bound", BoundBench, BOUND_BENCH_FLAGS))
+    from engine.cli.commands.simulate import SIMULATE_FLAGS, SimulateOptions
+    return ((("bench", "solver"), SolverBench, SOLVER_BENCH_FLAGS),
+            (("bench", "incremental"), IncrementalBench, INCREMENTAL_BENCH_FLAGS),
+            (("bench", "policies"), PolicyBench, POLICY_BENCH_FLAGS),
+            (("bench", "bound"), BoundBench, BOUND_BENCH_FLAGS),
+            (("simulate",), SimulateOptions, SIMULATE_FLAGS))
 
 
-def test_every_bench_flag_of_its_options_is_made_from_its_field():
-    parsers = _bench_parsers()
-    for command, cls, table in _benches():
+def test_every_flag_of_a_commands_options_is_made_from_its_field():
+    for path, cls, table in _options_classes():
         assert table == config_flags(cls)
-        actions = {s: a for a in parsers[command]._actions for s in a.option_strings}
+        parser = _parser_of(*path)
+        actions = {s: a for a in parser._actions for s in a.option_strings}
         for f in fields(cls):
             if "flag" not in f.metadata:
                 assert not f.init, f"{cls.__name__}.{f.name}: a knob with no flag"     # (parsed forms only)
                 continue
             a = actions[f.metadata["flag"]]
             text = f.metadata["help"]
-            assert a.dest == f.name and a.help == (text() if callable(text) else text), (command, f.name)
+            assert a.dest == f.name and a.help == (text() if callable(text) else text), (path, f.name)
             if f.metadata.get("action") != "append":
-                assert a.default == f.default, (command, f.name)
-        built = cls(**config_values(parsers[command].parse_args([]), cls))     # the defaults are valid
-        assert built == cls(), command
+                assert a.default == f.default, (path, f.name)
+        built = cls(**config_values(parser.parse_args([]), cls))     # the defaults are valid
+        assert built == cls(), path
 
 
 BENCH_BAD = [   # (arguments, what the error says): each refused by its flag as typed, before any work
