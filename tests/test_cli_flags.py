@@ -166,8 +166,23 @@ def test_a_flag_field_needs_a_default_and_known_metadata():
     class Typo:
         x: int = dataclass_field(default=1, metadata={"flag": "--x", "metvar": "N"})
 
+    @dataclass
+    class Required:
+        x: int = dataclass_field(metadata={"flag": "--x", "required": True})
+
+    @dataclass
+    class RequiredWithDefault:
+        x: int = dataclass_field(default=1, metadata={"flag": "--x", "required": True})
+
     with pytest.raises(TypeError, match="NoDefault.x"):
         add_config_flags(argparse.ArgumentParser(), NoDefault)
+    with pytest.raises(TypeError, match="RequiredWithDefault.x"):
+        add_config_flags(argparse.ArgumentParser(), RequiredWithDefault)
+    p = argparse.ArgumentParser()
+    add_config_flags(p, Required)
+    assert Required(**config_values(p.parse_args(["--x", "4"]), Required)).x == 4
+    with pytest.raises(SystemExit):
+        p.parse_args([])                                # the required flag missing: argparse's error
     with pytest.raises(KeyError, match="metvar"):
         add_config_flags(argparse.ArgumentParser(), Typo)
 
@@ -197,11 +212,13 @@ def _options_classes():
     from engine.cli.commands.bench.policies import POLICY_BENCH_FLAGS, PolicyBench
     from engine.cli.commands.bench.solver import SOLVER_BENCH_FLAGS, SolverBench
     from engine.cli.commands.simulate import SIMULATE_FLAGS, SimulateOptions
+    from engine.cli.commands.train import TrainOptions
     return ((("bench", "solver"), SolverBench, SOLVER_BENCH_FLAGS),
             (("bench", "incremental"), IncrementalBench, INCREMENTAL_BENCH_FLAGS),
             (("bench", "policies"), PolicyBench, POLICY_BENCH_FLAGS),
             (("bench", "bound"), BoundBench, BOUND_BENCH_FLAGS),
-            (("simulate",), SimulateOptions, SIMULATE_FLAGS))
+            (("simulate",), SimulateOptions, SIMULATE_FLAGS),
+            (("train",), TrainOptions, config_flags(TrainOptions)))
 
 
 def test_every_flag_of_a_commands_options_is_made_from_its_field():
@@ -216,10 +233,12 @@ def test_every_flag_of_a_commands_options_is_made_from_its_field():
             a = actions[f.metadata["flag"]]
             text = f.metadata["help"]
             assert a.dest == f.name and a.help == (text() if callable(text) else text), (path, f.name)
-            if f.metadata.get("action") != "append":
+            assert a.required == bool(f.metadata.get("required")), (path, f.name)
+            if f.metadata.get("action") != "append" and not a.required:
                 assert a.default == f.default, (path, f.name)
-        built = cls(**config_values(parser.parse_args([]), cls))     # the defaults are valid
-        assert built == cls(), path
+        if not any(a.required for a in parser._actions):
+            built = cls(**config_values(parser.parse_args([]), cls))     # the defaults are valid
+            assert built == cls(), path
 
 
 BENCH_BAD = [   # (arguments, what the error says): each refused by its flag as typed, before any work
