@@ -5,22 +5,9 @@ import argparse
 from dataclasses import dataclass, field
 
 from ..common import seed_arg
-from ..flags import add_config_flags, config_values, fields_as_flags
+from ..flags import add_config_flags, config_flags, config_values, fields_as_flags
 from ..jsonout import dumps
 
-# The flag that sets each field of the run's config (launcher/config.py: TrainConfig, its
-# ParallelPlan and OptimizerConfig) and of the checks before launch (launcher/validate.py),
-# for errors (tests/test_cli_flags.py walks it against the config's fields and the parser).
-TRAIN_FLAGS = {
-    "model": "--model", "plan": "--plan", "dp": "--plan", "tp": "--plan", "pp": "--plan",
-    "plan.tp": "--plan", "plan.pp": "--plan", "microbatches": "--microbatches", "schedule": "--schedule",
-    "stage_layers": "--stage-layers", "plan.stage_layers": "--stage-layers", "steps": "--steps",
-    "global_batch": "--global-batch", "seed": "--seed", "lr": "--lr", "data_path": "--data", "data": "--data",
-    "num_nodes": "--num-nodes", "device": "--device", "checkpoint_dir": "--checkpoint-dir",
-    "checkpoint_every": "--checkpoint-every", "checkpoint_interval_s": "--checkpoint-interval",
-    "stall_timeout_s": "--stall-timeout", "telemetry_path": "--telemetry", "telemetry_store": "--telemetry-store",
-    "run_dir": "--run-dir", "step_delay_s": "--step-delay", "breakdown": "--breakdown",
-}
 # set by the launcher, not by a flag
 TRAIN_NOT_FLAGS = frozenset({"checkpoint_keep", "checkpoint_at_end", "progress_path", "gpu_type", "gpus_per_node",
                              "comm_timeout_s", "optimizer", "beta1", "beta2", "eps", "data_roots"})
@@ -104,6 +91,16 @@ class TrainOptions:
         "help": "sleep S seconds after each step (demos and tests: slow a tiny run down)"})
     dry_run: bool = field(default=False, metadata={
         "flag": "--dry-run", "help": "validate the plan and print the mpiexec command only"})
+
+
+# The flag that sets each field of the run's config (launcher/config.py: TrainConfig, its
+# ParallelPlan and OptimizerConfig) and of the checks before launch (launcher/validate.py),
+# for errors: TrainOptions' own (most of the config's fields are named as the options that
+# set them) and the config's other names (tests/test_cli_flags.py walks it against the
+# config's fields and the parser).
+TRAIN_FLAGS = {**config_flags(TrainOptions), "dp": "--plan", "tp": "--plan", "pp": "--plan", "plan.tp": "--plan",
+               "plan.pp": "--plan", "plan.stage_layers": "--stage-layers", "data_path": "--data",
+               "telemetry_path": "--telemetry"}
 
 
 def register(subparsers) -> None:
