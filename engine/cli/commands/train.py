@@ -117,6 +117,8 @@ def register(subparsers) -> None:
 
 
 def _build_config(o: TrainOptions, run_dir: str):
+    """The run's ``TrainConfig`` from the options (errors name fields: the caller renames
+    them by ``TRAIN_FLAGS``)."""
     from pathlib import Path
 
     from instances.errors import InputError
@@ -131,23 +133,23 @@ def _build_config(o: TrainOptions, run_dir: str):
         stage_layers = tuple(int(v) for v in o.stage_layers.split(",") if v.strip())
     except ValueError:
         raise InputError(f"expected comma-separated integers, got {o.stage_layers!r}",
-                         field="--stage-layers") from None
+                         field="stage_layers") from None
     plan = ParallelPlan(dp=degrees.dp, tp=degrees.tp, pp=degrees.pp,
                         microbatches=degrees.pp if o.microbatches is None else o.microbatches,
                         schedule=o.schedule,
                         stage_layers=stage_layers)
     if o.num_nodes is not None and o.num_nodes < 1:
-        raise InputError(f"must be >= 1, got {o.num_nodes}", field="--num-nodes")
+        raise InputError(f"must be >= 1, got {o.num_nodes}", field="num_nodes")
     num_nodes = o.num_nodes if o.num_nodes is not None else \
         (len(hostfile_hosts(o.hostfile)) if o.hostfile else 1)
     if o.checkpoint_dir:
         from instances.paths import check_output_dir
-        check_output_dir(o.checkpoint_dir, "--checkpoint-dir")       # before reading it
+        check_output_dir(o.checkpoint_dir, "checkpoint_dir")       # before reading it
     global_batch = o.global_batch if o.global_batch is not None else \
         checkpoint_global_batch(o.checkpoint_dir)
     if not o.timeout_s > 0:
-        raise InputError(f"must be > 0 seconds, got {o.timeout_s}", field="--timeout")
-    check_time(o.timeout_s, field="--timeout")
+        raise InputError(f"must be > 0 seconds, got {o.timeout_s}", field="timeout_s")
+    check_time(o.timeout_s, field="timeout_s")
     return TrainConfig(
         model=o.model, plan=plan, steps=o.steps, global_batch=global_batch, seed=o.seed,
         checkpoint_dir=o.checkpoint_dir, checkpoint_every=o.checkpoint_every,
