@@ -1,8 +1,9 @@
 """A config's error names the flag that set the value (engine/cli/flags.py): each
 command's table of config fields -> flags is walked against the config's fields (a new
 field needs a flag or a word that no flag sets it) and the command's parser (every flag
-named exists), and a bad value of every flag of `arena train` and `arena serve` is
-refused naming that flag, as the user types it."""
+named exists), and a bad value of every flag of `arena train`, `arena serve` and `arena
+bench`'s options is refused naming that flag, as the user types it; the flags of `arena
+serve` and `arena bench` are made from their config's fields."""
 from __future__ import annotations
 
 import argparse
@@ -105,8 +106,8 @@ def test_add_config_flags_makes_one_argument_per_flag_field():
     assert [a.option_strings[0] for a in p._actions[1:]] == ["--path", "--every", "--after", "--how", "--root",
                                                              "--loud"]     # field order
     a = p.parse_args([])
-    assert config_values(a, _Knobs) == {"path": "p.db", "every": 3, "after": None, "how": "d2d", "roots": None,
-                                        "loud": False}
+    assert config_values(a, _Knobs) == {"path": "p.db", "every": 3, "after": None, "how": "d2d",
+                                        "loud": False}          # (--root not given: the field's default)
     a = p.parse_args(["--every", "5", "--after", "1.5", "--how", "storage", "--root", "a", "--root", "b", "--loud"])
     k = _Knobs(**config_values(a, _Knobs))
     assert (k.every, k.after, k.how, k.roots, k.loud, k.hidden) == (5, 1.5, "storage", ["a", "b"], True, 7)
@@ -127,6 +128,35 @@ def test_add_config_flags_makes_one_argument_per_flag_field():
         add_config_flags(argparse.ArgumentParser(), _Knobs, only=("hidden",))
 
 
+def _odd_int(text: str) -> int:
+    v = int(text)
+    if v % 2 == 0:
+        raise argparse.ArgumentTypeError(f"must be odd, got {v}")
+    return v
+
+
+@dataclass(frozen=True)
+class _MoreKnobs:
+    odd: int = dataclass_field(default=1, metadata={"flag": "--odd", "type": _odd_int, "help": "an odd number"})
+    names: tuple[str, ...] = dataclass_field(default=("a", "b"), metadata={
+        "flag": "--name", "action": "append", "help": lambda: "made when the parser is built"})
+    time_limit_s: float = dataclass_field(default=1.0, metadata={"flag": "--time-limit", "help": "s"})
+
+
+def test_a_flag_field_may_name_its_parser_a_help_made_late_and_keeps_a_repeatable_default(capsys):
+    p = argparse.ArgumentParser()
+    add_config_flags(p, _MoreKnobs)
+    assert _MoreKnobs(**config_values(p.parse_args([]), _MoreKnobs)).names == ("a", "b")   # not [] nor None
+    a = p.parse_args(["--name", "x", "--odd", "3"])
+    assert config_values(a, _MoreKnobs) == {"odd": 3, "names": ["x"], "time_limit_s": 1.0}  # not a, b, x
+    text = " ".join(p.format_help().split())
+    assert "made when the parser is built" in text
+    assert "--time-limit TIME_LIMIT " in text and "TIME_LIMIT_S" not in text      # the flag's placeholder
+    with pytest.raises(SystemExit):
+        p.parse_args(["--odd", "2"])
+    assert "argument --odd: must be odd, got 2" in capsys.readouterr().err
+
+
 def test_a_flag_field_needs_a_default_and_known_metadata():
     @dataclass
     class NoDefault:
@@ -136,8 +166,23 @@ def test_a_flag_field_needs_a_default_and_known_metadata():
     class Typo:
         x: int = dataclass_field(default=1, metadata={"flag": "--x", "metvar": "N"})
 
+    @dataclass
+    class Required:
+        x: int = dataclass_field(metadata={"flag": "--x", "required": True})
+
+    @dataclass
+    class RequiredWithDefault:
+        x: int = dataclass_field(default=1, metadata={"flag": "--x", "required": True})
+
     with pytest.raises(TypeError, match="NoDefault.x"):
         add_config_flags(argparse.ArgumentParser(), NoDefault)
+    with pytest.raises(TypeError, match="RequiredWithDefault.x"):
+        add_config_flags(argparse.ArgumentParser(), RequiredWithDefault)
+    p = argparse.ArgumentParser()
+    add_config_flags(p, Required)
+    assert Required(**config_values(p.parse_args(["--x", "4"]), Required)).x == 4
+    with pytest.raises(SystemExit):
+        p.parse_args([])                                # the required flag missing: argparse's error
     with pytest.raises(KeyError, match="metvar"):
         add_config_flags(argparse.ArgumentParser(), Typo)
 
@@ -151,3 +196,95 @@ def test_every_serve_flag_of_service_config_is_made_from_its_field():
         f, a = by_name[name], actions[flag]
         assert a.dest == name and a.help == f.metadata["help"], name
         assert a.default == f.metadata.get("default", f.default), name
+
+
+# ------------------------------------------------------- arena bench and arena simulate: flags made from options
+def _parser_of(*path: str) -> argparse.ArgumentParser:
+    p = build_parser()
+    for name in path:
+        p = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return p
+
+
+def _options_classes():
+    from engine.cli.commands.bench.bound import BOUND_BENCH_FLAGS, BoundBench
+    from engine.cli.commands.bench.incremental import INCREMENTAL_BENCH_FLAGS, IncrementalBench
+    from engine.cli.commands.bench.policies import POLICY_BENCH_FLAGS, PolicyBench
+    from engine.cli.commands.bench.solver import SOLVER_BENCH_FLAGS, SolverBench
+    from engine.cli.commands.simulate import SIMULATE_FLAGS, SimulateOptions
+    from engine.cli.commands.train import TrainOptions
+    return ((("bench", "solver"), SolverBench, SOLVER_BENCH_FLAGS),
+            (("bench", "incremental"), IncrementalBench, INCREMENTAL_BENCH_FLAGS),
+            (("bench", "policies"), PolicyBench, POLICY_BENCH_FLAGS),
+            (("bench", "bound"), BoundBench, BOUND_BENCH_FLAGS),
+            (("simulate",), SimulateOptions, SIMULATE_FLAGS),
+            (("train",), TrainOptions, config_flags(TrainOptions)))
+
+
+def test_every_flag_of_a_commands_options_is_made_from_its_field():
+    for path, cls, table in _options_classes():
+        assert table == config_flags(cls)
+        parser = _parser_of(*path)
+        actions = {s: a for a in parser._actions for s in a.option_strings}
+        for f in fields(cls):
+            if "flag" not in f.metadata:
+                assert not f.init, f"{cls.__name__}.{f.name}: a knob with no flag"     # (parsed forms only)
+                continue
+            a = actions[f.metadata["flag"]]
+            text = f.metadata["help"]
+            assert a.dest == f.name and a.help == (text() if callable(text) else text), (path, f.name)
+            assert a.required == bool(f.metadata.get("required")), (path, f.name)
+            if f.metadata.get("action") != "append" and not a.required:
+                assert a.default == f.default, (path, f.name)
+        if not any(a.required for a in parser._actions):
+            built = cls(**config_values(parser.parse_args([]), cls))     # the defaults are valid
+            assert built == cls(), path
+
+
+BENCH_BAD = [   # (arguments, what the error says): each refused by its flag as typed, before any work
+    (["solver", "--gpus", "4"], "field '--gpus': must be in 8..1,048,576, got 4"),
+    (["solver", "--jobs", "0"], "field '--jobs': must be in 1..100,000, got 0"),
+    (["solver", "--backend", "nosuch"], "field '--backend': unknown solver backend 'nosuch'"),
+    (["solver", "--repeat", "0"], "field '--repeat': must be >= 1, got 0"),
+    (["solver", "--time-limit", "0"], "field '--time-limit': must be a finite number of seconds > 0, got 0.0"),
+    (["solver", "--rel-gap", "1"], "field '--rel-gap': must be in [0, 1), got 1.0"),
+    (["solver", "--threads", "0"], "field '--threads': must be >= 1, got 0"),
+    (["solver", "--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
+    (["solver", "--objective", "nosuch=1"], "field '--objective': unknown objective term 'nosuch'"),
+    (["incremental", "--rounds", "0"], "field '--rounds': must be >= 1, got 0"),
+    (["incremental", "--backend", "nosuch"], "field '--backend': unknown solver backend 'nosuch'"),
+    (["incremental", "--objective", "jct=x"], "field '--objective': expected term=weight, got 'jct=x'"),
+    (["incremental", "--move-cost-per-gpu", "nan"], "field '--move-cost-per-gpu': must be a finite number of"),
+    (["incremental", "--move-cost-cap", "-1"], "field '--move-cost-cap': must be a finite number of seconds >= 0"),
+    (["incremental", "--queued", "x"], "field '--queued': must be one of all, small, got 'x'"),
+    (["incremental", "--other-type", "x"], "field '--other-type': must be one of same, any, got 'x'"),
+    (["incremental", "--move-budget-jobs", "2"], "field '--move-budget-jobs': must be a fraction in [0, 1]"),
+    (["incremental", "--move-budget-gpus", "-1"], "field '--move-budget-gpus': must be a fraction in [0, 1]"),
+    (["incremental", "--follow", "x"], "argument --follow: invalid choice: 'x'"),
+    (["policies", "--reconfig-opt", "nokv"], "field '--reconfig-opt': expected KEY=VALUE, got 'nokv'"),
+    (["policies", "--policy", "a b=fcfs"], "field '--policy': expected NAME or LABEL=NAME"),
+    (["policies", "--policy", "fcfs", "--policy-opt", "gavel:x=1"], "field '--policy-opt': --policy-opt for 'gavel'"),
+    (["policies", "--rounds", "0"], "field '--rounds': must be >= 1, got 0"),
+    (["policies", "--perf", "nosuch"], "field '--perf': unknown performance model kind 'nosuch'"),
+    (["policies", "--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
+    (["policies", "--seeds", "x"], "field '--seeds': expected seeds like 0-4 or 0,1,7, got 'x'"),
+    (["policies", "--baseline", "fcfs"], "field '--baseline': --baseline needs --seeds"),
+    (["policies", "--out", "{tmp}/afile"], "field '--out': exists and is not a directory"),
+    (["bound", "--max-gpus", "0"], "field '--max-gpus': must be >= 1, got 0"),
+    (["bound", "--plot", "{tmp}"], "field '--plot': is a directory, not a file"),
+]
+
+
+@pytest.mark.parametrize("argv, says", BENCH_BAD, ids=[" ".join(a[:3]) for a, _ in BENCH_BAD])
+def test_a_bad_bench_flag_is_named_as_typed(argv, says, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if argv[0] == "policies":
+        argv += ["--policy", "fcfs"] if "--policy" not in argv else []
+    try:
+        rc = main(["bench", *argv])
+    except SystemExit as e:             # argparse's own refusal
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err, err
+    assert not any(line.startswith(("bench ", "bounds of")) for line in err.splitlines())   # before any work

@@ -4,12 +4,20 @@ the value.
 A config dataclass (``ServiceConfig``, ...) marks each field that a command-line flag sets
 with ``dataclasses.field(metadata={"flag": "--round-interval", "help": ..., "metavar": "S"})``
 (optional keys: ``choices``, ``action`` (``"append"`` for a repeatable flag), ``default``
-for a field that the dataclass requires but the flag defaults). ``add_config_flags`` makes
-the argparse arguments from that metadata, in field order: the type from the field's
+for a field that the dataclass requires but the flag defaults, ``required`` (true) for a
+field with no default that the command cannot run without, ``type`` for a parser of the
+value other than the annotation's, e.g. ``seed_arg``). ``add_config_flags`` makes the
+argparse arguments from that metadata, in field order: the type from the field's
 annotation (``int``/``float``, ``X | None`` unwrapped; ``str`` untyped; ``bool`` a
 switch), the default from the dataclass's (``%(default)s`` in the help shows it), the
-destination the field's name; ``config_values`` reads them back, and ``config_flags`` is
-the field -> flag table. So adding a knob is one edit: the field with its metadata.
+destination the field's name, the value's placeholder the flag's (``--time-limit
+TIME_LIMIT``) unless ``metavar`` names one; ``help`` is a string, or a function of no arguments that
+makes it when the parser is built (a help that lists registered names, plug-ins'
+included). ``config_values`` reads them back (a repeatable flag not given leaves the
+field's default), and ``config_flags`` is the field -> flag table. So adding a knob is
+one edit: the field with its metadata. Several calls with ``only``/``skip`` place a
+config's flags among others (or in a mutually exclusive group) in the order ``--help``
+lists them.
 
 A command builds validated config objects (``TrainConfig``, ``ServiceConfig``, a
 performance model, a solver backend) from its flags; their ``InputError`` names the
@@ -29,7 +37,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from instances.errors import InputError
 
-FLAG_KEYS = frozenset({"flag", "help", "metavar", "choices", "action", "default"})
+FLAG_KEYS = frozenset({"flag", "help", "metavar", "choices", "action", "default", "type", "required"})
 
 
 def _flag_fields(cls: type, only: Iterable[str] | None = None,
@@ -65,20 +73,30 @@ def add_config_flags(parser: Any, cls: type, only: Iterable[str] | None = None,
         extra = set(meta) - FLAG_KEYS
         if extra:
             raise KeyError(f"{cls.__name__}.{f.name}: unknown flag metadata {', '.join(sorted(extra))}")
-        if "default" in meta:
+        if meta.get("required"):                            # a flag the command cannot run without
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING \
+                    or "default" in meta:
+                raise TypeError(f"{cls.__name__}.{f.name}: a required flag has no default")
+            default = None
+        elif "default" in meta:
             default = meta["default"]
         elif f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
-            raise TypeError(f"{cls.__name__}.{f.name}: a flag needs a default (the field's or metadata 'default')")
-        kw: dict[str, Any] = {"dest": f.name, "default": default, "help": meta.get("help")}
+            raise TypeError(f"{cls.__name__}.{f.name}: a flag needs a default (the field's or metadata 'default'), "
+                            "or metadata 'required'")
+        text = meta.get("help")
+        kw: dict[str, Any] = {"dest": f.name, "default": default, "help": text() if callable(text) else text}
+        if meta.get("required"):
+            kw["required"] = True
         base = _base_type(hints[f.name])
         action = meta.get("action")
         if action is not None:
             kw["action"] = action
             if action == "append":                          # a repeatable flag: the element's type
+                kw["default"] = None                        # (not given: the field's default, config_values)
                 elem = typing.get_args(base)[:1]
                 if elem and elem[0] in (int, float):
                     kw["type"] = elem[0]
@@ -86,8 +104,12 @@ def add_config_flags(parser: Any, cls: type, only: Iterable[str] | None = None,
             kw["action"] = "store_true"
         elif base in (int, float):
             kw["type"] = base
+        if "type" in meta:
+            kw["type"] = meta["type"]
         if "metavar" in meta:
             kw["metavar"] = meta["metavar"]
+        elif "choices" not in meta and kw.get("action") != "store_true":     # as the flag, not the field
+            kw["metavar"] = meta["flag"].lstrip("-").upper().replace("-", "_")
         if "choices" in meta:
             kw["choices"] = meta["choices"]
         parser.add_argument(meta["flag"], **kw)
@@ -95,8 +117,10 @@ def add_config_flags(parser: Any, cls: type, only: Iterable[str] | None = None,
 
 def config_values(args: Any, cls: type) -> dict[str, Any]:
     """The values of ``cls``'s flag fields as parsed into ``args`` (by ``add_config_flags``),
-    keyed by field name: keyword arguments for ``cls``."""
-    return {f.name: getattr(args, f.name) for f in _flag_fields(cls)}
+    keyed by field name: keyword arguments for ``cls``; a repeatable flag not given is left
+    out (the field's default holds)."""
+    return {f.name: getattr(args, f.name) for f in _flag_fields(cls)
+            if not (f.metadata.get("action") == "append" and getattr(args, f.name) is None)}
 
 
 def config_flags(cls: type) -> dict[str, str]:

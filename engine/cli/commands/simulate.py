@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from instances.errors import InputError
@@ -40,7 +41,81 @@ from ..common import (
     reconfig_for,
     seed_arg,
 )
+from ..flags import add_config_flags, config_flags, config_values, fields_as_flags
 from ..progress import Interrupt, ProgressLine, report_incomplete
+
+
+def _policy_help() -> str:
+    """``--policy``'s help: the registered policies (plug-ins' included) when the parser is built."""
+    from engine.core.policy import policy_names
+    return f"scheduling policy: {', '.join(policy_names())} (default fcfs)"
+
+
+@dataclass(frozen=True)
+class SimulateOptions:
+    """``arena simulate``'s own options (beside the workload's, the shadow policy's,
+    ``--profile-store``, ``--perf-runtime`` and ``--outages``, shared with other commands:
+    engine/cli/common.py), validated; each field a flag sets carries it (``--help`` lists
+    them in this order, engine/cli/flags.py)."""
+    policy: str = field(default="fcfs", metadata={"flag": "--policy", "metavar": "NAME", "help": _policy_help})
+    policy_opts: tuple[str, ...] = field(default=(), metadata={
+        "flag": "--policy-opt", "action": "append", "metavar": "KEY=VALUE",
+        "help": "policy option (repeatable); values parsed as int/float/bool/str"})
+    perf: str | None = field(default=None, metadata={
+        "flag": "--perf", "metavar": "KIND",
+        "help": "performance model the policy decides with: analytic, learned, learned-choice, learned-level, "
+                "table, online. fcfs needs none; the others default to analytic (it ranks grids best); online "
+                "(analytic corrected by the running jobs' measured iterations): arena and sia-ap decided better "
+                "with it on philly, venus, pai and overloaded (docs/engine.md), but replay slower; table (the "
+                "oracle's own measurements) is the labelled mode that reproduces the published comparison"})
+    # (--shadow-policy, --shadow-policy-opt, --profile-store and --perf-runtime come here: common.py's)
+    reconfig_opts: tuple[str, ...] = field(default=(), metadata={
+        "flag": "--reconfig-opt", "action": "append", "metavar": "KEY=VALUE",
+        "help": "move cost model: preset=arena (default), realistic or local, and field overrides, e.g. "
+                "startup_s=30 (repeatable)"})
+    rounds: int | None = field(default=None, metadata={
+        "flag": "--rounds", "help": "horizon in rounds (default: the instance's)"})
+    run_out: bool = field(default=False, metadata={
+        "flag": "--run-out", "help": "after the horizon, keep going until every job finishes (adds *_runout metrics)"})
+    max_rounds: int | None = field(default=None, metadata={
+        "flag": "--max-rounds", "metavar": "N",
+        "help": "run-out safety limit in rounds (default 1,000,000: about 9.5 simulated years at 300 s and 0.5 GB "
+                "of round records); a run stopped by it says so"})
+    round_interval_s: float | None = field(default=None, metadata={
+        "flag": "--round-interval", "metavar": "S", "help": "seconds between rounds (default: the instance's, 300)"})
+    seed: int = field(default=0, metadata={"flag": "--seed", "type": seed_arg,
+                                           "help": "instance and policy seed (default %(default)s)"})
+    # (--outages comes here: common.py's)
+    out: str | None = field(default=None, metadata={
+        "flag": "--out", "metavar": "DIR", "help": "output directory (default results/<instance>-<policy>)"})
+    dump_rounds: str | None = field(default=None, metadata={
+        "flag": "--dump-rounds", "metavar": "DIR",
+        "help": "ask the policy to dump each round's model to DIR (policies that support it)"})
+    no_plots: bool = field(default=False, metadata={"flag": "--no-plots", "help": "skip the PNG plots"})
+    quiet: bool = field(default=False, metadata={"flag": "--quiet", "help": "no progress line"})
+
+    def __post_init__(self):
+        from engine.sim.simulator import SimConfig
+        for name in ("policy_opts", "reconfig_opts"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.rounds is not None and self.rounds < 1:
+            raise InputError(f"must be >= 1, got {self.rounds}", field="rounds")
+        if self.round_interval_s is not None:
+            check_time(self.round_interval_s, field="round_interval_s", strict_min=True)
+        if self.max_rounds is not None and self.max_rounds < 1:
+            raise InputError(f"must be >= 1, got {self.max_rounds}", field="max_rounds")
+        limit = self.max_rounds if self.max_rounds is not None else SimConfig.max_rounds
+        if self.rounds and self.rounds > limit:
+            raise InputError(f"the horizon of {self.rounds:,} rounds exceeds the safety limit of {limit:,} rounds"
+                             + ("" if self.max_rounds is not None else " (raise it with --max-rounds)"),
+                             field="rounds")
+        if self.out is not None and not self.out.strip():
+            raise InputError("is empty (leave it out for the default results/<instance>-<policy>)", field="out")
+
+
+SIMULATE_FLAGS = config_flags(SimulateOptions)
+_SHARED_AFTER = ("policy", "policy_opts", "perf")            # the shared flags come after these in --help
+_OUTAGES_AFTER = ("reconfig_opts", "rounds", "run_out", "max_rounds", "round_interval_s", "seed")
 
 
 def register(subparsers) -> None:
@@ -49,93 +124,57 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     add_workload_args(p.add_argument_group("workload (default: --instance demo)"))
-    from engine.core.policy import policy_names
-    p.add_argument("--policy", default="fcfs", metavar="NAME",
-                   help=f"scheduling policy: {', '.join(policy_names())} (default fcfs)")
-    p.add_argument("--policy-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="policy option (repeatable); values parsed as int/float/bool/str")
-    p.add_argument("--perf", default=None, metavar="KIND",
-                   help="performance model the policy decides with: analytic, learned, learned-choice, "
-                        "learned-level, table, online. fcfs needs none; the others default to analytic (it ranks "
-                        "grids best); online (analytic corrected by the running jobs' measured iterations): arena "
-                        "and sia-ap decided better with it on philly, venus, pai and overloaded "
-                        "(docs/engine.md), but replay slower; table (the oracle's own measurements) is the labelled "
-                        "mode that reproduces the published comparison")
+    add_config_flags(p, SimulateOptions, only=_SHARED_AFTER)
     add_shadow_args(p)
     add_profile_store_arg(p)
     add_perf_runtime_arg(p)
-    p.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="move cost model: preset=arena (default), realistic or local, and field overrides, e.g. "
-                        "startup_s=30 (repeatable)")
-    p.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
-    p.add_argument("--run-out", action="store_true",
-                   help="after the horizon, keep going until every job finishes (adds *_runout metrics)")
-    p.add_argument("--max-rounds", type=int, default=None, metavar="N",
-                   help="run-out safety limit in rounds (default 1,000,000: about 9.5 simulated years at "
-                        "300 s and 0.5 GB of round records); a run stopped by it says so")
-    p.add_argument("--round-interval", type=float, default=None, metavar="S",
-                   help="seconds between rounds (default: the instance's, 300)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="instance and policy seed (default 0)")
+    add_config_flags(p, SimulateOptions, only=_OUTAGES_AFTER)
     add_outages_arg(p)
-    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default results/<instance>-<policy>)")
-    p.add_argument("--dump-rounds", default=None, metavar="DIR",
-                   help="ask the policy to dump each round's model to DIR (policies that support it)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    add_config_flags(p, SimulateOptions, skip=_SHARED_AFTER + _OUTAGES_AFTER)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from engine.core.reconfig import ReconfigCostModel
     from engine.sim.metrics import format_summary
-    from engine.sim.simulator import SimConfig, simulate
+    from engine.sim.simulator import simulate
 
-    if args.rounds is not None and args.rounds < 1:
-        raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
-    if args.round_interval is not None:
-        check_time(args.round_interval, field="--round-interval", strict_min=True)
-    if args.max_rounds is not None and args.max_rounds < 1:
-        raise InputError(f"must be >= 1, got {args.max_rounds}", field="--max-rounds")
-    limit = args.max_rounds if args.max_rounds is not None else SimConfig.max_rounds
-    if args.rounds and args.rounds > limit:
-        raise InputError(f"the horizon of {args.rounds:,} rounds exceeds the safety limit of {limit:,} rounds"
-                         + ("" if args.max_rounds is not None else " (raise it with --max-rounds)"), field="--rounds")
+    with fields_as_flags(SIMULATE_FLAGS):
+        o = SimulateOptions(**config_values(args, SimulateOptions))
     from instances.paths import check_output_dir
-    if args.out is not None and not args.out.strip():
-        raise InputError("is empty (leave it out for the default results/<instance>-<policy>)", field="--out")
-    if args.out:
-        check_output_dir(args.out, "--out")
-    if args.dump_rounds:
-        check_output_dir(args.dump_rounds, "--dump-rounds")
-    opts = parse_options(args.policy_opt, "--policy-opt")
-    if args.dump_rounds:
-        opts["dump_rounds_dir"] = args.dump_rounds
+    if o.out:
+        check_output_dir(o.out, SIMULATE_FLAGS["out"])
+    if o.dump_rounds:
+        check_output_dir(o.dump_rounds, SIMULATE_FLAGS["dump_rounds"])
+    opts = parse_options(list(o.policy_opts), SIMULATE_FLAGS["policy_opts"])
+    if o.dump_rounds:
+        opts["dump_rounds_dir"] = o.dump_rounds
     try:
-        policy = build_policy(args.policy, opts)
+        policy = build_policy(o.policy, opts)
     except InputError as e:
-        if args.dump_rounds and "dump_rounds_dir" in e.reason:
-            raise InputError(e.reason, field="--dump-rounds") from None
+        if o.dump_rounds and "dump_rounds_dir" in e.reason:
+            raise InputError(e.reason, field=SIMULATE_FLAGS["dump_rounds"]) from None
         raise
     shadow = build_shadow(args)
-    reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
+    reconfig_opts = parse_options(list(o.reconfig_opts), SIMULATE_FLAGS["reconfig_opts"])
     try:
         ReconfigCostModel.from_options(reconfig_opts)       # checked before any work
     except (TypeError, ValueError) as e:
-        raise InputError(str(e), field="--reconfig-opt") from None
+        raise InputError(str(e), field=SIMULATE_FLAGS["reconfig_opts"]) from None
     inst = build_instance(args)
     reconfig = reconfig_for(inst, reconfig_opts)
     outages = load_outages_arg(args.outages, inst.cluster)
-    perf = build_perf(args.perf, model_reader(args), args.profile_store, args.perf_runtime,
+    perf = build_perf(o.perf, model_reader(args), args.profile_store, args.perf_runtime,
                       inst.oracle.training_runtime, inst.oracle)
-    out = Path(args.out) if args.out else Path("results") / f"{inst.name}-{args.policy}"
-    check_output_dir(out, "--out")
-    bar = None if args.quiet else ProgressLine()
+    out = Path(o.out) if o.out else Path("results") / f"{inst.name}-{o.policy}"
+    check_output_dir(out, SIMULATE_FLAGS["out"])
+    bar = None if o.quiet else ProgressLine()
     t0 = time.perf_counter()
     try:
         with Interrupt("arena simulate") as interrupt:
-            res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=args.rounds, run_out=args.run_out,
-                           seed=args.seed, progress=bar, out_dir=None, round_interval_s=args.round_interval,
-                           max_rounds=args.max_rounds, outages=outages, shadow=shadow, stop=interrupt)
+            res = simulate(inst, policy, perf=perf, reconfig=reconfig, rounds=o.rounds, run_out=o.run_out,
+                           seed=o.seed, progress=bar, out_dir=None, round_interval_s=o.round_interval_s,
+                           max_rounds=o.max_rounds, outages=outages, shadow=shadow, stop=interrupt)
     except InputError as e:             # refused before the first round: named by its flag
         raise InputError(e.reason, file=e.file, line=e.line, field=SIM_FLAGS.get(e.field or "", e.field)) from None
     finally:
@@ -146,7 +185,7 @@ def run(args) -> int:
         res.summary["plugins"] = "; ".join(p.describe() for p in args.plugins)
     from engine.sim.metrics import write_result
     write_result(res, out)
-    if not args.no_plots:
+    if not o.no_plots:
         from engine.sim.plots import write_plots
         write_plots(res, out)
     print(format_summary(res.summary))

@@ -20,11 +20,13 @@ from __future__ import annotations
 import csv
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from instances.errors import InputError
 
 from ...common import seed_arg
+from ...flags import add_config_flags, config_flags, config_values, fields_as_flags
 from ...jsonout import dumps
 
 CLASSES = ((0.0, 3600.0, "< 1 h"), (3600.0, 86400.0, "1 h - 1 d"), (86400.0, 864000.0, "1 d - 10 d"),
@@ -140,6 +142,26 @@ def print_report(name: str, rep: dict) -> None:
         print(row)
 
 
+@dataclass(frozen=True)
+class BoundBench:
+    """``arena bench bound``'s own options (beside its run folders and the workload's
+    flags, which ``build_instance`` reads), validated; each field carries its flag
+    (engine/cli/flags.py)."""
+    max_gpus: int = field(default=16, metadata={
+        "flag": "--max-gpus", "help": "largest GPU count a job may get (default %(default)s, the policies' max_gpus)"})
+    json: bool = field(default=False, metadata={"flag": "--json", "help": "print JSON instead of tables"})
+    plot: str | None = field(default=None, metadata={
+        "flag": "--plot", "metavar": "PNG",
+        "help": "also draw each run's JCT over the bound, per class of job length, to this PNG file"})
+
+    def __post_init__(self):
+        if self.max_gpus < 1:
+            raise InputError(f"must be >= 1, got {self.max_gpus}", field="max_gpus")
+
+
+BOUND_BENCH_FLAGS = config_flags(BoundBench)
+
+
 def register(sub) -> None:
     """``arena bench bound`` (registered by ``engine/cli/commands/bench/__init__.py``)."""
     b = sub.add_parser("bound", help="average JCT of simulated runs against every job alone at its fastest",
@@ -147,12 +169,8 @@ def register(sub) -> None:
     b.add_argument("runs", nargs="*", metavar="RUN_DIR", help="`arena simulate --out` directories of this workload")
     from ...common import add_workload_args
     add_workload_args(b)
-    b.add_argument("--seed", type=seed_arg, default=0, help="instance seed (default 0)")
-    b.add_argument("--max-gpus", type=int, default=16,
-                   help="largest GPU count a job may get (default 16, the policies' max_gpus)")
-    b.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    b.add_argument("--plot", default=None, metavar="PNG",
-                   help="also draw each run's JCT over the bound, per class of job length, to this PNG file")
+    b.add_argument("--seed", type=seed_arg, default=0, help="instance seed (default 0)")    # (the workload's)
+    add_config_flags(b, BoundBench)
     b.set_defaults(func=run_bound_bench)
 
 
@@ -160,25 +178,25 @@ def run_bound_bench(args) -> int:
     from instances.bounds import jct_lower_bounds
 
     from ...common import build_instance
-    if args.max_gpus < 1:
-        raise InputError(f"must be >= 1, got {args.max_gpus}", field="--max-gpus")
-    if args.plot:
+    with fields_as_flags(BOUND_BENCH_FLAGS):
+        o = BoundBench(**config_values(args, BoundBench))
+    if o.plot:
         from instances.paths import check_output_file
-        check_output_file(args.plot, "--plot")
+        check_output_file(o.plot, BOUND_BENCH_FLAGS["plot"])
     inst = build_instance(args)
     by_id = {j.job_id: j for j in inst.jobs}
     runs = {r: read_run(Path(r), by_id) for r in args.runs}       # (checked before the bounds' work)
     print(f"bounds of {len(inst.jobs):,} jobs ...", file=sys.stderr, flush=True)
     bounds = jct_lower_bounds(inst.jobs, inst.cluster, inst.oracle, round_interval_s=inst.round_interval_s,
-                              max_gpus=args.max_gpus)
-    rep = report(bounds, runs, args.max_gpus)
-    if args.json:
+                              max_gpus=o.max_gpus)
+    rep = report(bounds, runs, o.max_gpus)
+    if o.json:
         print(dumps({"instance": inst.name, **rep}))
     else:
         print_report(inst.name, rep)
-    if args.plot:
-        plot_report(inst.name, rep, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
+    if o.plot:
+        plot_report(inst.name, rep, o.plot)
+        print(f"wrote {o.plot}", file=sys.stderr)
     return 0
 
 

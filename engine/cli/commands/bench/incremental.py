@@ -5,11 +5,82 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass, field
 
-from ...common import seed_arg
-from ...flags import fields_as_flags
+from ...flags import add_config_flags, config_flags, config_values, fields_as_flags
 from ...jsonout import dumps
-from .synthetic import check_synthetic_args, parse_weights
+from .synthetic import check_synthetic, gpus_field, jobs_field, objective_field, round_objective, seed_field
+
+
+@dataclass(frozen=True)
+class IncrementalBench:
+    """``arena bench incremental``'s options, validated; each field a flag sets carries it
+    (``--help`` lists them in this order; engine/cli/flags.py). ``queued`` ..
+    ``move_budget_gpus`` are the search's ``IncrementalConfig`` (``incremental_config``)."""
+    gpus: int = gpus_field()
+    jobs: int = jobs_field()
+    rounds: int = field(default=5, metadata={"flag": "--rounds",
+                                             "help": "rounds compared after the first (default %(default)s)"})
+    backend: str = field(default="auto", metadata={"flag": "--backend",
+                                                   "help": "the MILP's backend (default %(default)s)"})
+    time_limit_s: float = field(default=30.0, metadata={"flag": "--time-limit",
+                                                        "help": "the MILP's per-round time limit, s"})
+    rel_gap: float = field(default=0.01, metadata={"flag": "--rel-gap",
+                                                   "help": "the MILP's relative gap (default %(default)s)"})
+    seed: int = seed_field()
+    objective: str = objective_field()
+    # None: the simulator's ReconfigCostModel's (move_costs)
+    move_cost_per_gpu_s: float | None = field(default=None, metadata={
+        "flag": "--move-cost-per-gpu",
+        "help": "move downtime per GPU of the new grid, s (default: the simulator's ReconfigCostModel)"})
+    move_cost_cap_s: float | None = field(default=None, metadata={
+        "flag": "--move-cost-cap", "help": "move downtime cap, s (default: the simulator's ReconfigCostModel)"})
+    queued: str = field(default="all", metadata={
+        "flag": "--queued", "help": "queued jobs' candidates: all or small (default %(default)s)"})
+    other_type: str = field(default="same", metadata={
+        "flag": "--other-type",
+        "help": "running jobs' candidates on another GPU type: same (GPU count) or any (default %(default)s)"})
+    move_budget_jobs: float = field(default=1.0, metadata={
+        "flag": "--move-budget-jobs", "help": "fraction of running jobs that may move"})
+    move_budget_gpus: float = field(default=1.0, metadata={
+        "flag": "--move-budget-gpus", "help": "fraction of GPUs that may move"})
+    follow: str = field(default="incremental", metadata={
+        "flag": "--follow", "choices": ("incremental", "milp"),
+        "help": "whose decision the next round starts from (default %(default)s)"})
+    json: bool = field(default=False, metadata={"flag": "--json",
+                                                "help": "print JSON (rows and summary) instead of a table"})
+
+    def __post_init__(self):
+        from engine.decide.solvers import make_backend
+        from instances.errors import InputError
+        check_synthetic(self, "rounds")
+        make_backend(self.backend)                  # an unknown name fails before any work
+        self.incremental_config()
+        for name in ("move_cost_per_gpu_s", "move_cost_cap_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise InputError(f"must be a finite number of seconds >= 0, got {v}", field=name)
+
+    def incremental_config(self):
+        """The search's ``IncrementalConfig`` (its ``ValueError``: an ``InputError`` naming the field)."""
+        from engine.decide.incremental import IncrementalConfig
+        from instances.errors import InputError
+        try:
+            return IncrementalConfig(queued=self.queued, other_type=self.other_type,
+                                     move_budget_jobs=self.move_budget_jobs, move_budget_gpus=self.move_budget_gpus)
+        except ValueError as e:                 # "queued must be ...": the field, then the reason
+            name, _, reason = str(e).partition(" ")
+            raise InputError(reason, field=name) from None
+
+    def move_costs(self) -> tuple[float, float]:
+        """(move downtime per GPU, its cap), s: the flags' or the simulator's defaults."""
+        from engine.core.reconfig import ReconfigCostModel
+        defaults = ReconfigCostModel()
+        return (defaults.replan_per_gpu_s if self.move_cost_per_gpu_s is None else self.move_cost_per_gpu_s,
+                defaults.replan_cap_s if self.move_cost_cap_s is None else self.move_cost_cap_s)
+
+
+INCREMENTAL_BENCH_FLAGS = config_flags(IncrementalBench)
 
 
 def register(sub) -> None:
@@ -17,59 +88,22 @@ def register(sub) -> None:
                        description="The incremental search's objective as a fraction of the full per-round MILP's "
                                    "(same c @ x) and both decision times, over synthetic rounds that each start "
                                    "from the previous round's allocation.")
-    i.add_argument("--gpus", type=int, default=1280, help="cluster size (default 1280)")
-    i.add_argument("--jobs", type=int, default=500, help="active jobs per round (default 500)")
-    i.add_argument("--rounds", type=int, default=5, help="rounds compared after the first (default 5)")
-    i.add_argument("--backend", default="auto", help="the MILP's backend (default auto)")
-    i.add_argument("--time-limit", type=float, default=30.0, help="the MILP's per-round time limit, s")
-    i.add_argument("--rel-gap", type=float, default=0.01, help="the MILP's relative gap (default 0.01)")
-    i.add_argument("--seed", type=seed_arg, default=0, help="synthetic rounds' seed (default 0)")
-    i.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
-                   help="term=weight list (default: arena's)")
-    i.add_argument("--move-cost-per-gpu", type=float, default=None,
-                   help="move downtime per GPU of the new grid, s (default: the simulator's ReconfigCostModel)")
-    i.add_argument("--move-cost-cap", type=float, default=None,
-                   help="move downtime cap, s (default: the simulator's ReconfigCostModel)")
-    i.add_argument("--queued", default="all", help="queued jobs' candidates: all or small (default all)")
-    i.add_argument("--other-type", default="same",
-                   help="running jobs' candidates on another GPU type: same (GPU count) or any (default same)")
-    i.add_argument("--move-budget-jobs", type=float, default=1.0, help="fraction of running jobs that may move")
-    i.add_argument("--move-budget-gpus", type=float, default=1.0, help="fraction of GPUs that may move")
-    i.add_argument("--follow", default="incremental", choices=("incremental", "milp"),
-                   help="whose decision the next round starts from (default incremental)")
-    i.add_argument("--json", action="store_true", help="print JSON (rows and summary) instead of a table")
+    add_config_flags(i, IncrementalBench)
     i.set_defaults(func=run_incremental_bench)
 
 
 def run_incremental_bench(args) -> int:
-    from engine.core.reconfig import ReconfigCostModel
-    from engine.decide.incremental import IncrementalConfig
     from engine.decide.incremental.yardstick import summarize, yardstick
-    from engine.decide.objectives import parse_objective
-    from engine.decide.solvers import make_backend
-    from instances.errors import InputError
 
-    check_synthetic_args(args, "--rounds")
-    with fields_as_flags({"backend": "--backend"}):
-        make_backend(args.backend)                 # an unknown name fails before any work
-    try:
-        config = IncrementalConfig(queued=args.queued, other_type=args.other_type,
-                                   move_budget_jobs=args.move_budget_jobs,
-                                   move_budget_gpus=args.move_budget_gpus)
-    except ValueError as e:                     # "queued must be ...": the field, then the reason
-        name, _, reason = str(e).partition(" ")
-        raise InputError(reason, field="--" + name.replace("_", "-")) from None
-    defaults = ReconfigCostModel()
-    per_gpu = defaults.replan_per_gpu_s if args.move_cost_per_gpu is None else args.move_cost_per_gpu
-    cap = defaults.replan_cap_s if args.move_cost_cap is None else args.move_cost_cap
-    for flag, v in (("--move-cost-per-gpu", per_gpu), ("--move-cost-cap", cap)):
-        if not (math.isfinite(v) and v >= 0):
-            raise InputError(f"must be a finite number of seconds >= 0, got {v}", field=flag)
-    objective = parse_objective({}, parse_weights(args.objective))
-    log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    with fields_as_flags(INCREMENTAL_BENCH_FLAGS):
+        o = IncrementalBench(**config_values(args, IncrementalBench))
+        config = o.incremental_config()
+    per_gpu, cap = o.move_costs()
+    objective = round_objective(o.objective)
+    log = None if o.json else (lambda m: print(m, file=sys.stderr, flush=True))
     if log:
-        log(f"bench incremental: {args.gpus} GPUs, {args.jobs} jobs, {args.rounds} rounds after the first; "
-            f"moves {per_gpu:g} s/GPU, at most {cap:g} s; MILP backend {args.backend}")
+        log(f"bench incremental: {o.gpus} GPUs, {o.jobs} jobs, {o.rounds} rounds after the first; "
+            f"moves {per_gpu:g} s/GPU, at most {cap:g} s; MILP backend {o.backend}")
     # Both sides are single-threaded designs; left alone, BLAS's idle worker threads spin on
     # the other core after a call and bill their time to whichever side runs next.
     from threadpoolctl import threadpool_limits
@@ -79,15 +113,15 @@ def run_incremental_bench(args) -> int:
     if log:
         log(f"  the search's compiled kernels loaded in {load_s:.2f} s (once per process, not in the round times)")
     with threadpool_limits(limits=1):
-        rows = yardstick(args.gpus, args.jobs, args.rounds, objective, config, backend=args.backend,
-                         time_limit_s=args.time_limit, rel_gap=args.rel_gap, seed=args.seed,
-                         reconfig_s_per_gpu=per_gpu, reconfig_cap_s=cap, follow=args.follow, log=log)
+        rows = yardstick(o.gpus, o.jobs, o.rounds, objective, config, backend=o.backend,
+                         time_limit_s=o.time_limit_s, rel_gap=o.rel_gap, seed=o.seed,
+                         reconfig_s_per_gpu=per_gpu, reconfig_cap_s=cap, follow=o.follow, log=log)
     summary = summarize(rows)
-    summary.update(kernel_load_s=load_s, gpus=args.gpus, jobs=args.jobs, move_cost_per_gpu_s=per_gpu,
+    summary.update(kernel_load_s=load_s, gpus=o.gpus, jobs=o.jobs, move_cost_per_gpu_s=per_gpu,
                    move_cost_cap_s=cap,
-                   backend=args.backend, follow=args.follow, queued=args.queued, other_type=args.other_type,
-                   move_budget_jobs=args.move_budget_jobs, move_budget_gpus=args.move_budget_gpus)
-    if args.json:
+                   backend=o.backend, follow=o.follow, queued=o.queued, other_type=o.other_type,
+                   move_budget_jobs=o.move_budget_jobs, move_budget_gpus=o.move_budget_gpus)
+    if o.json:
         print(dumps({"summary": summary, "rounds": rows}, indent=2))
         return 0
     print(f"{'round':>5} {'cands':>7} {'ratio':>7} {'stay':>7} {'MILP s':>8} {'incr s':>8} {'speedup':>8} "

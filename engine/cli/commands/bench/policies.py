@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 import re
 import sys
+from dataclasses import dataclass, field
 
 from ...common import seed_arg
-from ...flags import fields_as_flags
+from ...flags import add_config_flags, config_flags, config_values, fields_as_flags
 from ...jsonout import dumps
 from .policy_runs import (
     POLICY_COLUMNS,
@@ -25,6 +26,105 @@ DEFAULT_POLICIES = ("arena", "arena-incremental", "suika", "sia", "sia-ap", "gav
                     "elasticflow-ls-ap", "fcfs")
 
 
+def _policy_help() -> str:
+    """``--policy``'s help: the registered policies (plug-ins' included) when the parser is built."""
+    from engine.core.policy import policy_names
+    return (f"policy, one of {', '.join(policy_names())} (repeatable; default {', '.join(DEFAULT_POLICIES)}); "
+            f"LABEL=NAME runs a variant of NAME under its own label, e.g. arena-ms=arena with --policy-opt "
+            f"arena-ms:w_makespan=10, beside the default")
+
+
+@dataclass(frozen=True)
+class PolicyBench:
+    """``arena bench policies``' own options (beside the workload's, ``--outages``,
+    ``--profile-store`` and ``--perf-runtime``, shared with ``arena simulate``), validated
+    before any simulation; each field a flag sets carries it (engine/cli/flags.py). The
+    parsed forms: ``names`` (label -> policy), ``options`` (label -> its options),
+    ``reconfig`` (the move cost model's options), ``seed_list`` (``--seeds``, or None)."""
+    reconfig_opts: tuple[str, ...] = field(default=(), metadata={
+        "flag": "--reconfig-opt", "action": "append", "metavar": "KEY=VALUE",
+        "help": "move cost model for every policy: preset=arena (default) or preset=realistic, and field "
+                "overrides, e.g. restart_s=60 (repeatable)"})
+    policies: tuple[str, ...] = field(default=DEFAULT_POLICIES, metadata={
+        "flag": "--policy", "action": "append", "metavar": "[LABEL=]NAME", "help": _policy_help})
+    policy_opts: tuple[str, ...] = field(default=(), metadata={
+        "flag": "--policy-opt", "action": "append", "metavar": "POLICY:KEY=VALUE",
+        "help": "option for one policy (its label), e.g. arena:w_jct=2 (repeatable)"})
+    rounds: int | None = field(default=None, metadata={
+        "flag": "--rounds", "help": "horizon in rounds (default: the instance's)"})
+    no_run_out: bool = field(default=False, metadata={
+        "flag": "--no-run-out", "help": "stop at the horizon (no run-out metrics)"})
+    perf: str | None = field(default=None, metadata={
+        "flag": "--perf",
+        "help": "performance model the optimizing policies decide with (default analytic, the one that ranks "
+                "grids best); online = analytic corrected by the running jobs' measured iterations: arena and "
+                "sia-ap decided better with it on philly, venus, pai and overloaded (docs/engine.md), but replay "
+                "slower; table = the oracle's own measurements, the published comparison's mode"})
+    # (--profile-store and --perf-runtime come here: common.py's, shared with arena simulate)
+    seed: int = field(default=0, metadata={"flag": "--seed", "type": seed_arg,
+                                           "help": "instance and policy seed (default %(default)s)"})
+    seeds: str | None = field(default=None, metadata={
+        "flag": "--seeds", "metavar": "LIST",
+        "help": "run every policy once per seed (0-4, or 0,1,7) and report each metric's mean, sd, min and "
+                "max over the seeds, and every policy's average JCT against --baseline's, paired seed by seed "
+                "(geometric mean with a 95%% interval)"})
+    baseline: str | None = field(default=None, metadata={
+        "flag": "--baseline", "metavar": "LABEL",
+        "help": "with --seeds: the policy label the others are compared with (default: the first)"})
+    json: bool = field(default=False, metadata={"flag": "--json", "help": "print JSON instead of a table"})
+    out: str | None = field(default=None, metadata={
+        "flag": "--out", "help": "directory for results.json/.csv and comparison.png (with --seeds also "
+                                 "aggregate.csv and one folder per seed)"})
+    quiet: bool = field(default=False, metadata={"flag": "--quiet", "help": "no progress lines"})
+    # parsed from the above (set by __post_init__)
+    names: dict = field(init=False, repr=False, compare=False)
+    options: dict = field(init=False, repr=False, compare=False)
+    reconfig: dict = field(init=False, repr=False, compare=False)
+    seed_list: list[int] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        from engine.core.reconfig import ReconfigCostModel
+        from engine.sim.simulator import SimConfig
+        from instances.errors import InputError
+
+        from ...common import build_policy, parse_options
+        from .seeds import seed_list
+        for name in ("reconfig_opts", "policies", "policy_opts"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        names = _policy_labels(self.policies)
+        options = policy_options(self.policy_opts, list(names))
+        for label in names:          # names, options and inputs are checked before any simulation runs
+            try:
+                build_policy(names[label], options[label], name_flag="policies", opt_flag="policy_opts")
+            except InputError as e:
+                if label == names[label]:
+                    raise
+                raise InputError(f"label {label!r}: {e.reason}", field=e.field) from None
+        reconfig = parse_options(list(self.reconfig_opts), "reconfig_opts")
+        try:
+            ReconfigCostModel.from_options(reconfig)
+        except (TypeError, ValueError) as e:
+            raise InputError(str(e), field="reconfig_opts") from None
+        if self.perf is not None:
+            from estimators.perf import KINDS
+            with fields_as_flags({"kind": "perf"}):
+                KINDS.get(self.perf)
+        if self.rounds is not None and self.rounds < 1:
+            raise InputError(f"must be >= 1, got {self.rounds}", field="rounds")
+        if self.rounds is not None and self.rounds > SimConfig.max_rounds:
+            raise InputError(f"the horizon of {self.rounds:,} rounds exceeds the safety limit of "
+                             f"{SimConfig.max_rounds:,} rounds", field="rounds")
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "reconfig", reconfig)
+        object.__setattr__(self, "seed_list", seed_list(self.seeds, self.baseline, list(names)))
+
+
+POLICY_BENCH_FLAGS = config_flags(PolicyBench)
+_SEED_FIELDS = ("seed", "seeds")                            # one or the other
+_LAST_FIELDS = ("baseline", "json", "out", "quiet")         # after them in --help
+
+
 def register(sub) -> None:
     q = sub.add_parser("policies", help="all policies on one workload, side by side",
                        description="Every policy on the same workload, truth oracle and reconfiguration cost "
@@ -33,46 +133,18 @@ def register(sub) -> None:
     from ...common import add_outages_arg, add_perf_runtime_arg, add_profile_store_arg, add_workload_args
     add_workload_args(q)
     add_outages_arg(q)
-    q.add_argument("--reconfig-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="move cost model for every policy: preset=arena (default) or preset=realistic, and "
-                        "field overrides, e.g. restart_s=60 (repeatable)")
-    from engine.core.policy import policy_names
-    q.add_argument("--policy", action="append", metavar="[LABEL=]NAME",
-                   help=f"policy, one of {', '.join(policy_names())} "
-                        f"(repeatable; default {', '.join(DEFAULT_POLICIES)}); LABEL=NAME runs a variant of "
-                        f"NAME under its own label, e.g. arena-ms=arena with --policy-opt arena-ms:w_makespan=10, "
-                        f"beside the default")
-    q.add_argument("--policy-opt", action="append", default=[], metavar="POLICY:KEY=VALUE",
-                   help="option for one policy (its label), e.g. arena:w_jct=2 (repeatable)")
-    q.add_argument("--rounds", type=int, default=None, help="horizon in rounds (default: the instance's)")
-    q.add_argument("--no-run-out", action="store_true", help="stop at the horizon (no run-out metrics)")
-    q.add_argument("--perf", default=None,
-                   help="performance model the optimizing policies decide with (default analytic, the one "
-                        "that ranks grids best); online = analytic corrected by the running jobs' measured "
-                        "iterations: arena and sia-ap decided better with it on philly, venus, pai and "
-                        "overloaded (docs/engine.md), but replay slower; table = the oracle's own measurements, "
-                        "the published comparison's mode")
+    add_config_flags(q, PolicyBench, skip=_SEED_FIELDS + _LAST_FIELDS)
     add_profile_store_arg(q)
     add_perf_runtime_arg(q)
-    seeds = q.add_mutually_exclusive_group()
-    seeds.add_argument("--seed", type=seed_arg, default=0, help="instance and policy seed (default 0)")
-    seeds.add_argument("--seeds", default=None, metavar="LIST",
-                       help="run every policy once per seed (0-4, or 0,1,7) and report each metric's mean, "
-                            "sd, min and max over the seeds, and every policy's average JCT against "
-                            "--baseline's, paired seed by seed (geometric mean with a 95%% interval)")
-    q.add_argument("--baseline", default=None, metavar="LABEL",
-                   help="with --seeds: the policy label the others are compared with (default: the first)")
-    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    q.add_argument("--out", default=None, help="directory for results.json/.csv and comparison.png "
-                                               "(with --seeds also aggregate.csv and one folder per seed)")
-    q.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_config_flags(q.add_mutually_exclusive_group(), PolicyBench, only=_SEED_FIELDS)
+    add_config_flags(q, PolicyBench, only=_LAST_FIELDS)
     q.set_defaults(func=run_policy_bench)
 
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
-def _policy_labels(specs: list[str]) -> dict[str, str]:
+def _policy_labels(specs) -> dict[str, str]:
     """``--policy`` values (``NAME`` or ``LABEL=NAME``) as {label: policy name}, in order;
     a label names a row, its output folder and its ``--policy-opt`` options."""
     from instances.errors import InputError
@@ -83,9 +155,9 @@ def _policy_labels(specs: list[str]) -> dict[str, str]:
             name = label
         if not LABEL.fullmatch(label) or not name:
             raise InputError(f"expected NAME or LABEL=NAME (label: letters, digits, _.+-), got {spec!r}",
-                             field="--policy")
+                             field="policies")
         if label in out:
-            raise InputError(f"policy label {label!r} given twice", field="--policy")
+            raise InputError(f"policy label {label!r} given twice", field="policies")
         out[label] = name
     return out
 
@@ -101,12 +173,12 @@ def policy_options(specs: list[str], policies) -> dict[str, dict]:
         pol, sep, kv = spec.partition(":")
         k, sep2, v = kv.partition("=")
         if not sep or not sep2 or not k:
-            raise InputError(f"expected POLICY:KEY=VALUE, got {spec!r}", field="--policy-opt")
+            raise InputError(f"expected POLICY:KEY=VALUE, got {spec!r}", field="policy_opts")
         if pol not in out:
-            raise InputError(f"--policy-opt for {pol!r}, which is not benchmarked", field="--policy-opt")
+            raise InputError(f"--policy-opt for {pol!r}, which is not benchmarked", field="policy_opts")
         if k in out[pol]:
             raise InputError(f"{pol}:{k} given twice ({out[pol][k]!r} and {parse_value(v)!r}); give it once",
-                             field="--policy-opt")
+                             field="policy_opts")
         out[pol][k] = parse_value(v)
     return out
 
@@ -193,88 +265,60 @@ def _fmt(v, width, prec=0):
 
 
 def run_policy_bench(args) -> int:
-    from engine.core.reconfig import ReconfigCostModel
-    from instances.errors import InputError
-
-    from ...common import build_policy, parse_options
-    names = _policy_labels(args.policy or list(DEFAULT_POLICIES))
-    policies = list(names)
-    options = policy_options(args.policy_opt, policies)
-    for label in policies:          # names, options and inputs are checked before any simulation runs
-        try:
-            build_policy(names[label], options[label])
-        except InputError as e:
-            if label == names[label]:
-                raise
-            raise InputError(f"label {label!r}: {e.reason}", field=e.field) from None
-    reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")
-    try:
-        ReconfigCostModel.from_options(reconfig_opts)                 # checked before any work
-    except (TypeError, ValueError) as e:
-        raise InputError(str(e), field="--reconfig-opt") from None
-    if args.perf is not None:
-        from estimators.perf import KINDS
-        with fields_as_flags({"kind": "--perf"}):
-            KINDS.get(args.perf)
+    with fields_as_flags(POLICY_BENCH_FLAGS):
+        o = PolicyBench(**config_values(args, PolicyBench))
     if args.profile_store is not None:
         from estimators.perf import open_profile_store
         open_profile_store(args.profile_store, "--profile-store")       # before any simulation
-    if args.rounds is not None and args.rounds < 1:
-        raise InputError(f"must be >= 1, got {args.rounds}", field="--rounds")
-    from engine.sim.simulator import SimConfig
-    if args.rounds is not None and args.rounds > SimConfig.max_rounds:
-        raise InputError(f"the horizon of {args.rounds:,} rounds exceeds the safety limit of "
-                         f"{SimConfig.max_rounds:,} rounds", field="--rounds")
-    from .seeds import seeds_arg
-    seeds = seeds_arg(args, policies)
-    workload = workload_args(args)
+    workload = workload_args(args, o.seed)
     inst = build_workload(workload)
     from ...common import load_outages_arg, reconfig_for
     load_outages_arg(args.outages, inst.cluster)                      # checked before any simulation
-    if args.out:
+    if o.out:
         from instances.paths import check_output_dir
-        check_output_dir(args.out, "--out")
-    move_costs = reconfig_for(inst, reconfig_opts)           # (an instance of the Sia artifact: its own preset)
+        check_output_dir(o.out, POLICY_BENCH_FLAGS["out"])
+    move_costs = reconfig_for(inst, o.reconfig)              # (an instance of the Sia artifact: its own preset)
     from . import spread
     comm = spread.comm()
-    rc = _run_spread(args, inst, workload, policies, options, names, reconfig_opts, move_costs, seeds, comm)
+    rc = _run_spread(args, o, inst, workload, move_costs, comm)
     spread.finish(comm)                       # (not after an error: rank 0 hears of it, see spread.py)
     return rc
 
 
-def _run_spread(args, inst, workload, policies, options, names, reconfig_opts, move_costs, seeds, comm) -> int:
+def _run_spread(args, o: PolicyBench, inst, workload, move_costs, comm) -> int:
     """The runs (this process's share of them under ``mpiexec``/``srun``, ``spread.py``) and,
     on rank 0, the rows."""
+    policies = list(o.names)
     from .seeds import run_seeded_bench
     from .spread import SlurmTasks
     rank = comm.Get_rank() if comm is not None else 0
-    quiet = args.quiet or args.json
+    quiet = o.quiet or o.json
     log = None if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     if log and rank == 0:
         log(f"bench policies on {inst.name} ({len(inst.jobs)} jobs, {inst.cluster.num_gpus} GPUs, move costs "
             f"{move_costs.preset}): {', '.join(policies)}"
             + (f" over {comm.Get_size()} {'Slurm tasks' if isinstance(comm, SlurmTasks) else 'MPI ranks'}"
                if comm is not None else ""))
-    if seeds is not None:
-        return run_seeded_bench(args, seeds, policies, options, names, reconfig_opts, log, comm)
+    if o.seed_list is not None:
+        return run_seeded_bench(args, o, log, comm)
     from ...progress import Interrupt
     with Interrupt("arena bench policies") as interrupt:
-        rows = policy_bench(workload, policies, options, args.rounds, not args.no_run_out, args.perf, reconfig_opts,
-                            args.seed, args.out, log, comm, names, args.profile_store, args.perf_runtime,
+        rows = policy_bench(workload, policies, o.options, o.rounds, not o.no_run_out, o.perf, o.reconfig,
+                            o.seed, o.out, log, comm, o.names, args.profile_store, args.perf_runtime,
                             stop=interrupt)
     if rows is None:
         return Interrupt.EXIT_STATUS if interrupt.requested else 0
     interrupted = interrupt.requested or any(r.get("end_reason") == "interrupted" for r in rows)
-    add_jct_bound(rows, inst, options)
-    if args.out:
-        write_outputs(rows, args.out, inst.name, args.plugins, interrupted=interrupted)
+    add_jct_bound(rows, inst, o.options)
+    if o.out:
+        write_outputs(rows, o.out, inst.name, args.plugins, interrupted=interrupted)
     if interrupted:
         done = [r["policy"] for r in rows if r.get("end_reason") != "interrupted"]
         print(f"arena bench policies: interrupted (Ctrl-C): {len(done)} of {len(policies)} policies ran to their "
               f"end ({', '.join(done) or 'none'}); "
-              + (f"the rows so far are in {args.out}/ (results.json: interrupted true, each row's end_reason)"
-                 if args.out else "the rows so far follow"), file=sys.stderr)
-    if args.json:
+              + (f"the rows so far are in {o.out}/ (results.json: interrupted true, each row's end_reason)"
+                 if o.out else "the rows so far follow"), file=sys.stderr)
+    if o.json:
         print(dumps(rows, indent=2, default=str))
         return Interrupt.EXIT_STATUS if interrupted else 0
     print(f"{'policy':<18} {'finished':>8} {'never':>5} {'JCT runout s':>12} {'/bound':>6} {'makespan s':>11} "
@@ -295,7 +339,7 @@ def _run_spread(args, inst, workload, policies, options, names, reconfig_opts, m
               f"their downtime, whole run; paid: share of the moves expected to speed their job up that paid for "
               f"themselves (progress since >= what staying would have made; moves.csv has every move); "
               f"decisions from {decided_with(rows)}, move costs {rows[0]['move_costs']}")
-    if args.out:
-        print(f"wrote {args.out}/results.json, results.csv, comparison.png")
+    if o.out:
+        print(f"wrote {o.out}/results.json, results.csv, comparison.png")
     return Interrupt.EXIT_STATUS if interrupted else 0
 

@@ -20,10 +20,11 @@ POLICY_COLUMNS = ("policy", "policy_name", "perf", "perf_runtime", "move_costs",
                   "moves_realized_gain_median")
 
 
-def workload_args(args) -> dict:
-    """What names the workload, as plain values (each MPI rank builds it from them)."""
+def workload_args(args, seed: int) -> dict:
+    """What names the workload (the workload's flags in ``args``, the instance's ``seed``),
+    as plain values (each MPI rank builds it from them)."""
     return {"instance": args.instance, "cluster": args.cluster, "trace": args.trace,
-            "trace_opt": list(args.trace_opt), "seed": args.seed, "outages": args.outages,
+            "trace_opt": list(args.trace_opt), "seed": seed, "outages": args.outages,
             "sia_artifact": getattr(args, "sia_artifact", None)}
 
 

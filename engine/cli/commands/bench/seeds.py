@@ -17,56 +17,59 @@ from .policy_runs import (
 )
 
 
-def seeds_arg(args, policies: list[str]) -> list[int] | None:
-    """``--seeds`` as a list (None without it), and ``--baseline`` checked against the labels."""
+def seed_list(seeds: str | None, baseline: str | None, labels: list[str]) -> list[int] | None:
+    """``--seeds`` as a list (None without it), and ``--baseline`` checked against the
+    policy labels (refusals name the fields ``seeds`` and ``baseline``)."""
     from engine.sim.seed_stats import parse_seeds
     from instances.errors import InputError
-    if args.seeds is None:
-        if args.baseline is not None:
+    if seeds is None:
+        if baseline is not None:
             raise InputError("--baseline needs --seeds (it names the policy the others are compared with, "
-                             "seed by seed)", field="--baseline")
+                             "seed by seed)", field="baseline")
         return None
     try:
-        seeds = parse_seeds(args.seeds)
+        out = parse_seeds(seeds)
     except ValueError as e:
-        raise InputError(str(e), field="--seeds") from None
-    if args.baseline is not None and args.baseline not in policies:
-        raise InputError(f"baseline {args.baseline!r} is not a benchmarked policy label; labels: "
-                         f"{', '.join(policies)}", field="--baseline")
-    return seeds
+        raise InputError(str(e), field="seeds") from None
+    if baseline is not None and baseline not in labels:
+        raise InputError(f"baseline {baseline!r} is not a benchmarked policy label; labels: "
+                         f"{', '.join(labels)}", field="baseline")
+    return out
 
 
-def run_seeded_bench(args, seeds: list[int], policies: list[str], options: dict, names: dict,
-                     reconfig_opts: dict, log, comm) -> int:
+def run_seeded_bench(args, o, log, comm) -> int:
     """``bench policies --seeds``: the whole comparison once per seed (each seed's runs in
     ``OUT/seed-S/``), then each policy's spread over the seeds and its paired JCT ratio
-    against the baseline (engine/sim/seed_stats.py)."""
+    against the baseline (engine/sim/seed_stats.py); ``o``: the command's ``PolicyBench``
+    (``args``: the workload's and the performance model's shared flags)."""
     from pathlib import Path
 
     from engine.sim.seed_stats import aggregate, seeds_changed_nothing
-    baseline = args.baseline or policies[0]
+    policies = list(o.names)
+    seeds = o.seed_list
+    baseline = o.baseline or policies[0]
     rank = comm.Get_rank() if comm is not None else 0
-    workloads = {s: {**workload_args(args), "seed": s} for s in seeds}
+    workloads = {s: workload_args(args, s) for s in seeds}
     instances = {s: build_workload(w) for s, w in workloads.items()}     # every seed's workload before any run
     rows: list[dict] = []
     for i, s in enumerate(seeds):
         if log and rank == 0:
             log(f"seed {s} ({i + 1} of {len(seeds)})")
-        out = Path(args.out) / f"seed-{s}" if args.out else None
-        got = policy_bench(workloads[s], policies, options, args.rounds, not args.no_run_out, args.perf,
-                           reconfig_opts, s, out, log, comm, names, args.profile_store, args.perf_runtime)
+        out = Path(o.out) / f"seed-{s}" if o.out else None
+        got = policy_bench(workloads[s], policies, o.options, o.rounds, not o.no_run_out, o.perf,
+                           o.reconfig, s, out, log, comm, o.names, args.profile_store, args.perf_runtime)
         if got is None:
             continue
-        add_jct_bound(got, instances[s], options)
+        add_jct_bound(got, instances[s], o.options)
         rows += [{**r, "seed": s} for r in got]
     if rank != 0:
         return 0
     agg = aggregate(rows, baseline)
     same = seeds_changed_nothing(rows)
     inst_name = instances[seeds[0]].name
-    if args.out:
-        write_seeded_outputs(rows, agg, args.out, inst_name, seeds, args.plugins)
-    if args.json:
+    if o.out:
+        write_seeded_outputs(rows, agg, o.out, inst_name, seeds, args.plugins)
+    if o.json:
         print(dumps({"instance": inst_name, "seeds": seeds, "baseline": baseline,
                           "seeds_changed_nothing": same, "aggregate": agg, "rows": rows}, indent=2, default=str))
         return 0
@@ -92,14 +95,14 @@ def run_seeded_bench(args, seeds: list[int], policies: list[str], options: dict,
               f"{ms(e['makespan_runout_s']):>22} {ms(e['avg_jct_over_bound'], prec=2):>12} "
               f"{ms(e['reconfigurations_per_job_runout'], prec=2):>12} {e['jobs_never_placed_total']:>5} "
               f"{e['jobs_unfinished_runout_total']:>5}  {gain}")
-    print(f"mean ± sd over {len(seeds)} seeds ({args.seeds}); never / unfin: jobs never placed / unfinished after "
+    print(f"mean ± sd over {len(seeds)} seeds ({o.seeds}); never / unfin: jobs never placed / unfinished after "
           f"the run-out, summed over the seeds; JCT gain: {baseline}'s average JCT over the policy's, seed by seed, "
           f"counted only where both finished every job; decisions from {decided_with(rows)}")
     if same:
         print("the seeds changed nothing: every policy had the same JCT and makespan in every seed (a fixed trace "
               "decided without noise); the spread is zero, not measured")
-    if args.out:
-        print(f"wrote {args.out}/results.json, results.csv, aggregate.csv, comparison.png and seed-*/")
+    if o.out:
+        print(f"wrote {o.out}/results.json, results.csv, aggregate.csv, comparison.png and seed-*/")
     return 0
 
 

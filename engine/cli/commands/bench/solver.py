@@ -5,31 +5,60 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 
-from ...common import seed_arg
-from ...flags import fields_as_flags
+from ...flags import add_config_flags, config_flags, config_values, fields_as_flags
 from ...jsonout import dumps
-from .synthetic import check_synthetic_args, parse_weights
+from .synthetic import check_synthetic, gpus_field, jobs_field, objective_field, parse_weights, seed_field
 
 DEFAULT_BENCH_BACKENDS = ("auto", "lagrangian", "highs-lp", "highs", "greedy")
+
+
+@dataclass(frozen=True)
+class SolverBench:
+    """``arena bench solver``'s options, validated; each field a flag sets carries it
+    (``--help`` lists them in this order; engine/cli/flags.py)."""
+    gpus: int = gpus_field()
+    jobs: int = jobs_field()
+    backends: tuple[str, ...] = field(default=DEFAULT_BENCH_BACKENDS, metadata={
+        "flag": "--backend", "action": "append",
+        "help": f"backend (repeatable; default {', '.join(DEFAULT_BENCH_BACKENDS)})"})
+    repeat: int = field(default=5, metadata={"flag": "--repeat",
+                                             "help": "rounds in the sequence (default %(default)s)"})
+    time_limit_s: float = field(default=30.0, metadata={"flag": "--time-limit",
+                                                        "help": "per-round solver time limit, s"})
+    rel_gap: float = field(default=0.01, metadata={"flag": "--rel-gap",
+                                                   "help": "relative gap to prove (default %(default)s)"})
+    threads: int = field(default=1, metadata={"flag": "--threads", "help": "solver threads (default %(default)s)"})
+    seed: int = seed_field()
+    objective: str = objective_field()
+    json: bool = field(default=False, metadata={"flag": "--json", "help": "print JSON instead of a table"})
+
+    def __post_init__(self):
+        from engine.decide.solvers.base import BACKENDS, available_cores
+        from instances.errors import InputError
+        object.__setattr__(self, "backends", tuple(self.backends))
+        check_synthetic(self, "repeat")
+        if self.threads < 1:
+            raise InputError(f"must be >= 1, got {self.threads}", field="threads")
+        if self.threads > available_cores():
+            raise InputError(f"must be at most the {available_cores()} CPU core(s) this process may use, got "
+                             f"{self.threads}", field="threads")
+        for name in self.backends:                  # an unknown name fails before any work
+            try:
+                BACKENDS.get(name)
+            except InputError as e:
+                raise InputError(e.reason, field="backends") from None
+
+
+SOLVER_BENCH_FLAGS = config_flags(SolverBench)
 
 
 def register(sub) -> None:
     s = sub.add_parser("solver", help="round latency and gap per solver backend on synthetic rounds",
                        description="Round latency (model build + solve), objective and proved gap per solver "
                                    "backend on a sequence of synthetic scheduling rounds.")
-    s.add_argument("--gpus", type=int, default=1280, help="cluster size (default 1280)")
-    s.add_argument("--jobs", type=int, default=500, help="active jobs per round (default 500)")
-    s.add_argument("--backend", action="append",
-                   help=f"backend (repeatable; default {', '.join(DEFAULT_BENCH_BACKENDS)})")
-    s.add_argument("--repeat", type=int, default=5, help="rounds in the sequence (default 5)")
-    s.add_argument("--time-limit", type=float, default=30.0, help="per-round solver time limit, s")
-    s.add_argument("--rel-gap", type=float, default=0.01, help="relative gap to prove (default 0.01)")
-    s.add_argument("--threads", type=int, default=1, help="solver threads (default 1)")
-    s.add_argument("--seed", type=seed_arg, default=0, help="synthetic rounds' seed (default 0)")
-    s.add_argument("--objective", default="throughput=1,jct=1,queue=1,reconfig=1",
-                   help="term=weight list (default: arena's)")
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_config_flags(s, SolverBench)
     s.set_defaults(func=run_solver_bench)
 
 
@@ -93,19 +122,14 @@ def solver_bench(gpus: int, jobs: int, backends, repeat: int, time_limit_s: floa
 
 
 def run_solver_bench(args) -> int:
-    from engine.decide.solvers.base import BACKENDS
-    check_synthetic_args(args, "--repeat")
-    weights = parse_weights(args.objective)
-    backends = args.backend or list(DEFAULT_BENCH_BACKENDS)
-    with fields_as_flags({"backend": "--backend"}):
-        for name in backends:                      # an unknown name fails before any work
-            BACKENDS.get(name)
-    log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    with fields_as_flags(SOLVER_BENCH_FLAGS):
+        o = SolverBench(**config_values(args, SolverBench))
+    log = None if o.json else (lambda m: print(m, file=sys.stderr, flush=True))
     if log:
-        log(f"bench solver: {args.gpus} GPUs, {args.jobs} jobs, {args.repeat} rounds, backends {', '.join(backends)}")
-    rows = solver_bench(args.gpus, args.jobs, backends, args.repeat, args.time_limit, args.rel_gap,
-                        args.threads, args.seed, weights, log)
-    if args.json:
+        log(f"bench solver: {o.gpus} GPUs, {o.jobs} jobs, {o.repeat} rounds, backends {', '.join(o.backends)}")
+    rows = solver_bench(o.gpus, o.jobs, o.backends, o.repeat, o.time_limit_s, o.rel_gap, o.threads, o.seed,
+                        parse_weights(o.objective), log)
+    if o.json:
         print(dumps(rows, indent=2))
         return 0
     from engine.decide.solvers.base import STATUSES
@@ -120,8 +144,8 @@ def run_solver_bench(args) -> int:
               f"{r['p99_latency_s']:>8.3f} {r['median_build_s']:>8.3f} {r['objective_mean']:>11.2f} "
               f"{r['max_gap']:>8.4f}" + "".join(f" {r['statuses'].get(st, 0):>10}" for st in seen))
     if seen:
-        print(f"(status columns: rounds per solution status out of {args.repeat}; optimal = the gap proved within "
-              f"{args.rel_gap:g})")
+        print(f"(status columns: rounds per solution status out of {o.repeat}; optimal = the gap proved within "
+              f"{o.rel_gap:g})")
     return 0
 
 

@@ -1,9 +1,13 @@
 """What ``arena bench solver`` and ``arena bench incremental`` share: their synthetic
 rounds' sizes and solver limits, and the objective's ``term=weight`` list, each refused
-by its own flag before any work."""
+by its own flag before any work; the flags both have (fields of their options)."""
 from __future__ import annotations
 
 import math
+from dataclasses import field
+from typing import Any
+
+from ...common import seed_arg
 
 MAX_BENCH_JOBS = 100_000       # synthetic rounds' jobs (the project measures up to 4,000; 10^8 would not end)
 
@@ -14,39 +18,60 @@ def parse_weights(text: str) -> dict:
     for part in filter(None, (p.strip() for p in text.split(","))):
         k, sep, v = part.partition("=")
         if k.strip() in out:
-            raise InputError(f"term {k.strip()!r} given twice in {text!r}; give it once", field="--objective")
+            raise InputError(f"term {k.strip()!r} given twice in {text!r}; give it once", field="objective")
         try:
             out[k.strip()] = float(v)
         except ValueError:
-            raise InputError(f"expected term=weight, got {part!r}", field="--objective") from None
+            raise InputError(f"expected term=weight, got {part!r}", field="objective") from None
         if not sep:
-            raise InputError(f"expected term=weight, got {part!r}", field="--objective")
+            raise InputError(f"expected term=weight, got {part!r}", field="objective")
         if not (math.isfinite(out[k.strip()]) and out[k.strip()] >= 0):
-            raise InputError(f"a term's weight is a finite number >= 0, got {part!r}", field="--objective")
+            raise InputError(f"a term's weight is a finite number >= 0, got {part!r}", field="objective")
     return out
 
 
-def check_synthetic_args(args, rounds_flag: str) -> None:
-    """The synthetic benches' sizes and solver limits, each refused by its own flag before
-    any work (``rounds_flag``: ``--repeat`` or ``--rounds``)."""
+def check_synthetic(opts, rounds: str) -> None:
+    """The synthetic benches' sizes and solver limits (``opts``: a bench's options, with
+    the fields ``gpus``, ``jobs``, ``time_limit_s``, ``rel_gap``, ``objective`` and the
+    one named ``rounds``: ``repeat`` or ``rounds``), each refused by its field (the
+    command names it by its flag) before any work."""
     from instances.cluster import MAX_CLUSTER_GPUS
     from instances.errors import InputError
     from instances.limits import check_time
-    rounds = getattr(args, rounds_flag.lstrip("-"))
-    for flag, v, lo, hi in (("--gpus", args.gpus, 8, MAX_CLUSTER_GPUS), ("--jobs", args.jobs, 1, MAX_BENCH_JOBS),
-                            (rounds_flag, rounds, 1, None)):
+    for name, lo, hi in (("gpus", 8, MAX_CLUSTER_GPUS), ("jobs", 1, MAX_BENCH_JOBS), (rounds, 1, None)):
+        v = getattr(opts, name)
         if v < lo or (hi is not None and v > hi):
-            raise InputError(f"must be {'>= ' + str(lo) if hi is None else f'in {lo}..{hi:,}'}, got {v}", field=flag)
-    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
-        raise InputError(f"must be a finite number of seconds > 0, got {args.time_limit}", field="--time-limit")
-    check_time(args.time_limit, field="--time-limit")
-    if not (math.isfinite(args.rel_gap) and 0 <= args.rel_gap < 1):
-        raise InputError(f"must be in [0, 1), got {args.rel_gap}", field="--rel-gap")
-    if getattr(args, "threads", 1) < 1:
-        raise InputError(f"must be >= 1, got {args.threads}", field="--threads")
-    from engine.decide.solvers.base import available_cores
-    if getattr(args, "threads", 1) > available_cores():
-        raise InputError(f"must be at most the {available_cores()} CPU core(s) this process may use, got "
-                         f"{args.threads}", field="--threads")
+            raise InputError(f"must be {'>= ' + str(lo) if hi is None else f'in {lo}..{hi:,}'}, got {v}", field=name)
+    if not (math.isfinite(opts.time_limit_s) and opts.time_limit_s > 0):
+        raise InputError(f"must be a finite number of seconds > 0, got {opts.time_limit_s}", field="time_limit_s")
+    check_time(opts.time_limit_s, field="time_limit_s")
+    if not (math.isfinite(opts.rel_gap) and 0 <= opts.rel_gap < 1):
+        raise InputError(f"must be in [0, 1), got {opts.rel_gap}", field="rel_gap")
+    round_objective(opts.objective)
 
 
+def round_objective(text: str):
+    """``--objective``'s ``term=weight`` list as the round's objective (an unknown term is
+    refused naming the field ``objective``)."""
+    from engine.decide.objectives import parse_objective
+    return parse_objective({}, parse_weights(text))
+
+
+# The flags both synthetic benches have, with the same meaning: one declaration each (a
+# field of each bench's options, engine/cli/flags.py).
+def gpus_field() -> Any:
+    return field(default=1280, metadata={"flag": "--gpus", "help": "cluster size (default %(default)s)"})
+
+
+def jobs_field() -> Any:
+    return field(default=500, metadata={"flag": "--jobs", "help": "active jobs per round (default %(default)s)"})
+
+
+def seed_field() -> Any:
+    return field(default=0, metadata={"flag": "--seed", "type": seed_arg,
+                                      "help": "synthetic rounds' seed (default %(default)s)"})
+
+
+def objective_field() -> Any:
+    return field(default="throughput=1,jct=1,queue=1,reconfig=1",
+                 metadata={"flag": "--objective", "help": "term=weight list (default: arena's)"})
