@@ -52,20 +52,10 @@ def slurm_cluster():
     process (each xdist worker its own: own munged, ports and folder), started on first
     use (about 1.5 s), stopped at the end. Skipped, saying why in one line, when not root
     or Slurm is not installed."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from tests.slurm_cluster import SlurmCluster, unavailable
+    from tests.slurm_cluster import started_cluster, unavailable
 
     why = unavailable()
     if why:
         pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="arena-slurm-", dir="/tmp"))   # short: munged's socket path
-    cluster = SlurmCluster(root)
-    try:
-        cluster.start()
+    with started_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)

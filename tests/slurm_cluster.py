@@ -19,15 +19,18 @@ and ``sinfo``, and stops it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sinfo", "scontrol", "squeue", "sbatch", "srun", "scancel")
 START_TIMEOUT_S = 60.0
@@ -305,3 +308,18 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="arena-slurm-") as d, SlurmCluster(Path(d)) as c:
         print(f"cluster {c.name} up in {c.startup_s:.2f} s")
         print(c.run("sinfo").stdout)
+
+
+@contextlib.contextmanager
+def started_cluster(nodes: tuple[NodeDef, ...] = DEFAULT_NODES) -> Iterator[SlurmCluster]:
+    """A ``SlurmCluster`` of ``nodes`` in a fresh folder under /tmp (short: munged's
+    socket path), started; on exit (a failed start included) its daemons are stopped
+    and the folder removed."""
+    root = Path(tempfile.mkdtemp(prefix="arena-slurm-", dir="/tmp"))
+    cluster = SlurmCluster(root, nodes=nodes)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -39,7 +39,6 @@ import json
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from engine.service.scenario import LOSS_TOL, ServiceProcess, Submission, free_p
 from engine.service.store import Store
 from launcher.launch import read_results
 from launcher.telemetry import read_progress
-from tests.slurm_cluster import NodeDef, SlurmCluster, unavailable
+from tests.slurm_cluster import NodeDef, SlurmCluster, started_cluster, unavailable
 from tests.test_engine_helpers import wait_until
 
 NODES = (NodeDef("n1", gpus=1), NodeDef("n2", gpus=1), NodeDef("n3", gpus=1), NodeDef("n4", gpus=1),
@@ -73,14 +72,8 @@ def cluster():
     why = unavailable()
     if why:
         pytest.skip(why)
-    root = Path(tempfile.mkdtemp(prefix="arena-slurm-", dir="/tmp"))    # short: munged's socket path
-    c = SlurmCluster(root, nodes=NODES)
-    try:
-        c.start()
+    with started_cluster(NODES) as c:
         yield c
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def serve_args(cluster: SlurmCluster, tmp: Path, port: int) -> list[str]:
