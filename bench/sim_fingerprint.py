@@ -56,7 +56,13 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--run-out", action="store_true")
     a = p.parse_args(argv)
-    print(json.dumps(fingerprint(a.instance, a.policy, a.rounds, a.run_out), sort_keys=True))
+    from instances.errors import InputError
+    try:
+        line = fingerprint(a.instance, a.policy, a.rounds, a.run_out)
+    except InputError as e:          # an unknown instance or policy, a policy refusing the jobs
+        print(f"sim_fingerprint: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(line, sort_keys=True))
     return 0
 
 
