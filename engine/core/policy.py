@@ -18,8 +18,9 @@ must reject unknown keys). A class that subclasses ``Policy`` inherits the defau
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Iterable, Protocol
 
+from instances.errors import InputError
 from instances.registry import Registry
 
 from .context import Decisions, RoundContext
@@ -31,6 +32,17 @@ class Policy(Protocol):
     max_queued: int = 0             # queued jobs it is given at most (0: all)
 
     def decide(self, ctx: RoundContext) -> Decisions: ...
+
+
+def refuse_unknown_options(name: str, options: Iterable[str], known: Collection[str], *, scope: str = "",
+                           known_text: str | None = None) -> None:
+    """A policy's options checked against the ones it reads: an ``InputError`` naming
+    the first unknown one (its field) and listing ``known`` (or ``known_text``); ``scope``
+    follows the unknown names in the message (e.g. " for goodput jobs")."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(f"policy {name!r}: unknown option(s) {unknown}{scope}; "
+                         f"known: {known_text if known_text is not None else list(known)}", field=unknown[0])
 
 
 def policy_lacks(policy: object) -> list[str]:

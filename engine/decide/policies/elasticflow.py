@@ -34,7 +34,7 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy, register_policy
+from engine.core.policy import Policy, refuse_unknown_options, register_policy
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
@@ -80,10 +80,7 @@ class ElasticFlowLS(Policy):
     def __init__(self, *, ap: bool = False, **config):
         self.ap = ap
         self.name = "elasticflow-ls-ap" if ap else "elasticflow-ls"
-        unknown = sorted(set(config) - set(self.KEYS))
-        if unknown:
-            raise InputError(f"policy {self.name!r}: unknown option(s) {unknown}; known: {list(self.KEYS)}",
-                             field=unknown[0])
+        refuse_unknown_options(self.name, config, self.KEYS)
         self.stability = StabilityRule.from_config(self.name, config)
         try:
             self.slack_factor = float(config.get("slack_factor", 10.0))

@@ -45,7 +45,7 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy
+from engine.core.policy import Policy, refuse_unknown_options
 from instances.errors import InputError
 from instances.goodput import EPS, BatchPlan
 from instances.grid import Shape
@@ -80,10 +80,7 @@ class GavelGoodput(Policy):
     """Gavel's max-sum-throughput LP and round-based time sharing (module doc)."""
 
     def __init__(self, name: str = "gavel", **cfg: Any):
-        unknown = sorted(set(cfg) - set(OPTIONS))
-        if unknown:
-            raise InputError(f"policy {name!r}: unknown option(s) {unknown} for goodput jobs; known: {list(OPTIONS)}",
-                             field=unknown[0])
+        refuse_unknown_options(name, cfg, OPTIONS, scope=" for goodput jobs")
         self.name = name
         try:
             self.round_s = float(cfg.get("round_s", GAVEL_ROUND_S))

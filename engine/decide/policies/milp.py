@@ -70,7 +70,7 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy, register_policy
+from engine.core.policy import Policy, refuse_unknown_options, register_policy
 from estimators import PerformanceModel
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
@@ -204,10 +204,8 @@ class MilpPolicy(Policy):
         goodput_cfg = {k: config.pop(k) for k in list(config) if k in spec.goodput_options}
         self._goodput = spec.goodput(spec.name, **goodput_cfg) if spec.goodput is not None else None
         obj_cfg, rest = split_objective_config(_with_default_options(spec, {**spec.runner, **config}))
-        unknown = sorted(set(rest) - set(RUNNER_KEYS))
-        if unknown:
-            raise InputError(f"policy {spec.name!r}: unknown option(s) {unknown}; known: {sorted(RUNNER_KEYS)} "
-                             "and w_<term>, <term>.<option>", field=unknown[0])
+        refuse_unknown_options(spec.name, rest, RUNNER_KEYS,
+                               known_text=f"{sorted(RUNNER_KEYS)} and w_<term>, <term>.<option>")
         self.objective: Objective = parse_objective(obj_cfg, spec.weights)
         options = SolverOptions(threads=_number(spec.name, rest, "threads", 1, int, 1),
                                 seed=_number(spec.name, rest, "seed", 0, int, 0, MAX_SOLVER_SEED))

@@ -39,7 +39,7 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy, register_policy
+from engine.core.policy import Policy, refuse_unknown_options, register_policy
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, GoodputJob
 from instances.grid import Shape
@@ -55,10 +55,7 @@ VNODE_GPUS = 4                     # the artifact's virtual node (its smallest n
 
 class Pollux(Policy):
     def __init__(self, name: str = "pollux", **cfg: Any):
-        unknown = sorted(set(cfg) - set(OPTIONS))
-        if unknown:
-            raise InputError(f"policy {name!r}: unknown option(s) {unknown}; known: {list(OPTIONS)}",
-                             field=unknown[0])
+        refuse_unknown_options(name, cfg, OPTIONS)
         self.name = name
         self.p = _float(name, cfg, "p", -1.0, -10.0, 10.0)
         if self.p == 0:

@@ -52,7 +52,7 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy
+from engine.core.policy import Policy, refuse_unknown_options
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, BatchPlan
 from instances.grid import Shape
@@ -105,10 +105,7 @@ class SiaGoodput(Policy):
     """Sia's MILP on goodput jobs (module doc)."""
 
     def __init__(self, name: str = "sia", **cfg: Any):
-        unknown = sorted(set(cfg) - set(OPTIONS))
-        if unknown:
-            raise InputError(f"policy {name!r}: unknown option(s) {unknown} for goodput jobs; known: {list(OPTIONS)}",
-                             field=unknown[0])
+        refuse_unknown_options(name, cfg, OPTIONS, scope=" for goodput jobs")
         self.name = name
         # None: the artifact's own value (simulator_config.py), read at the first round
         self.p = _float(name, cfg, "p", None, -10.0, 10.0)
