@@ -3,7 +3,7 @@ decisions it returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from estimators.base import PerformanceModel
 from instances.allocation import Allocation, GpuId
@@ -83,7 +83,7 @@ class DecisionStats:
     queued_left_out: int = 0              # queued jobs beyond the policy's ``max_queued`` window
     frozen: int = 0                       # running jobs the stability rule kept on their grid
     move_allowance: int | None = None     # running jobs the round's budget let move (None: no budget)
-    placement_repairs: int = 0            # chosen grids placement could not map and replaced
+    placement_repairs: int = 0            # chosen grids placement could not map and replaced by a fallback
     placement_dropped: tuple[str, ...] = ()   # chosen jobs placement left waiting (ids)
     decide_time_s: float = 0.0
     # an optimizing policy's model and its solve (the solver backend's ``Solution``)
@@ -104,20 +104,34 @@ class DecisionStats:
     model_build_time_s: float | None = None
     solve_wall_s: float | None = None     # the solve as the policy timed it
     # a deadline policy (elasticflow)
-    admitted: int = 0
+    admitted: int = 0                     # jobs its rule admitted (before placement: see placement_dropped)
     best_effort: int = 0
     held_by_budget: int = 0
+
+
+class Fallbacks(Protocol):
+    """A policy's ranked alternatives for the round's placement (``Decisions.fallbacks``):
+    what a job should run on instead when its chosen grid cannot be mapped to GPUs."""
+
+    def smaller(self, job_id: str, than: Grid) -> tuple[Grid, JobPlan | None] | None:
+        """The job's best alternative with fewer GPUs than ``than`` (None: it waits)."""
+        ...
 
 
 @dataclass(frozen=True)
 class Decisions:
     """Which grid each job should run on this round; jobs absent from ``grids`` wait.
 
-    ``placements`` optionally pins concrete GPUs (policies that place for themselves);
-    otherwise the engine's placement maps grids to GPUs. ``plans`` optionally carries
-    the chosen plan per job; ``stats`` what the policy reports of the decision.
+    The round's placement (engine/core/round_placement.py) maps grids to GPUs. A policy
+    that decides by fitting jobs itself pins the GPUs it fitted (``placements``); an
+    optimizing policy instead hands its ranked smaller alternatives (``fallbacks``), which
+    the placement takes for a grid that does not fit. ``plans`` optionally carries the
+    chosen plan per job; ``stats`` what the policy reports of the decision (the
+    placement fills ``placement_repairs`` and ``placement_dropped`` when it takes
+    fallbacks).
     """
     grids: Mapping[str, Grid]
     placements: Mapping[str, tuple[GpuId, ...]] = field(default_factory=dict)
     plans: Mapping[str, JobPlan] = field(default_factory=dict)
     stats: DecisionStats = field(default_factory=DecisionStats)
+    fallbacks: Fallbacks | None = None

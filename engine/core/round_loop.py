@@ -16,10 +16,10 @@ wall clock (a timer, arrivals, completions, failures) with the launcher's
 3. ``round(now, index)``: the policy reads a ``RoundContext`` of every active job and
    returns ``Decisions``; decisions on shapes the executor knows the job cannot run on
    are dropped and shown to the policy next time (``JobView.known_infeasible_shapes``);
-   placement maps grids to GPUs; the executor stops, moves and launches; invariants are
-   asserted; the round is recorded. A shadow policy (``shadow``), when given, is asked on
-   the same context and compared (``RoundRecord.shadow``, engine/core/shadow.py); its
-   decisions are never carried out.
+   the round's placement (engine/core/round_placement.py) maps grids to GPUs; the
+   executor stops, moves and launches; invariants are asserted; the round is recorded.
+   A shadow policy (``shadow``), when given, is asked on the same context and compared
+   (``RoundRecord.shadow``, engine/core/shadow.py); its decisions are never carried out.
 
 A policy with ``event_driven = True`` is asked only after an event (arrival,
 completion, failure) or when its last decisions were not all carried out.
@@ -45,6 +45,7 @@ from .online_feed import OnlineFeed
 from .placement import Placer
 from .policy import Policy
 from .reconfig import ReconfigCostModel
+from .round_placement import place_requests, take_fallbacks
 from .shadow import Shadow, ShadowComparison
 from .state import EngineState, JobStatus
 
@@ -95,9 +96,10 @@ class RoundLoop:
         self.check = check_invariants
         self.max_failures, self.failure_backoff_s = max_failures, failure_backoff_s
         self.on_decided = on_decided          # called with each decision before it is carried out
-        self.shadow = None if shadow is None else Shadow(shadow)   # asked beside the policy, never carried out
         self.state = EngineState(cluster, list(jobs))
         self.placer = Placer(cluster)
+        # asked beside the policy, never carried out; its fallbacks taken as the policy's are
+        self.shadow = None if shadow is None else Shadow(shadow, settle=self._settle)
         self.rounds: list[RoundRecord] = []
         self.event_driven = policy.event_driven
         # queued jobs given to the policy (and the shadow): at most the larger of their
@@ -254,6 +256,9 @@ class RoundLoop:
             decisions = self.policy.decide(ctx)
             rec.decision_time_s = time.perf_counter() - t_dec
             rec.decided = True
+            if not isinstance(decisions, Decisions):
+                raise TypeError(f"policy {self.policy.name!r} returned {type(decisions).__name__}, not Decisions")
+            decisions = self._settle(decisions)
             if self.shadow is not None and ctx.jobs:      # (with no job, nothing to compare)
                 rec.shadow = self.shadow.observe(ctx, decisions)
             if self.on_decided is not None:
@@ -304,11 +309,13 @@ class RoundLoop:
                             self.reconfig, self.seed, len(st.finished_ids), st.changes_count,
                             st.cluster.unavailable, left_out)
 
+    def _settle(self, decisions: Decisions) -> Decisions:
+        """The round's placement, step 1 (engine/core/round_placement.py): a policy's
+        fallbacks taken where its grids do not fit."""
+        return take_fallbacks(self.placer, decisions, self.state.running_allocations(), self.state.cluster.unavailable)
+
     def _apply(self, decisions: Decisions, now: float, rec: RoundRecord) -> None:
         st, ex = self.state, self.executor
-        if not isinstance(decisions, Decisions):
-            raise TypeError(f"policy {getattr(self.policy, 'name', self.policy)!r} returned "
-                            f"{type(decisions).__name__}, not Decisions")
         requests: dict[str, Grid] = {}
         dropped: dict[str, Grid] = {}     # running jobs whose decided move was rejected at truth
         for jid, grid in decisions.grids.items():
@@ -328,32 +335,15 @@ class RoundLoop:
                 continue
             requests[jid] = grid
         current = st.running_allocations()
-        pinned = {j: g for j, g in decisions.placements.items() if j in requests and j not in dropped}
-        res = self.placer.place(requests, current, pinned, st.cluster.unavailable)
-        failed = set(res.failed)
-        if dropped and failed:
-            # which failures are the decision's own: place it as decided (dropped moves included)
-            as_decided = self.placer.place({**requests, **dropped}, current,
-                                           {j: g for j, g in decisions.placements.items() if j in requests},
-                                           st.cluster.unavailable)
-            own = failed & set(as_decided.failed)
-        else:
-            own = failed
-        rec.packing_failures = len(own)
-        rec.displaced = len(failed - own)
-        rec.repairs = res.repaired
-        for jid in own:
-            st.jobs[jid].packing_failures += 1
-        allocs = dict(res.allocations)
         leaving = set(self._leaving(st.cluster.unavailable)) if st.cluster.unavailable else set()   # must leave
-        # a running job whose new grid did not fit stays where it is, if its GPUs are still free
-        stuck = [j for j in res.failed if j in current and j not in leaving]
-        if stuck:
-            taken = {g for a in allocs.values() for g in a.gpus}
-            for jid in stuck:
-                if taken.isdisjoint(current[jid].gpus):
-                    allocs[jid] = current[jid]
-                    taken.update(current[jid].gpus)
+        placed = place_requests(self.placer, requests, dropped, decisions.placements, current,
+                                st.cluster.unavailable, leaving)
+        rec.packing_failures = len(placed.packing_failures)
+        rec.displaced = placed.displaced
+        rec.repairs = placed.repaired
+        for jid in placed.packing_failures:
+            st.jobs[jid].packing_failures += 1
+        allocs = placed.allocations
         # stops: running jobs with no allocation this round (evicted: they had to leave)
         for jid in [j for j in st.running if j not in allocs]:
             ex.stop(jid, now)

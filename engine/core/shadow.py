@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from instances.grid import Grid
 
@@ -128,9 +128,12 @@ class Shadow:
     """A policy asked beside the primary (``observe``); it never raises into the round:
     an exception of the shadow is recorded as the round's ``error``."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, settle: Callable[[Decisions], Decisions] | None = None):
         self.policy = policy
         self.name: str = policy.name
+        # the round's placement, step 1 (engine/core/round_placement.py), so that a shadow
+        # that hands fallbacks is compared on the grids it would run, as the primary is
+        self.settle = settle
 
     def observe(self, ctx: RoundContext, primary: Decisions) -> ShadowComparison:
         t0 = time.perf_counter()
@@ -138,6 +141,8 @@ class Shadow:
             decisions = self.policy.decide(ctx)
             if not isinstance(decisions, Decisions):
                 raise TypeError(f"returned {type(decisions).__name__}, not Decisions")
+            if self.settle is not None:
+                decisions = self.settle(decisions)
         except Exception as e:           # the shadow must not stop the primary's round
             return ShadowComparison(self.name, len(ctx.jobs), 0, (), 0, (0, 0), (0, 0), (0, 0), None,
                                     time.perf_counter() - t0, error=f"{type(e).__name__}: {e}"[:500])

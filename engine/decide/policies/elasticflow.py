@@ -33,7 +33,6 @@ import math
 import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
-from engine.core.placement import Placer
 from engine.core.policy import Policy, refuse_unknown_options, register_policy
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
@@ -41,6 +40,7 @@ from instances.errors import InputError
 from instances.grid import Grid
 from instances.limits import check_coefficient
 
+from ..fallbacks import RankedColumns
 from ..formulation.round_data import (
     GridCache,
     RoundDataCache,
@@ -49,7 +49,6 @@ from ..formulation.round_data import (
     columns_of_jobs,
     freeze_jobs,
 )
-from ..placement_repair import place_with_repair
 from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
 
 
@@ -95,7 +94,6 @@ class ElasticFlowLS(Policy):
         self._dp_only = DpOnlyTwin()
         self._grids = GridCache(dp_only=not ap)
         self._cache = RoundDataCache()
-        self._placers: dict[int, Placer] = {}
 
     def _keep(self, view: JobView, grid: Grid) -> bool:
         if grid.shape in view.known_infeasible_shapes:
@@ -186,15 +184,14 @@ class ElasticFlowLS(Policy):
             go = set(moved[:allowance])
             kept = {j for j in range(data.n_jobs) if cur[j] >= 0 and j not in go}
             chosen, late = self._allocate(data, cols, rate, left, edf, kept)
-        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, data.speedup, chosen)
         grids = {data.job_ids[j]: data.grids[k] for j, k in chosen.items()}
         plans = {data.job_ids[j]: data.plans[k] for j, k in chosen.items() if data.plans[k] is not None}
         best_effort = len([j for j in late if j in chosen])
         stats = DecisionStats(backend="elasticflow-greedy", jobs=data.n_jobs, admitted=len(chosen) - best_effort,
-                              best_effort=best_effort, placement_repairs=repairs, placement_dropped=tuple(dropped),
+                              best_effort=best_effort,
                               frozen=len(rule_kept), held_by_budget=len(kept - rule_kept), move_allowance=allowance,
                               decide_time_s=time.perf_counter() - t0)
-        return Decisions(grids=grids, plans=plans, placements=placements, stats=stats)
+        return Decisions(grids=grids, plans=plans, stats=stats, fallbacks=RankedColumns(data, data.speedup))
 
 
 @register_policy("elasticflow-ls")

@@ -69,7 +69,6 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
-from engine.core.placement import Placer
 from engine.core.policy import Policy, refuse_unknown_options, register_policy
 from estimators import PerformanceModel
 from estimators.perf import DpOnlyTwin
@@ -78,6 +77,7 @@ from instances.errors import InputError
 from instances.grid import Grid
 from instances.limits import MAX_TIME_S, show_number
 
+from ..fallbacks import RankedColumns
 from ..formulation import build_model, build_round_data
 from ..formulation.build import RowsMemo
 from ..formulation.goodput_data import build_goodput_round_data
@@ -85,7 +85,6 @@ from ..formulation.model import MilpModel
 from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
 from ..incremental import OTHER_TYPE_CHOICES, QUEUED_CHOICES, IncrementalConfig, search_round
 from ..objectives import Objective, parse_objective, split_objective_config
-from ..placement_repair import place_with_repair
 from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
 from ..solvers.base import MAX_SOLVER_SEED
 from ..solvers.greedy import greedy_solution
@@ -243,7 +242,6 @@ class MilpPolicy(Policy):
                                  field=key)
         self.incremental = IncrementalConfig(queued=queued, other_type=other, **budgets)
         self._grids = GridCache(dp_only=spec.dp_only)
-        self._placers: dict[int, Placer] = {}
         self._dp_only = DpOnlyTwin()
         self._cache = RoundDataCache()
         self._rows = RowsMemo()
@@ -316,7 +314,6 @@ class MilpPolicy(Policy):
             sel = np.concatenate([sel, fixed])          # the frozen jobs keep their columns
             col_value[fixed] = 0.0
         chosen = {int(data.col_job[k]): int(k) for k in sel.tolist()}
-        chosen, placements, repairs, dropped = place_with_repair(self._placers, ctx, data, col_value, chosen)
         grids: dict[str, Grid] = {}
         plans = {}
         for j, k in chosen.items():
@@ -334,13 +331,12 @@ class MilpPolicy(Policy):
             export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
         stats = DecisionStats(
             jobs=data.n_jobs, queued_left_out=left_out, frozen=len(frozen), move_allowance=allowance,
-            placement_repairs=repairs, placement_dropped=tuple(dropped),
             backend=sol.backend, status=sol.status, objective=sol.objective, bound=sol.bound, gap=sol.gap,
             message=sol.message, solver_build_time_s=sol.build_time_s, solver_solve_time_s=sol.solve_time_s,
             solver_extra=dict(sol.extra), search=self.search, columns=data.n_cols, rows=model.n_rows,
             unschedulable=tuple(data.unschedulable), estimate_time_s=t1 - t0, model_build_time_s=t2 - t1,
             solve_wall_s=t3 - t2, decide_time_s=time.perf_counter() - t0)
-        return Decisions(grids=grids, plans=plans, placements=placements, stats=stats)
+        return Decisions(grids=grids, plans=plans, stats=stats, fallbacks=RankedColumns(data, col_value))
 
 
 def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., Policy]:

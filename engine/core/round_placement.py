@@ -1,0 +1,112 @@
+"""The round's placement, in one place: from a policy's ``Decisions`` to GPUs.
+
+``RoundLoop.round`` runs it in this order, once a round:
+
+1. ``take_fallbacks``: when the policy handed ranked alternatives
+   (``Decisions.fallbacks``: the optimizing policies, whose model's node-shape rows see
+   neither which GPUs running jobs keep nor that a multi-node job needs distinct nodes),
+   the chosen grids are placed; a job whose grid does not fit takes its best smaller
+   alternative, else it waits. Up to ``MAX_FALLBACK_ROUNDS`` times, then what still does
+   not fit waits. The GPUs found are pinned. What the live service records and a shadow
+   policy is compared with is this decision.
+2. The loop's truth check (``Executor.runs_on``) drops decisions on shapes the job cannot
+   run on; a running job whose move was dropped is requested at the grid it holds.
+3. ``place_requests``: the requests are placed with the decision's pins
+   (``Placer.place``, engine/core/placement.py). Failures are split into the decision's
+   own (packing failures) and those only a dropped move caused (displaced: the dropped
+   mover kept GPUs another job was placed on); a running job whose new grid did not fit
+   keeps its GPUs when they are still free.
+
+A policy that decides by fitting jobs itself (``fcfs``, the goodput baselines) uses the
+same ``Placer`` for its fit tests and pins what it fitted; step 3 then finds every pin
+free and only checks it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from instances.allocation import Allocation
+from instances.grid import Grid
+
+from .context import Decisions
+from .placement import Placer
+
+MAX_FALLBACK_ROUNDS = 4          # rounds of "take the fallbacks of the jobs that did not fit, place again"
+
+
+def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, Allocation],
+                   unavailable: frozenset[int]) -> Decisions:
+    """``decisions`` with every grid placeable (step 1 above): the grids that do not fit
+    replaced by the policy's fallbacks or left out, the GPUs found pinned, and the
+    counts in ``stats.placement_repairs`` and ``stats.placement_dropped``. Decisions
+    without fallbacks come back as they are."""
+    fallbacks = decisions.fallbacks
+    if fallbacks is None:
+        return decisions
+    grids: dict[str, Grid] = dict(decisions.grids)
+    plans = dict(decisions.plans)
+    repairs, dropped = 0, []
+    for _ in range(MAX_FALLBACK_ROUNDS):
+        res = placer.place(grids, current, unavailable=unavailable)
+        if not res.failed:
+            break
+        for jid in res.failed:
+            grid = grids.pop(jid)
+            plans.pop(jid, None)
+            alt = fallbacks.smaller(jid, grid)
+            if alt is None:
+                dropped.append(jid)
+                continue
+            grids[jid] = alt[0]          # (re-inserted: it is placed after the others next time)
+            if alt[1] is not None:
+                plans[jid] = alt[1]
+            repairs += 1
+    else:
+        res = placer.place(grids, current, unavailable=unavailable)
+        for jid in res.failed:
+            grids.pop(jid, None)
+            plans.pop(jid, None)
+            dropped.append(jid)
+        res = placer.place(grids, current, unavailable=unavailable)
+    placements = {jid: a.gpus for jid, a in res.allocations.items()}
+    stats = replace(decisions.stats, placement_repairs=repairs, placement_dropped=tuple(dropped))
+    return Decisions(grids=grids, placements=placements, plans=plans, stats=stats)
+
+
+@dataclass(frozen=True)
+class RoundPlacement:
+    """Step 3's result: what each job runs on this round (absent: it waits or stops)."""
+    allocations: Mapping[str, Allocation]
+    packing_failures: frozenset[str]     # the decision's own grids that did not fit
+    displaced: int                       # jobs left waiting only because a dropped move kept its GPUs
+    repaired: int                        # failures the placer's own repair step fixed
+
+
+def place_requests(placer: Placer, requests: Mapping[str, Grid], dropped: Mapping[str, Grid],
+                   pins: Mapping, current: Mapping[str, Allocation], unavailable: frozenset[int],
+                   leaving: set[str]) -> RoundPlacement:
+    """Step 3 above. ``requests``: the truth-checked grid of each job to run; ``dropped``:
+    running jobs whose decided move was dropped at the truth check (requested at their
+    current grid), with the grid decided; ``pins``: the decision's ``placements``;
+    ``leaving``: running jobs that must leave their GPUs (their node left service)."""
+    pinned = {j: g for j, g in pins.items() if j in requests and j not in dropped}
+    res = placer.place(requests, current, pinned, unavailable)
+    failed = set(res.failed)
+    if dropped and failed:
+        # which failures are the decision's own: place it as decided (dropped moves included)
+        as_decided = placer.place({**requests, **dropped}, current, {j: g for j, g in pins.items() if j in requests},
+                                  unavailable)
+        own = failed & set(as_decided.failed)
+    else:
+        own = failed
+    allocs = dict(res.allocations)
+    # a running job whose new grid did not fit stays where it is, if its GPUs are still free
+    stuck = [j for j in res.failed if j in current and j not in leaving]
+    if stuck:
+        taken = {g for a in allocs.values() for g in a.gpus}
+        for jid in stuck:
+            if taken.isdisjoint(current[jid].gpus):
+                allocs[jid] = current[jid]
+                taken.update(current[jid].gpus)
+    return RoundPlacement(allocs, frozenset(own), len(failed - own), res.repaired)
