@@ -619,7 +619,7 @@ class MpiExecutor:
         that did not end it is repeated every ``stop_timeout_s``; none while the ranks cannot
         be reached (``_reachable``: Slurm not answering)."""
         limit = self.config.run_stall_s
-        since = getattr(st.proc, "running_since", None)
+        since = st.proc.running_since if st.proc is not None else None
         if limit is None or since is None or st.stopping or not self._reachable():
             return
         now = time.time()
