@@ -50,7 +50,7 @@ def bench(n_jobs: int, slots: int, repeat: int, policy_opts: dict) -> dict:
                       log=lambda m: None)
         t0 = time.perf_counter()
         for i in range(n_jobs):
-            svc.store.submit(JobSpec(f"j{i}", MODELS[i % len(MODELS)], 8, 1000))
+            svc.store.jobs.submit(JobSpec(f"j{i}", MODELS[i % len(MODELS)], 8, 1000))
         out["store_jobs_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         svc.recover()
@@ -61,7 +61,7 @@ def bench(n_jobs: int, slots: int, repeat: int, policy_opts: dict) -> dict:
         try:
             for k in range(1 + repeat):
                 if k:
-                    svc.store.submit(JobSpec(f"new{k}", MODELS[k % len(MODELS)], 8, 1000))
+                    svc.store.jobs.submit(JobSpec(f"new{k}", MODELS[k % len(MODELS)], 8, 1000))
                 t0 = time.perf_counter()
                 rec = svc.step(time.time())
                 total = time.perf_counter() - t0

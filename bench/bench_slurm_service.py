@@ -93,12 +93,12 @@ class Bench:
     def steps(self, jid: int) -> list[dict]:
         """Every step record of every launch of the job, in launch order."""
         with self.store() as st:
-            launches = st.launches(jid)
+            launches = st.launches.rows(jid)
         return [r for _, d in run_dirs(str(self.tmp / "work"), launches) for r in read_results(d)]
 
     def latest(self, jid: int):
         with self.store() as st:
-            ls = st.launches(jid)
+            ls = st.launches.rows(jid)
         return ls[-1] if ls else None
 
 
@@ -125,8 +125,8 @@ def one_run(mode: str, rep: int, conf: str | None) -> dict:
         moved = wait_for(lambda: (lch := b.latest(a)) and lch.generation > gen and lch.state == "started" and lch,
                          "job a moved")
         with b.store() as st:
-            decided = st.moves(a)[-1]["at"]
-            how = next(h.reason for h in st.history(a) if h.reason.startswith(f"launch {moved.generation} on "))
+            decided = st.moves.rows(a)[-1]["at"]
+            how = next(h.reason for h in st.jobs.history(a) if h.reason.startswith(f"launch {moved.generation} on "))
         out["move_path"] = "device to device" if how.endswith("moved device to device") else "storage"
         if out["move_path"] == "storage":         # the new launch's own folder: its first step
             first = wait_for(lambda: read_results(moved.pid_info["run_dir"]), "a step after the move")[0]
@@ -157,7 +157,7 @@ def one_run(mode: str, rep: int, conf: str | None) -> dict:
                                         "longest_gap_without_a_step_s": max(y - x for x, y in zip(around,
                                                                                                    around[1:]))}
         with b.store() as st:           # the executor's own figure, where a round has recorded it by now
-            m = [x.reconfig for x in st.measurements(a) if "move_total_s" in x.reconfig]
+            m = [x.reconfig for x in st.launches.measurements(a) if "move_total_s" in x.reconfig]
         out["move_total_s"] = m[0]["move_total_s"] if m else None
         if out["move_decision_to_first_step_s"] is None:
             out["move_decision_to_first_step_s"] = out["move_total_s"]

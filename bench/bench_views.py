@@ -28,18 +28,18 @@ def build(folder: Path, jobs: int, steps: int):
     store = Store(str(folder / "state.db"))
     spec = JobSpec.from_dict({"name": "bench", "model": "tiny-gpt__2L", "global_batch": 8, "steps": steps})
     for i in range(jobs):
-        jid = store.submit(spec)
-        gen = store.record_launch_intent(jid, {"dp": 1, "tp": 1, "pp": 1}, [f"0:{i % 8}"])
-        store.mark_launch(jid, gen, "started", pid_info={"pid": 1})
-        store.set_status(jid, "running", "bench")
+        jid = store.jobs.submit(spec)
+        gen = store.launches.record_intent(jid, {"dp": 1, "tp": 1, "pp": 1}, [f"0:{i % 8}"])
+        store.launches.mark(jid, gen, "started", pid_info={"pid": 1})
+        store.jobs.set_status(jid, "running", "bench")
         run = folder / str(jid) / f"launch_{gen}"
         run.mkdir(parents=True)
         with open(run / "results.jsonl", "w") as f:
             for s in range(1, steps + 1):
                 f.write(json.dumps({"step": s, "loss": 5.0 - s / steps, "iteration_time_s": 0.1, "time": s * 0.1})
                         + "\n")
-        store.mark_launch(jid, gen, "finished")
-        store.set_status(jid, "finished", "bench")
+        store.launches.mark(jid, gen, "finished")
+        store.jobs.set_status(jid, "finished", "bench")
     return store
 
 
@@ -77,7 +77,7 @@ def main() -> int:
             size = len(json.dumps(view))
             later.append(timed(lambda: state_view(store, tmp, cluster, losses=log, ended=args.jobs))[0])
             default.append(timed(lambda: state_view(store, tmp, cluster, losses=log))[0])
-            listing.append(timed(lambda: jobs_view(store, tmp, store.jobs(), losses=log))[0])
+            listing.append(timed(lambda: jobs_view(store, tmp, store.jobs.rows(), losses=log))[0])
         store.close()
     med = statistics.median
     out.update(state_first_poll_s=med(first), state_later_poll_s=med(later), state_default_view_s=med(default),

@@ -144,19 +144,20 @@ def test_a_restarted_service_leaves_a_held_job_held_and_takes_it_back_once_relea
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
     spec = JobSpec("j", "tiny-gpt__2L", 8, 20)
     with Store(db) as s:
-        held, pending = s.submit(spec), s.submit(spec)
-        s.request_hold(held, "look at it later")
-        assert s.hold(held)
-        s.request_hold(pending, "")                    # requested; the service died before carrying it out
+        held, pending = s.jobs.submit(spec), s.jobs.submit(spec)
+        s.jobs.request_hold(held, "look at it later")
+        assert s.jobs.hold(held)
+        s.jobs.request_hold(pending, "")                    # requested; the service died before carrying it out
     svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None,
                   ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=work), log=lambda m: None)
     try:
         svc.recover()
         assert str(held) not in svc.loop.state.jobs and str(pending) in svc.loop.state.jobs
-        assert svc.store.job(held).status == "held" and [r.id for r in svc.admissions()] == []
+        assert svc.store.jobs.get(held).status == "held" and [r.id for r in svc.admissions()] == []
         svc.carry_out_holds(1.0)
-        assert svc.store.job(pending).status == "held" and svc.loop.state.jobs[str(pending)].status is JobStatus.HELD
-        assert svc.store.release(held) == "released" and svc.store.release(pending) == "released"
+        assert svc.store.jobs.get(pending).status == "held"
+        assert svc.loop.state.jobs[str(pending)].status is JobStatus.HELD
+        assert svc.store.jobs.release(held) == "released" and svc.store.jobs.release(pending) == "released"
         assert sorted(r.id for r in svc.admissions()) == [held, pending]   # new to the loop, and held in it
     finally:
         svc.shutdown()
@@ -191,14 +192,15 @@ def test_the_service_hands_a_priority_set_in_the_store_to_the_loop(tmp_path):
     from instances.cluster import ClusterSpec, NodeGroup
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
     with Store(db) as s:
-        before, after = s.submit(JobSpec("j", "tiny-gpt__2L", 8, 20)), s.submit(JobSpec("k", "tiny-gpt__2L", 8, 20))
-        s.set_priority(before, 2.0)                     # before a restart: the adopted job has it
+        before = s.jobs.submit(JobSpec("j", "tiny-gpt__2L", 8, 20))
+        after = s.jobs.submit(JobSpec("k", "tiny-gpt__2L", 8, 20))
+        s.jobs.set_priority(before, 2.0)                     # before a restart: the adopted job has it
     svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None,
                   ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=work), log=lambda m: None)
     try:
         svc.recover()
         assert svc.loop.state.jobs[str(before)].job.priority == 2.0
-        svc.store.set_priority(after, 7.0)               # while it runs: at the next round
+        svc.store.jobs.set_priority(after, 7.0)               # while it runs: at the next round
         svc.sync_priorities()
         assert svc.loop.state.jobs[str(after)].job.priority == 7.0
     finally:
@@ -217,24 +219,24 @@ def test_a_job_after_others_waits_for_them_and_fails_when_one_cannot_finish(tmp_
     def spec(name, *after):
         return JobSpec(name, "tiny-gpt__2L", 8, 20, after=after)
     with Store(db) as s:
-        a, b = s.submit(spec("a")), s.submit(spec("b"))
-        c = s.submit(spec("c", a, b))                  # after both
-        d = s.submit(spec("d", b))
+        a, b = s.jobs.submit(spec("a")), s.jobs.submit(spec("b"))
+        c = s.jobs.submit(spec("c", a, b))                  # after both
+        d = s.jobs.submit(spec("d", b))
     svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None,
                   ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=work), log=lambda m: None)
     try:
         svc.recover()
         assert set(svc.loop.state.jobs) == {str(a), str(b)}       # c and d wait
         assert svc.admissions() == []
-        svc.store.set_status(a, "finished", "test")
+        svc.store.jobs.set_status(a, "finished", "test")
         assert svc.admissions() == []                           # c still waits for b
-        svc.store.request_cancel(b)
-        svc.store.set_status(b, "cancelled", "test")
+        svc.store.jobs.request_cancel(b)
+        svc.store.jobs.set_status(b, "cancelled", "test")
         svc.end_orphans()
         for j in (c, d):
-            assert svc.store.job(j).status == "failed"
-            assert svc.store.history(j)[-1].reason == f"job {b}, which it was to run after, is cancelled"
-        e = svc.store.submit(spec("e", a))                 # after a finished job: ready at once
+            assert svc.store.jobs.get(j).status == "failed"
+            assert svc.store.jobs.history(j)[-1].reason == f"job {b}, which it was to run after, is cancelled"
+        e = svc.store.jobs.submit(spec("e", a))                 # after a finished job: ready at once
         assert [r.id for r in svc.admissions()] == [e] and svc.store.check() == []
     finally:
         svc.shutdown()

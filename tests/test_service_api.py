@@ -32,7 +32,7 @@ def api(tmp_path):
 
 def stored(db: Path) -> int:
     with Store(db, readonly=True) as st:
-        return len(st.jobs())
+        return len(st.jobs.rows())
 
 
 def test_a_good_job_is_stored_and_wakes_the_scheduler(api):
@@ -43,7 +43,7 @@ def test_a_good_job_is_stored_and_wakes_the_scheduler(api):
     assert client.get("/api/jobs/1").json()["status"] == "queued"
     assert client.post("/api/jobs/1/cancel").json()["cancel_requested"] is True
     with Store(db, readonly=True) as st:
-        assert st.cancel_requests() == [1]
+        assert st.jobs.cancel_requests() == [1]
 
 
 def heads_config(tmp_path: Path) -> str:
@@ -94,8 +94,8 @@ def test_unknown_job_is_404_and_cancelling_an_ended_job_is_409(api):
     assert client.get("/api/jobs/99").status_code == 404
     client.post("/api/jobs", json=GOOD)
     with Store(db) as st:
-        st.request_cancel(1)
-        st.set_status(1, "cancelled", "test")
+        st.jobs.request_cancel(1)
+        st.jobs.set_status(1, "cancelled", "test")
     assert client.post("/api/jobs/1/cancel").status_code == 409
 
 
@@ -115,9 +115,9 @@ def test_hold_and_release_are_requests_the_scheduler_carries_out_and_bad_ones_ar
         r = client.post(path, json=body)
         assert r.status_code == 400 and r.json()["field"].startswith("body.") and "unknown key" in r.json()["error"]
     with Store(db, readonly=True) as st:
-        assert st.drained() == {} and st.hold_requests() == [(1, "urgent run first")]
+        assert st.nodes.drained() == {} and st.jobs.hold_requests() == [(1, "urgent run first")]
     with Store(db) as st:                             # the scheduler carries it out
-        assert st.hold_requests() == [(1, "urgent run first")] and st.hold(1)
+        assert st.jobs.hold_requests() == [(1, "urgent run first")] and st.jobs.hold(1)
     job = client.get("/api/jobs/1").json()
     assert job["status"] == "held" and job["hold_requested"] is False
     assert client.post("/api/jobs/1/release").json() == {"id": 1, "released": "released", "status": "queued"}
@@ -126,8 +126,8 @@ def test_hold_and_release_are_requests_the_scheduler_carries_out_and_bad_ones_ar
     assert client.post("/api/jobs/99/hold").status_code == 404
     assert client.post("/api/jobs/99/release").status_code == 404
     with Store(db) as st:
-        st.request_cancel(1)
-        st.set_status(1, "cancelled", "test")
+        st.jobs.request_cancel(1)
+        st.jobs.set_status(1, "cancelled", "test")
     assert client.post("/api/jobs/1/hold").status_code == 409
     m = parse_metrics(client.get("/metrics").text)
     assert m['arena_jobs{status="held"}'] == 0 and m['arena_jobs{status="cancelled"}'] == 1
@@ -159,8 +159,8 @@ def test_a_priority_change_is_stored_shown_and_bad_ones_are_refused(api, capsys)
     assert cli_main(["priority", "1", "0", "--url", "http://127.0.0.1:9"]) == 2   # refused before sending
     assert "field 'priority': must be a finite number in [0.0001, 10000]" in capsys.readouterr().err
     with Store(db) as st:
-        st.request_cancel(1)
-        st.set_status(1, "cancelled", "test")
+        st.jobs.request_cancel(1)
+        st.jobs.set_status(1, "cancelled", "test")
     assert client.post("/api/jobs/1/priority", json={"priority": 2}).status_code == 409
 
 
@@ -188,7 +188,7 @@ def test_a_page_of_another_site_cannot_make_the_browser_change_anything(tmp_path
     r = client.get("/api/jobs", headers={"host": "evil.example:8765"})       # nothing is read either
     assert r.status_code == 403
     with Store(db, readonly=True) as st:
-        assert st.cancel_requests() == [] and st.hold_requests() == [] and st.drained() == {}
+        assert st.jobs.cancel_requests() == [] and st.jobs.hold_requests() == [] and st.nodes.drained() == {}
     same = {"origin": "http://127.0.0.1:8765", "content-type": "application/json"}
     assert client.post("/api/jobs/1/hold", json={"reason": "r"}, headers=same).status_code == 200
     assert client.get("/").status_code == 200 and client.get("/api/state").status_code == 200
@@ -292,7 +292,7 @@ def test_a_config_json_model_is_copied_at_submission(api, tmp_path):
     r = client.post("/api/jobs", json={**GOOD, "model": str(mine)})
     assert r.status_code == 201, r.text
     with Store(db, readonly=True) as st:
-        kept = Path(st.job(1).spec["model"])
+        kept = Path(st.jobs.get(1).spec["model"])
     assert kept.parent == tmp_path / "work" / "models" and kept.read_text() == src.read_text()
     mine.write_text("{}")                       # the user edits (or breaks) their file later
     assert kept.read_text() == src.read_text()
@@ -452,11 +452,11 @@ def test_drain_and_undrain_name_the_node_and_are_stored(tmp_path):
     bad = client.post("/api/nodes/0/drain", json={"reason": 5})
     assert bad.status_code == 400 and bad.json()["field"] == "reason"
     with Store(db, readonly=True) as st:
-        assert set(st.drained()) == {1}
+        assert set(st.nodes.drained()) == {1}
     assert client.post("/api/nodes/beta/undrain").json() == {"node": 1, "drained": False, "already": False}
     assert client.post("/api/nodes/beta/undrain").json()["already"]
     with Store(db, readonly=True) as st:
-        assert st.drained() == {}
+        assert st.nodes.drained() == {}
 
 
 def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
@@ -466,10 +466,10 @@ def test_metrics_expose_jobs_gpus_drains_and_rounds_for_monitoring(api):
     client.post("/api/jobs/2/cancel")
     from engine.core.move_ledger import MoveEntry
     with Store(db) as st:
-        st.set_status(3, "cancelled", "test")
-        st.record_round(policy="arena", trigger="test", solve_time_s=0.25, objective=None, gap=None, decisions={})
+        st.jobs.set_status(3, "cancelled", "test")
+        st.rounds.record(policy="arena", trigger="test", solve_time_s=0.25, objective=None, gap=None, decisions={})
         paid = MoveEntry("1", 10.0, False, "a", "b", 1.0, 1.0, 2.0, 5.0, 0.0, paid_back_s=30.0)
-        st.record_moves([paid, MoveEntry("1", 20.0, False, "b", "a", 1.0, 2.0, 1.0, 5.0, 40.0),     # gave way
+        st.moves.record([paid, MoveEntry("1", 20.0, False, "b", "a", 1.0, 2.0, 1.0, 5.0, 40.0),     # gave way
                          MoveEntry("1", 30.0, True, "a", "c", 0.0, 1.0, 1.0, 5.0, 50.0)])            # forced
     client.post("/api/nodes/0/drain")
     r = client.get("/metrics")
@@ -494,9 +494,9 @@ def test_shadow_comparisons_are_counted_for_the_api_metrics_and_the_rounds_comma
                               (4, 2), (1, 1), None, 0.02)
     failed = ShadowComparison("sia-ap", 2, 0, (), 0, (0, 0), (0, 0), (0, 0), None, 0.0, error="ValueError: x")
     with Store(db) as st:
-        st.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions={"grids": {}})   # no shadow
+        st.rounds.record(policy="arena", trigger="t", solve_time_s=0.1, decisions={"grids": {}})   # no shadow
         for c in (agree, differ, failed):
-            st.record_round(policy="arena", trigger="t", solve_time_s=0.1,
+            st.rounds.record(policy="arena", trigger="t", solve_time_s=0.1,
                             decisions={"grids": {}, "shadow": c.to_dict()})
     assert client.get("/api/shadow").json()["counts"] == {
         "sia-ap": {"rounds": 3, "agreeing": 1, "failed": 1, "jobs": 5, "disagreeing": 1}}
@@ -528,8 +528,8 @@ def test_export_trace_writes_the_submitted_workload_and_it_replays(api, tmp_path
         assert client.post("/api/jobs", json=body).status_code == 201
     client.post("/api/jobs/3/cancel")
     with Store(db) as st:
-        st.set_status(3, "cancelled", "test")
-        subs = {r.id: r.submitted_at for r in st.jobs()}
+        st.jobs.set_status(3, "cancelled", "test")
+        subs = {r.id: r.submitted_at for r in st.jobs.rows()}
     out = tmp_path / "exported" / "trace.csv"
     assert cli_main(["export-trace", "--db", str(db), "--out", str(out)]) == 0
     assert "3 job(s)" in capsys.readouterr().err

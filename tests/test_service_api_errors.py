@@ -32,7 +32,7 @@ def app_for(tmp: Path, tokens: Tokens | None = None) -> TestClient:
     if not db.exists():
         with Store(db) as st:
             from engine.service.jobspec import JobSpec
-            st.submit(JobSpec.from_dict(GOOD), user="operator")
+            st.jobs.submit(JobSpec.from_dict(GOOD), user="operator")
     # raise_server_exceptions: a 500 from a bug fails the test with its traceback
     return TestClient(create_app(ApiContext(str(db), str(tmp / "work"), CLUSTER, "arena", tokens=tokens)))
 
@@ -102,7 +102,8 @@ def test_head_is_a_405_naming_get_and_nothing_is_stored_by_refused_requests(tmp_
     for method, path, kwargs, *_ in CASES:
         client.request(method, path, **kwargs)
     with Store(tmp_path / "state.db", readonly=True) as st:
-        assert len(st.jobs()) == 1 and st.cancel_requests() == [] and st.hold_requests() == [] and not st.drained()
+        assert len(st.jobs.rows()) == 1 and st.jobs.cancel_requests() == [] and st.jobs.hold_requests() == []
+        assert not st.nodes.drained()
 
 
 def test_a_header_too_large_for_the_http_server_is_refused_and_the_service_answers_on(tmp_path):

@@ -108,7 +108,8 @@ def test_a_job_is_changed_only_by_its_submitter_or_an_admin_and_read_by_anyone(t
             "error": f"job {jid} was submitted by 'alice'; only its submitter's token or an admin's may {verb} it "
                      "(you are 'bob')", "field": "token", "file": None}, (path, r.json())
     with Store(db, readonly=True) as st:
-        assert st.hold_requests() == [] and st.cancel_requests() == [] and st.job(jid).spec["priority"] == 1.0
+        assert st.jobs.hold_requests() == [] and st.jobs.cancel_requests() == []
+        assert st.jobs.get(jid).spec["priority"] == 1.0
     assert client.post(f"/api/jobs/{jid}/hold", json={}, headers=auth(ALICE)).status_code == 200
     assert client.post(f"/api/jobs/{jid}/release", headers=auth(ALICE)).status_code == 200
     assert client.post(f"/api/jobs/{jid}/priority", json={"priority": 2}, headers=auth(ROOT)).status_code == 200
@@ -127,7 +128,7 @@ def test_a_key_sent_by_another_user_does_not_give_back_their_job(tmp_path):
     r = client.post("/api/jobs", json=GOOD, headers={**auth(BOB), "Idempotency-Key": "k1"})
     assert r.status_code == 409 and "was used by another user" in r.json()["error"] and first.status_code == 201
     with Store(db, readonly=True) as st:
-        assert [(j.id, j.submitted_by) for j in st.jobs()] == [(1, "alice")]
+        assert [(j.id, j.submitted_by) for j in st.jobs.rows()] == [(1, "alice")]
 
 
 def test_the_token_goes_in_the_header_and_the_page_alone_is_open(tmp_path):
@@ -159,7 +160,7 @@ def test_an_older_database_opens_and_its_jobs_have_no_submitter(tmp_path):
     client, _ = users_app(tmp_path)                       # (opens the same state.db: it migrates)
     with Store(path, readonly=True) as st:
         assert st.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
-        assert st.job(1).submitted_by is None and st.check() == []
+        assert st.jobs.get(1).submitted_by is None and st.check() == []
     assert client.get("/api/jobs/1", headers=auth(BOB)).json()["submitted_by"] is None
     r = client.post("/api/jobs/1/hold", json={}, headers=auth(ALICE))
     assert r.status_code == 403 and "job 1 was submitted without a token" in r.json()["error"]
@@ -169,7 +170,7 @@ def test_an_older_database_opens_and_its_jobs_have_no_submitter(tmp_path):
     assert single.post("/api/jobs/1/release", headers=auth(ALICE)).status_code == 200   # --token: an admin
     assert single.post("/api/jobs", json=GOOD, headers=auth(ALICE)).json()["id"] == 2
     with Store(path, readonly=True) as st:
-        assert st.job(2).submitted_by == "operator"
+        assert st.jobs.get(2).submitted_by == "operator"
 
 
 def free_port() -> int:

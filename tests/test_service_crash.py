@@ -51,7 +51,7 @@ def test_killed_service_loses_no_job_and_no_step(tmp_path, reference_losses):
     assert max(dev.values()) <= LOSS_TOL, dev
     with Store(db, readonly=True) as st:
         assert st.check() == []
-        assert not st.running_launches()
+        assert not st.launches.active()
         for jid in result.ids.values():
             for launch, start, saved in resumes(work, jid, st):
                 assert start == saved, f"job {jid} launch {launch} resumed at {start}, last checkpoint {saved}"

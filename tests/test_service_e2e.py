@@ -53,7 +53,7 @@ def run(tmp_path_factory):
 def d2d_moves(db) -> list[dict]:
     """The device-to-device moves that reached a step after them, as the service measured them."""
     with Store(str(db), readonly=True) as st:
-        return [m.reconfig for j in st.jobs() for m in st.measurements(j.id)
+        return [m.reconfig for j in st.jobs.rows() for m in st.launches.measurements(j.id)
                 if m.reconfig.get("device_to_device") == 1]
 
 
@@ -70,15 +70,15 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
     assert any(len(set(r["plans"])) > 1 for r in moved), format_report(rows)
     with Store(str(run["tmp"] / "state.db"), readonly=True) as st:
         assert st.check() == []
-        assert not st.running_launches()
+        assert not st.launches.active()
         # the move ledger has one entry per move, each closed, with the decision's estimates
         for r in rows:
-            ledger = st.moves(r["id"])
+            ledger = st.moves.rows(r["id"])
             assert len(ledger) == r["moves"], (r["name"], ledger)
             assert all(m["ended_at"] is not None and m["est_rate_after"] and m["price_s"] is not None
                        for m in ledger), ledger
         # every move that reached its first step is measured in the store
-        moves = [m for r in rows for m in st.measurements(r["id"]) if "move_total_s" in m.reconfig]
+        moves = [m for r in rows for m in st.launches.measurements(r["id"]) if "move_total_s" in m.reconfig]
         assert moves and all(m.reconfig["move_total_s"] > 0 for m in moves)
         # one host, running jobs: moves go device to device, the new launch record
         # continuing its predecessor's run folder and mpiexec; one that falls back (the job
@@ -87,10 +87,10 @@ def test_every_job_finishes_and_running_jobs_are_moved(run):
         assert all(m["bytes_moved"] >= 0 and m["move_total_s"] > 0 for m in d2d_moves(run["tmp"] / "state.db"))
         continued = 0
         for r in rows:
-            launches = st.launches(r["id"])
+            launches = st.launches.rows(r["id"])
             for a, b in zip(launches, launches[1:]):
                 if "device to device" in a.reason and b.state != "failed":
-                    moved_to = next(h.reason for h in st.history(r["id"]) if h.reason.startswith(
+                    moved_to = next(h.reason for h in st.jobs.history(r["id"]) if h.reason.startswith(
                         f"launch {b.generation} on "))
                     if b.pid_info["run_dir"] == a.pid_info["run_dir"]:
                         assert b.pid_info["pid"] == a.pid_info["pid"] and moved_to.endswith("moved device to device")
@@ -132,13 +132,13 @@ def test_status_agrees_with_the_database(run, tmp_path):
         done = sorted(i for i, j in shown.items() if j["status"] == "finished")
         assert [j["id"] for j in json.loads(newest.stdout)] == done[-2:] and len(done) >= 2
         with Store(str(tmp / "state.db"), readonly=True) as st:
-            for row in st.jobs():
-                last = st.launches(row.id)[-1]
+            for row in st.jobs.rows():
+                last = st.launches.rows(row.id)[-1]
                 assert shown[row.id]["status"] == row.status
                 assert shown[row.id]["plan"] == last.plan
-                assert shown[row.id]["launches"] == len(st.launches(row.id))
+                assert shown[row.id]["launches"] == len(st.launches.rows(row.id))
             moved = next(r["id"] for r in run["rows"] if r["moves"] > 0)
-            ledger = st.moves(moved)
+            ledger = st.moves.rows(moved)
         out = subprocess.run([sys.executable, "-m", "engine.cli", "status", str(moved), "--url", run["url"]],
                              capture_output=True, text=True, timeout=60, check=True).stdout
         lines = out.split("moves (expected", 1)[1].splitlines()[1:]
@@ -155,7 +155,7 @@ def check_shadow(url: str, tmp: Path) -> None:
     """The shadow policy (sia-ap) was asked in every round that had a job, never failed,
     and `arena rounds` reports what the database holds."""
     with Store(str(tmp / "state.db"), readonly=True) as st:
-        rounds = st.rounds()
+        rounds = st.rounds.rows()
     comps = [r.decisions["shadow"] for r in rounds if "shadow" in r.decisions]
     assert comps and len(comps) == sum(1 for r in rounds if r.decisions.get("jobs")), "a round without its shadow"
     assert all(c["policy"] == "sia-ap" and c["error"] is None and c["agree"] + c["disagreements"] == c["jobs"]

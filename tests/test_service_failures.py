@@ -73,7 +73,7 @@ def test_a_killed_rank_resumes_from_the_checkpoint_and_repeated_failures_fail_th
         wait_until(lambda: (_job(client, jid)["launch"]["generation"] > first
                        and _running_step(client, jid, ck + 1)), what="the relaunch")
         with Store(tmp_path / "state.db", readonly=True) as st:
-            assert any(h.to_status == "queued" and "run failed (1 of 2)" in h.reason for h in st.history(jid))
+            assert any(h.to_status == "queued" and "run failed (1 of 2)" in h.reason for h in st.jobs.history(jid))
             rs = resumes(str(tmp_path / "work"), jid, st)
             assert rs and all(start == saved for _, start, saved in rs), rs   # nothing past a checkpoint lost
             assert rs[-1][1] >= ck
@@ -133,20 +133,20 @@ def test_hold_release_cancel_and_sigterm_keep_the_work(tmp_path, capsys):
         assert cli_main(["release", str(a), "--url", sp.url]) == 0
         assert f"job {a} released" in capsys.readouterr().out
         with Store(tmp_path / "state.db", readonly=True) as st:
-            at_hold = st.latest_checkpoint(a).step
+            at_hold = st.launches.latest_checkpoint(a).step
         wait_until(lambda: _running_step(client, a, at_hold + 30), what="the released job")
         with Store(tmp_path / "state.db", readonly=True) as st:
             launch, start, before = resumes(str(tmp_path / "work"), a, st)[-1]
             assert start == before == at_hold                        # nothing past the checkpoint lost
-            assert [h.to_status for h in st.history(a)][-4:] == ["queued", "held", "queued", "running"]
+            assert [h.to_status for h in st.jobs.history(a)][-4:] == ["queued", "held", "queued", "running"]
         assert cli_main(["release", str(a), "--url", sp.url]) == 2      # not held: a clear refusal
         assert "not held" in capsys.readouterr().err
         assert sp.terminate() == 0                   # SIGTERM: clean exit
         with Store(tmp_path / "state.db", readonly=True) as st:
-            assert st.job(a).status == "queued" and not st.running_launches() and st.check() == []
-            last = st.launches(a)[-1]
+            assert st.jobs.get(a).status == "queued" and not st.launches.active() and st.check() == []
+            last = st.launches.rows(a)[-1]
             assert last.state == "finished" and "service shutdown" in last.reason
-            saved = st.latest_checkpoint(a).step
+            saved = st.launches.latest_checkpoint(a).step
         assert saved >= at_hold + 30
         sp = _start(tmp_path, port, slots=4)         # the next start resumes it from there
         wait_until(lambda: _running_step(client, a, saved + 1), what="the resumed job")
@@ -199,8 +199,8 @@ def test_draining_moves_a_job_device_to_device_then_stops_it_with_a_checkpoint_w
         assert any(f"node {other} drained" in h["reason"] for h in j["history"])
         time.sleep(3)                                    # rounds every 2 s: nothing goes anywhere
         with Store(tmp_path / "state.db", readonly=True) as st:
-            assert st.job(a).status == "queued" and not st.running_launches()
-            saved = st.latest_checkpoint(a).step
+            assert st.jobs.get(a).status == "queued" and not st.launches.active()
+            saved = st.launches.latest_checkpoint(a).step
         assert cli_main(["undrain", str(first), "--url", sp.url]) == 0
         back = wait_until(lambda: _running_step(client, a, saved + 1), what="the job back on the returned node")
         assert on_node(back) == first
@@ -244,16 +244,16 @@ def test_a_node_where_runs_of_different_jobs_keep_failing_is_drained_and_the_job
             wait_until(lambda: _job(client, jid)["launch"]["generation"] > gen or
                        _job(client, jid)["status"] == "queued", what="the failure booked")
         with Store(tmp_path / "state.db", readonly=True) as st:
-            drained = wait_until(lambda: st.drained().get(1), what="node 1 drained")
+            drained = wait_until(lambda: st.nodes.drained().get(1), what="node 1 drained")
         assert drained[0].startswith("auto: runs of 2 jobs failed on it") and all(f"{j}" in drained[0] for j in killed)
         for jid in ids:
             wait_until(lambda: _job(client, jid)["status"] == "finished", what=f"job {jid} finished")
         with Store(tmp_path / "state.db", readonly=True) as st:
-            assert set(st.drained()) == {1} and st.check() == []
+            assert set(st.nodes.drained()) == {1} and st.check() == []
             for jid in ids:
                 rs = resumes(str(work), jid, st)
                 assert all(start == saved for _, start, saved in rs), rs      # nothing past a checkpoint lost
-            assert any("run failed (1 of 3)" in h.reason for jid in killed for h in st.history(jid))
+            assert any("run failed (1 of 3)" in h.reason for jid in killed for h in st.jobs.history(jid))
         assert "node 1 drained, auto: runs of 2 jobs" in (tmp_path / "serve.log").read_text()
         with urllib.request.urlopen(sp.url + "/metrics", timeout=10) as r:      # what an alert would watch
             m = parse_metrics(r.read().decode())
@@ -278,7 +278,7 @@ def test_scenario_resubmits_the_workload_while_a_fault_is_still_to_come(tmp_path
     assert [s.job["name"] for s in res.submitted] == ["short", "short-r1"]
     assert res.unfired == ["mid-move:1", "a move"] and res.kills == []
     with Store(str(tmp_path / "state.db"), readonly=True) as st:
-        assert [(j.name, j.status) for j in st.jobs()] == [("short", "finished"), ("short-r1", "finished")]
+        assert [(j.name, j.status) for j in st.jobs.rows()] == [("short", "finished"), ("short-r1", "finished")]
 
 
 def test_restart_stops_ranks_left_training_by_an_interrupted_device_to_device_move(tmp_path):
@@ -296,7 +296,7 @@ def test_restart_stops_ranks_left_training_by_an_interrupted_device_to_device_mo
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
     store = Store(db)
     spec = JobSpec.from_dict({"name": "moving", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400})
-    jid = store.submit(spec)
+    jid = store.jobs.submit(spec)
     mpi = MpiExecutor(MpiExecutorConfig(work_dir=work, checkpoint_interval_s=1.0, step_delay_s=0.05))
     journal = JournaledExecutor(mpi, store)
     journal.launch(spec.to_job(str(jid), 0.0), Allocation(grid("cpu", 1, 2), ((0, 0), (0, 1))), None, 0.0)
@@ -319,7 +319,7 @@ def _interrupted_move_then_restart(store, mpi, journal, jid, db, work, run_dir):
     journal.release(str(jid), 0.0)
     assert mpi.released_path(str(jid)) == "d2d"
     assert live_rank_pids(run_dir), "the ranks keep training through the first half of the move"
-    assert store.job(jid).status == "queued" and "device to device" in store.launches(jid)[-1].reason
+    assert store.jobs.get(jid).status == "queued" and "device to device" in store.launches.rows(jid)[-1].reason
     store.close()                                     # the service dies here: nothing else is told
 
     logs: list[str] = []
@@ -329,8 +329,8 @@ def _interrupted_move_then_restart(store, mpi, journal, jid, db, work, run_dir):
         svc.recover()
         assert not live_rank_pids(run_dir), logs
         assert any("still training" in m for m in logs), logs
-        assert svc.store.job(jid).status == "queued" and svc.store.check() == []
-        ck = svc.store.latest_checkpoint(jid)
+        assert svc.store.jobs.get(jid).status == "queued" and svc.store.check() == []
+        ck = svc.store.launches.latest_checkpoint(jid)
         assert ck is not None and ck.step >= 2
         assert svc.loop.state.jobs[str(jid)].iterations_done >= ck.step     # adopted from its checkpoint
     finally:

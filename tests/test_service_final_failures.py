@@ -51,12 +51,12 @@ class _Running:
 
     def job(self, jid: int):
         with Store(self.db, readonly=True) as st:
-            return st.job(jid), st.history(jid), st.launches(jid)
+            return st.jobs.get(jid), st.jobs.history(jid), st.launches.rows(jid)
 
 
 def _submit(db: Path, spec: JobSpec) -> int:
     with Store(db) as st:
-        return st.submit(spec)
+        return st.jobs.submit(spec)
 
 
 def test_a_data_file_swapped_for_a_link_out_of_the_roots_fails_the_job_at_launch(tmp_path):

@@ -27,15 +27,15 @@ def idle(tmp_path):
     a count of its reads of the queue."""
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
     with Store(db) as s:
-        ids = [s.submit(SPEC) for _ in range(3)]
-        s.request_hold(ids[2], "")
-        assert s.hold(ids[2])                          # held before the start: not adopted
+        ids = [s.jobs.submit(SPEC) for _ in range(3)]
+        s.jobs.request_hold(ids[2], "")
+        assert s.jobs.hold(ids[2])                          # held before the start: not adopted
     svc = Service(ClusterSpec((NodeGroup("cpu", 2, 1),), "local-2x1"), make_policy("fcfs"), None,
                   ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=work), log=lambda m: None)
     svc.recover()
     reads: list[str] = []
-    real = svc.store.job_ids
-    svc.store.job_ids = lambda status: reads.append(status) or real(status)      # type: ignore[method-assign]
+    real = svc.store.jobs.ids
+    svc.store.jobs.ids = lambda status: reads.append(status) or real(status)      # type: ignore[method-assign]
     now = time.time()
     svc.close_round(now - svc.cfg.min_round_gap_s)                # a round just past its gap
     try:
@@ -55,11 +55,11 @@ def test_the_idle_check_reads_the_queue_once_and_then_only_after_the_store_chang
 
 
 @pytest.mark.parametrize("change, trigger", [
-    (lambda s, ids: s.submit(SPEC), REQUEST),
-    (lambda s, ids: s.request_cancel(ids[0]), REQUEST),
-    (lambda s, ids: s.request_hold(ids[1], "later"), REQUEST),
-    (lambda s, ids: s.release(ids[2]), REQUEST),
-    (lambda s, ids: s.drain(1, "maintenance"), "node drained or returned"),
+    (lambda s, ids: s.jobs.submit(SPEC), REQUEST),
+    (lambda s, ids: s.jobs.request_cancel(ids[0]), REQUEST),
+    (lambda s, ids: s.jobs.request_hold(ids[1], "later"), REQUEST),
+    (lambda s, ids: s.jobs.release(ids[2]), REQUEST),
+    (lambda s, ids: s.nodes.drain(1, "maintenance"), "node drained or returned"),
 ], ids=["submit", "cancel", "hold", "release", "drain"])
 def test_a_request_committed_by_another_connection_is_noticed_at_the_next_poll(idle, change, trigger):
     svc, db, ids, reads, now = idle

@@ -145,7 +145,7 @@ def test_export_trace_does_not_write_over_the_state_database(tmp_path, capsys):
     from engine.service.jobspec import JobSpec
     db = tmp_path / "state.db"
     with Store(db) as st:
-        st.submit(JobSpec("j", "tiny-gpt__2L", 8, 20))
+        st.jobs.submit(JobSpec("j", "tiny-gpt__2L", 8, 20))
     (tmp_path / "link.db").symlink_to(db)
     before = db.read_bytes()
     for out in (db, tmp_path / "link.db"):

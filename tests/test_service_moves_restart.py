@@ -24,21 +24,21 @@ def _moved(st: Store, work: Path, gpus: list[str], *, then: str, checkpoint: int
     running there), ``finished`` (its training finished while the service was down),
     ``shutdown`` (stopped by the service's shutdown) or ``preempted`` (stopped by a round,
     the entry's close not stored before the service died)."""
-    jid = st.submit(SPEC)
-    g1 = st.record_launch_intent(jid, {"grid": SMALL}, gpus[:1])
-    st.mark_launch(jid, g1, "started")
-    st.set_status(jid, "running", "launch 1")
+    jid = st.jobs.submit(SPEC)
+    g1 = st.launches.record_intent(jid, {"grid": SMALL}, gpus[:1])
+    st.launches.mark(jid, g1, "started")
+    st.jobs.set_status(jid, "running", "launch 1")
     moved_at = time.time()
-    st.mark_launch(jid, g1, "finished", reason="moving: stopped with a checkpoint at step 10")
-    st.set_status(jid, "queued", "moving")
-    st.record_moves([MoveEntry(str(jid), moved_at, False, SMALL, BIG, 1.0, 1.0, 1.8, 8.0, 10.0, iterations_after=20.0)])
-    g2 = st.record_launch_intent(jid, {"grid": BIG}, gpus)
-    st.mark_launch(jid, g2, "started", pid_info={"run_dir": str(work / str(jid) / "gone")})
-    st.set_status(jid, "running", "launch 2")
+    st.launches.mark(jid, g1, "finished", reason="moving: stopped with a checkpoint at step 10")
+    st.jobs.set_status(jid, "queued", "moving")
+    st.moves.record([MoveEntry(str(jid), moved_at, False, SMALL, BIG, 1.0, 1.0, 1.8, 8.0, 10.0, iterations_after=20.0)])
+    g2 = st.launches.record_intent(jid, {"grid": BIG}, gpus)
+    st.launches.mark(jid, g2, "started", pid_info={"run_dir": str(work / str(jid) / "gone")})
+    st.jobs.set_status(jid, "running", "launch 2")
     if then in ("shutdown", "preempted"):
-        st.mark_launch(jid, g2, "finished", reason=f"{'service shutdown' if then == 'shutdown' else 'preempted'}: "
+        st.launches.mark(jid, g2, "finished", reason=f"{'service shutdown' if then == 'shutdown' else 'preempted'}: "
                                                    f"stopped with a checkpoint at step {checkpoint}")
-        st.set_status(jid, "queued", then)
+        st.jobs.set_status(jid, "queued", then)
     (work / str(jid)).mkdir(parents=True)
     (work / str(jid) / "progress.json").write_text(json.dumps(
         {"status": "finished" if then == "finished" else "running", "iterations_done": done,
@@ -58,13 +58,13 @@ def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_an
         finished = _moved(st, work, ["1:0", "1:1"], then="finished", checkpoint=90, done=100)
         shutdown = _moved(st, work, ["2:0", "2:1"], then="shutdown", checkpoint=50, done=50)
         preempted = _moved(st, work, ["3:0", "3:1"], then="preempted", checkpoint=35, done=35)
-        preempted_at = st.launches(preempted)[-1].updated_at
+        preempted_at = st.launches.rows(preempted)[-1].updated_at
     logs: list[str] = []
     svc = Service(ClusterSpec((NodeGroup("cpu", 2, 2),), "local-2x2"), make_policy("fcfs"), None,
                   ReconfigCostModel(), ServiceConfig(db_path=db, work_dir=str(work)), log=logs.append)
     try:
         svc.recover()
-        rows = {m["job_id"]: m for m in svc.store.moves()}
+        rows = {m["job_id"]: m for m in svc.store.moves.rows()}
         for jid, resumed_at in ((died, 40.0), (shutdown, 50.0)):     # carried on: open, in this run's ledger
             assert rows[jid]["ended_at"] is None and rows[jid]["iterations_after"] == 20.0
             assert svc.loop.moves.open_entry(str(jid)).to_grid == BIG
@@ -79,7 +79,7 @@ def test_a_restart_carries_on_the_moves_of_jobs_running_where_they_were_moved_an
         assert any("2 open move(s) of the last run carried on" in m for m in logs), logs
         svc.store_moves()
         assert all(m["end_reason"] == "finished" and m["iterations_after"] == 90.0
-                   for m in svc.store.moves() if m["job_id"] in (died, shutdown))
+                   for m in svc.store.moves.rows() if m["job_id"] in (died, shutdown))
         assert svc.store.check() == []
     finally:
         svc.shutdown()
@@ -112,18 +112,18 @@ def test_a_moves_ledger_entry_is_stored_before_its_new_launch_is(tmp_path):
                   log=lambda m: None)
     try:
         st = svc.store
-        jid = st.submit(SPEC)
-        g1 = st.record_launch_intent(jid, {"grid": SMALL}, ["0:0"])
-        st.mark_launch(jid, g1, "started")
-        st.set_status(jid, "running", "launch 1")
-        st.mark_launch(jid, g1, "finished", reason="moving: stopped with a checkpoint at step 10")   # first half
-        st.set_status(jid, "queued", "moving")
+        jid = st.jobs.submit(SPEC)
+        g1 = st.launches.record_intent(jid, {"grid": SMALL}, ["0:0"])
+        st.launches.mark(jid, g1, "started")
+        st.jobs.set_status(jid, "running", "launch 1")
+        st.launches.mark(jid, g1, "finished", reason="moving: stopped with a checkpoint at step 10")   # first half
+        st.jobs.set_status(jid, "queued", "moving")
         svc.executor.mpi, svc.executor.fault = Released(), fault
         svc.loop.moves.opened(MoveEntry(str(jid), time.time(), False, SMALL, BIG, 1.0, 1.0, 1.8, 8.0, 10.0))
         with pytest.raises(Killed):
             svc.executor.reconfigure(str(jid), Allocation(grid("cpu", 1, 2), ((0, 0), (0, 1))), None, time.time())
-        assert st.launches(jid)[-1].state == "intent"
-        (row,) = st.moves(jid)
+        assert st.launches.rows(jid)[-1].state == "intent"
+        (row,) = st.moves.rows(jid)
         assert (row["to_grid"], row["ended_at"]) == (BIG, None)
     finally:
         svc.shutdown()
@@ -196,12 +196,12 @@ def test_one_service_per_state_and_a_moved_job_counts_its_steps_after_a_kill_9_r
                     f"since ") in err, err
         assert not (tmp_path / "other.db").exists()              # refused before anything was made
         assert first.alive() and on_node(10)
-        (launch,) = _store(db, lambda st: st.launches(jid))
+        (launch,) = _store(db, lambda st: st.launches.rows(jid))
         assert launch.generation == 1 and launch.state == "started"
 
         client.post(f"/api/nodes/{node}/drain", {"reason": "test"})      # moved device to device
-        wait_until(lambda: _store(db, lambda st: st.moves(jid)) and on_node(0) == 2 - node, what="the move")
-        (move,) = _store(db, lambda st: st.moves(jid))
+        wait_until(lambda: _store(db, lambda st: st.moves.rows(jid)) and on_node(0) == 2 - node, what="the move")
+        (move,) = _store(db, lambda st: st.moves.rows(jid))
         assert move["ended_at"] is None and move["rate_before"] > 0
         moved_at = move["iterations_at"]
         wait_until(lambda: (client.get(f"/api/jobs/{jid}")["progress"].get("last_checkpoint_step") or 0)
@@ -213,7 +213,7 @@ def test_one_service_per_state_and_a_moved_job_counts_its_steps_after_a_kill_9_r
         second.wait_healthy(120)                                 # not refused: the lock died with the first
         client = Client(second.url)
         wait_until(lambda: client.get(f"/api/jobs/{jid}")["status"] == "finished", timeout_s=240, what="the end")
-        (move,) = _store(db, lambda st: st.moves(jid))
+        (move,) = _store(db, lambda st: st.moves.rows(jid))
         progress = json.loads((work / str(jid) / "progress.json").read_text())
         assert progress["iterations_done"] == steps
         assert move["end_reason"] == "finished" and move["iterations_after"] == steps - moved_at > 0

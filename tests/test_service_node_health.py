@@ -74,7 +74,7 @@ def test_failures_counted_before_a_restart_count_on_after_it(tmp_path):
     from instances.cluster import ClusterSpec, NodeGroup
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
     with Store(db) as s:
-        a, b, c = (s.submit(JobSpec(n, "tiny-gpt__2L", 8, 20)) for n in "abc")
+        a, b, c = (s.jobs.submit(JobSpec(n, "tiny-gpt__2L", 8, 20)) for n in "abc")
     cfg = ServiceConfig(db_path=db, work_dir=work, drain_after_failures=2, failure_window_s=600.0)
 
     def service() -> Service:
@@ -88,20 +88,20 @@ def test_failures_counted_before_a_restart_count_on_after_it(tmp_path):
     try:
         svc.count_node_failure(str(c), (1,), now - 700.0)       # outside the window by the restart
         svc.count_node_failure(str(a), (1,), now - 10.0)
-        assert svc.store.drained() == {} and svc.node_failures() == {1: 1}
+        assert svc.store.nodes.drained() == {} and svc.node_failures() == {1: 1}
     finally:
         svc.shutdown()
     svc = service()                                               # the restart
     try:
-        assert svc.node_failures() == {1: 1} and svc.store.drained() == {}
+        assert svc.node_failures() == {1: 1} and svc.store.nodes.drained() == {}
         svc.count_node_failure(str(b), (1,), now)
-        reason = svc.store.drained()[1][0]
+        reason = svc.store.nodes.drained()[1][0]
         assert reason.startswith("auto: runs of 2 jobs failed on it") and f"jobs {a}, {b}" in reason
         svc.apply_drains(now)                                     # the next round takes it out of service
         assert svc.loop.state.cluster.unavailable == {1}
-        svc.store.undrain(1)                                       # `arena undrain 1`
+        svc.store.nodes.undrain(1)                                       # `arena undrain 1`
         svc.apply_drains(now)
-        assert svc.node_failures() == {} and svc.store.node_failures(since=0.0) == []
+        assert svc.node_failures() == {} and svc.store.nodes.failures(since=0.0) == []
     finally:
         svc.shutdown()
     svc = service()
@@ -125,15 +125,15 @@ def test_a_node_at_the_threshold_when_the_service_died_is_drained_at_recovery(tm
     db, work = str(tmp_path / "state.db"), str(tmp_path / "work")
     now = time.time()
     with Store(db) as s:
-        a, b = (s.submit(JobSpec(n, "tiny-gpt__2L", 8, 20)) for n in "ab")
-        s.record_node_failure([1], a, now - 20.0, forget_before=now - 600.0)
-        s.record_node_failure([0, 1], b, now - 10.0, forget_before=now - 600.0)   # a run on both nodes
+        a, b = (s.jobs.submit(JobSpec(n, "tiny-gpt__2L", 8, 20)) for n in "ab")
+        s.nodes.record_failure([1], a, now - 20.0, forget_before=now - 600.0)
+        s.nodes.record_failure([0, 1], b, now - 10.0, forget_before=now - 600.0)   # a run on both nodes
     cfg = ServiceConfig(db_path=db, work_dir=work, drain_after_failures=2, failure_window_s=600.0)
     svc = Service(ClusterSpec((NodeGroup("cpu", 2, 1),), "two"), make_policy("fcfs"), None, ReconfigCostModel(),
                   cfg, log=lambda m: None)
     try:
         svc.recover()
-        drained = svc.store.drained()
+        drained = svc.store.nodes.drained()
         assert set(drained) == {1} and f"jobs {a}, {b}" in drained[1][0]
         assert svc.node_failures() == {0: 1, 1: 2}
     finally:

@@ -20,11 +20,11 @@ SPEC = {"name": "a", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 400}
 def test_folders_the_database_does_not_know_are_found_and_moved_aside(tmp_path):
     work = tmp_path / "work"
     with Store(str(tmp_path / "state.db")) as st:
-        a = st.submit(JobSpec.from_dict(SPEC))
-        gen = st.record_launch_intent(a, {"grid": "cpu:1x1:pp1"}, ["0:0"])
-        st.mark_launch(a, gen, "started", pid_info={"run_dir": str(work / str(a) / "launch_1")})
-        b = st.submit(JobSpec.from_dict({**SPEC, "name": "b"}))
-        last = st.last_generations()
+        a = st.jobs.submit(JobSpec.from_dict(SPEC))
+        gen = st.launches.record_intent(a, {"grid": "cpu:1x1:pp1"}, ["0:0"])
+        st.launches.mark(a, gen, "started", pid_info={"run_dir": str(work / str(a) / "launch_1")})
+        b = st.jobs.submit(JobSpec.from_dict({**SPEC, "name": "b"}))
+        last = st.launches.last_generations()
     assert last == {a: 1, b: 0}
     for d in (f"{a}/launch_1", f"{a}/launch_2", f"{a}/checkpoints", f"{b}/launch_1", "7/launch_1", "not-a-job"):
         (work / d).mkdir(parents=True)
@@ -61,7 +61,7 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
     db, copy, work = str(tmp_path / "state.db"), tmp_path / "copy.db", str(tmp_path / "work")
     store = Store(db)
     spec = JobSpec.from_dict(SPEC)
-    a = store.submit(spec)
+    a = store.jobs.submit(spec)
     mpi = MpiExecutor(MpiExecutorConfig(work_dir=work, checkpoint_interval_s=1.0, step_delay_s=0.05))
     journal = JournaledExecutor(mpi, store)
     one = Allocation(grid("cpu", 1, 1), ((0, 0),))
@@ -72,11 +72,11 @@ def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know
         wait_until(lambda: journal.progress(str(a)).last_checkpoint_iteration >= 2, what="a checkpoint of launch 1")
         store.backup(copy)                                   # the copy: A running in launch 1
         journal.stop(str(a), 1.0, "stopped for the test")
-        at_copy = store.latest_checkpoint(a).step
+        at_copy = store.launches.latest_checkpoint(a).step
         journal.launch(spec.to_job(str(a), 0.0), one, None, 2.0)
         runs.append(Path(mpi.run_dir(str(a))))
         b_spec = JobSpec.from_dict({**SPEC, "name": "b"})
-        b = store.submit(b_spec)
+        b = store.jobs.submit(b_spec)
         journal.launch(b_spec.to_job(str(b), 0.0), Allocation(grid("cpu", 1, 1), ((0, 1),)), None, 2.0)
         runs.append(Path(mpi.run_dir(str(b))))
         assert [r.name for r in runs] == ["launch_1", "launch_2", "launch_1"]
@@ -113,12 +113,12 @@ def _restart_on_the_copy(copy, work, a, b, at_copy, pids):
         assert not (Path(work) / str(a) / "launch_2").exists() and not (Path(work) / str(b)).exists()
         assert {p.name.split("-")[0] for p in aside.iterdir()} == {str(a), str(b)}
         st = svc.store
-        assert st.check() == [] and st.job(a).status == "queued"
+        assert st.check() == [] and st.jobs.get(a).status == "queued"
         # A resumes from launch 2's checkpoint, written after the copy: no step lost
         done = svc.loop.state.jobs[str(a)].iterations_done
         assert done >= at_copy + 3, (done, at_copy)
         # the copy gives B's id to the next job; it starts in a folder of its own
-        c = st.submit(JobSpec.from_dict({**SPEC, "name": "c"}))
+        c = st.jobs.submit(JobSpec.from_dict({**SPEC, "name": "c"}))
         assert c == b and not (Path(work) / str(c)).exists()
     finally:
         svc.shutdown()

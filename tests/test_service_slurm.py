@@ -105,7 +105,7 @@ class Run:
 
     def launches(self, name: str):
         with self.store() as st:
-            return st.launches(self.ids[name])
+            return st.launches.rows(self.ids[name])
 
     def hosts(self, launch) -> list[str]:
         """The Slurm nodes of a launch (its GPUs' node ids -> host names, from /api/cluster)."""
@@ -114,7 +114,7 @@ class Run:
 
     def last_round(self) -> int:
         with self.store() as st:
-            return max((x.idx for x in st.rounds()), default=0)
+            return max((x.idx for x in st.rounds.rows()), default=0)
 
     def steps(self, name: str) -> int:
         p = read_progress(self.tmp / "work" / str(self.ids[name]) / "progress.json") or {}
@@ -122,7 +122,7 @@ class Run:
 
     def status(self, name: str) -> str:
         with self.store() as st:
-            return st.job(self.ids[name]).status
+            return st.jobs.get(self.ids[name]).status
 
     def running(self, name: str):
         """The job's latest launch when it is started and Slurm runs it, else None."""
@@ -211,7 +211,7 @@ def scenario(r: Run) -> None:
     phase("drained job moved")
     seen["moved_to"] = r.hosts(moved)
     with r.store() as st:
-        seen["rounds_to_move"] = [x.trigger for x in st.rounds() if t_drain <= x.at <= moved.created_at]
+        seen["rounds_to_move"] = [x.trigger for x in st.rounds.rows() if t_drain <= x.at <= moved.created_at]
     seen["nodes_vs_sinfo_drained"] = r.nodes_vs_sinfo()
     seen["nodes_text_drained"] = r.arena_nodes()
     c.run("scontrol", "update", f"nodename={host}", "state=resume")
@@ -221,9 +221,9 @@ def scenario(r: Run) -> None:
     wait_for(lambda: (lch := r.running("on-cpu")) and lch.generation > cancelled.generation,
              "the cancelled job relaunched")
     with r.store() as st:
-        seen["cancel_reason"] = next(lch.reason for lch in st.launches(r.ids["on-cpu"])
+        seen["cancel_reason"] = next(lch.reason for lch in st.launches.rows(r.ids["on-cpu"])
                                      if lch.generation == cancelled.generation)
-        seen["node_failures"] = st.node_failures(0.0)
+        seen["node_failures"] = st.nodes.failures(0.0)
     seen["late_hosts"] = r.hosts(wait_for(lambda: r.running("late"), "the late job running"))
     phase("cancelled job relaunched, the resumed node took the late job")
 

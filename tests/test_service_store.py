@@ -40,8 +40,8 @@ def store(tmp_path):
 
 
 def launch(store, job, gpus=("n0:0",)):
-    g = store.record_launch_intent(job, {"plan": "dp=1,tp=1,pp=1"}, list(gpus))
-    store.mark_launch(job, g, "started", pid_info={"mpiexec_pid": 123, "host": "h"})
+    g = store.launches.record_intent(job, {"plan": "dp=1,tp=1,pp=1"}, list(gpus))
+    store.launches.mark(job, g, "started", pid_info={"mpiexec_pid": 123, "host": "h"})
     return g
 
 
@@ -51,91 +51,91 @@ def test_fresh_database_is_wal_and_current(store):
 
 
 def test_job_lifecycle_and_history(store):
-    j = store.submit(SPEC)
-    assert store.job(j).status == "queued" and store.job(j).spec == SPEC.to_dict()
-    assert JobSpec.from_dict(store.job(j).spec) == SPEC
+    j = store.jobs.submit(SPEC)
+    assert store.jobs.get(j).status == "queued" and store.jobs.get(j).spec == SPEC.to_dict()
+    assert JobSpec.from_dict(store.jobs.get(j).spec) == SPEC
     with pytest.raises(StateConflict, match="started launch"):
-        store.set_status(j, "running", "no launch yet")
+        store.jobs.set_status(j, "running", "no launch yet")
     g = launch(store, j)
-    store.set_status(j, "running", "launched")
+    store.jobs.set_status(j, "running", "launched")
     with pytest.raises(StateConflict, match="still started"):
-        store.set_status(j, "finished", "launch not ended")
-    store.mark_launch(j, g, "finished", reason="exit 0")
-    store.set_status(j, "finished", "all steps done")
+        store.jobs.set_status(j, "finished", "launch not ended")
+    store.launches.mark(j, g, "finished", reason="exit 0")
+    store.jobs.set_status(j, "finished", "all steps done")
     for bad in ("running", "queued", "cancelled"):
         with pytest.raises(StateConflict, match="not allowed"):
-            store.set_status(j, bad, "after the end")
+            store.jobs.set_status(j, bad, "after the end")
     with pytest.raises(StateConflict):
-        store.record_launch_intent(j, {}, ["n0:0"])
-    assert [(h.from_status, h.to_status, h.reason) for h in store.history(j)] == [
+        store.launches.record_intent(j, {}, ["n0:0"])
+    assert [(h.from_status, h.to_status, h.reason) for h in store.jobs.history(j)] == [
         (None, "queued", "submitted"), ("queued", "running", "launched"), ("running", "finished", "all steps done")]
-    ats = [h.at for h in store.history(j)]
+    ats = [h.at for h in store.jobs.history(j)]
     assert ats == sorted(ats)
     with pytest.raises(InputError, match="unknown status"):
-        store.set_status(j, "paused", "x")
+        store.jobs.set_status(j, "paused", "x")
     with pytest.raises(InputError, match="no job"):
-        store.set_status(99, "cancelled", "x")
+        store.jobs.set_status(99, "cancelled", "x")
     assert store.check() == []
 
 
 def test_generations_are_monotonic_and_old_ones_are_refused(store):
-    j = store.submit(SPEC)
+    j = store.jobs.submit(SPEC)
     g1 = launch(store, j)
-    store.set_status(j, "running", "launched")
-    store.record_checkpoint(j, g1, 10, "/ck/step_10")
-    store.record_checkpoint(j, g1, 10, "/ck/step_10")                 # a repeated report: no-op
+    store.jobs.set_status(j, "running", "launched")
+    store.launches.record_checkpoint(j, g1, 10, "/ck/step_10")
+    store.launches.record_checkpoint(j, g1, 10, "/ck/step_10")                 # a repeated report: no-op
     with pytest.raises(StateConflict, match="already saved"):
-        store.record_checkpoint(j, g1, 10, "/elsewhere")
+        store.launches.record_checkpoint(j, g1, 10, "/elsewhere")
     with pytest.raises(StateConflict, match="still started"):
-        store.record_launch_intent(j, {}, ["n0:1"])                  # one active launch per job
-    store.mark_launch(j, g1, "finished", reason="moved")              # a move: stop, then relaunch
+        store.launches.record_intent(j, {}, ["n0:1"])                  # one active launch per job
+    store.launches.mark(j, g1, "finished", reason="moved")              # a move: stop, then relaunch
     g2 = launch(store, j, ["n0:0", "n0:1"])
     assert (g1, g2) == (1, 2)
     with pytest.raises(StaleGeneration):
-        store.mark_launch(j, g1, "failed", reason="late exit message")
+        store.launches.mark(j, g1, "failed", reason="late exit message")
     with pytest.raises(StaleGeneration):
-        store.record_checkpoint(j, g1, 12, "/ck/step_12")
+        store.launches.record_checkpoint(j, g1, 12, "/ck/step_12")
     with pytest.raises(InputError, match="no launch 3"):
-        store.mark_launch(j, 3, "started")
-    store.record_measurement(j, g1, reconfig={"stop_s": 1.5, "checkpoint_s": 0.5})   # a launch's own figure
-    store.record_measurement(j, g2, iteration_time_s=0.25, step=11)
+        store.launches.mark(j, 3, "started")
+    store.launches.record_measurement(j, g1, reconfig={"stop_s": 1.5, "checkpoint_s": 0.5})   # a launch's own figure
+    store.launches.record_measurement(j, g2, iteration_time_s=0.25, step=11)
     with pytest.raises(StateConflict, match="not allowed"):
-        store.mark_launch(j, g2, "intent")
-    store.mark_launch(j, g2, "failed", reason="rank 1 killed")
-    g3 = store.record_launch_intent(j, {}, ["n0:2"])
-    store.mark_launch(j, g3, "failed", reason="never started")
-    assert [(l.generation, l.state) for l in store.launches(j)] == [(1, "finished"), (2, "failed"), (3, "failed")]
-    assert [m.generation for m in store.measurements(j)] == [1, 2]
-    assert store.latest_checkpoint(j).step == 10 and store.job(j).status == "running"
-    store.set_status(j, "queued", "waiting for GPUs")
+        store.launches.mark(j, g2, "intent")
+    store.launches.mark(j, g2, "failed", reason="rank 1 killed")
+    g3 = store.launches.record_intent(j, {}, ["n0:2"])
+    store.launches.mark(j, g3, "failed", reason="never started")
+    assert [(l.generation, l.state) for l in store.launches.rows(j)] == [(1, "finished"), (2, "failed"), (3, "failed")]
+    assert [m.generation for m in store.launches.measurements(j)] == [1, 2]
+    assert store.launches.latest_checkpoint(j).step == 10 and store.jobs.get(j).status == "running"
+    store.jobs.set_status(j, "queued", "waiting for GPUs")
     assert store.check() == []
 
 
 def test_a_gpu_is_in_one_active_launch_and_a_refused_intent_leaves_nothing(store):
-    a, b = store.submit(SPEC), store.submit(SPEC)
+    a, b = store.jobs.submit(SPEC), store.jobs.submit(SPEC)
     ga = launch(store, a, ["n0:0", "n0:1"])
     with pytest.raises(StateConflict, match=r"n0:1 \(job 1\)"):
-        store.record_launch_intent(b, {}, ["n0:1", "n0:2"])
-    assert store.launches(b) == [] and store.running_launches()[0].gpus == ("n0:0", "n0:1")
-    store.mark_launch(a, ga, "finished")
-    assert store.record_launch_intent(b, {}, ["n0:1", "n0:2"]) == 1    # freed, and generation 1 unused before
+        store.launches.record_intent(b, {}, ["n0:1", "n0:2"])
+    assert store.launches.rows(b) == [] and store.launches.active()[0].gpus == ("n0:0", "n0:1")
+    store.launches.mark(a, ga, "finished")
+    assert store.launches.record_intent(b, {}, ["n0:1", "n0:2"]) == 1    # freed, and generation 1 unused before
     with pytest.raises(InputError, match="distinct"):
-        store.record_launch_intent(a, {}, ["n1:0", "n1:0"])
-    assert [(l.job_id, l.state) for l in store.running_launches()] == [(b, "intent")]
+        store.launches.record_intent(a, {}, ["n1:0", "n1:0"])
+    assert [(l.job_id, l.state) for l in store.launches.active()] == [(b, "intent")]
     assert store.check() == []
 
 
 def test_rounds_and_bad_values(store):
-    i1 = store.record_round(policy="arena", trigger="arrival", solve_time_s=0.12, objective=3.5, gap=0.0,
+    i1 = store.rounds.record(policy="arena", trigger="arrival", solve_time_s=0.12, objective=3.5, gap=0.0,
                             decisions={"1": {"grid": "a100:1x2:pp1"}})
-    i2 = store.record_round(policy="arena", trigger="timer", solve_time_s=0.05, decisions={})
+    i2 = store.rounds.record(policy="arena", trigger="timer", solve_time_s=0.05, decisions={})
     assert (i1, i2) == (1, 2)
-    assert [r.trigger for r in store.rounds()] == ["arrival", "timer"] and store.rounds(last=1)[0].idx == 2
+    assert [r.trigger for r in store.rounds.rows()] == ["arrival", "timer"] and store.rounds.rows(last=1)[0].idx == 2
     with pytest.raises(InputError, match="finite"):
-        store.record_round(policy="arena", trigger="t", solve_time_s=float("nan"), decisions={})
+        store.rounds.record(policy="arena", trigger="t", solve_time_s=float("nan"), decisions={})
     with pytest.raises(InputError, match="JSON"):
-        store.record_round(policy="arena", trigger="t", solve_time_s=1.0, decisions={"x": object()})
-    assert len(store.rounds()) == 2
+        store.rounds.record(policy="arena", trigger="t", solve_time_s=1.0, decisions={"x": object()})
+    assert len(store.rounds.rows()) == 2
 
 
 def shadow_round(policy, jobs, agree, error=None):
@@ -170,49 +170,49 @@ def test_v8_counts_the_rounds_a_v7_database_holds_as_v7_did_and_keeps_counting(t
           for p, *rest in conn.execute(OLD_SHADOW_QUERY)}
     conn.close()
     with Store(path) as s:
-        assert s.shadow_counts() == v7 and set(v7) == {"sia-ap", "fcfs"}
+        assert s.rounds.shadow_counts() == v7 and set(v7) == {"sia-ap", "fcfs"}
         more = [shadow_round("sia-ap", 3, 1), shadow_round("fcfs", 2, 2, "E"), {"grids": {}}]
         for d in more:
-            s.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions=d)
+            s.rounds.record(policy="arena", trigger="t", solve_time_s=0.1, decisions=d)
         both = {p: dict(zip(("rounds", "agreeing", "failed", "jobs", "disagreeing"), rest))
                 for p, *rest in s.conn.execute(OLD_SHADOW_QUERY)}
-        assert s.shadow_counts() == both and both["sia-ap"]["rounds"] == v7["sia-ap"]["rounds"] + 1
+        assert s.rounds.shadow_counts() == both and both["sia-ap"]["rounds"] == v7["sia-ap"]["rounds"] + 1
 
 
 def test_old_rounds_are_deleted_beyond_keep_and_the_shadow_totals_stay_whole(store):
     for i in range(12):
-        store.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions=shadow_round("sia-ap", 2, i % 3),
+        store.rounds.record(policy="arena", trigger="t", solve_time_s=0.1, decisions=shadow_round("sia-ap", 2, i % 3),
                            keep=5)
-    assert [r.idx for r in store.rounds()] == list(range(8, 13))        # the last 5, numbered on
-    assert store.shadow_counts() == {"sia-ap": {"rounds": 12, "agreeing": 4, "failed": 0, "jobs": 24,
+    assert [r.idx for r in store.rounds.rows()] == list(range(8, 13))        # the last 5, numbered on
+    assert store.rounds.shadow_counts() == {"sia-ap": {"rounds": 12, "agreeing": 4, "failed": 0, "jobs": 24,
                                                 "disagreeing": 12}}
-    store.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions={})       # keep=0: nothing deleted
-    assert len(store.rounds()) == 6 and store.check() == []
+    store.rounds.record(policy="arena", trigger="t", solve_time_s=0.1, decisions={})       # keep=0: nothing deleted
+    assert len(store.rounds.rows()) == 6 and store.check() == []
     for bad in (-1, 1.5, True):
         with pytest.raises(InputError) as e:
-            store.record_round(policy="arena", trigger="t", solve_time_s=0.1, decisions={}, keep=bad)
+            store.rounds.record(policy="arena", trigger="t", solve_time_s=0.1, decisions={}, keep=bad)
         assert e.value.field == "keep_rounds"
-    assert len(store.rounds()) == 6
+    assert len(store.rounds.rows()) == 6
 
 
 def test_a_job_keeps_its_newest_iteration_times_and_every_measured_move(store):
-    a, b = (store.submit(JobSpec.from_dict({"name": n, "model": "tiny-gpt__2L", "global_batch": 8, "steps": 9}))
+    a, b = (store.jobs.submit(JobSpec.from_dict({"name": n, "model": "tiny-gpt__2L", "global_batch": 8, "steps": 9}))
             for n in ("a", "b"))
     ga, gb = launch(store, a, ["n0:0"]), launch(store, b, ["n0:1"])
     for i in range(8):
-        store.record_measurement(a, ga, iteration_time_s=0.1 + i, step=i, keep=3)
-        store.record_measurement(b, gb, iteration_time_s=0.1, step=i)               # keep=0: every one kept
+        store.launches.record_measurement(a, ga, iteration_time_s=0.1 + i, step=i, keep=3)
+        store.launches.record_measurement(b, gb, iteration_time_s=0.1, step=i)               # keep=0: every one kept
         if i == 2:
-            store.record_measurement(a, ga, reconfig={"stop_s": 1.0}, keep=3)     # a measured move: kept
-    got = store.measurements(a)
+            store.launches.record_measurement(a, ga, reconfig={"stop_s": 1.0}, keep=3)     # a measured move: kept
+    got = store.launches.measurements(a)
     assert [m.step for m in got if not m.reconfig] == [5, 6, 7] and [m.reconfig for m in got if m.reconfig] == [
         {"stop_s": 1.0}]
-    assert len(store.measurements(b)) == 8 and store.check() == []
+    assert len(store.launches.measurements(b)) == 8 and store.check() == []
     for bad in (-1, 2.5, True):
         with pytest.raises(InputError) as e:
-            store.record_measurement(a, ga, iteration_time_s=0.1, keep=bad)
+            store.launches.record_measurement(a, ga, iteration_time_s=0.1, keep=bad)
         assert e.value.field == "keep_measurements"
-    assert len(store.measurements(a)) == 4
+    assert len(store.launches.measurements(a)) == 4
 
 
 def test_migration_from_v1_keeps_the_data(tmp_path):
@@ -229,10 +229,10 @@ def test_migration_from_v1_keeps_the_data(tmp_path):
     conn.close()
     with Store(path) as s:
         assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        assert s.job(1).status == "running" and s.running_launches()[0].generation == 1
-        s.record_checkpoint(1, 1, 5, "/ck/5")             # v2 tables work on the migrated data
-        s.mark_launch(1, 1, "finished")
-        assert s.submit_once(SPEC, "k")[0] == s.submit_once(SPEC, "k")[0] == 2   # v4's keys on old data
+        assert s.jobs.get(1).status == "running" and s.launches.active()[0].generation == 1
+        s.launches.record_checkpoint(1, 1, 5, "/ck/5")             # v2 tables work on the migrated data
+        s.launches.mark(1, 1, "finished")
+        assert s.jobs.submit_once(SPEC, "k")[0] == s.jobs.submit_once(SPEC, "k")[0] == 2   # v4's keys on old data
         assert s.check() == []
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
@@ -257,12 +257,12 @@ READER = textwrap.dedent("""
     import json, sys
     from engine.service.store import Store
     with Store(sys.argv[1], readonly=True) as s:
-        print(json.dumps([[j.id, j.status] for j in s.jobs()]))
+        print(json.dumps([[j.id, j.status] for j in s.jobs.rows()]))
 """)
 
 
 def test_a_reader_in_another_process_sees_committed_state_while_the_writer_holds_a_transaction(store):
-    j = store.submit(SPEC)
+    j = store.jobs.submit(SPEC)
     store.conn.execute("BEGIN IMMEDIATE")                 # the writer is mid-transaction ...
     store.conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = ?", (j,))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -275,9 +275,9 @@ def test_a_reader_in_another_process_sees_committed_state_while_the_writer_holds
     store.conn.execute("ROLLBACK")
     reader = Store(store.path, readonly=True)
     with pytest.raises(StateConflict, match="read-only"):
-        reader.submit(SPEC)
-    store.set_status(j, "cancelled", "by user")
-    assert reader.job(j).status == "cancelled"            # a second connection sees each commit
+        reader.jobs.submit(SPEC)
+    store.jobs.set_status(j, "cancelled", "by user")
+    assert reader.jobs.get(j).status == "cancelled"            # a second connection sees each commit
     reader.close()
 
 
@@ -296,42 +296,42 @@ WRITER = textwrap.dedent("""
         out = fn(*args, **kw)
         print("ok", json.dumps([kind, *args, out], default=lambda o: o.name), flush=True)
         return out
-    for l in s.running_launches():
-        op("mark", s.mark_launch, l.job_id, l.generation, "failed", reason="service restarted")
-    for j in s.jobs("running"):
-        op("status", s.set_status, j.id, "queued", "service restarted")
+    for l in s.launches.active():
+        op("mark", s.launches.mark, l.job_id, l.generation, "failed", reason="service restarted")
+    for j in s.jobs.rows("running"):
+        op("status", s.jobs.set_status, j.id, "queued", "service restarted")
     print("ready", flush=True)
     for n in range(10**6):
-        j = op("submit", s.submit, JobSpec(f"j{n}", "tiny-gpt__2L", 8, 20))
-        g = op("intent", s.record_launch_intent, j, {"n": n}, [f"n0:{n % 4}", f"n1:{n % 4}"])
-        op("mark", s.mark_launch, j, g, "started", pid_info={"pid": n})
-        op("status", s.set_status, j, "running", "launched")
-        op("measure", s.record_measurement, j, g, iteration_time_s=0.1, step=1)
-        op("ckpt", s.record_checkpoint, j, g, 1, f"/ck/{j}")
-        op("round", s.record_round, policy="arena", trigger="timer", solve_time_s=0.01, decisions={"j": j})
-        op("mark", s.mark_launch, j, g, "finished")
-        op("status", s.set_status, j, "finished", "done")
+        j = op("submit", s.jobs.submit, JobSpec(f"j{n}", "tiny-gpt__2L", 8, 20))
+        g = op("intent", s.launches.record_intent, j, {"n": n}, [f"n0:{n % 4}", f"n1:{n % 4}"])
+        op("mark", s.launches.mark, j, g, "started", pid_info={"pid": n})
+        op("status", s.jobs.set_status, j, "running", "launched")
+        op("measure", s.launches.record_measurement, j, g, iteration_time_s=0.1, step=1)
+        op("ckpt", s.launches.record_checkpoint, j, g, 1, f"/ck/{j}")
+        op("round", s.rounds.record, policy="arena", trigger="timer", solve_time_s=0.01, decisions={"j": j})
+        op("mark", s.launches.mark, j, g, "finished")
+        op("status", s.jobs.set_status, j, "finished", "done")
 """)
 LAUNCH_ORDER = ("intent", "started", "finished", "failed")
 
 
 def committed_present(s: Store, kind, *args) -> bool:
     if kind == "submit":
-        return s.job(args[-1]).name.startswith("j")
+        return s.jobs.get(args[-1]).name.startswith("j")
     if kind == "intent":
-        return any(l.generation == args[-1] for l in s.launches(args[0]))
+        return any(l.generation == args[-1] for l in s.launches.rows(args[0]))
     if kind == "mark":
         job, gen, state = args[:3]
-        have = next(l.state for l in s.launches(job) if l.generation == gen)
+        have = next(l.state for l in s.launches.rows(job) if l.generation == gen)
         return have == state or (state != "failed" and LAUNCH_ORDER.index(have) > LAUNCH_ORDER.index(state))
     if kind == "status":
-        return any(h.to_status == args[1] and h.reason == args[2] for h in s.history(args[0]))
+        return any(h.to_status == args[1] and h.reason == args[2] for h in s.jobs.history(args[0]))
     if kind == "measure":
-        return any(m.generation == args[1] for m in s.measurements(args[0]))
+        return any(m.generation == args[1] for m in s.launches.measurements(args[0]))
     if kind == "ckpt":
-        return any(c.generation == args[1] and c.step == args[2] for c in s.checkpoints(args[0]))
+        return any(c.generation == args[1] and c.step == args[2] for c in s.launches.checkpoints(args[0]))
     if kind == "round":
-        return any(r.idx == args[-1] for r in s.rounds())
+        return any(r.idx == args[-1] for r in s.rounds.rows())
     raise AssertionError(kind)
 
 
@@ -390,26 +390,26 @@ OPS = st.one_of(
 def _apply(s: Store, op) -> None:
     kind, *a = op
     if kind in ("mark", "ckpt", "measure") and isinstance(a[1], str):
-        gens = [l.generation for l in s.launches(a[0])] or [1]
+        gens = [l.generation for l in s.launches.rows(a[0])] or [1]
         a[1] = gens[-1] if a[1] == "latest" else gens[0]
     if kind == "submit":
-        s.submit(SPEC)
+        s.jobs.submit(SPEC)
     elif kind == "status":
-        s.set_status(a[0], a[1], "fuzz")
+        s.jobs.set_status(a[0], a[1], "fuzz")
     elif kind == "intent":
-        s.record_launch_intent(a[0], {}, a[1])
+        s.launches.record_intent(a[0], {}, a[1])
     elif kind == "mark":
-        s.mark_launch(a[0], a[1], a[2])
+        s.launches.mark(a[0], a[1], a[2])
     elif kind == "request_hold":
-        s.request_hold(a[0], "fuzz")
+        s.jobs.request_hold(a[0], "fuzz")
     elif kind == "priority":
-        s.set_priority(a[0], a[1])
+        s.jobs.set_priority(a[0], a[1])
     elif kind in ("hold", "release"):
-        getattr(s, kind)(a[0])
+        getattr(s.jobs, kind)(a[0])
     elif kind == "ckpt":
-        s.record_checkpoint(a[0], a[1], a[2], "/ck")
+        s.launches.record_checkpoint(a[0], a[1], a[2], "/ck")
     else:
-        s.record_measurement(a[0], a[1], iteration_time_s=a[2])
+        s.launches.record_measurement(a[0], a[1], iteration_time_s=a[2])
 
 
 @settings(max_examples=40, deadline=None)
@@ -417,7 +417,7 @@ def _apply(s: Store, op) -> None:
 def test_fuzz_changes_commit_whole_or_leave_nothing(tmp_path_factory, ops):
     with Store(tmp_path_factory.mktemp("fz") / "s.db", clock=Clock()) as s:
         s.conn.execute("PRAGMA synchronous = OFF")         # speed: this tests logic, not durability
-        s.submit(SPEC), s.submit(SPEC)
+        s.jobs.submit(SPEC), s.jobs.submit(SPEC)
         for op in ops:
             before = list(s.conn.iterdump())
             try:
@@ -429,72 +429,72 @@ def test_fuzz_changes_commit_whole_or_leave_nothing(tmp_path_factory, ops):
 
 
 def test_hold_and_release_follow_the_state_machine_and_a_withdrawn_hold_is_not_carried_out(store):
-    a, b = store.submit(SPEC), store.submit(SPEC)
-    assert store.request_hold(a, "urgent run first") is True
-    assert store.request_hold(a, "again") is False                  # the first reason is kept
-    assert store.hold_requests() == [(a, "urgent run first")]
-    assert store.hold(a) is True and store.job(a).status == "held" and store.hold_requests() == []
-    assert store.history(a)[-1].reason == "held by the user: urgent run first"
-    assert store.request_hold(a, "x") is False                      # already held
-    assert store.release(a) == "released" and store.job(a).status == "queued"
+    a, b = store.jobs.submit(SPEC), store.jobs.submit(SPEC)
+    assert store.jobs.request_hold(a, "urgent run first") is True
+    assert store.jobs.request_hold(a, "again") is False                  # the first reason is kept
+    assert store.jobs.hold_requests() == [(a, "urgent run first")]
+    assert store.jobs.hold(a) is True and store.jobs.get(a).status == "held" and store.jobs.hold_requests() == []
+    assert store.jobs.history(a)[-1].reason == "held by the user: urgent run first"
+    assert store.jobs.request_hold(a, "x") is False                      # already held
+    assert store.jobs.release(a) == "released" and store.jobs.get(a).status == "queued"
     with pytest.raises(StateConflict, match="not held"):
-        store.release(a)
-    store.request_hold(b, "")                                        # requested, then withdrawn
-    assert store.release(b) == "withdrawn" and store.hold(b) is False and store.job(b).status == "queued"
+        store.jobs.release(a)
+    store.jobs.request_hold(b, "")                                        # requested, then withdrawn
+    assert store.jobs.release(b) == "withdrawn" and store.jobs.hold(b) is False and store.jobs.get(b).status == "queued"
     g = launch(store, b)                                             # a running job is stopped first
-    store.set_status(b, "running", "launched")
-    store.request_hold(b, "")
+    store.jobs.set_status(b, "running", "launched")
+    store.jobs.request_hold(b, "")
     with pytest.raises(StateConflict, match="running -> held"):
-        store.hold(b)
-    store.mark_launch(b, g, "finished", reason="held by the user: stopped with a checkpoint at step 3")
-    store.set_status(b, "queued", "held by the user (resumes from step 3)")
-    assert store.hold(b) is True
-    store.request_cancel(b)
-    assert store.cancel_requests() == [b]                            # a held job can be cancelled
-    store.set_status(b, "cancelled", "cancelled by the user")
+        store.jobs.hold(b)
+    store.launches.mark(b, g, "finished", reason="held by the user: stopped with a checkpoint at step 3")
+    store.jobs.set_status(b, "queued", "held by the user (resumes from step 3)")
+    assert store.jobs.hold(b) is True
+    store.jobs.request_cancel(b)
+    assert store.jobs.cancel_requests() == [b]                            # a held job can be cancelled
+    store.jobs.set_status(b, "cancelled", "cancelled by the user")
     with pytest.raises(StateConflict, match="cancelled; only a queued or running job"):
-        store.request_hold(b, "")
+        store.jobs.request_hold(b, "")
     with pytest.raises(InputError, match="no job 99"):
-        store.request_hold(99, "")
-    assert [h.to_status for h in store.history(b)] == ["queued", "running", "queued", "held", "cancelled"]
-    assert [h.to_status for h in store.history(a)] == ["queued", "held", "queued"]
+        store.jobs.request_hold(99, "")
+    assert [h.to_status for h in store.jobs.history(b)] == ["queued", "running", "queued", "held", "cancelled"]
+    assert [h.to_status for h in store.jobs.history(a)] == ["queued", "held", "queued"]
     assert store.check() == []
 
 
 def test_a_priority_set_after_submission_is_read_back_noted_and_keeps_the_submission_key(store):
-    j, _ = store.submit_once(SPEC, "k1")
-    assert store.set_priority(j, 3, "deadline tomorrow") == 1.0
-    assert store.job(j).spec["priority"] == 3.0 and store.jobs()[0].spec["priority"] == 3.0
-    assert store.priorities_set() == {j: 3.0}
-    note = store.history(j)[-1]
+    j, _ = store.jobs.submit_once(SPEC, "k1")
+    assert store.jobs.set_priority(j, 3, "deadline tomorrow") == 1.0
+    assert store.jobs.get(j).spec["priority"] == 3.0 and store.jobs.rows()[0].spec["priority"] == 3.0
+    assert store.jobs.priorities_set() == {j: 3.0}
+    note = store.jobs.history(j)[-1]
     assert (note.from_status, note.to_status) == ("queued", "queued")
     assert note.reason == "priority 1 -> 3 by the user: deadline tomorrow"
-    assert store.submit_once(SPEC, "k1") == (j, False)               # a resend still finds its job
-    assert store.set_priority(j, 0.5) == 3.0 and store.check() == []
+    assert store.jobs.submit_once(SPEC, "k1") == (j, False)               # a resend still finds its job
+    assert store.jobs.set_priority(j, 0.5) == 3.0 and store.check() == []
     before = list(store.conn.iterdump())
     for bad in (0, -1, float("nan"), float("inf"), "2", True, None, 1e308, 10**400, 1e-5):
         with pytest.raises(InputError, match=r"number in \[0.0001, 10000\]"):
-            store.set_priority(j, bad)
+            store.jobs.set_priority(j, bad)
     assert list(store.conn.iterdump()) == before                    # refused: nothing written
-    store.request_cancel(j)
-    store.set_status(j, "cancelled", "test")
+    store.jobs.request_cancel(j)
+    store.jobs.set_status(j, "cancelled", "test")
     with pytest.raises(StateConflict, match="only a queued, running or held job's priority"):
-        store.set_priority(j, 2)
-    assert store.priorities_set() == {} and store.check() == []
-    assert store.job(j).spec["priority"] == 0.5
+        store.jobs.set_priority(j, 2)
+    assert store.jobs.priorities_set() == {} and store.check() == []
+    assert store.jobs.get(j).spec["priority"] == 0.5
 
 
 def test_a_job_after_others_names_jobs_that_exist_and_can_still_finish(store):
-    a, b = store.submit(SPEC), store.submit(SPEC)
-    store.request_cancel(b)
-    store.set_status(b, "cancelled", "test")
+    a, b = store.jobs.submit(SPEC), store.jobs.submit(SPEC)
+    store.jobs.request_cancel(b)
+    store.jobs.set_status(b, "cancelled", "test")
     after_a = JobSpec("later", SPEC.model, SPEC.global_batch, SPEC.steps, after=(a,))
-    c = store.submit(after_a)
-    assert store.job(c).spec["after"] == [a] and store.statuses([a, b, 99]) == {a: "queued", b: "cancelled"}
+    c = store.jobs.submit(after_a)
+    assert store.jobs.get(c).spec["after"] == [a] and store.jobs.statuses([a, b, 99]) == {a: "queued", b: "cancelled"}
     before = list(store.conn.iterdump())
     for deps, says in (((99,), "no job 99 to run after"), ((a, b), f"job {b} is cancelled")):
         with pytest.raises(InputError, match=says) as e:
-            store.submit(JobSpec("x", SPEC.model, SPEC.global_batch, SPEC.steps, after=deps))
+            store.jobs.submit(JobSpec("x", SPEC.model, SPEC.global_batch, SPEC.steps, after=deps))
         assert e.value.field == "after"
     assert list(store.conn.iterdump()) == before                    # refused: nothing stored
 
@@ -504,58 +504,58 @@ def test_statuses_of_more_ids_than_sqlite_takes_parameters(store):
     one statement takes (999 before SQLite 3.32, 32,766 since by default; builds differ,
     so the limit is set to the old one here)."""
     store.conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
-    ids = [store.submit(SPEC) for _ in range(1001)]
-    got = store.statuses(ids + list(range(5000, 7000)))               # 3,001 ids, 2,000 unknown
-    assert got == dict.fromkeys(ids, "queued") and store.statuses([]) == {}
-    store.request_cancel(ids[5])
-    store.set_status(ids[5], "cancelled", "test")
-    assert store.job_ids("queued") == ids[:5] + ids[6:] and store.job_ids("cancelled") == [ids[5]]
-    rows = store.jobs("queued", ids=ids[3:1000] + [99999])             # 997 ids: two statements
-    assert [r.id for r in rows] == ids[3:5] + ids[6:1000] and store.jobs(ids=[ids[5]])[0].status == "cancelled"
-    assert store.jobs("queued", ids=[]) == [] and len(store.jobs()) == 1001
+    ids = [store.jobs.submit(SPEC) for _ in range(1001)]
+    got = store.jobs.statuses(ids + list(range(5000, 7000)))               # 3,001 ids, 2,000 unknown
+    assert got == dict.fromkeys(ids, "queued") and store.jobs.statuses([]) == {}
+    store.jobs.request_cancel(ids[5])
+    store.jobs.set_status(ids[5], "cancelled", "test")
+    assert store.jobs.ids("queued") == ids[:5] + ids[6:] and store.jobs.ids("cancelled") == [ids[5]]
+    rows = store.jobs.rows("queued", ids=ids[3:1000] + [99999])             # 997 ids: two statements
+    assert [r.id for r in rows] == ids[3:5] + ids[6:1000] and store.jobs.rows(ids=[ids[5]])[0].status == "cancelled"
+    assert store.jobs.rows("queued", ids=[]) == [] and len(store.jobs.rows()) == 1001
 
 
 def test_a_keyed_submission_is_stored_once_and_a_reused_key_is_refused(store):
-    assert store.submit_once(SPEC, "abc") == (1, True)
-    assert store.submit_once(SPEC, "abc") == (1, False)         # sent again: the same job back
-    assert store.submit_once(SPEC, None) == (2, True) and store.submit_once(SPEC, None) == (3, True)
+    assert store.jobs.submit_once(SPEC, "abc") == (1, True)
+    assert store.jobs.submit_once(SPEC, "abc") == (1, False)         # sent again: the same job back
+    assert store.jobs.submit_once(SPEC, None) == (2, True) and store.jobs.submit_once(SPEC, None) == (3, True)
     before = list(store.conn.iterdump())
     other = JobSpec("other", SPEC.model, SPEC.global_batch, SPEC.steps)
     with pytest.raises(StateConflict, match="'abc' was used for job 1"):
-        store.submit_once(other, "abc")
+        store.jobs.submit_once(other, "abc")
     for bad in ("", "x" * 201, "a\nb", 7):
         with pytest.raises(InputError, match="idempotency key"):
-            store.submit_once(SPEC, bad)
+            store.jobs.submit_once(SPEC, bad)
     assert list(store.conn.iterdump()) == before
-    assert [h.to_status for h in store.history(1)] == ["queued"]  # the replay wrote no history
+    assert [h.to_status for h in store.jobs.history(1)] == ["queued"]  # the replay wrote no history
 
 
 def test_the_move_ledger_is_stored_updated_closed_and_checked(store):
     from engine.cli.commands.service import move_line
     from engine.core.move_ledger import MoveEntry
-    j = store.submit(SPEC)
+    j = store.jobs.submit(SPEC)
     e = MoveEntry(str(j), 100.0, False, "cpu:1x1:pp1", "cpu:1x2:pp1", 2.0, 2.1, 3.9, 8.0, 40.0)
-    store.record_moves([e])
-    (row,) = store.moves(j)
+    store.moves.record([e])
+    (row,) = store.moves.rows(j)
     assert row["ended_at"] is None and row["est_rate_after"] == 3.9 and row["forced"] is False
     assert "has not paid for itself yet" in move_line(row) and "expected 1.86x" in move_line(row)
     e.paid_back_s = 30.0                                    # later rounds: paid back, then moved again
     e.ended_s, e.end, e.iterations_after = 200.0, "moved again", 260.0
     e2 = MoveEntry(str(j), 200.0, False, "cpu:1x2:pp1", "cpu:1x1:pp1", 2.6, 3.9, 2.1, 8.0, 300.0)
-    store.record_moves([e, e2])
-    first, second = store.moves(j)
+    store.moves.record([e, e2])
+    first, second = store.moves.rows(j)
     assert (first["end_reason"], first["iterations_after"], first["paid_back_s"]) == ("moved again", 260.0, 30.0)
     assert "made 1.30x the rate before until moved again; paid for itself after 30 s" in move_line(first)
     assert store.check() == []
     # a second open move of the same job is an inconsistency the check names
-    store.record_moves([MoveEntry(str(j), 300.0, True, "a", "b", 0.0, None, None, None, 310.0)])
+    store.moves.record([MoveEntry(str(j), 300.0, True, "a", "b", 0.0, None, None, None, 310.0)])
     assert any("2 moves open at once" in p for p in store.check())
-    assert [m["at"] for m in store.moves(open_only=True)] == [200.0, 300.0] and store.moves(j, open_only=True)
+    assert [m["at"] for m in store.moves.rows(open_only=True)] == [200.0, 300.0] and store.moves.rows(j, open_only=True)
     e2.ended_s, e2.end = 300.0, "moved again"
-    store.record_moves([e2, MoveEntry(str(j), 300.0, True, "a", "b", 0.0, None, None, None, 310.0, 320.0,
+    store.moves.record([e2, MoveEntry(str(j), 300.0, True, "a", "b", 0.0, None, None, None, 310.0, 320.0,
                                       "service restarted")])
-    assert store.check() == [] and store.moves(open_only=True) == []
-    assert "no estimate" in move_line(store.moves(j)[-1]) and "forced" in move_line(store.moves(j)[-1])
+    assert store.check() == [] and store.moves.rows(open_only=True) == []
+    assert "no estimate" in move_line(store.moves.rows(j)[-1]) and "forced" in move_line(store.moves.rows(j)[-1])
 
 
 def test_a_backup_taken_while_the_service_writes_is_one_committed_state(tmp_path, capsys):
@@ -574,12 +574,12 @@ def test_a_backup_taken_while_the_service_writes_is_one_committed_state(tmp_path
     def writer():
         with Store(db) as w:
             while not done.is_set() and len(written) < 400:
-                j = w.submit(SPEC)
-                g = w.record_launch_intent(j, {"dp": 1}, ["n0:0"])
-                w.mark_launch(j, g, "started")
-                w.set_status(j, "running", "test")
-                w.mark_launch(j, g, "finished")
-                w.set_status(j, "finished", "test")
+                j = w.jobs.submit(SPEC)
+                g = w.launches.record_intent(j, {"dp": 1}, ["n0:0"])
+                w.launches.mark(j, g, "started")
+                w.jobs.set_status(j, "running", "test")
+                w.launches.mark(j, g, "finished")
+                w.jobs.set_status(j, "finished", "test")
                 written.append(j)
     t = threading.Thread(target=writer)
     t.start()
@@ -596,13 +596,13 @@ def test_a_backup_taken_while_the_service_writes_is_one_committed_state(tmp_path
         t.join()
     for out, report in copies:
         with Store(out, readonly=True) as c:
-            ids = [r.id for r in c.jobs()]
+            ids = [r.id for r in c.jobs.rows()]
             assert c.check() == [] and ids == list(range(1, len(ids) + 1))
-            assert all(r.status == "finished" for r in c.jobs()[:-1])     # at most the last one mid-way
-            assert report["jobs"] == {k: v for k, v in c.status_counts().items() if v}
+            assert all(r.status == "finished" for r in c.jobs.rows()[:-1])     # at most the last one mid-way
+            assert report["jobs"] == {k: v for k, v in c.jobs.status_counts().items() if v}
         assert not list(tmp_path.glob(".*.partial"))
     with Store(copies[-1][0]) as reopened:                              # a service can start on it
-        assert reopened.check() == [] and len(reopened.jobs()) >= 20
+        assert reopened.check() == [] and len(reopened.jobs.rows()) >= 20
     before = copies[0][0].read_bytes()
     assert cli_main(["backup", "--db", str(db), "--out", str(copies[0][0])]) == 2
     assert "already exists" in capsys.readouterr().err and copies[0][0].read_bytes() == before
@@ -635,7 +635,7 @@ def test_the_service_keeps_its_last_rounds(tmp_path):
         svc.recover()
         for _ in range(4):
             svc.step(time.time())
-        assert [r.idx for r in svc.store.rounds()] == [3, 4]
+        assert [r.idx for r in svc.store.rounds.rows()] == [3, 4]
     finally:
         svc.shutdown()
 
@@ -665,7 +665,7 @@ def test_a_round_records_the_policys_decision_stats(tmp_path):
         svc.recover()
         svc.step(time.time())
         rec = svc.step(time.time() + 1)
-        first, second = svc.store.rounds()
+        first, second = svc.store.rounds.rows()
         assert (first.policy, first.objective, first.gap, first.solve_time_s) == ("reporting", 3.5, 0.01, 0.25)
         assert first.decisions["status"] == "optimal"
         assert (second.objective, second.gap, second.decisions["status"]) == (None, None, "")

@@ -102,14 +102,14 @@ def finished_jobs(db: Path, work: Path, n: int, steps: int = 40) -> list[int]:
     ids = []
     with Store(db) as st:
         for i in range(n):
-            jid = st.submit(spec)
-            gen = st.record_launch_intent(jid, {"dp": 1, "tp": 1, "pp": 1}, ["0:0"])
-            st.mark_launch(jid, gen, "started", pid_info={"pid": 1})
-            st.set_status(jid, "running", "test")
+            jid = st.jobs.submit(spec)
+            gen = st.launches.record_intent(jid, {"dp": 1, "tp": 1, "pp": 1}, ["0:0"])
+            st.launches.mark(jid, gen, "started", pid_info={"pid": 1})
+            st.jobs.set_status(jid, "running", "test")
             write(work / str(jid) / f"launch_{gen}" / "results.jsonl",
                   [{"step": s, "loss": 3.0 - s / steps, "time": float(s)} for s in range(1, steps + 1)])
-            st.mark_launch(jid, gen, "finished")
-            st.set_status(jid, "finished", "test")
+            st.launches.mark(jid, gen, "finished")
+            st.jobs.set_status(jid, "finished", "test")
             ids.append(jid)
     return ids
 
@@ -118,7 +118,7 @@ def test_state_lists_the_jobs_not_ended_and_the_last_to_end(tmp_path):
     db, work = tmp_path / "state.db", tmp_path / "work"
     done = finished_jobs(db, work, 4)
     with Store(db) as st:
-        waiting = st.submit(JobSpec.from_dict({"name": "later", "model": "tiny-gpt__2L", "global_batch": 8,
+        waiting = st.jobs.submit(JobSpec.from_dict({"name": "later", "model": "tiny-gpt__2L", "global_batch": 8,
                                                "steps": 5, "after": [done[0]]}))
         view = state_view(st, str(work), CLUSTER, ended=2)
         assert [j["id"] for j in view["jobs"]] == done[2:] + [waiting]
@@ -128,7 +128,7 @@ def test_state_lists_the_jobs_not_ended_and_the_last_to_end(tmp_path):
         every = state_view(st, str(work), CLUSTER, ended=10)
         assert [j["id"] for j in every["jobs"]] == done + [waiting] and every["ended_shown"] == 4
         # the curve in a job's own view: at most about LOSS_POINTS, its last point the last step
-        full = loss_curve(str(work), st.launches(done[0]))
+        full = loss_curve(str(work), st.launches.rows(done[0]))
         assert len(full) == 40 and full[-1] == {"step": 40, "loss": 2.0, "time": 40.0, "launch": 1}
     client = TestClient(create_app(ApiContext(str(db), str(work), CLUSTER, "arena")))
     r = client.get("/api/state", params={"ended": 1})
@@ -149,7 +149,7 @@ def test_state_lists_the_jobs_not_ended_and_the_last_to_end(tmp_path):
         assert r.status_code == 422 and r.json()["field"] == "last"
     with Store(db) as st:
         with pytest.raises(InputError):
-            st.jobs(last=2, ids=[1])
+            st.jobs.rows(last=2, ids=[1])
     assert jobs[0]["loss"] == 2.0 and client.get(f"/api/jobs/{done[0]}").json()["loss_curve"] == full
 
 
@@ -191,7 +191,8 @@ def test_the_page_lists_the_last_ended_jobs_and_shows_one_in_detail(tmp_path):
     (work / str(done[-1]) / "launch_1" / "stderr.log").write_text("rank 0: step 5 <done>\n")
     (work / str(done[-1]) / "launch_1" / "stdout.log").write_text("")
     with Store(db) as st:
-        queued = st.submit(JobSpec.from_dict({"name": "q", "model": "tiny-gpt__2L", "global_batch": 8, "steps": 5}))
+        queued = st.jobs.submit(JobSpec.from_dict({"name": "q", "model": "tiny-gpt__2L", "global_batch": 8,
+                                                   "steps": 5}))
     live = {"phase": "round 7", "since_s": 12.0, "stalled": False}
     app = create_app(ApiContext(str(db), str(work), CLUSTER, "arena", local_hosts=frozenset({"127.0.0.1"}),
                                 liveness=lambda: dict(live)))
@@ -242,10 +243,10 @@ def tiny(name: str, **kw) -> JobSpec:
 
 
 def launch(st: Store, jid: int, gpus: list[str]) -> int:
-    gen = st.record_launch_intent(jid, {"dp": len(gpus), "tp": 1, "pp": 1, "gpu_type": "cpu", "nodes": 1,
+    gen = st.launches.record_intent(jid, {"dp": len(gpus), "tp": 1, "pp": 1, "gpu_type": "cpu", "nodes": 1,
                                         "gpus_per_node": len(gpus)}, gpus)
-    st.mark_launch(jid, gen, "started", pid_info={"pid": 1})
-    st.set_status(jid, "running", "test")
+    st.launches.mark(jid, gen, "started", pid_info={"pid": 1})
+    st.jobs.set_status(jid, "running", "test")
     return gen
 
 
@@ -256,22 +257,22 @@ def test_the_view_says_why_each_queued_job_waits(tmp_path):
     two = ClusterSpec((NodeGroup("cpu", 2, 2),), "two")
     work = str(tmp_path / "work")
     with Store(tmp_path / "s.db", clock=Clock()) as st:
-        big = st.submit(tiny("big"))
+        big = st.jobs.submit(tiny("big"))
         launch(st, big, ["0:0", "0:1"])
-        after = st.submit(tiny("after", after=[big]))
-        held = st.submit(tiny("held"))
-        st.request_hold(held, "inspect")
-        gone = st.submit(tiny("gone"))
-        st.request_cancel(gone)
-        wide = st.submit(tiny("wide", gpus=4))
-        failed = st.submit(tiny("failed"))
+        after = st.jobs.submit(tiny("after", after=[big]))
+        held = st.jobs.submit(tiny("held"))
+        st.jobs.request_hold(held, "inspect")
+        gone = st.jobs.submit(tiny("gone"))
+        st.jobs.request_cancel(gone)
+        wide = st.jobs.submit(tiny("wide", gpus=4))
+        failed = st.jobs.submit(tiny("failed"))
         gen = launch(st, failed, ["1:0"])
-        st.mark_launch(failed, gen, "failed", reason="boom")
-        st.set_status(failed, "queued", "run failed (1 of 3); resumes from step 0: boom")
-        idle = st.submit(tiny("idle"))
-        a100 = st.submit(tiny("a100", gpu_type="a100"))
-        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
-        late = st.submit(tiny("late"))
+        st.launches.mark(failed, gen, "failed", reason="boom")
+        st.jobs.set_status(failed, "queued", "run failed (1 of 3); resumes from step 0: boom")
+        idle = st.jobs.submit(tiny("idle"))
+        a100 = st.jobs.submit(tiny("a100", gpu_type="a100"))
+        st.rounds.record(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        late = st.jobs.submit(tiny("late"))
         view = state_view(st, work, two)
         waits = {j["id"]: j["waits"] for j in view["jobs"]}
         assert view["queue"] == [after, held, gone, wide, failed, idle, a100, late]
@@ -287,8 +288,8 @@ def test_the_view_says_why_each_queued_job_waits(tmp_path):
                   "grids fits the free GPUs",
             a100: "asks for a100-40gb GPUs, which cluster 'two' lacks (it has cpu)",
             late: "waits for the next round"}
-        st.drain(1, "disk")
-        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        st.nodes.drain(1, "disk")
+        st.rounds.record(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
         waits = {j["id"]: j["waits"] for j in state_view(st, work, two)["jobs"]}
         assert waits[idle] == "no room: every GPU in service is held by other jobs; 2 on drained nodes"
         assert waits[wide] == "no room: it asks for 4 GPUs, 0 free now; 2 on drained nodes"
@@ -324,9 +325,9 @@ def test_a_job_in_the_middle_of_a_move_is_shown_moving_not_queued(tmp_path, path
     from launcher.telemetry import write_progress
     work = tmp_path / "work"
     with Store(tmp_path / "s.db", clock=Clock()) as st:
-        jid = st.submit(tiny("mover"))
+        jid = st.jobs.submit(tiny("mover"))
         gen = launch(st, jid, ["0:0"])
-        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {str(jid): "x"}})
+        st.rounds.record(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {str(jid): "x"}})
         journal = JournaledExecutor(StubMpi(path), st)       # type: ignore[arg-type]
         journal.generation[str(jid)] = gen
         journal.release(str(jid), 0.0)
@@ -341,7 +342,7 @@ def test_a_job_in_the_middle_of_a_move_is_shown_moving_not_queued(tmp_path, path
             write_progress(work / str(jid) / "progress.json", status="stopped", iterations_done=3, steps_total=5)
             assert job_view(st, str(work), jid)["state"] == "queued"
             write_progress(work / str(jid) / "progress.json", status="running", iterations_done=3, steps_total=5)
-        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        st.rounds.record(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
         job = job_view(st, str(work), jid, cluster=CLUSTER)          # a round since: the move is over
         assert (job["state"], job["moving"]) == ("queued", None) and job["waits"].startswith("not placed by round 2")
 
@@ -351,11 +352,11 @@ def test_a_move_is_summed_up_by_one_function_for_the_cli_and_the_page(tmp_path):
     from engine.core.move_ledger import MoveEntry
     from engine.service.views import move_summary
     with Store(tmp_path / "s.db") as st:
-        jid = st.submit(tiny("m"))
+        jid = st.jobs.submit(tiny("m"))
         e = MoveEntry(str(jid), 100.0, False, "cpu:1x1:pp1", "cpu:1x2:pp1", 2.0, 2.1, 3.9, 8.0, 40.0,
                       paid_back_s=30.0)
         e.ended_s, e.end, e.iterations_after = 200.0, "moved again", 260.0
-        st.record_moves([e])
+        st.moves.record([e])
         (m,) = job_view(st, str(tmp_path), jid)["move_ledger"]
     s = m["summary"]
     assert s == move_summary({k: v for k, v in m.items() if k != "summary"})
@@ -375,11 +376,11 @@ def page_jobs(db: Path, work: Path) -> dict[str, int]:
     from engine.service.journal import JournaledExecutor
     from launcher.telemetry import write_progress
     with Store(db, clock=Clock()) as st:
-        mover = st.submit(tiny("mover"), user="alice")
+        mover = st.jobs.submit(tiny("mover"), user="alice")
         gen = launch(st, mover, ["0:0"])
-        runner = st.submit(tiny("runner"), user="operator")
-        waiting = st.submit(tiny("waiting"), user="alice")
-        st.record_round(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
+        runner = st.jobs.submit(tiny("runner"), user="operator")
+        waiting = st.jobs.submit(tiny("waiting"), user="alice")
+        st.rounds.record(policy="arena", trigger="test", solve_time_s=0.1, decisions={"grids": {}})
         journal = JournaledExecutor(StubMpi("d2d"), st)           # type: ignore[arg-type]
         journal.generation[str(mover)] = gen
         journal.release(str(mover), 0.0)
@@ -388,7 +389,7 @@ def page_jobs(db: Path, work: Path) -> dict[str, int]:
         e = MoveEntry(str(runner), time.time() - 300, False, "cpu:1x2:pp1", "cpu:1x4:pp1", 2.0, 2.1, 3.9, 8.0,
                       40.0, paid_back_s=30.0)
         e.ended_s, e.end, e.iterations_after = e.time_s + 100, "moved again", 260.0
-        st.record_moves([e])
+        st.moves.record([e])
     return {"mover": mover, "runner": runner, "waiting": waiting}
 
 

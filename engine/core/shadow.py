@@ -150,7 +150,7 @@ class Shadow:
 
 
 def counts_line(policy: str, c: dict) -> str:
-    """One line for a shadow policy's counts over many rounds (``Store.shadow_counts``)."""
+    """One line for a shadow policy's counts over many rounds (``Store.rounds.shadow_counts``)."""
     share = f"{1 - c['disagreeing'] / c['jobs']:.1%}" if c["jobs"] else "n/a"
     return (f"shadow policy {policy}: asked in {c['rounds']} rounds ({c['failed']} failed); every job's grid the "
             f"same in {c['agreeing']}; same grid for {share} of {c['jobs']} job-rounds")

@@ -276,7 +276,7 @@ def _may_change_job(request: Request, s: Store, job_id: int, what: str) -> None:
     caller: Caller | None = request.scope.get(CALLER)
     if caller is None or caller.admin:
         return
-    owner = s.job(job_id).submitted_by                     # (404 for an unknown job)
+    owner = s.jobs.get(job_id).submitted_by                     # (404 for an unknown job)
     if owner != caller.user:
         by = f"by {owner!r}" if owner is not None else "without a token"
         raise ApiError(403, f"job {job_id} was submitted {by}; only its submitter's token or an admin's may "
@@ -386,11 +386,11 @@ def create_app(ctx: ApiContext):
         spec = spec.with_frozen_model(Path(ctx.work_dir) / "models")
         caller: Caller | None = request.scope.get(CALLER)
         with store() as s:
-            job_id, new = s.submit_once(spec, request.headers.get("idempotency-key"),
+            job_id, new = s.jobs.submit_once(spec, request.headers.get("idempotency-key"),
                                         user=None if caller is None else caller.user)
         if not new:              # the job this key already submitted: 200, as it was
             with store() as s:
-                row = s.job(job_id)
+                row = s.jobs.get(job_id)
             return JSONResponse({"id": job_id, "name": row.name, "status": row.status, "replayed": True})
         ctx.wake()
         return JSONResponse({"id": job_id, "name": spec.name, "status": "queued"}, status_code=201)
@@ -400,7 +400,7 @@ def create_app(ctx: ApiContext):
         if status is not None and status not in JOB_STATUSES:
             return _error(422, f"unknown status {_short(status)}; known: {', '.join(JOB_STATUSES)}", field="status")
         with store() as s:
-            return jobs_view(s, ctx.work_dir, s.jobs(status, last=last), losses=ctx.losses, cluster=ctx.cluster)
+            return jobs_view(s, ctx.work_dir, s.jobs.rows(status, last=last), losses=ctx.losses, cluster=ctx.cluster)
 
     @app.get("/api/jobs/{job_id}")
     def job(job_id: JobId) -> dict:
@@ -411,8 +411,8 @@ def create_app(ctx: ApiContext):
     def cancel(job_id: JobId, request: Request) -> Any:
         with store() as s:
             _may_change_job(request, s, job_id, "cancel")
-            ok = s.request_cancel(job_id)
-            status = s.job(job_id).status
+            ok = s.jobs.request_cancel(job_id)
+            status = s.jobs.get(job_id).status
         if not ok:
             return _error(409, f"job {job_id} has already ended ({status})", field="job_id")
         ctx.wake()
@@ -425,8 +425,8 @@ def create_app(ctx: ApiContext):
             return _error(400, "reason must be a string", field="reason")
         with store() as s:
             _may_change_job(request, s, job_id, "hold")
-            new = s.request_hold(job_id, reason)
-            status = s.job(job_id).status
+            new = s.jobs.request_hold(job_id, reason)
+            status = s.jobs.get(job_id).status
         ctx.wake()
         return {"id": job_id, "hold_requested": True, "already": not new, "status": status}
 
@@ -434,8 +434,8 @@ def create_app(ctx: ApiContext):
     def release(job_id: JobId, request: Request) -> Any:
         with store() as s:
             _may_change_job(request, s, job_id, "release")
-            what = s.release(job_id)
-            status = s.job(job_id).status
+            what = s.jobs.release(job_id)
+            status = s.jobs.get(job_id).status
         ctx.wake()
         return {"id": job_id, "released": what, "status": status}
 
@@ -448,15 +448,15 @@ def create_app(ctx: ApiContext):
             return _error(400, "reason must be a string", field="reason")
         with store() as s:
             _may_change_job(request, s, job_id, "change the priority of")
-            was = s.set_priority(job_id, body["priority"], reason)
-            status = s.job(job_id).status
+            was = s.jobs.set_priority(job_id, body["priority"], reason)
+            status = s.jobs.get(job_id).status
         ctx.wake()
         return {"id": job_id, "priority": float(body["priority"]), "was": was, "status": status}
 
     @app.get("/api/jobs/{job_id}/logs")
     def logs(job_id: JobId, chars: Annotated[int, Query(ge=0, le=MAX_LOG_CHARS)] = 20_000) -> dict:
         with store() as s:
-            s.job(job_id)
+            s.jobs.get(job_id)
             return job_logs(s, ctx.work_dir, job_id, chars)
 
     @app.post("/api/nodes/{node}/drain")
@@ -467,7 +467,7 @@ def create_app(ctx: ApiContext):
             return _error(400, "reason must be a string", field="reason")
         nid = ctx.cluster.node_id(node)
         with store() as s:
-            new = s.drain(nid, reason or "drained by the operator")
+            new = s.nodes.drain(nid, reason or "drained by the operator")
         ctx.wake()
         return {"node": nid, "drained": True, "already": not new}
 
@@ -476,7 +476,7 @@ def create_app(ctx: ApiContext):
         _admin_only(request, "return a node to service")
         nid = ctx.cluster.node_id(node)
         with store() as s:
-            was = s.undrain(nid)
+            was = s.nodes.undrain(nid)
         ctx.wake()
         return {"node": nid, "drained": False, "already": not was}
 
@@ -499,7 +499,7 @@ def create_app(ctx: ApiContext):
     @app.get("/api/shadow")
     def shadow() -> dict:
         with store() as s:
-            return {"shadow_policy": ctx.shadow_policy, "counts": s.shadow_counts()}
+            return {"shadow_policy": ctx.shadow_policy, "counts": s.rounds.shadow_counts()}
 
     @app.get("/api/state")
     def state(ended: Annotated[int, Query(ge=0, le=MAX_ENDED)] = STATE_ENDED_JOBS) -> Any:

@@ -216,11 +216,11 @@ class Service:
         st = self.store
         # what the work folder holds and the database does not know (restored from an older copy)
         ex = self.mpi
-        set_aside_unknown(self.cfg.work_dir, st.last_generations(), self.cfg.stop_timeout_s, self.log,
+        set_aside_unknown(self.cfg.work_dir, st.launches.last_generations(), self.cfg.stop_timeout_s, self.log,
                           alive=lambda: self._alive("recovering"), running=ex.left_running, stop=ex.stop_left)
         open_moves = self._open_moves()       # (read before the launches below are ended)
-        for row in st.jobs():                 # ranks left training by a move the crash interrupted
-            launches = st.launches(row.id)
+        for row in st.jobs.rows():                 # ranks left training by a move the crash interrupted
+            launches = st.launches.rows(row.id)
             if row.status in TERMINAL or not launches or launches[-1].state == "started":
                 continue                      # (a started launch is taken over or stopped below)
             ran = [lch for lch in launches if (lch.pid_info or {}).get("run_dir")]
@@ -229,7 +229,7 @@ class Service:
                 clean = ex.stop_left(ran[-1].pid_info["run_dir"], None, self.cfg.stop_timeout_s)
                 self.log(f"job {row.id}: ranks of launch {ran[-1].generation} were still training (a move "
                          f"the restart interrupted); {'asked to checkpoint and stopped' if clean else 'killed'}")
-        for launch in st.running_launches():
+        for launch in st.launches.active():
             self._alive("recovering")
             jid, gen = launch.job_id, launch.generation
             if self._take_over(launch):
@@ -242,12 +242,12 @@ class Service:
                          f"{'asked to checkpoint and stopped' if clean else 'killed after the grace period'}")
             prog = read_progress(Path(self.cfg.work_dir) / str(jid) / "progress.json") or {}
             if prog.get("status") == "finished":
-                st.mark_launch(jid, gen, "finished" if launch.state == "started" else "failed",
+                st.launches.mark(jid, gen, "finished" if launch.state == "started" else "failed",
                                reason="training had finished while the service was down")
                 self._set_status(jid, "finished", "training finished while the service was down")
                 continue
             ck = int(prog.get("last_checkpoint_step") or 0)
-            st.mark_launch(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
+            st.launches.mark(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
             self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
         if isinstance(ex, SlurmExecutor):     # launches of this service's tag the database has no active launch for
             for found, clean in ex.stop_unknown(self._taken_over, self.cfg.stop_timeout_s):
@@ -255,7 +255,8 @@ class Service:
                          f"is not an active launch in the state database; "
                          f"{'asked to checkpoint and stopped' if clean else 'cancelled after the grace period'}")
         self.end_orphans()
-        rows = [r for r in st.jobs() if r.status in ("queued", "running") and str(r.id) not in self.loop.state.jobs]
+        rows = [r for r in st.jobs.rows()
+                if r.status in ("queued", "running") and str(r.id) not in self.loop.state.jobs]
         deps = self._dep_statuses(rows)
         for row in rows:
             prog = read_progress(Path(self.cfg.work_dir) / str(row.id) / "progress.json") or {}
@@ -264,18 +265,18 @@ class Service:
             elif row.status == "running" or self._ready(row, deps):   # (one waiting for others is left out)
                 self._adopt(row.id, row.spec, row.submitted_at)
         self._resume_moves(open_moves)
-        for node in sorted(set(st.drained()) - set(range(len(self.cluster.nodes())))):
+        for node in sorted(set(st.nodes.drained()) - set(range(len(self.cluster.nodes())))):
             self.log(f"node {node} is drained in the database but cluster {self.cluster.name!r} has no such node; "
                      f"ignored (`arena undrain {node}` clears it)")
         if self.health.threshold:             # the failed runs counted toward a drain before the restart
-            failures = st.node_failures(since=time.time() - self.cfg.failure_window_s)
+            failures = st.nodes.failures(since=time.time() - self.cfg.failure_window_s)
             for node, jid, at in failures:
                 if node < len(self.loop.state.cluster.nodes):
                     self._drain_flagged(self.health.record([node], str(jid), at))
             if failures:
                 self.log(f"{len(failures)} failed run(s) within the last {self.cfg.failure_window_s:g} s count on "
                          f"toward their nodes' drain: {self.health.counts(time.time())}")
-        last = st.rounds(last=1)
+        last = st.rounds.rows(last=1)
         self._round_index = last[0].idx if last else 0
         problems = st.check()
         if problems:
@@ -293,7 +294,7 @@ class Service:
         if not hasattr(ex, "adopt"):
             return False
         st, jid, gen = self.store, launch.job_id, launch.generation
-        row = st.job(jid)
+        row = st.jobs.get(jid)
         info = launch.pid_info or {}
         run_dir = Path(info.get("run_dir") or Path(self.cfg.work_dir) / str(jid) / f"launch_{gen}")
         index = run_dir.name.removeprefix("launch_")
@@ -314,18 +315,18 @@ class Service:
         where = f"Slurm job {info['slurm_job_id']}" if info.get("slurm_job_id") else f"run folder {run_dir.name}"
         if p.running:
             if launch.state == "intent":
-                st.mark_launch(jid, gen, "started", pid_info=self.executor._pid_info(job.job_id))
+                st.launches.mark(jid, gen, "started", pid_info=self.executor._pid_info(job.job_id))
             self._set_status(jid, "running", f"taken over after a restart ({where}, at step {int(p.iterations_done)})")
             self.loop.adopt_running(job, alloc, p.iterations_done, max(time.time(), self.loop.state.now_s))
             self.log(f"job {jid}: launch {gen} ({where}) still runs: taken over at step {int(p.iterations_done)}, "
                      f"nothing relaunched")
         elif p.finished:
-            st.mark_launch(jid, gen, "finished", reason=f"training finished while the service was down ({where})")
+            st.launches.mark(jid, gen, "finished", reason=f"training finished while the service was down ({where})")
             self._set_status(jid, "finished", "training finished while the service was down")
             self.log(f"job {jid}: launch {gen} ({where}) finished while the service was down")
         else:
             ck = int(p.last_checkpoint_iteration)
-            st.mark_launch(jid, gen, "failed", reason=f"ended while the service was down: {str(p.failed)[:1500]}")
+            st.launches.mark(jid, gen, "failed", reason=f"ended while the service was down: {str(p.failed)[:1500]}")
             self._set_status(jid, "queued", f"its run ended while the service was down; resumes from step {ck}: "
                                             f"{str(p.failed)[:300]}")
             self.log(f"job {jid}: launch {gen} ({where}) ended while the service was down: {str(p.failed)[:200]}; "
@@ -355,8 +356,8 @@ class Service:
         job's latest launch ended (or ``nan``: it was active). Read before recovery ends
         the active launches."""
         out: dict[tuple[int, float], float | None] = {}
-        for m in self.store.moves(open_only=True):
-            launches = self.store.launches(m["job_id"])
+        for m in self.store.moves.rows(open_only=True):
+            launches = self.store.launches.rows(m["job_id"])
             last = launches[-1] if launches else None
             active = last is not None and last.state in ("intent", "started")
             there = last is not None and last.plan.get("grid") == m["to_grid"] and last.created_at >= m["at"]
@@ -375,7 +376,7 @@ class Service:
         finished meanwhile, else the checkpoint it resumes from)."""
         led, now = self.loop.moves, time.time()
         carried, ended = [], []
-        for m in self.store.moves(open_only=True):
+        for m in self.store.moves.rows(open_only=True):
             e = MoveEntry(str(m["job_id"]), m["at"], m["forced"], m["from_grid"], m["to_grid"], m["rate_before"],
                           m["est_rate_before"], m["est_rate_after"], m["price_s"], m["iterations_at"],
                           iterations_after=m["iterations_after"], paid_back_s=m["paid_back_s"])
@@ -387,7 +388,7 @@ class Service:
                 carried.append(e.job_id)
                 continue
             prog = read_progress(Path(self.cfg.work_dir) / e.job_id / "progress.json") or {}
-            finished = self.store.job(m["job_id"]).status == "finished"
+            finished = self.store.jobs.get(m["job_id"]).status == "finished"
             done = float((prog.get("iterations_done") if finished else prog.get("last_checkpoint_step")) or 0)
             at = now if finished or stopped_at is None or math.isnan(stopped_at) else max(stopped_at, e.time_s)
             led.closed(e.job_id, at, done, "finished" if finished else "service restarted")
@@ -426,8 +427,8 @@ class Service:
                              file="request", field="model")
 
     def _set_status(self, jid: int, status: str, reason: str) -> None:
-        if self.store.job(jid).status != status:
-            self.store.set_status(jid, status, reason)
+        if self.store.jobs.get(jid).status != status:
+            self.store.jobs.set_status(jid, status, reason)
 
     # ------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -497,7 +498,7 @@ class Service:
             if self._drained() | frozenset(self._slurm_out()) != self.loop.state.cluster.unavailable:
                 self._trigger = "node drained or returned"
                 return True
-            if self.admissions() or self.store.cancel_requests() or self.store.hold_requests():
+            if self.admissions() or self.store.jobs.cancel_requests() or self.store.jobs.hold_requests():
                 self._trigger = "submission, cancel, hold or release"
                 return True
             self._quiet_version = version
@@ -542,7 +543,7 @@ class Service:
                 self._set_status(int(p.job_id), "queued", f"run failed ({r.failures} of {self.cfg.max_failures}); "
                                  f"resumes from step {int(r.iterations_done)}: {str(p.failed)[:300]}")
                 self.log(f"job {p.job_id} run failed ({r.failures}/{self.cfg.max_failures}): {str(p.failed)[:200]}")
-        for jid in self.store.cancel_requests():
+        for jid in self.store.jobs.cancel_requests():
             key = str(jid)
             if key in st.jobs and st.jobs[key].status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.HELD):
                 if st.jobs[key].status is JobStatus.RUNNING:
@@ -606,12 +607,12 @@ class Service:
         """Rows of the jobs queued in the store that the loop has not queued or running (new,
         waiting for others, or released): the ids are polled, only these rows read whole."""
         jobs, held = self.loop.state.jobs, self.loop.state.held
-        ids = [i for i in self.store.job_ids("queued") if (k := str(i)) not in jobs or k in held]
-        return self.store.jobs("queued", ids=ids) if ids else []
+        ids = [i for i in self.store.jobs.ids("queued") if (k := str(i)) not in jobs or k in held]
+        return self.store.jobs.rows("queued", ids=ids) if ids else []
 
     def _dep_statuses(self, rows) -> dict[int, str]:
         """The status of every job that one of ``rows`` runs after, in one query."""
-        return self.store.statuses({d for r in rows for d in (r.spec.get("after") or ())})
+        return self.store.jobs.statuses({d for r in rows for d in (r.spec.get("after") or ())})
 
     @staticmethod
     def _ready(row, deps: dict[int, str]) -> bool:
@@ -640,14 +641,14 @@ class Service:
         then the store holds it. A hold withdrawn in between (``release`` before it was
         carried out) leaves the job queued, in the store and in the loop."""
         st = self.loop.state
-        for jid, reason in self.store.hold_requests():
+        for jid, reason in self.store.jobs.hold_requests():
             key = str(jid)
             rec = st.jobs.get(key)
             if rec is not None and rec.status in (JobStatus.QUEUED, JobStatus.RUNNING):
                 if rec.status is JobStatus.RUNNING:
                     self.executor.stop_reasons[key] = "held by the user"
                 self.loop.hold(key, now)
-            if self.store.hold(jid):
+            if self.store.jobs.hold(jid):
                 self.log(f"job {jid} held" + (f": {reason}" if reason else ""))
             elif rec is not None and rec.status is JobStatus.HELD:
                 self.loop.release(key, now)
@@ -655,7 +656,7 @@ class Service:
     def sync_priorities(self) -> None:
         """Priorities users set since the loop took the jobs (``arena priority``)."""
         jobs = self.loop.state.jobs
-        for jid, prio in self.store.priorities_set().items():
+        for jid, prio in self.store.jobs.priorities_set().items():
             r = jobs.get(str(jid))
             if r is not None and r.status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.HELD) \
                     and r.job.priority != prio:
@@ -667,7 +668,7 @@ class Service:
         back or ended since), to the store."""
         entries = self.loop.moves.entries
         changed = self._moves_open + entries[self._moves_written:]
-        self.store.record_moves(changed)
+        self.store.moves.record(changed)
         self._moves_written = len(entries)
         self._moves_open = [e for e in changed if e.ended_s is None]
 
@@ -675,13 +676,13 @@ class Service:
         """A run that failed on ``nodes`` (not for its shape): stored (a restart counts on
         from it), and counted toward the node's drain (``_drain_flagged``)."""
         if self.health.threshold:
-            self.store.record_node_failure(nodes, int(job_id), now, forget_before=now - self.cfg.failure_window_s)
+            self.store.nodes.record_failure(nodes, int(job_id), now, forget_before=now - self.cfg.failure_window_s)
         self._drain_flagged(self.health.record(nodes, job_id, now))
 
     def _clear_node(self, node: int) -> None:
         """The node's failed runs count afresh (in memory and in the store)."""
         self.health.cleared(node)
-        self.store.clear_node_failures(node)
+        self.store.nodes.clear_failures(node)
 
     def _drain_flagged(self, flagged: list[int]) -> None:
         """Drain each node where runs of ``drain_after_failures`` different jobs failed
@@ -697,12 +698,12 @@ class Service:
                 continue
             reason = (f"auto: runs of {len(jobs)} jobs failed on it within {self.cfg.failure_window_s:g} s "
                       f"(jobs {', '.join(jobs)})")
-            self.store.drain(node, reason)
+            self.store.nodes.drain(node, reason)
             self.log(f"node {node} drained, {reason}; `arena undrain {node}` returns it")
 
     def _drained(self) -> frozenset[int]:
         """The nodes drained in the store that this cluster has (others are logged at recovery)."""
-        return frozenset(n for n in self.store.drained() if n < len(self.loop.state.cluster.nodes))
+        return frozenset(n for n in self.store.nodes.drained() if n < len(self.loop.state.cluster.nodes))
 
     def _slurm_out(self) -> dict[int, str]:
         """Nodes out of service by the last reading of Slurm's state, with why (none off Slurm)."""
@@ -746,7 +747,7 @@ class Service:
 
     def _last_shape(self, job_id: str) -> Shape:
         """The shape of the job's latest launch (from the store)."""
-        plan = self.store.launches(int(job_id))[-1].plan
+        plan = self.store.launches.rows(int(job_id))[-1].plan
         return Shape(plan["gpu_type"], plan["nodes"], plan["gpus_per_node"])
 
     def _record_round(self, ctx: RoundContext, decisions: Decisions, rec: RoundRecord) -> None:
@@ -765,7 +766,7 @@ class Service:
             recorded["shadow"] = rec.shadow.to_dict()
             if rec.shadow.error is not None:
                 self.log(f"shadow policy {rec.shadow.policy} failed this round: {rec.shadow.error}")
-        self.store.record_round(policy=self.policy_name, trigger=self._trigger or "timer",
+        self.store.rounds.record(policy=self.policy_name, trigger=self._trigger or "timer",
                                 solve_time_s=float(rec.decision_time_s if stats.solve_wall_s is None
                                                    else stats.solve_wall_s),
                                 objective=finite(stats.objective), gap=finite(stats.gap),

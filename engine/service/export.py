@@ -27,7 +27,7 @@ def workload(store: Store, label: str) -> tuple[list[Job], Counter]:
     """Every submitted job as a trace job (id ``<service id>-<name>``, arrival = seconds
     after the first submission), and the jobs' live statuses counted. ``label`` names the
     database in errors."""
-    rows = store.jobs()
+    rows = store.jobs.rows()
     if not rows:
         raise InputError("no job was ever submitted to this service", file=label)
     t0 = min(r.submitted_at for r in rows)

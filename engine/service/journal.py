@@ -93,7 +93,7 @@ class JournaledExecutor:
         (called with the new generation): a fresh launch, or the second half of a move
         (``how`` then says how it moved, for the job's history)."""
         jid = int(job_id)
-        gen = self.store.record_launch_intent(jid, plan_record(alloc, plan), gpu_names(alloc))
+        gen = self.store.launches.record_intent(jid, plan_record(alloc, plan), gpu_names(alloc))
         self.generation[job_id] = gen
         self.fault("after-launch-intent")
         try:
@@ -104,7 +104,7 @@ class JournaledExecutor:
                 self._record_checkpoint(job_id, self.mpi.progress(job_id))
             except KeyError:                          # never launched: nothing runs
                 pass
-            self.store.mark_launch(jid, gen, "failed", reason=f"refused before start: {e}")
+            self.store.launches.mark(jid, gen, "failed", reason=f"refused before start: {e}")
             data = isinstance(e, DataFileRefused)     # the job's data file, not the shape: no shape would do
             # Slurm did not answer (``SlurmRefused.transient``): no verdict on the job or its shape
             if not data and not getattr(e, "transient", False):
@@ -113,8 +113,8 @@ class JournaledExecutor:
                                              finished_at_s=now_s, failed=f"launch refused: {e}", final=data,
                                              last_checkpoint_iteration=self.mpi_iterations(job_id)))
             return
-        self.store.mark_launch(jid, gen, "started", pid_info=self._pid_info(job_id))
-        self.store.set_status(jid, "running", f"launch {gen} on {alloc.grid}{how()}")
+        self.store.launches.mark(jid, gen, "started", pid_info=self._pid_info(job_id))
+        self.store.jobs.set_status(jid, "running", f"launch {gen} on {alloc.grid}{how()}")
 
     def _pid_info(self, job_id: str) -> dict:
         """What a restart needs to find the launch's ranks: mpiexec's pid (local), the run
@@ -153,10 +153,10 @@ class JournaledExecutor:
         self._record_checkpoint(job_id, p)
         ck = int(p.last_checkpoint_iteration)
         what = "ranks keep training until the move" if in_place else f"stopped with a checkpoint at step {ck}"
-        if self.store.launches(jid)[-1].state in ("intent", "started"):
-            self.store.mark_launch(jid, gen, "finished", reason=f"{reason}: {what}")
-        if self.store.job(jid).status == "running":
-            self.store.set_status(jid, "queued", f"{reason} (resumes from step {ck})" if not in_place
+        if self.store.launches.rows(jid)[-1].state in ("intent", "started"):
+            self.store.launches.mark(jid, gen, "finished", reason=f"{reason}: {what}")
+        if self.store.jobs.get(jid).status == "running":
+            self.store.jobs.set_status(jid, "queued", f"{reason} (resumes from step {ck})" if not in_place
                                   else f"{reason} ({what})")
 
     def release(self, job_id: str, now_s: float, *, target: Allocation | None = None) -> None:
@@ -201,7 +201,7 @@ class JournaledExecutor:
         it = p.measured_iteration_time_s
         if it is not None and p.running and time.monotonic() - self._measured_at.get(job_id, -1e9) >= MEASURE_EVERY_S:
             self._measured_at[job_id] = time.monotonic()
-            self.store.record_measurement(int(job_id), self.generation[job_id], iteration_time_s=float(it),
+            self.store.launches.record_measurement(int(job_id), self.generation[job_id], iteration_time_s=float(it),
                                           step=int(p.iterations_done), keep=self.keep_measurements)
         return JobProgress(**p.__dict__)
 
@@ -214,9 +214,9 @@ class JournaledExecutor:
             if self._launch_state(jid, gen) not in ("intent", "started"):
                 continue                  # already ended in the store (a launch a restart accounted)
             if p.finished:
-                self.store.mark_launch(jid, gen, "finished", reason="training finished")
+                self.store.launches.mark(jid, gen, "finished", reason="training finished")
             else:
-                self.store.mark_launch(jid, gen, "failed", reason=str(p.failed)[:2000])
+                self.store.launches.mark(jid, gen, "failed", reason=str(p.failed)[:2000])
         refused, self._refused = self._refused, []
         return out + refused
 
@@ -234,7 +234,8 @@ class JournaledExecutor:
 
     # -- helpers -------------------------------------------------------------------
     def _launch_state(self, jid: int, generation: int) -> str | None:
-        return next((lch.state for lch in reversed(self.store.launches(jid)) if lch.generation == generation), None)
+        return next((lch.state for lch in reversed(self.store.launches.rows(jid)) if lch.generation == generation),
+                    None)
 
     def mpi_iterations(self, job_id: str) -> float:
         try:
@@ -251,7 +252,7 @@ class JournaledExecutor:
         while done < len(recs) and (recs[done]["total_s"] is not None or done + 1 < len(recs)):
             r = recs[done]                    # (a move that never reached a step before the next: none)
             if r["total_s"] is not None:
-                self.store.record_measurement(int(job_id), self.generation[job_id], reconfig={
+                self.store.launches.record_measurement(int(job_id), self.generation[job_id], reconfig={
                     "move_total_s": r["total_s"], "device_to_device": float(r["path"] == "d2d"),
                     "bytes_moved": r["bytes_moved"], "state_s": r["state_s"], "drain_stop_s": r["drain_stop_s"]})
             done += 1
@@ -262,7 +263,7 @@ class JournaledExecutor:
         if step > self._checkpoint_seen.get(job_id, 0.0) and job_id in self.generation:
             self._checkpoint_seen[job_id] = step
             try:
-                self.store.record_checkpoint(int(job_id), self.generation[job_id], int(step),
+                self.store.launches.record_checkpoint(int(job_id), self.generation[job_id], int(step),
                                              self.mpi.checkpoint_dir(job_id))
             except (InputError, StateConflict):
                 pass                              # a checkpoint of an older launch: already on record

@@ -126,7 +126,7 @@ def loss_deviation(db_path: str, work_dir: str, submissions: list[Submission], i
                 raise AssertionError(f"{spec['name']}: trained steps {sorted(got)[:3]}...{sorted(got)[-3:]}")
             key = (spec["model"], spec["steps"], spec["global_batch"], spec.get("seed", 0))
             if key not in refs:
-                refs[key] = train_reference(st.job(jid).spec["model"], steps=spec["steps"],
+                refs[key] = train_reference(st.jobs.get(jid).spec["model"], steps=spec["steps"],
                                             global_batch=spec["global_batch"], seed=spec.get("seed", 0))
             ref = refs[key]
             out[spec["name"]] = max(abs(got[i + 1] - ref[i]) for i in range(spec["steps"]))
@@ -315,12 +315,12 @@ def run_scenario(serve_args: list[str], url: str, log_path: Path, submissions: l
 
 # ------------------------------------------------------------------------------ reports
 def _launch_dirs(work_dir: str, job_id: int, store: Store) -> list[Path]:
-    return [d for _, d in run_dirs(work_dir, store.launches(job_id))]
+    return [d for _, d in run_dirs(work_dir, store.launches.rows(job_id))]
 
 
 def step_losses(work_dir: str, job_id: int, store: Store) -> dict[int, float]:
     """Each step's loss as last trained (a step trained again after a restart replaces it)."""
-    points = loss_curve(work_dir, store.launches(job_id))
+    points = loss_curve(work_dir, store.launches.rows(job_id))
     return {p["step"]: p["loss"] for p in points}
 
 
@@ -355,9 +355,9 @@ def job_report(db_path: str, work_dir: str) -> list[dict]:
     status, final loss."""
     with Store(db_path, readonly=True) as st:
         out = []
-        for row in st.jobs():
-            launches = st.launches(row.id)
-            hist = st.history(row.id)
+        for row in st.jobs.rows():
+            launches = st.launches.rows(row.id)
+            hist = st.jobs.history(row.id)
             in_state: dict[str, float] = {}
             for a, b in zip(hist, hist[1:]):
                 in_state[a.to_status] = in_state.get(a.to_status, 0.0) + b.at - a.at
@@ -370,7 +370,8 @@ def job_report(db_path: str, work_dir: str) -> list[dict]:
                         "plans": [f"dp{lch.plan.get('dp')}tp{lch.plan.get('tp')}pp{lch.plan.get('pp')}"
                                   for lch in launches],
                         "steps_lost": steps_lost(work_dir, row.id, st),
-                        "moves_measured": [m.reconfig for m in st.measurements(row.id) if "move_total_s" in m.reconfig],
+                        "moves_measured": [m.reconfig for m in st.launches.measurements(row.id)
+                                           if "move_total_s" in m.reconfig],
                         "seconds_in": {k: round(v, 1) for k, v in in_state.items()},
                         "final_loss": losses[max(losses)] if losses else None})
         return out
@@ -393,7 +394,7 @@ def format_shadow(db_path: str) -> str:
     """The shadow policy's agreement over the run (empty without one)."""
     from engine.core.shadow import counts_line
     with Store(db_path, readonly=True) as st:
-        return "\n".join(counts_line(p, c) for p, c in st.shadow_counts().items())
+        return "\n".join(counts_line(p, c) for p, c in st.rounds.shadow_counts().items())
 
 
 def format_report(rows: list[dict]) -> str:

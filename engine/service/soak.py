@@ -581,7 +581,7 @@ def analyse(run: SoakRun) -> dict:
     accepted = [r for r in keys if r.id is not None]
     mismatched = [{"key": r.key, "ids": sorted(set(r.ids))} for r in accepted if len(set(r.ids)) > 1]
     with Store(run.db, readonly=True) as st:
-        rows = {row.id: row for row in st.jobs()}
+        rows = {row.id: row for row in st.jobs.rows()}
         problems = st.check()
         extra = sorted(set(rows) - {r.id for r in accepted})
         missing, failed, wrong_end, finished_short = [], [], [], []
@@ -609,10 +609,10 @@ def analyse(run: SoakRun) -> dict:
                 if start < saved:
                     before_checkpoint.append({"id": jid, "launch": launch, "resumed_at": start, "saved": saved})
             redone += steps_lost(run.work, jid, st)
-            lch = st.launches(jid)
+            lch = st.launches.rows(jid)
             launches += len(lch)
             moves += sum(1 for x in lch if "moving" in x.reason)
-        rounds = [x for x in st.rounds() if run.started_wall <= x.at <= run.ended_wall]
+        rounds = [x for x in st.rounds.rows() if run.started_wall <= x.at <= run.ended_wall]
         statuses = {s: sum(1 for r in accepted if r.id in rows and rows[r.id].status == s)
                     for s in ("finished", "cancelled", "held", "failed", "queued", "running")}
     # rounds per minute: over whole minutes from the first round

@@ -82,8 +82,8 @@ class Room:
 
     @classmethod
     def read(cls, store: Store, cluster: ClusterSpec) -> Room:
-        held = {g for lch in store.running_launches() for g in lch.gpus}
-        out = store.drained()
+        held = {g for lch in store.launches.active() for g in lch.gpus}
+        out = store.nodes.drained()
         free: dict[str, int] = {}
         drained: dict[str, int] = {}
         for n in cluster.nodes():
@@ -109,23 +109,23 @@ class Pending:
 
     @classmethod
     def read(cls, store: Store, rows: list[JobRow], cluster: ClusterSpec | None = None) -> Pending:
-        last = store.rounds(last=1)
+        last = store.rounds.rows(last=1)
         room = Room.read(store, cluster) if cluster is not None and any(r.status == "queued" for r in rows) else None
-        return cls(frozenset(store.cancel_requests()), frozenset(j for j, _ in store.hold_requests()),
+        return cls(frozenset(store.jobs.cancel_requests()), frozenset(j for j, _ in store.jobs.hold_requests()),
                    {r.id: r.status for r in rows}, last[0] if last else None, room)
 
     def statuses(self, store: Store, ids) -> dict[int, str]:
         """Status of each of ``ids`` (read from the store for one not in the list)."""
         ids = [int(i) for i in ids]
         missing = [i for i in ids if i not in self.status]
-        found = store.statuses(missing) if missing else {}
+        found = store.jobs.statuses(missing) if missing else {}
         return {i: self.status[i] if i in self.status else found[i] for i in ids if i in self.status or i in found}
 
 
 def job_view(store: Store, work_dir: str, job_id: int, *, losses: LossLog | None = None,
              curve_points: int = LOSS_POINTS, cluster: ClusterSpec | None = None) -> dict:
     """One job's view (``cluster``: the service's, for why a queued job waits)."""
-    row = store.job(job_id)
+    row = store.jobs.get(job_id)
     return _job_view(store, work_dir, row, Pending.read(store, [row], cluster), losses or LossLog(), curve_points)
 
 
@@ -140,8 +140,8 @@ def jobs_view(store: Store, work_dir: str, rows: list[JobRow], *, losses: LossLo
 def _job_view(store: Store, work_dir: str, row: JobRow, pending: Pending, losses: LossLog,
               curve_points: int) -> dict:
     job_id = row.id
-    launches = store.launches(job_id)
-    history = store.history(job_id)
+    launches = store.launches.rows(job_id)
+    history = store.jobs.history(job_id)
     prog = read_progress(Path(work_dir) / str(job_id) / "progress.json") or {}
     current = next((lch for lch in reversed(launches) if lch.state in ("intent", "started")), None)
     last = launches[-1] if launches else None
@@ -173,7 +173,7 @@ def _job_view(store: Store, work_dir: str, row: JobRow, pending: Pending, losses
         "launches": len(launches), "moves": moves, "failed_launches": failures,
         "time_in_status_s": in_state,
         "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
-        "move_ledger": [{**m, "summary": move_summary(m)} for m in store.moves(job_id)],
+        "move_ledger": [{**m, "summary": move_summary(m)} for m in store.moves.rows(job_id)],
         "loss": last_loss(work_dir, launches, losses),
         "loss_curve": loss_curve(work_dir, launches, losses, curve_points) if curve_points else [],
         "cancel_requested": row.id in pending.cancel,
@@ -285,10 +285,10 @@ def move_summary(m: dict) -> dict:
 def cluster_view(store: Store, cluster: ClusterSpec) -> dict:
     """Every GPU of the cluster with the job whose active launch holds it (database)."""
     owner: dict[str, int] = {}
-    for lch in store.running_launches():
+    for lch in store.launches.active():
         for g in lch.gpus:
             owner[g] = lch.job_id
-    drained = store.drained()
+    drained = store.nodes.drained()
     nodes = []
     for n in cluster.nodes():
         out = drained.get(n.node_id)
@@ -314,16 +314,16 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict
             lines.append(f"{name}{{{lab}}} {float(value)!r}" if lab else f"{name} {float(value)!r}")
 
     metric("arena_jobs", "gauge", "Jobs by status.",
-           [({"status": s}, n) for s, n in store.status_counts().items()])
+           [({"status": s}, n) for s, n in store.jobs.status_counts().items()])
     held: dict[str, int] = dict.fromkeys(cluster.gpus_by_type(), 0)
-    for lch in store.running_launches():
+    for lch in store.launches.active():
         t = str(lch.plan.get("gpu_type", "unknown"))
         held[t] = held.get(t, 0) + len(lch.gpus)
     metric("arena_gpus", "gauge", "GPUs of the cluster, by type.",
            [({"gpu_type": t}, n) for t, n in cluster.gpus_by_type().items()])
     metric("arena_gpus_held", "gauge", "GPUs held by active launches, by type.",
            [({"gpu_type": t}, n) for t, n in held.items()])
-    drained = store.drained()
+    drained = store.nodes.drained()
     nodes = cluster.nodes()
     metric("arena_nodes_drained", "gauge", "Nodes out of service (arena drain).", [({}, len(drained))])
     metric("arena_gpus_drained", "gauge", "GPUs on drained nodes.",
@@ -332,7 +332,7 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict
         metric("arena_node_failed_jobs", "gauge", "Different jobs whose runs failed on the node within "
                "--failure-window (the service drains it at --drain-after-failures).",
                [({"node": n.node_id}, node_failures.get(n.node_id, 0)) for n in nodes])
-    moves = store.move_counts()
+    moves = store.moves.counts()
     metric("arena_moves_total", "counter",
            "Moves of running jobs: decided by the policy, or forced off a drained node.",
            [({"kind": "decided"}, moves["decided"]), ({"kind": "forced"}, moves["forced"])])
@@ -345,7 +345,7 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict
     metric("arena_moves_paid_back_total", "counter",
            "Of the judged moves, those that have paid for themselves (progress since >= staying's).",
            [({}, moves["paid_back"])])
-    shadow = store.shadow_counts()          # (no series at all without a shadow policy)
+    shadow = store.rounds.shadow_counts()          # (no series at all without a shadow policy)
     for name, key, help_ in () if not shadow else (
             ("arena_shadow_rounds_total", "rounds", "Rounds in which the shadow policy was asked beside the policy."),
             ("arena_shadow_rounds_agreeing_total", "agreeing",
@@ -355,7 +355,7 @@ def metrics_text(store: Store, cluster: ClusterSpec, policy: str, liveness: dict
             ("arena_shadow_jobs_disagreeing_total", "disagreeing",
              "Of those, jobs the shadow policy would have given another grid or left waiting.")):
         metric(name, "counter", help_, [({"shadow_policy": p}, c[key]) for p, c in shadow.items()])
-    last = store.rounds(last=1)
+    last = store.rounds.rows(last=1)
     metric("arena_rounds", "counter", "Scheduling rounds decided so far.",
            [({"policy": policy}, last[0].idx if last else 0)])
     if last:
@@ -378,14 +378,14 @@ def _label(value: object) -> str:
 def rounds_view(store: Store, last: int = 20) -> list[dict]:
     return [{"index": r.idx, "at": r.at, "policy": r.policy, "trigger": r.trigger, "objective": r.objective,
              "gap": r.gap, "solve_time_s": r.solve_time_s, "decisions": r.decisions}
-            for r in store.rounds(last=last)]
+            for r in store.rounds.rows(last=last)]
 
 
 def state_view(store: Store, work_dir: str, cluster: ClusterSpec, *, losses: LossLog | None = None,
                ended: int = STATE_ENDED_JOBS) -> dict:
     """What the page shows: the cluster, every job that has not ended and the ``ended``
     that ended last (``ended_total`` counts them all), the queue and the last rounds."""
-    rows, ended_total = store.page_jobs(ended)
+    rows, ended_total = store.jobs.page(ended)
     jobs = jobs_view(store, work_dir, rows, losses=losses, curve_points=STATE_CURVE_POINTS, cluster=cluster)
     return {"cluster": cluster_view(store, cluster), "jobs": jobs,
             "queue": [j["id"] for j in jobs if j["state"] == "queued"],
@@ -395,7 +395,7 @@ def state_view(store: Store, work_dir: str, cluster: ClusterSpec, *, losses: Los
 
 def job_logs(store: Store, work_dir: str, job_id: int, chars: int = 20_000) -> dict:
     """The latest launch's mpiexec output (stdout and stderr tails)."""
-    launches = store.launches(job_id)
+    launches = store.launches.rows(job_id)
     if not launches:
         return {"id": job_id, "launch": None, "stdout": "", "stderr": ""}
     d = launch_dir(work_dir, launches[-1])

@@ -805,7 +805,7 @@ def run_export_trace(args) -> int:
     out = _check_writable_file(args.out, "--out")
     with Store(args.db, readonly=True) as st:
         jobs, statuses = workload(st, args.db)
-        after = sum(1 for r in st.jobs() if r.spec.get("after"))
+        after = sum(1 for r in st.jobs.rows() if r.spec.get("after"))
     write_trace(jobs, out)
     span = max(j.arrival_s for j in jobs)
     print(f"arena export-trace: {len(jobs)} job(s) over {span:.0f} s of submissions written to {out} (live: "
@@ -825,8 +825,8 @@ def run_backup(args) -> int:
     with Store(args.db, readonly=True) as st:
         st.backup(out)
     with Store(out, readonly=True) as copy:
-        counts = {k: v for k, v in copy.status_counts().items() if v}
-        last = copy.rounds(last=1)
+        counts = {k: v for k, v in copy.jobs.status_counts().items() if v}
+        last = copy.rounds.rows(last=1)
     report = {"db": str(args.db), "out": str(out), "bytes": out.stat().st_size, "schema_version": SCHEMA_VERSION,
               "jobs": counts, "last_round": last[0].idx if last else None, "seconds": time.monotonic() - t0}
     if args.json:
