@@ -82,6 +82,7 @@ PAGE_PATH = "/"                   # the page's HTML: no token needed (a browser 
 CALLER = "arena.caller"           # the request scope's key for its Caller (None: no tokens set)
 
 JobId = Annotated[int, PathParam(ge=1, le=MAX_JOB_ID, description="a job's id")]
+StoreOpener = Callable[[], Store]           # a new connection to the state (create_app's ``store``)
 
 
 @dataclass(frozen=True)
@@ -304,13 +305,32 @@ async def _known_query(request: Request) -> None:
 
 
 def create_app(ctx: ApiContext):
+    """The API and the page over ``ctx``, inside ``_BodyLimit``: ``_guard`` sees every
+    request first, ``_known_query`` checks every route's query parameters, and every error
+    is answered in ``_error``'s shape (``_ERROR_HANDLERS``)."""
     app = FastAPI(title="arena serve", description=__doc__.split("\n\n")[0], docs_url="/api/docs",
                   openapi_url="/api/openapi.json", redoc_url=None, dependencies=[Depends(_known_query)])
 
     def store() -> Store:
         return Store(ctx.db_path)
 
-    @app.middleware("http")
+    app.middleware("http")(_guard(ctx))
+    for kind, handler in _ERROR_HANDLERS:
+        app.exception_handler(kind)(handler)
+    # (the routes in the order of the table above, which is the OpenAPI schema's)
+    _add_health_route(app, ctx)
+    _add_jobs_routes(app, ctx, store)
+    _add_job_action_routes(app, ctx, store)
+    _add_node_routes(app, ctx, store)
+    _add_status_routes(app, ctx, store)
+    return _BodyLimit(app, MAX_BODY_BYTES)
+
+
+def _guard(ctx: ApiContext) -> Callable:
+    """The middleware before every route: a request from a page of another site (or for
+    another host) is refused (403, ``_foreign``); with tokens set, one without a valid
+    token is refused (401) except the page's own HTML, and the caller is kept in the
+    request's scope (``CALLER``) for the routes that check who may change what."""
     async def guard(request: Request, call_next):
         refused = _foreign(request, ctx.local_hosts)
         if refused is not None:
@@ -323,42 +343,52 @@ def create_app(ctx: ApiContext):
                 return _error(401, who, field="token", headers={"WWW-Authenticate": "Bearer"})
             request.scope[CALLER] = who
         return await call_next(request)
+    return guard
 
-    @app.exception_handler(InputError)
-    async def input_error(_request: Request, e: InputError):
-        status = 404 if e.field in ("job_id", "node") else 400
-        return _error(status, e.reason, e.field, e.file)
 
-    @app.exception_handler(StateConflict)
-    async def conflict(_request: Request, e: StateConflict):
-        return _error(409, str(e))
+async def _input_error(_request: Request, e: InputError):
+    status = 404 if e.field in ("job_id", "node") else 400
+    return _error(status, e.reason, e.field, e.file)
 
-    @app.exception_handler(ApiError)
-    async def refused(_request: Request, e: ApiError):
-        return _error(e.status, e.message, e.field)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, e: RequestValidationError):
-        errors = list(e.errors())
-        field, reason = validation_message(errors[0]) if errors else (None, "invalid request")
-        return _error(422, reason, field)
+async def _conflict(_request: Request, e: StateConflict):
+    return _error(409, str(e))
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, e: StarletteHTTPException):
-        path = _short(request.url.path, 120)
-        if e.status_code == 404:
-            message, field = f"no route {request.method} {path} (the routes: /api/docs)", None
-        elif e.status_code == 405:
-            allowed = (e.headers or {}).get("Allow", "")
-            message, field = f"{request.method} is not allowed on {path}; it takes {allowed}", "method"
-        else:
-            message, field = str(e.detail), None
-        return _error(e.status_code, message, field, headers=dict(e.headers or {}))
 
-    @app.exception_handler(Exception)
-    async def internal(_request: Request, e: Exception):       # a bug: still in the shape (and logged)
-        return _error(500, f"internal error ({type(e).__name__}); the service's log has the details")
+async def _refused(_request: Request, e: ApiError):
+    return _error(e.status, e.message, e.field)
 
+
+async def _invalid(_request: Request, e: RequestValidationError):
+    errors = list(e.errors())
+    field, reason = validation_message(errors[0]) if errors else (None, "invalid request")
+    return _error(422, reason, field)
+
+
+async def _http_error(request: Request, e: StarletteHTTPException):
+    path = _short(request.url.path, 120)
+    if e.status_code == 404:
+        message, field = f"no route {request.method} {path} (the routes: /api/docs)", None
+    elif e.status_code == 405:
+        allowed = (e.headers or {}).get("Allow", "")
+        message, field = f"{request.method} is not allowed on {path}; it takes {allowed}", "method"
+    else:
+        message, field = str(e.detail), None
+    return _error(e.status_code, message, field, headers=dict(e.headers or {}))
+
+
+async def _internal(_request: Request, e: Exception):       # a bug: still in the shape (and logged)
+    return _error(500, f"internal error ({type(e).__name__}); the service's log has the details")
+
+
+# every error, raised anywhere in a request, answered in ``_error``'s shape
+_ERROR_HANDLERS: tuple[tuple[type[Exception], Callable], ...] = (
+    (InputError, _input_error), (StateConflict, _conflict), (ApiError, _refused), (RequestValidationError, _invalid),
+    (StarletteHTTPException, _http_error), (Exception, _internal))
+
+
+def _add_health_route(app: FastAPI, ctx: ApiContext) -> None:
+    """``/api/health``: up, or 503 when the scheduler stalled (a supervisor's probe)."""
     @app.get("/api/health")
     def health() -> Any:
         body = {"ok": True, "policy": ctx.policy, "shadow_policy": ctx.shadow_policy, "cluster": ctx.cluster.name,
@@ -373,6 +403,9 @@ def create_app(ctx: ApiContext):
                 return JSONResponse(body, status_code=503)
         return body
 
+
+def _add_jobs_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
+    """``/api/jobs`` (submit, list) and ``/api/jobs/{id}`` (one job)."""
     @app.post("/api/jobs", status_code=201)
     async def submit(request: Request) -> Any:
         body = await _json_body(request, None)
@@ -407,6 +440,10 @@ def create_app(ctx: ApiContext):
         with store() as s:
             return job_view(s, ctx.work_dir, job_id, losses=ctx.losses, cluster=ctx.cluster)
 
+
+def _add_job_action_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
+    """``/api/jobs/{id}/...``: cancel, hold, release, priority (a change: its submitter's
+    or an admin's, ``_may_change_job``; the scheduler carries it out) and logs."""
     @app.post("/api/jobs/{job_id}/cancel")
     def cancel(job_id: JobId, request: Request) -> Any:
         with store() as s:
@@ -459,6 +496,9 @@ def create_app(ctx: ApiContext):
             s.jobs.get(job_id)
             return job_logs(s, ctx.work_dir, job_id, chars)
 
+
+def _add_node_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
+    """``/api/nodes/{node}/drain`` and ``/undrain`` (an admin's, ``_admin_only``)."""
     @app.post("/api/nodes/{node}/drain")
     async def drain(node: str, request: Request) -> Any:
         _admin_only(request, "drain a node")
@@ -480,6 +520,10 @@ def create_app(ctx: ApiContext):
         ctx.wake()
         return {"node": nid, "drained": False, "already": not was}
 
+
+def _add_status_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
+    """What the page, the status commands and monitoring read: ``/api/cluster``,
+    ``/api/rounds``, ``/api/shadow``, ``/api/state``, ``/metrics``, and the page (``/``)."""
     @app.get("/api/cluster")
     def cluster() -> dict:
         with store() as s:
@@ -520,5 +564,3 @@ def create_app(ctx: ApiContext):
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
         return page
-
-    return _BodyLimit(app, MAX_BODY_BYTES)
