@@ -72,7 +72,7 @@ class RoundRecord:
     displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
     repairs: int = 0
     failures: int = 0                # runs that failed since the previous round (live)
-    decision_time_s: float = 0.0
+    decision_time_s: float = 0.0     # the policy's decision, its fallbacks taken included
     context_time_s: float = 0.0      # building the policy's RoundContext
     decided: bool = False            # the policy was called this round
     # over the interval [time_s, next round), filled at the next round:
@@ -254,11 +254,11 @@ class RoundLoop:
             t_dec = time.perf_counter()
             rec.context_time_s = t_dec - t_ctx
             decisions = self.policy.decide(ctx)
-            rec.decision_time_s = time.perf_counter() - t_dec
-            rec.decided = True
             if not isinstance(decisions, Decisions):
                 raise TypeError(f"policy {self.policy.name!r} returned {type(decisions).__name__}, not Decisions")
             decisions = self._settle(decisions)
+            rec.decision_time_s = time.perf_counter() - t_dec      # (its fallbacks taken included)
+            rec.decided = True
             if self.shadow is not None and ctx.jobs:      # (with no job, nothing to compare)
                 rec.shadow = self.shadow.observe(ctx, decisions)
             if self.on_decided is not None:

@@ -23,7 +23,8 @@ the planner's best plan for the GPU type and count it gets.
 What it simplifies: ElasticFlow drops jobs it cannot admit; here they wait (no job is
 ever lost) and jobs whose deadline can no longer be met run best-effort on their
 smallest share after the admitted ones. Capacity uses the same node-shape accounting
-as the MILP, and the engine's placement checks the result.
+as the MILP; the round's placement places the result, taking a job's ranked fallback
+columns (by speedup) where its grid does not fit.
 """
 from __future__ import annotations
 

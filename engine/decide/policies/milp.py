@@ -1,4 +1,5 @@
-"""The one optimizing-policy runner: context -> round data -> model -> solver -> placement.
+"""The one optimizing-policy runner: context -> round data -> model -> solver -> decisions
+with ranked fallback columns (the round's placement takes them where a grid does not fit).
 
 ``arena``, ``sia`` and ``gavel`` are registrations of ``MilpPolicy`` that differ only in
 their ``MilpPolicySpec``: default objective weights and term options, whether they
