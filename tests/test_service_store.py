@@ -291,16 +291,19 @@ WRITER = textwrap.dedent("""
     from engine.service.store import Store
     s = Store(sys.argv[1])
     s.conn.set_progress_handler(lambda: time.sleep(0.0005), 20)
+    def say(line):      # one write per line: with PYTHONUNBUFFERED, print's pieces are writes of their own
+        sys.stdout.write(line + "\\n")
+        sys.stdout.flush()
     def op(kind, fn, *args, **kw):
-        print("begin", kind, flush=True)
+        say(f"begin {kind}")
         out = fn(*args, **kw)
-        print("ok", json.dumps([kind, *args, out], default=lambda o: o.name), flush=True)
+        say("ok " + json.dumps([kind, *args, out], default=lambda o: o.name))
         return out
     for l in s.launches.active():
         op("mark", s.launches.mark, l.job_id, l.generation, "failed", reason="service restarted")
     for j in s.jobs.rows("running"):
         op("status", s.jobs.set_status, j.id, "queued", "service restarted")
-    print("ready", flush=True)
+    say("ready")
     for n in range(10**6):
         j = op("submit", s.jobs.submit, JobSpec(f"j{n}", "tiny-gpt__2L", 8, 20))
         g = op("intent", s.launches.record_intent, j, {"n": n}, [f"n0:{n % 4}", f"n1:{n % 4}"])
