@@ -15,7 +15,7 @@ from .rules import StaleGeneration
 
 
 class Table:
-    """A group of the state database's tables over the store's connection. ``tx()``
+    """A group of the state database's tables over the store's connection. ``_tx()``
     opens one write transaction holding the write lock and yields the time of the change
     (``Store._tx``); every method that changes state is one such transaction."""
 
@@ -45,6 +45,7 @@ class Table:
         if generation != latest[0]:
             raise StaleGeneration(f"job {job_id}: launch {generation} is not the latest ({latest[0]})")
         return latest[1]
+
 
 def id_chunks(ids: Iterable[int], size: int = 900) -> Iterator[tuple[list[int], str]]:
     """Distinct ids in ascending order, in parts under SQLite's limit on a statement's
