@@ -26,8 +26,10 @@ split over two types (so no replicas dropped); at most one job per node in the G
 repair when distributed is not modelled. Placement: goodput_rounds.place. Beyond these,
 the goodput model's perfect profiling (estimators/goodput.py; the artifact's Pollux fits
 its model to what each job ran on). Measured effect, all of them together (not apart;
-each makes this Pollux better than the artifact's): average JCT 20% below Table 3's on
-the 8 Philly workloads (0.80 against 1.0 h; docs/results/2026-12-04-sia-fidelity.md).
+each makes this Pollux better than the artifact's): average JCT 26% below the artifact's
+own Pollux on Philly workload 1 (0.656 against 0.882 h, at the same GPU-hours per job),
+20% below Table 3's over the 8 Philly workloads (0.80 against 1.0 h;
+docs/results/2026-12-04-sia-fidelity.md).
 """
 from __future__ import annotations
 
