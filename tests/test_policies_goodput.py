@@ -173,3 +173,30 @@ def test_sia_with_fitted_estimates_runs_the_fixture_out():
     assert res.summary["jobs_finished_runout"] == len(inst.jobs)
     with pytest.raises(InputError, match="estimates must be one of profiles, fitted"):
         make_policy("sia", estimates="oracle")
+
+
+def test_pollux_with_fitted_estimates_believes_what_each_job_measured_whatever_the_type():
+    inst = load_sia_instance("sia:mini/workload-1", FIXTURE)
+    pol = make_policy("pollux", estimates="fitted")
+    first: dict[tuple, tuple] = {}
+    checked = []
+
+    def decide(ctx, inner=pol.decide):
+        d = inner(ctx)
+        for jid, rec in pol.seen.jobs.items():
+            union = {k for t in rec.points for k in rec.points[t]}
+            assert set(rec.blind) == union               # every point measured, on any type
+            for k, p in rec.blind.items():
+                assert first.setdefault((jid, k), p) == p    # the first measurement kept
+            checked.append(len(rec.blind))
+        return d
+
+    pol.decide = decide
+    res = simulate(inst, pol, perf=goodput_perf(None, None, None, inst.oracle), reconfig=reconfig_for(inst, {}),
+                   run_out=True, iteration_noise_cv=0.0)
+    assert res.summary["jobs_finished_runout"] == len(inst.jobs)
+    assert max(checked) >= 2
+    _, _, profiles = _run("pollux")
+    assert [j.jct_s for j in res.jobs] != [j.jct_s for j in profiles.jobs]   # it decides from the fit
+    with pytest.raises(InputError, match="estimates must be one of profiles, fitted"):
+        make_policy("pollux", estimates="oracle")

@@ -87,6 +87,9 @@ class JobRecord:
     # the gradient statistics (sqr, var) it last measured (recorded when ``Seen`` has a world)
     points: dict[str, dict[tuple[int, int, int], tuple[float, float]]] = field(default_factory=dict)
     grad: tuple[float, float] | None = None
+    # the same points whatever the GPU type, the first measured at each (nodes, replicas,
+    # per-GPU batch) kept: what a heterogeneity-unaware job's profile holds (the artifact's)
+    blind: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
 
 
 class Seen:
@@ -126,6 +129,7 @@ class Seen:
         ss = app.step_sync(placement, cfg[0])
         if ss is not None:
             rec.points.setdefault(shape.gpu_type, {})[(shape.num_nodes, shape.num_gpus, cfg[0])] = ss
+            rec.blind.setdefault((shape.num_nodes, shape.num_gpus, cfg[0]), ss)
         rec.grad = app.curves.grad_stats(sum(placement) * cfg[0] * (cfg[1] + 1), epoch)
 
 

@@ -15,21 +15,33 @@ type: here its belief for a configuration is the mean over the GPU types of the 
 true goodput there (the artifact fits one throughput model to every run of the job,
 whatever the type).
 
-The artifact searches the allocations with a genetic algorithm (NSGA-II, 100 generations
-of 100) over replicas per node and then drops a job's replicas that landed on a second
-GPU type. This is an exact reformulation instead: maximizing the power mean with ``p <
+Search (option ``search``). ``exact`` (the default): maximizing the power mean with ``p <
 0`` is minimizing ``sum_j (s_j + 1e-3) ** p``, separable per job over its candidate
 configurations (one GPU type each: 1, 2, 4 GPUs on one node, then whole nodes, at most
 16 GPUs), solved as one MILP (HiGHS) under the GPUs per type; an unscheduled job costs
-``1e-3 ** p``. Differences: the optimum where the GA finds a good solution; never a job
-split over two types (so no replicas dropped); at most one job per node in the GA's
-repair when distributed is not modelled. Placement: goodput_rounds.place. Beyond these,
-the goodput model's perfect profiling (estimators/goodput.py; the artifact's Pollux fits
-its model to what each job ran on). Measured effect, all of them together (not apart;
-each makes this Pollux better than the artifact's): average JCT 26% below the artifact's
-own Pollux on Philly workload 1 (0.656 against 0.882 h, at the same GPU-hours per job),
-20% below Table 3's over the 8 Philly workloads (0.80 against 1.0 h;
-docs/results/2026-12-04-sia-fidelity.md).
+``1e-3 ** p``; placement: goodput_rounds.place. ``ga``: the artifact's own search, a
+genetic algorithm (NSGA-II, ``generations`` x ``population``, 100 x 100) over replicas
+per 4-GPU virtual node (pollux_ga.py), after which a job's replicas on a second GPU type
+are dropped (vnodes.py); a job's speedup on ``r`` replicas over ``n`` virtual nodes is
+believed as ``r`` spread evenly over ``n``. Where that leaves an asymmetric placement
+(3 + 1 GPUs), ours runs the largest symmetric part of it (3 on one node).
+
+Belief (option ``estimates``). ``profiles`` (the default): the mean over the GPU types of
+the job's true goodput there (perfect profiling). ``fitted``: Pollux's throughput model
+fitted to every point the job measured, whatever the type (the first measurement at
+each nodes x replicas x per-GPU batch kept), with the gradient statistics it last
+measured, as the artifact's Pollux believes; a job without a measurement has a linear
+speedup.
+
+``pollux-artifact`` is ``search=ga, estimates=fitted``: the Pollux Sia was measured
+against. Measured effect of each on the 8 Philly workloads (average JCT, mean over the
+workloads; docs/results/2026-12-05-pollux-differences.md): ``pollux`` 0.80 h; with
+``estimates=fitted`` 0.83 h (+4%); with ``search=ga`` 0.96 h (+20%: on workload 1 a
+third of the GPUs the search gives are on a job's second type and dropped); both
+(``pollux-artifact``) 0.97 h, against Table 3's 1.0 h and the artifact's own Pollux's
+0.88 h on workload 1 (ours 0.82 h there). Not measured: our jobs choose their batch by
+their true goodput (the artifact's unaware jobs choose it with their type-blind fitted
+model). The symmetric rounding above drops 0.7% of the GPUs left (workload 1).
 """
 from __future__ import annotations
 
@@ -47,26 +59,61 @@ from instances.goodput import ADAPTIVE, GoodputJob
 from instances.grid import Shape
 
 from .goodput_rounds import Seen, free_gpus, goodput_model, goodput_round, job_of, place, progress_of, solve_assignment
+from .pollux_ga import GaProblem, search
 from .sia_goodput import _float
+from .vnodes import VirtualNodes
 
-OPTIONS = ("p", "restart_delay_s", "max_replicas", "max_replicas_factor", "time_limit_s", "rel_gap")
+OPTIONS = ("p", "restart_delay_s", "max_replicas", "max_replicas_factor", "time_limit_s", "rel_gap", "search",
+           "generations", "population", "estimates")
+SEARCHES = ("exact", "ga")
+ESTIMATES = ("profiles", "fitted")
 POLLUX_EPS = 1e-3                  # the artifact's offset of a speedup in the power mean
 POLLUX_RESTART_S = 30.0            # the artifact's restart delay in the restart factor
 VNODE_GPUS = 4                     # the artifact's virtual node (its smallest node size)
+VNODE_MAX_NODES = 16               # the artifact's search: at most this many virtual nodes per job
+
+
+def _num(policy: str, cfg: dict, key: str, default: float, lo: float, hi: float) -> float:
+    v = _float(policy, cfg, key, default, lo, hi)
+    assert v is not None                # a default is given
+    return v
+
+
+def _int(policy: str, cfg: dict, key: str, default: int, lo: int, hi: int) -> int:
+    v = cfg.get(key, default)
+    try:
+        n = None if isinstance(v, bool) or float(v) != int(float(v)) else int(float(v))
+    except (TypeError, ValueError, OverflowError):
+        n = None
+    if n is None or not lo <= n <= hi:
+        raise InputError(f"policy {policy!r}: {key} must be an integer in [{lo}, {hi}], got {v!r}", field=key)
+    return n
 
 
 class Pollux(Policy):
     def __init__(self, name: str = "pollux", **cfg: Any):
         refuse_unknown_options(name, cfg, OPTIONS)
         self.name = name
-        self.p = _float(name, cfg, "p", -1.0, -10.0, 10.0)
+        self.p = _num(name, cfg, "p", -1.0, -10.0, 10.0)
         if self.p == 0:
             raise InputError(f"policy {name!r}: p must not be 0", field="p")
-        self.restart_s = _float(name, cfg, "restart_delay_s", POLLUX_RESTART_S, 0.0, 1e6)
+        self.restart_s = _num(name, cfg, "restart_delay_s", POLLUX_RESTART_S, 0.0, 1e6)
         self.max_replicas = _float(name, cfg, "max_replicas", None, 1.0, 1e6)
-        self.factor = _float(name, cfg, "max_replicas_factor", 2.0, 0.0, 1e6)
-        self.time_limit_s = _float(name, cfg, "time_limit_s", 60.0, 0.01, 1e6)
-        self.rel_gap = _float(name, cfg, "rel_gap", 1e-4, 0.0, 1.0)
+        self.factor = _num(name, cfg, "max_replicas_factor", 2.0, 0.0, 1e6)
+        self.time_limit_s = _num(name, cfg, "time_limit_s", 60.0, 0.01, 1e6)
+        self.rel_gap = _num(name, cfg, "rel_gap", 1e-4, 0.0, 1.0)
+        self.search = str(cfg.get("search", "exact"))
+        if self.search not in SEARCHES:
+            raise InputError(f"policy {name!r}: search must be one of {', '.join(SEARCHES)}, got {self.search!r}",
+                             field="search")
+        self.generations = _int(name, cfg, "generations", 100, 1, 100_000)
+        self.population = _int(name, cfg, "population", 100, 2, 100_000)
+        self.estimates = str(cfg.get("estimates", "profiles"))
+        if self.estimates not in ESTIMATES:
+            raise InputError(f"policy {name!r}: estimates must be one of {', '.join(ESTIMATES)}, got "
+                             f"{self.estimates!r}", field="estimates")
+        self._fits: dict[tuple[str, int], np.ndarray] = {}
+        self._ga_last: tuple[list[str], list[tuple[int, int]], np.ndarray] | None = None
         self.seen = Seen()
         self._placer: Placer | None = None
         self._belief: dict = {}
@@ -78,61 +125,90 @@ class Pollux(Policy):
             raise InputError(f"policy {self.name!r} decides only the Sia artifact's adaptive-batch goodput jobs "
                              "(--instance sia:TRACE/WORKLOAD)", field="--policy")
         t0 = time.perf_counter()
-        model = goodput_model(ctx)
-        world = model.world
-        self.seen.update(ctx)
-        gpn = {g.gpu_type: g.gpus_per_node for g in ctx.cluster.groups}
-        types = list(dict.fromkeys(g.gpu_type for g in ctx.cluster.groups))
-        free = free_gpus(ctx, types)
-        total = sum(free.values())
-        cfg = world.config
-        cap = int(self.max_replicas) if self.max_replicas is not None else min(
-            cfg.gpus_per_node[c] * min(cfg.nodes[c], cfg.max_physical_nodes[c]) for c in cfg.nodes)
-        views = list(ctx.jobs)
-        fair = math.ceil(total / len(views))
-        scale = (total / VNODE_GPUS) / total             # dominant share x number of virtual nodes
-        configs = {t: [s for s in self._configs(t, gpn[t]) if s.num_gpus <= cap] for t in types}
+        self.seen.update(ctx, goodput_model(ctx).world if self.estimates == "fitted" else None)
+        r = _Round(self, ctx)
+        if self.search == "ga":
+            dec, n_cols = self._decide_ga(ctx, r), 0
+        else:
+            dec, n_cols = self._decide_exact(ctx, r)
+        stats = DecisionStats(jobs=len(r.views), columns=n_cols, decide_time_s=time.perf_counter() - t0,
+                              placement_dropped=tuple(j for j in r.wanted if j not in dec.grids))
+        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, stats=stats)
+
+    def _decide_exact(self, ctx: RoundContext, r: _Round) -> tuple[Decisions, int]:
+        configs = {t: [s for s in self._configs(t, r.gpn[t]) if s.num_gpus <= r.cap] for t in r.types}
         cols: list[tuple[int, str, Shape]] = []
         cost: list[float] = []
-        for j, v in enumerate(views):
-            job = job_of(v)
-            rec = self.seen.jobs[v.job_id]
-            aws = world.on(job.application, types[0])
-            prof = max(rec.profiled.values(), default=0)
-            limit = min(max(int(self.factor * prof), 1), cap, aws.max_batch // aws.min_local_bsz)
-            prog = progress_of(v)
-            # the goodput on a fair share (at most what its batch limits allow: the artifact's
-            # fitted model extrapolates there, the profiles cannot)
-            base = self._believed(world, job, min(fair, aws.max_batch // aws.min_local_bsz), prog, types, gpn) \
-                if prof else None
-            if base is not None and not base > 0:
-                base = self._believed(world, job, 1, prog, types, gpn)
-            age = ctx.now_s - job.arrival_s
-            f = max(age - v.reconfigurations * self.restart_s, 0.0) / (age + self.restart_s)
+        for j, v in enumerate(r.views):
             cur = v.current.grid if v.current is not None else None
-            for t in types:
+            for t in r.types:
                 for s in configs[t]:
-                    if s.num_gpus > limit and not (cur is not None and cur.shape == s):
+                    if s.num_gpus > r.limit[j] and not (cur is not None and cur.shape == s):
                         continue
-                    if base is None:
-                        sp = s.num_gpus / fair                   # never run: linear speedup
-                    else:
-                        g = self._believed(world, job, s.num_gpus, prog, types, gpn)
-                        sp = g / base if base > 0 else 0.0
-                    sp *= scale
+                    sp = r.speedup(j, s.num_gpus) * r.scale
                     if cur is None or cur.shape != s:
-                        sp *= f
+                        sp *= r.restart[j]
                     cols.append((j, t, s))
                     cost.append((sp + POLLUX_EPS) ** self.p - POLLUX_EPS ** self.p)
-        chosen = solve_assignment(len(views), types, cols, np.array(cost), [], free, self.time_limit_s,
+        chosen = solve_assignment(len(r.views), r.types, cols, np.array(cost), [], r.free, self.time_limit_s,
                                   self.rel_gap, self.name)
-        wanted = {views[cols[k][0]].job_id: cols[k][2] for k in chosen}
+        r.wanted = {r.views[cols[k][0]].job_id: cols[k][2] for k in chosen}
         if self._placer is None or self._placer.spec is not ctx.cluster:
             self._placer = Placer(ctx.cluster)
-        dec = place(ctx, self._placer, wanted, {jid: ADAPTIVE for jid in wanted}, [v.job_id for v in views])
-        stats = DecisionStats(jobs=len(views), columns=len(cols), decide_time_s=time.perf_counter() - t0,
-                              placement_dropped=tuple(j for j in wanted if j not in dec.grids))
-        return Decisions(grids=dec.grids, placements=dec.placements, plans=dec.plans, stats=stats)
+        dec = place(ctx, self._placer, r.wanted, {jid: ADAPTIVE for jid in r.wanted}, [v.job_id for v in r.views])
+        return dec, len(cols)
+
+    def _decide_ga(self, ctx: RoundContext, r: _Round) -> Decisions:
+        """The artifact's search (pollux_ga.py) over its virtual nodes, then its repair:
+        a job's replicas on a second GPU type dropped, and here also the GPUs beyond the
+        largest symmetric shape within what is left (our placements are symmetric)."""
+        vn = VirtualNodes.of(ctx, VNODE_GPUS)
+        order = sorted(range(len(r.views)), key=lambda j: (r.views[j].attained_gpu_s, job_of(r.views[j]).arrival_s))
+        views = [r.views[j] for j in order]
+        base = np.zeros((len(views), len(vn.keys)), dtype=np.int64)
+        for i, v in enumerate(views):
+            for gpu in (v.current.gpus if v.current is not None else ()):
+                base[i, vn.index[vn.key_of(gpu)]] += 1
+        max_rep = np.array([max(r.limit[j], int(base[i].sum())) for i, j in enumerate(order)])
+        table = np.full((len(views), int(max_rep.max()) + 1, int(max_rep.max()) + 1), np.nan)
+        table[:, :, 0] = 0.0
+
+        def speedup(jobs: np.ndarray, nodes: np.ndarray, reps: np.ndarray) -> np.ndarray:
+            vals = table[jobs, nodes, reps]
+            for i, n, k in set(zip(*(a[np.isnan(vals)].tolist() for a in (jobs, nodes, reps)))):
+                table[i, n, k] = r.speedup(order[i], k, n)
+            return table[jobs, nodes, reps]
+
+        problem = GaProblem(base=base, max_replicas=max_rep, capacity=vn.capacity, speedup=speedup,
+                            restart=np.array([r.restart[j] for j in order]), scale=r.scale, p=self.p,
+                            max_nodes=VNODE_MAX_NODES)
+        ids = [v.job_id for v in views]
+        rng = np.random.default_rng([ctx.seed, ctx.round_index])
+        best, last = search(problem, self._ga_start(ids, vn.keys, base), rng, self.generations, self.population)
+        self._ga_last = (ids, vn.keys, last)
+        wanted = {}
+        for i, v in enumerate(views):
+            kept = vn.one_type(best[i])
+            if kept:
+                wanted[v.job_id] = kept
+        r.wanted = {jid: vn.shape_of(k) for jid, k in wanted.items()}
+        return vn.pin(ctx, views, base, best, wanted)
+
+    def _ga_start(self, ids: list[str], keys: list[tuple[int, int]], base: np.ndarray) -> np.ndarray:
+        """The previous round's last population on this round's jobs and nodes (new jobs
+        at zero); the current allocation alone in the first round."""
+        if self._ga_last is None:
+            return base[None]
+        prev_ids, prev_keys, prev = self._ga_last
+        out = np.zeros((len(prev), *base.shape), dtype=np.int64)
+        rows = {jid: i for i, jid in enumerate(prev_ids)}
+        cols = {k: i for i, k in enumerate(prev_keys)}
+        src_j = [rows[j] for j in ids if j in rows]
+        dst_j = [i for i, j in enumerate(ids) if j in rows]
+        src_v = [cols[k] for k in keys if k in cols]
+        dst_v = [i for i, k in enumerate(keys) if k in cols]
+        out[np.ix_(range(len(prev)), dst_j, dst_v)] = prev[np.ix_(range(len(prev)), src_j, src_v)]
+        return out
 
     @staticmethod
     def _configs(t: str, gpn: int) -> list[Shape]:
@@ -147,15 +223,21 @@ class Pollux(Policy):
         return out
 
     def _believed(self, world, job: GoodputJob, gpus: int, progress: float, types: list[str],
-                  gpn: dict[str, int]) -> float:
-        """The type-blind goodput of ``gpus`` GPUs on virtual nodes: the mean over GPU types."""
+                  gpn: dict[str, int], vnodes: int | None = None) -> float:
+        """The type-blind goodput of ``gpus`` GPUs spread evenly over ``vnodes`` virtual
+        nodes (default: as few as hold them), the virtual nodes merged into the type's
+        nodes where they fit: the mean over the GPU types."""
         epoch = world.curves(job.application).epoch_of(progress)
-        key = (job.job_id, gpus, epoch)
+        key = (job.job_id, gpus, vnodes, epoch)
         if key in self._belief:
             return self._belief[key]
+        if vnodes is None:
+            per = [VNODE_GPUS] * (gpus // VNODE_GPUS) + ([gpus % VNODE_GPUS] if gpus % VNODE_GPUS else [])
+        else:
+            q, extra = divmod(gpus, vnodes)
+            per = [q + 1] * extra + [q] * (vnodes - extra)
         rates = []
         for t in types:
-            per = [VNODE_GPUS] * (gpus // VNODE_GPUS) + ([gpus % VNODE_GPUS] if gpus % VNODE_GPUS else [])
             nodes: list[int] = []                        # virtual nodes merged into the type's nodes
             for x in per:
                 if nodes and nodes[-1] + x <= gpn[t]:
@@ -172,7 +254,93 @@ class Pollux(Policy):
         return g
 
 
+class _Round:
+    """What both searches share in one round: each job's replica limit, its restart
+    factor and its believed speedups (module doc)."""
+
+    def __init__(self, policy: Pollux, ctx: RoundContext):
+        self.policy = policy
+        self.world = world = goodput_model(ctx).world
+        self.gpn = {g.gpu_type: g.gpus_per_node for g in ctx.cluster.groups}
+        self.types = list(dict.fromkeys(g.gpu_type for g in ctx.cluster.groups))
+        self.free = free_gpus(ctx, self.types)
+        total = sum(self.free.values())
+        cfg = world.config
+        self.cap = int(policy.max_replicas) if policy.max_replicas is not None else min(
+            cfg.gpus_per_node[c] * min(cfg.nodes[c], cfg.max_physical_nodes[c]) for c in cfg.nodes)
+        self.views = list(ctx.jobs)
+        self.fitted = policy.estimates == "fitted"
+        self.fair = math.ceil(total / len(self.views))
+        self.scale = (total / VNODE_GPUS) / total             # dominant share x number of virtual nodes
+        self.limit: list[int] = []
+        self.restart: list[float] = []
+        self.base: list[float | None] = []
+        self.progress: list[float] = []
+        self.wanted: dict[str, Shape] = {}
+        for v in self.views:
+            job = job_of(v)
+            rec = policy.seen.jobs[v.job_id]
+            aws = world.on(job.application, self.types[0])
+            prof = max(rec.profiled.values(), default=0)
+            self.limit.append(min(max(int(policy.factor * prof), 1), self.cap, aws.max_batch // aws.min_local_bsz))
+            prog = progress_of(v)
+            self.progress.append(prog)
+            if self.fitted:
+                # the fitted model's goodput on a fair share on one node (the artifact's)
+                base = self._fitted(len(self.base), self.fair, 1) if rec.blind and rec.grad is not None else None
+            else:
+                # the goodput on a fair share (at most what its batch limits allow: the artifact's
+                # fitted model extrapolates there, the profiles cannot)
+                base = self._believed(len(self.base), min(self.fair, aws.max_batch // aws.min_local_bsz)) \
+                    if prof else None
+            if base is not None and not base > 0:
+                base = self._believed(len(self.base), 1) if not self.fitted else self._fitted(len(self.base), 1, 1)
+            self.base.append(base)
+            age = ctx.now_s - job.arrival_s
+            self.restart.append(max(age - v.reconfigurations * policy.restart_s, 0.0) / (age + policy.restart_s))
+
+    def _believed(self, j: int, gpus: int, vnodes: int | None = None) -> float:
+        return self.policy._believed(self.world, job_of(self.views[j]), gpus, self.progress[j], self.types,
+                                     self.gpn, vnodes)
+
+    def _fitted(self, j: int, gpus: int, nodes: int) -> float:
+        """Pollux's throughput model fitted to every point the job measured whatever the
+        GPU type, with the gradient statistics it last measured (``estimates=fitted``)."""
+        from estimators.goodput import fit_throughput, fitted_goodput
+        v = self.views[j]
+        rec = self.policy.seen.jobs[v.job_id]
+        if not rec.blind or rec.grad is None:
+            return 0.0
+        key = (v.job_id, len(rec.blind))
+        params = self.policy._fits.get(key)
+        if params is None:
+            if len(self.policy._fits) > 10_000:
+                self.policy._fits.clear()
+            params = self.policy._fits[key] = fit_throughput([(*k, *p) for k, p in rec.blind.items()])
+        app = self.world.on(job_of(v).application, self.types[0])    # the artifact's 'aws' application
+        return fitted_goodput(params, rec.grad, app.init_batch, nodes, gpus, app.max_batch, app.min_local_bsz,
+                              app.max_local_bsz)
+
+    def speedup(self, j: int, gpus: int, vnodes: int | None = None) -> float:
+        """Job ``j``'s believed speedup on ``gpus`` GPUs (over ``vnodes`` virtual nodes)."""
+        base = self.base[j]
+        if base is None:
+            return gpus / self.fair                              # never run: linear speedup
+        if self.fitted:
+            g = self._fitted(j, gpus, vnodes if vnodes is not None else -(-gpus // VNODE_GPUS))
+        else:
+            g = self._believed(j, gpus, vnodes)
+        return g / base if base > 0 else 0.0
+
+
 @register_policy("pollux")
 def make_pollux(**config: Any) -> Pollux:
     """Pollux on the Sia artifact's goodput jobs (engine/decide/policies/pollux.py)."""
     return Pollux("pollux", **config)
+
+
+@register_policy("pollux-artifact")
+def make_pollux_artifact(**config: Any) -> Pollux:
+    """``pollux`` as the Sia artifact runs it: its genetic search and its type-blind
+    fitted belief (``search=ga``, ``estimates=fitted``; either can be overridden)."""
+    return Pollux("pollux-artifact", **{"search": "ga", "estimates": "fitted", **config})
