@@ -6,7 +6,8 @@ minimized: the negated power mean of the jobs' scaled speedups (Pollux's objecti
 the negated cluster utility (each job's speedup per replica, weighted by its share of the
 GPUs on the nodes in use). The search is NSGA-II: a population of ``population``
 solutions evolves for ``generations`` generations; parents are picked by binary
-tournament on (non-dominated front, crowding distance); two parents give two children by
+tournament on (non-dominated front, crowding distance), Deb's rule (pymoo 0.4 compares
+the two by dominance, then crowding); two parents give two children by
 a one-point crossover over the jobs; children mutate (a job reset to its current
 allocation, a job's replicas zeroed here and there, replicas raised on nodes with free
 GPUs) and are repaired to be feasible (at most one job spread over several nodes on each
