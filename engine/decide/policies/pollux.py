@@ -59,6 +59,7 @@ from instances.goodput import ADAPTIVE, GoodputJob
 from instances.grid import Shape
 
 from .goodput_rounds import Seen, free_gpus, goodput_model, goodput_round, job_of, place, progress_of, solve_assignment
+from .milp import _number
 from .pollux_ga import GaProblem, search
 from .sia_goodput import _float
 from .vnodes import VirtualNodes
@@ -79,17 +80,6 @@ def _num(policy: str, cfg: dict, key: str, default: float, lo: float, hi: float)
     return v
 
 
-def _int(policy: str, cfg: dict, key: str, default: int, lo: int, hi: int) -> int:
-    v = cfg.get(key, default)
-    try:
-        n = None if isinstance(v, bool) or float(v) != int(float(v)) else int(float(v))
-    except (TypeError, ValueError, OverflowError):
-        n = None
-    if n is None or not lo <= n <= hi:
-        raise InputError(f"policy {policy!r}: {key} must be an integer in [{lo}, {hi}], got {v!r}", field=key)
-    return n
-
-
 class Pollux(Policy):
     def __init__(self, name: str = "pollux", **cfg: Any):
         refuse_unknown_options(name, cfg, OPTIONS)
@@ -106,8 +96,8 @@ class Pollux(Policy):
         if self.search not in SEARCHES:
             raise InputError(f"policy {name!r}: search must be one of {', '.join(SEARCHES)}, got {self.search!r}",
                              field="search")
-        self.generations = _int(name, cfg, "generations", 100, 1, 100_000)
-        self.population = _int(name, cfg, "population", 100, 2, 100_000)
+        self.generations = int(_number(name, cfg, "generations", 100, int, 1, 100_000))
+        self.population = int(_number(name, cfg, "population", 100, int, 2, 100_000))
         self.estimates = str(cfg.get("estimates", "profiles"))
         if self.estimates not in ESTIMATES:
             raise InputError(f"policy {name!r}: estimates must be one of {', '.join(ESTIMATES)}, got "
