@@ -4,6 +4,7 @@
 held by other jobs, and every bad input as a clear error."""
 import json
 import re
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -206,10 +207,12 @@ def test_discovery_on_a_real_cluster(slurm_cluster):
                                 "-o", "/dev/null", "--wrap", "sleep 60").stdout.strip())
     slurm_cluster.run("scontrol", "update", "nodename=n3", "state=drain", "reason=maintenance")
     try:
-        for _ in range(100):
+        deadline = time.monotonic() + 60        # until slurmctld has started the job (its scheduler's pace)
+        while True:
             v = discover(cmds)
-            if v.unusable_slots():
+            if v.unusable_slots() or time.monotonic() > deadline:
                 break
+            time.sleep(0.2)
         assert v.unusable_slots() == {"n1": 1}
         assert v.out_of_service() == {"n3": "drained (maintenance)"}
         jobs = list_jobs(cmds, [job])
