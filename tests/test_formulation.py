@@ -264,3 +264,106 @@ def test_rows_kept_across_rounds_are_taken_as_they_are_only_while_their_inputs_s
     assert pinned.A is not first.A and pinned.row_lb.max() == 1.0
     one, two = (build_model(data, arena, max_moves=k, memo=memo) for k in (1, 2))
     assert two.A is not one.A and (one.row_ub[-1], two.row_ub[-1]) == (1.0, 2.0)
+
+
+def _held_round(node_size: int, nodes: int, running: list[tuple[int, int]], queued: list[list[tuple[int, float]]],
+                on_nodes: list[int] | None = None):
+    """A one-type round (``node_size`` GPUs x ``nodes``) whose running jobs hold one
+    single-node chunk each (``running``: (GPUs, throughput)), placed by the engine's
+    placer (or on the lowest GPUs of the nodes ``on_nodes`` names, one per job); every
+    running job has a column per single-node power-of-two shape, every queued one the
+    (GPUs, throughput) columns ``queued`` gives. Returns the round data with ``held``,
+    the placer and the running jobs' allocations."""
+    from dataclasses import replace
+
+    from engine.core.placement import Placer
+    from engine.decide.formulation.round_data import held_on_nodes
+    spec = ClusterSpec((NodeGroup("a100", nodes, node_size),))
+    placer = Placer(spec)
+    if on_nodes is None:
+        current = dict(placer.place({f"r{i}": Grid(Shape("a100", 1, m)) for i, (m, _) in enumerate(running)},
+                                    {}).allocations)
+    else:
+        used = [0] * nodes
+        current = {}
+        for i, ((m, _), n) in enumerate(zip(running, on_nodes)):
+            current[f"r{i}"] = Allocation(Grid(Shape("a100", 1, m)), tuple((n, used[n] + k) for k in range(m)))
+            used[n] += m
+    sizes = [m for m in POW2 if m <= node_size]
+    jobs = []
+    for i, (m, thr) in enumerate(running):
+        if f"r{i}" not in current:
+            continue
+        cols = [("a100", 1, g, thr * (g / m) ** 0.8) for g in sizes]
+        jobs.append({"id": f"r{i}", "cols": cols, "current": sizes.index(m), "ref": thr})
+    for i, cols in enumerate(queued):
+        jobs.append({"id": f"q{i}", "cols": [("a100", 1, g, t) for g, t in cols if g <= node_size]
+                     or [("a100", 1, 1, 1.0)]})
+    data = tiny_round_data({"a100": [node_size] * nodes}, jobs)
+    on = [[(n, c) for n, _, c in current[jid].node_masks] if jid in current else None for jid in data.job_ids]
+    held = held_on_nodes(data.capacity, np.zeros(nodes, dtype=np.int64), np.full(nodes, node_size), on)
+    return replace(data, held=held), placer, current
+
+
+def test_the_shape_rows_see_the_gpus_running_jobs_keep():
+    # two nodes of 4; A and C run on 2 GPUs each, one on each node; B (queued) is worth most
+    # on a whole node. The whole-capacity rows admit all three as they are; the GPUs A and C
+    # keep leave no whole node free, so with ``held`` one of them must move or give way
+    data, placer, current = _held_round(4, 2, [(2, 1.0), (2, 1.0)], [[(4, 50.0)]], on_nodes=[0, 1])
+    assert data.held.free_blocks == ((4, 2, 0),)
+    assert data.held.gain.tolist() == [[2, 1, 1], [2, 1, 1], [0, 0, 0]]
+    obj = parse_objective({"w_throughput": 1.0, "w_queue": 1.0}, {})
+
+    def chosen(d):
+        model = build_model(d, obj)
+        sol = make_backend("highs").solve(model, 10.0, rel_gap=1e-9)
+        return {d.job_ids[d.col_job[k]]: d.grids and d.grids[k] or (int(d.col_gpn[k])) for k in sol.selected(model.n_x)}
+
+    from dataclasses import replace
+    blind = chosen(replace(data, held=None))
+    assert blind == {"r0": 2, "r1": 2, "q0": 4}                       # all three, as they are
+    grids = {jid: Grid(Shape("a100", 1, m)) for jid, m in blind.items()}
+    assert placer.place(grids, current).failed == ("q0",)                # which placement cannot map
+    seen = chosen(data)
+    assert seen["q0"] == 4 and len(seen) == 3                            # B on a whole node, A and C beside it
+    grids = {jid: Grid(Shape("a100", 1, m)) for jid, m in seen.items()}
+    assert not placer.place(grids, current).failed
+
+
+@st.composite
+def held_rounds(draw):
+    """A one-type round whose running jobs sit on nodes drawn at random (fragmented, as
+    jobs that came and went leave a cluster), for ``_held_round``."""
+    node_size, nodes = draw(st.sampled_from([2, 4, 8])), draw(st.integers(1, 4))
+    used, running, where = [0] * nodes, [], []
+    for m, thr, n in draw(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.floats(0.5, 5.0),
+                                             st.integers(0, nodes - 1)), max_size=8)):
+        m = min(m, node_size)
+        if used[n] + m <= node_size:
+            used[n] += m
+            running.append((m, thr))
+            where.append(n)
+    queued = draw(st.lists(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.floats(0.1, 20.0)), min_size=1,
+                                    max_size=3), max_size=6))
+    return _held_round(node_size, nodes, running, queued, on_nodes=where)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(held_rounds())
+def test_a_decision_the_shape_rows_admit_places_around_what_running_jobs_keep(r):
+    # single-node shapes: wherever the running jobs sit, the engine's placer maps every
+    # decision the rows admit (the model's optimum, and the stay-put start); without
+    # ``held`` the rows admit decisions it cannot map on such rounds
+    data, placer, current = r
+    obj = parse_objective({"w_throughput": 1.0, "w_queue": 1.0, "w_reconfig": 1.0}, {})
+    model = build_model(data, obj)
+    for backend in ("highs", "lagrangian"):
+        sol = make_backend(backend).solve(model, 10.0, rel_gap=1e-6)
+        assert model.violation(sol.values) <= 1e-6
+        grids = {data.job_ids[data.col_job[k]]: Grid(Shape("a100", 1, int(data.col_gpn[k])))
+                 for k in sol.selected(model.n_x)}
+        kept = {j: a for j, a in current.items() if j in grids}
+        assert not placer.place(grids, kept).failed, (grids, current)
+    stay = np.zeros(model.n_x)
+    stay[data.current_col[data.current_col >= 0]] = 1.0
+    assert model.violation(stay) <= 1e-9                                # staying put is always admitted

@@ -146,3 +146,67 @@ def test_a_shadow_with_fallbacks_is_compared_on_the_grids_it_would_run():
                   shadow=FallbackPolicy(_half_a, {}, name="shadow-without")).rounds[1]
     assert r1.shadow is not None and r1.shadow.disagreements == 1     # B would wait
     assert [(d.job_id, d.shadow) for d in r1.shadow.differ] == [("B", None)]
+
+
+class Refining:
+    """``Decisions.refine``: each call drops the failed jobs' grids for their ``alt`` (or
+    leaves them out), recording the calls; ``stubborn`` keeps failing grids as they are."""
+
+    def __init__(self, alt: dict, stubborn: bool = False):
+        self.alt, self.stubborn, self.calls = alt, stubborn, []
+        self.grids: dict = {}
+
+    def decisions(self, grids: dict) -> Decisions:
+        self.grids = dict(grids)
+        return Decisions(dict(grids), stats=DecisionStats(backend="refined"), refine=self,
+                         fallbacks=Halving())
+
+    def without(self, failed):
+        self.calls.append(dict(failed))
+        grids = dict(self.grids)
+        if not self.stubborn:
+            for jid in failed:
+                grids.pop(jid)
+                if jid in self.alt:
+                    grids[jid] = self.alt.pop(jid)
+        return self.decisions(grids)
+
+
+def test_a_policy_that_can_refine_decides_again_without_what_did_not_fit():
+    from engine.core.placement import Placer
+    from engine.core.round_placement import MAX_REFINES
+    placer = Placer(cluster(("a100", 2, 4)))
+    # A holds 2 GPUs on each node; B's 1x4 does not fit beside it; asked again without it,
+    # the policy gives B 2x2, which fits: no fallback, B is not told to wait
+    a_now = {"A": Allocation(grid("a100", 2, 2), ((0, 0), (0, 1), (1, 0), (1, 1)))}
+    pol = Refining({"B": grid("a100", 2, 1)})
+    out = take_fallbacks(placer, pol.decisions({"A": grid("a100", 2, 2), "B": grid("a100", 1, 4)}), a_now,
+                         frozenset())
+    assert pol.calls == [{"B": grid("a100", 1, 4)}]
+    assert dict(out.grids) == {"A": grid("a100", 2, 2), "B": grid("a100", 2, 1)}
+    st = out.stats
+    assert (st.placement_refines, st.columns_cut, st.placement_repairs, st.placement_dropped) == (1, 1, 0, ())
+    assert st.backend == "refined" and out.refine is None and out.fallbacks is None
+    # a policy whose new decisions keep failing is asked at most MAX_REFINES times, then its
+    # fallbacks are taken (1x4 -> 1x2 fits beside A)
+    stubborn = Refining({}, stubborn=True)
+    out = take_fallbacks(placer, stubborn.decisions({"A": grid("a100", 2, 2), "B": grid("a100", 1, 4)}), a_now,
+                         frozenset())
+    assert len(stubborn.calls) == MAX_REFINES
+    assert dict(out.grids) == {"A": grid("a100", 2, 2), "B": grid("a100", 1, 2)}
+    assert (out.stats.placement_refines, out.stats.columns_cut, out.stats.placement_repairs) == (MAX_REFINES,
+                                                                                                 MAX_REFINES, 1)
+
+
+def test_an_optimizing_policys_decision_after_refining_places_as_chosen_through_the_loop():
+    # arena on demo's first rounds: every round's decision is placed as chosen or, where a
+    # refinement could not fix it, by its fallbacks; the counts reach rounds.csv
+    from engine.core.policy import make_policy
+    from estimators import make_performance_model
+    from instances.builtin import get_instance
+    res = simulate(get_instance("demo"), make_policy("arena"), perf=make_performance_model("table"), rounds=30)
+    assert all(r.packing_failures == 0 for r in res.rounds)
+    s = res.summary
+    assert s["placement_refines"] == sum(r.refines for r in res.rounds)
+    assert s["fallbacks"] == sum(r.fallbacks for r in res.rounds)
+    assert s["fallback_waits"] == sum(r.fallback_waits for r in res.rounds)

@@ -85,6 +85,8 @@ class DecisionStats:
     move_allowance: int | None = None     # running jobs the round's budget let move (None: no budget)
     placement_repairs: int = 0            # chosen grids placement could not map and replaced by a fallback
     placement_dropped: tuple[str, ...] = ()   # chosen jobs placement left waiting (ids)
+    placement_refines: int = 0            # times the policy decided again without the columns placement could not map
+    columns_cut: int = 0                  # the columns those new decisions went without
     decide_time_s: float = 0.0
     # an optimizing policy's model and its solve (the solver backend's ``Solution``)
     backend: str = ""
@@ -118,6 +120,17 @@ class Fallbacks(Protocol):
         ...
 
 
+class Refine(Protocol):
+    """A policy's way to decide the round again (``Decisions.refine``) when placement
+    cannot map some of its chosen grids: the same round, without those (job, grid)
+    columns — and without every column an earlier refinement of this decision went
+    without —, so that the new optimum is one placement can carry out."""
+
+    def without(self, failed: Mapping[str, Grid]) -> Decisions:
+        """The round decided again without the ``failed`` columns (and earlier ones)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Decisions:
     """Which grid each job should run on this round; jobs absent from ``grids`` wait.
@@ -128,10 +141,13 @@ class Decisions:
     the placement takes for a grid that does not fit. ``plans`` optionally carries the
     chosen plan per job; ``stats`` what the policy reports of the decision (the
     placement fills ``placement_repairs`` and ``placement_dropped`` when it takes
-    fallbacks).
+    fallbacks). An optimizing policy also hands ``refine``: the placement first asks it to
+    decide again without the columns it could not map (a few times), and takes the
+    fallbacks only for what still does not fit.
     """
     grids: Mapping[str, Grid]
     placements: Mapping[str, tuple[GpuId, ...]] = field(default_factory=dict)
     plans: Mapping[str, JobPlan] = field(default_factory=dict)
     stats: DecisionStats = field(default_factory=DecisionStats)
     fallbacks: Fallbacks | None = None
+    refine: Refine | None = None

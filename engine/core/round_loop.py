@@ -70,7 +70,10 @@ class RoundRecord:
     infeasible_drops: int = 0
     packing_failures: int = 0        # chosen grids placement could not map to GPUs, as decided
     displaced: int = 0               # left waiting because a truth-rejected move kept its GPUs
-    repairs: int = 0
+    repairs: int = 0                 # packing failures the placer's own repair step fixed
+    refines: int = 0                 # times the policy decided again without the columns placement could not map
+    fallbacks: int = 0               # chosen grids that did not fit, replaced by the policy's smaller fallback
+    fallback_waits: int = 0          # chosen jobs left waiting: neither their grid nor a fallback fitted
     failures: int = 0                # runs that failed since the previous round (live)
     decision_time_s: float = 0.0     # the policy's decision, its fallbacks taken included
     context_time_s: float = 0.0      # building the policy's RoundContext
@@ -258,6 +261,9 @@ class RoundLoop:
                 raise TypeError(f"policy {self.policy.name!r} returned {type(decisions).__name__}, not Decisions")
             decisions = self._settle(decisions)
             rec.decision_time_s = time.perf_counter() - t_dec      # (its fallbacks taken included)
+            rec.refines = decisions.stats.placement_refines
+            rec.fallbacks = decisions.stats.placement_repairs
+            rec.fallback_waits = len(decisions.stats.placement_dropped)
             rec.decided = True
             if self.shadow is not None and ctx.jobs:      # (with no job, nothing to compare)
                 rec.shadow = self.shadow.observe(ctx, decisions)

@@ -2,11 +2,14 @@
 
 ``RoundLoop.round`` runs it in this order, once a round:
 
-1. ``take_fallbacks``: when the policy handed ranked alternatives
-   (``Decisions.fallbacks``: the optimizing policies, whose model's node-shape rows see
-   neither which GPUs running jobs keep nor that a multi-node job needs distinct nodes),
-   the chosen grids are placed; a job whose grid does not fit takes its best smaller
-   alternative, else it waits. Up to ``MAX_FALLBACK_ROUNDS`` times, then what still does
+1. ``take_fallbacks``: the chosen grids are placed. When some do not fit and the policy
+   can decide again (``Decisions.refine``: the optimizing policies, whose model's rows
+   count the GPUs running jobs keep but not that a multi-node job needs distinct
+   nodes), it is asked to, without the columns that did not fit (and those of earlier
+   refinements), up to ``MAX_REFINES`` times: the new optimum is over every job, so
+   others may take the room. Then, when the policy handed ranked alternatives
+   (``Decisions.fallbacks``), a job whose grid still does not fit takes its best smaller
+   alternative, else it waits; up to ``MAX_FALLBACK_ROUNDS`` times, then what still does
    not fit waits. The GPUs found are pinned. What the live service records and a shadow
    policy is compared with is this decision.
 2. The loop's truth check (``Executor.runs_on``) drops decisions on shapes the job cannot
@@ -33,14 +36,37 @@ from .context import Decisions
 from .placement import Placer
 
 MAX_FALLBACK_ROUNDS = 4          # rounds of "take the fallbacks of the jobs that did not fit, place again"
+MAX_REFINES = 3                  # times a policy is asked to decide again without what did not fit
+
+
+def refine(placer: Placer, decisions: Decisions, current: Mapping[str, Allocation],
+           unavailable: frozenset[int]) -> Decisions:
+    """``decisions``, or the policy's decision again without the columns placement could
+    not map (``Decisions.refine``), up to ``MAX_REFINES`` times; the count and the columns
+    cut in ``stats.placement_refines`` and ``stats.columns_cut``."""
+    if decisions.refine is None:
+        return decisions
+    refines = cut = 0
+    for _ in range(MAX_REFINES):
+        failed = placer.place(decisions.grids, current, unavailable=unavailable).failed
+        if not failed or decisions.refine is None:
+            break
+        cut += len(failed)
+        decisions = decisions.refine.without({jid: decisions.grids[jid] for jid in failed})
+        refines += 1
+    if not refines:
+        return decisions
+    return replace(decisions, stats=replace(decisions.stats, placement_refines=refines, columns_cut=cut))
 
 
 def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, Allocation],
                    unavailable: frozenset[int]) -> Decisions:
     """``decisions`` with every grid placeable (step 1 above): the grids that do not fit
     replaced by the policy's fallbacks or left out, the GPUs found pinned, and the
-    counts in ``stats.placement_repairs`` and ``stats.placement_dropped``. Decisions
-    without fallbacks come back as they are."""
+    counts in ``stats.placement_repairs`` and ``stats.placement_dropped``; the policy is
+    first asked to decide again (``refine``) where it can. Decisions without fallbacks
+    come back as they are (refined)."""
+    decisions = refine(placer, decisions, current, unavailable)
     fallbacks = decisions.fallbacks
     if fallbacks is None:
         return decisions

@@ -2,12 +2,18 @@
 
 Rows:
 - one per job: sum_g x[j, g] <= 1 (== 1 for jobs pinned by config);
-- node shape, per GPU type t and level l in {1, 2, 4, ..., node size}:
-  sum over t's columns with m >= l GPUs per node of (n_nodes * m / l) * x <= sum over
-  t's nodes of floor(GPUs / l). Level 1 is the plain capacity row. For power-of-two
-  shapes and node sizes these rows are exactly the condition for packing every chosen
-  shape into aligned blocks (buddy allocation), except that a multi-node job's chunks
-  must also sit on distinct nodes, which placement repairs (and counts when it cannot);
+- node shape, per GPU type t and level l in {1, 2, 4, ..., node size}, on the GPUs the
+  running jobs hold where they are (``RoundData.held``): sum over t's columns with
+  m >= l GPUs per node of (n_nodes * m / l) * x, plus for each running job of type t
+  its current column times the l-blocks its GPUs give back when it leaves (``gain``)
+  <= the l-blocks on the GPUs no running job holds plus every such gain. A job that
+  stays keeps its GPUs; one that moves, shrinks, grows or stops gives its blocks back
+  (counted low, never high, when several leave one node). Level 1 is the plain capacity
+  row. For power-of-two shapes these rows are exactly the condition for packing every
+  chosen single-node chunk into the GPUs left, largest first, except that a multi-node
+  job's chunks must also sit on distinct nodes: the round's placement asks the policy
+  to decide again without a column it cannot map (``Decisions.refine``). Without
+  ``held`` (synthetic rounds), the rows count the whole capacity as free;
 - optionally (``max_moves``, the stability rule's cluster-wide budget): the columns of
   running jobs other than their current one, summed, <= max_moves — at most that many
   running jobs move (a preemption is not a column, so it is not counted here);
@@ -50,14 +56,32 @@ def add_shape_rows(data: RoundData, builder: ModelBuilder, columns: np.ndarray |
     col_gpn = data.col_gpn[at] if sub else data.col_gpn
     gpus = np.asarray(data.col_gpus[at] if sub else data.col_gpus, dtype=float)
     at_least = {lvl: col_gpn >= lvl for lvl in sorted(set().union(*cap.levels)) if lvl > 1}
+    held = data.held
+    stay = np.zeros(len(col_type), dtype=bool)
+    if held is not None:
+        col_index = at if at is not None else np.arange(data.n_cols)
+        owner = data.col_job[col_index]
+        stay = (data.current_col[owner] == col_index) & (held.job_type[owner] >= 0)
+        stay_job = owner[stay]
+        stay_type = held.job_type[stay_job]
     for ti, t in enumerate(cap.types):
         of_type = col_type == ti
         for li, lvl in enumerate(cap.levels[ti]):
-            idx = np.flatnonzero(of_type & at_least[lvl] if lvl > 1 else of_type)
+            idx = np.flatnonzero((of_type & at_least[lvl] if lvl > 1 else of_type) & ~stay)
             cols.append(at[idx] if at is not None else idx)
             rows.append(np.full(len(idx), r))
             vals.append(gpus[idx] / lvl)
-            ub.append(cap.blocks[ti][li])
+            if held is None:
+                ub.append(cap.blocks[ti][li])
+            else:
+                # the running jobs of this type: each gives back its gain when it leaves
+                mine = held.job_type == ti
+                ub.append(held.free_blocks[ti][li] + int(held.gain[mine, li].sum()))
+                on = np.flatnonzero(stay)[stay_type == ti]
+                g = held.gain[stay_job[stay_type == ti], li].astype(float)
+                cols.append(at[on] if at is not None else on)
+                rows.append(np.full(len(on), r))
+                vals.append(g)
             names.append(f"cap_{t}_l{lvl}")
             if lvl == 1:
                 level1[ti] = r
@@ -104,8 +128,9 @@ class RowsMemo:
 
 def _rows_key(data: RoundData, pinned: frozenset[str], columns, fixed, max_moves) -> tuple:
     """What the rows before the objective terms are computed from (``RowsMemo``)."""
+    held = data.held.key() if data.held is not None else (None, None, None)
     return (data.capacity, data.job_ids, pinned, max_moves, data.col_job, data.col_type, data.col_nodes,
-            data.col_gpn, columns, fixed, data.current_col if max_moves is not None else None)
+            data.col_gpn, columns, fixed, data.current_col, *held)
 
 
 def build_model(data: RoundData, objective: Objective, pinned: frozenset[str] = frozenset(),

@@ -17,7 +17,7 @@ from engine.core.context import RoundContext
 from instances.goodput import ADAPTIVE, GoodputJob
 from instances.grid import Grid, Shape
 
-from .round_data import Capacity, RoundData, _reference_throughput
+from .round_data import Capacity, RoundData, _reference_throughput, held_capacity
 
 
 def candidate_shapes(ctx: RoundContext, max_gpus: int) -> list[Shape]:
@@ -39,7 +39,7 @@ def build_goodput_round_data(ctx: RoundContext, perf, max_gpus: int) -> RoundDat
     type_index = {t: i for i, t in enumerate(cap.types)}
     shapes = candidate_shapes(ctx, max_gpus)
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
-    attained, arrival, resume, ref, jobs, unschedulable = [], [], [], [], [], []
+    attained, arrival, resume, ref, jobs, unschedulable, current = [], [], [], [], [], [], []
     col_job, col_type, col_nodes, col_gpn, col_thr, col_rc = [], [], [], [], [], []
     grids: list[Grid] = []
     for view in ctx.jobs:
@@ -61,12 +61,12 @@ def build_goodput_round_data(ctx: RoundContext, perf, max_gpus: int) -> RoundDat
             continue
         j = len(job_ids)
         first = len(col_job)
-        current = -1
+        current_k = -1
         thr_of = {}
         for s, t in zip(keep, thr):
             g = Grid(s) if cur is None or cur.shape != s else cur
             if cur is not None and g == cur:
-                current = len(col_job)
+                current_k = len(col_job)
             col_job.append(j)
             col_type.append(type_index[s.gpu_type])
             col_nodes.append(s.num_nodes)
@@ -82,7 +82,8 @@ def build_goodput_round_data(ctx: RoundContext, perf, max_gpus: int) -> RoundDat
         jobs.append(job)
         rem.append(max(float(view.remaining_iterations), 0.0))
         gb.append(float(job.global_batch))
-        cur_col.append(current)
+        cur_col.append(current_k)
+        current.append(view.current)
         running.append(view.current is not None)
         queued.append(float(view.queued_s))
         deadline.append(math.inf)
@@ -109,4 +110,4 @@ def build_goodput_round_data(ctx: RoundContext, perf, max_gpus: int) -> RoundDat
         col_gpn=arr(col_gpn, np.int64), col_pp=arr([1] * len(col_job), np.int64), col_throughput=arr(col_thr),
         col_reconfig_s=arr(col_rc), grids=tuple(grids), plans=tuple([ADAPTIVE] * len(grids)),
         unschedulable=tuple(unschedulable), jobs=tuple(jobs), attained_gpu_s=arr(attained), arrival_s=arr(arrival),
-        resume_s=arr(resume))
+        resume_s=arr(resume), held=held_capacity(cap, ctx.cluster, ctx.unavailable_nodes, current))

@@ -6,8 +6,10 @@ chooses shapes, the planner the depth inside (for a running job, its current gri
 kept for its current shape, so that staying put is not mistaken for a move).
 
 Capacity is described per GPU type and level l in {1, 2, 4, ... node size}: the number
-of disjoint aligned l-GPU blocks the nodes of that type offer (sum over nodes of
-floor(GPUs / l)). See ``build.py`` for how the node-shape rows use it.
+of disjoint l-GPU blocks the nodes of that type offer (sum over nodes of floor(GPUs / l)).
+``Held`` says what the running jobs keep of it: the blocks left on the GPUs no running
+job holds, and what each running job's GPUs add back when it leaves them. See
+``build.py`` for how the node-shape rows use both.
 """
 from __future__ import annotations
 
@@ -77,6 +79,84 @@ class Capacity:
         return self.blocks[type_index][0]
 
 
+@dataclass(frozen=True, eq=False)
+class Held:
+    """What the running jobs hold of a round's ``Capacity`` (``build.py``'s node-shape rows).
+
+    - ``free_blocks[t][l]``: per GPU type and level (``Capacity.levels``), the l-GPU blocks
+      on the GPUs no running job holds, on the nodes in service: sum over nodes of
+      floor(free GPUs / l);
+    - ``gain[j, l]``: per job (the round's job order) and level of its GPU type, the blocks
+      that job's GPUs add when it leaves them (0 for a queued job). On each node the
+      first running job (in job order) is credited with its GPUs together with the node's
+      free ones, floor((free + held) / l) - floor(free / l); every other job on the node
+      with floor(held / l). Summed over any set of jobs that leave, this never exceeds
+      the blocks they really free (floor is superadditive), so a decision the rows admit
+      with those jobs leaving has the blocks it counts;
+    - ``job_type[j]``: the GPU type index the job holds GPUs of (-1: none in service, or
+      GPUs of no single type: its current column is then priced as a new one).
+    """
+    free_blocks: tuple[tuple[int, ...], ...]
+    gain: np.ndarray
+    job_type: np.ndarray
+
+    def key(self) -> tuple:
+        """What the rows read of it (``RowsMemo``)."""
+        return (self.free_blocks, self.gain, self.job_type)
+
+
+def held_capacity(cap: Capacity, cluster: ClusterSpec, unavailable: frozenset[int], current: list) -> Held:
+    """``Held`` for the jobs whose allocations are ``current`` (one per job in the round's
+    order, None for a queued job)."""
+    nodes = cluster.nodes()
+    type_index = {t: i for i, t in enumerate(cap.types)}
+    size = np.array([0 if n.node_id in unavailable else n.num_gpus for n in nodes], dtype=np.int64)
+    node_type = np.array([type_index.get(n.gpu_type, -1) for n in nodes], dtype=np.int64)
+    on = [None if a is None else [(n, c) for n, _, c in (a.node_masks or ())
+                                  if 0 <= n < len(nodes) and n not in unavailable] for a in current]
+    return held_on_nodes(cap, node_type, size, on)
+
+
+def held_on_nodes(cap: Capacity, node_type: np.ndarray, size: np.ndarray,
+                  on: list[list[tuple[int, int]] | None]) -> Held:
+    """``Held`` from the nodes' GPU type indices and sizes (0: out of service) and, per job,
+    the (node, GPUs) it holds (None: queued)."""
+    free = size.copy()
+    for nodes in on:
+        for n, c in nodes or ():
+            free[n] -= c
+    free = np.maximum(free, 0)
+    width = max((len(lv) for lv in cap.levels), default=0)
+    gain = np.zeros((len(on), width), dtype=np.int64)
+    job_type = np.full(len(on), -1, dtype=np.int64)
+    credited: set[int] = set()
+    for j, nodes in enumerate(on):
+        if not nodes:
+            continue
+        types = {int(node_type[n]) for n, _ in nodes}
+        if len(types) != 1 or -1 in types:
+            continue
+        t = types.pop()
+        job_type[j] = t
+        for li, lvl in enumerate(cap.levels[t]):
+            g = 0
+            for n, c in nodes:
+                if n in credited:
+                    g += c // lvl
+                else:
+                    f = int(free[n])
+                    g += (f + c) // lvl - f // lvl
+            gain[j, li] = g
+        credited.update(n for n, _ in nodes)
+    blocks = []
+    for ti, levels in enumerate(cap.levels):
+        f = free[node_type == ti]
+        blocks.append(tuple(int(np.sum(f // lvl)) for lvl in levels))
+    gain.setflags(write=False)
+    job_type.setflags(write=False)
+    return Held(tuple(blocks), gain, job_type)
+
+
 @lru_cache(maxsize=64)
 def _capacity(cluster: ClusterSpec, without: frozenset[int]) -> Capacity:
     return Capacity._from_cluster(cluster, without)
@@ -121,6 +201,7 @@ class RoundData:
     attained_gpu_s: np.ndarray | None = None     # per job, GPU-seconds received so far
     arrival_s: np.ndarray | None = None          # per job
     resume_s: np.ndarray | None = None           # per job: a running job's resume downtime if stopped now
+    held: Held | None = None                     # what running jobs hold (None: rows over the whole capacity)
 
     @property
     def n_jobs(self) -> int:
@@ -407,6 +488,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
     job_ids, rem, gb, cur_col, running, queued, deadline, prio, tenants, req_g, req_t = ([] for _ in range(11))
     attained, arrival = [], []
     jobs = []
+    current: list = []
     blocks: list[_Block] = []
     ref = []
     unschedulable = []
@@ -458,6 +540,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         req_g.append(int(job.requested_gpus or 0))
         req_t.append(job.requested_gpu_type)
         cur_col.append(n_cols + block.current if block.current >= 0 else -1)
+        current.append(view.current)
         n_cols += len(block.grids)
         blocks.append(block)
         ref.append(block.ref_throughput)
@@ -470,7 +553,8 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         running=np.array(running, dtype=bool), queued_s=np.array(queued), deadline_s=np.array(deadline),
         priority=np.array(prio), tenants=tuple(tenants), requested_gpus=np.array(req_g, dtype=np.int64),
         requested_type=tuple(req_t), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
-        attained_gpu_s=np.array(attained), arrival_s=np.array(arrival), **cols)
+        attained_gpu_s=np.array(attained), arrival_s=np.array(arrival),
+        held=held_capacity(cap, ctx.cluster, ctx.unavailable_nodes, current), **cols)
 
 
 def _columns(blocks: list[_Block]) -> dict:

@@ -52,14 +52,20 @@ class IncrementalConfig:
 
 def search_round(data: RoundData, objective: Objective, config: IncrementalConfig,
                  pinned: frozenset[str] = frozenset(), frozen: frozenset[str] = frozenset(),
-                 allowance: int | None = None) -> tuple[MilpModel, np.ndarray, Solution]:
+                 allowance: int | None = None, exclude: np.ndarray | None = None
+                 ) -> tuple[MilpModel, np.ndarray, Solution]:
     """(restricted model, its columns' indices in ``data``, the search's solution, whose
     ``extra`` also holds the wall time of the candidates and of the model's build).
     ``frozen`` job ids keep exactly their current column (a frozen job that holds no
     GPUs has nothing to keep and is not constrained); ``allowance`` (the stability rule's
-    cluster-wide budget) caps the running jobs that change column below the config's."""
+    cluster-wide budget) caps the running jobs that change column below the config's;
+    ``exclude`` (a mask over ``data``'s columns) leaves those columns out of the candidates,
+    a running job's current column excepted (the columns placement could not map)."""
     t0 = time.perf_counter()
     cols = candidate_columns(data, config.queued, config.other_type)
+    if exclude is not None:
+        cur = data.current_col[data.col_job[cols]]
+        cols = cols[~exclude[cols] | (cur == cols)]
     t1 = time.perf_counter()
     if objective.columnwise:            # the same model, built from the candidate columns alone
         part = data.restricted(cols)

@@ -83,7 +83,7 @@ from ..formulation import build_model, build_round_data
 from ..formulation.build import RowsMemo
 from ..formulation.goodput_data import build_goodput_round_data
 from ..formulation.model import MilpModel
-from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, freeze_jobs
+from ..formulation.round_data import GridCache, RoundDataCache, best_plan_per_count, find_column, freeze_jobs
 from ..incremental import OTHER_TYPE_CHOICES, QUEUED_CHOICES, IncrementalConfig, search_round
 from ..objectives import Objective, parse_objective, split_objective_config
 from ..solvers import BackendUnavailable, Solution, SolverBackend, SolverOptions, make_backend
@@ -279,11 +279,19 @@ class MilpPolicy(Policy):
         if frozen:
             data = freeze_jobs(data, frozen)
             frozen = frozenset(jid for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0)
+        prepared = _Prepared(ctx, data, frozen, allowance, left_out, t0, time.perf_counter())
+        return self._solve(prepared, None)
+
+    def _solve(self, r: _Prepared, exclude: np.ndarray | None) -> Decisions:
+        """The round's decision over ``r``'s columns, less those ``exclude`` marks (the
+        columns placement could not map, ``_Refinement``)."""
+        data, frozen, allowance = r.data, r.frozen, r.allowance
         t1 = time.perf_counter()
         cols: np.ndarray | None
         fixed = np.zeros(0, dtype=np.int64)
         if self.search == "incremental":
-            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen, allowance)
+            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen, allowance,
+                                            exclude=exclude)
             t2 = t1                                 # the restricted model is built inside the search
         else:
             # frozen jobs' (only) columns are fixed at 1, outside the model: its capacity rows
@@ -291,8 +299,10 @@ class MilpPolicy(Policy):
             fixed = np.sort(np.array([data.current_col[j] for j, jid in enumerate(data.job_ids) if jid in frozen],
                                      dtype=np.int64))
             free = np.ones(data.n_cols, dtype=bool)
+            if exclude is not None:
+                free &= ~exclude
             free[fixed] = False
-            cols = np.flatnonzero(free) if len(fixed) else None
+            cols = np.flatnonzero(free) if len(fixed) or exclude is not None else None
             model = build_model(data, self.objective, self.pinned, cols, fixed if len(fixed) else None,
                                 max_moves=allowance or None, memo=self._rows)
             t2 = time.perf_counter()
@@ -324,20 +334,52 @@ class MilpPolicy(Policy):
             grids[jid] = grid
             if data.plans[k] is not None:
                 plans[jid] = data.plans[k]
-        if self.dump_rounds_dir:
+        if self.dump_rounds_dir and exclude is None:
             from ..solvers.pulp_backend import export_model
             d = Path(self.dump_rounds_dir)
             d.mkdir(parents=True, exist_ok=True)
-            export_model(model, d / f"round_{ctx.round_index:05d}.mps", "mps")
-            export_model(model, d / f"round_{ctx.round_index:05d}.lp", "lp")
+            export_model(model, d / f"round_{r.ctx.round_index:05d}.mps", "mps")
+            export_model(model, d / f"round_{r.ctx.round_index:05d}.lp", "lp")
         stats = DecisionStats(
-            jobs=data.n_jobs, queued_left_out=left_out, frozen=len(frozen), move_allowance=allowance,
+            jobs=data.n_jobs, queued_left_out=r.left_out, frozen=len(frozen), move_allowance=allowance,
             backend=sol.backend, status=sol.status, objective=sol.objective, bound=sol.bound, gap=sol.gap,
             message=sol.message, solver_build_time_s=sol.build_time_s, solver_solve_time_s=sol.solve_time_s,
             solver_extra=dict(sol.extra), search=self.search, columns=data.n_cols, rows=model.n_rows,
-            unschedulable=tuple(data.unschedulable), estimate_time_s=t1 - t0, model_build_time_s=t2 - t1,
-            solve_wall_s=t3 - t2, decide_time_s=time.perf_counter() - t0)
-        return Decisions(grids=grids, plans=plans, stats=stats, fallbacks=RankedColumns(data, col_value))
+            unschedulable=tuple(data.unschedulable), estimate_time_s=r.t1 - r.t0, model_build_time_s=t2 - t1,
+            solve_wall_s=t3 - t2, decide_time_s=time.perf_counter() - t1 + r.t1 - r.t0)
+        return Decisions(grids=grids, plans=plans, stats=stats, fallbacks=RankedColumns(data, col_value),
+                         refine=_Refinement(self, r, exclude))
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A round's data, ready to solve (``MilpPolicy.decide``), kept for its refinements."""
+    ctx: RoundContext
+    data: Any                       # RoundData
+    frozen: frozenset[str]
+    allowance: int | None
+    left_out: int
+    t0: float
+    t1: float
+
+
+class _Refinement:
+    """``Decisions.refine`` of a MilpPolicy decision: the same round solved again without
+    the columns placement could not map, and without those of earlier refinements."""
+
+    def __init__(self, policy: MilpPolicy, prepared: _Prepared, exclude: np.ndarray | None):
+        self._policy, self._prepared, self._exclude = policy, prepared, exclude
+
+    def without(self, failed: Mapping[str, Grid]) -> Decisions:
+        data = self._prepared.data
+        exclude = np.zeros(data.n_cols, dtype=bool) if self._exclude is None else self._exclude.copy()
+        row = {jid: j for j, jid in enumerate(data.job_ids)}
+        for jid, grid in failed.items():
+            j = row.get(jid)
+            k = find_column(data, j, grid) if j is not None else -1
+            if k >= 0:
+                exclude[k] = True
+        return self._policy._solve(self._prepared, exclude)
 
 
 def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., Policy]:
