@@ -169,6 +169,58 @@ def test_las_favours_the_job_that_got_less(backend):
     assert decide(data, {"las": 1}, backend) == {"j1": 1}
 
 
+def test_utility_coefficients_are_sias_bounded_power_of_normalized_speedup():
+    # speedups over the fewest-GPU column: 1, 1.6, 3.0; Sia's p = -0.5 and lambda_n = 1.1
+    jobs = [{"cols": [("a100", 1, 1, 2.0), ("a100", 1, 2, 3.2), ("a100", 1, 4, 6.0)], "ref": 3.2}]
+    data = tiny_round_data({"a100": [4]}, jobs)
+    model = build_model(data, parse_objective({"w_utility": 1.0}, {}))
+    assert np.allclose(model.c[:3], [1.1 - 1.0, 1.1 - 1.6 ** -0.5, 1.1 - 3.0 ** -0.5])
+    # normalized by the requested reference instead (the job's ref: 3.2 samples/s)
+    model = build_model(data, parse_objective({"w_utility": 1.0, "utility.reference": "requested", "utility.p": -1},
+                                              {}))
+    assert np.allclose(model.c[:3], [1.1 - 1.6, 1.1 - 1.0, 1.1 - 3.2 / 6.0])
+
+
+def test_utility_shares_gpus_where_summed_throughput_piles_them_on_one_job(backend):
+    # 4 GPUs; job 0 gives 1.7x on 2 GPUs and 3.6x on 4, job 1 1.7x on 2: summed speedup
+    # gives job 0 all four (3.6 against 3.4), the concave utility two each
+    # (2 x (1.1 - 1.7 ** -0.5) = 0.67 against 1.1 - 3.6 ** -0.5 = 0.57)
+    jobs = [{"cols": [("a100", 1, 1, 1.0), ("a100", 1, 2, 1.7), ("a100", 1, 4, 3.6)]},
+            {"cols": [("a100", 1, 1, 1.0), ("a100", 1, 2, 1.7)]}]
+    data = tiny_round_data({"a100": [4]}, jobs)
+    assert decide(data, {"throughput": 1}, backend) == {"j0": 2}
+    assert decide(data, {"utility": 1}, backend) == {"j0": 1, "j1": 4}
+
+
+def test_utility_amortizes_a_move_over_the_jobs_age(backend):
+    # running on 1 GPU; 2 GPUs give 1.9x, the move costs 200 s of downtime: a job that has
+    # run an hour moves (200 s of 3,600 is little), one that arrived a round ago does not
+    jobs = [{"cols": [("a100", 1, 1, 1.0), ("a100", 1, 2, 1.9, 200.0)], "current": 0}]
+    for age_s, moved in ((3600.0, True), (300.0, False)):
+        data = tiny_round_data({"a100": [2]}, jobs, now_s=age_s)
+        assert decide(data, {"utility": 1}, backend) == {"j0": 1 if moved else 0}
+    # with the move priced over one round only, even the old job stays
+    data = tiny_round_data({"a100": [2]}, jobs, now_s=3600.0)
+    assert decide(data, {"utility": 1}, backend, **{"utility.move_horizon": "round"}) == {"j0": 0}
+
+
+@pytest.mark.parametrize("weight, key, favoured", [("attained", "attained_gpu_s", "j1"),
+                                                    ("remaining", "remaining", "j1")])
+def test_utility_weights_favour_the_job_that_got_less_or_has_less_left(backend, weight, key, favoured):
+    # two jobs, one GPU: j0 got (or has left) much more than j1
+    jobs = [{"cols": [("a100", 1, 1, 1.0)], key: 100_000.0}, {"cols": [("a100", 1, 1, 1.0)], key: 10.0}]
+    data = tiny_round_data({"a100": [1]}, jobs)
+    assert set(decide(data, {"utility": 1}, backend, **{"utility.weight": weight})) == {favoured}
+
+
+def test_bad_utility_options_are_refused_with_the_field():
+    for key, bad in (("utility.p", "0"), ("utility.p", "0.5"), ("utility.bonus", "-1"), ("utility.weight", "age"),
+                     ("utility.move_horizon", "forever"), ("utility.exponent", "11"), ("utility.max_speedup", "0.5")):
+        with pytest.raises(InputError) as e:
+            parse_objective({"w_utility": 1, key: bad}, {})
+        assert key in str(e.value)
+
+
 def test_every_registered_term_has_a_test():
     # terms are discovered from engine/decide/objectives/; a new one needs only its module and a
     # test that names it (in quotes) somewhere under tests/
