@@ -148,7 +148,7 @@ def test_fixed_batch_jobs_keep_their_executor_path():
      "sia.py", "no get_restart_penalty function"),
     (lambda r: (r / "traces/toy/placements-aws.csv").write_text(
         "placement,local_bsz,step_time,sync_time\n1,8,0.02,0\n1,x,0.03,0\n"),
-     "placements-aws.csv, line 3, field 'local_bsz'", "not an integer: 'x'"),
+     "placements-aws.csv, line 3, field 'local_bsz'", "must be a whole number in 1..1,048,576, got 'x'"),
     (lambda r: (r / "traces/toy/placements-aws.csv").write_text(
         "placement,local_bsz,step_time,sync_time\n40,8,0.02,0\n"),
      "placements-aws.csv, line 2, field 'placement'", "a node with 0 GPUs"),
@@ -156,13 +156,13 @@ def test_fixed_batch_jobs_keep_their_executor_path():
      "scalability-rtx.csv", "scalability profile file not found"),
     (lambda r: (r / "traces/toy/validation-64.csv").write_text(
         "progress,iteration,metric,grad_sqr,grad_var\n10,1,0.1,1,1\n5,2,0.2,1,1\n"),
-     "validation-64.csv, line 3, field 'progress'", "must not decrease"),
+     "validation-64.csv, line 3, field 'progress'", "must increase from one epoch to the next"),
     (lambda r: (r / "workloads/mini/workload-1.csv").write_text(
         "name,time,application,num_replicas,batch_size\ntoy-0,0,resnet,1,16\n"),
      "workload-1.csv, line 2, field 'application'", "unknown application 'resnet'"),
     (lambda r: (r / "workloads/mini/workload-1.csv").write_text(
         "name,time,application,num_replicas,batch_size\ntoy-0,0,toy,0,16\n"),
-     "workload-1.csv, line 2, field 'num_replicas'", "must be >= 1"),
+     "workload-1.csv, line 2, field 'num_replicas'", "must be a whole number in 1..16"),
     (lambda r: (r / "workloads/mini/workload-1.csv").write_text("name,time,application\n"),
      "workload-1.csv, line 1, field 'num_replicas'", "missing column(s) num_replicas, batch_size"),
 ])
