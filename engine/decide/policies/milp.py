@@ -59,7 +59,8 @@ decision (status ``error``, with the reason): a round never crashes.
 Rounds of the Sia artifact's adaptive-batch goodput jobs (instances/goodput.py) go to the
 spec's ``goodput`` policy when it has one (the baseline as its authors' simulator runs
 it: engine/decide/policies/sia_goodput.py, gavel_goodput.py); the options it names
-(``goodput_options``) are its own, the others the runner's. A spec without one (``arena``)
+(``goodput_options``) are its own, the others the runner's; one both read (``sia``'s
+``time_limit_s``, ``rel_gap``) goes to both. A spec without one (``arena``)
 decides them with its own objective over goodput columns
 (engine/decide/formulation/goodput_data.py): every GPU type and shape valued at the batch the
 job would choose there, each job adapting its batch within the application's limits.
@@ -212,7 +213,10 @@ class MilpPolicy(Policy):
         self.spec = spec
         self.name = spec.name
         self.given = frozenset(config)                  # what the user set (not the spec's defaults)
-        goodput_cfg = {k: config.pop(k) for k in list(config) if k in spec.goodput_options}
+        goodput_cfg = {k: config[k] for k in config if k in spec.goodput_options}
+        for k in goodput_cfg:           # (an option both read stays the runner's too)
+            if k not in RUNNER_KEYS:
+                config.pop(k)
         self._goodput = spec.goodput(spec.name, **goodput_cfg) if spec.goodput is not None else None
         obj_cfg, rest = split_objective_config(_with_default_options(spec, {**spec.runner, **config}))
         refuse_unknown_options(spec.name, rest, RUNNER_KEYS,
@@ -267,7 +271,7 @@ class MilpPolicy(Policy):
     def check_workload(self, workload: Workload) -> None:
         """Refuse an option this policy would not read on ``workload`` (module doc)."""
         if not workload.goodput:
-            refuse_unread(self.name, self.given, self.spec.goodput_options, workload,
+            refuse_unread(self.name, self.given, set(self.spec.goodput_options) - set(RUNNER_KEYS), workload,
                           "it is read only on the Sia artifact's goodput jobs (--instance sia:TRACE/WORKLOAD)")
         elif self._goodput is not None:
             refuse_unread(self.name, self.given, self.given - set(self.spec.goodput_options) - set(LOOP_KEYS),

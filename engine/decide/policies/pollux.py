@@ -309,7 +309,8 @@ class _Round:
                 base = self._believed(len(self.base), 1) if not self.fitted else self._fitted(len(self.base), 1, 1)
             self.base.append(base)
             age = ctx.now_s - job.arrival_s
-            self.restart.append(max(age - v.reconfigurations * policy.restart_s, 0.0) / (age + policy.restart_s))
+            span = age + policy.restart_s       # (0 with restart_delay_s=0 at a job's arrival: nothing to lose)
+            self.restart.append(max(age - v.reconfigurations * policy.restart_s, 0.0) / span if span > 0 else 1.0)
 
     def _believed(self, j: int, gpus: int, vnodes: int | None = None) -> float:
         return self.policy._believed(self.world, job_of(self.views[j]), gpus, self.progress[j], self.types,

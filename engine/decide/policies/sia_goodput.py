@@ -220,7 +220,7 @@ class SiaGoodput(Policy):
             if self.restart_factor and v.current is not None:
                 age = ctx.now_s - job.arrival_s
                 pen = job.restart_penalty_s
-                factor = 1.0 if age < pen else max(age - v.reconfigurations * pen, 0.0) / (age + pen)
+                factor = 1.0 if age < pen or age + pen <= 0 else max(age - v.reconfigurations * pen, 0.0) / (age + pen)
             restarting = in_restart(v, ctx.now_s) and cur_key is not None
             for (t, s), g in values.items():
                 if restarting and (t, s) != cur_key:
