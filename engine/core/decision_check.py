@@ -106,8 +106,8 @@ def check(decisions: Any, ctx: RoundContext, err: _Errors) -> None:
     types = set(ctx.cluster.gpus_by_type())
     for jid, grid in grids.items():
         if jid not in views:
-            raise err("grids", f"decided for job {_show(jid)}, which is not one of the round's {len(views)} jobs "
-                               "(unknown, finished, backing off after a failure or outside the queue window)")
+            raise err("grids", f"decided for job {_show(jid)}, which is not one of the {len(views)} job(s) of the "
+                               "round (unknown, finished, backing off after a failure or outside the queue window)")
         _check_grid(grid, jid, types, err)
     for jid, plan in _mapping(decisions.plans, "plans", err).items():
         _check_plan(plan, jid, grids, err)
