@@ -703,6 +703,13 @@ def load_application(root: Path, name: str, settings: dict[str, AppSettings],
         if s.max_epochs is not None and s.max_epochs > n_epochs:
             raise InputError(f"max_epochs {s.max_epochs} of {name!r} on {c!r} exceeds the {n_epochs} epochs its "
                              "validation curves hold", file=str(app_dir / "validation-*.csv"), field="max_epochs")
+        # the artifact asserts it (applications.py): no configuration could run the job
+        max_batch = s.max_batch_size or validation[-1].batch_size
+        min_local = s.min_local_bsz or int(profiles[c].local_bsz.min())
+        if max_batch < min_local:
+            raise InputError(f"{name!r} on {c!r}: its largest batch {max_batch} is below its smallest per-GPU batch "
+                             f"{min_local}, so no configuration could run it (the artifact asserts max_batch_size >= "
+                             "min_local_bsz)", file=str(root / SIA_APPLICATIONS_FILE), field="max_batch_size")
     return SiaApplication(name, {c: settings[c] for c in clusters}, profiles, validation)
 
 

@@ -262,6 +262,9 @@ WORKLOAD = "workloads/mini/workload-1.csv"
      "workload-1.csv, line 2, field 'batch_size'", "must be a whole number in 1..1,048,576"),
     ("penalty", "sia.py", "return 20", "return 1e999", "sia.py, line 3, field 'get_restart_penalty'",
      "the penalty of 'toy': must be a finite number in [0, 86400]"),
+    ("assert", APPS, 'cluster_suffix="aws", max_epochs=3', 'cluster_suffix="aws", max_epochs=3, max_batch_size=4',
+     "workload-1.csv, line 2, field 'application'", "'toy' on 'aws': its largest batch 4 is below its smallest "
+                                                     "per-GPU batch 8, so no configuration could run it"),
 ])
 def test_hostile_artifact_values_are_refused_by_file_line_and_field(tmp_path, case, rel, old, new, where, message):
     """Each value that ran (wrongly, for hours, or into a traceback) names where it is."""
