@@ -85,7 +85,7 @@ def _num(policy: str, cfg: dict, key: str, default: float, lo: float, hi: float)
 
 
 class Pollux(Policy):
-    def __init__(self, name: str = "pollux", defaults: dict[str, Any] | None = None, **given: Any):
+    def __init__(self, name: str = "pollux", defaults: dict[str, Any] | None = None, /, **given: Any):
         refuse_unknown_options(name, {**(defaults or {}), **given}, OPTIONS)
         cfg = {**(defaults or {}), **given}
         self.name = name
