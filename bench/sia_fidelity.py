@@ -96,10 +96,11 @@ def read_reference(path: Path) -> dict:
 
 
 def run_ours(inst, label: str, name: str, options: dict) -> dict:
-    from engine.cli.common import goodput_perf, reconfig_for
+    from engine.cli.common import check_policy_on, goodput_perf, instance_workload, reconfig_for
     from engine.core.policy import make_policy
     from engine.sim.simulator import simulate
     pol = make_policy(name, **options)
+    check_policy_on(pol, instance_workload(inst, run_out=True))     # an option it would not read: refused
     t0 = time.perf_counter()
     res = simulate(inst, pol, perf=goodput_perf(None, None, None, inst.oracle), reconfig=reconfig_for(inst, {}),
                    run_out=True)

@@ -13,8 +13,9 @@ from typing import BinaryIO
 
 from .errors import InputError
 from .gpus import canonical_gpu_name
-from .limits import MAX_INPUT_BYTES, MAX_TIME_S, TIME_BOUND
+from .limits import MAX_INPUT_BYTES, MAX_TIME_S, TIME_BOUND, Range
 from .models import canonical_model_name
+from .paths import check_regular_file
 
 
 def read_bounded(f: BinaryIO, label: str, what: str) -> bytes:
@@ -51,6 +52,7 @@ def read_text(path: str | Path, what: str) -> str:
     """The text of a ``what`` file (a trace, an outage list; gzip detected by its magic
     bytes), at most ``MAX_INPUT_BYTES`` of it, or an ``InputError`` naming the file."""
     p = Path(path)
+    check_regular_file(p, f"{what} file")            # a pipe or a device: reading it may never end
     try:
         with p.open("rb") as f:
             data = read_bounded(f, str(p), what)
@@ -59,6 +61,8 @@ def read_text(path: str | Path, what: str) -> str:
     except IsADirectoryError:
         article = "an" if what[:1] in "aeiou" else "a"
         raise InputError(f"is a directory, not {article} {what} file", file=str(p)) from None
+    except OSError as e:                              # permission, a name too long, a link loop
+        raise InputError(f"cannot read the {what} file: {e.strerror or e}", file=str(p)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -150,6 +154,10 @@ class CsvRows:
         if minimum is not None and (v <= minimum if strict_min else v < minimum):
             raise self.err(line, c, f"must be {'>' if strict_min else '>='} {minimum}, got {s!r}")
         return v
+
+    def bounded(self, rec, line, c, bound: Range) -> float:
+        """A number within ``bound`` (instances/limits.py; an int when it is ``integer``)."""
+        return bound.check(rec[self.idx[c]].strip(), file=self.label, line=line, field=c)
 
     def time(self, rec, line, c, minimum: float | None = 0.0, optional: bool = False) -> float | None:
         """A time or duration in seconds: finite, ``>= minimum`` and at most ``MAX_TIME_S``

@@ -19,10 +19,18 @@
 - ``MAX_NESTING_DEPTH`` (64): how deeply a JSON or TOML document may nest arrays and
   objects (``instances.structured``); every such file the project reads is at most 4
   deep.
+- ``Range`` bounds, each checked by ``Range.check`` wherever its value comes from (a
+  ``--policy-opt``, the Sia artifact's files, the live service): the goodput policies'
+  options (Sia's ``p``, ``lambda_n`` and ``clip``, also the artifact's
+  ``sia_default_*``; Pollux's ``p``; Gavel's round; the genetic search's size) and the
+  Sia artifact's measurements (calibration slowdowns, restart times, step times,
+  gradient statistics). Each says why: the value past it overflows, stalls the solver,
+  runs for hours, or gives a schedule that runs nothing.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from .errors import InputError
 
@@ -36,6 +44,106 @@ MIN_PRIORITY = 1.0 / MAX_COEFFICIENT
 MAX_INPUT_BYTES = 128 * 1024 * 1024
 
 MAX_NESTING_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number's bound: in ``[lo, hi]`` (``integer``: a whole number; ``nonzero``: not 0),
+    and why (``why``: what a value past it does, said in the refusal)."""
+    lo: float
+    hi: float
+    why: str = ""
+    integer: bool = False
+    nonzero: bool = False
+
+    def describe(self) -> str:
+        if self.integer:
+            return f"a whole number in {int(self.lo):,}..{int(self.hi):,}{', not 0' if self.nonzero else ''}"
+        return f"a finite number in [{self.lo:g}, {self.hi:g}]{', not 0' if self.nonzero else ''}"
+
+    def check(self, v, *, field: str | None = None, file: str | None = None, line: int | None = None,
+              what: str = "") -> float:
+        """``v`` (a number, or its text) within the range, as a float (an int when
+        ``integer``), or an ``InputError`` naming ``field`` (``file``, ``line``) that says
+        the range and ``why``; ``what`` prefixes the reason (``policy 'sia': p ``)."""
+        why = f" ({self.why})" if self.why else ""
+        f = _as_float(v)
+        if f is None:
+            raise InputError(f"{what}must be {self.describe()}, got {show_number(v)}", file=file, line=line,
+                             field=field)
+        if self.integer and math.isfinite(f) and not f.is_integer():         # 1.5 replicas is not 1
+            raise InputError(f"{what}must be a whole number, got {show_number(v)}", file=file, line=line,
+                             field=field)
+        if not (math.isfinite(f) and self.lo <= f <= self.hi) or (self.nonzero and f == 0):
+            raise InputError(f"{what}must be {self.describe()}{why}, got {show_number(v)}", file=file, line=line,
+                             field=field)
+        return int(f) if self.integer else f
+
+
+def _as_float(v) -> float | None:
+    """``v`` as a float (an integer past a float's range: +-inf), None for what is no number."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        try:
+            return float(v)
+        except OverflowError:
+            return math.inf if v > 0 else -math.inf
+    if isinstance(v, float):
+        return v
+    if isinstance(v, str):
+        try:
+            return _as_float(int(v.strip()))
+        except ValueError:
+            pass
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+# Sia's goodput policy (engine/decide/policies/sia_goodput.py): its options and the Sia
+# artifact's defaults of them (simulator_config.py: sia_default_p_val, sia_default_lambda_n,
+# sia_goodput_clip_val). A configuration's cost is its normalized goodput to the power p,
+# clipped: p's sign says whether the MILP minimizes (p < 0) or maximizes; lambda_n, the
+# price of leaving a job out, must have the other sign and exceed the cost of a job's
+# smallest configuration (1) in size, else leaving every job out is optimal.
+SIA_P = Range(-10.0, 10.0, "Sia's fairness exponent; its artifact runs -0.5", nonzero=True)
+SIA_LAMBDA_N = Range(-1e6, 1e6, "the price of a job left out: its size above 1, its sign opposite p's; the "
+                                 "artifact runs 1.1")
+SIA_CLIP = Range(1.0, 1e9, "the cap on a configuration's cost; below 1 every configuration costs the same")
+
+
+def check_sia_pair(p: float, lambda_n: float, *, field: str, what: str = "", where: str = "",
+                   file: str | None = None, line: int | None = None) -> None:
+    """Sia's ``p`` and ``lambda_n`` together (see above): ``lambda_n`` of the other sign
+    than ``p`` and larger than 1 in size, else an ``InputError`` naming ``field``."""
+    if abs(lambda_n) <= 1.0 or (lambda_n > 0) == (p > 0):
+        need = "> 1" if p < 0 else "< -1"
+        raise InputError(f"{what}lambda_n {lambda_n:g} with p {p:g}{where}: lambda_n must be {need} (the price of "
+                         f"a job left out must outweigh the cost of its smallest configuration, else the schedule "
+                         f"leaves every job out)", file=file, line=line, field=field)
+# Pollux's fairness exponent (engine/decide/policies/pollux.py): its exact search prices a
+# job left out at 1e-3 ** p, which at p = -5 is 1e15 and past HiGHS's precision.
+POLLUX_P = Range(-4.0, 10.0, "Pollux's power-mean exponent; its artifact runs -1; below -4 the cost of a job "
+                             "left out (1e-3 ** p) exceeds what the solver resolves", nonzero=True)
+# Gavel's time-sharing round on the Sia artifact's jobs (engine/decide/policies/gavel_goodput.py).
+GAVEL_ROUND = Range(1.0, 86_400.0, "Gavel's round; its artifact runs 360 s")
+# The genetic search of Pollux (engine/decide/policies/pollux_ga.py): its work per round is
+# generations x population evaluations (the artifact's 100 x 100; 10 ms to seconds a round
+# depending on the jobs); at most ten times that.
+GA_GENERATIONS = Range(1, 1000, "the search's generations a round; its artifact runs 100", integer=True)
+GA_POPULATION = Range(2, 1000, "the search's population; its artifact runs 100", integer=True)
+GA_MAX_EVALUATIONS = 100_000
+# The Sia artifact's measurements (instances/sia_artifact.py).
+SIA_SLOWDOWN = Range(0.01, 100.0, "a calibration factor; the artifact's are 1.0 to 1.8: past 100 a job runs for "
+                                   "simulated years, below 0.01 its steps take less than float time resolves")
+RESTART_S = Range(0.0, 86_400.0, "a restart time; the artifact's are 15 to 250 s")
+STEP_TIME_S = Range(1e-6, 3600.0, "a measured step or all-reduce time; the artifact's are 0.007 to 13 s")
+SYNC_TIME_S = Range(0.0, 3600.0, STEP_TIME_S.why)
+GRADIENT_STAT = Range(0.0, 1e100, "a gradient statistic; the artifact's are at most 1e16: statistical efficiency "
+                                  "adds and divides them")
 
 
 def is_number(v) -> bool:

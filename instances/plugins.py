@@ -24,6 +24,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import stat
 import sys
 import traceback
 from dataclasses import dataclass
@@ -78,9 +79,18 @@ def _import(spec: str, source: str, field: str) -> tuple[str, str | None, bool]:
     """Import a plug-in; (module name, file path or None, whether this call imported it)."""
     if _is_path(spec):
         path = Path(spec).expanduser()
-        if not path.is_file():
-            what = "is a folder, not a Python file" if path.is_dir() else "does not exist"
-            raise InputError(f"plugin {spec} ({source}) {what}", field=field)
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            what = "is a symbolic link to a missing file" if path.is_symlink() else "does not exist"
+            raise InputError(f"plugin {spec} ({source}) {what}", field=field) from None
+        except OSError as e:            # a link loop, a name too long, no permission
+            raise InputError(f"plugin {spec} ({source}) cannot be read: {e.strerror or e}", field=field) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"plugin {spec} ({source}) is a folder, not a Python file", field=field)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"plugin {spec} ({source}) is not a regular file (a pipe, a device or a socket)",
+                             field=field)
         path = path.resolve()
         name = f"arena_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
         if name in sys.modules:
@@ -117,6 +127,37 @@ def _load_error(e: Exception, spec: str, source: str, field: str, path_hint: str
 PLUGIN_MARK = "__arena_plugin__"     # set on a module once it has loaded as a plug-in
 
 
+def plugin_files() -> dict[str, str]:
+    """{absolute file: module name} of the plug-ins loaded in this process."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None)
+        if file and getattr(mod, PLUGIN_MARK, False):
+            out[os.path.abspath(file)] = name
+    return out
+
+
+def defined_in(obj: object) -> str | None:
+    """The plug-in file that defines ``obj``'s class (or ``obj``, a class or a function);
+    None when it is not a plug-in's."""
+    target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__code__") else type(obj)
+    mod = sys.modules.get(getattr(target, "__module__", "") or "")
+    file = getattr(mod, "__file__", None)
+    return os.path.abspath(file) if file and getattr(mod, PLUGIN_MARK, False) else None
+
+
+def failure_site(exc: BaseException) -> tuple[str, int] | None:
+    """(file, line) where ``exc`` was raised: the innermost frame in a plug-in's file when
+    there is one (the plug-in's own code, not the project's it called), else the innermost."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    files = plugin_files()
+    own = [f for f in frames if os.path.abspath(f.filename) in files]
+    f = (own or frames)[-1]
+    return f.filename, f.lineno or 0
+
+
 def load_plugin(spec: str, source: str = "--plugin", *, registries: Iterable[Registry] = (),
                 field: str = "--plugin") -> LoadedPlugin:
     """Import one plug-in after discovering ``registries``; an ``InputError`` naming it if
@@ -127,7 +168,7 @@ def load_plugin(spec: str, source: str = "--plugin", *, registries: Iterable[Reg
         raise InputError(f"empty plugin name ({source})", field=field)
     spec = spec.strip()
     before = _snapshot(registries)
-    path_hint = str(Path(spec).expanduser().resolve()) if _is_path(spec) else None
+    path_hint = os.path.realpath(os.path.expanduser(spec)) if _is_path(spec) else None   # (a loop: no error)
     try:
         module, path, fresh = _import(spec, source, field)
     except (Exception, SystemExit) as e:    # (KeyboardInterrupt stays what it is)
@@ -140,6 +181,9 @@ def load_plugin(spec: str, source: str = "--plugin", *, registries: Iterable[Reg
         raise _load_error(e, spec, source, field, path_hint) from None
     after = _snapshot(registries)
     added = tuple(f"{kind} {name}" for kind in after for name in sorted(after[kind] - before[kind]))
+    for r in registries:                # an error of what it registered names it (Registry.origin)
+        for name in after[r.kind] - before[r.kind]:
+            r.set_origin(name, path or module)
     mod = sys.modules.get(module)
     if not fresh and registries and not added and not getattr(mod, PLUGIN_MARK, False):
         raise InputError(f"plugin {spec} ({source}) registered nothing: it is a module imported before that "

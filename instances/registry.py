@@ -24,6 +24,7 @@ class Registry(Generic[F]):
         self.package = package              # plug-in package whose modules are imported
         self.field = field or kind.replace(" ", "_")
         self._items: dict[str, F] = {}
+        self._origins: dict[str, str] = {}     # name -> the plug-in that registered it (its file or module)
         self._discovered = package is None
 
     def register(self, name: str) -> Callable[[F], F]:
@@ -43,6 +44,16 @@ class Registry(Generic[F]):
     def unregister(self, name: str) -> None:
         """Forget ``name`` (a plug-in that failed half-way is taken back out: instances/plugins.py)."""
         self._items.pop(name, None)
+        self._origins.pop(name, None)
+
+    def set_origin(self, name: str, origin: str) -> None:
+        """Record that the plug-in ``origin`` (its file, or its module) registered ``name``."""
+        if name in self._items:
+            self._origins[name] = origin
+
+    def origin(self, name: str) -> str | None:
+        """The plug-in that registered ``name`` (None: a built-in, or registered in-process)."""
+        return self._origins.get(name)
 
     def _discover(self) -> None:
         if self._discovered:

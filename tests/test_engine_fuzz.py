@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.context import Decisions
+from engine.core.placement import Placer
 from engine.core.policy import Policy
 from engine.sim.simulator import simulate
 from instances.grid import Grid, Shape
@@ -17,7 +18,9 @@ from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
 
 
 class RandomPolicy(Policy):
-    """Keeps, moves, resizes, preempts or starts jobs at random (seeded by the round)."""
+    """Keeps, moves, resizes, preempts or starts jobs at random (seeded by the round); pins
+    some of them to GPUs it finds free (a pin the round must honour: no job kept in place
+    and no other pin holds them)."""
     name = "random"
 
     def __init__(self, seed: int):
@@ -26,7 +29,7 @@ class RandomPolicy(Policy):
     def decide(self, ctx):
         rng = random.Random(self.seed * 1000 + ctx.round_index)
         types = sorted(ctx.cluster.gpus_by_type())
-        grids, pins = {}, {}
+        grids, want_pin = {}, []
         for v in ctx.jobs:
             a = rng.random()
             if a < 0.25 and v.current is not None:
@@ -34,10 +37,21 @@ class RandomPolicy(Policy):
             elif a < 0.8:
                 t = rng.choice(types)
                 m = rng.choice([1, 2, 4])
-                g = Grid(Shape(t, rng.choice([1, 1, 2]), m), rng.choice([1, m]))
-                grids[v.job_id] = g
-                if rng.random() < 0.2:        # a (possibly bad) pin
-                    pins[v.job_id] = tuple((rng.randrange(4), i) for i in range(g.num_gpus))
+                grids[v.job_id] = Grid(Shape(t, rng.choice([1, 1, 2]), m), rng.choice([1, m]))
+                if rng.random() < 0.2:
+                    want_pin.append(v.job_id)
+        placer = Placer(ctx.cluster)
+        free = placer.empty_free_map(ctx.unavailable_nodes)
+        for v in ctx.jobs:             # jobs kept where they are (same shape, not pinned) hold their GPUs
+            if v.current is not None and v.job_id not in want_pin and v.job_id in grids \
+                    and grids[v.job_id].shape == v.current.grid.shape:
+                placer.take(free, v.current.gpus)
+        pins = {}
+        for jid in want_pin:
+            gpus = placer.choose(free, grids[jid].shape)
+            if gpus is not None:
+                placer.take(free, gpus)
+                pins[jid] = gpus
         return Decisions(grids, placements=pins)
 
 

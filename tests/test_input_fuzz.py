@@ -417,3 +417,122 @@ def test_simulations_with_huge_times_end_or_are_refused(tmp_path, arrival, prior
         return
     assert res.summary["end_reason"] in ("horizon", "all jobs finished", "stalled", "safety limit", "clock bound")
     assert all(r.time_s <= 9e12 for r in res.rounds)
+
+
+# ------------------------------------------------------------- the Sia artifact (issue 58)
+SIA_FIXTURE = Path(__file__).parent / "data" / "sia_artifact"
+SIA_CSVS = sorted(str(p.relative_to(SIA_FIXTURE / "sia-simulator")) for p in SIA_FIXTURE.rglob("*.csv")
+                  if "pipes" not in str(p))
+SIA_NAMES = ["cluster_nnodes", "cluster_ngpus_per_node", "cluster_max_physical_nnodes", "SLOWDOWNS",
+             "sia_default_p_val", "sia_default_lambda_n", "sia_default_lambda_a", "sia_goodput_clip_val"]
+SIA_LITERALS = ["0", "-1", "1", "-0.0", "1e-300", "1e308", "1e999", "-1e308", "10**12", "9" * 400, "None", "'x'",
+                "True", "{}", "[1]", "{'aws': 0}", "{'aws': 10**9, 'rtx': 1}", "{'aws': 1000000, 'rtx': 1}",
+                "{'toy': float('nan'), 'big': 1}", "{'toy': 1e300, 'big': 1}", "{'toy': 1e-300, 'big': 1}",
+                "{'tpu': 1}", "dict(aws=2)", "{'aws': 2, 'rtx': 1}", "{'toy': 2, 'big': 0.5}", "0.5", "-2", "2"]
+
+
+@st.composite
+def corrupted_artifact(draw):
+    """(file, how): one field of one file of the fixture replaced by a hostile value, or by
+    its own value scaled far (which the importer may accept, and the run must survive)."""
+    if draw(st.integers(0, 3)):
+        rel = draw(st.sampled_from(SIA_CSVS))
+        lines = (SIA_FIXTURE / "sia-simulator" / rel).read_text().splitlines()
+        row = draw(st.integers(1, len(lines) - 1))
+        col = draw(st.integers(0, lines[0].count(",")))
+        cell = lines[row].split(",")[col]
+        scaled = repr(float(cell) * draw(st.sampled_from([0.0, 1e-6, 0.5, 2.0, 1e3, 1e6, -1.0])))
+        return rel, (row, col, draw(st.one_of(value, st.just(scaled), st.just(scaled))))
+    return "simulator_config.py", (draw(st.sampled_from(SIA_NAMES)), draw(st.sampled_from(SIA_LITERALS)))
+
+
+@settings(max_examples=30, deadline=timedelta(seconds=20), derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=corrupted_artifact(), policy=st.sampled_from(["sia", "gavel", "pollux", "pollux-artifact", "fcfs",
+                                                          "arena"]))
+def test_sia_artifact_fields_fuzzed(tmp_path_factory, case, policy):
+    """A corrupted copy of the fixture (any CSV field, or a setting of simulator_config.py):
+    an InputError naming the file, or an instance that simulates (a few rounds, every
+    policy of the goodput jobs) without another exception or a hang."""
+    import shutil
+
+    from engine.cli.common import goodput_perf, reconfig_for
+    from engine.core.policy import make_policy
+    from engine.sim.simulator import simulate
+    from instances import sia_artifact, sia_instances
+    from instances.sia_instances import load_sia_instance
+    root = tmp_path_factory.mktemp("sia") / "a"
+    shutil.copytree(SIA_FIXTURE, root)
+    sim = root / "sia-simulator"
+    rel, how = case
+    path = sim / rel
+    if rel.endswith(".csv"):
+        row, col, text = how
+        lines = path.read_text().splitlines()
+        cells = lines[row].split(",")
+        cells[min(col, len(cells) - 1)] = text
+        lines[row] = ",".join(cells)
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        name, literal = how
+        path.write_text(path.read_text() + f"\n{name} = {literal}\n")
+    sia_artifact.forget_loaded()
+    sia_instances.sia_world.cache_clear()
+    try:
+        inst = load_sia_instance("sia:mini/workload-1", sim)
+        simulate(inst, make_policy(policy), perf=goodput_perf(None, None, None, inst.oracle),
+                 reconfig=reconfig_for(inst, {}), rounds=4)
+    except InputError as e:
+        assert_clean(e)
+        assert e.file is not None or e.field in ("--instance", "--perf"), e
+    finally:
+        sia_artifact.forget_loaded()
+        sia_instances.sia_world.cache_clear()
+
+
+GOODPUT_OPTIONS = {"sia": ["p", "lambda_n", "clip", "max_replicas_factor", "time_limit_s", "rel_gap",
+                           "restart_factor", "project_throughputs", "estimates"],
+                   "gavel": ["round_s", "share_ties"],
+                   "pollux": ["p", "restart_delay_s", "max_replicas", "max_replicas_factor", "time_limit_s",
+                              "rel_gap", "estimates"],
+                   "pollux-artifact": ["p", "generations", "population", "max_replicas", "estimates"]}
+
+
+# values at and near each option's bounds (instances/limits.py), and the artifact's own
+PLAUSIBLE = {"p": [-10, -4, -1, -0.5, 0.5, 1, 10, 10.5], "lambda_n": [-1e6, -2, -1.1, 1, 1.1, 2, 1e6],
+             "clip": [0.5, 1, 3000, 1e9], "max_replicas_factor": [0, 0.5, 2, 1e6], "time_limit_s": [0.01, 1, 60],
+             "rel_gap": [0, 1e-4, 1], "round_s": [1, 60, 360, 1200, 1300, 86400], "restart_delay_s": [0, 30, 1e6],
+             "max_replicas": [1, 2, 16, 2.5, 10**6], "generations": [1, 10, 1001],
+             "population": [2, 10, 1001]}
+
+
+@settings(max_examples=40, deadline=timedelta(seconds=20), derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), policy=st.sampled_from(sorted(GOODPUT_OPTIONS)))
+def test_goodput_policy_options_fuzzed(data, policy):
+    """The goodput policies' options (as the command line parses them, or Python values):
+    an InputError on --policy-opt before any round, or a policy that decides the fixture's
+    goodput jobs for a few rounds (no overflow, no solver stalled at status 15)."""
+    from engine.cli.common import (
+        build_policy,
+        check_policy_on,
+        goodput_perf,
+        instance_workload,
+        parse_value,
+        reconfig_for,
+    )
+    from engine.sim.simulator import simulate
+    from instances.sia_instances import load_sia_instance
+    keys = data.draw(st.lists(st.sampled_from(GOODPUT_OPTIONS[policy]), min_size=1, max_size=3, unique=True))
+    opts = {k: data.draw(st.one_of(NUMBER, st.sampled_from(PLAUSIBLE.get(k, ["true", "false", "fitted", "profiles"])),
+                                   st.sampled_from(PLAUSIBLE.get(k, ["true", "false", "fitted", "profiles"]))))
+            for k in keys}
+    opts = {k: parse_value(v) if isinstance(v, str) else v for k, v in opts.items()}
+    inst = load_sia_instance("sia:mini/workload-1", SIA_FIXTURE)
+    try:
+        pol = build_policy(policy, opts)
+        check_policy_on(pol, instance_workload(inst, run_out=True))
+    except InputError as e:
+        assert e.field == "--policy-opt" and f"policy {policy!r}" in str(e), e
+        return
+    simulate(inst, pol, perf=goodput_perf(None, None, None, inst.oracle), reconfig=reconfig_for(inst, {}), rounds=4)

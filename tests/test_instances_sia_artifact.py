@@ -148,7 +148,7 @@ def test_fixed_batch_jobs_keep_their_executor_path():
      "sia.py", "no get_restart_penalty function"),
     (lambda r: (r / "traces/toy/placements-aws.csv").write_text(
         "placement,local_bsz,step_time,sync_time\n1,8,0.02,0\n1,x,0.03,0\n"),
-     "placements-aws.csv, line 3, field 'local_bsz'", "not an integer: 'x'"),
+     "placements-aws.csv, line 3, field 'local_bsz'", "must be a whole number in 1..1,048,576, got 'x'"),
     (lambda r: (r / "traces/toy/placements-aws.csv").write_text(
         "placement,local_bsz,step_time,sync_time\n40,8,0.02,0\n"),
      "placements-aws.csv, line 2, field 'placement'", "a node with 0 GPUs"),
@@ -156,13 +156,13 @@ def test_fixed_batch_jobs_keep_their_executor_path():
      "scalability-rtx.csv", "scalability profile file not found"),
     (lambda r: (r / "traces/toy/validation-64.csv").write_text(
         "progress,iteration,metric,grad_sqr,grad_var\n10,1,0.1,1,1\n5,2,0.2,1,1\n"),
-     "validation-64.csv, line 3, field 'progress'", "must not decrease"),
+     "validation-64.csv, line 3, field 'progress'", "must increase from one epoch to the next"),
     (lambda r: (r / "workloads/mini/workload-1.csv").write_text(
         "name,time,application,num_replicas,batch_size\ntoy-0,0,resnet,1,16\n"),
      "workload-1.csv, line 2, field 'application'", "unknown application 'resnet'"),
     (lambda r: (r / "workloads/mini/workload-1.csv").write_text(
         "name,time,application,num_replicas,batch_size\ntoy-0,0,toy,0,16\n"),
-     "workload-1.csv, line 2, field 'num_replicas'", "must be >= 1"),
+     "workload-1.csv, line 2, field 'num_replicas'", "must be a whole number in 1..16"),
     (lambda r: (r / "workloads/mini/workload-1.csv").write_text("name,time,application\n"),
      "workload-1.csv, line 1, field 'num_replicas'", "missing column(s) num_replicas, batch_size"),
 ])
@@ -199,3 +199,116 @@ def test_gpu_types_of_the_artifact_are_in_the_catalog():
         assert get_gpu(t).memory_bytes > 0
     assert get_gpu("t4").fp16_flops < get_gpu("a100-40gb").fp16_flops
     assert math.isfinite(float(np.float64(get_gpu("rtx-2080ti").memory_bw_bytes_per_s)))
+
+
+def _replace(rel: str, old: str, new: str):
+    def edit(root: Path) -> None:
+        p = root / rel
+        text = p.read_text()
+        assert old in text, (rel, old)
+        p.write_text(text.replace(old, new, 1))
+    return edit
+
+
+CONFIG, APPS, TOY = "simulator_config.py", "applications.py", "traces/toy"
+WORKLOAD = "workloads/mini/workload-1.csv"
+
+
+@pytest.mark.parametrize("case, rel, old, new, where, message", [
+    ("A5", CONFIG, 'cluster_nnodes = {"aws": 2, "rtx": 1}', "cluster_nnodes = 10**12",
+     "simulator_config.py, line 5, field 'cluster_nnodes'", "its last assignment is a value computed when Python"),
+    ("A5", CONFIG, 'cluster_nnodes = {"aws": 2, "rtx": 1}', "cluster_nnodes = dict(aws=2)",
+     "simulator_config.py, line 5, field 'cluster_nnodes'", "the importer reads literal values only"),
+    ("A5", CONFIG, "SLOWDOWNS = {", 'SLOWDOWNS = {"x": 1.0}\nSLOWDOWNS.update({"toy": 2.0})\nOLD = {',
+     "simulator_config.py, line 9, field 'SLOWDOWNS'", "a call of SLOWDOWNS.update(...)"),
+    ("A6", CONFIG, '{"aws": 2, "rtx": 1}', '{"aws": 1000000000, "rtx": 1}',
+     "simulator_config.py, line 5, field 'cluster_nnodes'", "4,000,000,008 GPUs, more than the 1,048,576"),
+    ("A7", CONFIG, '"toy": 1.5', '"toy": 1e-300', "simulator_config.py, line 8, field 'SLOWDOWNS'",
+     "entry 'toy': must be a finite number in [0.01, 100]"),
+    ("A18", CONFIG, '"toy": 1.5', '"toy": 1e300', "simulator_config.py, line 8, field 'SLOWDOWNS'",
+     "past 100 a job runs for simulated years"),
+    ("A8", CONFIG, "sia_default_p_val = -0.5", "sia_default_p_val = 0",
+     "simulator_config.py, line 12, field 'sia_default_p_val'", "must be a finite number in [-10, 10], not 0"),
+    ("A8", CONFIG, "sia_goodput_clip_val = 3000.0", "sia_goodput_clip_val = -5",
+     "simulator_config.py, line 13, field 'sia_goodput_clip_val'", "must be a finite number in [1, 1e+09]"),
+    ("A8", CONFIG, "sia_default_lambda_n = 1.1", "sia_default_lambda_n = -1e308",
+     "simulator_config.py, line 10, field 'sia_default_lambda_n'", "must be a finite number in [-1e+06, 1e+06]"),
+    ("A8", CONFIG, "sia_default_lambda_n = 1.1", "sia_default_lambda_n = -2",
+     "simulator_config.py, line 10, field 'sia_default_lambda_n'", "lambda_n -2 with p -0.5: lambda_n must be > 1"),
+    ("A9", CONFIG, "sia_default_p_val = -0.5", "sia_default_p_val = 1e308",
+     "simulator_config.py, line 12, field 'sia_default_p_val'", "got 1e+308"),
+    ("A9", CONFIG, "sia_default_lambda_n = 1.1", "sia_default_lambda_n = 1e308",
+     "simulator_config.py, line 10, field 'sia_default_lambda_n'", "got 1e+308"),
+    ("A10", APPS, "self.rescale_time = 20", "self.rescale_time = 1e300",
+     "applications.py, line 11, field 'rescale_time'", "rescale_time of 'toy': must be a finite number in [0, 86400]"),
+    ("A11", APPS, "self.rescale_time = 20", "self.rescale_time = 1e999",
+     "applications.py, line 11, field 'rescale_time'", "got inf"),
+    ("A5", APPS, "self.rescale_time = 20", "self.rescale_time = 2 * 10",
+     "applications.py, line 11, field 'rescale_time'", "self.rescale_time of 'toy' is a value computed"),
+    ("A12", f"{TOY}/placements-aws.csv", "1,8,0.026000", "1,1000000000000,0.026000",
+     "placements-aws.csv, line 2, field 'local_bsz'", "must be a whole number in 1..1,048,576"),
+    ("A13", f"{TOY}/placements-aws.csv", "\n1,8,0.026000", "\n" + "1" * 5000 + ",8,0.026000",
+     "placements-aws.csv, line 2, field 'placement'", "a placement over 5,000 nodes: at most 18"),
+    ("A14", f"{TOY}/validation-16.csv", "5000.0,5000,", "0,5000,",
+     "validation-16.csv, line 2, field 'progress'", "must increase from one epoch to the next (and be above 0"),
+    ("A15", f"{TOY}/validation-16.csv", "5000.0,5000,0.50,2.0000,1.0000", "5000.0,5000,0.50,1e308,1e308",
+     "validation-16.csv, line 2, field 'grad_sqr'", "must be a finite number in [0, 1e+100]"),
+    ("step", f"{TOY}/scalability-aws.csv", "1,1,8,0.030800", "1,1,8,1e-300",
+     "scalability-aws.csv, line 2, field 'step_time'", "must be a finite number in [1e-06, 3600]"),
+    ("A3", WORKLOAD, "toy-0,10,toy,2,32", "toy-0,10,toy,1000000000,32",
+     "workload-1.csv, line 2, field 'num_replicas'",
+     "must be a whole number in 1..16 (the simulated cluster's 16 GPUs"),
+    ("A4", WORKLOAD, "toy-0,10,toy,2,32", "toy-0,10,toy,2,1000000000000",
+     "workload-1.csv, line 2, field 'batch_size'", "must be a whole number in 1..1,048,576"),
+    ("penalty", "sia.py", "return 20", "return 1e999", "sia.py, line 3, field 'get_restart_penalty'",
+     "the penalty of 'toy': must be a finite number in [0, 86400]"),
+    ("assert", APPS, 'cluster_suffix="aws", max_epochs=3', 'cluster_suffix="aws", max_epochs=3, max_batch_size=4',
+     "workload-1.csv, line 2, field 'application'", "'toy' on 'aws': its largest batch 4 is below its smallest "
+                                                     "per-GPU batch 8, so no configuration could run it"),
+])
+def test_hostile_artifact_values_are_refused_by_file_line_and_field(tmp_path, case, rel, old, new, where, message):
+    """Each value that ran (wrongly, for hours, or into a traceback) names where it is."""
+    root = _fresh(_copy(tmp_path))
+    _replace(rel, old, new)(root)
+    with pytest.raises(InputError) as e:
+        load_sia_instance("sia:mini/workload-1", root)
+    _fresh(root)
+    assert where in str(e.value) and message in str(e.value), (case, str(e.value))
+
+
+def test_a_validation_file_named_past_the_batch_bound_is_refused(tmp_path):
+    root = _fresh(_copy(tmp_path))
+    (root / TOY / "validation-16.csv").rename(root / TOY / "validation-99999999999999999999.csv")   # A16
+    with pytest.raises(InputError, match=r"validation-99999999999999999999\.csv, field 'batch size': the batch "
+                                         r"size its name gives must be a whole number in 1\.\.1,048,576"):
+        load_sia_instance("sia:mini/workload-1", root)
+    _fresh(root)
+
+
+@pytest.mark.parametrize("rel", [CONFIG, APPS, "sia.py", f"{TOY}/placements-aws.csv", f"{TOY}/validation-16.csv",
+                                 WORKLOAD])
+def test_a_pipe_or_a_link_loop_in_place_of_an_artifact_file_is_named(tmp_path, rel):
+    """A1 (blocked forever), A2 (an OSError traceback): refused by name, unread."""
+    import os
+    for kind in ("fifo", "loop"):
+        root = _fresh(_copy(tmp_path / kind))
+        p = root / rel
+        p.unlink()
+        if kind == "fifo":
+            os.mkfifo(p)
+            want = "not a regular file (a pipe, a device or a socket)"
+        else:
+            os.symlink(p.name + ".b", p)
+            os.symlink(p.name, str(p) + ".b")
+            want = "Too many levels of symbolic links"
+        with pytest.raises(InputError) as e:
+            load_sia_instance("sia:mini/workload-1", root)
+        _fresh(root)
+        assert e.value.file == str(p) and want in str(e.value)
+
+
+def test_a_workload_name_longer_than_a_file_name_is_refused_without_echoing_it():
+    with pytest.raises(InputError) as e:                    # A17: was "File name too long" (an OSError)
+        load_sia_instance("sia:" + "x" * 5000 + "/w", SIM)
+    assert e.value.field == "--instance" and "(5,002 characters): a part of it is longer than a file name may be" \
+        in str(e.value) and len(str(e.value)) < 300

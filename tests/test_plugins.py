@@ -8,10 +8,13 @@ import json
 import re
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine.cli.main import main, plugin_registries
 from engine.core.policy import policy_names
@@ -248,3 +251,237 @@ def test_installed_entry_points_load_unless_disabled(registries, tmp_path, monke
     loaded = load_plugins([s for s in specs if s[0] == "mylab_sched"], registries)
     assert loaded[0].registered == ("policy from-entry-point",) and loaded[0].path.endswith("mylab_sched.py")
     sys.modules.pop("mylab_sched", None)
+
+
+# ------------------------------------------------------ plug-in decisions (issue 58, E1-E5)
+DECIDES = """
+    from engine.core.context import Decisions, DecisionStats
+    from engine.core.policy import Policy, register_policy
+    from instances.grid import Grid, Shape
+    from instances.plan import BatchPlan, Plan
+
+
+    def raw_grid(t, nodes, per_node, pp=1):          # a Grid its constructor would refuse
+        s = object.__new__(Shape)
+        for k, v in (("gpu_type", t), ("num_nodes", nodes), ("gpus_per_node", per_node)):
+            object.__setattr__(s, k, v)
+        g = object.__new__(Grid)
+        object.__setattr__(g, "shape", s)
+        object.__setattr__(g, "pp", pp)
+        return g
+
+
+    @register_policy("bad")
+    class Bad(Policy):
+        name = "bad"
+
+        def __init__(self, **options):
+            pass
+
+        def decide(self, ctx):
+            jobs, t = [v.job_id for v in ctx.jobs], ctx.cluster.groups[0].gpu_type
+            return {body}
+"""
+
+BAD_DECISIONS = {          # what decide returns -> the field named, and words of the reason
+    "unknown job": ("Decisions({'nope': Grid(Shape(t, 1, 1))})", "grids", "decided for job 'nope', which is not"),
+    "negative GPUs": ("Decisions({jobs[0]: raw_grid(t, 1, -2)})", "grids", "has 1 node(s) of -2 GPU(s)"),
+    "None": ("None", "return", "returned None, not engine.core.context.Decisions"),
+    "a string": ("'a100:1x1'", "return", "returned 'a100:1x1', not"),
+    "a dict": ("{'grids': {}}", "return", "returned {'grids': {}}, not"),
+    "grids None": ("Decisions(None)", "grids", "grids is None, not a mapping of job ids"),
+    "grid a string": ("Decisions({jobs[0]: 'a100'})", "grids", "is 'a100', not instances.grid.Grid"),
+    "pp 3 of 2 GPUs": ("Decisions({jobs[0]: raw_grid(t, 1, 2, 3)})", "grids", "pipeline depth 3, which does not"),
+    "pp 0": ("Decisions({jobs[0]: raw_grid(t, 1, 2, 0)})", "grids", "pipeline depth 0"),
+    "pp a string": ("Decisions({jobs[0]: raw_grid(t, 1, 2, 'x')})", "grids", "is malformed"),
+    "a GPU type the cluster lacks": ("Decisions({jobs[0]: Grid(Shape('v100', 1, 1))})", "grids",
+                                     "on GPU type 'v100-32gb', which the cluster lacks"),
+    "pin on node 999": ("Decisions({jobs[0]: Grid(Shape(t, 1, 1))}, placements={jobs[0]: ((999, 0),)})",
+                        "placements", "names GPU (999, 0), which the cluster lacks"),
+    "pin of too few GPUs": ("Decisions({jobs[0]: Grid(Shape(t, 1, 2))}, placements={jobs[0]: ((0, 0),)})",
+                            "placements", "(1 GPU(s) on 1 node(s)) does not match its grid"),
+    "two jobs pinned to one GPU": ("Decisions({j: Grid(Shape(t, 1, 1)) for j in jobs[:2]}, "
+                                   "placements={j: ((0, 0),) for j in jobs[:2]})", "placements",
+                                   "are both pinned to GPU (0, 0)"),
+    "a pin that is a string": ("Decisions({jobs[0]: Grid(Shape(t, 1, 1))}, placements={jobs[0]: 'x'})",
+                               "placements", "not a tuple of (node, gpu) integer pairs"),
+    "a pin of a job that waits": ("Decisions({}, placements={jobs[0]: ((0, 0),)})", "placements",
+                                  "which it gives no grid"),
+    "a plan that is a string": ("Decisions({jobs[0]: Grid(Shape(t, 1, 1))}, plans={jobs[0]: 'x'})", "plans",
+                                "not instances.plan.Plan or BatchPlan"),
+    "a plan of other GPUs": ("Decisions({jobs[0]: Grid(Shape(t, 1, 1))}, plans={jobs[0]: Plan(1, 2, 1, (4,))})",
+                             "plans", "does not fit its grid"),
+    "stats a string": ("Decisions({}, stats='fast')", "stats", "not engine.core.context.DecisionStats"),
+    "fallbacks without smaller": ("Decisions({}, fallbacks=3)", "fallbacks", "which has no smaller(job_id, grid)"),
+    "it raises": ("1 / 0", "decide", "failed to decide: ZeroDivisionError: division by zero"),
+    "an unknown GPU type": ("Decisions({jobs[0]: Grid(Shape('zzz', 1, 1))})", "gpu_type",
+                            "failed to decide: unknown GPU type 'zzz'"),
+    "a Shape it cannot build": ("Decisions({jobs[0]: Grid(Shape(t, 1, -2))})", "decide",
+                                "ValueError: shape needs at least one node"),
+}
+
+
+def _bad_plugin(tmp_path: Path, body: str) -> Path:
+    return write(tmp_path, "bad_decisions.py", DECIDES.replace("{body}", body))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DECISIONS))
+def test_a_plugins_bad_decision_is_named_by_file_policy_and_field(registries, tmp_path, case):
+    """E1, E4, E5: whatever a plug-in's policy returns or raises, a PolicyError naming its
+    file, the policy and the field, before the round carries anything out."""
+    from engine.core.decision_check import PolicyError
+    from engine.core.policy import make_policy
+    from engine.sim.simulator import simulate
+    from instances.builtin import get_instance
+    body, field, words = BAD_DECISIONS[case]
+    path = _bad_plugin(tmp_path, body)
+    load_plugin(str(path), registries=registries)
+    with pytest.raises(PolicyError) as e:
+        simulate(get_instance("demo"), make_policy("bad"), rounds=3)
+    assert e.value.file == str(path.resolve()) and e.value.field == field, str(e.value)
+    assert "policy 'bad', round " in str(e.value) and words in str(e.value), str(e.value)
+    if field in ("decide", "gpu_type"):                     # the line of the plug-in's own code that raised
+        assert e.value.line == path.read_text().splitlines().index(f"        return {body}") + 1
+
+
+@pytest.mark.parametrize("command", ["simulate", "bench"])
+def test_a_plugins_bad_decision_is_one_line_in_simulate_and_bench(registries, tmp_path, capsys, command):
+    path = _bad_plugin(tmp_path, BAD_DECISIONS["pin on node 999"][0])
+    argv = (["simulate", "--no-plots"] if command == "simulate" else ["bench", "policies", "--no-run-out"])
+    assert main(argv + ["--plugin", str(path), "--instance", "demo", "--policy", "bad", "--rounds", "2",
+                        "--quiet", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"arena: error: {path.resolve()}, field 'placements': policy 'bad', round 0: the pin")
+    assert not any("Traceback" in line for line in err)
+
+
+def test_a_term_with_nan_coefficients_names_its_plugin(registries, tmp_path, capsys):
+    """E2: a plug-in term's NaN objective coefficients, or NaN rows, name the plug-in and
+    the term, not a traceback (nor a silent greedy decision every round)."""
+    path = write(tmp_path, "nan_terms.py", """
+        import dataclasses
+        from dataclasses import dataclass
+        import numpy as np
+        from engine.decide.objectives.base import register_term
+        from engine.decide.policies.arena import ARENA
+        from engine.decide.policies.milp import register_milp_policy
+        @register_term("nanterm")
+        @dataclass(frozen=True)
+        class NanTerm:
+            def apply(self, data, builder, weight):
+                builder.add_x_objective(np.full(data.n_cols, np.nan))
+        @register_term("nanrows")
+        @dataclass(frozen=True)
+        class NanRows:
+            def apply(self, data, builder, weight):
+                builder.add_rows(np.zeros(data.n_cols, dtype=np.int64), np.arange(data.n_cols),
+                                 np.full(data.n_cols, np.nan), 0.0, 1.0, ["nan"])
+        register_milp_policy(dataclasses.replace(ARENA, name="arena-nan", weights={**ARENA.weights, "nanterm": 1.0}))
+        register_milp_policy(dataclasses.replace(ARENA, name="arena-nanrows", weights={**ARENA.weights,
+                                                                                      "nanrows": 1.0}))
+    """)
+    line = [i for i, s in enumerate(path.read_text().splitlines(), 1) if "add_x_objective(np.full" in s][0]
+    for policy, words in (("arena-nan", rf", line {line}, field 'decide': policy 'arena-nan', round 0: failed to "
+                                        r"decide: ValueError: objective coefficients must be finite"),
+                          ("arena-nanrows", r", field 'objective': policy 'arena-nanrows', round 0: failed to decide: "
+                                            r"the round's model holds a NaN or infinite coefficient or bound, added "
+                                            r"by objective term\(s\) nanrows \(plug-in .*nan_terms\.py\)")):
+        assert main(["simulate", "--plugin", str(path), "--instance", "demo", "--policy", policy, "--rounds", "2",
+                     "--quiet", "--no-plots", "--out", str(tmp_path / policy)]) == 2
+        err = capsys.readouterr().err
+        assert re.search(re.escape(f"arena: error: {path.resolve()}") + words, err), err
+
+
+def test_a_symlink_loop_as_plugin_is_named(registries, tmp_path, capsys):
+    """E3: was a RuntimeError traceback (Path.resolve on the loop)."""
+    import os
+    os.symlink("b.py", tmp_path / "a.py")
+    os.symlink("a.py", tmp_path / "b.py")
+    with pytest.raises(InputError, match=r"a\.py \(--plugin\) cannot be read: Too many levels of symbolic links"):
+        load_plugin(str(tmp_path / "a.py"), registries=registries)
+    assert main(["instances", "--plugin", str(tmp_path / "a.py")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+FUZZED = """
+    from engine.core.policy import Policy, register_policy
+    RETURN = None                                    # set by the test: ctx -> what decide returns
+    @register_policy("fuzzed")
+    class Fuzzed(Policy):
+        name = "fuzzed"
+        def decide(self, ctx):
+            return RETURN(ctx)
+"""
+
+
+@st.composite
+def any_decision(draw):
+    """A function of the round's context: what a plug-in's decide returns (or raises)."""
+    from engine.core.context import Decisions, DecisionStats
+    from instances.grid import Grid, Shape
+    from instances.plan import BatchPlan, Plan
+    ids = st.sampled_from(["A", "B", "C", "nope", 3, None])
+    num = st.sampled_from([-1, 0, 1, 2, 3, 4, 2.5, "2", None, 10**20])
+
+    def raw_grid(t, n, m, pp):
+        s, g = object.__new__(Shape), object.__new__(Grid)
+        for k, v in (("gpu_type", t), ("num_nodes", n), ("gpus_per_node", m)):
+            object.__setattr__(s, k, v)
+        object.__setattr__(g, "shape", s)
+        object.__setattr__(g, "pp", pp)
+        return g
+    grid = st.one_of(st.builds(raw_grid, st.sampled_from(["a100-40gb", "a40", "v100-32gb", "zzz", 7]), num, num, num),
+                     st.sampled_from([None, "a100", 3, (1, 2)]))
+    pin = st.one_of(st.lists(st.tuples(st.integers(-1, 4), st.integers(-1, 4)), max_size=5).map(tuple),
+                    st.sampled_from(["x", None, ((0, 0.5),), [(0, 0)], (("0", 0),)]))
+    plan = st.sampled_from([None, "x", BatchPlan(), Plan(1, 1, 1, (4,)), Plan(2, 1, 1, (2, 2)), 3])
+    value = st.one_of(
+        st.sampled_from([None, "grids", {"grids": {}}, 42, Decisions({}), [Decisions({})]]),
+        st.builds(Decisions, st.dictionaries(ids, grid, max_size=3),
+                  st.one_of(st.dictionaries(ids, pin, max_size=3), st.sampled_from([None, "x"])),
+                  st.one_of(st.dictionaries(ids, plan, max_size=2), st.just(None)),
+                  st.sampled_from([DecisionStats(), None, "fast"]),
+                  st.sampled_from([None, 3, "x"])))
+    good = st.sampled_from([Grid(Shape("a100-40gb", 1, 1)), Grid(Shape("a100-40gb", 1, 2)),
+                            Grid(Shape("a100-40gb", 2, 2), 2), Grid(Shape("a40", 1, 2)), Grid(Shape("a40", 1, 1))])
+    near = st.builds(Decisions, st.dictionaries(st.sampled_from(["A", "B", "C"]), good, max_size=3),
+                     st.dictionaries(st.sampled_from(["A", "B", "C"]),
+                                     st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1)), min_size=1, max_size=4,
+                                              unique=True).map(tuple), max_size=2),
+                     st.dictionaries(st.sampled_from(["A", "B"]), st.sampled_from([BatchPlan(), Plan(1, 1, 1, (4,))]),
+                                     max_size=1))
+    how = draw(st.sampled_from(["return", "return", "return", "raise", "bad type"]))
+    if how == "return" and draw(st.booleans()):
+        v = draw(near)                  # well-formed or nearly: its pins may clash, its plans not fit
+        return lambda ctx: v
+    if how == "raise":
+        return lambda ctx: 1 / 0
+    if how == "bad type":
+        return lambda ctx: Decisions({v.job_id: Grid(Shape("zzz", 1, 1)) for v in ctx.jobs})
+    v = draw(value)
+    return lambda ctx: v
+
+
+@settings(max_examples=150, deadline=timedelta(seconds=5), derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(decision=any_decision())
+def test_any_value_a_plugin_returns_is_a_decision_or_an_error_naming_it(registries, tmp_path_factory, decision):
+    """The property (issue 58): whatever a plug-in's policy returns or raises, the
+    simulation runs on (a well-formed decision) or stops with a PolicyError naming the
+    plug-in's file and the policy; never another exception."""
+    from engine.core.decision_check import PolicyError
+    from engine.core.policy import make_policy
+    from engine.sim.simulator import simulate
+    from tests.test_engine_helpers import Inst, LinearOracle, cluster, job
+    if "fuzzed" not in policy_names():
+        d = tmp_path_factory.mktemp("fuzzed")
+        load_plugin(str(write(d, "fuzzed_policy.py", FUZZED)), registries=registries)
+    policy = make_policy("fuzzed")
+    module = sys.modules[type(policy).__module__]
+    module.RETURN = decision
+    inst = Inst("fuzz", cluster(("a100", 2, 2), ("a40", 1, 2)),
+                (job("A", 0.0, 50), job("B", 0.0, 50), job("C", 400.0, 50)), LinearOracle(20.0))
+    try:
+        simulate(inst, policy, rounds=3)
+    except PolicyError as e:
+        assert e.file == module.__file__ and "policy 'fuzzed', round " in str(e), str(e)

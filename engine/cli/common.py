@@ -140,15 +140,10 @@ def build_policy(name: str, opts: dict, *, name_flag: str = "--policy", opt_flag
     try:
         policy = make_policy(name, **opts)
     except (TypeError, ValueError) as e:
-        reason = e.reason if isinstance(e, InputError) else str(e)
         if not opts and not isinstance(e, InputError):     # no option given: the policy's own failure
             raise InputError(f"policy {name!r}{_defined_in(name)} could not be built: {type(e).__name__}: "
-                             f"{reason}{_raised_at(e)}", field=name_flag) from None
-        if not reason.startswith(f"policy {name!r}"):
-            reason = f"policy {name!r}: {reason}"
-        if isinstance(e, InputError) and e.field and e.field not in reason:
-            reason += f" (option {e.field})"
-        raise InputError(reason, field=opt_flag) from None
+                             f"{e}{_raised_at(e)}", field=name_flag) from None
+        raise _option_error(name, e, opt_flag) from None
     lacks = policy_lacks(policy)
     if "decide(ctx)" in lacks:
         raise InputError(f"policy {name!r}{_defined_in(name)} built a {type(policy).__name__} object, which has "
@@ -157,6 +152,40 @@ def build_policy(name: str, opts: dict, *, name_flag: str = "--policy", opt_flag
         raise InputError(f"policy {name!r}{_defined_in(name)} built a {type(policy).__name__} object, which lacks "
                          f"{', '.join(lacks)} (subclass engine.core.policy.Policy for the defaults)", field=name_flag)
     return policy
+
+
+def _option_error(name: str, e: ValueError, opt_flag: str) -> InputError:
+    """A policy's refusal of its options as an ``InputError`` on ``opt_flag``, naming the
+    policy and the option (said once)."""
+    reason = e.reason if isinstance(e, InputError) else str(e)
+    if not reason.startswith(f"policy {name!r}"):
+        reason = f"policy {name!r}: {reason}"
+    if isinstance(e, InputError) and e.field and e.field not in reason:
+        reason += f" (option {e.field})"
+    return InputError(reason, field=opt_flag)
+
+
+def instance_workload(inst, *, run_out: bool, round_interval_s: float | None = None):
+    """What a policy will decide for on ``inst`` (``engine.core.policy.Workload``): its jobs'
+    kind, its truth and, in a run-out, how long the simulator waits with jobs queued and
+    nothing running before it stops as stalled."""
+    from engine.core.policy import Workload
+    from engine.sim.simulator import SimConfig
+    interval = round_interval_s if round_interval_s is not None else inst.round_interval_s
+    return Workload.of_jobs(f"instance {inst.name!r}", inst.jobs, truth=inst.oracle,
+                            idle_limit_s=SimConfig.stall_rounds * interval if run_out else None)
+
+
+def check_policy_on(policy, workload, *, name_flag: str = "--policy", opt_flag: str = "--policy-opt") -> None:
+    """``engine.core.policy.check_policy_for`` before any work: a policy that cannot decide
+    ``workload`` is refused on ``name_flag``, an option it would not read there on ``opt_flag``."""
+    from engine.core.policy import check_policy_for
+    try:
+        check_policy_for(policy, workload)
+    except InputError as e:
+        if e.field == "--policy":
+            raise InputError(e.reason, field=name_flag) from None
+        raise _option_error(policy.name, e, opt_flag) from None
 
 
 def _defined_in(name: str) -> str:

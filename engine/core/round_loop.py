@@ -14,8 +14,10 @@ wall clock (a timer, arrivals, completions, failures) with the launcher's
    held, GPU-seconds lost to reconfiguration);
 2. ``submit(job_id, now)``: arrivals join the queue;
 3. ``round(now, index)``: the policy reads a ``RoundContext`` of every active job and
-   returns ``Decisions``; decisions on shapes the executor knows the job cannot run on
-   are dropped and shown to the policy next time (``JobView.known_infeasible_shapes``);
+   returns ``Decisions``, checked before anything is carried out (a malformed decision,
+   or a policy that raises, is a ``PolicyError`` naming it: engine/core/decision_check.py);
+   decisions on shapes the executor knows the job cannot run on are dropped and shown to
+   the policy next time (``JobView.known_infeasible_shapes``);
    the round's placement (engine/core/round_placement.py) maps grids to GPUs; the
    executor stops, moves and launches; invariants are asserted; the round is recorded.
    A shadow policy (``shadow``), when given, is asked on the same context and compared
@@ -38,6 +40,7 @@ from instances.grid import Grid
 from instances.jobs import Job
 
 from .context import ChangeHistory, Decisions, JobView, RoundContext
+from .decision_check import decide
 from .executor import Executor, JobProgress
 from .invariants import check_invariants
 from .move_ledger import MoveEntry, MoveLedger
@@ -256,9 +259,7 @@ class RoundLoop:
             ctx = self.context(now, index)
             t_dec = time.perf_counter()
             rec.context_time_s = t_dec - t_ctx
-            decisions = self.policy.decide(ctx)
-            if not isinstance(decisions, Decisions):
-                raise TypeError(f"policy {self.policy.name!r} returned {type(decisions).__name__}, not Decisions")
+            decisions = decide(self.policy, ctx)        # checked: a bad one is a PolicyError naming it
             decisions = self._settle(decisions)
             rec.decision_time_s = time.perf_counter() - t_dec      # (its fallbacks taken included)
             rec.refines = decisions.stats.placement_refines

@@ -72,9 +72,10 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
         return decisions
     grids: dict[str, Grid] = dict(decisions.grids)
     plans = dict(decisions.plans)
+    pins = dict(decisions.placements)     # a policy's pins are kept, not replaced (checked: decision_check.py)
     repairs, dropped = 0, []
     for _ in range(MAX_FALLBACK_ROUNDS):
-        res = placer.place(grids, current, unavailable=unavailable)
+        res = placer.place(grids, current, {j: g for j, g in pins.items() if j in grids}, unavailable)
         if not res.failed:
             break
         for jid in res.failed:
@@ -89,12 +90,12 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
                 plans[jid] = alt[1]
             repairs += 1
     else:
-        res = placer.place(grids, current, unavailable=unavailable)
+        res = placer.place(grids, current, {j: g for j, g in pins.items() if j in grids}, unavailable)
         for jid in res.failed:
             grids.pop(jid, None)
             plans.pop(jid, None)
             dropped.append(jid)
-        res = placer.place(grids, current, unavailable=unavailable)
+        res = placer.place(grids, current, {j: g for j, g in pins.items() if j in grids}, unavailable)
     placements = {jid: a.gpus for jid, a in res.allocations.items()}
     stats = replace(decisions.stats, placement_repairs=repairs, placement_dropped=tuple(dropped))
     return Decisions(grids=grids, placements=placements, plans=plans, stats=stats)

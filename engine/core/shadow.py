@@ -25,6 +25,7 @@ from typing import Any, Callable
 from instances.grid import Grid
 
 from .context import Decisions, RoundContext
+from .decision_check import PolicyError, decide
 from .policy import Policy
 
 MAX_LISTED = 50      # disagreements listed per round (all are counted)
@@ -138,14 +139,13 @@ class Shadow:
     def observe(self, ctx: RoundContext, primary: Decisions) -> ShadowComparison:
         t0 = time.perf_counter()
         try:
-            decisions = self.policy.decide(ctx)
-            if not isinstance(decisions, Decisions):
-                raise TypeError(f"returned {type(decisions).__name__}, not Decisions")
+            decisions = decide(self.policy, ctx)        # checked as the primary's are
             if self.settle is not None:
                 decisions = self.settle(decisions)
         except Exception as e:           # the shadow must not stop the primary's round
+            cause = e.__cause__ if isinstance(e, PolicyError) and e.__cause__ is not None else e   # what it raised
             return ShadowComparison(self.name, len(ctx.jobs), 0, (), 0, (0, 0), (0, 0), (0, 0), None,
-                                    time.perf_counter() - t0, error=f"{type(e).__name__}: {e}"[:500])
+                                    time.perf_counter() - t0, error=f"{type(cause).__name__}: {cause}"[:500])
         return compare(ctx, primary, decisions, policy=self.name, decision_time_s=time.perf_counter() - t0)
 
 

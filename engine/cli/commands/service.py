@@ -342,10 +342,11 @@ class ServiceParts:
 
 def build_service_parts(args) -> ServiceParts:
     """Everything ``arena serve`` needs, validated before anything starts."""
+    from engine.core.policy import Workload
     from engine.core.reconfig import ReconfigCostModel
     from instances.cluster import ClusterSpec, NodeGroup, load_cluster
 
-    from ..common import build_perf, build_policy, build_shadow, model_reader, parse_options
+    from ..common import build_perf, build_policy, build_shadow, check_policy_on, model_reader, parse_options
 
     if sum((args.cluster is not None, args.local_slots is not None, bool(args.slurm))) != 1:
         raise InputError("give exactly one of --cluster FILE, --local-slots N and --slurm", field="--cluster")
@@ -400,6 +401,10 @@ def build_service_parts(args) -> ServiceParts:
     opts = parse_options(args.policy_opt, "--policy-opt")
     policy = build_policy(args.policy, opts)
     shadow = build_shadow(args)
+    check_policy_on(policy, Workload("the live service"))        # its jobs: fixed-batch (before anything starts)
+    if shadow is not None:
+        check_policy_on(shadow, Workload("the live service"), name_flag="--shadow-policy",
+                        opt_flag="--shadow-policy-opt")
     # the jobs run on our launcher: its runtime
     perf = build_perf(args.perf, model_reader(args), args.profile_store)
     reconfig_opts = parse_options(args.reconfig_opt, "--reconfig-opt")

@@ -35,6 +35,8 @@ from ..common import (
     build_perf,
     build_policy,
     build_shadow,
+    check_policy_on,
+    instance_workload,
     load_outages_arg,
     model_reader,
     parse_options,
@@ -162,6 +164,16 @@ def run(args) -> int:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field=SIMULATE_FLAGS["reconfig_opts"]) from None
     inst = build_instance(args)
+    workload = instance_workload(inst, run_out=o.run_out or (o.rounds is None and inst.horizon_rounds is None),
+                                 round_interval_s=o.round_interval_s)
+    try:                                # before any round: what it cannot decide here, options it would not read
+        check_policy_on(policy, workload)
+    except InputError as e:
+        if o.dump_rounds and "dump_rounds_dir" in e.reason:
+            raise InputError(e.reason, field=SIMULATE_FLAGS["dump_rounds"]) from None
+        raise
+    if shadow is not None:
+        check_policy_on(shadow, workload, name_flag="--shadow-policy", opt_flag="--shadow-policy-opt")
     reconfig = reconfig_for(inst, reconfig_opts)
     outages = load_outages_arg(args.outages, inst.cluster)
     perf = build_perf(o.perf, model_reader(args), args.profile_store, args.perf_runtime,

@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
-from engine.core.policy import Policy, refuse_unknown_options, register_policy
+from engine.core.policy import Policy, Workload, refuse_unknown_options, register_policy
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
@@ -51,6 +51,7 @@ from ..formulation.round_data import (
     freeze_jobs,
 )
 from ..stability import STABILITY_KEYS, StabilityRule, parse_bool
+from .milp import _number
 
 
 class _Usage:
@@ -84,17 +85,23 @@ class ElasticFlowLS(Policy):
         self.stability = StabilityRule.from_config(self.name, config)
         try:
             self.slack_factor = float(config.get("slack_factor", 10.0))
-            self.max_gpus = int(config.get("max_gpus", 16))
         except (TypeError, ValueError, OverflowError):
-            raise InputError("policy 'elasticflow-ls': slack_factor and max_gpus must be numbers",
+            raise InputError(f"policy {self.name!r}: slack_factor must be a number, got {config['slack_factor']!r}",
                              field="slack_factor") from None
+        # (a whole number: 1.5 GPUs was taken as 1)
+        self.max_gpus: int = _number(self.name, config, "max_gpus", 16, int, 1, MAX_CLUSTER_GPUS)
         self.heterogeneous = parse_bool(self.name, "heterogeneous", config.get("heterogeneous", False))
         check_coefficient(self.slack_factor, field="slack_factor", minimum=1.0, what="slack_factor ")
-        if not 1 <= self.max_gpus <= MAX_CLUSTER_GPUS:
-            raise InputError(f"max_gpus must be in [1, {MAX_CLUSTER_GPUS}], got {self.max_gpus}", field="max_gpus")
         self._dp_only = DpOnlyTwin()
         self._grids = GridCache(dp_only=not ap)
         self._cache = RoundDataCache()
+
+    def check_workload(self, workload: Workload) -> None:
+        """ElasticFlow estimates jobs from their model: the Sia artifact's goodput jobs have none."""
+        if workload.goodput:
+            raise InputError(f"policy {self.name!r} decides fixed-batch jobs from their model's estimates; the Sia "
+                             f"artifact's goodput jobs of {workload.name} have no model architecture (use sia, "
+                             "gavel, pollux, arena, suika or fcfs there)", field="--policy")
 
     def _keep(self, view: JobView, grid: Grid) -> bool:
         if grid.shape in view.known_infeasible_shapes:

@@ -125,4 +125,7 @@ def make_fcfs(**config) -> FcfsPolicy:
     bad = sorted(set(config) - known)
     if bad:
         raise ValueError(f"policy 'fcfs': unknown option(s) {bad}; known: {sorted(known)}")
+    if "block_scope" in config and config.get("backfill", True) is not False:
+        raise ValueError("policy 'fcfs': block_scope is read only with backfill=false (with backfill a job that does "
+                         "not fit blocks nothing); drop block_scope or give backfill=false")
     return FcfsPolicy(**config)

@@ -45,10 +45,11 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy, refuse_unknown_options
+from engine.core.policy import Policy, Workload, refuse_unknown_options
 from instances.errors import InputError
 from instances.goodput import EPS, BatchPlan
 from instances.grid import Shape
+from instances.limits import GAVEL_ROUND
 
 from .goodput_rounds import goodput_model, job_of, place, progress_of, quiet_stdout
 
@@ -82,13 +83,8 @@ class GavelGoodput(Policy):
     def __init__(self, name: str = "gavel", **cfg: Any):
         refuse_unknown_options(name, cfg, OPTIONS, scope=" for goodput jobs")
         self.name = name
-        try:
-            self.round_s = float(cfg.get("round_s", GAVEL_ROUND_S))
-        except (TypeError, ValueError):
-            raise InputError(f"policy {name!r}: round_s must be a number of seconds, got {cfg['round_s']!r}",
-                             field="round_s") from None
-        if not (math.isfinite(self.round_s) and self.round_s > 0):
-            raise InputError(f"policy {name!r}: round_s must be > 0, got {cfg['round_s']!r}", field="round_s")
+        self.round_s = GAVEL_ROUND.check(cfg["round_s"], field="round_s", what=f"policy {name!r}: round_s ") \
+            if "round_s" in cfg else GAVEL_ROUND_S
         share = str(cfg.get("share_ties", "false")).strip().lower()
         if share not in ("true", "false", "1", "0", "yes", "no"):
             raise InputError(f"policy {name!r}: share_ties must be true or false", field="share_ties")
@@ -97,6 +93,16 @@ class GavelGoodput(Policy):
         self._job_time: dict[str, dict[str, float]] = {}
         self._cluster_time: dict[str, float] = {}
         self._placer: Placer | None = None
+
+    def check_workload(self, workload: Workload) -> None:
+        """A round longer than the run may sit idle with jobs queued would end it as stalled
+        while Gavel holds them for its next round: refused, saying the longest that fits."""
+        limit = workload.idle_limit_s
+        if limit is not None and self.round_s > limit:
+            raise InputError(f"policy {self.name!r}: round_s {self.round_s:g} s is longer than the {limit:g} s a run "
+                             f"of {workload.name} waits with jobs queued and nothing running before it stops as "
+                             f"stalled: jobs queued while Gavel holds its round would never start; give at most "
+                             f"{limit:g} s (or a longer --round-interval)", field="round_s")
 
     def decide(self, ctx: RoundContext) -> Decisions:
         if self._last is not None and ctx.now_s < self._last + self.round_s - 1e-6:

@@ -38,6 +38,13 @@ here, once:
   may move per round; 1 = no budget);
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/decide/objectives).
 
+An option the policy would not read is refused, never ignored: the solver's options
+(``SOLVER_KEYS``) given with ``search=incremental``, the search's (``INCREMENTAL_KEYS``)
+with ``search=milp``; and before the first round (``check_workload``) the goodput
+policy's options on fixed-batch jobs, and on goodput jobs that a ``goodput`` policy
+decides every runner and objective option but ``max_queued`` and ``event_driven`` (the
+round loop reads those).
+
 Candidate grids are cached per (model, global batch); estimates and each job's columns
 per performance model (``RoundDataCache``); the model's rows before the objective terms,
 while their inputs stay equal (``RowsMemo``). Frozen jobs (the stability rule) keep exactly
@@ -52,7 +59,8 @@ decision (status ``error``, with the reason): a round never crashes.
 Rounds of the Sia artifact's adaptive-batch goodput jobs (instances/goodput.py) go to the
 spec's ``goodput`` policy when it has one (the baseline as its authors' simulator runs
 it: engine/decide/policies/sia_goodput.py, gavel_goodput.py); the options it names
-(``goodput_options``) are its own, the others the runner's. A spec without one (``arena``)
+(``goodput_options``) are its own, the others the runner's; one both read (``sia``'s
+``time_limit_s``, ``rel_gap``) goes to both. A spec without one (``arena``)
 decides them with its own objective over goodput columns
 (engine/decide/formulation/goodput_data.py): every GPU type and shape valued at the batch the
 job would choose there, each job adapting its batch within the application's limits.
@@ -70,7 +78,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
-from engine.core.policy import Policy, refuse_unknown_options, register_policy
+from engine.core.policy import Policy, Workload, refuse_unknown_options, refuse_unread, register_policy
 from estimators import PerformanceModel
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
@@ -100,6 +108,9 @@ RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "columns", "thr
                "move_budget_gpus", "max_queued",
                "event_driven") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
+SOLVER_KEYS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")     # read by search=milp only
+INCREMENTAL_KEYS = ("queued_candidates", "other_type_candidates", "move_budget_jobs", "move_budget_gpus")
+LOOP_KEYS = ("max_queued", "event_driven")     # read by the round loop, whoever decides the round
 COLUMNS = ("all", "best_per_count")
 
 
@@ -201,7 +212,11 @@ class MilpPolicy(Policy):
     def __init__(self, spec: MilpPolicySpec, **config: Any):
         self.spec = spec
         self.name = spec.name
-        goodput_cfg = {k: config.pop(k) for k in list(config) if k in spec.goodput_options}
+        self.given = frozenset(config)                  # what the user set (not the spec's defaults)
+        goodput_cfg = {k: config[k] for k in config if k in spec.goodput_options}
+        for k in goodput_cfg:           # (an option both read stays the runner's too)
+            if k not in RUNNER_KEYS:
+                config.pop(k)
         self._goodput = spec.goodput(spec.name, **goodput_cfg) if spec.goodput is not None else None
         obj_cfg, rest = split_objective_config(_with_default_options(spec, {**spec.runner, **config}))
         refuse_unknown_options(spec.name, rest, RUNNER_KEYS,
@@ -242,10 +257,29 @@ class MilpPolicy(Policy):
                 raise InputError(f"policy {spec.name!r}: {key} is a fraction in [0, 1], got {budgets[key]}",
                                  field=key)
         self.incremental = IncrementalConfig(queued=queued, other_type=other, **budgets)
+        unread = SOLVER_KEYS if self.search == "incremental" else INCREMENTAL_KEYS
+        bad = sorted(self.given & set(unread))
+        if bad:
+            raise InputError(f"policy {spec.name!r}: option {bad[0]} is not read with search={self.search} (the "
+                             f"{'solver' if self.search == 'incremental' else 'incremental search'}'s option); "
+                             f"drop {', '.join(bad)}", field=bad[0])
         self._grids = GridCache(dp_only=spec.dp_only)
         self._dp_only = DpOnlyTwin()
         self._cache = RoundDataCache()
         self._rows = RowsMemo()
+
+    def check_workload(self, workload: Workload) -> None:
+        """Refuse an option this policy would not read on ``workload`` (module doc)."""
+        if not workload.goodput:
+            refuse_unread(self.name, self.given, set(self.spec.goodput_options) - set(RUNNER_KEYS), workload,
+                          "it is read only on the Sia artifact's goodput jobs (--instance sia:TRACE/WORKLOAD)")
+        elif self._goodput is not None:
+            refuse_unread(self.name, self.given, self.given - set(self.spec.goodput_options) - set(LOOP_KEYS),
+                          workload, f"there {type(self._goodput).__name__} decides, which reads "
+                                    f"{', '.join(self.spec.goodput_options)} (and max_queued, event_driven)")
+            check = getattr(self._goodput, "check_workload", None)
+            if callable(check):
+                check(workload)
 
     # ------------------------------------------------------------------------------
     def _perf(self, perf: PerformanceModel | None) -> PerformanceModel:
@@ -313,6 +347,10 @@ class MilpPolicy(Policy):
             hint[cur] = 1.0
             sol = solve_safely(self.backend, model, self.time_limit_s, hint, self.rel_gap)
         t3 = time.perf_counter()
+        if not _finite(model):
+            raise InputError(f"policy {self.name!r}: the round's model holds a NaN or infinite coefficient or bound, "
+                             f"added by objective term(s) {', '.join(_nonfinite_terms(data, self.objective))}",
+                             field="objective")
         if cols is None:
             col_value = model.c[: model.n_x]
         else:                                       # columns outside the model rank last
@@ -380,6 +418,32 @@ class _Refinement:
             if k >= 0:
                 exclude[k] = True
         return self._policy._solve(self._prepared, exclude)
+
+
+def _finite(model: MilpModel) -> bool:
+    """Whether the model's coefficients are finite and its bounds are no NaN (the solver
+    would stop on one, or return garbage)."""
+    return bool(np.isfinite(model.A.data).all() and np.isfinite(model.c).all() and not any(
+        np.isnan(a).any() for a in (model.row_lb, model.row_ub, model.col_lb, model.col_ub)))
+
+
+def _nonfinite_terms(data, objective: Objective) -> list[str]:
+    """The weighted terms whose own rows or coefficients are not finite (each applied alone)."""
+    from instances.plugins import defined_in
+
+    from ..formulation.model import ModelBuilder
+    out = []
+    for w, term in objective.terms:
+        b = ModelBuilder(data.n_cols, data.col_job, data.n_jobs)
+        try:
+            term.apply(data, b, w)
+            ok = _finite(b.build())
+        except ValueError:
+            ok = False
+        if not ok:
+            where = defined_in(term)
+            out.append(f"{term.name}" + (f" (plug-in {where})" if where else ""))
+    return out or ["(none alone: their sum)"]
 
 
 def register_milp_policy(spec: MilpPolicySpec) -> Callable[..., Policy]:

@@ -53,15 +53,16 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy, refuse_unknown_options, register_policy
+from engine.core.policy import Policy, Workload, refuse_unknown_options, register_policy
+from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, GoodputJob
 from instances.grid import Shape
+from instances.limits import GA_GENERATIONS, GA_MAX_EVALUATIONS, GA_POPULATION, POLLUX_P, Range
 
 from .goodput_rounds import Seen, free_gpus, goodput_model, goodput_round, job_of, place, progress_of, solve_assignment
-from .milp import _number
 from .pollux_ga import GaProblem, search
-from .sia_goodput import _float
+from .sia_goodput import _bounded, _float
 from .vnodes import VirtualNodes
 
 OPTIONS = ("p", "restart_delay_s", "max_replicas", "max_replicas_factor", "time_limit_s", "rel_gap", "search",
@@ -72,6 +73,9 @@ POLLUX_EPS = 1e-3                  # the artifact's offset of a speedup in the p
 POLLUX_RESTART_S = 30.0            # the artifact's restart delay in the restart factor
 VNODE_GPUS = 4                     # the artifact's virtual node (its smallest node size)
 VNODE_MAX_NODES = 16               # the artifact's search: at most this many virtual nodes per job
+# options each search reads alone (given with the other search: refused, not ignored)
+SEARCH_KEYS = {"exact": ("time_limit_s", "rel_gap"), "ga": ("generations", "population")}
+MAX_REPLICAS = Range(1, MAX_CLUSTER_GPUS, "a job's GPUs (instances.cluster.MAX_CLUSTER_GPUS)", integer=True)
 
 
 def _num(policy: str, cfg: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -81,14 +85,15 @@ def _num(policy: str, cfg: dict, key: str, default: float, lo: float, hi: float)
 
 
 class Pollux(Policy):
-    def __init__(self, name: str = "pollux", **cfg: Any):
-        refuse_unknown_options(name, cfg, OPTIONS)
+    def __init__(self, name: str = "pollux", defaults: dict[str, Any] | None = None, /, **given: Any):
+        refuse_unknown_options(name, {**(defaults or {}), **given}, OPTIONS)
+        cfg = {**(defaults or {}), **given}
         self.name = name
-        self.p = _num(name, cfg, "p", -1.0, -10.0, 10.0)
-        if self.p == 0:
-            raise InputError(f"policy {name!r}: p must not be 0", field="p")
+        self.given = frozenset(given)               # what the user set (not the variant's defaults)
+        p = _bounded(name, cfg, "p", POLLUX_P)
+        self.p = -1.0 if p is None else p
         self.restart_s = _num(name, cfg, "restart_delay_s", POLLUX_RESTART_S, 0.0, 1e6)
-        self.max_replicas = _float(name, cfg, "max_replicas", None, 1.0, 1e6)
+        self.max_replicas = _bounded(name, cfg, "max_replicas", MAX_REPLICAS)
         self.factor = _num(name, cfg, "max_replicas_factor", 2.0, 0.0, 1e6)
         self.time_limit_s = _num(name, cfg, "time_limit_s", 60.0, 0.01, 1e6)
         self.rel_gap = _num(name, cfg, "rel_gap", 1e-4, 0.0, 1.0)
@@ -96,8 +101,17 @@ class Pollux(Policy):
         if self.search not in SEARCHES:
             raise InputError(f"policy {name!r}: search must be one of {', '.join(SEARCHES)}, got {self.search!r}",
                              field="search")
-        self.generations = int(_number(name, cfg, "generations", 100, int, 1, 100_000))
-        self.population = int(_number(name, cfg, "population", 100, int, 2, 100_000))
+        self.generations = int(_bounded(name, cfg, "generations", GA_GENERATIONS) or 100)
+        self.population = int(_bounded(name, cfg, "population", GA_POPULATION) or 100)
+        if self.generations * self.population > GA_MAX_EVALUATIONS:
+            raise InputError(f"policy {name!r}: generations x population is {self.generations * self.population:,} "
+                             f"evaluations a round, more than {GA_MAX_EVALUATIONS:,} (ten times the artifact's 100 x "
+                             "100: a round would take minutes)", field="population" if "population" in given
+                             else "generations")
+        unread = sorted(self.given & {k for s, keys in SEARCH_KEYS.items() if s != self.search for k in keys})
+        if unread:
+            raise InputError(f"policy {name!r}: option {unread[0]} is not read with search={self.search}; drop "
+                             f"{', '.join(unread)}", field=unread[0])
         self.estimates = str(cfg.get("estimates", "profiles"))
         if self.estimates not in ESTIMATES:
             raise InputError(f"policy {name!r}: estimates must be one of {', '.join(ESTIMATES)}, got "
@@ -107,6 +121,13 @@ class Pollux(Policy):
         self.seen = Seen()
         self._placer: Placer | None = None
         self._belief: dict = {}
+
+    def check_workload(self, workload: Workload) -> None:
+        """Pollux decides only goodput jobs: refused anywhere else, before any round."""
+        if not workload.goodput:
+            raise InputError(f"policy {self.name!r} decides only the Sia artifact's adaptive-batch goodput jobs "
+                             f"(--instance sia:TRACE/WORKLOAD), not the fixed-batch jobs of {workload.name}",
+                             field="--policy")
 
     def decide(self, ctx: RoundContext) -> Decisions:
         if not ctx.jobs:
@@ -139,7 +160,8 @@ class Pollux(Policy):
                     if cur is None or cur.shape != s:
                         sp *= r.restart[j]
                     cols.append((j, t, s))
-                    cost.append((sp + POLLUX_EPS) ** self.p - POLLUX_EPS ** self.p)
+                    # the power mean is maximized: its sum of powers minimized for p < 0, maximized for p > 0
+                    cost.append(math.copysign(1.0, -self.p) * ((sp + POLLUX_EPS) ** self.p - POLLUX_EPS ** self.p))
         chosen = solve_assignment(len(r.views), r.types, cols, np.array(cost), [], r.free, self.time_limit_s,
                                   self.rel_gap, self.name)
         r.wanted = {r.views[cols[k][0]].job_id: cols[k][2] for k in chosen}
@@ -287,7 +309,8 @@ class _Round:
                 base = self._believed(len(self.base), 1) if not self.fitted else self._fitted(len(self.base), 1, 1)
             self.base.append(base)
             age = ctx.now_s - job.arrival_s
-            self.restart.append(max(age - v.reconfigurations * policy.restart_s, 0.0) / (age + policy.restart_s))
+            span = age + policy.restart_s       # (0 with restart_delay_s=0 at a job's arrival: nothing to lose)
+            self.restart.append(max(age - v.reconfigurations * policy.restart_s, 0.0) / span if span > 0 else 1.0)
 
     def _believed(self, j: int, gpus: int, vnodes: int | None = None) -> float:
         return self.policy._believed(self.world, job_of(self.views[j]), gpus, self.progress[j], self.types,
@@ -333,4 +356,4 @@ def make_pollux(**config: Any) -> Pollux:
 def make_pollux_artifact(**config: Any) -> Pollux:
     """``pollux`` as the Sia artifact runs it: its genetic search and its type-blind
     fitted belief (``search=ga``, ``estimates=fitted``; either can be overridden)."""
-    return Pollux("pollux-artifact", **{"search": "ga", "estimates": "fitted", **config})
+    return Pollux("pollux-artifact", {"search": "ga", "estimates": "fitted"}, **config)

@@ -25,6 +25,7 @@ randomness from the ``rng`` given.
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -98,29 +99,35 @@ class GaProblem:
 
 
 def fronts(f: np.ndarray, enough: int | None = None) -> np.ndarray:
-    """Each point's non-dominated front (0 best) for minimization; with ``enough``, the
-    fronts are peeled only until that many points have one (the rest get the next)."""
+    """Each point's non-dominated front (0 best) for minimization of the two objectives
+    ``f[:, 0]``, ``f[:, 1]``; with ``enough``, only the fronts that first hold that many
+    points keep theirs (the rest get the next). A point with a NaN objective dominates
+    nothing and is dominated by nothing (front 0).
+
+    In O(n log n) time and O(n) memory (a population of 1,000 is sorted in milliseconds,
+    where pairwise dominance matrices took seconds): taken in order of the first
+    objective (then the second), a point's front is the first whose smallest second
+    objective so far (with the first objective it came with) is not below its own; the
+    fronts' keys stay sorted, so a binary search finds it."""
+    if f.ndim != 2 or f.shape[1] != 2:
+        raise ValueError(f"fronts: two objectives per point expected, got shape {f.shape}")
     n = len(f)
-    le = np.ones((n, n), dtype=bool)
-    lt = np.zeros((n, n), dtype=bool)
-    for m in range(f.shape[1]):                 # one objective at a time: far faster than axis=2
-        le &= f[:, None, m] <= f[None, :, m]
-        lt |= f[:, None, m] < f[None, :, m]
-    dominated_by = (le & lt).astype(np.float64).T          # [j, i]: i dominates j
-    count = dominated_by.sum(axis=1)
-    rank = np.full(n, n)
-    current = count == 0
-    done = 0
-    k = 0
-    while current.any():
-        rank[current] = k
-        done += int(current.sum())
-        if enough is not None and done >= enough:
-            break
-        count = count - dominated_by @ current
-        current = (count == 0) & (rank == n)
-        k += 1
-    rank[rank == n] = k + 1
+    rank = np.zeros(n, dtype=np.int64)
+    ok = np.flatnonzero(~np.isnan(f).any(axis=1))
+    order = ok[np.lexsort((f[ok, 1], f[ok, 0]))]
+    keys: list[tuple[float, float]] = []        # per front: (its smallest f1, that point's f0)
+    for i, a, b in zip(order.tolist(), f[order, 0].tolist(), f[order, 1].tolist()):
+        k = bisect.bisect_left(keys, (b, a))    # fronts before k hold a point that dominates i
+        if k == len(keys):
+            keys.append((b, a))
+        else:
+            keys[k] = (b, a)
+        rank[i] = k
+    if enough is not None and n:
+        counts = np.cumsum(np.bincount(rank))
+        last = int(np.searchsorted(counts, enough))      # the first front by which enough have one
+        if last < len(counts) - 1:
+            rank[rank > last] = last + 1
     return rank
 
 

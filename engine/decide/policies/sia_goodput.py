@@ -52,10 +52,12 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, RoundContext
 from engine.core.placement import Placer
-from engine.core.policy import Policy, refuse_unknown_options
+from engine.core.policy import Policy, Workload, refuse_unknown_options
 from instances.errors import InputError
 from instances.goodput import ADAPTIVE, BatchPlan
 from instances.grid import Shape
+from instances.limits import SIA_CLIP, SIA_LAMBDA_N, SIA_P, Range, check_sia_pair
+from instances.sia_artifact import SIA_DEFAULTS
 
 from .goodput_rounds import (
     Seen,
@@ -77,16 +79,15 @@ ESTIMATES = ("profiles", "fitted")
 
 def _float(policy: str, cfg: dict, key: str, default: float | None, lo: float = -math.inf,
            hi: float = math.inf) -> float | None:
+    """``cfg[key]`` as a number in ``[lo, hi]`` (``default`` when absent)."""
     if key not in cfg:
         return default
-    try:
-        v = float(cfg[key])
-    except (TypeError, ValueError):
-        raise InputError(f"policy {policy!r}: {key} must be a number, got {cfg[key]!r}", field=key) from None
-    if not (math.isfinite(v) and lo <= v <= hi):
-        raise InputError(f"policy {policy!r}: {key} must be a finite number in [{lo:g}, {hi:g}], got {cfg[key]!r}",
-                         field=key)
-    return v
+    return Range(lo, hi).check(cfg[key], field=key, what=f"policy {policy!r}: {key} ")
+
+
+def _bounded(policy: str, cfg: dict, key: str, bound: Range) -> float | None:
+    """``cfg[key]`` within its bound in instances/limits.py (None when absent)."""
+    return bound.check(cfg[key], field=key, what=f"policy {policy!r}: {key} ") if key in cfg else None
 
 
 def _bool(policy: str, cfg: dict, key: str, default: bool) -> bool:
@@ -107,12 +108,13 @@ class SiaGoodput(Policy):
     def __init__(self, name: str = "sia", **cfg: Any):
         refuse_unknown_options(name, cfg, OPTIONS, scope=" for goodput jobs")
         self.name = name
-        # None: the artifact's own value (simulator_config.py), read at the first round
-        self.p = _float(name, cfg, "p", None, -10.0, 10.0)
-        if self.p == 0:
-            raise InputError(f"policy {name!r}: p must not be 0", field="p")
-        self.lambda_n = _float(name, cfg, "lambda_n", None, -1e6, 1e6)
-        self.clip = _float(name, cfg, "clip", None, 0.0, 1e9)
+        # None: the artifact's own value (simulator_config.py, checked against the same
+        # bounds as it is read), known at the first round or at check_workload
+        self.p = _bounded(name, cfg, "p", SIA_P)
+        self.lambda_n = _bounded(name, cfg, "lambda_n", SIA_LAMBDA_N)
+        self.clip = _bounded(name, cfg, "clip", SIA_CLIP)
+        if self.p is not None and self.lambda_n is not None:
+            check_sia_pair(self.p, self.lambda_n, field="lambda_n", what=f"policy {name!r}: ")
         self.restart_factor = _bool(name, cfg, "restart_factor", True)
         self.max_replicas_factor = _float(name, cfg, "max_replicas_factor", 2.0, 0.0, 1e6)
         self.project = _bool(name, cfg, "project_throughputs", True)
@@ -127,11 +129,27 @@ class SiaGoodput(Policy):
         self._placer: Placer | None = None
 
     def _defaults(self, world) -> tuple[float, float, float]:
+        """(p, lambda_n, clip): the options given, else the artifact's (each checked as it
+        was read), else Sia's; the pair (p, lambda_n) checked together whatever its source."""
         sp = world.config.sia_params
-        p = self.p if self.p is not None else sp.get("sia_default_p_val", -0.5)
-        lam = self.lambda_n if self.lambda_n is not None else sp.get("sia_default_lambda_n", 1.1)
-        clip = self.clip if self.clip is not None else sp.get("sia_goodput_clip_val", 3000.0)
+        p = self.p if self.p is not None else sp.get("sia_default_p_val", SIA_DEFAULTS["sia_default_p_val"])
+        lam = self.lambda_n if self.lambda_n is not None else \
+            sp.get("sia_default_lambda_n", SIA_DEFAULTS["sia_default_lambda_n"])
+        clip = self.clip if self.clip is not None else \
+            sp.get("sia_goodput_clip_val", SIA_DEFAULTS["sia_goodput_clip_val"])
+        mixed = (self.p is None) != (self.lambda_n is None)
+        origin = (" (one from --policy-opt, the other the artifact's sia_default_p_val / sia_default_lambda_n)"
+                  if mixed else "")
+        check_sia_pair(p, lam, field="p" if self.p is not None else "lambda_n",
+                       what=f"policy {self.name!r}: ", where=origin)
         return p, lam, clip
+
+    def check_workload(self, workload: Workload) -> None:
+        """``estimates`` is read only on goodput jobs (the runner says so for fixed-batch
+        ones); here: the options given against the artifact's defaults they combine with."""
+        world = getattr(getattr(workload, "truth", None), "world", None)
+        if world is not None:
+            self._defaults(world)
 
     def decide(self, ctx: RoundContext) -> Decisions:
         t0 = time.perf_counter()
@@ -202,7 +220,7 @@ class SiaGoodput(Policy):
             if self.restart_factor and v.current is not None:
                 age = ctx.now_s - job.arrival_s
                 pen = job.restart_penalty_s
-                factor = 1.0 if age < pen else max(age - v.reconfigurations * pen, 0.0) / (age + pen)
+                factor = 1.0 if age < pen or age + pen <= 0 else max(age - v.reconfigurations * pen, 0.0) / (age + pen)
             restarting = in_restart(v, ctx.now_s) and cur_key is not None
             for (t, s), g in values.items():
                 if restarting and (t, s) != cur_key:
@@ -215,7 +233,9 @@ class SiaGoodput(Policy):
                     pinned.append(len(cols))
                 cols.append((j, t, s))
                 cost.append(min(round(val ** p, 2), clip))
-        chosen = solve_assignment(len(views), types, cols, np.array(cost, dtype=float) - lam, pinned,
+        # Sia minimizes sum (cost - lambda_n) x for p < 0 and maximizes it for p > 0 (sia.py)
+        sign = 1.0 if p < 0 else -1.0
+        chosen = solve_assignment(len(views), types, cols, sign * (np.array(cost, dtype=float) - lam), pinned,
                                   free_gpus(ctx, types), self.time_limit_s, self.rel_gap, self.name)
         wanted = {views[cols[k][0]].job_id: cols[k][2] for k in chosen}
         plans = {jid: ADAPTIVE for jid in wanted}

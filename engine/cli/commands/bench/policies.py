@@ -264,6 +264,22 @@ def _fmt(v, width, prec=0):
     return f"{v:>{width}}"
 
 
+def check_policies_on(o: PolicyBench, inst) -> None:
+    """Every policy against the instance before any simulation: one it cannot decide there,
+    or an option it would not read there, is refused (``check_policy_on``)."""
+    from instances.errors import InputError
+
+    from ...common import build_policy, check_policy_on, instance_workload
+    workload = instance_workload(inst, run_out=not o.no_run_out)
+    for label, name in o.names.items():
+        try:
+            check_policy_on(build_policy(name, o.options[label]), workload)
+        except InputError as e:
+            if label == name:
+                raise
+            raise InputError(f"label {label!r}: {e.reason}", field=e.field) from None
+
+
 def run_policy_bench(args) -> int:
     with fields_as_flags(POLICY_BENCH_FLAGS):
         o = PolicyBench(**config_values(args, PolicyBench))
@@ -274,6 +290,7 @@ def run_policy_bench(args) -> int:
     inst = build_workload(workload)
     from ...common import load_outages_arg, reconfig_for
     load_outages_arg(args.outages, inst.cluster)                      # checked before any simulation
+    check_policies_on(o, inst)
     if o.out:
         from instances.paths import check_output_dir
         check_output_dir(o.out, POLICY_BENCH_FLAGS["out"])
