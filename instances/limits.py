@@ -19,10 +19,29 @@
 - ``MAX_NESTING_DEPTH`` (64): how deeply a JSON or TOML document may nest arrays and
   objects (``instances.structured``); every such file the project reads is at most 4
   deep.
+- ``MAX_LINK_LOAD`` (1.0): other jobs' traffic on a shared link, a fraction of its
+  capacity (``link_load`` of the analytic and learned models, ``arena estimate
+  --link-load``); the inter-node bandwidth is divided by ``1 + link_load``, so a fraction
+  past 1 describes no link, and 1e308 made every estimate infinite.
+- ``MAX_PROFILE_ACTIVATION_BYTES`` (256 MiB): the activations one profiled layer may hold
+  at its largest micro-batch (``arena profile --micro-batches``), by the catalog's count
+  for the shape the profiler runs. The process's peak is 2-5 times it (measured at 512
+  MiB: 1.1 GB for tiny-gpt__2L, 2.6 GB for gpt__1.3B), so a profile stays under 1.5 GB,
+  where a micro-batch of 10^8 asked for 25.6 GB.
+- ``MAX_PROFILE_REPEATS`` (1,000): a measurement's timed repetitions, warm-up and timed
+  iterations (``arena profile --repeats``, ``--warmup-iters``, ``--measured-iters``): the
+  default takes 3; 10^9 ran on for days.
+- ``MAX_SEED`` (2^63 - 1): a training run's seed (``arena train --seed``, a job's ``seed``),
+  SQLite's largest integer, where the service stores it.
+- ``available_cores()``: the CPU cores this process may use. Solver threads (every
+  backend) and the processes one measurement starts on this host (``arena profile``'s
+  collective groups and ``--run-grids``, on a CPU; on CUDA the GPUs torch sees) are at
+  most this: more measures the cores' sharing, not the work.
 """
 from __future__ import annotations
 
 import math
+import os
 
 from .errors import InputError
 
@@ -36,6 +55,22 @@ MIN_PRIORITY = 1.0 / MAX_COEFFICIENT
 MAX_INPUT_BYTES = 128 * 1024 * 1024
 
 MAX_NESTING_DEPTH = 64
+
+MAX_LINK_LOAD = 1.0
+
+MAX_PROFILE_REPEATS = 1000
+
+MAX_SEED = 2**63 - 1
+
+MAX_PROFILE_ACTIVATION_BYTES = 256 * 2**20
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def is_number(v) -> bool:

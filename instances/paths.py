@@ -6,6 +6,7 @@ ancestor, and removed at once (a refused run leaves nothing behind; the writer c
 the folder)."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -36,6 +37,26 @@ def _probe_write(p: Path, field: str) -> None:
                          file=str(p), field=field) from None
 
 
+def _check_new_names(p: Path, existing: Path, field: str) -> None:
+    """The parts of ``p`` below its nearest existing folder ``existing`` (those still to be
+    made) within the file system's limits on a name's length (``NAME_MAX``, 255 bytes on
+    most) and on a whole path (``PATH_MAX``): a name too long was only found by the writer,
+    after the run (and after it had made the folders above it)."""
+    def limit(name: str, default: int) -> int:
+        try:
+            return os.pathconf(existing, name)
+        except (OSError, ValueError):
+            return default
+    name_max, path_max = limit("PC_NAME_MAX", 255), limit("PC_PATH_MAX", 4096)
+    for part in p.relative_to(existing).parts if p.is_relative_to(existing) else p.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise InputError(f"cannot be created: the name {part[:40]!r}... is {len(os.fsencode(part)):,} bytes "
+                             f"long, more than the {name_max} a name may have there", file=str(p), field=field)
+    if len(os.fsencode(os.path.abspath(p))) >= path_max:
+        raise InputError(f"cannot be created: the path is {len(os.fsencode(os.path.abspath(p))):,} bytes long, "
+                         f"more than the {path_max - 1:,} a path may have", file=str(p), field=field)
+
+
 def check_output_dir(path: str | os.PathLike, field: str) -> Path:
     """A folder we can write into: an existing directory that takes a file, or a path whose
     nearest existing ancestor does. Raises ``InputError`` naming ``field`` otherwise."""
@@ -57,6 +78,7 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
         raise InputError(f"cannot be created: {parent} is a file, not a directory", file=str(p), field=field)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"cannot be created: {parent} is not writable", file=str(p), field=field)
+    _check_new_names(p, parent, field)
     # a uniquely named file in the nearest existing ancestor: nothing is left behind, and no
     # race with another process checking the same path at once (the ranks of an MPI run)
     try:
@@ -80,12 +102,50 @@ def check_output_file(path: str | os.PathLike, field: str) -> Path:
     if st is None and p.is_symlink():
         raise InputError(f"is a symbolic link to a missing target ({os.readlink(p)})", file=str(p), field=field)
     check_output_dir(p.parent, field)
+    if st is None:
+        _check_new_names(p, p.parent, field)
     if st is not None and stat.S_ISREG(st.st_mode):
         try:
             with open(p, "ab"):
                 pass
         except OSError as e:
             raise InputError(f"file is not writable ({e.strerror or e})", file=str(p), field=field) from None
+    return p
+
+
+def write_output(path: str | os.PathLike, data: str | bytes, field: str | None = None) -> Path:
+    """Write ``data`` (text as UTF-8) to the output file ``path``: a regular file (or a
+    new one) is written beside it and renamed into place, so a failed write (a full disk)
+    leaves the file as it was, never half written; anything else (``/dev/null``, a pipe) is
+    written as it is, a pipe only when a reader holds its other end (else the write would
+    wait for one forever). An ``OSError`` (``/dev/full``: no space left on device) is an
+    ``InputError`` naming the file and ``field``."""
+    p = Path(path).expanduser()
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if p.exists() and not p.is_file():
+            try:                        # (a pipe with no reader: ENXIO at once, not a wait)
+                fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                raise InputError("is a pipe that nothing reads: writing it would wait forever", file=str(p),
+                                 field=field) from None
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            return p
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:64]}.", suffix=".partial")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise InputError(f"could not be written: {e.strerror or e}", file=str(p), field=field) from None
     return p
 
 

@@ -255,7 +255,14 @@ BENCH_BAD = [   # (arguments, what the error says): each refused by its flag as 
     (["incremental", "--backend", "nosuch"], "field '--backend': unknown solver backend 'nosuch'"),
     (["incremental", "--objective", "jct=x"], "field '--objective': expected term=weight, got 'jct=x'"),
     (["incremental", "--move-cost-per-gpu", "nan"], "field '--move-cost-per-gpu': must be a finite number of"),
-    (["incremental", "--move-cost-cap", "-1"], "field '--move-cost-cap': must be a finite number of seconds >= 0"),
+    (["incremental", "--move-cost-cap", "-1"], "field '--move-cost-cap': must be >= 0, got -1.0"),
+    # issue 58 D5: 1e308 was taken, a move priced past any schedule's length (the bound on times)
+    (["incremental", "--move-cost-per-gpu", "1e308"], "field '--move-cost-per-gpu': must be <= 9e12 s (about"),
+    (["incremental", "--move-cost-cap", "1e308"], "field '--move-cost-cap': must be <= 9e12 s (about 285,000"),
+    # issue 58 D3: named the objective's internal w_jct; now the flag and the part as typed
+    (["solver", "--objective", "throughput=1,jct=1e5"], "field '--objective': jct=1e5: a term's weight must be a "
+                                                        "finite number in [0, 10000] (larger values overflow"),
+    (["incremental", "--objective", "jct=-1"], "field '--objective': jct=-1: a term's weight must be a finite"),
     (["incremental", "--queued", "x"], "field '--queued': must be one of all, small, got 'x'"),
     (["incremental", "--other-type", "x"], "field '--other-type': must be one of same, any, got 'x'"),
     (["incremental", "--move-budget-jobs", "2"], "field '--move-budget-jobs': must be a fraction in [0, 1]"),

@@ -20,6 +20,8 @@ ACTIONS = ("grids", "accuracy", "proxy-quality", "fit")
 # the flag behind each field the grids action's job, cluster and performance model refuse
 ESTIMATE_FLAGS = {"model": "--model", "gpu_type": "--gpu-type", "global_batch": "--batch", "num_nodes": "--gpus",
                   "gpus_per_node": "--gpus-per-node", "kind": "--perf", "link_load": "--link-load"}
+# the performance-model kinds that take other jobs' load on the shared links
+LINK_LOAD_KINDS = ("analytic", "learned")
 # Exit status when the request is valid but no grid can run it (no plan, or none fits in
 # memory): the table is still printed, the reason is on stderr; a bad input exits 2.
 NO_GRID_EXIT = 1
@@ -155,12 +157,15 @@ def _grids(args) -> int:
         cluster = ClusterSpec((NodeGroup(gpu.name, max(1, math.ceil(args.gpus / 1)), gpn),), "estimate")
         job = Job("estimate", args.model, args.batch, 1, 0.0)
         config = {"dp_only": args.dp_only}
-        if args.perf in ("analytic", "learned"):
+        if args.perf in LINK_LOAD_KINDS:
             config["link_load"] = args.link_load
         if args.profile_store is not None:
             from estimators.perf import open_profile_store
             config["profile_store"] = open_profile_store(args.profile_store, "--profile-store")
         perf = make_performance_model(args.perf, **config)
+    if args.link_load != 0 and args.perf not in LINK_LOAD_KINDS:       # (passed over without a word before)
+        raise InputError(f"--perf {args.perf} does not read it; the link load is a feature of "
+                         f"{' and '.join(LINK_LOAD_KINDS)} only", field="--link-load")
     grids = candidate_grids(job, cluster, gpu_counts=[args.gpus], dp_only=args.dp_only, prune=False)
     rows = []
     for g in grids:

@@ -314,11 +314,13 @@ def _check_not_the_state(path: str, db: str, flag: str) -> None:
     """An output file that is not the state database nor one of its files (SQLite's
     ``-wal``, ``-shm`` and ``-journal``, the service's lock): writing there would destroy
     the state a service may be running on (a link to one of them counts)."""
+    from instances.paths import real_path
     d = Path(db)
     state = [d, *(d.with_name(d.name + s) for s in ("-wal", "-shm", "-journal", DB_LOCK_SUFFIX))]
     p = Path(path)
-    try:
-        same = p.exists() and any(q.exists() and os.path.samefile(p, q) for q in state)
+    try:                                          # by name too: a -wal not made yet would be read as the log
+        same = any(real_path(p) == real_path(q) or (p.exists() and q.exists() and os.path.samefile(p, q))
+                   for q in state)
     except OSError:
         same = False                              # (unreadable: the writability check names it)
     if same:
@@ -539,7 +541,12 @@ def _restart_in_place() -> None:
 
 # -------------------------------------------------------------------------------- clients
 def _client(args) -> Client:
-    return Client(args.url, args.token)
+    """The client of ``--url`` and ``--token``, a refusal named by the environment variable
+    that set the value, where one did (``ARENA_URL``, ``ARENA_TOKEN``)."""
+    def field(value, flag: str, env: str) -> str:
+        return env if value is not None and value == os.environ.get(env) else flag
+    return Client(args.url, args.token, url_field=field(args.url, "--url", "ARENA_URL"),
+                  token_field=field(args.token, "--token", "ARENA_TOKEN"))
 
 
 def run_submit(args) -> int:
@@ -806,7 +813,7 @@ def run_export_trace(args) -> int:
     with Store(args.db, readonly=True) as st:
         jobs, statuses = workload(st, args.db)
         after = sum(1 for r in st.jobs.rows() if r.spec.get("after"))
-    write_trace(jobs, out)
+    write_trace(jobs, out, "--out")
     span = max(j.arrival_s for j in jobs)
     print(f"arena export-trace: {len(jobs)} job(s) over {span:.0f} s of submissions written to {out} (live: "
           + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + "; every one is replayed to its last step)"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.limits import check_time
 
 from ...common import seed_arg
 from ...flags import add_config_flags, config_flags, config_values, fields_as_flags
@@ -69,6 +70,8 @@ def read_run(path: Path, jobs: dict) -> dict[str, float | None]:
                 out[jid] = float(jct) if jct not in ("", None) and row.get("status") == "finished" else None
             except (KeyError, ValueError, TypeError) as e:
                 raise InputError(f"bad row: {e}", file=str(f), line=i) from None
+            if out[jid] is not None:        # a finished job's JCT: a time (nan or inf printed `nan nanx`)
+                check_time(out[jid], file=str(f), line=i, field="jct_s", what=f"job {jid!r}: ")
             job = jobs.get(jid)
             if job is None:
                 continue                    # (counted below)

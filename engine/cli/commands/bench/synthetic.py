@@ -13,20 +13,23 @@ MAX_BENCH_JOBS = 100_000       # synthetic rounds' jobs (the project measures up
 
 
 def parse_weights(text: str) -> dict:
+    """``--objective``'s ``term=weight`` list; a weight is refused here, by the flag's
+    field ``objective``, against the bound every objective weight has
+    (``instances.limits.check_coefficient``), not by the objective's own ``w_<term>``."""
     from instances.errors import InputError
+    from instances.limits import check_coefficient
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         k, sep, v = part.partition("=")
         if k.strip() in out:
             raise InputError(f"term {k.strip()!r} given twice in {text!r}; give it once", field="objective")
-        try:
-            out[k.strip()] = float(v)
-        except ValueError:
-            raise InputError(f"expected term=weight, got {part!r}", field="objective") from None
         if not sep:
             raise InputError(f"expected term=weight, got {part!r}", field="objective")
-        if not (math.isfinite(out[k.strip()]) and out[k.strip()] >= 0):
-            raise InputError(f"a term's weight is a finite number >= 0, got {part!r}", field="objective")
+        try:
+            w = float(v)
+        except ValueError:
+            raise InputError(f"expected term=weight, got {part!r}", field="objective") from None
+        out[k.strip()] = check_coefficient(w, field="objective", what=f"{part}: a term's weight ")
     return out
 
 
