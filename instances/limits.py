@@ -31,6 +31,13 @@
 - ``MAX_PROFILE_REPEATS`` (1,000): a measurement's timed repetitions, warm-up and timed
   iterations (``arena profile --repeats``, ``--warmup-iters``, ``--measured-iters``): the
   default takes 3; 10^9 ran on for days.
+- ``MAX_BENCH_JOBS`` (100,000) and ``MAX_BENCH_ROUNDS`` (1,000): the synthetic rounds of
+  ``arena bench solver`` and ``bench incremental`` (``--jobs``; ``--repeat``, ``--rounds``):
+  the project measures up to 4,000 jobs and 20 rounds; every round is built before the
+  first is solved, so 10^20 rounds never started and 10^8 jobs would not end.
+- ``MAX_EXHAUSTIVE_SPLITS`` (10,000): the stage splits an exhaustive plan search enumerates
+  per grid (``arena estimate proxy-quality --max-splits``; the planner's own default is
+  3,000): 3,000 took 15 CPU-s on gpt__350M, and 10^20 never ended.
 - ``MAX_SEED`` (2^63 - 1): a training run's seed (``arena train --seed``, a job's ``seed``),
   SQLite's largest integer, where the service stores it.
 - ``available_cores()``: the CPU cores this process may use. Solver threads (every
@@ -59,6 +66,11 @@ MAX_NESTING_DEPTH = 64
 MAX_LINK_LOAD = 1.0
 
 MAX_PROFILE_REPEATS = 1000
+
+MAX_BENCH_JOBS = 100_000
+MAX_BENCH_ROUNDS = 1000
+
+MAX_EXHAUSTIVE_SPLITS = 10_000
 
 MAX_SEED = 2**63 - 1
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from .errors import InputError
 
 
-def _stat(p: Path, field: str) -> os.stat_result | None:
+def stat_path(p: Path, field: str) -> os.stat_result | None:
     """``p``'s status (symbolic links followed), None where nothing is there, or an
     ``InputError`` naming ``field`` for any other OS refusal (a name too long, a link loop)."""
     try:
@@ -61,7 +61,7 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
     """A folder we can write into: an existing directory that takes a file, or a path whose
     nearest existing ancestor does. Raises ``InputError`` naming ``field`` otherwise."""
     p = Path(path).expanduser()
-    st = _stat(p, field)
+    st = stat_path(p, field)
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             raise InputError("exists and is not a directory", file=str(p), field=field)
@@ -72,7 +72,7 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
     if p.is_symlink():
         raise InputError(f"is a symbolic link to a missing target ({os.readlink(p)})", file=str(p), field=field)
     parent = p.parent
-    while (pst := _stat(parent, field)) is None and parent != parent.parent:
+    while (pst := stat_path(parent, field)) is None and parent != parent.parent:
         parent = parent.parent
     if pst is None or not stat.S_ISDIR(pst.st_mode):
         raise InputError(f"cannot be created: {parent} is a file, not a directory", file=str(p), field=field)
@@ -94,7 +94,7 @@ def check_output_file(path: str | os.PathLike, field: str) -> Path:
     (or create). An existing regular file is opened for appending (nothing
     written) to prove it; a device such as /dev/null is taken as it is."""
     p = Path(path).expanduser()
-    st = _stat(p, field)
+    st = stat_path(p, field)
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory, not a file", file=str(p), field=field)
     if st is not None and not os.access(p, os.W_OK):
@@ -153,7 +153,7 @@ def check_input_file(path: str | os.PathLike, field: str) -> Path:
     """An existing, readable regular file (a pipe, a device or a socket is refused without
     opening it: reading one may never end)."""
     p = Path(path).expanduser()
-    st = _stat(p, field)
+    st = stat_path(p, field)
     if st is None:
         raise InputError("file not found", file=str(p), field=field)
     if stat.S_ISDIR(st.st_mode):

@@ -138,19 +138,20 @@ def _grids(args) -> int:
     from estimators import make_performance_model
     from estimators.grids import candidate_grids
     from estimators.layers import max_useful_tp
-    from instances.cluster import ClusterSpec, NodeGroup
+    from instances.cluster import MAX_CLUSTER_GPUS, ClusterSpec, NodeGroup
     from instances.errors import InputError
     from instances.gpus import get_gpu
     from instances.jobs import Job
+    from instances.limits import show_number
     for f in ("model", "gpu_type", "gpus"):
         if getattr(args, f) is None:
             flag = f"--{f.replace('_', '-')}"
             raise InputError(f"{flag} is required", field=flag)
-    if args.gpus < 1:
-        raise InputError(f"must be >= 1, got {args.gpus}", field="--gpus")
+    for flag, v in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node)):
+        if v is not None and not 1 <= v <= MAX_CLUSTER_GPUS:   # (10^22 GPUs overflowed a float)
+            raise InputError(f"must be in 1..{MAX_CLUSTER_GPUS:,} (the GPUs a cluster may have), got "
+                             f"{show_number(v)}", field=flag)
     check_batch(args.batch)
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise InputError(f"must be >= 1, got {args.gpus_per_node}", field="--gpus-per-node")
     with fields_as_flags(ESTIMATE_FLAGS):
         gpu = get_gpu(args.gpu_type)
         gpn = args.gpus_per_node or gpu.default_gpus_per_node
@@ -211,11 +212,17 @@ def _fmt(x) -> str:
 
 def _accuracy(args) -> int:
     from instances.errors import InputError
+    if not args.refit_analytic:                 # (passed over without a word before)
+        for dest in ("refit_evals", "refit_starts", "refit_regimes"):
+            if getattr(args, dest) != args.estimate_defaults[dest]:
+                raise InputError("is read only with --refit-analytic", field=f"--{dest.replace('_', '-')}")
     if args.refit_analytic:                                     # before a minute of work
         if args.refit_evals < 1:
             raise InputError(f"must be >= 1, got {args.refit_evals}", field="--refit-evals")
-        if args.refit_starts < 1:
-            raise InputError(f"must be >= 1, got {args.refit_starts}", field="--refit-starts")
+        from estimators.evaluation.calibrate import max_starts
+        if not 1 <= args.refit_starts <= max_starts():      # (more ran as many as there are, without a word)
+            raise InputError(f"must be in 1..{max_starts()} (the neutral start and the corner starts), got "
+                             f"{args.refit_starts}", field="--refit-starts")
     if args.plot:
         from instances.paths import check_output_dir
         check_output_dir(args.plot, "--plot")                   # before a minute of work
@@ -357,8 +364,12 @@ def _accuracy_local(args) -> int:
     from estimators.evaluation.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
     from estimators.profile_store import ProfileStore
     from instances.errors import InputError
-    if args.passes < 1:
-        raise InputError(f"must be >= 1, got {args.passes}", field="--passes")
+    from instances.limits import MAX_PROFILE_REPEATS
+    if not 1 <= args.passes <= MAX_PROFILE_REPEATS:
+        raise InputError(f"must be in 1..{MAX_PROFILE_REPEATS:,}, got {args.passes}", field="--passes")
+    if args.store is not None:                  # (profiled into: checked before the first pass, not after)
+        from instances.paths import check_output_dir
+        check_output_dir(args.store, "--store")
     if args.model:
         from instances.models import get_model
         with fields_as_flags({"model": "--model"}):
@@ -404,8 +415,9 @@ def _proxy_quality(args) -> int:
     from estimators.evaluation.accuracy import proxy_quality
     from instances.errors import InputError
     check_batch(args.batch)
-    if args.max_splits < 1:
-        raise InputError(f"must be >= 1, got {args.max_splits}", field="--max-splits")
+    from instances.limits import MAX_EXHAUSTIVE_SPLITS
+    if not 1 <= args.max_splits <= MAX_EXHAUSTIVE_SPLITS:
+        raise InputError(f"must be in 1..{MAX_EXHAUSTIVE_SPLITS:,}, got {args.max_splits}", field="--max-splits")
     if args.model:
         from instances.models import get_model
         with fields_as_flags({"model": "--model"}):
