@@ -118,13 +118,13 @@ def check_micro_batches(arch: ModelArch, micro_batches, cfg: ProfilerConfig | No
     cfg = cfg or ProfilerConfig()
     mb = max(micro_batches, default=1)
     small = reduced_arch(arch, cfg, 1) if _needs_reduction(arch, cfg) else arch
-    need = max(c.activation_bytes for c in layer_costs(small, micro_batch=1, tp=1)) * mb
-    if need > MAX_PROFILE_ACTIVATION_BYTES:
-        most = int(MAX_PROFILE_ACTIVATION_BYTES // (need / mb))
-        raise InputError(f"a micro-batch of {show_number(mb)} would hold about {need / 2**30:,.3g} GiB of activations "
-                         f"in one layer of {arch.name} as profiled, more than the "
-                         f"{MAX_PROFILE_ACTIVATION_BYTES // 2**20} MiB a measurement may take: give at most {most:,}",
-                         field=field)
+    per_sample = max(c.activation_bytes for c in layer_costs(small, micro_batch=1, tp=1))
+    most = int(MAX_PROFILE_ACTIVATION_BYTES // per_sample)
+    if mb > most:                               # (compared as integers: a 400-digit count is no float)
+        need = f"{per_sample * mb / 2**30:,.3g} GiB" if mb < 10**300 else "more bytes than a float holds"
+        raise InputError(f"a micro-batch of {show_number(mb)} would hold about {need} of activations in one layer "
+                         f"of {arch.name} as profiled, more than the {MAX_PROFILE_ACTIVATION_BYTES // 2**20} MiB a "
+                         f"measurement may take: give at most {most:,}", field=field)
 
 
 # -- reduced shapes -----------------------------------------------------------------

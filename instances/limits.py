@@ -38,8 +38,11 @@
 - ``MAX_EXHAUSTIVE_SPLITS`` (10,000): the stage splits an exhaustive plan search enumerates
   per grid (``arena estimate proxy-quality --max-splits``; the planner's own default is
   3,000): 3,000 took 15 CPU-s on gpt__350M, and 10^20 never ended.
-- ``MAX_SEED`` (2^63 - 1): a training run's seed (``arena train --seed``, a job's ``seed``),
-  SQLite's largest integer, where the service stores it.
+- ``MAX_STORED_INTEGER`` (2^63 - 1): SQLite's largest integer, the most any count the
+  service stores or compares in SQL may be (``arena serve --keep-rounds``,
+  ``--keep-measurements``: 10^20 stopped the scheduler with an ``OverflowError``).
+  ``MAX_SEED``, a training run's seed (``arena train --seed``, a job's ``seed``), is it:
+  the service stores the seed.
 - ``available_cores()``: the CPU cores this process may use. Solver threads (every
   backend) and the processes one measurement starts on this host (``arena profile``'s
   collective groups and ``--run-grids``, on a CPU; on CUDA the GPUs torch sees) are at
@@ -72,7 +75,8 @@ MAX_BENCH_ROUNDS = 1000
 
 MAX_EXHAUSTIVE_SPLITS = 10_000
 
-MAX_SEED = 2**63 - 1
+MAX_STORED_INTEGER = 2**63 - 1
+MAX_SEED = MAX_STORED_INTEGER
 
 MAX_PROFILE_ACTIVATION_BYTES = 256 * 2**20
 

@@ -89,14 +89,18 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
     return p
 
 
-def check_output_file(path: str | os.PathLike, field: str) -> Path:
+def check_output_file(path: str | os.PathLike, field: str, regular: str | None = None) -> Path:
     """A file we can create or append to: not a directory, in a folder we can write into
     (or create). An existing regular file is opened for appending (nothing
-    written) to prove it; a device such as /dev/null is taken as it is."""
+    written) to prove it; a device such as /dev/null is taken as it is, unless ``regular``
+    says why only a regular file will do (then a pipe, a device or a socket is refused)."""
     p = Path(path).expanduser()
     st = stat_path(p, field)
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory, not a file", file=str(p), field=field)
+    if st is not None and regular and not stat.S_ISREG(st.st_mode):
+        raise InputError(f"is not a regular file (a pipe, a device or a socket): {regular}", file=str(p),
+                         field=field)
     if st is not None and not os.access(p, os.W_OK):
         raise InputError("file is not writable", file=str(p), field=field)
     if st is None and p.is_symlink():

@@ -279,7 +279,7 @@ BENCH_BAD = [   # (arguments, what the error says): each refused by its flag as 
     (["policies", "--seeds", "x"], "field '--seeds': expected seeds like 0-4 or 0,1,7, got 'x'"),
     (["policies", "--baseline", "fcfs"], "field '--baseline': --baseline needs --seeds"),
     (["policies", "--out", "{tmp}/afile"], "field '--out': exists and is not a directory"),
-    (["bound", "--max-gpus", "0"], "field '--max-gpus': must be >= 1, got 0"),
+    (["bound", "--max-gpus", "0"], "field '--max-gpus': must be in 1..1,048,576 (the GPUs a cluster may have), got 0"),
     (["bound", "--plot", "{tmp}"], "field '--plot': is a directory, not a file"),
 ]
 

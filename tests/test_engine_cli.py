@@ -281,7 +281,7 @@ BAD_OPTIONS = [   # (arguments, what the error must say): every one refused befo
      "field '--perf': unknown performance model kind"),
     (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--link-load", "-1"],
      "field '--link-load': must be a fraction of the links' capacity in [0, 1]"),
-    (["estimate", "accuracy", "--against", "local", "--passes", "0"], "field '--passes': must be >= 1"),
+    (["estimate", "accuracy", "--against", "local", "--passes", "0"], "field '--passes': must be in 1..1,000, got 0"),
     (["estimate", "proxy-quality", "--model", "nosuch"], "field '--model': unknown model"),
     (["bench", "solver", "--gpus", "64", "--jobs", "10", "--backend", "nosuch"],
      "field '--backend': unknown solver backend 'nosuch'"),

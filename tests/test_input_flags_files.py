@@ -65,6 +65,39 @@ def test_an_output_name_too_long_is_refused_before_the_run_and_makes_nothing(tmp
     assert not list(tmp_path.iterdir())
 
 
+def test_a_profile_store_the_os_refuses_is_named_by_its_flag(tmp_path, capsys):
+    """``simulate``/``serve --profile-store <300 characters>``: an ``OSError`` from ``exists()``."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    for store, says in (("x" * 300, "File name too long"), (str(tmp_path / "loop1"), "Too many levels of symbolic")):
+        refused(_simulate(tmp_path, "--policy", "arena", "--profile-store", store), capsys,
+                f"field '--profile-store': cannot be used: {says}")
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--db", "x" * 300, "field '--db': cannot be used: File name too long"),
+    ("--db", "d/" + "x" * 300 + "/s.db", "field '--db': cannot be created: the name"),
+    ("--work-dir", "loop1", "field '--work-dir': cannot be used: Too many levels of symbolic links"),  # RuntimeError
+    ("--work-dir", "d/" + "x" * 300, "field '--work-dir': cannot be created: the name"),
+    ("--data-root", "x" * 300, "field '--data-root': cannot be used: File name too long"),
+    ("--keep-rounds", "99999999999999999999", "field '--keep-rounds': must be at most 9,223,372,036,854,775,807 "
+                                              "(SQLite's largest integer), got 1e+20"),   # stopped the scheduler
+])
+def test_serve_refuses_paths_the_os_refuses_and_counts_past_sqlite_before_making_anything(
+        tmp_path, capsys, monkeypatch, flag, value, says):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ARENA_TOKEN", raising=False)
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    argv = ["serve", "--local-slots", "2", "--db", "s.db", "--work-dir", "w"]
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    refused(argv, capsys, says)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop1", "loop2"]
+
+
 # ------------------------------------------------------------------------ bench
 def test_the_greedy_backends_unproved_gap_is_a_dash_with_a_legend_and_null_in_json(capsys):
     """D4: printed ``inf``; ``--json`` stays strict JSON (``null``)."""
@@ -180,6 +213,7 @@ PROFILE = ["profile", "--model", "tiny-gpt__2L", "--tp", "1"]
 @pytest.mark.parametrize("extra,says", [
     (["--micro-batches", "100000000"], "field '--micro-batches': a micro-batch of 100000000 would hold about"),  # D10
     (["--micro-batches", "1", "1500"], "more than the 256 MiB a measurement may take: give at most 1,489"),
+    (["--micro-batches", "9" * 400], "a micro-batch of an integer of about 400 digits would hold about more bytes"),
     (["--group-sizes", "100000"], "field '--group-sizes': a group of 100000 processes, more than the"),       # D11
     (["--group-sizes", "2", "--no-collectives"], "field '--group-sizes': given with --no-collectives"),
     (["--repeats", "1000000000"], "field '--repeats': must be in 1..1,000, got 1000000000"),
@@ -278,6 +312,40 @@ def test_an_output_that_cannot_be_written_is_an_error_naming_it(tmp_path, capsys
     os.mkfifo(tmp_path / "fifo")
     refused(["export-trace", "--db", str(db), "--out", str(tmp_path / "fifo")], capsys,
             "field '--out': is a pipe that nothing reads: writing it would wait forever")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_outputs_that_only_a_regular_file_can_be_are_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    """``estimate fit --out`` a pipe waited, ``/dev/full`` failed, after minutes of fitting;
+    ``train --telemetry /dev/full`` passed the dry run and failed in every rank; ``bench
+    bound --plot /dev/full`` printed ``wrote /dev/full``."""
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    for out in ("fifo", "/dev/full"):
+        refused(["estimate", "fit", "--out", out], capsys, "field '--out': is not a regular file (a pipe, a device "
+                                                           "or a socket): the artifact is a file that policies load")
+        refused(_train(telemetry=out), capsys, "field '--telemetry': is not a regular file (a pipe, a device or a "
+                                               "socket): every rank appends its steps to it")
+    refused(["estimate", "fit", "--out", "x" * 300], capsys, "field '--out': cannot be used: File name too long")
+    refused(["bench", "bound", "--instance", "demo", "--plot", "/dev/full"], capsys,
+            "/dev/full, field '--plot': could not be written: No space left on device")
+    refused(["bench", "bound", "--instance", "demo", "--max-gpus", "99999999999999999999"], capsys,
+            "field '--max-gpus': must be in 1..1,048,576 (the GPUs a cluster may have), got 1e+20")
+
+
+@pytest.mark.parametrize("command", ["export-trace", "backup"])
+def test_the_database_commands_name_a_path_the_os_refuses_or_a_pipe(tmp_path, capsys, monkeypatch, command):
+    """``--db``/``--out`` of 300 characters: ``OSError`` from ``is_dir()``/``exists()``; a
+    pipe as ``--db``: SQLite's ``disk I/O error``."""
+    monkeypatch.chdir(tmp_path)
+    db = _state(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    long = "x" * 300
+    refused([command, "--db", long, "--out", "o"], capsys, "field '--db': cannot be used: File name too long")
+    refused([command, "--db", str(db), "--out", long], capsys, "field '--out': cannot be used: File name too long")
+    refused([command, "--db", "fifo", "--out", "o"], capsys,
+            "fifo, field '--db': not a regular file (a pipe, a device or a socket): not a state database")
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_failed_write_leaves_the_file_as_it_was(tmp_path, monkeypatch):

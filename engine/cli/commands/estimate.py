@@ -113,21 +113,24 @@ def run(args) -> int:
 
 
 def _fit(args) -> int:
+    import stat
     import time
     from pathlib import Path
 
     from estimators import make_performance_model
     from estimators.perf import learned_artifact_path
-    from instances.paths import check_output_dir
+    from instances.errors import InputError
+    from instances.paths import check_output_file, stat_path
     out = Path(args.out) if args.out else learned_artifact_path()
-    if out.is_dir():                                        # before minutes of fitting
-        from instances.errors import InputError
+    st = stat_path(out, "--out")                            # before minutes of fitting
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError("is a folder; give the artifact's file name", file=str(out), field="--out")
-    check_output_dir(str(out.parent), "--out")
+    # (a pipe waited and /dev/full failed, after the fit)
+    check_output_file(out, "--out", regular="the artifact is a file that policies load")
     print("fitting the learned model on the measured table (minutes) ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     model = make_performance_model("learned", seed=args.seed)
-    path = model.save(out)
+    path = model.save(out, "--out")
     info = {"artifact": str(path), "correction": model.chosen, "selection_cv_mape": model.selection,
             "fit_s": round(time.perf_counter() - t0, 1)}
     print(dumps(info) if args.json else f"saved {path} (correction {model.chosen}, {info['fit_s']} s)")
