@@ -117,6 +117,17 @@ def check_output_file(path: str | os.PathLike, field: str, regular: str | None =
     return p
 
 
+def _new_file_mode(p: Path) -> int:
+    """The permissions ``p`` has (a file replaced keeps them), else those ``open`` would
+    give a new file under this process's umask."""
+    try:
+        return stat.S_IMODE(p.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_output(path: str | os.PathLike, data: str | bytes, field: str | None = None) -> Path:
     """Write ``data`` (text as UTF-8) to the output file ``path``: a regular file (or a
     new one) is written beside it and renamed into place, so a failed write (a full disk)
@@ -139,12 +150,14 @@ def write_output(path: str | os.PathLike, data: str | bytes, field: str | None =
             with os.fdopen(fd, "wb") as f:
                 f.write(raw)
             return p
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:64]}.", suffix=".partial")
+        dest = Path(os.path.realpath(p)) if p.is_symlink() else p     # (through a link, as open() writes)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name[:64]}.", suffix=".partial")
         try:
+            os.fchmod(fd, _new_file_mode(dest))       # (mkstemp's 0600 would narrow who may read it)
             with os.fdopen(fd, "wb") as f:
                 f.write(raw)
-            os.replace(tmp, p)
+            os.replace(tmp, dest)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -245,6 +245,18 @@ def test_an_outage_file_with_cr_only_line_endings_is_read(tmp_path):
     assert [(o.node, o.start_s, o.end_s) for o in out] == [(1, 5.0, math.inf), (0, 10.0, 20.0)]
 
 
+def test_a_hostfile_with_cr_only_line_endings_is_refused_before_mpiexec_reads_it(tmp_path, capsys):
+    """Read as two hosts by the dry run, but mpiexec reads the file itself and fails on it
+    ("token localhost:3 not supported"); CRLF, which mpiexec reads, stays accepted."""
+    from launcher.launch import hostfile_hosts
+    (tmp_path / "crlf").write_bytes(b"localhost:1\r\nlocalhost:3\r\n")
+    assert hostfile_hosts(tmp_path / "crlf") == [("localhost", 1), ("localhost", 3)]
+    (tmp_path / "cr").write_bytes(b"localhost:1\r\nlocalhost:3\rlocalhost:2\r")
+    refused(_train(plan="dp=2", hostfile=str(tmp_path / "cr")), capsys,
+            f"{tmp_path / 'cr'}, line 2: a line ends with a lone carriage return (old Mac line endings), which "
+            "mpiexec cannot read")
+
+
 def test_a_trace_models_config_error_names_the_config_file_and_its_key(tmp_path, capsys):
     """F2: ``field 'model': 1000000000 is more than 4096``, without the file or the key."""
     cfg = tmp_path / "big.json"
@@ -346,6 +358,25 @@ def test_the_database_commands_name_a_path_the_os_refuses_or_a_pipe(tmp_path, ca
     refused([command, "--db", "fifo", "--out", "o"], capsys,
             "fifo, field '--db': not a regular file (a pipe, a device or a socket): not a state database")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_written_file_keeps_its_permissions_and_is_written_through_a_link(tmp_path):
+    """``write_output`` writes beside and renames: as ``open()`` did, a new file gets the
+    umask's permissions (not ``mkstemp``'s 0600), a replaced one keeps its own, and a link
+    is written through, not replaced."""
+    from instances.paths import write_output
+    umask = os.umask(0o022)
+    try:
+        write_output(tmp_path / "new.csv", "a")
+        assert (tmp_path / "new.csv").stat().st_mode & 0o777 == 0o644
+        (tmp_path / "kept.csv").write_text("x")
+        (tmp_path / "kept.csv").chmod(0o640)
+        (tmp_path / "link.csv").symlink_to(tmp_path / "kept.csv")
+        write_output(tmp_path / "link.csv", "b")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "link.csv").is_symlink() and (tmp_path / "kept.csv").read_text() == "b"
+    assert (tmp_path / "kept.csv").stat().st_mode & 0o777 == 0o640
 
 
 def test_a_failed_write_leaves_the_file_as_it_was(tmp_path, monkeypatch):
