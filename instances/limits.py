@@ -38,6 +38,10 @@
 - ``MAX_EXHAUSTIVE_SPLITS`` (10,000): the stage splits an exhaustive plan search enumerates
   per grid (``arena estimate proxy-quality --max-splits``; the planner's own default is
   3,000): 3,000 took 15 CPU-s on gpt__350M, and 10^20 never ended.
+- ``MAX_REFIT_EVALS`` (10,000): the objective evaluations of one start of a refit of the
+  analytic constants (``arena estimate accuracy --refit-analytic --refit-evals``; default
+  120, each a pass over the measured table): Powell stops at its tolerances well before;
+  past it, 10^20 read as "no end".
 - ``MAX_STORED_INTEGER`` (2^63 - 1): SQLite's largest integer, the most any count the
   service stores or compares in SQL may be (``arena serve --keep-rounds``,
   ``--keep-measurements``: 10^20 stopped the scheduler with an ``OverflowError``).
@@ -74,6 +78,8 @@ MAX_BENCH_JOBS = 100_000
 MAX_BENCH_ROUNDS = 1000
 
 MAX_EXHAUSTIVE_SPLITS = 10_000
+
+MAX_REFIT_EVALS = 10_000
 
 MAX_STORED_INTEGER = 2**63 - 1
 MAX_SEED = MAX_STORED_INTEGER

@@ -267,7 +267,7 @@ BAD_OPTIONS = [   # (arguments, what the error must say): every one refused befo
     (["outages", "--instance", "demo", "--mtbf-hours", "1", "--repair-hours", "1", "--hours", "1", "--seed", "-2",
       "--out", "{tmp}/o.csv"], "argument --seed"),
     (["estimate", "accuracy", "--against", "arena-measured", "--refit-analytic", "--refit-evals", "-1"],
-     "field '--refit-evals': must be >= 1"),
+     "field '--refit-evals': must be in 1..10,000, got -1"),
     (["estimate", "fit", "--out", "{tmp}"], "field '--out': is a folder"),
     (["estimate", "proxy-quality", "--model", "gpt__1.3B", "--batch", "0"], "field '--batch': must be in 1..1,048,576"),
     (["estimate", "--model", "gpt__1.3B", "--gpu-type", "a100", "--gpus", "8", "--batch", str(10**20)],

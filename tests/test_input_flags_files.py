@@ -203,6 +203,8 @@ def test_estimate_refuses_refit_starts_it_does_not_have_and_a_store_it_cannot_wr
             "field '--passes': must be in 1..1,000")
     refused(["estimate", "accuracy", "--refit-evals", "-1"], capsys,          # passed over, then a minute of work
             "field '--refit-evals': is read only with --refit-analytic")
+    refused(["estimate", "accuracy", "--refit-analytic", "--refit-evals", "99999999999999999999"], capsys,
+            "field '--refit-evals': must be in 1..10,000, got 1e+20")
     refused(["estimate", "proxy-quality", "--max-splits", "99999999999999999999"], capsys,   # never ended
             "field '--max-splits': must be in 1..10,000")
 

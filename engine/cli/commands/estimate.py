@@ -220,8 +220,10 @@ def _accuracy(args) -> int:
             if getattr(args, dest) != args.estimate_defaults[dest]:
                 raise InputError("is read only with --refit-analytic", field=f"--{dest.replace('_', '-')}")
     if args.refit_analytic:                                     # before a minute of work
-        if args.refit_evals < 1:
-            raise InputError(f"must be >= 1, got {args.refit_evals}", field="--refit-evals")
+        from instances.limits import MAX_REFIT_EVALS, show_number
+        if not 1 <= args.refit_evals <= MAX_REFIT_EVALS:
+            raise InputError(f"must be in 1..{MAX_REFIT_EVALS:,}, got {show_number(args.refit_evals)}",
+                             field="--refit-evals")
         from estimators.evaluation.calibrate import max_starts
         if not 1 <= args.refit_starts <= max_starts():      # (more ran as many as there are, without a word)
             raise InputError(f"must be in 1..{max_starts()} (the neutral start and the corner starts), got "
