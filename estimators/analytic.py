@@ -9,6 +9,7 @@ import math
 from instances.errors import InputError
 from instances.grid import Grid
 from instances.jobs import Job
+from instances.limits import MAX_LINK_LOAD, is_number
 
 from .base import Estimate
 from .config import EfficiencyConfig, EstimatorConfig, MemoryConfig, PlannerConfig
@@ -38,8 +39,9 @@ class AnalyticModel:
 
     def __init__(self, *, dp_only: bool = False, efficiency=None, memory=None, planner=None,
                  profile_store=None, profile_device: str | None = None, link_load: float = 0.0):
-        if not (isinstance(link_load, (int, float)) and math.isfinite(link_load) and link_load >= 0):
-            raise InputError(f"must be >= 0, got {link_load!r}", field="link_load")
+        if not (is_number(link_load) and 0 <= link_load <= MAX_LINK_LOAD):      # (nan fails both)
+            raise InputError(f"must be a fraction of the links' capacity in [0, {MAX_LINK_LOAD:g}] (other jobs' "
+                             f"traffic on them), got {link_load!r}", field="link_load")
         self.cfg = _estimator_config(efficiency, memory, planner)
         self.dp_only = bool(dp_only)
         self.link_load = float(link_load)

@@ -366,14 +366,19 @@ class LearnedModel:
         return e
 
     # -- artifact --------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, field: str | None = None) -> Path:
+        """Write the artifact to ``path``, whole or not at all (``instances.paths.write_output``:
+        a failed write, e.g. a full disk, is an ``InputError`` naming ``path`` and ``field``)."""
+        import io
+
         import joblib
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+
+        from instances.paths import write_output
+        buf = io.BytesIO()
         joblib.dump({"artifact_version": ARTIFACT_VERSION, "features": FEATURES, "params": self.params,
                      "correction": self.chosen, "selection": self.selection, "select_by": self.select_by,
-                     "regressor": self.regressor, "records": self.records}, path)
-        return path
+                     "regressor": self.regressor, "records": self.records}, buf)
+        return write_output(path, buf.getvalue(), field)
 
     def _load_into(self, path: Path) -> None:
         import joblib

@@ -86,9 +86,14 @@ def open_profile_store(path, field: str = "profile_store"):
     """The ``ProfileStore`` at ``path`` (or ``path`` itself when it is one), checked before
     any work: a missing or empty store is an error naming it, not a silent fall-back to
     the catalog roofline."""
+    import stat
+
+    from instances.paths import stat_path
+
     from .profile_store import ProfileStore
     store = path if isinstance(path, ProfileStore) else ProfileStore(path)
-    if not store.root.is_dir() or not store.devices():
+    st = stat_path(store.root, field)           # (a name too long, a link loop: named, not an OSError)
+    if st is None or not stat.S_ISDIR(st.st_mode) or not store.devices():
         raise InputError(f"{store.root}: no profiled layers here (fill the store with `arena profile --model M "
                          f"--store {store.root}`)", field=field)
     return store

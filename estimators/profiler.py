@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from instances.arch import ModelArch
 from instances.errors import InputError
+from instances.limits import MAX_PROFILE_ACTIVATION_BYTES, available_cores, show_number
 
 from .layers import layer_costs
 from .profile_store import CollectiveProfile, LayerProfile, ProfileStore
@@ -84,6 +85,46 @@ def local_device() -> tuple[str, str]:
                 return name, "cuda"
         return raw.replace(" ", "-"), "cuda"
     return "cpu", "cpu"
+
+
+def local_ranks() -> tuple[int, str]:
+    """How many processes one measurement may run at once on this host, and what bounds it:
+    the GPUs torch sees on CUDA, else the CPU cores this process may use
+    (``instances.limits.available_cores``): more measures their sharing, not the work."""
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "GPU(s) torch sees"
+    return available_cores(), "CPU core(s) this process may use"
+
+
+def check_group_sizes(group_sizes, field: str = "group_sizes") -> None:
+    """Collective groups this host can run: each of at least 2 processes and at most
+    ``local_ranks()`` (a group of 100,000 spawned 100,000 torch processes)."""
+    small = [n for n in group_sizes if n < 2]
+    if small:
+        raise InputError(f"a collective needs a group of at least 2 processes, got {small[0]}", field=field)
+    cap, what = local_ranks()
+    big = [n for n in group_sizes if n > cap]
+    if big:
+        raise InputError(f"a group of {show_number(big[0])} processes, more than the {cap} {what}: a collective of "
+                         "more ranks than that measures their sharing, not the collective", field=field)
+
+
+def check_micro_batches(arch: ModelArch, micro_batches, cfg: ProfilerConfig | None = None,
+                        field: str = "micro_batches") -> None:
+    """The largest micro-batch within ``MAX_PROFILE_ACTIVATION_BYTES`` of activations in
+    ``arch``'s largest layer, at the shape the profiler runs it (reduced, tensor degree 1;
+    the catalog's count, linear in the micro-batch)."""
+    cfg = cfg or ProfilerConfig()
+    mb = max(micro_batches, default=1)
+    small = reduced_arch(arch, cfg, 1) if _needs_reduction(arch, cfg) else arch
+    per_sample = max(c.activation_bytes for c in layer_costs(small, micro_batch=1, tp=1))
+    most = int(MAX_PROFILE_ACTIVATION_BYTES // per_sample)
+    if mb > most:                               # (compared as integers: a 400-digit count is no float)
+        need = f"{per_sample * mb / 2**30:,.3g} GiB" if mb < 10**300 else "more bytes than a float holds"
+        raise InputError(f"a micro-batch of {show_number(mb)} would hold about {need} of activations in one layer "
+                         f"of {arch.name} as profiled, more than the {MAX_PROFILE_ACTIVATION_BYTES // 2**20} MiB a "
+                         f"measurement may take: give at most {most:,}", field=field)
 
 
 # -- reduced shapes -----------------------------------------------------------------
@@ -468,17 +509,13 @@ def run_spawned(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> No
 def profile_collectives(*, group_sizes=(2,), sizes=(4096, 65536, 1 << 20, 4 << 20),
                         ops=("all_reduce", "all_gather", "reduce_scatter", "send_recv"), repeats: int = 5,
                         store: ProfileStore | None = None, timeout_s: float = 120.0) -> dict:
-    import torch
     import torch.multiprocessing as mp
     dev_name, dev = local_device()
     backend = "nccl" if dev == "cuda" else "gloo"
     records, unsupported, spent = [], set(), 0.0
     ctx = mp.get_context("spawn")
+    check_group_sizes(group_sizes)              # (a group this host cannot run was skipped without a word)
     for n in group_sizes:
-        if n < 2:
-            continue
-        if backend == "nccl" and n > torch.cuda.device_count():
-            continue
         q = ctx.SimpleQueue()
         t0 = time.perf_counter()
         run_spawned(_coll_worker, (n, tuple(sizes), tuple(ops), repeats, backend, q), n,

@@ -50,7 +50,9 @@ def read_bounded(f: BinaryIO, label: str, what: str) -> bytes:
 
 def read_text(path: str | Path, what: str) -> str:
     """The text of a ``what`` file (a trace, an outage list; gzip detected by its magic
-    bytes), at most ``MAX_INPUT_BYTES`` of it, or an ``InputError`` naming the file."""
+    bytes), at most ``MAX_INPUT_BYTES`` of it, or an ``InputError`` naming the file. Line
+    endings are read as Python's text files read them: ``\r\n`` and a lone ``\r`` (old
+    Mac files) end a line as ``\n`` does."""
     p = Path(path)
     check_regular_file(p, f"{what} file")            # a pipe or a device: reading it may never end
     try:
@@ -64,9 +66,10 @@ def read_text(path: str | Path, what: str) -> str:
     except OSError as e:                              # permission, a name too long, a link loop
         raise InputError(f"cannot read the {what} file: {e.strerror or e}", file=str(p)) from None
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text (byte {e.start})", file=str(p)) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 class CsvRows:
@@ -170,8 +173,8 @@ class CsvRows:
     def model(self, rec, line, c) -> str:
         try:
             return canonical_model_name(rec[self.idx[c]])
-        except InputError as e:
-            raise self.err(line, c, e.reason) from None
+        except InputError as e:         # a config.json's own error names that file and its key
+            raise self.err(line, c, str(e) if e.file else e.reason) from None
 
     def gpu(self, rec, line, c, optional: bool = False) -> str | None:
         s = rec[self.idx[c]].strip()

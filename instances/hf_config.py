@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .arch import DTYPE_BYTES, ModelArch
 from .errors import InputError
+from .limits import show_number
 from .paths import check_regular_file
 from .structured import loads_json
 
@@ -107,9 +108,11 @@ def parse_hf_config(data, *, file: str) -> ModelArch:
             raise InputError(f"must be an integer, got {v!r}", file=file, field=key)
         if v <= 0:
             raise InputError(f"must be positive, got {v}", file=file, field=key)
-        cap = MAX_COUNT if key in ("n_layer", "num_hidden_layers", "num_local_experts", "num_experts") else MAX_SIZE
+        count = key in ("n_layer", "num_hidden_layers", "num_local_experts", "num_experts")
+        cap = MAX_COUNT if count else MAX_SIZE
         if v > cap:
-            raise InputError(f"{v} is more than {cap}", file=file, field=key)
+            raise InputError(f"must be at most {cap:,}{' (layers or experts: more than any real model has)' * count}, "
+                             f"got {show_number(v)}", file=file, field=key)
         return v
 
     if kind in GPT_TYPES:

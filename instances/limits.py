@@ -26,10 +26,43 @@
   Sia artifact's measurements (calibration slowdowns, restart times, step times,
   gradient statistics). Each says why: the value past it overflows, stalls the solver,
   runs for hours, or gives a schedule that runs nothing.
+- ``MAX_LINK_LOAD`` (1.0): other jobs' traffic on a shared link, a fraction of its
+  capacity (``link_load`` of the analytic and learned models, ``arena estimate
+  --link-load``); the inter-node bandwidth is divided by ``1 + link_load``, so a fraction
+  past 1 describes no link, and 1e308 made every estimate infinite.
+- ``MAX_PROFILE_ACTIVATION_BYTES`` (256 MiB): the activations one profiled layer may hold
+  at its largest micro-batch (``arena profile --micro-batches``), by the catalog's count
+  for the shape the profiler runs. The process's peak is 2-5 times it (measured at 512
+  MiB: 1.1 GB for tiny-gpt__2L, 2.6 GB for gpt__1.3B), so a profile stays under 1.5 GB,
+  where a micro-batch of 10^8 asked for 25.6 GB.
+- ``MAX_PROFILE_REPEATS`` (1,000): a measurement's timed repetitions, warm-up and timed
+  iterations (``arena profile --repeats``, ``--warmup-iters``, ``--measured-iters``): the
+  default takes 3; 10^9 ran on for days.
+- ``MAX_BENCH_JOBS`` (100,000) and ``MAX_BENCH_ROUNDS`` (1,000): the synthetic rounds of
+  ``arena bench solver`` and ``bench incremental`` (``--jobs``; ``--repeat``, ``--rounds``):
+  the project measures up to 4,000 jobs and 20 rounds; every round is built before the
+  first is solved, so 10^20 rounds never started and 10^8 jobs would not end.
+- ``MAX_EXHAUSTIVE_SPLITS`` (10,000): the stage splits an exhaustive plan search enumerates
+  per grid (``arena estimate proxy-quality --max-splits``; the planner's own default is
+  3,000): 3,000 took 15 CPU-s on gpt__350M, and 10^20 never ended.
+- ``MAX_REFIT_EVALS`` (10,000): the objective evaluations of one start of a refit of the
+  analytic constants (``arena estimate accuracy --refit-analytic --refit-evals``; default
+  120, each a pass over the measured table): Powell stops at its tolerances well before;
+  past it, 10^20 read as "no end".
+- ``MAX_STORED_INTEGER`` (2^63 - 1): SQLite's largest integer, the most any count the
+  service stores or compares in SQL may be (``arena serve --keep-rounds``,
+  ``--keep-measurements``: 10^20 stopped the scheduler with an ``OverflowError``).
+  ``MAX_SEED``, a training run's seed (``arena train --seed``, a job's ``seed``), is it:
+  the service stores the seed.
+- ``available_cores()``: the CPU cores this process may use. Solver threads (every
+  backend) and the processes one measurement starts on this host (``arena profile``'s
+  collective groups and ``--run-grids``, on a CPU; on CUDA the GPUs torch sees) are at
+  most this: more measures the cores' sharing, not the work.
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from .errors import InputError
@@ -44,6 +77,30 @@ MIN_PRIORITY = 1.0 / MAX_COEFFICIENT
 MAX_INPUT_BYTES = 128 * 1024 * 1024
 
 MAX_NESTING_DEPTH = 64
+
+MAX_LINK_LOAD = 1.0
+
+MAX_PROFILE_REPEATS = 1000
+
+MAX_BENCH_JOBS = 100_000
+MAX_BENCH_ROUNDS = 1000
+
+MAX_EXHAUSTIVE_SPLITS = 10_000
+
+MAX_REFIT_EVALS = 10_000
+
+MAX_STORED_INTEGER = 2**63 - 1
+MAX_SEED = MAX_STORED_INTEGER
+
+MAX_PROFILE_ACTIVATION_BYTES = 256 * 2**20
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

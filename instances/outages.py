@@ -7,6 +7,7 @@ line and the field."""
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from .cluster import ClusterSpec
 from .csv_rows import CsvRows, read_text
 from .errors import InputError
 from .limits import MAX_TIME_S, TIME_BOUND, check_time, is_number, show_number
-from .paths import check_regular_file
+from .paths import check_regular_file, write_output
 
 COLUMNS = ("node", "start_s", "end_s")
 
@@ -119,10 +120,12 @@ def synthetic_outages(cluster: ClusterSpec, *, mtbf_h: float, repair_h: float, s
     return tuple(sorted(out, key=lambda o: (o.start_s, o.node)))
 
 
-def write_outages(outages: tuple[Outage, ...], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow([*COLUMNS, "reason"])
-        for o in outages:
-            w.writerow([o.node, repr(o.start_s), "" if math.isinf(o.end_s) else repr(o.end_s), o.reason])
+def write_outages(outages: tuple[Outage, ...], path: str | Path, field: str | None = None) -> None:
+    """Write ``outages`` as ``load_outages`` reads them; a failed write is an ``InputError``
+    naming ``path`` and ``field`` (``paths.write_output``)."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow([*COLUMNS, "reason"])
+    for o in outages:
+        w.writerow([o.node, repr(o.start_s), "" if math.isinf(o.end_s) else repr(o.end_s), o.reason])
+    write_output(path, buf.getvalue(), field)

@@ -6,6 +6,7 @@ ancestor, and removed at once (a refused run leaves nothing behind; the writer c
 the folder)."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -14,7 +15,7 @@ from pathlib import Path
 from .errors import InputError
 
 
-def _stat(p: Path, field: str) -> os.stat_result | None:
+def stat_path(p: Path, field: str) -> os.stat_result | None:
     """``p``'s status (symbolic links followed), None where nothing is there, or an
     ``InputError`` naming ``field`` for any other OS refusal (a name too long, a link loop)."""
     try:
@@ -36,11 +37,31 @@ def _probe_write(p: Path, field: str) -> None:
                          file=str(p), field=field) from None
 
 
+def _check_new_names(p: Path, existing: Path, field: str) -> None:
+    """The parts of ``p`` below its nearest existing folder ``existing`` (those still to be
+    made) within the file system's limits on a name's length (``NAME_MAX``, 255 bytes on
+    most) and on a whole path (``PATH_MAX``): a name too long was only found by the writer,
+    after the run (and after it had made the folders above it)."""
+    def limit(name: str, default: int) -> int:
+        try:
+            return os.pathconf(existing, name)
+        except (OSError, ValueError):
+            return default
+    name_max, path_max = limit("PC_NAME_MAX", 255), limit("PC_PATH_MAX", 4096)
+    for part in p.relative_to(existing).parts if p.is_relative_to(existing) else p.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise InputError(f"cannot be created: the name {part[:40]!r}... is {len(os.fsencode(part)):,} bytes "
+                             f"long, more than the {name_max} a name may have there", file=str(p), field=field)
+    if len(os.fsencode(os.path.abspath(p))) >= path_max:
+        raise InputError(f"cannot be created: the path is {len(os.fsencode(os.path.abspath(p))):,} bytes long, "
+                         f"more than the {path_max - 1:,} a path may have", file=str(p), field=field)
+
+
 def check_output_dir(path: str | os.PathLike, field: str) -> Path:
     """A folder we can write into: an existing directory that takes a file, or a path whose
     nearest existing ancestor does. Raises ``InputError`` naming ``field`` otherwise."""
     p = Path(path).expanduser()
-    st = _stat(p, field)
+    st = stat_path(p, field)
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             raise InputError("exists and is not a directory", file=str(p), field=field)
@@ -51,12 +72,13 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
     if p.is_symlink():
         raise InputError(f"is a symbolic link to a missing target ({os.readlink(p)})", file=str(p), field=field)
     parent = p.parent
-    while (pst := _stat(parent, field)) is None and parent != parent.parent:
+    while (pst := stat_path(parent, field)) is None and parent != parent.parent:
         parent = parent.parent
     if pst is None or not stat.S_ISDIR(pst.st_mode):
         raise InputError(f"cannot be created: {parent} is a file, not a directory", file=str(p), field=field)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"cannot be created: {parent} is not writable", file=str(p), field=field)
+    _check_new_names(p, parent, field)
     # a uniquely named file in the nearest existing ancestor: nothing is left behind, and no
     # race with another process checking the same path at once (the ranks of an MPI run)
     try:
@@ -67,19 +89,25 @@ def check_output_dir(path: str | os.PathLike, field: str) -> Path:
     return p
 
 
-def check_output_file(path: str | os.PathLike, field: str) -> Path:
+def check_output_file(path: str | os.PathLike, field: str, regular: str | None = None) -> Path:
     """A file we can create or append to: not a directory, in a folder we can write into
     (or create). An existing regular file is opened for appending (nothing
-    written) to prove it; a device such as /dev/null is taken as it is."""
+    written) to prove it; a device such as /dev/null is taken as it is, unless ``regular``
+    says why only a regular file will do (then a pipe, a device or a socket is refused)."""
     p = Path(path).expanduser()
-    st = _stat(p, field)
+    st = stat_path(p, field)
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory, not a file", file=str(p), field=field)
+    if st is not None and regular and not stat.S_ISREG(st.st_mode):
+        raise InputError(f"is not a regular file (a pipe, a device or a socket): {regular}", file=str(p),
+                         field=field)
     if st is not None and not os.access(p, os.W_OK):
         raise InputError("file is not writable", file=str(p), field=field)
     if st is None and p.is_symlink():
         raise InputError(f"is a symbolic link to a missing target ({os.readlink(p)})", file=str(p), field=field)
     check_output_dir(p.parent, field)
+    if st is None:
+        _check_new_names(p, p.parent, field)
     if st is not None and stat.S_ISREG(st.st_mode):
         try:
             with open(p, "ab"):
@@ -89,11 +117,60 @@ def check_output_file(path: str | os.PathLike, field: str) -> Path:
     return p
 
 
+def _new_file_mode(p: Path) -> int:
+    """The permissions ``p`` has (a file replaced keeps them), else those ``open`` would
+    give a new file under this process's umask."""
+    try:
+        return stat.S_IMODE(p.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def write_output(path: str | os.PathLike, data: str | bytes, field: str | None = None) -> Path:
+    """Write ``data`` (text as UTF-8) to the output file ``path``: a regular file (or a
+    new one) is written beside it and renamed into place, so a failed write (a full disk)
+    leaves the file as it was, never half written; anything else (``/dev/null``, a pipe) is
+    written as it is, a pipe only when a reader holds its other end (else the write would
+    wait for one forever). An ``OSError`` (``/dev/full``: no space left on device) is an
+    ``InputError`` naming the file and ``field``."""
+    p = Path(path).expanduser()
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if p.exists() and not p.is_file():
+            try:                        # (a pipe with no reader: ENXIO at once, not a wait)
+                fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                raise InputError("is a pipe that nothing reads: writing it would wait forever", file=str(p),
+                                 field=field) from None
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            return p
+        dest = Path(os.path.realpath(p)) if p.is_symlink() else p     # (through a link, as open() writes)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name[:64]}.", suffix=".partial")
+        try:
+            os.fchmod(fd, _new_file_mode(dest))       # (mkstemp's 0600 would narrow who may read it)
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise InputError(f"could not be written: {e.strerror or e}", file=str(p), field=field) from None
+    return p
+
+
 def check_input_file(path: str | os.PathLike, field: str) -> Path:
     """An existing, readable regular file (a pipe, a device or a socket is refused without
     opening it: reading one may never end)."""
     p = Path(path).expanduser()
-    st = _stat(p, field)
+    st = stat_path(p, field)
     if st is None:
         raise InputError("file not found", file=str(p), field=field)
     if stat.S_ISDIR(st.st_mode):

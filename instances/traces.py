@@ -36,7 +36,7 @@ from .errors import InputError
 from .gpus import canonical_gpu_name, get_gpu
 from .jobs import MAX_ITERATIONS, Job
 from .limits import check_coefficient, check_time
-from .paths import check_regular_file
+from .paths import check_regular_file, write_output
 
 OUR_MAGIC = "# arena-trace v1"
 OUR_COLUMNS = ("job_id", "model", "global_batch", "num_iterations", "arrival_s", "deadline_s",
@@ -299,9 +299,10 @@ def format_trace(jobs: Iterable[Job]) -> str:
     return buf.getvalue()
 
 
-def write_trace(jobs: Iterable[Job], path: str | Path) -> None:
-    """Write jobs in our format (``# arena-trace v1``); ``load_trace`` reads them back exactly."""
-    Path(path).write_text(format_trace(jobs), encoding="utf-8")
+def write_trace(jobs: Iterable[Job], path: str | Path, field: str | None = None) -> None:
+    """Write jobs in our format (``# arena-trace v1``); ``load_trace`` reads them back exactly.
+    A failed write is an ``InputError`` naming ``path`` and ``field`` (``paths.write_output``)."""
+    write_output(path, format_trace(jobs), field)
 
 
 # ------------------------------------------------------------------------------------

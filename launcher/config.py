@@ -11,8 +11,10 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from instances.cluster import MAX_CLUSTER_GPUS
 from instances.errors import InputError
-from instances.limits import check_time
+from instances.jobs import MAX_GLOBAL_BATCH, MAX_ITERATIONS
+from instances.limits import MAX_SEED, check_time, show_number
 from instances.plan import Plan
 from instances.structured import loads_json
 
@@ -50,6 +52,12 @@ class ParallelPlan:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"must be a positive integer, got {v!r}", field=name)
+            if name == "microbatches" and v > MAX_GLOBAL_BATCH:
+                raise InputError(f"must be at most {MAX_GLOBAL_BATCH:,} (the bound on a global batch: a "
+                                 f"micro-batch holds a sample at least), got {show_number(v)}", field=name)
+        if self.world_size > MAX_CLUSTER_GPUS:          # (one rank a GPU: no cluster arena schedules has more)
+            raise InputError(f"dp*tp*pp = {show_number(self.world_size)} ranks, more than the {MAX_CLUSTER_GPUS:,} "
+                             "GPUs a cluster may have", field="dp")
         if self.schedule not in SCHEDULES:
             raise InputError(f"unknown pipeline schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}",
                              field="schedule")
@@ -159,10 +167,14 @@ class TrainConfig:
             raise InputError("must be a ParallelPlan", field="plan")
         gb = self.global_batch if self.global_batch is not None else self.plan.dp * self.plan.microbatches
         object.__setattr__(self, "global_batch", gb)
-        for name in ("steps", "global_batch", "num_nodes"):
+        for name, top in (("steps", MAX_ITERATIONS), ("global_batch", MAX_GLOBAL_BATCH), ("num_nodes", None),
+                          ("seed", MAX_SEED)):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise InputError(f"must be a positive integer, got {v!r}", field=name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "seed" else 1):
+                raise InputError(f"must be a{'n integer >= 0' if name == 'seed' else ' positive integer'}, "
+                                 f"got {v!r}", field=name)
+            if top is not None and v > top:             # (the bounds a job has: instances/jobs.py, limits.py)
+                raise InputError(f"must be at most {top:,}, got {show_number(v)}", field=name)
         every = self.checkpoint_every
         if every is None:
             every = max(1, self.steps // DEFAULT_CHECKPOINTS_PER_RUN) if self.checkpoint_dir else 0

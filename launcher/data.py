@@ -27,6 +27,15 @@ from instances.errors import InputError
 from .datafile import min_data_bytes, open_data_file
 
 STEP_SEED_STRIDE = 1_000_003          # step k draws from seed * stride + k (distinct streams)
+SEED_SPACE = 2**64                    # torch's generator seeds: the stream's seed is taken modulo it
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of step ``step``'s draws: seeded ``seed * STEP_SEED_STRIDE + step + 1``,
+    modulo ``SEED_SPACE`` (the same streams as before for every seed below 2^64 / stride;
+    a larger seed, up to ``instances.limits.MAX_SEED``, no longer overflows torch's seed
+    in the rank)."""
+    return torch.Generator().manual_seed((seed * STEP_SEED_STRIDE + step + 1) % SEED_SPACE)
 TEMPLATE_CELLS = 4                    # class templates are 4x4 patterns, upsampled: the class survives pooling
 
 
@@ -51,7 +60,7 @@ class SyntheticTokens:
         """Inputs and next-token targets of step ``step`` (0-based) from ``[batch, seq_len + 1]``
         int64 tokens."""
         table = self._table()
-        g = torch.Generator().manual_seed(self.seed * STEP_SEED_STRIDE + step + 1)
+        g = step_generator(self.seed, step)
         out = torch.empty(batch, self.seq_len + 1, dtype=torch.long)
         out[:, 0] = torch.randint(0, self.vocab_size, (batch,), generator=g)
         choice = torch.randint(0, self.branching, (batch, self.seq_len), generator=g)
@@ -89,7 +98,7 @@ class TextFileTokens:
     def starts(self, step: int, batch: int) -> torch.Tensor:
         """The ``batch`` window offsets of step ``step`` (the whole global batch's: data ranks
         draw the same and read their own)."""
-        g = torch.Generator().manual_seed(self.seed * STEP_SEED_STRIDE + step + 1)
+        g = step_generator(self.seed, step)
         return torch.randint(0, self.size - self.seq_len - 1, (batch,), generator=g)
 
     def rows(self, step: int, batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +142,7 @@ class SyntheticImages:
         coarse = torch.randn(self.num_classes, 3, TEMPLATE_CELLS, TEMPLATE_CELLS,
                              generator=torch.Generator().manual_seed(self.seed))
         templates = F.interpolate(coarse, size=(size, size), mode="nearest")
-        g = torch.Generator().manual_seed(self.seed * STEP_SEED_STRIDE + step + 1)
+        g = step_generator(self.seed, step)
         labels = torch.randint(0, self.num_classes, (batch,), generator=g)
         return templates[labels] + self.noise * torch.randn(batch, 3, size, size, generator=g), labels
 

@@ -53,7 +53,8 @@ def hostfile_hosts(path: str | os.PathLike) -> list[tuple[str, int]]:
     out = []
     check_regular_file(path, "hostfile")            # (a pipe would never end)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        text = Path(path).read_bytes().decode("utf-8")      # (as written: no newline translation)
+        lines = text.splitlines()
     except (FileNotFoundError, NotADirectoryError):
         raise InputError("hostfile not found", file=str(path)) from None
     except IsADirectoryError:
@@ -62,6 +63,11 @@ def hostfile_hosts(path: str | os.PathLike) -> list[tuple[str, int]]:
         raise InputError(f"not UTF-8 text (byte {e.start}); expected a hostfile", file=str(path)) from None
     except OSError as e:
         raise InputError(f"cannot read the hostfile: {e.strerror or e}", file=str(path)) from None
+    lone_cr = text.replace("\r\n", "\n").find("\r")
+    if lone_cr >= 0:                        # (read as lines here, but mpiexec reads the file itself)
+        raise InputError("a line ends with a lone carriage return (old Mac line endings), which mpiexec cannot "
+                         "read: end lines with \\n", file=str(path),
+                         line=text.replace("\r\n", "\n")[:lone_cr].count("\n") + 1)
     for i, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:

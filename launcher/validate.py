@@ -87,8 +87,8 @@ def check_paths(cfg: TrainConfig) -> None:
         check_output_dir(cfg.checkpoint_dir, "checkpoint_dir")
     if cfg.run_dir:
         check_output_dir(cfg.run_dir, "run_dir")
-    if cfg.telemetry_path:
-        check_output_file(cfg.telemetry_path, "telemetry_path")
+    if cfg.telemetry_path:                      # (/dev/full or a pipe failed or hung in the ranks)
+        check_output_file(cfg.telemetry_path, "telemetry_path", regular="every rank appends its steps to it")
     if cfg.telemetry_store:
         check_output_dir(cfg.telemetry_store, "telemetry_store")
     if cfg.data_path:

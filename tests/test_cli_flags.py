@@ -245,17 +245,26 @@ BENCH_BAD = [   # (arguments, what the error says): each refused by its flag as 
     (["solver", "--gpus", "4"], "field '--gpus': must be in 8..1,048,576, got 4"),
     (["solver", "--jobs", "0"], "field '--jobs': must be in 1..100,000, got 0"),
     (["solver", "--backend", "nosuch"], "field '--backend': unknown solver backend 'nosuch'"),
-    (["solver", "--repeat", "0"], "field '--repeat': must be >= 1, got 0"),
+    (["solver", "--repeat", "0"], "field '--repeat': must be in 1..1,000, got 0"),
+    (["solver", "--repeat", "99999999999999999999"], "field '--repeat': must be in 1..1,000, got 1e+20"),  # hung
+    (["solver", "--seed", "99999999999999999999"], "field '--seed': must be at most 2,147,483,647 (the solvers"),
     (["solver", "--time-limit", "0"], "field '--time-limit': must be a finite number of seconds > 0, got 0.0"),
     (["solver", "--rel-gap", "1"], "field '--rel-gap': must be in [0, 1), got 1.0"),
     (["solver", "--threads", "0"], "field '--threads': must be >= 1, got 0"),
     (["solver", "--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
     (["solver", "--objective", "nosuch=1"], "field '--objective': unknown objective term 'nosuch'"),
-    (["incremental", "--rounds", "0"], "field '--rounds': must be >= 1, got 0"),
+    (["incremental", "--rounds", "0"], "field '--rounds': must be in 1..1,000, got 0"),
     (["incremental", "--backend", "nosuch"], "field '--backend': unknown solver backend 'nosuch'"),
     (["incremental", "--objective", "jct=x"], "field '--objective': expected term=weight, got 'jct=x'"),
     (["incremental", "--move-cost-per-gpu", "nan"], "field '--move-cost-per-gpu': must be a finite number of"),
-    (["incremental", "--move-cost-cap", "-1"], "field '--move-cost-cap': must be a finite number of seconds >= 0"),
+    (["incremental", "--move-cost-cap", "-1"], "field '--move-cost-cap': must be >= 0, got -1.0"),
+    # issue 58 D5: 1e308 was taken, a move priced past any schedule's length (the bound on times)
+    (["incremental", "--move-cost-per-gpu", "1e308"], "field '--move-cost-per-gpu': must be <= 9e12 s (about"),
+    (["incremental", "--move-cost-cap", "1e308"], "field '--move-cost-cap': must be <= 9e12 s (about 285,000"),
+    # issue 58 D3: named the objective's internal w_jct; now the flag and the part as typed
+    (["solver", "--objective", "throughput=1,jct=1e5"], "field '--objective': jct=1e5: a term's weight must be a "
+                                                        "finite number in [0, 10000] (larger values overflow"),
+    (["incremental", "--objective", "jct=-1"], "field '--objective': jct=-1: a term's weight must be a finite"),
     (["incremental", "--queued", "x"], "field '--queued': must be one of all, small, got 'x'"),
     (["incremental", "--other-type", "x"], "field '--other-type': must be one of same, any, got 'x'"),
     (["incremental", "--move-budget-jobs", "2"], "field '--move-budget-jobs': must be a fraction in [0, 1]"),
@@ -270,7 +279,7 @@ BENCH_BAD = [   # (arguments, what the error says): each refused by its flag as 
     (["policies", "--seeds", "x"], "field '--seeds': expected seeds like 0-4 or 0,1,7, got 'x'"),
     (["policies", "--baseline", "fcfs"], "field '--baseline': --baseline needs --seeds"),
     (["policies", "--out", "{tmp}/afile"], "field '--out': exists and is not a directory"),
-    (["bound", "--max-gpus", "0"], "field '--max-gpus': must be >= 1, got 0"),
+    (["bound", "--max-gpus", "0"], "field '--max-gpus': must be in 1..1,048,576 (the GPUs a cluster may have), got 0"),
     (["bound", "--plot", "{tmp}"], "field '--plot': is a directory, not a file"),
 ]
 

@@ -263,9 +263,14 @@ def build_perf(kind: str | None, policy_name: str, profile_store: str | None = N
         print(f"note: the learned artifact {unused} was fitted for another runtime; fitting the learned model "
               f"afresh for the {runtime} runtime (--perf-runtime default uses the artifact)",
               file=sys.stderr, flush=True)
-    if profile_store is not None and Path(profile_store).exists() and not Path(profile_store).is_dir():
-        raise InputError("is a file; a profile store is a folder (`arena profile --store DIR` fills one)",
-                         file=profile_store, field="--profile-store")
+    if profile_store is not None:
+        import stat
+
+        from instances.paths import stat_path
+        st = stat_path(Path(profile_store), "--profile-store")     # (a name too long: named, not an OSError)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise InputError("is a file; a profile store is a folder (`arena profile --store DIR` fills one)",
+                             file=profile_store, field="--profile-store")
     with fields_as_flags({"kind": "--perf", "profile_store": "--profile-store", "runtime": "--perf-runtime"}):
         return make_default_model(kind, profile_store=profile_store, runtime=runtime)
 

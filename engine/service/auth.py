@@ -42,10 +42,20 @@ class Caller:
     admin: bool
 
 
+def token_chars_problem(token: str) -> str | None:
+    """Why ``token`` cannot be a token at all (None: it can): a character that is not
+    visible ASCII, which an HTTP header cannot carry either (a newline ended the header).
+    Never names the token itself."""
+    if not isinstance(token, str) or any(not 33 <= ord(c) <= 126 for c in token):
+        return "may hold only visible ASCII characters (no spaces, tabs, line breaks or other characters)"
+    return None
+
+
 def token_problem(token: str) -> str | None:
     """Why ``token`` is refused (None: it meets the rule). Never names the token itself."""
-    if not isinstance(token, str) or any(not 33 <= ord(c) <= 126 for c in token):
-        return "may hold only visible ASCII characters (no spaces, tabs or other characters)"
+    chars = token_chars_problem(token)
+    if chars is not None:
+        return chars
     if len(token) < MIN_TOKEN_CHARS:
         return f"is {len(token)} characters long; at least {MIN_TOKEN_CHARS} are needed"
     kinds = sum(any(test(c) for c in token) for test in (str.islower, str.isupper, str.isdigit,

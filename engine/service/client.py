@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from instances.errors import InputError
@@ -31,11 +32,37 @@ class Refused(InputError):
         self.status = status
 
 
+def check_url(url: str, field: str = "--url") -> str:
+    """``url`` as the client sends to it: ``http(s)://HOST[:PORT][/...]``, with a host, a
+    port in 0..65535 and no space or control character (``http://[::1`` was a
+    ``ValueError`` traceback), else an ``InputError`` naming ``field``."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise InputError(f"must start with http:// or https://, got {url!r}", field=field)
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InputError(f"must not hold spaces or control characters, got {url!r}", field=field)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port                                  # (a port that is not a number in 0..65535 raises)
+    except ValueError as e:
+        raise InputError(f"is not a URL ({e}), got {url!r}", field=field) from None
+    if not parts.hostname:
+        raise InputError(f"names no host, got {url!r}", field=field)
+    try:
+        parts.hostname.encode("idna")               # (what the connection does first: a traceback there)
+    except UnicodeError as e:
+        raise InputError(f"names a host that cannot be looked up ({e}), got {url[:80]!r}"
+                         f"{'...' if len(url) > 80 else ''}", field=field) from None
+    return url.rstrip("/")
+
+
 class Client:
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout_s: float = 30.0):
-        if not url.startswith(("http://", "https://")):
-            raise InputError(f"must start with http:// or https://, got {url!r}", field="--url")
-        self.url, self.token, self.timeout_s = url.rstrip("/"), token, timeout_s
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout_s: float = 30.0, *,
+                 url_field: str = "--url", token_field: str = "--token"):
+        from .auth import token_chars_problem
+        problem = None if token is None else token_chars_problem(token)
+        if problem is not None:                     # (an HTTP header cannot carry it: a traceback before)
+            raise InputError(f"the token {problem}", field=token_field)
+        self.url, self.token, self.timeout_s = check_url(url, url_field), token, timeout_s
 
     def request(self, method: str, path: str, body: object = None, headers: dict[str, str] | None = None) -> object:
         data = None if body is None else json.dumps(body).encode()

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from instances.errors import InputError
-from instances.limits import check_time
+from instances.limits import MAX_STORED_INTEGER, check_time, show_number
 from instances.paths import real_path
 from launcher.config import MOVE_PATHS
 
@@ -125,6 +125,9 @@ class ServiceConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InputError(f"must be an integer >= 0 (0: keep all), got {v!r}", field=name)
+            if v > MAX_STORED_INTEGER:              # (the scheduler stopped on an OverflowError in SQL)
+                raise InputError(f"must be at most {MAX_STORED_INTEGER:,} (SQLite's largest integer), got "
+                                 f"{show_number(v)}", field=name)
         v = self.drain_after_failures
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise InputError(f"must be an integer >= 0 (0: never drain a node), got {v!r}",

@@ -14,22 +14,52 @@ the trace format has no dependencies (``arena export-trace`` counts both on stde
 """
 from __future__ import annotations
 
+import math
+import sqlite3
 from collections import Counter
 
 from instances.errors import InputError
 from instances.jobs import Job
+from instances.limits import is_number
 
 from .jobspec import JobSpec
-from .store import Store
+from .store import JOB_STATUSES, Store
+from .store.rows import JobRow
+
+RESTORE = "restore the state from a backup (`arena backup`; docs/operators.md)"
+
+
+def job_rows(store: Store, label: str) -> list[JobRow]:
+    """Every job's row, or an ``InputError`` naming the database ``label`` and what in it
+    cannot be read: a missing or damaged table, or the job whose stored spec is not JSON."""
+    try:
+        return store.jobs.rows()
+    except sqlite3.DatabaseError as e:
+        raise InputError(f"its jobs cannot be read ({e}): a damaged database, or not a service's; {RESTORE}",
+                         file=label, field="jobs") from None
+    except (ValueError, TypeError):         # a spec that is not a JSON object
+        for status in JOB_STATUSES:
+            for i in store.jobs.ids(status):
+                try:
+                    store.jobs.rows(ids=[i])
+                except (ValueError, TypeError) as e:
+                    raise InputError(f"job {i}: its stored spec is not a JSON object ({e}); {RESTORE}",
+                                     file=label, field="jobs.spec") from None
+        raise InputError(f"a job's stored spec or status cannot be read; {RESTORE}", file=label,
+                         field="jobs") from None
 
 
 def workload(store: Store, label: str) -> tuple[list[Job], Counter]:
     """Every submitted job as a trace job (id ``<service id>-<name>``, arrival = seconds
     after the first submission), and the jobs' live statuses counted. ``label`` names the
     database in errors."""
-    rows = store.jobs.rows()
+    rows = job_rows(store, label)
     if not rows:
         raise InputError("no job was ever submitted to this service", file=label)
+    for r in rows:
+        if not (is_number(r.submitted_at) and math.isfinite(r.submitted_at)):
+            raise InputError(f"job {r.id}: its submission time {r.submitted_at!r} is not a time; {RESTORE}",
+                             file=label, field="jobs.submitted_at")
     t0 = min(r.submitted_at for r in rows)
     jobs = [JobSpec.from_dict(r.spec, source=f"{label}, job {r.id}", check_files=False)
             .to_job(f"{r.id}-{r.name}", r.submitted_at - t0)

@@ -35,14 +35,13 @@ from instances.cluster import ClusterSpec
 from instances.errors import InputError
 from instances.gpus import canonical_gpu_name
 from instances.jobs import MAX_GLOBAL_BATCH, MAX_ITERATIONS, Job
-from instances.limits import MAX_TIME_S, check_priority, check_time
+from instances.limits import MAX_SEED, MAX_TIME_S, check_priority, check_time
 from instances.models import canonical_model_name, get_model
 from instances.paths import check_within_roots
 from instances.structured import check_depth, loads_toml
 from launcher.datafile import DATA_ROOT_FLAG, check_data_file, min_data_bytes
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")     # fullmatch: "$" would let a final "\n" in
-MAX_SEED = 2**63 - 1
 MAX_TOML_BYTES = 64 * 1024          # a job file is a few lines; more is not one
 REQUEST = "request"                 # the source named in errors for a dict
 MAX_AFTER = 64                      # jobs a job may wait for

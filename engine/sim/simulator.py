@@ -160,7 +160,9 @@ class _Simulation:
         self.jobs = sorted(instance.jobs, key=lambda j: (j.arrival_s, j.job_id))
         self.t0 = self.jobs[0].arrival_s if self.jobs else 0.0
         # the rounds before the clock would pass the bound on times (arrivals are within it)
-        clock_rounds = max(0, math.floor((MAX_TIME_S - self.t0) / cfg.round_interval_s))
+        # (a ratio past any round count, e.g. an interval of 1e-300 s, is capped before floor(): no overflow;
+        # the resolution check below refuses such an interval)
+        clock_rounds = max(0, math.floor(min((MAX_TIME_S - self.t0) / cfg.round_interval_s, 2.0**62)))
         if clock_rounds < 1:
             raise InputError(f"a round interval of {cfg.round_interval_s:g} s from the first arrival at {self.t0:g} s "
                              f"leaves no round before the bound on times: every time {TIME_BOUND}",

@@ -99,6 +99,11 @@ def corner_starts(eff: EfficiencyConfig, params: tuple[str, ...] = FIT_PARAMS) -
     return out
 
 
+def max_starts() -> int:
+    """How many starts ``fit_efficiency`` has to run from: the base and its corner starts."""
+    return 1 + len(corner_starts(arena_runtime().efficiency))
+
+
 def fit_efficiency(rows: list[MeasuredRow], base: EstimatorConfig | None = None, *,
                    max_evals: int = 80, params: tuple[str, ...] = FIT_PARAMS, starts: int = 1) -> EfficiencyConfig:
     """Powell search over the log of ``params`` minimising the mean squared log error of

@@ -20,6 +20,8 @@ ACTIONS = ("grids", "accuracy", "proxy-quality", "fit")
 # the flag behind each field the grids action's job, cluster and performance model refuse
 ESTIMATE_FLAGS = {"model": "--model", "gpu_type": "--gpu-type", "global_batch": "--batch", "num_nodes": "--gpus",
                   "gpus_per_node": "--gpus-per-node", "kind": "--perf", "link_load": "--link-load"}
+# the performance-model kinds that take other jobs' load on the shared links
+LINK_LOAD_KINDS = ("analytic", "learned")
 # Exit status when the request is valid but no grid can run it (no plan, or none fits in
 # memory): the table is still printed, the reason is on stderr; a bad input exits 2.
 NO_GRID_EXIT = 1
@@ -111,21 +113,24 @@ def run(args) -> int:
 
 
 def _fit(args) -> int:
+    import stat
     import time
     from pathlib import Path
 
     from estimators import make_performance_model
     from estimators.perf import learned_artifact_path
-    from instances.paths import check_output_dir
+    from instances.errors import InputError
+    from instances.paths import check_output_file, stat_path
     out = Path(args.out) if args.out else learned_artifact_path()
-    if out.is_dir():                                        # before minutes of fitting
-        from instances.errors import InputError
+    st = stat_path(out, "--out")                            # before minutes of fitting
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError("is a folder; give the artifact's file name", file=str(out), field="--out")
-    check_output_dir(str(out.parent), "--out")
+    # (a pipe waited and /dev/full failed, after the fit)
+    check_output_file(out, "--out", regular="the artifact is a file that policies load")
     print("fitting the learned model on the measured table (minutes) ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     model = make_performance_model("learned", seed=args.seed)
-    path = model.save(out)
+    path = model.save(out, "--out")
     info = {"artifact": str(path), "correction": model.chosen, "selection_cv_mape": model.selection,
             "fit_s": round(time.perf_counter() - t0, 1)}
     print(dumps(info) if args.json else f"saved {path} (correction {model.chosen}, {info['fit_s']} s)")
@@ -136,31 +141,35 @@ def _grids(args) -> int:
     from estimators import make_performance_model
     from estimators.grids import candidate_grids
     from estimators.layers import max_useful_tp
-    from instances.cluster import ClusterSpec, NodeGroup
+    from instances.cluster import MAX_CLUSTER_GPUS, ClusterSpec, NodeGroup
     from instances.errors import InputError
     from instances.gpus import get_gpu
     from instances.jobs import Job
+    from instances.limits import show_number
     for f in ("model", "gpu_type", "gpus"):
         if getattr(args, f) is None:
             flag = f"--{f.replace('_', '-')}"
             raise InputError(f"{flag} is required", field=flag)
-    if args.gpus < 1:
-        raise InputError(f"must be >= 1, got {args.gpus}", field="--gpus")
+    for flag, v in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node)):
+        if v is not None and not 1 <= v <= MAX_CLUSTER_GPUS:   # (10^22 GPUs overflowed a float)
+            raise InputError(f"must be in 1..{MAX_CLUSTER_GPUS:,} (the GPUs a cluster may have), got "
+                             f"{show_number(v)}", field=flag)
     check_batch(args.batch)
-    if args.gpus_per_node is not None and args.gpus_per_node < 1:
-        raise InputError(f"must be >= 1, got {args.gpus_per_node}", field="--gpus-per-node")
     with fields_as_flags(ESTIMATE_FLAGS):
         gpu = get_gpu(args.gpu_type)
         gpn = args.gpus_per_node or gpu.default_gpus_per_node
         cluster = ClusterSpec((NodeGroup(gpu.name, max(1, math.ceil(args.gpus / 1)), gpn),), "estimate")
         job = Job("estimate", args.model, args.batch, 1, 0.0)
         config = {"dp_only": args.dp_only}
-        if args.perf in ("analytic", "learned"):
+        if args.perf in LINK_LOAD_KINDS:
             config["link_load"] = args.link_load
         if args.profile_store is not None:
             from estimators.perf import open_profile_store
             config["profile_store"] = open_profile_store(args.profile_store, "--profile-store")
         perf = make_performance_model(args.perf, **config)
+    if args.link_load != 0 and args.perf not in LINK_LOAD_KINDS:       # (passed over without a word before)
+        raise InputError(f"--perf {args.perf} does not read it; the link load is a feature of "
+                         f"{' and '.join(LINK_LOAD_KINDS)} only", field="--link-load")
     grids = candidate_grids(job, cluster, gpu_counts=[args.gpus], dp_only=args.dp_only, prune=False)
     rows = []
     for g in grids:
@@ -206,11 +215,19 @@ def _fmt(x) -> str:
 
 def _accuracy(args) -> int:
     from instances.errors import InputError
+    if not args.refit_analytic:                 # (passed over without a word before)
+        for dest in ("refit_evals", "refit_starts", "refit_regimes"):
+            if getattr(args, dest) != args.estimate_defaults[dest]:
+                raise InputError("is read only with --refit-analytic", field=f"--{dest.replace('_', '-')}")
     if args.refit_analytic:                                     # before a minute of work
-        if args.refit_evals < 1:
-            raise InputError(f"must be >= 1, got {args.refit_evals}", field="--refit-evals")
-        if args.refit_starts < 1:
-            raise InputError(f"must be >= 1, got {args.refit_starts}", field="--refit-starts")
+        from instances.limits import MAX_REFIT_EVALS, show_number
+        if not 1 <= args.refit_evals <= MAX_REFIT_EVALS:
+            raise InputError(f"must be in 1..{MAX_REFIT_EVALS:,}, got {show_number(args.refit_evals)}",
+                             field="--refit-evals")
+        from estimators.evaluation.calibrate import max_starts
+        if not 1 <= args.refit_starts <= max_starts():      # (more ran as many as there are, without a word)
+            raise InputError(f"must be in 1..{max_starts()} (the neutral start and the corner starts), got "
+                             f"{args.refit_starts}", field="--refit-starts")
     if args.plot:
         from instances.paths import check_output_dir
         check_output_dir(args.plot, "--plot")                   # before a minute of work
@@ -352,8 +369,12 @@ def _accuracy_local(args) -> int:
     from estimators.evaluation.local_accuracy import LOCAL_MODEL, against_local, summarize_passes
     from estimators.profile_store import ProfileStore
     from instances.errors import InputError
-    if args.passes < 1:
-        raise InputError(f"must be >= 1, got {args.passes}", field="--passes")
+    from instances.limits import MAX_PROFILE_REPEATS
+    if not 1 <= args.passes <= MAX_PROFILE_REPEATS:
+        raise InputError(f"must be in 1..{MAX_PROFILE_REPEATS:,}, got {args.passes}", field="--passes")
+    if args.store is not None:                  # (profiled into: checked before the first pass, not after)
+        from instances.paths import check_output_dir
+        check_output_dir(args.store, "--store")
     if args.model:
         from instances.models import get_model
         with fields_as_flags({"model": "--model"}):
@@ -399,8 +420,9 @@ def _proxy_quality(args) -> int:
     from estimators.evaluation.accuracy import proxy_quality
     from instances.errors import InputError
     check_batch(args.batch)
-    if args.max_splits < 1:
-        raise InputError(f"must be >= 1, got {args.max_splits}", field="--max-splits")
+    from instances.limits import MAX_EXHAUSTIVE_SPLITS
+    if not 1 <= args.max_splits <= MAX_EXHAUSTIVE_SPLITS:
+        raise InputError(f"must be in 1..{MAX_EXHAUSTIVE_SPLITS:,}, got {args.max_splits}", field="--max-splits")
     if args.model:
         from instances.models import get_model
         with fields_as_flags({"model": "--model"}):

@@ -50,7 +50,7 @@ def run(args) -> int:
     except InputError as e:
         flags = {"mtbf_h": "--mtbf-hours", "repair_h": "--repair-hours", "hours": "--hours"}
         raise InputError(e.reason, field=flags.get(str(e.field), e.field)) from None
-    write_outages(outages, args.out)
+    write_outages(outages, args.out, "--out")
     down_h = sum(min(o.end_s, start + args.hours * 3600) - o.start_s for o in outages) / 3600
     print(f"{len(outages)} outages of {len({o.node for o in outages})} of {len(inst.cluster.nodes())} nodes "
           f"over {args.hours:g} h ({down_h:,.0f} node-hours out) written to {args.out}", file=sys.stderr)

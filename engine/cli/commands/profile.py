@@ -2,6 +2,8 @@
 the profiling cost against running every grid directly."""
 from __future__ import annotations
 
+from instances.limits import MAX_PROFILE_REPEATS
+
 from ..flags import fields_as_flags
 from ..jsonout import dumps
 
@@ -22,45 +24,74 @@ def register(subparsers) -> None:
     p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2],
                    help="micro-batch sizes to profile each layer at (default 1 2)")
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2], help="tensor-parallel shard widths")
-    p.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement (default 3)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help=f"timed repetitions per measurement (default 3, at most {MAX_PROFILE_REPEATS:,})")
     p.add_argument("--no-collectives", action="store_true", help="skip the collective benchmarks")
-    p.add_argument("--group-sizes", type=int, nargs="+", default=[2],
-                   help="process-group sizes of the collective benchmarks (default 2)")
+    p.add_argument("--group-sizes", type=int, nargs="+", default=None,
+                   help="process-group sizes of the collective benchmarks, each at most the GPUs torch sees (CUDA) or "
+                        "the CPU cores this process may use (default 2, where the host runs 2; else no collectives, "
+                        "said)")
     p.add_argument("--no-reuse", action="store_true", help="re-measure layers the store already holds")
     p.add_argument("--batch", type=int, default=8, help="global batch for the cost comparison")
     p.add_argument("--max-gpus", type=int, default=16, help="largest grid in the cost comparison")
-    p.add_argument("--warmup-iters", type=int, default=3, help="untimed iterations before measuring (default 3)")
-    p.add_argument("--measured-iters", type=int, default=10, help="timed iterations per repetition (default 10)")
+    p.add_argument("--warmup-iters", type=int, default=3,
+                   help=f"untimed iterations before measuring (default 3, at most {MAX_PROFILE_REPEATS:,})")
+    p.add_argument("--measured-iters", type=int, default=10,
+                   help=f"timed iterations per repetition (default 10, at most {MAX_PROFILE_REPEATS:,})")
     p.add_argument("--run-grids", type=int, default=0, metavar="N",
                    help="also run, for real, every grid of at most N devices with its proxy plan (launcher, one "
-                        "process per device) and compare measured device-seconds (0: off)")
+                        "process per device; N at most the GPUs torch sees, or the CPU cores this process may use) "
+                        "and compare measured device-seconds (0: off)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 
 def check_args(args) -> None:
     """Every option, refused by its flag before any profiling (a launch is timed first)."""
+    from estimators.profiler import check_group_sizes, check_micro_batches, local_ranks
     from instances.cluster import MAX_CLUSTER_GPUS
     from instances.errors import InputError
+    from instances.limits import show_number
     from instances.models import get_model
 
     from ..common import check_batch
     check_batch(args.batch)
+    ranks, what = local_ranks()
     for flag, v, lo, hi in (("--max-gpus", args.max_gpus, 1, MAX_CLUSTER_GPUS),
-                            ("--run-grids", args.run_grids, 0, None), ("--warmup-iters", args.warmup_iters, 0, None),
-                            ("--measured-iters", args.measured_iters, 1, None), ("--repeats", args.repeats, 1, None)):
-        if v < lo or (hi is not None and v > hi):
-            raise InputError(f"must be {'>= ' + str(lo) if hi is None else f'in {lo}..{hi:,}'}, got {v}", field=flag)
-    small = [n for n in args.group_sizes if n < 2]
-    if small and not args.no_collectives:
-        raise InputError(f"a collective needs a group of at least 2 processes, got {small[0]}", field="--group-sizes")
+                            ("--run-grids", args.run_grids, 0, ranks),
+                            ("--warmup-iters", args.warmup_iters, 0, MAX_PROFILE_REPEATS),
+                            ("--measured-iters", args.measured_iters, 1, MAX_PROFILE_REPEATS),
+                            ("--repeats", args.repeats, 1, MAX_PROFILE_REPEATS)):
+        if not lo <= v <= hi:
+            raise InputError(f"must be in {lo}..{hi:,}{f' (the {what})' if flag == '--run-grids' else ''}, "
+                             f"got {show_number(v)}", field=flag)
+    if args.group_sizes is not None:
+        if args.no_collectives:
+            raise InputError("given with --no-collectives, which skips the collectives", field="--group-sizes")
+        check_group_sizes(args.group_sizes, "--group-sizes")
     with fields_as_flags(PROFILE_FLAGS):
         archs = [get_model(name) for name in args.model]       # an unknown model fails now, not later
+    for arch in archs:
+        check_micro_batches(arch, args.micro_batches, field="--micro-batches")
     for tp in args.tp:                                          # (a degree no model takes would measure nothing)
         if tp >= 1 and archs and all(a.is_transformer and (a.num_heads % tp or a.kv_heads % tp) for a in archs):
             heads = ", ".join(f"{a.name}: {a.num_heads} heads, {a.kv_heads} KV heads" for a in archs)
             raise InputError(f"tensor degree {tp} divides the attention heads of no model given ({heads}): nothing "
                              "would be measured at it", field="--tp")
+
+
+def default_group_sizes() -> list[int]:
+    """``--group-sizes`` not given: a group of 2, where this host runs 2 processes at once;
+    else none, said on stderr."""
+    import sys
+
+    from estimators.profiler import local_ranks
+    ranks, what = local_ranks()
+    if ranks >= 2:
+        return [2]
+    print(f"arena profile: collectives not profiled: this host has {ranks} {what}, and a collective needs 2 "
+          "(--no-collectives says so without this note)", file=sys.stderr)
+    return []
 
 
 def run(args) -> int:
@@ -91,8 +122,9 @@ def _run(args) -> int:
     cfg = ProfilerConfig(micro_batches=tuple(args.micro_batches), tp_degrees=tuple(args.tp), repeats=args.repeats)
     out = {"store": str(store.root), "models": {}}
     coll_s = 0.0
-    if not args.no_collectives:
-        c = profile_collectives(group_sizes=tuple(args.group_sizes), store=store)
+    group_sizes = args.group_sizes if args.group_sizes is not None else default_group_sizes()
+    if not args.no_collectives and group_sizes:
+        c = profile_collectives(group_sizes=tuple(group_sizes), store=store)
         coll_s = c["device_seconds"]
         out["collectives"] = {"device": c["device"], "backend": c["backend"], "records": len(c["records"]),
                               "unsupported": c["unsupported"], "device_seconds": coll_s}

@@ -19,6 +19,7 @@ import ipaddress
 import math
 import os
 import socket
+import stat
 import sys
 import time
 import uuid
@@ -291,21 +292,36 @@ def _db_arg(p) -> None:
 
 def _check_writable_file(path: str, flag: str) -> Path:
     """A file this command may create or write (its folder made if missing)."""
-    from instances.paths import check_output_file
+    from instances.paths import check_output_file, stat_path
     p = Path(path)
-    if p.is_dir():
+    st = stat_path(p, flag)                   # (a name too long, a link loop: named, not an OSError)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise InputError("is a folder, not a file", file=str(p), field=flag)
     check_output_file(p, flag)                # really written to: os.access says yes to root and /proc
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
 
 
+def _check_db(path: str) -> None:
+    """``--db`` of a command that reads a service's database: a path the OS looks at (a
+    name too long, a link loop: named, not an ``OSError``) and, when there, no pipe or
+    device (SQLite would wait on it, or fail with a disk I/O error). Missing, or a
+    folder: ``Store`` says so."""
+    from instances.paths import stat_path
+    st = stat_path(Path(path), "--db")
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise InputError("not a regular file (a pipe, a device or a socket): not a state database", file=path,
+                         field="--db")
+
+
 def _data_roots(given: list[str] | None) -> tuple[str, ...] | None:
     """``--data-root`` folders, each an existing folder (None: the work folder, made later)."""
     if not given:
         return None
+    from instances.paths import stat_path
     for d in given:
-        if not Path(d).expanduser().is_dir():
+        st = stat_path(Path(d).expanduser(), "--data-root")
+        if st is None or not stat.S_ISDIR(st.st_mode):
             raise InputError("not an existing folder", file=d, field="--data-root")
     return tuple(given)
 
@@ -314,11 +330,13 @@ def _check_not_the_state(path: str, db: str, flag: str) -> None:
     """An output file that is not the state database nor one of its files (SQLite's
     ``-wal``, ``-shm`` and ``-journal``, the service's lock): writing there would destroy
     the state a service may be running on (a link to one of them counts)."""
+    from instances.paths import real_path
     d = Path(db)
     state = [d, *(d.with_name(d.name + s) for s in ("-wal", "-shm", "-journal", DB_LOCK_SUFFIX))]
     p = Path(path)
-    try:
-        same = p.exists() and any(q.exists() and os.path.samefile(p, q) for q in state)
+    try:                                          # by name too: a -wal not made yet would be read as the log
+        same = any(real_path(p) == real_path(q) or (p.exists() and q.exists() and os.path.samefile(p, q))
+                   for q in state)
     except OSError:
         same = False                              # (unreadable: the writability check names it)
     if same:
@@ -413,13 +431,13 @@ def build_service_parts(args) -> ServiceParts:
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
     work = Path(args.work_dir)
+    from instances.paths import check_output_dir
+    check_output_dir(work, "--work-dir")          # (before resolve(): a link loop was a RuntimeError)
     given = config_values(args, ServiceConfig)
     given.update(db_path=str(Path(args.db_path)), work_dir=str(work.resolve()), data_roots=_data_roots(args.data_roots))
     with fields_as_flags(SERVE_FLAGS):            # every option checked before a file or folder is made
         cfg = ServiceConfig(**given)
     _check_writable_file(args.db_path, "--db")
-    if work.exists() and not work.is_dir():
-        raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
     work.mkdir(parents=True, exist_ok=True)
     # one service per state, checked before the port (a second service may be given another port)
     # and before anything is touched: held until this process ends (engine/service/lock.py)
@@ -544,7 +562,12 @@ def _restart_in_place() -> None:
 
 # -------------------------------------------------------------------------------- clients
 def _client(args) -> Client:
-    return Client(args.url, args.token)
+    """The client of ``--url`` and ``--token``, a refusal named by the environment variable
+    that set the value, where one did (``ARENA_URL``, ``ARENA_TOKEN``)."""
+    def field(value, flag: str, env: str) -> str:
+        return env if value is not None and value == os.environ.get(env) else flag
+    return Client(args.url, args.token, url_field=field(args.url, "--url", "ARENA_URL"),
+                  token_field=field(args.token, "--token", "ARENA_TOKEN"))
 
 
 def run_submit(args) -> int:
@@ -806,12 +829,13 @@ def run_export_trace(args) -> int:
     from engine.service.export import workload
     from engine.service.store import Store
     from instances.traces import write_trace
+    _check_db(args.db)
     _check_not_the_state(args.out, args.db, "--out")
     out = _check_writable_file(args.out, "--out")
     with Store(args.db, readonly=True) as st:
         jobs, statuses = workload(st, args.db)
         after = sum(1 for r in st.jobs.rows() if r.spec.get("after"))
-    write_trace(jobs, out)
+    write_trace(jobs, out, "--out")
     span = max(j.arrival_s for j in jobs)
     print(f"arena export-trace: {len(jobs)} job(s) over {span:.0f} s of submissions written to {out} (live: "
           + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + "; every one is replayed to its last step)"
@@ -822,8 +846,10 @@ def run_export_trace(args) -> int:
 
 def run_backup(args) -> int:
     from engine.service.store import SCHEMA_VERSION, Store
+    from instances.paths import stat_path
+    _check_db(args.db)
     out = Path(args.out)
-    if out.exists():
+    if stat_path(out, "--out") is not None:
         raise InputError("already exists; a backup does not overwrite", file=str(out), field="--out")
     out = _check_writable_file(args.out, "--out")
     t0 = time.monotonic()

@@ -39,7 +39,7 @@ class TrainOptions:
         "flag": "--microbatches", "help": "micro-batches per step (default: pp)"})
     schedule: str = field(default="1f1b", metadata={"flag": "--schedule", "choices": ("gpipe", "1f1b"),
                                                     "help": "pipeline schedule"})
-    stage_layers: str = field(default="", metadata={
+    stage_layers: str | None = field(default=None, metadata={
         "flag": "--stage-layers", "help": "decoder layers per stage, e.g. 1,3 (default: even)"})
     steps: int = field(metadata={"flag": "--steps", "required": True,
                                  "help": "total steps of the run (a resumed run continues up to this step)"})
@@ -129,8 +129,8 @@ def _build_config(o: TrainOptions, run_dir: str):
     from launcher.telemetry import store_dir
 
     degrees = ParallelPlan.parse(o.plan)
-    try:
-        stage_layers = tuple(int(v) for v in o.stage_layers.split(",") if v.strip())
+    try:                        # (given empty: refused by its flag, as every empty value; main.py)
+        stage_layers = () if o.stage_layers is None else tuple(int(v) for v in o.stage_layers.split(","))
     except ValueError:
         raise InputError(f"expected comma-separated integers, got {o.stage_layers!r}",
                          field="stage_layers") from None

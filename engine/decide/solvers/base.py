@@ -11,13 +11,13 @@ variables' coefficients): gap = (bound - value) / max(|bound|, |value|, 1e-9).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
 from instances.errors import InputError
+from instances.limits import available_cores
 from instances.registry import Registry
 
 if TYPE_CHECKING:
@@ -83,14 +83,6 @@ class SolverBackend(Protocol):
 
     def solve(self, model: "MilpModel", time_limit_s: float, hint: np.ndarray | None = None,
               rel_gap: float = 0.01) -> Solution: ...
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 MAX_SOLVER_SEED = 2**31 - 1             # the solvers take a 32-bit signed seed

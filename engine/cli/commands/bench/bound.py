@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from instances.errors import InputError
+from instances.limits import check_time
 
 from ...common import seed_arg
 from ...flags import add_config_flags, config_flags, config_values, fields_as_flags
@@ -69,6 +70,8 @@ def read_run(path: Path, jobs: dict) -> dict[str, float | None]:
                 out[jid] = float(jct) if jct not in ("", None) and row.get("status") == "finished" else None
             except (KeyError, ValueError, TypeError) as e:
                 raise InputError(f"bad row: {e}", file=str(f), line=i) from None
+            if out[jid] is not None:        # a finished job's JCT: a time (nan or inf printed `nan nanx`)
+                check_time(out[jid], file=str(f), line=i, field="jct_s", what=f"job {jid!r}: ")
             job = jobs.get(jid)
             if job is None:
                 continue                    # (counted below)
@@ -155,8 +158,11 @@ class BoundBench:
         "help": "also draw each run's JCT over the bound, per class of job length, to this PNG file"})
 
     def __post_init__(self):
-        if self.max_gpus < 1:
-            raise InputError(f"must be >= 1, got {self.max_gpus}", field="max_gpus")
+        from instances.cluster import MAX_CLUSTER_GPUS
+        from instances.limits import show_number
+        if not 1 <= self.max_gpus <= MAX_CLUSTER_GPUS:
+            raise InputError(f"must be in 1..{MAX_CLUSTER_GPUS:,} (the GPUs a cluster may have), got "
+                             f"{show_number(self.max_gpus)}", field="max_gpus")
 
 
 BOUND_BENCH_FLAGS = config_flags(BoundBench)
@@ -225,5 +231,10 @@ def plot_report(name: str, rep: dict, path) -> None:
     if runs:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    import io
+
+    from instances.paths import write_output
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
+    write_output(path, png.getvalue(), BOUND_BENCH_FLAGS["plot"])     # (/dev/full: said, not "wrote")

@@ -3,7 +3,6 @@ per-round MILP's, and both decision times, over synthetic rounds (the group's do
 ``engine/cli/commands/bench``)."""
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field
 
@@ -52,14 +51,13 @@ class IncrementalBench:
 
     def __post_init__(self):
         from engine.decide.solvers import make_backend
-        from instances.errors import InputError
+        from instances.limits import check_time
         check_synthetic(self, "rounds")
         make_backend(self.backend)                  # an unknown name fails before any work
         self.incremental_config()
-        for name in ("move_cost_per_gpu_s", "move_cost_cap_s"):
-            v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and v >= 0):
-                raise InputError(f"must be a finite number of seconds >= 0, got {v}", field=name)
+        for name in ("move_cost_per_gpu_s", "move_cost_cap_s"):     # within the bound on times (limits.py)
+            if getattr(self, name) is not None:
+                check_time(getattr(self, name), field=name)
 
     def incremental_config(self):
         """The search's ``IncrementalConfig`` (its ``ValueError``: an ``InputError`` naming the field)."""

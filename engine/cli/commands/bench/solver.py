@@ -106,7 +106,7 @@ def solver_bench(gpus: int, jobs: int, backends, repeat: int, time_limit_s: floa
             objs.append(sol.objective)
             statuses[sol.status] = statuses.get(sol.status, 0) + 1
             if log:
-                log(f"  {name} round {r}: {t2 - t0:.3f} s, {sol.status}, gap {sol.gap:.4f}")
+                log(f"  {name} round {r}: {t2 - t0:.3f} s, {sol.status}, gap {_gap(sol.gap, 0)}")
         warm = lat[1:] if len(lat) > 1 else lat
         rows.append({
             "backend": name, "gpus": gpus, "jobs": jobs,
@@ -119,6 +119,12 @@ def solver_bench(gpus: int, jobs: int, backends, repeat: int, time_limit_s: floa
             "statuses": statuses, "note": note})
     return rows
 
+
+
+def _gap(gap: float, width: int) -> str:
+    """A proved gap as the table shows it; ``-`` where none was proved (a backend with no
+    bound, the greedy one: its gap is infinite, ``null`` in ``--json``)."""
+    return f"{gap:>{width}.4f}" if math.isfinite(gap) else f"{'-':>{width}}"
 
 
 def run_solver_bench(args) -> int:
@@ -142,7 +148,9 @@ def run_solver_bench(args) -> int:
             continue
         print(f"{r['backend']:<12} {r['columns']:>7} {r['cold_latency_s']:>8.3f} {r['median_latency_s']:>9.3f} "
               f"{r['p99_latency_s']:>8.3f} {r['median_build_s']:>8.3f} {r['objective_mean']:>11.2f} "
-              f"{r['max_gap']:>8.4f}" + "".join(f" {r['statuses'].get(st, 0):>10}" for st in seen))
+              f"{_gap(r['max_gap'], 8)}" + "".join(f" {r['statuses'].get(st, 0):>10}" for st in seen))
+    if any(not r["note"] and not math.isfinite(r["max_gap"]) for r in rows):
+        print("(max gap -: no gap proved; the backend found a solution without a bound on the best one)")
     if seen:
         print(f"(status columns: rounds per solution status out of {o.repeat}; optimal = the gap proved within "
               f"{o.rel_gap:g})")

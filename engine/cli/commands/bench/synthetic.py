@@ -9,39 +9,44 @@ from typing import Any
 
 from ...common import seed_arg
 
-MAX_BENCH_JOBS = 100_000       # synthetic rounds' jobs (the project measures up to 4,000; 10^8 would not end)
-
 
 def parse_weights(text: str) -> dict:
+    """``--objective``'s ``term=weight`` list; a weight is refused here, by the flag's
+    field ``objective``, against the bound every objective weight has
+    (``instances.limits.check_coefficient``), not by the objective's own ``w_<term>``."""
     from instances.errors import InputError
+    from instances.limits import check_coefficient
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         k, sep, v = part.partition("=")
         if k.strip() in out:
             raise InputError(f"term {k.strip()!r} given twice in {text!r}; give it once", field="objective")
-        try:
-            out[k.strip()] = float(v)
-        except ValueError:
-            raise InputError(f"expected term=weight, got {part!r}", field="objective") from None
         if not sep:
             raise InputError(f"expected term=weight, got {part!r}", field="objective")
-        if not (math.isfinite(out[k.strip()]) and out[k.strip()] >= 0):
-            raise InputError(f"a term's weight is a finite number >= 0, got {part!r}", field="objective")
+        try:
+            w = float(v)
+        except ValueError:
+            raise InputError(f"expected term=weight, got {part!r}", field="objective") from None
+        out[k.strip()] = check_coefficient(w, field="objective", what=f"{part}: a term's weight ")
     return out
 
 
 def check_synthetic(opts, rounds: str) -> None:
     """The synthetic benches' sizes and solver limits (``opts``: a bench's options, with
-    the fields ``gpus``, ``jobs``, ``time_limit_s``, ``rel_gap``, ``objective`` and the
+    the fields ``gpus``, ``jobs``, ``seed``, ``time_limit_s``, ``rel_gap``, ``objective`` and the
     one named ``rounds``: ``repeat`` or ``rounds``), each refused by its field (the
     command names it by its flag) before any work."""
+    from engine.decide.solvers.base import MAX_SOLVER_SEED
     from instances.cluster import MAX_CLUSTER_GPUS
     from instances.errors import InputError
-    from instances.limits import check_time
-    for name, lo, hi in (("gpus", 8, MAX_CLUSTER_GPUS), ("jobs", 1, MAX_BENCH_JOBS), (rounds, 1, None)):
+    from instances.limits import MAX_BENCH_JOBS, MAX_BENCH_ROUNDS, check_time, show_number
+    for name, lo, hi in (("gpus", 8, MAX_CLUSTER_GPUS), ("jobs", 1, MAX_BENCH_JOBS), (rounds, 1, MAX_BENCH_ROUNDS)):
         v = getattr(opts, name)
-        if v < lo or (hi is not None and v > hi):
-            raise InputError(f"must be {'>= ' + str(lo) if hi is None else f'in {lo}..{hi:,}'}, got {v}", field=name)
+        if not lo <= v <= hi:
+            raise InputError(f"must be in {lo}..{hi:,}, got {show_number(v)}", field=name)
+    if opts.seed > MAX_SOLVER_SEED:             # (the solvers' own check named the field 'seed', not the flag)
+        raise InputError(f"must be at most {MAX_SOLVER_SEED:,} (the solvers take a 32-bit seed), got "
+                         f"{show_number(opts.seed)}", field="seed")
     if not (math.isfinite(opts.time_limit_s) and opts.time_limit_s > 0):
         raise InputError(f"must be a finite number of seconds > 0, got {opts.time_limit_s}", field="time_limit_s")
     check_time(opts.time_limit_s, field="time_limit_s")
