@@ -85,6 +85,8 @@ class DecisionStats:
     move_allowance: int | None = None     # running jobs the round's budget let move (None: no budget)
     placement_repairs: int = 0            # chosen grids placement could not map and replaced by a fallback
     placement_dropped: tuple[str, ...] = ()   # chosen jobs placement left waiting (ids)
+    placement_fallbacks: Mapping[str, str] = field(default_factory=dict)   # job -> the grid first chosen, for
+                                          # the jobs whose grid placement replaced by a fallback
     decide_time_s: float = 0.0
     # an optimizing policy's model and its solve (the solver backend's ``Solution``)
     backend: str = ""

@@ -39,7 +39,8 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
                    unavailable: frozenset[int]) -> Decisions:
     """``decisions`` with every grid placeable (step 1 above): the grids that do not fit
     replaced by the policy's fallbacks or left out, the GPUs found pinned, and the
-    counts in ``stats.placement_repairs`` and ``stats.placement_dropped``. Decisions
+    counts in ``stats.placement_repairs`` and ``stats.placement_dropped`` (and in
+    ``stats.placement_fallbacks`` the grid first chosen for each job given a fallback). Decisions
     without fallbacks come back as they are."""
     fallbacks = decisions.fallbacks
     if fallbacks is None:
@@ -47,6 +48,7 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
     grids: dict[str, Grid] = dict(decisions.grids)
     plans = dict(decisions.plans)
     repairs, dropped = 0, []
+    first: dict[str, str] = {}                  # job -> the grid the policy chose, for those given a fallback
     for _ in range(MAX_FALLBACK_ROUNDS):
         res = placer.place(grids, current, unavailable=unavailable)
         if not res.failed:
@@ -58,6 +60,7 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
             if alt is None:
                 dropped.append(jid)
                 continue
+            first.setdefault(jid, str(grid))
             grids[jid] = alt[0]          # (re-inserted: it is placed after the others next time)
             if alt[1] is not None:
                 plans[jid] = alt[1]
@@ -70,7 +73,8 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
             dropped.append(jid)
         res = placer.place(grids, current, unavailable=unavailable)
     placements = {jid: a.gpus for jid, a in res.allocations.items()}
-    stats = replace(decisions.stats, placement_repairs=repairs, placement_dropped=tuple(dropped))
+    stats = replace(decisions.stats, placement_repairs=repairs, placement_dropped=tuple(dropped),
+                    placement_fallbacks={j: g for j, g in first.items() if j in grids})
     return Decisions(grids=grids, placements=placements, plans=plans, stats=stats)
 
 
