@@ -433,7 +433,8 @@ def build_service_parts(args) -> ServiceParts:
 
 
 def _check_host(host: str) -> None:
-    """``--host`` names an address (an IP address, or a name that resolves)."""
+    """``--host`` names an address of this machine (an IP address, or a name that
+    resolves to one): bound once on any free port, as the server will bind it."""
     if not host.strip():
         raise InputError("is empty; give an address to bind (127.0.0.1, the default, for this machine only)",
                          field="--host")
@@ -442,6 +443,7 @@ def _check_host(host: str) -> None:
     except (socket.gaierror, UnicodeError, ValueError) as e:
         raise InputError(f"{host!r} is not an address this machine can bind: it does not resolve "
                          f"({getattr(e, 'strerror', None) or e})", field="--host") from None
+    _check_port(host, 0)
 
 
 def _check_policies_decide(args, opts: dict, cluster, perf, reconfig) -> None:
@@ -466,8 +468,8 @@ def _check_port(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as e:
-            wrong_host = isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL
-            raise InputError(f"cannot bind {host}:{port}: {e.strerror or e}"
+            wrong_host = isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL or port == 0
+            raise InputError(f"cannot bind {host}:{port or 'a free port'}: {e.strerror or e}"
                              + (" (not an address of this machine)" if e.errno == errno.EADDRNOTAVAIL else ""),
                              field="--host" if wrong_host else "--port") from None
 
