@@ -39,10 +39,10 @@ def test_a_job_given_fewer_gpus_than_asked_is_explained_by_the_first_reason_that
     one, two = grid("cpu", 1, 1), grid("cpu", 1, 2)
     ran_out = {two.shape, grid("cpu", 2, 1).shape}            # every 2-GPU shape, measured out of memory
     ctx = _ctx(_view("1", 2), _view("2", 2), _view("3", 2), _view("4", 3), _view("5", 2, infeasible=ran_out),
-               _view("6", 1), _view("7", None))
+               _view("6", 1), _view("7", None), _view("8", 2))
     stats = DecisionStats(placement_fallbacks={"2": str(two)}, placement_dropped=("3",))
     why = explain(ctx, Decisions({"1": one, "2": one, "6": one, "7": one}, stats=stats), "arena")
-    assert set(why) == {"1", "2", "3", "4", "5"}                     # 6 and 7 got what they asked (or asked none)
+    assert set(why) == {"1", "2", "3", "4", "5", "8"}                # 6 and 7 got what they asked (or asked none)
     rate = 1 / perf.estimate(ctx.jobs[0].job, one).iteration_time_s
     assert why["1"].startswith(f"the policy's estimate (analytic): {rate:.3g} it/s on {one} against ")
     assert "(2 GPUs, the best shape)" in why["1"]
@@ -51,6 +51,8 @@ def test_a_job_given_fewer_gpus_than_asked_is_explained_by_the_first_reason_that
     assert why["3"].startswith("a fallback: arena chose a grid for it that did not fit")
     assert why["4"] == "memory: cluster 'two-by-two' has no grid of 3 GPUs for it"
     assert why["5"].startswith("memory: every 2-GPU grid ran out of memory or is estimated not to fit")
+    assert why["8"].endswith("(2 GPUs, the best shape); arena left it waiting this round (other jobs' grids, or "
+                             "none of its grids fitting the GPUs free)")
 
 
 def test_a_rounds_reasons_are_bounded():

@@ -296,8 +296,11 @@ class SlurmNodeState:
     def jobs(self, ids) -> dict[int, dict]:
         """For the API (its thread): Slurm's state of these batch jobs now, by Slurm job id
         (``{"state": "PENDING", "reason": "Resources"}``, as ``squeue`` prints them); ``{}``
-        when Slurm cannot be asked (the views then show the database's status alone)."""
+        when Slurm cannot be asked (the views then show the database's status alone). The
+        controller is pinged first: ``squeue`` against one that is down retries for about
+        ``MessageTimeout`` seconds, which would hold every page poll as long."""
         try:
+            self.commands.ping()
             found = list_jobs(self.commands, ids)
         except InputError:
             return {}

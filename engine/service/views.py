@@ -231,7 +231,7 @@ def smaller_reason(row: JobRow, current: LaunchRow | None, pending: Pending) -> 
             + (note or "the last round did not say why (it decided nothing new for it)"))
 
 
-SLURM_NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "SUSPENDED", "STOPPED"})
+SLURM_NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 PENDING = "pending"               # a running job whose Slurm batch job has not started its ranks (mark_slurm_jobs)
 
 

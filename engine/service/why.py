@@ -72,7 +72,8 @@ def _why(ctx: RoundContext, decisions: Decisions, v: JobView, grid: Grid | None,
     best_rate = 1.0 / est.iteration_time_s
     asked_words = f"{best_rate:.3g} it/s on {best} ({asked} GPUs, the best shape)"
     if grid is None:
-        return f"the policy's estimate ({perf.name}): {asked_words}; {policy} gave its GPUs to other jobs this round"
+        return (f"the policy's estimate ({perf.name}): {asked_words}; {policy} left it waiting this round (other "
+                "jobs' grids, or none of its grids fitting the GPUs free)")
     mine = perf.estimate(v.job, grid)
     rate = 1.0 / mine.iteration_time_s if mine.feasible and mine.iteration_time_s > 0 else 0.0
     if best_rate <= rate * 1.001:
