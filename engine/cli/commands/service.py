@@ -869,6 +869,7 @@ def run_export_trace(args) -> int:
 
 def run_backup(args) -> int:
     from engine.service.store import SCHEMA_VERSION, Store
+    _check_not_the_state(args.out, args.db, "--out")          # (a backup named <db>-wal would be read as its WAL)
     out = Path(args.out)
     if out.exists():
         raise InputError("already exists; a backup does not overwrite", file=str(out), field="--out")
