@@ -113,6 +113,7 @@ class LaunchedJobProgress:
     last_checkpoint_iteration: float = 0.0
     measured_iteration_time_s: float | None = None
     measured_iterations: float = 0.0
+    wall_iteration_time_s: float | None = None
     launch_lost_gpu_s: float = 0.0
     reconfig_lost_gpu_s: float = 0.0
 
@@ -331,6 +332,7 @@ class MpiExecutor:
             last_checkpoint_iteration=float(prog.get("last_checkpoint_step") or 0),
             measured_iteration_time_s=prog.get("mean_iteration_time_s") or prog.get("iteration_time_s"),
             measured_iterations=float(prog.get("measured_iterations") or 0),
+            wall_iteration_time_s=prog.get("wall_iteration_time_s"),
             launch_lost_gpu_s=st.launch_lost_gpu_s, reconfig_lost_gpu_s=st.reconfig_lost_gpu_s)
 
     def runs_on(self, job, shape) -> bool:

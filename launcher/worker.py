@@ -379,6 +379,7 @@ class RankRun:
         cfg = self.cfg
         it_s, status, done = None, "finished", start_step
         n_measured, mean_s, measured = 0, 0.0, {}     # steps after this launch's first (warm-up) one
+        t_warm = 0.0                    # wall clock when the warm-up step was done (its checkpoint included)
         self.progress("running", start_step, None)
         for step in range(start_step, cfg.steps):
             if self.timer is not None:
@@ -405,7 +406,12 @@ class RankRun:
             if step != start_step:
                 n_measured += 1
                 mean_s += (it_s - mean_s) / n_measured
-                measured = {"measured_iterations": n_measured, "mean_iteration_time_s": mean_s}
+                # the wall clock's seconds per step too (checkpoints and --step-delay included): what
+                # a rate measured after a move, iterations over wall time, is compared with
+                measured = {"measured_iterations": n_measured, "mean_iteration_time_s": mean_s,
+                            "wall_iteration_time_s": (time.perf_counter() - t_warm) / n_measured}
+            else:
+                t_warm = time.perf_counter()
             self.progress("running", done, it_s, **measured)
             if stop:
                 status = "stopped"

@@ -73,6 +73,12 @@ def test_reconfigure_then_rank_failure_then_resume(tmp_path):
         ex.launch(job, alloc(1), Plan(pp=1, dp=2, tp=1, stage_layers=(4,)), ex.now_s())
         wait_for(lambda: ex.progress("j1").last_checkpoint_iteration >= 4)
         first_dir = ex.run_dir("j1")
+        # the wall clock's seconds per step (what the move ledger's rate before is): the
+        # step delay (0.1 s) and checkpoints included, as between results.jsonl's step
+        # times; the measured iteration time is the step's own
+        p, steps = ex.progress("j1"), read_results(first_dir)
+        assert p.wall_iteration_time_s >= 0.1 > p.measured_iteration_time_s, p
+        assert (steps[-1]["time"] - steps[0]["time"]) / (steps[-1]["step"] - steps[0]["step"]) >= 0.1
         ex.request_checkpoint("j1")                         # on request, between periodic ones
         wait_for(lambda: any(e["event"] == "save" and e["why"] == "request" for e in read_events(first_dir)))
 

@@ -112,3 +112,31 @@ def test_an_entry_handed_back_closes_when_its_job_relaunches_elsewhere_or_is_can
     loop, e, g = _restarted_loop(to_grid="a:1x1:pp1")
     loop.cancel("1", 5.0)                          # cancelled before any round placed it
     assert (e.end, e.ended_s) == ("cancelled", 5.0)
+
+
+def test_the_rate_before_a_move_is_on_the_wall_clock_as_the_progress_after_it():
+    """Live, a step's measured time leaves out what the wall clock counts between steps
+    (checkpoints, a --step-delay): the rate before a move is taken from the executor's
+    wall-clock time per step where it reports one, so that a move at unchanged speed
+    reads 1x, not a fraction (the issue: 50.9 it/s before against 4.4 measured after)."""
+    from engine.core.state import EngineState
+    from instances.allocation import Allocation
+    from instances.cluster import ClusterSpec, NodeGroup
+    from instances.jobs import Job
+    from tests.test_engine_helpers import grid
+    st = EngineState(ClusterSpec((NodeGroup("cpu", 1, 2),), "c"), [Job("j", "tiny-gpt__2L", 8, 1000, 0.0)])
+    st.submit("j", 0.0)
+    st.start("j", Allocation(grid("cpu", 1, 1), ((0, 0),)), 0.0)
+    r = st.jobs["j"]
+    r.measured_iteration_time_s, r.wall_iteration_time_s = 1 / 50.9, 1 / 4.4
+    st.release_for_move("j")
+    st.move("j", Allocation(grid("cpu", 1, 1), ((0, 1),)), 10.0)
+    assert r.rate_before_change == pytest.approx(4.4)
+    led = MoveLedger()                             # the same speed after it: paid back at once
+    led.opened(MoveEntry("j", 10.0, False, "a", "b", r.rate_before_change, 1.0, 1.0, 0.0, 0.0))
+    led.closed("j", 20.0, 44.0, "finished")
+    assert led.entries[0].realized_gain == pytest.approx(1.0) and led.entries[0].paid_back
+    r.wall_iteration_time_s = None                 # an executor without it (the simulator's): its measured time
+    st.release_for_move("j")
+    st.move("j", Allocation(grid("cpu", 1, 1), ((0, 0),)), 20.0)
+    assert r.rate_before_change == pytest.approx(50.9)

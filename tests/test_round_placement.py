@@ -53,6 +53,8 @@ def test_fallbacks_leave_only_grids_that_place_where_they_were_pinned(sc):
             given_now[jid] = alt
     assert {j: given_now[j] for j in out.grids} == dict(out.grids)
     assert out.stats.placement_repairs == sum(1 for *_, alt in fb.calls if alt is not None)
+    assert dict(out.stats.placement_fallbacks) == {j: str(requests[j]) for j, g in out.grids.items()
+                                                   if g != requests[j]}
     assert len(fb.calls) <= MAX_FALLBACK_ROUNDS * len(requests)
     # what is left places as pinned: nothing fails, no pin is rejected, every pin is kept
     res = placer.place(out.grids, current, out.placements)
@@ -114,6 +116,7 @@ def test_a_grid_that_does_not_fit_takes_its_fallback_or_waits():
     assert dict(out.grids) == {"A": grid("a100", 1, 2), "B": grid("a100", 1, 2)}
     assert (out.stats.placement_repairs, out.stats.placement_dropped, out.stats.backend) == (1, (), "kept")
     assert dict(out.placements) == {"A": ((0, 2), (0, 3)), "B": ((0, 0), (0, 1))}
+    assert dict(out.stats.placement_fallbacks) == {"B": str(grid("a100", 1, 4))}     # what the policy chose first
 
 
 def _half_a(ctx):

@@ -64,7 +64,7 @@ def test_bad_submissions_are_refused_with_the_field_and_nothing_stored(api, tmp_
         "heads": ({**GOOD, "model": heads_config(tmp_path)}, "model"),
         "gpus": ({**GOOD, "gpus": 64}, "gpus"),
         "steps": ({**GOOD, "steps": -5}, "steps"),
-        "unknown": ({**GOOD, "bogus": 1}, "bogus"),
+        "unknown": ({**GOOD, "bogus": 1}, "body.bogus"),
         "not-json": (b"{not json", "body"),
         "type": ([1, 2], None),
         "key-twice": (json.dumps(GOOD)[:-1].encode() + b', "steps": 1000}', "body.steps"),

@@ -183,6 +183,15 @@ def test_draining_moves_a_job_device_to_device_then_stops_it_with_a_checkpoint_w
         assert any("moved device to device" in h["reason"] for h in moved["history"]), moved["history"]
         wait_until(lambda: _checkpointed(client, a, (moved["progress"].get("iterations_done") or 0) + 5),
               what="steps and a checkpoint on the other node")
+        # one clock on both sides of the move: the rate before it (wall clock, the 0.05 s step
+        # delay included) is what the job makes after it on the same shape, within the
+        # move's downtime, not the step's compute alone; samples/s is over the last steps'
+        # wall time (below the delay's bound, 8 samples / 0.05 s), not one step's
+        now = _job(client, a)
+        (entry,) = now["move_ledger"]
+        wall = now["progress"]["throughput_samples_per_s"] / JOB["global_batch"]
+        assert entry["forced"] and 0.5 < entry["rate_before"] / wall < 2.5, (entry, now["progress"])
+        assert now["progress"]["throughput_samples_per_s"] < JOB["global_batch"] / 0.05
         assert cli_main(["drain", str(first), "--url", sp.url]) == 0 and "already" in capsys.readouterr().out
         assert cli_main(["nodes", "--url", sp.url]) == 0
         assert "drained: fan replaced" in (shown := capsys.readouterr().out) and " 2/2 " in shown

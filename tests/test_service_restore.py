@@ -45,6 +45,47 @@ def test_folders_the_database_does_not_know_are_found_and_moved_aside(tmp_path):
     assert set_aside_unknown(tmp_path / "absent", last, 5.0, logs.append) == []
 
 
+def test_recovery_says_what_it_found_of_jobs_that_finished_while_it_was_down(tmp_path):
+    """After a kill -9, or on a restored copy: a launch the store calls active whose ranks
+    had exited after training to the end is logged as such, not as ranks asked to
+    checkpoint and stopped; a job the copy has queued with no launch at all, whose work
+    folder says it finished (in launches set aside as unknown), says that in its history."""
+    from engine.core.policy import make_policy
+    from engine.core.reconfig import ReconfigCostModel
+    from engine.service.daemon import Service, ServiceConfig
+    from instances.cluster import ClusterSpec, NodeGroup
+    from launcher.telemetry import write_progress
+    db, work = tmp_path / "state.db", tmp_path / "work"
+    with Store(db) as st:
+        done = st.jobs.submit(JobSpec.from_dict(SPEC))
+        gen = st.launches.record_intent(done, {"dp": 1, "tp": 1, "pp": 1, "gpu_type": "cpu", "nodes": 1,
+                                               "gpus_per_node": 1}, ["0:0"])
+        run = work / str(done) / f"launch_{gen}"
+        st.launches.mark(done, gen, "started", pid_info={"pid": None, "run_dir": str(run)})
+        st.jobs.set_status(done, "running", "launch 1")
+        unseen = st.jobs.submit(JobSpec.from_dict({**SPEC, "name": "b"}))
+    run.mkdir(parents=True)
+    (work / str(unseen) / "launch_1").mkdir(parents=True)          # a launch the copy does not know
+    for jid in (done, unseen):
+        write_progress(work / str(jid) / "progress.json", status="finished", iterations_done=400, steps_total=400,
+                       last_checkpoint_step=400)
+    logs: list[str] = []
+    svc = Service(ClusterSpec((NodeGroup("cpu", 1, 2),), "local-2"), make_policy("fcfs"), None, ReconfigCostModel(),
+                  ServiceConfig(db_path=str(db), work_dir=str(work), stop_timeout_s=5), log=logs.append)
+    try:
+        svc.recover()
+        assert f"job {done}: launch {gen} was active at restart; its ranks had already exited: training had " \
+               "finished while the service was down (step 400)" in logs, logs
+        assert not any("asked to checkpoint" in m for m in logs), logs
+        st = svc.store
+        assert st.jobs.get(done).status == "finished" and st.jobs.get(unseen).status == "finished"
+        assert st.jobs.history(unseen)[-1].reason == (
+            "training finished (step 400, its work folder's progress.json) in launches this database does not "
+            "know: a database restored from an older copy")
+    finally:
+        svc.shutdown()
+
+
 @pytest.mark.slow
 def test_a_service_restored_from_an_older_copy_stops_what_the_copy_does_not_know(tmp_path):
     # job A runs (launch 1) and checkpoints; the copy is taken; then A is stopped and

@@ -447,3 +447,89 @@ def test_a_node_unknown_after_a_controller_restart_keeps_its_last_verdict():
     got = reading_against(spec, unknown, {}, {}, before)["out_of_service"]
     assert got == {1: "drained (disk)", 2: "unknown, drained (maint x)"}, got
     assert set(reading_against(spec, unknown, {}, {})["out_of_service"]) == {0, 1, 2}   # at start: out
+
+
+def test_a_job_whose_batch_job_slurm_holds_pending_shows_pending_and_the_page_names_hosts_and_states(
+        cluster, tmp_path, capsys):
+    """A launch the store calls started while Slurm has not started its batch job (here
+    held: PENDING, JobHeldUser; in the issue, behind a node still COMPLETING) shows
+    ``pending``, with Slurm's state and reason, in the API, `arena status` and the page;
+    the page's node grid names each node's Slurm host and state. Real Slurm, a real store,
+    the real API in a real browser (no service runs: the job is the store's)."""
+    from engine.cli.main import main as cli_main
+    from engine.service.api import ApiContext, create_app
+    from engine.service.jobspec import JobSpec
+    from engine.service.slurm_nodes import SlurmNodeState, SlurmSettings, SlurmSetup
+    from tests.browser import status_page
+    from tests.test_service_views import serving
+    setup = SlurmSetup.discover(SlurmSettings(conf=str(cluster.conf)))
+    state = SlurmNodeState(setup, lambda m: None)
+    held = int(cluster.run("sbatch", "--parsable", "--hold", "-p", "arena", "-J", "outside-held",
+                           "--wrap", "sleep 300").stdout.strip().split(";")[0])
+    try:
+        db, work = tmp_path / "state.db", tmp_path / "work"
+        with Store(db) as st:
+            jid = st.jobs.submit(JobSpec("waits", "tiny-gpt__2L", 8, 10))
+            gen = st.launches.record_intent(jid, {"dp": 1, "tp": 1, "pp": 1, "gpu_type": GPU, "nodes": 1,
+                                                  "gpus_per_node": 1}, ["0:0"])
+            st.launches.mark(jid, gen, "started", pid_info={"slurm_job_id": held, "run_dir": str(work / "x")})
+            st.jobs.set_status(jid, "running", "launch 1")
+        app = create_app(ApiContext(str(db), str(work), setup.cluster, "fcfs", slurm_nodes=state.peek,
+                                    slurm_jobs=state.jobs))
+        with serving(app) as port:
+            url = f"http://127.0.0.1:{port}"
+            job = Client(url).get(f"/api/jobs/{jid}")
+            assert (job["status"], job["state"]) == ("running", "pending"), job
+            assert job["slurm"] == {"job_id": held, "state": "PENDING", "reason": "JobHeldUser"}
+            assert cli_main(["status", str(jid), "--url", url]) == 0
+            out = capsys.readouterr().out
+            assert " pending " in out.splitlines()[1] and f"Slurm: batch job {held} PENDING (JobHeldUser)" in out
+            nodes = Client(url).get("/api/cluster")["nodes"]
+            with status_page(url) as page:
+                status = page.locator(f"#jobs tbody tr[data-job='{jid}'] td.status").inner_text()
+                assert status.startswith("pending") and f"batch job {held} PENDING (JobHeldUser)" in status
+                for n in nodes:
+                    label = page.locator(f"#cluster .node[data-node='{n['node']}']").inner_text()
+                    assert f"node {n['node']} {n['host']} (" in label and f"Slurm: {n['slurm']['state']}" in label
+    finally:
+        cluster.run("scancel", str(held), check=False)
+
+
+def test_the_local_test_cluster_script_starts_a_cluster_and_stops_it_at_ctrl_c():
+    """docs/slurm.md's one command for a cluster to try the service on: it prints the
+    SLURM_CONF and the serve command once every node is idle, and Ctrl-C (SIGINT) stops
+    every daemon and removes its folder."""
+    import os
+    import signal
+    import subprocess
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, str(root / "scripts" / "slurm_test_cluster.py"), "--gpu-nodes", "1",
+                             "--gpus", "1", "--cpu-nodes", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(ln.startswith("Ctrl-C") for ln in lines):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip("\n"))
+        text = "\n".join(lines)
+        assert lines and lines[0].startswith("cluster ready: "), text
+        conf = next(ln.split("=", 1)[1] for ln in lines if ln.startswith("export SLURM_CONF="))
+        assert f"arena serve --slurm --slurm-conf {conf} " in text
+        sinfo = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env={**os.environ, "SLURM_CONF": conf},
+                               capture_output=True, text=True, timeout=30)
+        assert sorted(sinfo.stdout.split()) == sorted(["n1", "idle", "n2", "idle"]), sinfo.stdout
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and out.strip().endswith("cluster stopped"), out
+        assert not Path(conf).parent.exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)

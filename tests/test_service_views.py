@@ -438,3 +438,69 @@ def test_the_page_shows_moves_waits_and_the_queue_as_a_person_reads_them(tmp_pat
         page.wait_for_function("document.getElementById('updated').textContent.includes('token')", timeout=30_000)
         assert page.locator("#updated").inner_text().startswith(
             "this service needs a token: open this page as /?token=YOUR-TOKEN")
+
+
+def smaller_jobs(db: Path, work: Path) -> dict[str, int]:
+    """A job that asked for 2 GPUs runs on 1, the last round saying why; it made a step
+    every 0.5 s for 40 s; a job finished in launches this database does not know (its
+    only results stop at step 3 of 5)."""
+    from launcher.telemetry import write_progress
+    now = time.time()
+    with Store(db, clock=Clock()) as st:
+        small = st.jobs.submit(tiny("small", gpus=2))
+        gen = launch(st, small, ["1:0"])
+        why = "the policy's estimate (analytic): 9.1 it/s on cpu:1x1:pp1 against 8.4 it/s on cpu:1x2:pp1"
+        st.rounds.record(policy="arena", trigger="test", solve_time_s=0.1,
+                         decisions={"grids": {str(small): "cpu:1x1:pp1"}, "why": {str(small): why}})
+        write(work / str(small) / f"launch_{gen}" / "results.jsonl",
+              [{"step": k, "loss": 5.0 - k / 100, "iteration_time_s": 0.01, "time": now - 40 + k / 2}
+               for k in range(1, 81)])
+        write_progress(work / str(small) / "progress.json", status="running", iterations_done=80, steps_total=500,
+                       iteration_time_s=0.01)
+        old = st.jobs.submit(tiny("old"))
+        g = launch(st, old, ["0:0"])
+        st.launches.mark(old, g, "finished", reason="test")
+        st.jobs.set_status(old, "finished", "training finished")
+        write(work / str(old) / f"launch_{g}" / "results.jsonl",
+              [{"step": k, "loss": 4.0 + k, "time": now - 100 + k} for k in (1, 2, 3)])
+        write_progress(work / str(old) / "progress.json", status="finished", iterations_done=5, steps_total=5)
+    return {"small": small, "old": old}
+
+
+def test_a_job_smaller_than_asked_its_windowed_rate_and_an_older_steps_loss_in_the_view_cli_and_page(
+        tmp_path, capsys):
+    """What one step's compute time said (800 samples/s here) is not the rate: the view
+    gives the steps of the last 30 s on the wall clock (2 steps/s x batch 8 = 16) and says
+    the window; a running job on fewer GPUs than asked says why (the last round's
+    reason); a loss older than the job's progress names its step. The same in ``arena
+    status`` and, in a real browser, on the page, whose node grid names the hosts."""
+    from engine.cli.main import main as cli_main
+    from engine.service.views import RATE_WINDOW_S
+    hosts = ClusterSpec((NodeGroup("cpu", 2, 2, hosts=("h-one", "h-two")),), "two-hosts")
+    db, work = tmp_path / "state.db", tmp_path / "work"
+    ids = smaller_jobs(db, work)
+    with Store(db, readonly=True) as st:
+        small = job_view(st, str(work), ids["small"], cluster=hosts)
+        old = job_view(st, str(work), ids["old"], cluster=hosts)
+    assert small["progress"]["throughput_samples_per_s"] == pytest.approx(16.0, rel=0.02)
+    assert small["progress"]["throughput_window_s"] == pytest.approx(RATE_WINDOW_S, abs=0.6)
+    assert small["smaller"] == ("runs on 1 of the 2 GPUs it asked for: the policy's estimate (analytic): 9.1 it/s "
+                                "on cpu:1x1:pp1 against 8.4 it/s on cpu:1x2:pp1")
+    assert (old["loss"], old["loss_step"], old["progress"]["throughput_samples_per_s"]) == (7.0, 3, None)
+    app = create_app(ApiContext(str(db), str(work), hosts, "arena"))
+    with serving(app) as port:
+        url = f"http://127.0.0.1:{port}"
+        assert cli_main(["status", "--url", url]) == 0
+        out = capsys.readouterr().out
+        assert " 16.0 " in out and "7.0000@3" in out, out
+        assert f"samples/s: a running job's steps over its last {RATE_WINDOW_S:g} s (wall clock)" in out
+        assert cli_main(["status", str(ids["small"]), "--url", url]) == 0
+        assert f"smaller: {small['smaller']}" in capsys.readouterr().out
+        with status_page(url) as page:
+            assert page.locator("#rate-head").inner_text() == f"samples/s (last {RATE_WINDOW_S:g} s)"
+            row = page.locator(f"#jobs tbody tr[data-job='{ids['small']}']")
+            assert row.locator("td.num").nth(1).inner_text() == "16.0"
+            assert row.locator("td.status .smaller").inner_text() == small["smaller"]
+            assert page.locator(f"#jobs tbody tr[data-job='{ids['old']}'] td.num").nth(2).inner_text() == "7.0000@3"
+            assert [page.locator(f"#cluster .node[data-node='{n}'] .label").inner_text() for n in (0, 1)] == \
+                ["node 0 h-one (cpu)", "node 1 h-two (cpu)"]

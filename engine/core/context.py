@@ -87,6 +87,8 @@ class DecisionStats:
     placement_dropped: tuple[str, ...] = ()   # chosen jobs placement left waiting (ids)
     placement_refines: int = 0            # times the policy decided again without the columns placement could not map
     columns_cut: int = 0                  # the columns those new decisions went without
+    placement_fallbacks: Mapping[str, str] = field(default_factory=dict)   # job -> the grid first chosen, for
+                                          # the jobs whose grid placement replaced by a fallback
     decide_time_s: float = 0.0
     # an optimizing policy's model and its solve (the solver backend's ``Solution``)
     backend: str = ""

@@ -32,6 +32,8 @@ class JobProgress:
     last_checkpoint_iteration: float = 0.0
     measured_iteration_time_s: float | None = None   # mean over the next field's iterations
     measured_iterations: float = 0.0          # iterations measured on the current allocation since it started
+    wall_iteration_time_s: float | None = None   # wall-clock seconds per iteration over those iterations (every
+                                              # pause included: checkpoints, a live --step-delay); None: as measured
     launch_lost_gpu_s: float = 0.0            # GPU-seconds held while (re)starting from the queue
     reconfig_lost_gpu_s: float = 0.0          # GPU-seconds held while moving
 

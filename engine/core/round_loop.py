@@ -253,6 +253,7 @@ class RoundLoop:
                 st.set_progress(jid, p.iterations_done)
                 self.moves.observe(jid, now, p.iterations_done)
                 st.jobs[jid].measured_iteration_time_s = p.measured_iteration_time_s
+                st.jobs[jid].wall_iteration_time_s = p.wall_iteration_time_s
                 self._feed.report(st.jobs[jid].job, st.jobs[jid].alloc, p)
             self._feed.keep_only(st.running)
             t_ctx = time.perf_counter()

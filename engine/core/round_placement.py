@@ -48,7 +48,8 @@ def refine(placer: Placer, decisions: Decisions, current: Mapping[str, Allocatio
         return decisions
     refines = cut = 0
     for _ in range(MAX_REFINES):
-        failed = placer.place(decisions.grids, current, unavailable=unavailable).failed
+        pins = {j: g for j, g in decisions.placements.items() if j in decisions.grids}
+        failed = placer.place(decisions.grids, current, pins, unavailable).failed
         if not failed or decisions.refine is None:
             break
         cut += len(failed)
@@ -63,9 +64,10 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
                    unavailable: frozenset[int]) -> Decisions:
     """``decisions`` with every grid placeable (step 1 above): the grids that do not fit
     replaced by the policy's fallbacks or left out, the GPUs found pinned, and the
-    counts in ``stats.placement_repairs`` and ``stats.placement_dropped``; the policy is
-    first asked to decide again (``refine``) where it can. Decisions without fallbacks
-    come back as they are (refined)."""
+    counts in ``stats.placement_repairs`` and ``stats.placement_dropped`` (and in
+    ``stats.placement_fallbacks`` the grid first chosen for each job given a fallback);
+    the policy is first asked to decide again (``refine``) where it can. Decisions without
+    fallbacks come back as they are (refined)."""
     decisions = refine(placer, decisions, current, unavailable)
     fallbacks = decisions.fallbacks
     if fallbacks is None:
@@ -74,6 +76,7 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
     plans = dict(decisions.plans)
     pins = dict(decisions.placements)     # a policy's pins are kept, not replaced (checked: decision_check.py)
     repairs, dropped = 0, []
+    first: dict[str, str] = {}                  # job -> the grid the policy chose, for those given a fallback
     for _ in range(MAX_FALLBACK_ROUNDS):
         res = placer.place(grids, current, {j: g for j, g in pins.items() if j in grids}, unavailable)
         if not res.failed:
@@ -85,6 +88,7 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
             if alt is None:
                 dropped.append(jid)
                 continue
+            first.setdefault(jid, str(grid))
             grids[jid] = alt[0]          # (re-inserted: it is placed after the others next time)
             if alt[1] is not None:
                 plans[jid] = alt[1]
@@ -97,7 +101,8 @@ def take_fallbacks(placer: Placer, decisions: Decisions, current: Mapping[str, A
             dropped.append(jid)
         res = placer.place(grids, current, {j: g for j, g in pins.items() if j in grids}, unavailable)
     placements = {jid: a.gpus for jid, a in res.allocations.items()}
-    stats = replace(decisions.stats, placement_repairs=repairs, placement_dropped=tuple(dropped))
+    stats = replace(decisions.stats, placement_repairs=repairs, placement_dropped=tuple(dropped),
+                    placement_fallbacks={j: g for j, g in first.items() if j in grids})
     return Decisions(grids=grids, placements=placements, plans=plans, stats=stats)
 
 

@@ -120,6 +120,7 @@ class JobRecord:
     packing_failures: int = 0
     known_infeasible: frozenset = field(default_factory=frozenset)   # shapes seen infeasible
     measured_iteration_time_s: float | None = None   # reported by the executor while running
+    wall_iteration_time_s: float | None = None       # ... on the wall clock (JobProgress), where it reports it
     failures: int = 0               # runs that failed (live): it resumes from its last checkpoint
     failure_reason: str | None = None
     retry_after_s: float = float("-inf")   # after a failed run: not offered to the policy before
@@ -200,7 +201,9 @@ class EngineState:
             raise StateError(f"job {job_id} reconfigured while {r.status.value}")
         self.cluster.assign(job_id, alloc.gpus)
         r.attained_gpu_s += (t - r._since_s) * r.alloc.grid.num_gpus
-        it = r.measured_iteration_time_s
+        # the rate before, on the clock the progress after the move is read on (iterations over wall time:
+        # the move ledger's payback and the stability rule compare the two)
+        it = r.wall_iteration_time_s or r.measured_iteration_time_s
         self._changed(r, t, 1.0 / it if it else 0.0, counted=not forced)
         r.alloc, r._since_s = alloc, t
         r.reconfigurations += 1
@@ -244,7 +247,7 @@ class EngineState:
         r = self._leave_running(job_id, t, "stopped")
         self._keep(r, kept_iterations)
         r.status, r.alloc, r._since_s = JobStatus.QUEUED, None, t
-        r.measured_iteration_time_s = None
+        r.measured_iteration_time_s = r.wall_iteration_time_s = None
         if evicted:
             r.evictions += 1
         else:
@@ -265,7 +268,7 @@ class EngineState:
         assert r.alloc is not None
         shape = r.alloc.grid.shape
         self._keep(r, kept_iterations)
-        r.alloc, r._since_s, r.measured_iteration_time_s = None, t, None
+        r.alloc, r._since_s, r.measured_iteration_time_s, r.wall_iteration_time_s = None, t, None, None
         r.failure_reason = reason
         if infeasible_shape:
             r.known_infeasible = r.known_infeasible | {shape}
@@ -314,7 +317,7 @@ class EngineState:
         if r.status is JobStatus.RUNNING:
             self._leave_running(job_id, t, "held")
             self._keep(r, kept_iterations)
-            r.alloc, r.measured_iteration_time_s = None, None
+            r.alloc, r.measured_iteration_time_s, r.wall_iteration_time_s = None, None, None
         elif r.status is JobStatus.QUEUED:
             r.queued_s += t - r._since_s
             del self.queued[job_id]

@@ -28,8 +28,9 @@ client that got no answer can resend it safely; the same key with another job is
 Every error is ``{"error": ..., "field": ..., "file": ...}`` with its status (and nothing
 stored): bad input 400 (404 for an unknown job or node), a path or query parameter out
 of its range or unknown 422, an unknown route 404, a method a route does not take 405
-(with ``Allow``), a body over ``MAX_BODY_BYTES`` 413 (refused before it is read whole,
-declared or streamed), headers over ``MAX_HEADER_BYTES`` 431. When tokens are set
+(with ``Allow``), a body not whole ``BODY_TIMEOUT_S`` after the headers 408, a body over
+``MAX_BODY_BYTES`` 413 (refused before it is read whole, declared or streamed), headers
+over ``MAX_HEADER_BYTES`` 431 (the HTTP server's own bounds: http_server.py). When tokens are set
 (``--token`` or ``--tokens-file``; required off loopback), every request needs
 ``Authorization: Bearer <token>`` (the scheme in any case), except the page's own HTML
 (``GET /``, which holds no data): its script takes the token from the page's address
@@ -41,6 +42,7 @@ another host name than the service's own are refused (403): see ``_foreign``.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from importlib import resources
@@ -59,7 +61,7 @@ from instances.errors import InputError
 from instances.structured import loads_json
 
 from .auth import Caller, Tokens, bearer
-from .jobspec import MAX_JOB_ID, JobSpec
+from .jobspec import JOB_KEYS, MAX_JOB_ID, JobSpec
 from .losses import LossLog
 from .store import JOB_STATUSES, StateConflict, Store
 from .views import (
@@ -70,6 +72,7 @@ from .views import (
     job_logs,
     job_view,
     jobs_view,
+    mark_slurm_jobs,
     metrics_text,
     rounds_view,
     state_view,
@@ -77,6 +80,7 @@ from .views import (
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 32 * 1024      # every header name and value of a request together (more: 431)
+BODY_TIMEOUT_S = 30.0             # a request's body arrives whole within this of its headers (else 408)
 MAX_ENDED = 100_000               # /api/state?ended=N, /api/jobs?last=N: at most this many jobs listed
 PAGE_PATH = "/"                   # the page's HTML: no token needed (a browser cannot send a header to open it)
 CALLER = "arena.caller"           # the request scope's key for its Caller (None: no tokens set)
@@ -104,8 +108,10 @@ class ApiContext:
     liveness: Callable[[], dict] | None = None
     # per node, the different jobs whose runs failed on it lately (Service.node_failures)
     node_failures: Callable[[], dict[int, int]] | None = None
-    # on Slurm: Slurm's node state for ``/api/cluster`` (Service.slurm_nodes_view); None: not on Slurm
+    # on Slurm: Slurm's node state for ``/api/cluster`` and the page (SlurmNodeState.peek); None: not on Slurm
     slurm_nodes: Callable[[], dict] | None = None
+    # on Slurm: Slurm's state of batch jobs by id (SlurmNodeState.jobs), for the job views
+    slurm_jobs: Callable[[list[int]], dict[int, dict]] | None = None
     # loss curves read from the run folders, kept between requests (engine/service/losses.py)
     losses: LossLog = field(default_factory=LossLog)
 
@@ -128,22 +134,31 @@ async def _body_and_reason(request: Request, known: tuple[str, ...] = ("reason",
     absent; None when it is not a string, or the body not an object); a key not in
     ``known`` is a 400 naming it (a misspelt ``reson`` would be dropped without a word)."""
     body = await _json_body(request, {})
+    _refuse_unknown(body, known)
+    reason = body.get("reason", "") if isinstance(body, dict) else None
+    return body, reason if isinstance(reason, str) else None
+
+
+def _refuse_unknown(body: Any, known) -> None:
+    """A 400 naming the first key of the JSON object ``body`` not in ``known`` as
+    ``body.KEY`` (a misspelt key would otherwise be dropped, or blamed on a field)."""
     unknown = sorted(set(body) - set(known), key=str) if isinstance(body, dict) else []
     if unknown:
         raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}",
                          field=f"body.{unknown[0]}")
-    reason = body.get("reason", "") if isinstance(body, dict) else None
-    return body, reason if isinstance(reason, str) else None
 
 
 class _BodyLimit:
     """ASGI middleware: refuse a body larger than ``limit`` bytes, declared
     (``Content-Length``) or streamed (chunked), with a 413 before the application sees
-    it. The body (at most ``limit`` bytes) is read here whole and handed on as one
-    message, so no error can arise halfway through the application's own reading."""
+    it, and one that has not arrived whole ``timeout_s`` after the request's headers
+    with a 408 (a client that declares 100 bytes and sends 2 would otherwise hold its
+    request open for ever). The body (at most ``limit`` bytes) is read here whole and
+    handed on as one message, so no error can arise halfway through the application's
+    own reading."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout_s: float = BODY_TIMEOUT_S):
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -155,8 +170,15 @@ class _BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await _too_large(send, self.limit)
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while True:
-            msg = await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                got = f"{size} of {int(declared)} bytes" if declared is not None and declared.isdigit() \
+                    else f"{size} bytes"
+                return await _refuse(send, 408, f"the request body did not arrive within {self.timeout_s:g} s "
+                                                f"({got} received)", "body")
             if msg["type"] != "http.request":          # the client went away: nobody to answer
                 return None
             chunk = msg.get("body", b"")
@@ -304,7 +326,7 @@ async def _known_query(request: Request) -> None:
                             f"{', '.join(sorted(takes)) or 'none'}", field=unknown[0])
 
 
-def create_app(ctx: ApiContext):
+def create_app(ctx: ApiContext, *, body_timeout_s: float = BODY_TIMEOUT_S):
     """The API and the page over ``ctx``, inside ``_BodyLimit``: ``_guard`` sees every
     request first, ``_known_query`` checks every route's query parameters, and every error
     is answered in ``_error``'s shape (``_ERROR_HANDLERS``)."""
@@ -323,7 +345,7 @@ def create_app(ctx: ApiContext):
     _add_job_action_routes(app, ctx, store)
     _add_node_routes(app, ctx, store)
     _add_status_routes(app, ctx, store)
-    return _BodyLimit(app, MAX_BODY_BYTES)
+    return _BodyLimit(app, MAX_BODY_BYTES, body_timeout_s)
 
 
 def _guard(ctx: ApiContext) -> Callable:
@@ -414,6 +436,7 @@ def _add_jobs_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
                 return _error(400, "toml must be a string", field="toml")
             spec = JobSpec.from_toml_text(body["toml"], source="request", cluster=ctx.cluster, roots=ctx.data_roots)
         else:
+            _refuse_unknown(body, JOB_KEYS)
             spec = JobSpec.from_dict(body, source="request", cluster=ctx.cluster, roots=ctx.data_roots)
         ctx.check(spec)
         spec = spec.with_frozen_model(Path(ctx.work_dir) / "models")
@@ -433,12 +456,33 @@ def _add_jobs_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
         if status is not None and status not in JOB_STATUSES:
             return _error(422, f"unknown status {_short(status)}; known: {', '.join(JOB_STATUSES)}", field="status")
         with store() as s:
-            return jobs_view(s, ctx.work_dir, s.jobs.rows(status, last=last), losses=ctx.losses, cluster=ctx.cluster)
+            views = jobs_view(s, ctx.work_dir, s.jobs.rows(status, last=last), losses=ctx.losses, cluster=ctx.cluster)
+        return _with_slurm_jobs(ctx, views)
 
     @app.get("/api/jobs/{job_id}")
     def job(job_id: JobId) -> dict:
         with store() as s:
-            return job_view(s, ctx.work_dir, job_id, losses=ctx.losses, cluster=ctx.cluster)
+            view = job_view(s, ctx.work_dir, job_id, losses=ctx.losses, cluster=ctx.cluster)
+        return _with_slurm_jobs(ctx, [view])[0]
+
+
+def _with_slurm_jobs(ctx: ApiContext, views: list[dict]) -> list[dict]:
+    """On Slurm, the job views with their batch jobs' state (``mark_slurm_jobs``; read
+    outside the store's transaction)."""
+    ids = [v["slurm_job_id"] for v in views if v.get("slurm_job_id") is not None]
+    if ctx.slurm_jobs is None or not ids:
+        return views
+    return mark_slurm_jobs(views, ctx.slurm_jobs(ids))
+
+
+def _with_slurm_nodes(ctx: ApiContext, view: dict) -> dict:
+    """On Slurm, the cluster view with each node's Slurm state (``SlurmNodeState.peek``)."""
+    if ctx.slurm_nodes is not None:
+        slurm = ctx.slurm_nodes()
+        for n in view["nodes"]:
+            n["slurm"] = slurm["nodes"].get(n["node"])
+        view["slurm"] = {k: v for k, v in slurm.items() if k != "nodes"}
+    return view
 
 
 def _add_job_action_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
@@ -528,12 +572,7 @@ def _add_status_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> Non
     def cluster() -> dict:
         with store() as s:
             view = cluster_view(s, ctx.cluster)
-        if ctx.slurm_nodes is not None:                 # (read outside the store's transaction)
-            slurm = ctx.slurm_nodes()
-            for n in view["nodes"]:
-                n["slurm"] = slurm["nodes"].get(n["node"])
-            view["slurm"] = {k: v for k, v in slurm.items() if k != "nodes"}
-        return view
+        return _with_slurm_nodes(ctx, view)             # (read outside the store's transaction)
 
     @app.get("/api/rounds")
     def rounds(last: Annotated[int, Query(ge=1, le=MAX_ROUNDS_SHOWN)] = 20) -> list:
@@ -548,9 +587,11 @@ def _add_status_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> Non
     @app.get("/api/state")
     def state(ended: Annotated[int, Query(ge=0, le=MAX_ENDED)] = STATE_ENDED_JOBS) -> Any:
         with store() as s:
-            return {**state_view(s, ctx.work_dir, ctx.cluster, losses=ctx.losses, ended=ended), "policy": ctx.policy,
-                    "shadow_policy": ctx.shadow_policy,
-                    "scheduler": None if ctx.liveness is None else ctx.liveness()}
+            view = state_view(s, ctx.work_dir, ctx.cluster, losses=ctx.losses, ended=ended)
+        _with_slurm_nodes(ctx, view["cluster"])
+        _with_slurm_jobs(ctx, view["jobs"])
+        return {**view, "policy": ctx.policy, "shadow_policy": ctx.shadow_policy,
+                "scheduler": None if ctx.liveness is None else ctx.liveness()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:

@@ -17,6 +17,21 @@ NEW_NODE_ACTIONS = ("restart", "ignore")
 RESTART_GAP_S = 600.0
 
 
+# folders no data root may be (nor, for the second set, lie in): the whole file system, and the
+# system's own folders, whose files (keys, passwords, the kernel's views) a job could read
+SYSTEM_FOLDERS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt",
+                            "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"})
+SYSTEM_TREES = ("/boot", "/dev", "/etc", "/proc", "/run", "/sys")
+
+
+def system_folder(real: str) -> str | None:
+    """Why the resolved folder ``real`` may not be a data root (None: it may)."""
+    if real in SYSTEM_FOLDERS:
+        return "is the whole file system" if real == "/" else "is a system folder"
+    inside = next((t for t in SYSTEM_TREES if real.startswith(t + "/")), None)
+    return None if inside is None else f"lies in the system folder {inside}"
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     # The fields a flag of ``arena serve`` sets carry it (flag, help, metavar ...; engine/cli/flags.py
@@ -33,7 +48,7 @@ class ServiceConfig:
         "flag": "--data-root", "action": "append", "metavar": "DIR",
         "help": "a folder jobs' data files and model config.json files may be read from (repeatable; "
                 "default: the work folder); a path is checked with its links and '..' resolved, at "
-                "submission and again at every launch"})
+                "submission and again at every launch; not / nor a system folder (/etc, /usr, /home ...)"})
     round_interval_s: float = field(default=60.0, metadata={
         "flag": "--round-interval", "metavar": "S",
         "help": "seconds between timer rounds (rounds also run on arrival, completion, failure; "
@@ -141,6 +156,12 @@ class ServiceConfig:
                 not all(isinstance(r, str) and r and "\0" not in r for r in roots):
             raise InputError(f"must be one or more folders, got {self.data_roots!r}", field="data_roots")
         object.__setattr__(self, "data_roots", tuple(dict.fromkeys(real_path(r) for r in roots)))
+        for r in self.data_roots:
+            why = system_folder(r)
+            if why:
+                raise InputError(f"{r} {why}: every file in it would become submittable as a job's data (the "
+                                 "service reads it with its own rights); give the folder that holds the data",
+                                 field="data_roots")
         for f in fields(self):                  # every time and duration: within the bound on times
             if f.name.endswith("_s") and getattr(self, f.name) is not None:
                 check_time(getattr(self, f.name), field=f.name)

@@ -77,6 +77,7 @@ from .lock import ServiceLock
 from .node_health import NodeHealth
 from .slurm_nodes import SlurmNodeState, SlurmSetup, read_node_record, write_node_record
 from .store import TERMINAL, Store
+from .why import explain
 from .workdir import set_aside_unknown
 
 SLURM_RETRY_S = 5.0                     # while the Slurm controller does not answer, asked again this often
@@ -125,11 +126,16 @@ class Service:
         self.policy_name = policy.name
         self.shadow_name = None if shadow is None else shadow.name
         self.fault = fault or (lambda point: None)
-        Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
-        self.lock = lock if lock is not None else ServiceLock.acquire(cfg.db_path, cfg.work_dir)
+        self.lock = lock if lock is not None else ServiceLock.acquire(cfg.db_path, cfg.work_dir)   # (makes work_dir)
         try:
             self.store = Store(cfg.db_path)
         except BaseException:
+            self.lock.release()
+            raise
+        try:
+            self.store.refuse_damaged(field="--db")      # before the API or recovery reads a row
+        except BaseException:
+            self.store.close()
             self.lock.release()
             raise
         mpi_cfg = MpiExecutorConfig(
@@ -236,16 +242,22 @@ class Service:
                 continue
             info = launch.pid_info or {}
             run_dir = info.get("run_dir") or str(Path(self.cfg.work_dir) / str(jid) / f"launch_{gen}")
+            ranks = "its ranks had already exited"
             if Path(run_dir).is_dir():
+                training = ex.left_running(run_dir)      # (asked first: the log says what was there)
                 clean = ex.stop_left(run_dir, info.get("pid"), self.cfg.stop_timeout_s)
-                self.log(f"job {jid}: launch {gen} was active at restart; its ranks were "
-                         f"{'asked to checkpoint and stopped' if clean else 'killed after the grace period'}")
+                if training:
+                    how = "asked to checkpoint and stopped" if clean else "killed after the grace period"
+                    ranks = f"its ranks were {how}"
             prog = read_progress(Path(self.cfg.work_dir) / str(jid) / "progress.json") or {}
             if prog.get("status") == "finished":
                 st.launches.mark(jid, gen, "finished" if launch.state == "started" else "failed",
                                reason="training had finished while the service was down")
                 self._set_status(jid, "finished", "training finished while the service was down")
+                self.log(f"job {jid}: launch {gen} was active at restart; {ranks}: training had finished while "
+                         f"the service was down (step {prog.get('iterations_done')})")
                 continue
+            self.log(f"job {jid}: launch {gen} was active at restart; {ranks}")
             ck = int(prog.get("last_checkpoint_step") or 0)
             st.launches.mark(jid, gen, "failed", reason=f"service restarted; resumes from step {ck}")
             self._set_status(jid, "queued", f"service restarted; resumes from step {ck}")
@@ -260,8 +272,8 @@ class Service:
         deps = self._dep_statuses(rows)
         for row in rows:
             prog = read_progress(Path(self.cfg.work_dir) / str(row.id) / "progress.json") or {}
-            if prog.get("status") == "finished":      # its last launch completed as it was being stopped
-                self._set_status(row.id, "finished", "training finished as its last launch was stopped")
+            if prog.get("status") == "finished":
+                self._set_status(row.id, "finished", self._finished_unseen(row.id, prog))
             elif row.status == "running" or self._ready(row, deps):   # (one waiting for others is left out)
                 self._adopt(row.id, row.spec, row.submitted_at)
         self._resume_moves(open_moves)
@@ -281,6 +293,15 @@ class Service:
         problems = st.check()
         if problems:
             raise RuntimeError("state database inconsistent after recovery: " + "; ".join(problems[:5]))
+
+    def _finished_unseen(self, jid: int, prog: dict) -> str:
+        """Why a job the store has queued is finished: its last launch completed as it was
+        being stopped, or (no launch in the store: a database restored from an older copy,
+        whose later launches' folders were set aside) its work folder says so."""
+        if self.store.launches.rows(jid):
+            return "training finished as its last launch was stopped"
+        return (f"training finished (step {prog.get('iterations_done')}, its work folder's progress.json) in launches "
+                "this database does not know: a database restored from an older copy")
 
     def _take_over(self, launch) -> bool:
         """Re-adoption: the store's active launch ``launch`` (state ``started``, or ``intent``
@@ -762,6 +783,10 @@ class Service:
             return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
         recorded = {"grids": grids, "plans": plans, "before": current, "status": stats.status,
                     "jobs": len(ctx.jobs)}
+        why = explain(ctx, decisions, self.policy_name)        # fewer GPUs than asked, or none (why.py)
+        if why:
+            recorded["why"] = why
+        self._preemption_reasons(ctx, decisions)
         if rec.shadow is not None:           # the shadow policy's view of the same round (engine/core/shadow.py)
             recorded["shadow"] = rec.shadow.to_dict()
             if rec.shadow.error is not None:
@@ -773,6 +798,24 @@ class Service:
                                 decisions=recorded, keep=self.cfg.keep_rounds)
         self._record_s += time.perf_counter() - t0
         self.fault("after-round-recorded")
+
+    def _preemption_reasons(self, ctx: RoundContext, decisions: Decisions) -> None:
+        """For each running job this decision leaves without a grid (not one that must
+        leave a node out of service: ``apply_drains`` named those), the reason its history
+        gives when it is stopped: which round's decision preempted it, and which jobs take
+        the GPUs it held (those leaving a node out of service said so: a drain on a full
+        cluster can cost a job on a node in service its GPUs)."""
+        out = ctx.unavailable_nodes
+        held = {v.job_id: set(v.current.gpus) for v in ctx.jobs if v.current is not None}
+        leaving = {j for j, gpus in held.items() if any(n in out for n, _ in gpus)}
+        for jid in held.keys() - decisions.grids.keys() - leaving:
+            takers = sorted((j for j, gpus in decisions.placements.items() if j != jid and held[jid] & set(gpus)),
+                            key=int)
+            why = [f"job {j}" + (" (leaving a node out of service)" if j in leaving else "") for j in takers]
+            reason = (f"preempted by round {ctx.round_index}'s decision ({self.policy_name} gave it no grid this "
+                      "round" + (f"; its GPUs go to {', '.join(why)}" if why else "") + ")")
+            self.executor.stop_reasons.setdefault(jid, reason)
+            self.log(f"job {jid} {reason}")
 
     def shutdown(self) -> None:
         """Stop every running job with a checkpoint (they resume on the next start)."""

@@ -78,10 +78,9 @@ class JobSpec:
         if not isinstance(d, dict):
             raise InputError(f"a job is an object of keys, got {type(d).__name__}", file=source)
         check_depth(d, file=source)             # a dict built in code (the API's is checked as it is read)
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(known), key=str)
+        unknown = sorted(set(d) - set(JOB_KEYS), key=str)
         if unknown:
-            raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}",
+            raise InputError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(JOB_KEYS)}",
                              file=source, field=str(unknown[0]))
         for f in ("name", "model", "global_batch", "steps"):
             if f not in d:
@@ -197,6 +196,9 @@ class JobSpec:
                    priority=self.priority, tenant=self.tenant, requested_gpu_type=self.gpu_type,
                    requested_gpus=self.gpus)
 
+
+
+JOB_KEYS = tuple(f.name for f in fields(JobSpec))     # a job file's and a request body's keys, in order
 
 def _check(spec: JobSpec) -> None:
     """Validate and canonicalise ``spec`` in place (model and GPU names)."""

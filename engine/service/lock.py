@@ -55,13 +55,16 @@ class ServiceLock:
 
     @classmethod
     def acquire(cls, db_path: str | Path, work_dir: str | Path) -> "ServiceLock":
-        """Lock the database and the work folder (which must exist) for this process, or
-        raise ``InputError`` naming the flag, the path and the holder."""
+        """Lock the database, then the work folder (made once the database's lock is held:
+        a service refused for a database in use makes nothing) for this process, or raise
+        ``InputError`` naming the flag, the path and the holder."""
         fds: list[int] = []
         paths: list[Path] = []
         try:
             for state, lock, flag in ((Path(db_path), db_lock_path(db_path), "--db"),
                                       (Path(work_dir), work_lock_path(work_dir), "--work-dir")):
+                if flag == "--work-dir":
+                    _make_folder(state)
                 fds.append(_take(state, lock, flag))
                 paths.append(lock)
         except BaseException:
@@ -84,6 +87,15 @@ class ServiceLock:
     @property
     def held(self) -> bool:
         return bool(self._fds)
+
+
+def _make_folder(work: Path) -> None:
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError("is a file, not a folder", file=str(work), field="--work-dir") from None
+    except OSError as e:
+        raise InputError(f"cannot be made: {e.strerror or e}", file=str(work), field="--work-dir") from None
 
 
 def _take(state: Path, lock: Path, flag: str) -> int:

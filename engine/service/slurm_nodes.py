@@ -47,7 +47,15 @@ from typing import Callable, Mapping
 
 from instances.cluster import ClusterSpec
 from instances.errors import InputError
-from instances.slurm import CPU_TYPE, SlurmCommands, SlurmView, discover, job_slots, load_gpu_type_table
+from instances.slurm import (
+    CPU_TYPE,
+    SlurmCommands,
+    SlurmView,
+    discover,
+    job_slots,
+    list_jobs,
+    load_gpu_type_table,
+)
 from launcher.slurm_executor import SlurmExecutorConfig, parse_launch
 
 from .config import NEW_NODE_ACTIONS, RESTART_GAP_S
@@ -284,6 +292,19 @@ class SlurmNodeState:
         nodes = now.nodes(self.spec)
         return {"partition": self.setup.view.partition, "read_at": last.at, "answered": self.down_since is None,
                 "error": error, "new_nodes": list(last.new_nodes), "nodes": nodes}
+
+    def jobs(self, ids) -> dict[int, dict]:
+        """For the API (its thread): Slurm's state of these batch jobs now, by Slurm job id
+        (``{"state": "PENDING", "reason": "Resources"}``, as ``squeue`` prints them); ``{}``
+        when Slurm cannot be asked (the views then show the database's status alone). The
+        controller is pinged first: ``squeue`` against one that is down retries for about
+        ``MessageTimeout`` seconds, which would hold every page poll as long."""
+        try:
+            self.commands.ping()
+            found = list_jobs(self.commands, ids)
+        except InputError:
+            return {}
+        return {i: {"state": j.state, "reason": j.reason} for i, j in found.items()}
 
     def _own(self) -> dict[str, int]:
         """Per Slurm node, the slots this service's jobs hold (from ``squeue``)."""

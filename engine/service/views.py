@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from instances.cluster import ClusterSpec
 from launcher.launch import tail
 from launcher.telemetry import read_progress
@@ -23,6 +25,7 @@ STATE_ENDED_JOBS = 50             # the page lists every job not ended and this 
 MAX_LOG_CHARS = 1_000_000         # /api/jobs/{id}/logs?chars=N, arena logs --chars: at most this many
 MAX_ROUNDS_SHOWN = 1000           # /api/rounds?last=N, arena rounds --last: at most this many
 MOVING = "moving"                 # a launch's reason while its job moves (engine/service/journal.py, release)
+RATE_WINDOW_S = 30.0              # a job's samples/s: over the steps of its last this many seconds
 
 
 def launch_dir(work_dir: str, launch: LaunchRow) -> Path:
@@ -54,14 +57,35 @@ def loss_curve(work_dir: str, launches: list[LaunchRow], losses: LossLog | None 
              "time": None if math.isnan(times[i]) else float(times[i]), "launch": int(launch[i])} for i in idx]
 
 
-def last_loss(work_dir: str, launches: list[LaunchRow], losses: LossLog | None = None) -> float | None:
-    """The loss of the latest step trained (only the newest launch with results is read)."""
+@dataclass(frozen=True)
+class Latest:
+    """The latest steps a job's launches wrote (``latest_steps``)."""
+    loss: float | None = None           # of the latest step
+    step: int | None = None             # that step
+    rate: float | None = None           # steps per second over the window (wall clock), None: fewer than 2 steps
+    window_s: float | None = None       # the time the rate is measured over (at most RATE_WINDOW_S)
+
+
+def latest_steps(work_dir: str, launches: list[LaunchRow], losses: LossLog | None = None,
+                 window_s: float = RATE_WINDOW_S) -> Latest:
+    """The loss of the latest step trained, and the rate of the steps of the ``window_s``
+    seconds before it, on the wall clock (each step's ``time`` in ``results.jsonl``: pauses,
+    checkpoints and ``--step-delay`` included), from the newest launch with results only."""
     log = losses or LossLog()
     for _, d in reversed(run_dirs(work_dir, launches)):
-        _, loss, _ = log.points(d)
-        if len(loss):
-            return float(loss[-1])
-    return None
+        steps, loss, times = log.points(d)
+        if not len(loss):
+            continue
+        latest = Latest(float(loss[-1]), int(steps[-1]))
+        t_last = times[-1]
+        if math.isnan(t_last):
+            return latest
+        first = int(np.searchsorted(times, t_last - window_s, side="left"))    # (times only grow in a file)
+        span = float(t_last - times[first])
+        if span <= 0 or steps[-1] <= steps[first]:
+            return latest
+        return Latest(latest.loss, latest.step, float(steps[-1] - steps[first]) / span, span)
+    return Latest()
 
 
 def _thin(n: int, k: int) -> list[int]:
@@ -143,6 +167,7 @@ def _job_view(store: Store, work_dir: str, row: JobRow, pending: Pending, losses
     launches = store.launches.rows(job_id)
     history = store.jobs.history(job_id)
     prog = read_progress(Path(work_dir) / str(job_id) / "progress.json") or {}
+    latest = latest_steps(work_dir, launches, losses)
     current = next((lch for lch in reversed(launches) if lch.state in ("intent", "started")), None)
     last = launches[-1] if launches else None
     shown = current or last
@@ -166,22 +191,65 @@ def _job_view(store: Store, work_dir: str, row: JobRow, pending: Pending, losses
         "submitted_at": row.submitted_at, "updated_at": row.updated_at,
         "progress": {"iterations_done": prog.get("iterations_done"), "status": prog.get("status"),
                      "last_checkpoint_step": prog.get("last_checkpoint_step"), "iteration_time_s": it,
-                     "throughput_samples_per_s": (spec["global_batch"] / it) if it else None},
+                     # while it runs: over its last steps on the wall clock, not one step's compute time
+                     "throughput_samples_per_s": spec["global_batch"] * latest.rate
+                     if current is not None and latest.rate else None,
+                     "throughput_window_s": latest.window_s if current is not None and latest.rate else None},
         "plan": shown.plan if shown else None,
+        "slurm_job_id": (current.pid_info or {}).get("slurm_job_id") if current else None,
         "gpus": list(current.gpus) if current else [],
         "launch": {"generation": last.generation, "state": last.state, "reason": last.reason} if last else None,
         "launches": len(launches), "moves": moves, "failed_launches": failures,
         "time_in_status_s": in_state,
         "history": [{"from": h.from_status, "to": h.to_status, "reason": h.reason, "at": h.at} for h in history],
         "move_ledger": [{**m, "summary": move_summary(m)} for m in store.moves.rows(job_id)],
-        "loss": last_loss(work_dir, launches, losses),
+        "loss": latest.loss, "loss_step": latest.step,
         "loss_curve": loss_curve(work_dir, launches, losses, curve_points) if curve_points else [],
         "cancel_requested": row.id in pending.cancel,
         "hold_requested": row.id in pending.hold,
         "after": after,
         "waiting_for": waiting_for,
         "waits": None if moving else wait_reason(row, history, waiting_for, pending),
+        "smaller": smaller_reason(row, current, pending),
     }
+
+
+def round_note(job_id: int, pending: Pending) -> str | None:
+    """Why the last decided round gave the job fewer GPUs than it asked for, or none
+    (engine/service/why.py), if it said."""
+    last = pending.last_round
+    return None if last is None else (last.decisions.get("why") or {}).get(str(job_id))
+
+
+def smaller_reason(row: JobRow, current: LaunchRow | None, pending: Pending) -> str | None:
+    """Why a running job runs on fewer GPUs than it asked for (None for any other job)."""
+    asked = row.spec.get("gpus")
+    if row.status != "running" or current is None or not asked or len(current.gpus) >= asked:
+        return None
+    note = round_note(row.id, pending)
+    return (f"runs on {len(current.gpus)} of the {asked} GPUs it asked for: "
+            + (note or "the last round did not say why (it decided nothing new for it)"))
+
+
+SLURM_NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+PENDING = "pending"               # a running job whose Slurm batch job has not started its ranks (mark_slurm_jobs)
+
+
+def mark_slurm_jobs(jobs: list[dict], states: dict[int, dict]) -> list[dict]:
+    """Job views (``job_view``, ``jobs_view``) with Slurm's side of their current launch
+    (``states``: Slurm job id -> its state and reason, as ``squeue`` has them now): each
+    such job gets ``slurm`` (``{"job_id", "state", "reason"}``), and one the database calls
+    running while Slurm has not started its batch job yet (PENDING behind a node still
+    COMPLETING, CONFIGURING ...) is shown ``pending``, not running."""
+    for j in jobs:
+        sid = j.get("slurm_job_id")
+        st = states.get(sid) if sid is not None else None
+        if st is None:
+            continue
+        j["slurm"] = {"job_id": sid, **st}
+        if j["status"] == "running" and st["state"] in SLURM_NOT_STARTED:
+            j["state"] = PENDING
+    return jobs
 
 
 def moving_now(row: JobRow, launches: list[LaunchRow], progress: dict, last_round: RoundRow | None) -> dict | None:
@@ -244,8 +312,9 @@ def wait_reason(row: JobRow, history: list[HistoryRow], waiting_for: list[int], 
         return f"no room: it asks for {gpus(ask)}, {free} free now{drained}"
     if free == 0:
         return f"no room: every {want + ' ' if want is not None else ''}GPU in service is held by other jobs{drained}"
-    return (f"not placed by round {last.idx} with {gpus(free)} free now: the policy chose other jobs' grids, "
-            f"or none of its grids fits the free GPUs")
+    note = round_note(row.id, pending)
+    return (f"not placed by round {last.idx} with {gpus(free)} free now: "
+            + (note or "the policy chose other jobs' grids, or none of its grids fits the free GPUs"))
 
 
 def move_summary(m: dict) -> dict:
@@ -390,6 +459,7 @@ def state_view(store: Store, work_dir: str, cluster: ClusterSpec, *, losses: Los
     return {"cluster": cluster_view(store, cluster), "jobs": jobs,
             "queue": [j["id"] for j in jobs if j["state"] == "queued"],
             "ended_total": ended_total, "ended_shown": sum(1 for r in rows if r.status in TERMINAL),
+            "rate_window_s": RATE_WINDOW_S,
             "rounds": rounds_view(store, 10)}
 
 

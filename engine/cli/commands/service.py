@@ -15,6 +15,7 @@ otherwise), ``arena logs ID`` and ``arena jobs --json`` talk to it over HTTP (``
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import math
 import os
@@ -411,6 +412,7 @@ def build_service_parts(args) -> ServiceParts:
                              "service must know where to launch ranks", file=args.cluster, field="hosts")
     if not 1 <= args.port <= 65535:
         raise InputError(f"must be in 1..65535, got {args.port}", field="--port")
+    _check_host(args.host)                        # (a name that is no address is not a question of tokens)
     tokens = _tokens(args)
     if not _is_loopback(args.host) and tokens is None:
         raise InputError(f"binding to {args.host} (not loopback) needs API tokens (--token, ARENA_TOKEN or "
@@ -430,6 +432,7 @@ def build_service_parts(args) -> ServiceParts:
         reconfig = ReconfigCostModel.from_options(reconfig_opts)
     except (TypeError, ValueError) as e:
         raise InputError(str(e), field="--reconfig-opt") from None
+    _check_policies_decide(args, opts, cluster, perf, reconfig)
     work = Path(args.work_dir)
     from instances.paths import check_output_dir
     check_output_dir(work, "--work-dir")          # (before resolve(): a link loop was a RuntimeError)
@@ -437,10 +440,14 @@ def build_service_parts(args) -> ServiceParts:
     given.update(db_path=str(Path(args.db_path)), work_dir=str(work.resolve()), data_roots=_data_roots(args.data_roots))
     with fields_as_flags(SERVE_FLAGS):            # every option checked before a file or folder is made
         cfg = ServiceConfig(**given)
+    from engine.service.store import check_state_file
+    check_state_file(Path(args.db_path), "--db")
     _check_writable_file(args.db_path, "--db")
-    work.mkdir(parents=True, exist_ok=True)
+    if work.exists() and not work.is_dir():
+        raise InputError("is a file, not a folder", file=str(work), field="--work-dir")
     # one service per state, checked before the port (a second service may be given another port)
-    # and before anything is touched: held until this process ends (engine/service/lock.py)
+    # and before anything is touched (the work folder is made once the database's lock is held):
+    # held until this process ends (engine/service/lock.py)
     lock = ServiceLock.acquire(cfg.db_path, cfg.work_dir)
     try:
         _check_port(args.host, args.port)
@@ -450,14 +457,46 @@ def build_service_parts(args) -> ServiceParts:
     return ServiceParts(cluster, policy, shadow, perf, reconfig, tokens, cfg, lock, slurm)
 
 
+def _check_host(host: str) -> None:
+    """``--host`` names an address of this machine (an IP address, or a name that
+    resolves to one): bound once on any free port, as the server will bind it."""
+    if not host.strip():
+        raise InputError("is empty; give an address to bind (127.0.0.1, the default, for this machine only)",
+                         field="--host")
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as e:
+        raise InputError(f"{host!r} is not an address this machine can bind: it does not resolve "
+                         f"({getattr(e, 'strerror', None) or e})", field="--host") from None
+    _check_port(host, 0)
+
+
+def _check_policies_decide(args, opts: dict, cluster, perf, reconfig) -> None:
+    """The policy (and the shadow policy) can decide this service's jobs: a copy of each,
+    built for the trial, decides one round of one job (engine/service/probe.py)."""
+    from engine.core.policy import make_policy
+    from engine.service.probe import check_policy_decides
+
+    from ..common import parse_options
+    check_policy_decides(make_policy(args.policy, **opts), cluster, perf, reconfig, flag="--policy")
+    if args.shadow_policy is not None:
+        shadow_opts = parse_options(args.shadow_policy_opt, "--shadow-policy-opt")
+        check_policy_decides(make_policy(args.shadow_policy, **shadow_opts), cluster, perf, reconfig,
+                             flag="--shadow-policy")
+
+
 def _check_port(host: str, port: int) -> None:
-    """The address is free to bind (as the server will)."""
+    """The address is free to bind (as the server will): an address of another machine is
+    the fault of ``--host``, a port in use (or below 1024 without the right) of ``--port``."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the server will
         try:
             sock.bind((host, port))
         except OSError as e:
-            raise InputError(f"cannot bind {host}:{port}: {e.strerror or e}", field="--port") from None
+            wrong_host = isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL or port == 0
+            raise InputError(f"cannot bind {host}:{port or 'a free port'}: {e.strerror or e}"
+                             + (" (not an address of this machine)" if e.errno == errno.EADDRNOTAVAIL else ""),
+                             field="--host" if wrong_host else "--port") from None
 
 
 def _tokens(args):
@@ -494,10 +533,9 @@ def run_serve(args) -> int:
     import threading
 
     _check_service_extra()                        # before any option is checked or file made
-    import uvicorn
-
     from engine.service.api import ApiContext, create_app
     from engine.service.daemon import Service, fault_from_env
+    from engine.service.http_server import server as http_server
 
     parts = build_service_parts(args)
     cluster, policy, shadow, perf, reconfig, tokens, cfg, lock = (
@@ -510,10 +548,10 @@ def run_serve(args) -> int:
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
                                 node_failures=service.node_failures,
                                 slurm_nodes=None if service.slurm_nodes is None else service.slurm_nodes.peek,
+                                slurm_jobs=None if service.slurm_nodes is None else service.slurm_nodes.jobs,
                                 plugins=tuple(p.describe() for p in args.plugins),
                                 local_hosts=None if tokens else LOCAL_HOSTS | {args.host.lower()}))
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           access_log=False, lifespan="off"))
+    server = http_server(app, args.host, args.port)
     stop = threading.Event()
     failure: list[BaseException] = []
 
@@ -619,17 +657,26 @@ def _plan(p: dict | None) -> str:
 
 
 def _table(jobs: list[dict]) -> str:
-    rows = [f"{'id':>4} {'name':<16} {'status':<10} {'plan':<28} {'steps':>11} {'samples/s':>10} {'loss':>8} "
+    rows = [f"{'id':>4} {'name':<16} {'status':<10} {'plan':<28} {'steps':>11} {'samples/s':>10} {'loss':>12} "
             f"{'launches':>8} {'moves':>5}"]
+    notes = {}
     for j in jobs:
         pr = j["progress"]
         thr = pr.get("throughput_samples_per_s")
         thr_s = f"{thr:.1f}" if thr else "-"
-        loss_s = f"{j['loss']:.4f}" if j.get("loss") is not None else "-"
-        steps = f"{pr.get('iterations_done') or 0}/{j['steps']}"
+        if thr:
+            from engine.service.views import RATE_WINDOW_S
+            notes["rate"] = f"samples/s: a running job's steps over its last {RATE_WINDOW_S:g} s (wall clock)"
+        done = pr.get("iterations_done") or 0
+        loss_s = "-" if j.get("loss") is None else f"{j['loss']:.4f}"
+        if j.get("loss") is not None and (j.get("loss_step") or 0) < done:     # an older step's loss: say which
+            loss_s += f"@{j['loss_step']}"
+            notes["loss"] = ("loss@N: step N's, the latest its launches in this database recorded (later ones' "
+                             "folders were set aside: a database restored from an older copy)")
+        steps = f"{done}/{j['steps']}"
         rows.append(f"{j['id']:>4} {j['name'][:16]:<16} {j.get('state', j['status']):<10} {_plan(j['plan'])[:28]:<28} "
-                    f"{steps:>11} {thr_s:>10} {loss_s:>8} {j['launches']:>8} {j['moves']:>5}")
-    return "\n".join(rows)
+                    f"{steps:>11} {thr_s:>10} {loss_s:>12} {j['launches']:>8} {j['moves']:>5}")
+    return "\n".join(rows + list(notes.values()))
 
 
 def run_status(args) -> int:
@@ -693,6 +740,12 @@ def _show_status(cl: Client, args) -> bool:
                                                  else ""))
             if job.get("waits"):
                 print(f"waits: {job['waits']}")
+            if job.get("smaller"):
+                print(f"smaller: {job['smaller']}")
+            if job.get("slurm"):
+                sj = job["slurm"]
+                print(f"Slurm: batch job {sj['job_id']} {sj['state']}" + (f" ({sj['reason']})" if sj.get("reason")
+                                                                         and sj["reason"] != "None" else ""))
             print("history:")
             for h in job["history"]:
                 print(f"  {time.strftime('%H:%M:%S', time.localtime(h['at']))} {h['from'] or '-'} -> {h['to']}: "
@@ -833,6 +886,7 @@ def run_export_trace(args) -> int:
     _check_not_the_state(args.out, args.db, "--out")
     out = _check_writable_file(args.out, "--out")
     with Store(args.db, readonly=True) as st:
+        st.refuse_unreadable(field="--db")         # (a running service may be writing: the rest is its own)
         jobs, statuses = workload(st, args.db)
         after = sum(1 for r in st.jobs.rows() if r.spec.get("after"))
     write_trace(jobs, out, "--out")
@@ -848,12 +902,14 @@ def run_backup(args) -> int:
     from engine.service.store import SCHEMA_VERSION, Store
     from instances.paths import stat_path
     _check_db(args.db)
+    _check_not_the_state(args.out, args.db, "--out")          # (a backup named <db>-wal would be read as its WAL)
     out = Path(args.out)
     if stat_path(out, "--out") is not None:
         raise InputError("already exists; a backup does not overwrite", file=str(out), field="--out")
     out = _check_writable_file(args.out, "--out")
     t0 = time.monotonic()
     with Store(args.db, readonly=True) as st:
+        st.refuse_unreadable(field="--db")         # (a copy would be refused at its check: say it of this one)
         st.backup(out)
     with Store(out, readonly=True) as copy:
         counts = {k: v for k, v in copy.jobs.status_counts().items() if v}

@@ -42,8 +42,9 @@ from .rules import (
     StateConflict,
 )
 from .schema import MIGRATIONS, SCHEMA_VERSION, migrate
-from .store import BUSY_TIMEOUT_MS, Store
+from .store import BUSY_TIMEOUT_MS, Store, check_state_file
 
 __all__ = ["ACTIVE_LAUNCH", "BUSY_TIMEOUT_MS", "JOB_STATUSES", "LAUNCH_STATES", "LAUNCH_TRANSITIONS", "MAX_KEY_CHARS",
            "MIGRATIONS", "SCHEMA_VERSION", "TERMINAL", "TRANSITIONS", "CheckpointRow", "HistoryRow", "JobRow",
-           "LaunchRow", "MeasurementRow", "RoundRow", "StaleGeneration", "StateConflict", "Store", "migrate"]
+           "LaunchRow", "MeasurementRow", "RoundRow", "StaleGeneration", "StateConflict", "Store", "check_state_file",
+           "migrate"]

@@ -234,6 +234,26 @@ class JobTable(Table):
         total = self.conn.execute(f"SELECT COUNT(*) FROM jobs WHERE status IN {done}")
         return rows, int(total.fetchone()[0])
 
+    def unreadable(self) -> list[tuple[int, str, str]]:
+        """Jobs whose stored specification cannot be read back (a database damaged by hand
+        or by a disk): (id, column, why): a spec that is not JSON, or not a job
+        (``JobSpec.from_dict``, files not checked), a priority that is not a number."""
+        out = []
+        for jid, spec, prio in self.conn.execute("SELECT id, spec, priority FROM jobs ORDER BY id"):
+            try:
+                d = json.loads(spec)
+            except (TypeError, ValueError) as e:
+                out.append((int(jid), "spec", f"not JSON: {e}"))
+                continue
+            try:
+                JobSpec.from_dict(d, source=f"job {jid}", check_files=False)
+                if prio is not None:
+                    check_priority(prio)
+            except InputError as e:
+                out.append((int(jid), "priority" if e.field == "priority" and prio is not None else "spec",
+                            f"field {e.field!r}: {e.reason}" if e.field else e.reason))
+        return out
+
     def ids(self, status: str) -> list[int]:
         """Ids of the jobs in ``status`` (nothing parsed: cheap to poll)."""
         return [int(r[0]) for r in self.conn.execute("SELECT id FROM jobs WHERE status = ? ORDER BY id", (status,))]

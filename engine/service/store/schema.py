@@ -3,9 +3,14 @@
 path from any older version is the code that builds every database."""
 from __future__ import annotations
 
+import functools
 import sqlite3
 
 from instances.errors import InputError
+
+# what a damaged state database's refusal tells the operator to do (docs/operators.md)
+RESTORE = ("restore it from a backup: stop the service and start it on a copy of the backup (docs/operators.md, "
+           "\"Back up and restore\")")
 
 MIGRATIONS: tuple[str, ...] = (
     # v0 -> v1: jobs, their status history, launches
@@ -205,4 +210,45 @@ def _statements(script: str) -> list[str]:
             buf = []
     if "\n".join(buf).strip():
         raise ValueError("migration ends inside a statement")
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def expected_schema() -> dict[str, frozenset[str]]:
+    """What a database of ``SCHEMA_VERSION`` holds, as built by ``MIGRATIONS``: each table's
+    columns (``table``) and each index (``index:NAME``, no columns)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        migrate(conn)
+        return _schema(conn)
+    finally:
+        conn.close()
+
+
+def _schema(conn: sqlite3.Connection) -> dict[str, frozenset[str]]:
+    out: dict[str, frozenset[str]] = {}
+    for kind, name in conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index') "
+                                   "AND name NOT LIKE 'sqlite_%'"):
+        if kind == "index":
+            out[f"index:{name}"] = frozenset()
+        else:
+            out[name] = frozenset(r[1] for r in conn.execute(f"PRAGMA table_info({_quoted(name)})"))
+    return out
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def missing_schema(conn: sqlite3.Connection) -> list[str]:
+    """The tables, columns and indexes of this version's schema that the database lacks
+    (a table dropped or an index removed by hand leaves ``user_version`` as it was), in
+    words: ``table 'moves'``, ``column 'jobs.priority'``, ``index 'launch_gpus_one_active'``."""
+    have = _schema(conn)
+    out = []
+    for name, cols in expected_schema().items():
+        if name not in have:
+            out.append(f"index {name.removeprefix('index:')!r}" if name.startswith("index:") else f"table {name!r}")
+        else:
+            out += [f"column '{name}.{c}'" for c in sorted(cols - have[name])]
     return out

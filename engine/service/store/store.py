@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,9 +19,27 @@ from .moves import MoveTable
 from .nodes import NodeTable
 from .rounds import RoundTable
 from .rules import ACTIVE_LAUNCH, TERMINAL, TRANSITIONS, StateConflict
-from .schema import SCHEMA_VERSION, migrate
+from .schema import RESTORE, SCHEMA_VERSION, migrate, missing_schema
 
 BUSY_TIMEOUT_MS = 10_000
+
+
+def check_state_file(path: Path, field: str | None = None) -> None:
+    """A state database's path holds a regular file or nothing yet; else an
+    ``InputError`` naming it (SQLite would block on a pipe, or fail on a device, with
+    its own words)."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as e:                        # a name too long, a link loop ...
+        raise InputError(f"cannot be used as the state database: {e.strerror or e}", file=str(path),
+                         field=field) from None
+    if stat.S_ISDIR(mode):
+        raise InputError("is a folder, not a database file", file=str(path), field=field)
+    if not stat.S_ISREG(mode):
+        raise InputError("not a regular file (a pipe, a device or a socket): not a state database", file=str(path),
+                         field=field)
 
 
 class Store:
@@ -31,8 +50,7 @@ class Store:
 
     def __init__(self, path: str | Path, *, readonly: bool = False, clock: Callable[[], float] = time.time):
         self.path, self.readonly, self.clock = Path(path), readonly, clock
-        if self.path.is_dir():
-            raise InputError("is a folder, not a database file", file=str(self.path))
+        check_state_file(self.path)
         if readonly and not self.path.is_file():
             raise InputError("no state database here (has the service run?)", file=str(self.path))
         uri = f"file:{self.path.resolve()}{'?mode=ro' if readonly else ''}"
@@ -51,6 +69,12 @@ class Store:
                 self.conn.execute("PRAGMA synchronous = FULL")
                 self.conn.execute("PRAGMA foreign_keys = ON")
                 migrate(self.conn)
+            missing = missing_schema(self.conn)
+            if missing:
+                raise InputError(f"the state database is damaged: it has no {', no '.join(missing[:3])}"
+                                 + (f" (and {len(missing) - 3} more)" if len(missing) > 3 else "")
+                                 + f", which its schema version {SCHEMA_VERSION} has; {RESTORE}",
+                                 file=str(self.path), field=missing[0].split(" ", 1)[1].strip("'"))
         except sqlite3.DatabaseError as e:
             self.conn.close()
             raise InputError(f"not a usable SQLite database: {e}", file=str(self.path)) from None
@@ -117,8 +141,29 @@ class Store:
         API's, a command's) committed; this connection's own commits leave it."""
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
 
+    def refuse_damaged(self, field: str | None = None) -> None:
+        """An ``InputError`` naming this file, what ``check()`` finds wrong and how to
+        restore, when it finds anything (a service refuses to start on such a state; the
+        check reads many rows, so only where no one else writes)."""
+        self._refuse(self.check(), field)
+
+    def refuse_unreadable(self, field: str | None = None) -> None:
+        """The same for the jobs whose specification cannot be read (``JobTable.unreadable``,
+        one row at a time: true while a service writes too)."""
+        self._refuse(self._unreadable(), field)
+
+    def _unreadable(self) -> list[str]:
+        return [f"job {j}: its {col} cannot be read ({why})" for j, col, why in self.jobs.unreadable()]
+
+    def _refuse(self, problems: list[str], field: str | None) -> None:
+        if problems:
+            raise InputError(f"the state database is damaged: {'; '.join(problems[:3])}"
+                             + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "") + f"; {RESTORE}",
+                             file=str(self.path), field=field)
+
     def check(self) -> list[str]:
-        """Inconsistencies (empty: none): SQLite's integrity check, and this schema's rules:
+        """Inconsistencies (empty: none): SQLite's integrity check, every job's stored
+        specification readable (``JobTable.unreadable``), and this schema's rules:
         each job's history is a chain of allowed transitions ending at its status (and of
         notes from a status to itself, e.g. a priority change); launch
         generations are 1..n with at most one active, none for an ended job; a GPU is
@@ -126,6 +171,9 @@ class Store:
         open move, and no move ends before it began."""
         out = [r[0] for r in self.conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
         out += [f"foreign key: {r}" for r in self.conn.execute("PRAGMA foreign_key_check")]
+        unreadable = self._unreadable()
+        if unreadable:              # (the rules below read every job's row)
+            return out + unreadable
         for job in self.jobs.rows():
             hist = self.jobs.history(job.id)
             prev = None
