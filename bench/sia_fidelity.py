@@ -18,10 +18,10 @@ holds at each logged round times the round's length, as the artifact's
 ``utils/print_run_stats.py`` counts them). Every label with a reference gets the ratio
 of our average JCT to its reference's; every policy the paired per-workload comparison
 of average JCT against ``--baseline`` (geometric mean of baseline / policy, 95%
-interval). Progress on stderr; ``--json``: the rows and summaries as JSON on stdout.
-``--ours-from FILE`` (repeatable) takes our rows from earlier ``--out`` files instead of
-simulating again (the references are read afresh: the Sia simulator's runs take hours and finish
-one by one).
+interval, and on how many workloads the policy is faster). Progress on stderr; ``--json``:
+the rows and summaries as JSON on stdout. ``--ours-from FILE`` (repeatable) takes our
+rows from earlier ``--out`` files instead of simulating again (the references are read
+afresh: the Sia simulator's runs take hours and finish one by one).
 """
 from __future__ import annotations
 
@@ -252,16 +252,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"trace {args.trace}, {len(names)} workloads; mean ± sd over the workloads (h); p99 pooled")
     print(f"{'policy':<16}{'source':<15}{'n':>3}  {'avg JCT':<14}{'p99 JCT':<14}{'p99 pooled':>10}  "
-          f"{'makespan':<15}{'GPU-h/job':<14}{'vs ' + args.baseline:<22}{'ours/ref JCT':>12}")
+          f"{'makespan':<15}{'GPU-h/job':<14}{'vs ' + args.baseline + ' (wins)':<28}{'ours/ref JCT':>12}")
     for s in summaries:
         vb = s.get("vs_baseline")
         vbs = "-" if not vb or vb.get("geomean") is None else \
-            f"{vb['geomean']:.2f}x" + (f" [{vb['ci95'][0]:.2f}, {vb['ci95'][1]:.2f}]" if vb.get("ci95") else "")
+            f"{vb['geomean']:.2f}x" + (f" [{vb['ci95'][0]:.2f}, {vb['ci95'][1]:.2f}]" if vb.get("ci95") else "") \
+            + f" {vb['wins']}/{vb['seeds_compared']}"
         vr = s.get("vs_reference")
         vrs = f"{vr['ratio']:.3f}" if vr else "-"
         print(f"{s['policy']:<16}{s['source']:<15}{s['workloads']:>3}  {_fmt(s['avg_jct_h']):<14}"
               f"{_fmt(s['p99_jct_h']):<14}{s['p99_pooled_h'] or math.nan:>10.2f}  {_fmt(s['makespan_h']):<15}"
-              f"{_fmt(s['gpu_h_per_job']):<14}{vbs:<22}{vrs:>12}")
+              f"{_fmt(s['gpu_h_per_job']):<14}{vbs:<28}{vrs:>12}")
     t3 = TABLE3.get(args.trace)
     if t3:
         for label, (j, jsd, p99, mk, mksd, gh, ghsd) in t3.items():

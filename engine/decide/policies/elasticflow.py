@@ -2,6 +2,9 @@
 it: loose deadlines, admission control, and diminishing-returns allocation of what is
 left, with data-parallel-only estimates and a data-parallel memory check.
 
+What it knows: each job's remaining work and deadline (its admission needs both:
+clairvoyant); data-parallel-only estimates.
+
 Each round:
 1. every job's deadline is loosened: arrival + ``slack_factor`` x (deadline - arrival)
    (no deadline: none);

@@ -1,4 +1,5 @@
-"""First come, first served: each job runs on exactly what its user asked for.
+"""First come, first served: each job runs on exactly what its user asked for. It
+knows no job's length and decides from no estimate.
 
 - Shape: the requested GPU type and count, laid out as compactly as that type's nodes
   allow (fewest nodes, equal GPUs on each), pipeline depth 1 (the plan inside is the

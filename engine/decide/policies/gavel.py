@@ -2,6 +2,8 @@
 heterogeneity-aware, each job keeps the GPU count its user asked for (any GPU type),
 data-parallel-only estimates with a data-parallel memory check.
 
+What it knows: no job's length (least attained service); data-parallel-only estimates.
+
 What it simplifies: Gavel solves an LP for time fractions per (job, GPU type) that
 maximize the minimum normalized throughput, then realizes them with round-based
 priorities. Here each round is the MILP over (job, type) at the requested count with

@@ -3,6 +3,9 @@ comparison ran it ("Gavel+TunedJobs": ``gavel.py`` of the artifact with its defa
 ``max_sum_throughput_perf`` and 360 s rounds). ``gavel`` and ``gavel-ap`` decide with it
 when every job of a round is a goodput job (engine/decide/policies/gavel.py).
 
+What it knows: no job's length; each job's true throughput per GPU type at its workload
+batch, from the profiles.
+
 Every job keeps its workload's GPU count and global batch (no batch adaptation; the
 truth still counts its progress in goodput at that batch). Every ``round_s`` seconds:
 

@@ -106,12 +106,21 @@ GridFilter = Callable[[JobView, Grid], bool]
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "columns", "threads", "seed", "pinned_jobs",
                "dump_rounds_dir", "search", "queued_candidates", "other_type_candidates", "move_budget_jobs",
                "move_budget_gpus", "max_queued",
-               "event_driven") + STABILITY_KEYS
+               "event_driven", "refine") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
 SOLVER_KEYS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")     # read by search=milp only
 INCREMENTAL_KEYS = ("queued_candidates", "other_type_candidates", "move_budget_jobs", "move_budget_gpus")
 LOOP_KEYS = ("max_queued", "event_driven")     # read by the round loop, whoever decides the round
 COLUMNS = ("all", "best_per_count")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Defaults for one kind of job: objective weights, term options and runner options
+    (of the kind-dependent knobs: the objective, the stability rule, ``max_gpus``)."""
+    weights: Mapping[str, float]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    runner: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,10 @@ class MilpPolicySpec:
     # with (name, **options) from the options named in ``goodput_options``
     goodput: Callable[..., Any] | None = None
     goodput_options: tuple[str, ...] = ()
+    # rounds of goodput jobs decided by this runner (no ``goodput`` policy): the defaults
+    # there, in place of ``weights``, ``options`` and ``runner`` (None: the same as on
+    # fixed-batch jobs). The user's options apply to both kinds.
+    goodput_preset: Preset | None = None
 
 
 def solve_safely(backend: SolverBackend, model: MilpModel, time_limit_s: float, hint: np.ndarray | None,
@@ -189,11 +202,11 @@ def _number(policy: str, rest: Mapping[str, Any], key: str, default: float, cast
     return v
 
 
-def _with_default_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec's default term options under the user's config; the defaults of a term the
-    user switched off (``w_<term>=0``) go too."""
-    merged = {**spec.options, **config}
-    for key in spec.options:
+def _with_default_options(defaults: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The default term options under the user's config; the defaults of a term the user
+    switched off (``w_<term>=0``) go too."""
+    merged = {**defaults, **config}
+    for key in defaults:
         term = key.split(".", 1)[0]
         if key in config or f"w_{term}" not in config:
             continue
@@ -204,6 +217,26 @@ def _with_default_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> di
         if off:
             merged.pop(key)
     return merged
+
+
+DEFAULT_MAX_GPUS = 16
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What decides a round of one kind of job: the objective, the stability rule and the
+    largest grid a job may get."""
+    objective: Objective
+    stability: StabilityRule
+    max_gpus: int
+
+
+def _preset_knobs(name: str, preset: Preset, config: Mapping[str, Any]) -> Knobs:
+    """The knobs of ``preset`` under the user's ``config`` (already checked against the
+    runner's keys by the fixed-batch parse)."""
+    obj_cfg, rest = split_objective_config(_with_default_options(preset.options, {**preset.runner, **config}))
+    return Knobs(parse_objective(obj_cfg, preset.weights), StabilityRule.from_config(name, rest),
+                 _number(name, rest, "max_gpus", DEFAULT_MAX_GPUS, int, 1, MAX_CLUSTER_GPUS))
 
 
 class MilpPolicy(Policy):
@@ -218,7 +251,7 @@ class MilpPolicy(Policy):
             if k not in RUNNER_KEYS:
                 config.pop(k)
         self._goodput = spec.goodput(spec.name, **goodput_cfg) if spec.goodput is not None else None
-        obj_cfg, rest = split_objective_config(_with_default_options(spec, {**spec.runner, **config}))
+        obj_cfg, rest = split_objective_config(_with_default_options(spec.options, {**spec.runner, **config}))
         refuse_unknown_options(spec.name, rest, RUNNER_KEYS,
                                known_text=f"{sorted(RUNNER_KEYS)} and w_<term>, <term>.<option>")
         self.objective: Objective = parse_objective(obj_cfg, spec.weights)
@@ -227,7 +260,7 @@ class MilpPolicy(Policy):
         self.backend: SolverBackend = make_backend(str(rest.get("backend", spec.backend)), options)
         self.time_limit_s: float = _number(spec.name, rest, "time_limit_s", 10.0, float, 0.01, MAX_TIME_S)
         self.rel_gap: float = _number(spec.name, rest, "rel_gap", 0.01, float, 0.0, 1.0)
-        self.max_gpus: int = _number(spec.name, rest, "max_gpus", 16, int, 1, MAX_CLUSTER_GPUS)
+        self.max_gpus: int = _number(spec.name, rest, "max_gpus", DEFAULT_MAX_GPUS, int, 1, MAX_CLUSTER_GPUS)
         columns = str(rest.get("columns", "best_per_count" if spec.best_plan_per_count else "all"))
         if columns not in COLUMNS:
             raise InputError(f"policy {spec.name!r}: columns must be one of {', '.join(COLUMNS)}, got {columns!r}",
@@ -236,6 +269,10 @@ class MilpPolicy(Policy):
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
         self.max_queued: int = _number(spec.name, rest, "max_queued", 0, int, 0)
         self.stability = StabilityRule.from_config(spec.name, rest)
+        self.refine = parse_bool(spec.name, "refine", rest.get("refine", True))
+        self._fixed_knobs = Knobs(self.objective, self.stability, self.max_gpus)
+        self._goodput_knobs = self._fixed_knobs if spec.goodput_preset is None else \
+            _preset_knobs(spec.name, spec.goodput_preset, config)
         self.event_driven = parse_bool(spec.name, "event_driven", rest.get("event_driven", False))
         self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
         self.search: str = str(rest.get("search", spec.searches[0]))
@@ -299,21 +336,22 @@ class MilpPolicy(Policy):
         if goodput and self._goodput is not None:
             return self._goodput.decide(ctx)
         t0 = time.perf_counter()
+        knobs = self._goodput_knobs if goodput else self._fixed_knobs
         ctx, left_out = queue_window(ctx, self.max_queued)
         if goodput:                     # columns valued by goodput at the best batch per shape
-            data = build_goodput_round_data(ctx, goodput_model(ctx), self.max_gpus)
+            data = build_goodput_round_data(ctx, goodput_model(ctx), knobs.max_gpus)
         else:
             perf = self._perf(ctx.perf)
-            data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=self.max_gpus,
+            data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=knobs.max_gpus,
                                     grid_filter=self._keep, cache=self._cache)
         if self.best_per_count:
             data = best_plan_per_count(data)
-        frozen = self.stability.frozen(ctx)
-        allowance = self.stability.round_allowance(ctx)
+        frozen = knobs.stability.frozen(ctx)
+        allowance = knobs.stability.round_allowance(ctx)
         if frozen:
             data = freeze_jobs(data, frozen)
             frozen = frozenset(jid for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0)
-        prepared = _Prepared(ctx, data, frozen, allowance, left_out, t0, time.perf_counter())
+        prepared = _Prepared(ctx, data, knobs.objective, frozen, allowance, left_out, t0, time.perf_counter())
         return self._solve(prepared, None)
 
     def _solve(self, r: _Prepared, exclude: np.ndarray | None) -> Decisions:
@@ -324,7 +362,7 @@ class MilpPolicy(Policy):
         cols: np.ndarray | None
         fixed = np.zeros(0, dtype=np.int64)
         if self.search == "incremental":
-            model, cols, sol = search_round(data, self.objective, self.incremental, self.pinned, frozen, allowance,
+            model, cols, sol = search_round(data, r.objective, self.incremental, self.pinned, frozen, allowance,
                                             exclude=exclude)
             t2 = t1                                 # the restricted model is built inside the search
         else:
@@ -337,7 +375,7 @@ class MilpPolicy(Policy):
                 free &= ~exclude
             free[fixed] = False
             cols = np.flatnonzero(free) if len(fixed) or exclude is not None else None
-            model = build_model(data, self.objective, self.pinned, cols, fixed if len(fixed) else None,
+            model = build_model(data, r.objective, self.pinned, cols, fixed if len(fixed) else None,
                                 max_moves=allowance or None, memo=self._rows)
             t2 = time.perf_counter()
             hint = np.zeros(model.n_x)
@@ -386,7 +424,7 @@ class MilpPolicy(Policy):
             unschedulable=tuple(data.unschedulable), estimate_time_s=r.t1 - r.t0, model_build_time_s=t2 - t1,
             solve_wall_s=t3 - t2, decide_time_s=time.perf_counter() - t1 + r.t1 - r.t0)
         return Decisions(grids=grids, plans=plans, stats=stats, fallbacks=RankedColumns(data, col_value),
-                         refine=_Refinement(self, r, exclude))
+                         refine=_Refinement(self, r, exclude) if self.refine else None)
 
 
 @dataclass(frozen=True)
@@ -394,6 +432,7 @@ class _Prepared:
     """A round's data, ready to solve (``MilpPolicy.decide``), kept for its refinements."""
     ctx: RoundContext
     data: Any                       # RoundData
+    objective: Objective
     frozen: frozenset[str]
     allowance: int | None
     left_out: int

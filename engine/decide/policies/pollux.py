@@ -3,6 +3,9 @@ goodput jobs (``multi_simulator_unaware.py --policy=pollux --policy_p_val=-1``, 
 rounds): heterogeneity-unaware. Only rounds of goodput jobs (``sia:`` instances) are
 decided; Pollux's batch adaptation has no meaning for fixed-batch jobs.
 
+What it knows: no job's length; the mean over GPU types of the job's goodput in the
+profiles (``estimates=fitted``: Pollux's model fitted to what the job measured).
+
 Pollux values an allocation by the job's speedup (its goodput over its goodput on a
 fair share of the cluster, ``ceil(GPUs / jobs)`` GPUs), scaled by the job's dominant
 share times the number of (4-GPU virtual) nodes, times the restart factor

@@ -3,6 +3,9 @@ configured it: an elastic goodput ILP over GPU types and counts, data-parallel-o
 estimates with a data-parallel memory check, and a restart factor that penalises
 reallocations.
 
+What it knows: no job's length; data-parallel-only estimates (fixed-batch jobs). On
+goodput jobs see sia_goodput.py.
+
 What it simplifies: Sia's goodput couples throughput with statistical efficiency
 (batch-size adaptation); the traces fix each job's global batch, so goodput is
 throughput here. Its objective sum_j (goodput_j / goodput_j(min config)) is the

@@ -5,6 +5,10 @@ flags ``--policy_p_val=-0.5 --mip_lambda_n=1.1 --project_throughputs
 job of a round is a goodput job (engine/decide/policies/sia.py); on fixed-batch jobs they
 stay the Arena comparison's ILP.
 
+What it knows: no job's length; goodput from the profiles (true) on the GPU types a job
+has run on, projected to the others, none where it has run nowhere (``estimates=fitted``:
+Pollux's throughput model fitted to what the job ran on, as the artifact's Sia).
+
 Each round, for every job and every configuration of every GPU type (the artifact's:
 engine/decide/policies/goodput_rounds.py):
 

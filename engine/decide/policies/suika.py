@@ -1,6 +1,9 @@
 """``suika``: our reconstruction of the second seed system (its paper text is not
 available to us; built from the description in issue 11, choices stated here).
 
+What it knows: as ``arena`` on fixed-batch jobs (the ``jct`` term: each job's remaining
+work; the estimators' throughput); it has no goodput preset, so on goodput jobs too.
+
 What we know of it: it re-schedules running data x tensor x pipeline jobs
 incrementally (most of the cluster stays put), with a topology-aware ordering, an
 *expand* step and a *balance* step, in polynomial time, and moves job state device to
