@@ -122,6 +122,23 @@ def test_arena_chooses_shapes_with_adaptive_batches():
             assert d.plans[jid] == ADAPTIVE
 
 
+def test_arena_decides_goodput_jobs_with_its_goodput_preset():
+    # the utility term alone, no stability rule there; its fixed-batch objective elsewhere;
+    # an option of a term on for one kind only reaches that kind's objective
+    pol = make_policy("arena", **{"utility.p": -1.0, "jct.exponent": 2.0})
+    fixed, goodput = pol._fixed_knobs, pol._goodput_knobs
+    assert {t.name for _, t in fixed.objective.terms} == {"throughput", "jct", "queue", "reconfig"}
+    assert [(w, t.name, t.p, t.move_horizon) for w, t in goodput.objective.terms] == [(1.0, "utility", -1.0, "age")]
+    assert [t.exponent for _, t in fixed.objective.terms if t.name == "jct"] == [2.0]
+    assert fixed.stability.enabled and not goodput.stability.enabled
+    _, rec, res = _run("arena", **{"utility.p": -1.0})
+    assert all(j.jct_s is not None for j in res.jobs) and any(d.grids for _, d in rec.rounds)
+    # the goodput rounds' objectives are the utility's: at most bonus (1.1) per job run
+    for _, d in rec.rounds:
+        if d.stats.objective is not None:
+            assert d.stats.objective <= 1.1 * d.stats.jobs + 1e-6
+
+
 def test_sia_ap_is_sia_on_goodput_jobs():
     _, _, a = _run("sia")
     _, _, b = _run("sia-ap")
@@ -220,6 +237,9 @@ def _workload(name: str = "sia:mini/workload-1"):
                                         "read only on the Sia artifact's goodput jobs"),
     ("sia", {"estimates": "fitted"}, "demo", "option estimates is not read on instance 'demo'"),
     ("sia", {"lambda_n": 2, "clip": 10}, "demo", "option clip is not read on instance 'demo'"),
+    ("arena", {"utility.weight": "remaining"}, "demo", "option utility.weight is not read on instance 'demo' "
+                                                       "(fixed-batch jobs): it is read only on the Sia artifact's"),
+    ("arena", {"jct.exponent": 2}, "sia:mini/workload-1", "its term is off in the policy's goodput preset there"),
 ])
 def test_an_option_the_policy_would_not_read_on_the_instance_is_refused(policy, opts, instance, words):
     """B1: each of these ran exactly as without the option."""
@@ -234,6 +254,9 @@ def test_options_read_on_the_instance_pass_and_shared_ones_reach_both_deciders()
     for policy, opts, instance in (("sia", {"p": -1, "estimates": "fitted", "max_queued": 3}, "sia:mini/workload-1"),
                                    ("gavel", {"round_s": 120, "event_driven": True}, "sia:mini/workload-1"),
                                    ("arena", {"w_jct": 2, "threads": 1}, "sia:mini/workload-1"),
+                                   ("arena", {"utility.weight": "attained", "jct.exponent": 2, "w_jct": 1},
+                                    "sia:mini/workload-1"),
+                                   ("arena", {"jct.exponent": 2, "reconfig.give_way": 1}, "demo"),
                                    ("sia", {"time_limit_s": 5, "w_jct": 1}, "demo")):
         check_policy_on(build_policy(policy, opts), _workload(instance))
     # sia's time_limit_s went to its goodput policy alone: on fixed-batch jobs the MILP ignored it

@@ -231,6 +231,41 @@ class Knobs:
     max_gpus: int
 
 
+def _term_weights(defaults: Mapping[str, float], config: Mapping[str, Any]) -> dict[str, float]:
+    """The terms' weights: the defaults under the user's ``w_<term>`` (a weight that is not
+    a number counts as on: the objective's parse reports it)."""
+    out = dict(defaults)
+    for k, v in config.items():
+        if k.startswith("w_"):
+            try:
+                out[k[2:]] = float(v)
+            except (TypeError, ValueError, OverflowError):
+                out[k[2:]] = 1.0
+    return out
+
+
+def _one_kind_options(spec: MilpPolicySpec, config: Mapping[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
+    """The user's term options (``<term>.<option>``) whose term is on for goodput jobs only
+    (its ``goodput_preset``), and those whose term is on for fixed-batch jobs only: each is
+    given to that kind's objective alone. An option whose term is off for both is left in
+    both, for the objective's parse to refuse."""
+    if spec.goodput_preset is None:
+        return frozenset(), frozenset()
+    fixed = _term_weights(spec.weights, config)
+    goodput = _term_weights(spec.goodput_preset.weights, config)
+    goodput_only, fixed_only = set(), set()
+    for k in config:
+        if "." not in k or k.startswith("w_"):
+            continue
+        term = k.split(".", 1)[0]
+        on_fixed, on_goodput = fixed.get(term, 0.0) > 0, goodput.get(term, 0.0) > 0
+        if on_goodput and not on_fixed:
+            goodput_only.add(k)
+        elif on_fixed and not on_goodput:
+            fixed_only.add(k)
+    return frozenset(goodput_only), frozenset(fixed_only)
+
+
 def _preset_knobs(name: str, preset: Preset, config: Mapping[str, Any]) -> Knobs:
     """The knobs of ``preset`` under the user's ``config`` (already checked against the
     runner's keys by the fixed-batch parse)."""
@@ -251,7 +286,10 @@ class MilpPolicy(Policy):
             if k not in RUNNER_KEYS:
                 config.pop(k)
         self._goodput = spec.goodput(spec.name, **goodput_cfg) if spec.goodput is not None else None
-        obj_cfg, rest = split_objective_config(_with_default_options(spec.options, {**spec.runner, **config}))
+        # term options read on one kind of job only (their term is off on the other)
+        self._goodput_only, fixed_only = _one_kind_options(spec, config)
+        fixed_cfg = {k: v for k, v in config.items() if k not in self._goodput_only}
+        obj_cfg, rest = split_objective_config(_with_default_options(spec.options, {**spec.runner, **fixed_cfg}))
         refuse_unknown_options(spec.name, rest, RUNNER_KEYS,
                                known_text=f"{sorted(RUNNER_KEYS)} and w_<term>, <term>.<option>")
         self.objective: Objective = parse_objective(obj_cfg, spec.weights)
@@ -271,8 +309,9 @@ class MilpPolicy(Policy):
         self.stability = StabilityRule.from_config(spec.name, rest)
         self.refine = parse_bool(spec.name, "refine", rest.get("refine", True))
         self._fixed_knobs = Knobs(self.objective, self.stability, self.max_gpus)
+        self._fixed_only = fixed_only
         self._goodput_knobs = self._fixed_knobs if spec.goodput_preset is None else \
-            _preset_knobs(spec.name, spec.goodput_preset, config)
+            _preset_knobs(spec.name, spec.goodput_preset, {k: v for k, v in config.items() if k not in fixed_only})
         self.event_driven = parse_bool(spec.name, "event_driven", rest.get("event_driven", False))
         self.dump_rounds_dir: str | None = rest.get("dump_rounds_dir") or None
         self.search: str = str(rest.get("search", spec.searches[0]))
@@ -308,8 +347,12 @@ class MilpPolicy(Policy):
     def check_workload(self, workload: Workload) -> None:
         """Refuse an option this policy would not read on ``workload`` (module doc)."""
         if not workload.goodput:
-            refuse_unread(self.name, self.given, set(self.spec.goodput_options) - set(RUNNER_KEYS), workload,
+            unread = (set(self.spec.goodput_options) - set(RUNNER_KEYS)) | self._goodput_only
+            refuse_unread(self.name, self.given, unread, workload,
                           "it is read only on the Sia artifact's goodput jobs (--instance sia:TRACE/WORKLOAD)")
+        elif self._goodput is None:
+            refuse_unread(self.name, self.given, self._fixed_only, workload,
+                          "its term is off in the policy's goodput preset there (switch it on with w_<term>)")
         elif self._goodput is not None:
             refuse_unread(self.name, self.given, self.given - set(self.spec.goodput_options) - set(LOOP_KEYS),
                           workload, f"there {type(self._goodput).__name__} decides, which reads "
