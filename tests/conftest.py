@@ -59,3 +59,18 @@ def slurm_cluster():
         pytest.skip(why)
     with started_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def test_hosts():
+    """Three test hosts (``tests/hosts.py``): network namespaces on a bridge, each with its
+    own address, host name and sshd; one per pytest process, built on first use (about
+    1 s), removed at the end. Skipped, saying why in one line, when not root or sshd or
+    iproute2 is missing."""
+    from tests.hosts import started_hosts, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    with started_hosts(3) as hosts:
+        yield hosts
