@@ -431,37 +431,44 @@ class RankRun:
 
 
 def _carry_out_move(old: "RankRun | None", req: "d2d.MoveRequest", done: int, t_agreed: float, old_l, held_box,
-                    *, position: int | None = None, t_imported: float | None = None, device=None):
+                    *, position: int | None = None, t_imported: float | None = None, device=None,
+                    addr: str | None = None):
     """The move's joint part, run by the old job's ranks (``old``) and by joining processes
-    (``old`` None, ``position`` given): joint group, transfer, new group, new model. Returns
-    (the new ``RankRun``, the step it continues from), or None for a parked position."""
+    (``old`` None, ``position`` given, ``addr`` their host's address or None): joint group,
+    transfer, new group, new model. Returns (the new ``RankRun``, the step it continues
+    from), None for a parked position, or "relocated" for an old rank of a move to other
+    hosts (it leaves)."""
     import socket
 
     import torch
     import torch.distributed as dist
 
     from .config import TrainConfig
-    from .dist import device_for, make_env
+    from .dist import LOOPBACK, device_for, make_env
 
     cfg = TrainConfig.from_json(req.config)
     run_dir = Path(cfg.run_dir)
-    n_old, n_new = req.old_plan[0] * req.old_plan[1] * req.old_plan[2], cfg.plan.world_size
-    me = old.rank if old is not None else position
+    n_old, n_new = req.old_world, cfg.plan.world_size
+    n_joint, offset = req.joint_world(n_new), req.offset
+    me = old.rank if old is not None else position          # the joint position
     device = old.env.device if old is not None else device
+    addr = (old.env.addr if old is not None else addr) or LOOPBACK
     rv = lambda tag: run_dir / f"rendezvous_{req.generation}_{tag}.json"          # noqa: E731
     t0 = time.time()
-    if n_new > n_old:                           # growing: a joint group with the new processes
+    if n_joint > n_old:                         # growing or relocating: a joint group with the new processes
         if old is not None:
             dist.destroy_process_group()
-        d2d.join_group(me, n_new, rv("joint"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s)
+        d2d.join_group(me, n_joint, rv("joint"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s, addr=addr)
     t_joint = time.time()
     layout = d2d.model_layout(cfg.model)
     new_l = rp.layout(layout, (cfg.plan.dp, cfg.plan.tp, cfg.plan.pp), cfg.plan.stage_layers)
-    pieces = rp.transfer_plan(old_l, new_l, kept=min(n_old, n_new))
+    pieces = rp.transfer_plan(old_l, new_l, kept=0 if req.relocate else min(n_old, n_new))
     held = held_box.pop()
+    new_me = me - offset                        # this process's new position (outside 0..n_new-1: none)
     state, sent = d2d.transfer(pieces, me, held, old_l[me] if me < n_old else {},
-                               new_l[me] if me < n_new else {}, device)
-    rng = [torch.random.get_rng_state(), done]           # rank 0's RNG and step reach joiners
+                               new_l[new_me] if 0 <= new_me < n_new else {}, device, offset=offset)
+    # rank 0's RNG, step and last checkpoint (step, time) reach joiners
+    rng = [torch.random.get_rng_state(), done, *((old.last_ckpt, old.last_save_time) if old else (None, 0.0))]
     dist.broadcast_object_list(rng, src=0)
     done = rng[1]
     moved = torch.tensor([float(sent)], device=device)
@@ -470,21 +477,24 @@ def _carry_out_move(old: "RankRun | None", req: "d2d.MoveRequest", done: int, t_
     if old is not None:                         # the old plan's modules go
         old.model = old.train_module = old.optimizer = old.schedule = None
     del held
-    if n_new < n_old:                           # shrinking: the surplus positions park
+    if n_joint > n_new:                         # shrinking or relocating: the new plan's group
         dist.destroy_process_group()
-        if me >= n_new:
+        if req.relocate and new_me < 0:         # an old rank of a move to other hosts: it leaves
+            return "relocated"
+        if new_me >= n_new:                     # shrinking: the surplus positions park
             d2d.park(run_dir, EXITS_DIR)
             return None
-        d2d.join_group(me, n_new, rv("new"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s)
+        d2d.join_group(new_me, n_new, rv("new"), cfg, create=new_me == 0, timeout_s=cfg.comm_timeout_s,
+                       addr=addr)
     t_group = time.time()
     if old is not None:
         local_rank, host, t_imp = old.env.local_rank, old.env.hostname, old.t_imported
     else:
-        local_rank, host, t_imp = me, socket.gethostname(), t_imported
-    env = make_env(cfg.plan, me, n_new, local_rank, device if device is not None else device_for(cfg, me), host)
+        local_rank, host, t_imp = _local_rank(new_me), socket.gethostname(), t_imported
+    env = make_env(cfg.plan, new_me, n_new, local_rank, device if device is not None else
+                   device_for(cfg, local_rank), host, addr)
     run = RankRun(cfg, env, t_imp, time.time())
-    if old is not None:
-        run.last_ckpt, run.last_save_time = old.last_ckpt, old.last_save_time
+    run.last_ckpt, run.last_save_time = rng[2], rng[3]
     run.move_generation = req.generation
     run.setup()
     t_built = time.time()
@@ -497,9 +507,17 @@ def _carry_out_move(old: "RankRun | None", req: "d2d.MoveRequest", done: int, t_
               old_plan=list(req.old_plan), new_plan=[cfg.plan.dp, cfg.plan.tp, cfg.plan.pp],
               drain_s=t_agreed - req.requested_at, joint_group_s=t_joint - t0, transfer_s=t_moved - t_joint,
               regroup_s=t_group - t_moved, build_s=t_built - t_group, install_s=t_ready - t_built,
-              bytes_moved=moved.item(), pieces=sum(1 for p in pieces if p.src != p.dst),
-              world_old=n_old, world_new=n_new)
+              bytes_moved=moved.item(), pieces=sum(1 for p in pieces if p.src != p.dst + offset),
+              world_old=n_old, world_new=n_new, relocated=req.relocate)
     return run, done
+
+
+def _local_rank(default: int) -> int:
+    """This process's index among the job's processes on its host (Hydra's ``MPI_LOCALRANKID``)."""
+    try:
+        return int(os.environ["MPI_LOCALRANKID"])
+    except (KeyError, ValueError):
+        return default
 
 
 def _train_and_move(run: "RankRun", start_step: int) -> tuple["RankRun", str, int]:
@@ -518,6 +536,8 @@ def _train_and_move(run: "RankRun", start_step: int) -> tuple["RankRun", str, in
             return run, "stopped", done
         if moved is None:
             return run, "parked", done
+        if moved == "relocated":
+            return run, "relocated", done
         run, start_step = moved
 
 
@@ -535,25 +555,32 @@ def _import_torch() -> float:
 
 
 def join(move_path: str, offset: int) -> int:
-    """A process started to grow a running job (``--join OFFSET``): position OFFSET + its
-    MPI rank of the new plan; joins the move, then trains with the job."""
+    """A process started to grow a running job or to take it to other hosts (``--join
+    OFFSET``): joint position OFFSET + its MPI rank; marks itself ready, joins the move,
+    then trains with the job."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGUSR1, _on_sigusr1)
-    from mpi4py import MPI
-
     from .config import TrainConfig
-    from .dist import device_for
+    from .dist import device_for, host_address
 
     t_imported = _import_torch()
     req = d2d.MoveRequest.read(move_path)
     cfg = TrainConfig.from_json(req.config)
+    addr = host_address(cfg)                    # (before MPI_Init: MPI's interface too)
+    from mpi4py import MPI
     position = offset + MPI.COMM_WORLD.Get_rank()
     old_l = rp.layout(d2d.model_layout(cfg.model), req.old_plan, req.old_stage_layers)
+    device = device_for(cfg, _local_rank(position - req.offset))
+    if os.environ.get(d2d.FAULT_ENV) == f"join:{position}":     # tests: a new process that never gets ready
+        raise RuntimeError(f"{d2d.FAULT_ENV}: position {position} fails before it is ready")
+    d2d.mark_ready(cfg.run_dir, req.generation, position)
     moved = _carry_out_move(None, req, -1, time.time(), old_l, [{}], position=position, t_imported=t_imported,
-                            device=device_for(cfg, position))
-    if moved is None:
+                            device=device, addr=addr)
+    if moved is None or moved == "relocated":
         return 0
     run, status, done = _train_and_move(*moved)
+    if status == "relocated":
+        return 0
     return run.leave(status, done)
 
 
@@ -583,6 +610,8 @@ def main(config_path: str) -> int:
         run.event("stopped", step=start_step)
         return run.leave("stopped", start_step)
     run, status, done = _train_and_move(run, start_step)
+    if status == "relocated":                   # the job trains on in the processes it moved to
+        return 0
     if status == "parked":
         return run.leave(status, done)
     run.event(status, step=done, **({"reason": run.reason} if status == NONFINITE else {}))
