@@ -106,6 +106,8 @@ class ApiContext:
     node_failures: Callable[[], dict[int, int]] | None = None
     # on Slurm: Slurm's node state for ``/api/cluster`` (Service.slurm_nodes_view); None: not on Slurm
     slurm_nodes: Callable[[], dict] | None = None
+    # off Slurm, with hosts: whether each host answers (Service.host_watch.peek); None: not watched
+    host_watch: Callable[[], dict] | None = None
     # loss curves read from the run folders, kept between requests (engine/service/losses.py)
     losses: LossLog = field(default_factory=LossLog)
 
@@ -533,6 +535,11 @@ def _add_status_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> Non
             for n in view["nodes"]:
                 n["slurm"] = slurm["nodes"].get(n["node"])
             view["slurm"] = {k: v for k, v in slurm.items() if k != "nodes"}
+        if ctx.host_watch is not None:
+            hosts = ctx.host_watch()
+            for n in view["nodes"]:
+                n["host_check"] = hosts["nodes"].get(n["node"])
+            view["host_check"] = {k: v for k, v in hosts.items() if k != "nodes"}
         return view
 
     @app.get("/api/rounds")

@@ -67,8 +67,9 @@ def plan_record(alloc: Allocation, plan: Plan | None) -> dict:
 class JournaledExecutor:
     def __init__(self, mpi: MpiExecutor, store: Store, fault: Fault | None = None,
                  beat: Callable[[], None] | None = None, keep_measurements: int = 0,
-                 before_move: Callable[[], None] | None = None):
+                 before_move: Callable[[], None] | None = None, log: Callable[[str], None] | None = None):
         self.mpi, self.store = mpi, store
+        self.log = log or (lambda message: None)     # the service's log (a fallback to storage is logged)
         self.before_move = before_move or (lambda: None)   # stores the move ledger's new entry (the service)
         self.keep_measurements = keep_measurements     # per job, newest iteration times kept (0: all)
         self.fault = fault or (lambda point: None)
@@ -130,7 +131,7 @@ class JournaledExecutor:
         """Take over the store's active launch ``generation`` of ``job``, which runs in run
         folder ``launch_<launch_index>`` (``AdoptingExecutor.adopt``; a restarted service).
         Its checkpoint is recorded; None when the executor knows no such launch."""
-        p = self.mpi.adopt(job, alloc, plan, launch_index)        # type: ignore[attr-defined]
+        p = self.mpi.adopt(job, alloc, plan, launch_index)
         if p is None:
             return None
         self.generation[job.job_id] = generation
@@ -190,6 +191,7 @@ class JournaledExecutor:
         if rec.get("path") == "d2d":
             return ", moved device to device"
         if rec.get("path") == "storage-fallback":
+            self.log(f"job {job_id}: moved through storage, not device to device: {rec.get('reason')}")
             return f", moved through storage (not device to device: {rec.get('reason')})"
         return ", moved through storage"
 

@@ -487,6 +487,7 @@ def run_serve(args) -> int:
                                 wake=service.wake.set, check=service.check_runnable, liveness=service.liveness,
                                 node_failures=service.node_failures,
                                 slurm_nodes=None if service.slurm_nodes is None else service.slurm_nodes.peek,
+                                host_watch=None if service.host_watch is None else service.host_watch.peek,
                                 plugins=tuple(p.describe() for p in args.plugins),
                                 local_hosts=None if tokens else LOCAL_HOSTS | {args.host.lower()}))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
@@ -737,6 +738,12 @@ def run_nodes(args) -> int:
         sn = n.get("slurm") or {}
         if sn.get("out_of_service"):
             notes.append(f"out (Slurm, last round): {sn['out_of_service']}")
+        hc = n.get("host_check") or {}
+        if hc.get("out_of_service"):
+            notes.append(f"out: {hc['out_of_service']}")
+        elif hc and not hc["answers"]:
+            notes.append(f"host {hc['host']} does not answer now ({hc['error']}); in service until "
+                         f"--host-down-after")
         state = f"{sn.get('state') or '?':<10} " if slurm else ""
         print(f"{n['node']:>4} {str(n['host'] or '-'):<16} {n['gpu_type']:<12} {held:>3}/{len(n['gpus']):<3}  "
               f"{state}{' '.join(map(str, jobs)) or '-'}{'  ' + '; '.join(notes) if notes else ''}")
