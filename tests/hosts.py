@@ -5,8 +5,11 @@ Each host is a network namespace joined to a bridge by a veth pair, with an addr
 ``/24`` private subnet chosen free on this machine (the bridge, in the root namespace,
 holds ``.1``: the service runs there, as on a head node; host ``i`` holds ``.1{i}``).
 Its daemons run in that namespace and in a UTS namespace of their own, so that the host
-has its own host name (``arena-<tag>-h<i>``, which resolves nowhere, as on a cluster
-without DNS entries for its nodes), which the processes they start inherit:
+has its own host name (``arena-<tag>-h<i>``), and in a mount namespace of their own,
+where the fixture's ``hosts`` file is bound over ``/etc/hosts``: on the hosts (not here)
+the hosts' names and ``names`` aliases resolve to their addresses, as a cluster's hosts
+file or DNS would have them. Everything else of the file system is this one's. The
+processes the daemons start inherit all three. The daemons:
 
 - ``sshd`` listening on the host's address only, root by key (a key pair made for this
   fixture; nothing of the machine's ssh configuration is read or changed), so that
@@ -24,7 +27,8 @@ build their own at once. ``stop()`` kills every process left in the namespaces (
 included) and every daemon by its pid, then removes the namespaces and the bridge; a
 fixture whose process died without stopping is swept by the next ``start`` (its owner
 file names a dead pid). Needs root and ``ip`` (iproute2), ``sshd`` (openssh-server),
-``ssh``, ``ssh-keygen`` and ``unshare``; ``unavailable()`` says in one line why not.
+``ssh``, ``ssh-keygen``, ``unshare``, ``nsenter`` and ``mount``; ``unavailable()`` says in one
+line why not.
 
 Run alone (``python -m tests.hosts``) it builds two hosts, prints their start-up time and
 what each says its host name and address are, and removes them.
@@ -38,6 +42,7 @@ import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -45,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-TOOLS = ("ip", "sshd", "ssh", "ssh-keygen", "unshare")
+TOOLS = ("ip", "sshd", "ssh", "ssh-keygen", "unshare", "nsenter", "mount")
 SBIN_PATH = ":/usr/sbin:/sbin"
 START_TIMEOUT_S = 30.0
 OWNERS = Path("/tmp/arena-test-hosts")          # one file per fixture: its tag -> the pid that built it
@@ -113,6 +118,7 @@ class TestHosts:
     n: int
     root: Path                                  # keys, configurations, logs
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
+    names: dict[int, str] = field(default_factory=dict)  # host index -> another name it resolves by (a Slurm node)
     hosts: list[Host] = field(default_factory=list)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     subnet: ipaddress.IPv4Network | None = None
@@ -186,6 +192,9 @@ class TestHosts:
             _run("ip", "netns", "exec", h.netns, "ip", "addr", "add", f"{h.addr}/{prefix}", "dev", "eth0")
             _run("ip", "netns", "exec", h.netns, "ip", "link", "set", "eth0", "up")
             _run("ip", "netns", "exec", h.netns, "ip", "link", "set", "lo", "up")
+        lines = ["127.0.0.1 localhost", f"{self.gateway} {socket.gethostname()}"]
+        lines += [f"{h.addr} {h.hostname} {self.names.get(h.index, '')}".rstrip() for h in self.hosts]
+        (self.root / "hosts").write_text("\n".join(lines) + "\n")
 
     def _ssh_keys(self) -> None:
         r = self.root
@@ -203,13 +212,13 @@ class TestHosts:
         Path("/run/sshd").mkdir(exist_ok=True)          # sshd's privilege separation folder (Debian's)
 
     def spawn(self, h: Host, key: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start ``cmd`` on host ``h`` (its network namespace, its host name), logging to
-        ``log/<key>.out``; kept under ``key`` for ``stop_daemon`` and ``stop``."""
+        """Start ``cmd`` on host ``h`` (its network namespace, its host name, its hosts file),
+        logging to ``log/<key>.out``; kept under ``key`` for ``stop_daemon`` and ``stop``."""
         log = open(self.root / "log" / f"{key}.out", "ab")
-        inner = f"hostname {h.hostname} && exec \"$@\""
+        inner = f"mount --bind {self.root / 'hosts'} /etc/hosts && hostname {h.hostname} && exec \"$@\""
         try:
-            p = subprocess.Popen([_which("ip") or "ip", "netns", "exec", h.netns, _which("unshare") or "unshare",
-                                  "--uts", "sh", "-c", inner, "sh", *cmd],
+            p = subprocess.Popen([_which("nsenter") or "nsenter", f"--net=/run/netns/{h.netns}",
+                                  _which("unshare") or "unshare", "--uts", "--mount", "sh", "-c", inner, "sh", *cmd],
                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env if env is not None else os.environ.copy(), start_new_session=True)
         finally:

@@ -12,6 +12,10 @@ ranks there over ssh, gloo runs over the bridge).
   service does) and stops it with a checkpoint: every step trained is on the one-process
   losses, every step once after the last checkpoint of each fallback.
 
+- on Slurm (``tests/slurm_cluster.py`` with one ``slurmd`` per test host, ``NodeAddr`` its
+  address): a job data-parallel across two nodes runs on two hosts (Hydra's ``mpiexec``
+  in the batch job starts its proxies with ``srun``), on the one-process losses.
+
 The moves that succeed device to device between hosts, the restart and the host cut off
 are in ``tests/test_service_hosts.py``.
 """
@@ -140,3 +144,36 @@ def test_moves_between_hosts_fall_back_to_storage_when_the_direct_path_fails_and
     ref = train_reference(MODEL, steps=int(last), global_batch=8, seed=0)
     assert max(abs(got[i + 1] - ref[i]) for i in range(int(last))) <= LOSS_TOL
     assert os.path.isfile(tmp_path / "j" / "launch_2" / "launcher.json")
+
+
+@pytest.mark.slow
+def test_a_job_spans_two_hosts_on_slurm(test_hosts, tmp_path):
+    from instances.slurm import SlurmCommands, discover
+    from launcher.slurm_executor import SlurmExecutor, SlurmExecutorConfig
+    from tests.slurm_cluster import NodeDef, started_cluster
+    from tests.slurm_cluster import unavailable as slurm_unavailable
+    why = slurm_unavailable()
+    if why:
+        pytest.skip(why)
+    steps = 12
+    with started_cluster((NodeDef("n1", cpus=2), NodeDef("n2", cpus=2)), hosts=test_hosts) as cluster:
+        v = discover(SlurmCommands(str(cluster.conf)))
+        ex = SlurmExecutor(MpiExecutorConfig(work_dir=str(tmp_path), checkpoint_every=0, checkpoint_interval_s=0),
+                           SlurmExecutorConfig(nodes=v.node_names(), gres=v.launch_gres(), conf=str(cluster.conf),
+                                               tag="hosts", poll_s=0.5))
+        job = Job("s", MODEL, 8, steps, 0.0)
+        try:
+            ex.launch(job, on(0, 1), ParallelPlan(dp=2), 0.0)
+            ended = wait_for(lambda: ex.advance(ex.now_s() + 1), "the Slurm job finished", 180)
+        finally:
+            ex.close()
+            cluster.cancel_all_jobs()
+        assert ended[0].finished, (ended, cluster.log_tails())
+    from launcher.launch import rank_pids
+    run_dir = tmp_path / "s" / "launch_0"
+    hosts = sorted(host for _, host in rank_pids(run_dir).values())
+    assert hosts == sorted(h.hostname for h in test_hosts.hosts[:2])
+    ref = train_reference(MODEL, steps=steps, global_batch=8, seed=0)
+    got = {r["step"]: r["loss"] for r in read_results(run_dir)}
+    assert sorted(got) == list(range(1, steps + 1))
+    assert max(abs(got[i + 1] - ref[i]) for i in range(steps)) <= LOSS_TOL
