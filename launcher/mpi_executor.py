@@ -61,7 +61,7 @@ from .config import MOVE_PATHS, OptimizerConfig, ParallelPlan, TrainConfig
 from .run_handle import DetachedRun, LocalRun, RunHandle, read_launcher, write_launcher
 from .telemetry import NONFINITE, read_progress, write_progress
 from .validate import validate
-from .worker import STOP_FILE
+from .worker import CURRENT_FILE, STOP_FILE
 
 
 @dataclass(frozen=True)
@@ -222,6 +222,7 @@ class MpiExecutor:
         st.steps_final = False
         st.joiners, st.move_generation = [], 0
         st.stalled, st.stall_kill_at = None, None
+        _write_atomic(Path(cfg.progress_path).parent / CURRENT_FILE, Path(cfg.run_dir).name)   # (the fence)
         st.proc = self._start_run(job, cfg, hostfile, alloc)
         st.launches += 1
         self._record_launcher(st)
@@ -244,8 +245,11 @@ class MpiExecutor:
         st.stopping = True
         (Path(st.cfg.run_dir) / STOP_FILE).write_text("stop requested by the executor\n")
         st.proc.request_stop()                          # SIGTERM to every rank
+        # ranks on a host the caller finds unreachable can hear neither: killed at once (the job
+        # resumes from its last checkpoint; if they train on, cut off, the next launch fences them)
+        cut = bool({h for h, _ in st.host_slots} & self._unreachable)
         try:
-            st.proc.wait(timeout=self.config.stop_timeout_s)
+            st.proc.wait(timeout=0 if cut else self.config.stop_timeout_s)
         except subprocess.TimeoutExpired:
             self._kill(st)
             st.proc.wait()
@@ -822,6 +826,12 @@ class MpiExecutor:
             step_delay_s=self.config.step_delay_s,
             host_addrs=tuple((h, netaddr.address_of(h)) for h, _ in slots))
         return cfg, hostfile
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _plan3(plan) -> tuple[int, int, int]:

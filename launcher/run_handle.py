@@ -101,6 +101,18 @@ class LocalRun:
         return f"mpiexec exited with status {returncode}"
 
 
+def wait_polling(run, timeout: float | None, what: str, poll_s: float = 0.1) -> int:
+    """``run.poll()`` every ``poll_s`` until it gives an exit status (a handle that is not
+    this process's child cannot be waited for); ``subprocess.TimeoutExpired`` naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while (rc := run.poll()) is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(what, timeout or 0)
+        time.sleep(poll_s)
+    return rc
+
+
 def process_start(pid: int) -> int | None:
     """The process's start time (clock ticks since boot, /proc), None when it is gone: with
     the pid, it names one process (a pid reused later has another start time)."""
@@ -156,12 +168,7 @@ class DetachedRun:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (rc := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"mpiexec {self.pid}", timeout or 0)
-            time.sleep(0.1)
-        return rc
+        return wait_polling(self, timeout, f"mpiexec {self.pid}")
 
     def request_stop(self) -> None:
         if self.alive():

@@ -68,6 +68,7 @@ from instances.slurm import SlurmCommandError, SlurmCommands, SlurmJob, accounte
 from . import launch as _launch
 from .config import ParallelPlan, TrainConfig
 from .mpi_executor import LaunchedJob, LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
+from .run_handle import wait_polling
 from .worker import STOP_FILE
 
 EXIT_FILE = "slurm_exit"                 # in the run folder: the rank launcher's exit status, written by the script
@@ -218,12 +219,7 @@ class SlurmRun:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (rc := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"slurm job {self.slurm_job_id}", timeout or 0)
-            time.sleep(0.1)
-        return rc
+        return wait_polling(self, timeout, f"slurm job {self.slurm_job_id}")
 
     def request_stop(self) -> None:
         """The ``stop`` file (written first by the executor) asks the ranks to checkpoint and

@@ -14,11 +14,15 @@ service fails the job with it), and every rank exits with ``NONFINITE_EXIT``.
 
 Control: SIGTERM (mpiexec forwards it to every rank) or a ``stop`` file in the run
 directory -> checkpoint at the end of the current step and exit 0 with status
-"stopped"; SIGUSR1 or a ``checkpoint`` file -> checkpoint and continue. Periodic
-checkpoints: every ``checkpoint_every`` steps and whenever ``checkpoint_interval_s``
-seconds have passed since the last save (rank 0's clock decides). All ranks agree on
-these flags through the per-step all-reduce that also carries the loss, so they save at
-the same step.
+"stopped". A launch superseded by a newer one of the same job (the job folder's
+``current_launch`` names another run folder: ranks the executor could not reach and
+gave up on, e.g. on a host cut off, which a relaunch elsewhere replaced) leaves at the
+end of its step with status "superseded", saving and recording nothing: the job's
+checkpoints and progress are the new launch's alone. SIGUSR1 or a ``checkpoint`` file ->
+checkpoint and continue. Periodic checkpoints: every ``checkpoint_every`` steps and
+whenever ``checkpoint_interval_s`` seconds have passed since the last save (rank 0's clock
+decides). All ranks agree on these flags through the per-step all-reduce that also
+carries the loss, so they save at the same step.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from .telemetry import NONFINITE  # noqa: E402  (no torch at import)
 
 STOP_FILE = "stop"
 CHECKPOINT_FILE = "checkpoint"
+CURRENT_FILE = "current_launch"        # in the job's folder (beside progress.json): the run folder of its launch
 RESULTS_FILE = "results.jsonl"
 EVENTS_FILE = "events.jsonl"
 PIDS_DIR = "pids"
@@ -96,6 +101,7 @@ class RankRun:
         self.last_ckpt: int | None = None
         self.last_save_time = time.time()
         self.move_generation = 0              # the last device-to-device move carried out
+        self.fenced = False                   # a newer launch of the job replaced this one (agree, superseded)
         self.reason = ""                      # why the run stopped at a non-finite value (stop_nonfinite)
         (self.run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
         (self.run_dir / PIDS_DIR / f"rank{self.rank}").write_text(f"{os.getpid()} {env.hostname}")
@@ -285,7 +291,9 @@ class RankRun:
         import torch.distributed as dist
 
         env = self.env
+        superseded = False
         if self.rank == 0:
+            superseded = self.superseded()
             if (self.run_dir / STOP_FILE).exists():
                 _Flags.stop = True
             if (self.run_dir / CHECKPOINT_FILE).exists():
@@ -299,9 +307,22 @@ class RankRun:
         contrib = local_loss / self.plan.dp if own else torch.zeros_like(local_loss)
         ctl = torch.stack([contrib.float(), torch.tensor(float(_Flags.stop), device=env.device),
                            torch.tensor(float(_Flags.save), device=env.device),
-                           torch.tensor(float(due), device=env.device), torch.tensor(float(move), device=env.device)])
+                           torch.tensor(float(due), device=env.device), torch.tensor(float(move), device=env.device),
+                           torch.tensor(float(superseded), device=env.device)])
         dist.all_reduce(ctl)
+        self.fenced = bool(ctl[5] > 0)
         return float(ctl[0]), bool(ctl[1] > 0), bool(ctl[2] > 0), bool(ctl[3] > 0), int(ctl[4])
+
+    def superseded(self) -> bool:
+        """Rank 0: whether the job's folder names another run folder as its launch's
+        (``CURRENT_FILE``; absent: a launch without an executor, never superseded)."""
+        if not self.cfg.progress_path:
+            return False
+        try:
+            current = (Path(self.cfg.progress_path).parent / CURRENT_FILE).read_text().strip()
+        except OSError:
+            return False
+        return bool(current) and current != self.run_dir.name
 
     def stage_breakdown(self, it_s: float, opt_s: float):
         """--breakdown: per-stage compute (slowest rank of the stage) and the rest as communication."""
@@ -388,6 +409,8 @@ class RankRun:
             local_loss, opt_s = self.step(step)
             done = step + 1
             loss, stop, requested, due, move = self.agree(local_loss, done)
+            if self.fenced:                   # another launch trains the job now: nothing of this step is kept
+                return "superseded", step
             it_s = time.perf_counter() - t0
             stage_compute, stage_comm = self.stage_breakdown(it_s, opt_s)
             self.record(done, loss, it_s, step == start_step, stage_compute, stage_comm)

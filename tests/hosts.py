@@ -254,12 +254,7 @@ class TestHosts:
                 time.sleep(0.1)
 
     def log_tails(self, lines: int = 10) -> str:
-        out = []
-        for p in sorted((self.root / "log").glob("*")):
-            text = p.read_text(errors="replace").splitlines()[-lines:]
-            if text:
-                out.append(f"--- {p.name}\n" + "\n".join(text))
-        return "\n".join(out)
+        return log_tails(self.root / "log", lines)
 
     # --- faults --------------------------------------------------------------------------------
     def cut(self, h: Host) -> None:
@@ -303,6 +298,16 @@ class TestHosts:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def log_tails(folder: Path, lines: int) -> str:
+    """The last ``lines`` of every log in ``folder``, each under its name."""
+    out = []
+    for p in sorted(folder.glob("*")):
+        text = p.read_text(errors="replace").splitlines()[-lines:]
+        if text:
+            out.append(f"--- {p.name}\n" + "\n".join(text))
+    return "\n".join(out)
 
 
 def remove_fixture(tag: str, namespaces: list[str]) -> None:

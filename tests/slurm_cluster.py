@@ -258,12 +258,8 @@ class SlurmCluster:
                            f"{self.log_tails()}")
 
     def log_tails(self, lines: int = 15) -> str:
-        out = []
-        for p in sorted((self.root / "log").glob("*")):
-            text = p.read_text(errors="replace").splitlines()[-lines:]
-            if text:
-                out.append(f"--- {p.name}\n" + "\n".join(text))
-        return "\n".join(out)
+        from tests.hosts import log_tails
+        return log_tails(self.root / "log", lines)
 
     # --- stop ------------------------------------------------------------------------------------
     def cancel_all_jobs(self, timeout_s: float = STOP_JOBS_TIMEOUT_S) -> None:

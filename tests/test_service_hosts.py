@@ -25,8 +25,6 @@ launches without a step trained twice; ``solo`` loses at most one checkpoint int
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 import time
@@ -34,11 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.service.client import Client
-from engine.service.scenario import LOSS_TOL, ServiceProcess, Submission, free_port, loss_deviation
-from engine.service.store import Store
+from engine.service.scenario import LOSS_TOL, Submission, loss_deviation
 from launcher.launch import rank_pids, read_events, read_results
-from launcher.telemetry import read_progress
+from tests.service_run import ServiceRun
 from tests.test_engine_helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -55,17 +51,12 @@ def wait_for(pred, what: str, timeout_s: float = 90.0, poll_s: float = 0.2):
     return wait_until(pred, timeout_s, what, poll_s)
 
 
-class Run:
+class Run(ServiceRun):
     """The service run and what the scenario saw, for the tests below."""
 
     def __init__(self, hosts, tmp: Path):
-        self.hosts, self.tmp = hosts, tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = Client(self.url, timeout_s=10.0)
-        self.ids: dict[str, int] = {}
-        self.seen: dict = {}
-        self.sp: ServiceProcess | None = None
+        super().__init__(tmp)
+        self.hosts = hosts
         cluster = {"name": "test-hosts", "node_groups": [{"gpu_type": "cpu", "num_nodes": len(hosts.hosts),
                                                            "gpus_per_node": 1,
                                                            "hosts": [h.addr for h in hosts.hosts]}]}
@@ -80,13 +71,6 @@ class Run:
                 "--host-check-interval", "1", "--host-down-after", str(DOWN_AFTER_S), "--stop-after", "400"]
 
     # --- reading -----------------------------------------------------------------------------
-    def store(self) -> Store:
-        return Store(str(self.tmp / "state.db"), readonly=True)
-
-    def launches(self, name: str):
-        with self.store() as st:
-            return st.launches.rows(self.ids[name])
-
     def running(self, name: str):
         ls = self.launches(name)
         return ls[-1] if ls and ls[-1].state == "started" else None
@@ -94,39 +78,13 @@ class Run:
     def nodes(self, launch) -> list[int]:
         return sorted({int(g.split(":")[0]) for g in launch.gpus})
 
-    def steps(self, name: str) -> int:
-        p = read_progress(self.tmp / "work" / str(self.ids[name]) / "progress.json") or {}
-        return int(p.get("iterations_done") or 0)
-
-    def status(self, name: str) -> str:
-        with self.store() as st:
-            return st.jobs.get(self.ids[name]).status
-
     def history(self, name: str) -> list[str]:
         return [h["reason"] for h in self.client.get(f"/api/jobs/{self.ids[name]}")["history"]]
 
-    def arena_nodes(self) -> str:
-        from engine.cli.main import main
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert main(["nodes", "--url", self.url]) == 0
-        return out.getvalue()
-
-    def submit(self, spec: dict) -> None:
-        self.ids[spec["name"]] = int(self.client.post("/api/jobs", spec, key=f"t:{spec['name']}")["id"])
-
-    def start(self) -> None:
-        self.sp = ServiceProcess(self.args(), self.tmp / "serve.log", self.url)
-        self.sp.start()
-        self.sp.wait_healthy(120)
-
-    def log(self) -> str:
-        return (self.tmp / "serve.log").read_text(errors="replace")
-
     def sockets(self, host) -> list[tuple[str, str]]:
         """(local, peer) address of every TCP socket a training rank holds on ``host``."""
-        out = subprocess.run(["ip", "netns", "exec", host.netns, "ss", "-Htanp"], capture_output=True, text=True,
-                             timeout=20).stdout
+        out = subprocess.run(["nsenter", f"--net=/run/netns/{host.netns}", "ss", "-Htanp"], capture_output=True,
+                             text=True, timeout=20).stdout
         rows = []
         for line in out.splitlines():
             parts = line.split()

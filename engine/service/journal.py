@@ -208,13 +208,17 @@ class JournaledExecutor:
         return JobProgress(**p.__dict__)
 
     def advance(self, until_s: float) -> list[JobProgress]:
-        out = [JobProgress(**p.__dict__) for p in self.mpi.advance(until_s)]
-        for p in out:
+        """What finished or failed since the last call, journaled; a launch already ended in
+        the store (one a restart took over after it had ended, and accounted then) is not
+        reported again: the round loop never had it."""
+        out = []
+        for p in (JobProgress(**q.__dict__) for q in self.mpi.advance(until_s)):
             jid, gen = int(p.job_id), self.generation[p.job_id]
             self._record_checkpoint(p.job_id, p)
             self._record_moves(p.job_id)
             if self._launch_state(jid, gen) not in ("intent", "started"):
                 continue                  # already ended in the store (a launch a restart accounted)
+            out.append(p)
             if p.finished:
                 self.store.launches.mark(jid, gen, "finished", reason="training finished")
             else:
