@@ -141,6 +141,7 @@ def across(hosts, steps: int = 30) -> list[dict]:
         return rows
     from instances.slurm import SlurmCommands, discover
     from launcher.slurm_executor import SlurmExecutor, SlurmExecutorConfig
+    ssh = os.environ.pop("HYDRA_LAUNCHER_EXEC", None)     # (in a Slurm job Hydra starts its proxies with srun)
     with tempfile.TemporaryDirectory(prefix="arena-bench-hosts-") as work, \
             started_cluster((NodeDef("n1", cpus=2), NodeDef("n2", cpus=2)), hosts=hosts) as cluster:
         v = discover(SlurmCommands(str(cluster.conf)))
@@ -149,12 +150,20 @@ def across(hosts, steps: int = 30) -> list[dict]:
         try:
             ex.launch(job, on(0, 1), ParallelPlan(dp=2), 0.0)
             wait_for(lambda: ex.advance(ex.now_s() + 1), "the Slurm job finished")
+        except AssertionError:
+            run = Path(work) / "a" / "launch_0"
+            logs = [f"--- {f}\n{(run / f).read_text()[-3000:]}" for f in ("stdout.log", "stderr.log")
+                    if (run / f).exists()]
+            print(cluster.log_tails(), *logs, sep="\n", file=sys.stderr)
+            raise
         finally:
             ex.close()
             cluster.cancel_all_jobs()
         got = {r["step"]: r["loss"] for r in read_results(Path(work) / "a" / "launch_0")}
         rows.append({"where": "on Slurm: one slurmd per namespace, 2 nodes", "steps": len(got),
                      "max_loss_diff": max(abs(got[i + 1] - ref[i]) for i in range(steps))})
+    if ssh is not None:
+        os.environ["HYDRA_LAUNCHER_EXEC"] = ssh
     return rows
 
 
