@@ -159,6 +159,9 @@ class TrainConfig:
     step_delay_s: float = 0.0                   # sleep after each step (tests: slow a tiny run down)
     comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S   # torch.distributed collective timeout
     stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S  # no step for this long: stalled (None: off)
+    # (host name as the launch names it, its address) for a launch over hosts (launcher/dist.py): the
+    # ranks' process groups use these addresses; () : one host, 127.0.0.1
+    host_addrs: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         from instances.models import canonical_model_name
@@ -197,6 +200,12 @@ class TrainConfig:
                 raise InputError(f"must be a non-empty list of folders (or None: anywhere), got {roots!r}",
                                  field="data_roots")
             object.__setattr__(self, "data_roots", tuple(roots))
+        pairs = self.host_addrs.items() if isinstance(self.host_addrs, dict) else self.host_addrs
+        if not isinstance(pairs, (list, tuple, type({}.items()))) or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) and x for x in p)
+                for p in pairs):
+            raise InputError(f"must be (host, address) pairs, got {self.host_addrs!r}", field="host_addrs")
+        object.__setattr__(self, "host_addrs", tuple((h, a) for h, a in pairs))
         if self.checkpoint_keep < 1:
             raise InputError(f"must be >= 1, got {self.checkpoint_keep}", field="checkpoint_keep")
         if self.device not in DEVICES:

@@ -18,10 +18,21 @@ checkpoint), then:
    and the step count.
 3. **New world.** Shrinking: the surplus positions *park* (sleep, holding no state, until
    rank 0 leaves the training loop, then exit with it: ranks leaving an MPICH job early
-   were killed by Hydra here) and the others form a new process group. Then every rank
+   were killed by Hydra here) and the others form a new process group.
+   Relocating (``MoveRequest.relocate``: the job moves to other hosts): every position
+   of the new plan is a new process, started on the new hosts under its own mpiexec
+   (positions ``old .. old + new - 1`` of the joint world); the old ranks send all the
+   state and leave together (their mpiexec ends), and the new ones form the new group.
+   The executor asks for the move only once every new process is up and waiting
+   (``ready`` marks in ``join_<gen>/``), so new hosts that cannot start them cost
+   nothing: the move then goes through storage. Then every rank
    builds the model on the new plan (mesh, tensor split, FSDP2/DDP, Adam), copies the
    slices it now holds into it, takes rank 0's RNG state, and training continues at the
    next step (data is a function of the step, so the order continues exactly).
+
+Process groups meet at the hosts' addresses (``dist.host_address``: rank 0's for the
+rendezvous, each process's interface for gloo or NCCL), 127.0.0.1 on one host without a
+host list.
 
 Before anything is sent, every old rank checks that the tensors it holds have the shapes
 the layout says; if any rank disagrees the move is refused on every rank and the job
@@ -42,9 +53,11 @@ from pathlib import Path
 from . import reshard_plan as rp
 
 MOVE_FILE = "move.json"            # in the run directory: the current move request
-FAULT_ENV = "ARENA_FAULT_MOVE"     # tests: the rank position that SIGKILLs itself mid-transfer
+FAULT_ENV = "ARENA_FAULT_MOVE"     # tests: the rank position that SIGKILLs itself mid-transfer ("join:<pos>":
+                                   # the joining process at that position exits before it is ready)
 PARK_POLL_S = 0.2
 RENDEZVOUS_POLL_S = 0.05
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -54,19 +67,50 @@ class MoveRequest:
     old_plan: tuple[int, int, int]
     old_stage_layers: tuple[int, ...]
     config: dict                   # the new TrainConfig (JSON)
+    relocate: bool = False         # every new position is a new process (on other hosts); the old ranks leave
 
     @classmethod
     def read(cls, path) -> "MoveRequest":
         d = json.loads(Path(path).read_text())
         return cls(int(d["generation"]), float(d["requested_at"]), tuple(d["old_plan"]),
-                   tuple(d.get("old_stage_layers", ())), d["config"])
+                   tuple(d.get("old_stage_layers", ())), d["config"], bool(d.get("relocate", False)))
 
     def write(self, path) -> None:
         tmp = Path(str(path) + ".tmp")
         tmp.write_text(json.dumps({"generation": self.generation, "requested_at": self.requested_at,
                                    "old_plan": list(self.old_plan),
-                                   "old_stage_layers": list(self.old_stage_layers), "config": self.config}))
+                                   "old_stage_layers": list(self.old_stage_layers), "config": self.config,
+                                   "relocate": self.relocate}))
         os.replace(tmp, path)
+
+    @property
+    def old_world(self) -> int:
+        return self.old_plan[0] * self.old_plan[1] * self.old_plan[2]
+
+    def joint_world(self, new_world: int) -> int:
+        """Positions of the joint world: old and new side by side when relocating, else the larger."""
+        return self.old_world + new_world if self.relocate else max(self.old_world, new_world)
+
+    @property
+    def offset(self) -> int:
+        """The joint position of new position 0."""
+        return self.old_world if self.relocate else 0
+
+
+def ready_dir(run_dir, generation: int) -> Path:
+    """Where joining processes mark that they are up and waiting for the move (``ready<pos>``)."""
+    return Path(run_dir) / f"join_{generation}"
+
+
+def mark_ready(run_dir, generation: int, position: int) -> None:
+    d = ready_dir(run_dir, generation)
+    d.mkdir(exist_ok=True)
+    (d / f"ready{position}").write_text(f"{os.getpid()}\n")
+
+
+def ready_count(run_dir, generation: int) -> int:
+    d = ready_dir(run_dir, generation)
+    return sum(1 for _ in d.glob("ready*")) if d.is_dir() else 0
 
 
 def pending_request(run_dir, after_generation: int) -> MoveRequest | None:
@@ -121,10 +165,12 @@ def _slices(region: rp.Region, base: rp.Region) -> tuple:
 
 
 def transfer(pieces: list[rp.Piece], me: int, held: dict[str, tuple], old_regions: dict[str, rp.Region],
-             new_regions: dict[str, rp.Region], device) -> tuple[dict[str, list], int]:
-    """Carry out this rank's part of ``pieces`` over the default process group: send what
-    it owes, receive what it needs. Returns (name -> [param, exp_avg, exp_avg_sq, step] of
-    the new regions, bytes this rank sent)."""
+             new_regions: dict[str, rp.Region], device, offset: int = 0) -> tuple[dict[str, list], int]:
+    """Carry out this rank's part of ``pieces`` over the default process group (this
+    process is joint position ``me``; a piece's source is an old position, its destination
+    a new one, at joint position ``dst + offset``): send what it owes, receive what it
+    needs. Returns (name -> [param, exp_avg, exp_avg_sq, step] of the new regions, bytes
+    this rank sent)."""
     import torch
     import torch.distributed as dist
 
@@ -150,11 +196,12 @@ def transfer(pieces: list[rp.Piece], me: int, held: dict[str, tuple], old_region
     sends: dict[int, list] = {}
     recvs: dict[int, list[rp.Piece]] = {}
     for p in pieces:
-        if p.src == me and p.dst == me:
+        dst = p.dst + offset
+        if p.src == me and dst == me:
             unpack(p, pack(p))
         elif p.src == me:
-            sends.setdefault(p.dst, []).extend(pack(p))
-        elif p.dst == me:
+            sends.setdefault(dst, []).extend(pack(p))
+        elif dst == me:
             recvs.setdefault(p.src, []).append(p)
     ops, bufs, sent = [], {}, 0
     for src, ps in sorted(recvs.items()):
@@ -206,10 +253,12 @@ def install(train_module, optimizer, state: dict[str, list]) -> None:
                    optim_state_dict={"state": osd["state"], "param_groups": osd["param_groups"]})
 
 
-def join_group(rank: int, world: int, rendezvous_path: Path, cfg, *, create: bool, timeout_s: float) -> None:
+def join_group(rank: int, world: int, rendezvous_path: Path, cfg, *, create: bool, timeout_s: float,
+               addr: str = LOOPBACK) -> None:
     """(Re)initialise the default process group: position ``rank`` of ``world``. Rank 0
     (``create``) starts the rendezvous store (``dist.rendezvous_store``: a port bound as
-    it is chosen) and writes its address to ``rendezvous_path``; the others wait for it."""
+    it is chosen) at ``addr``, its host's address (``dist.host_address``), and writes it
+    to ``rendezvous_path``; the others wait for it."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -218,7 +267,6 @@ def join_group(rank: int, world: int, rendezvous_path: Path, cfg, *, create: boo
 
     store = None
     if create:
-        addr = "127.0.0.1"
         store = rendezvous_store(addr, None, world, cfg.comm_timeout_s)
         tmp = Path(str(rendezvous_path) + ".tmp")
         tmp.write_text(json.dumps({"addr": addr, "port": store.port}))

@@ -16,11 +16,13 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from instances.errors import InputError
 from instances.paths import check_regular_file
 
+from . import netaddr
 from .config import TrainConfig
 from .d2d import MOVE_FILE
 from .worker import CHECKPOINT_FILE, EVENTS_FILE, EXITS_DIR, PIDS_DIR, RESULTS_FILE, STOP_FILE
@@ -33,7 +35,8 @@ PREVIOUS_DIR = "previous"
 # one line of its own, so the echo to the terminal leaves these out (the logs keep them)
 MPICH_NOISE = re.compile(r"^(=+|=   .*|YOUR APPLICATION TERMINATED.*|This typically refers to a problem.*|"
                          r"Please see the FAQ page.*|\[mpiexec@[^]]*\] Exit codes:.*)$")
-EXIT_CODES = re.compile(r"Exit codes: (.*)$", re.M)
+# Hydra's exit codes: "[mpiexec@HOST] Exit codes: [host1] 0,0" and, over several hosts, one more line per host
+EXIT_CODES = re.compile(r"Exit codes: (.*(?:\n\[[^]@:]*\] [-\d,]*)*)$", re.M)
 
 
 def mpiexec_path() -> str:
@@ -86,12 +89,25 @@ def hostfile_hosts(path: str | os.PathLike) -> list[tuple[str, int]]:
     return out
 
 
-def build_command(cfg: TrainConfig, config_path: str | os.PathLike, hostfile: str | None = None) -> list[str]:
-    # -print-all-exitcodes: Hydra prints every rank's exit status (post-mortem of a failure)
-    cmd = [mpiexec_path(), "-print-all-exitcodes", "-n", str(cfg.plan.world_size)]
+def hostfile_addrs(hostfile: str | os.PathLike) -> tuple[tuple[str, str], ...]:
+    """(host, address) of every host of ``hostfile``, resolved here (``TrainConfig.host_addrs``)."""
+    return tuple((h, netaddr.address_of(h)) for h in dict(hostfile_hosts(hostfile)))
+
+
+def mpiexec_args(n: int, hostfile: str | os.PathLike | None) -> list[str]:
+    """``mpiexec`` and its options for ``n`` ranks, over ``hostfile`` where given.
+    ``-print-all-exitcodes``: Hydra prints every rank's exit status (post-mortem of a
+    failure). ``-localhost``: the address Hydra's proxies on the hosts connect back to, this
+    host's on the way to the first host (Hydra's own default is this host's name, which
+    may resolve to 127.0.0.1)."""
+    cmd = [mpiexec_path(), "-print-all-exitcodes", "-n", str(n)]
     if hostfile:
-        cmd += ["-f", str(hostfile)]
-    return cmd + [sys.executable, "-m", "launcher.worker", str(config_path)]
+        cmd += ["-f", str(hostfile), "-localhost", netaddr.source_address(hostfile_hosts(hostfile)[0][0])]
+    return cmd
+
+
+def build_command(cfg: TrainConfig, config_path: str | os.PathLike, hostfile: str | None = None) -> list[str]:
+    return mpiexec_args(cfg.plan.world_size, hostfile) + [sys.executable, "-m", "launcher.worker", str(config_path)]
 
 
 def prepare_run_dir(cfg: TrainConfig) -> Path:
@@ -104,28 +120,36 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
         (run_dir / stale).unlink(missing_ok=True)
     for stale in [*run_dir.glob("move_*.json"), *run_dir.glob("rendezvous_*.json")]:   # an earlier launch's moves
         stale.unlink(missing_ok=True)
-    for d in (PIDS_DIR, EXITS_DIR):
-        shutil.rmtree(run_dir / d, ignore_errors=True)
+    for d in (run_dir / PIDS_DIR, run_dir / EXITS_DIR, *(p for p in run_dir.glob("join_*") if p.is_dir())):
+        shutil.rmtree(d, ignore_errors=True)
     config_path = run_dir / "config.json"
     cfg.write(config_path)
     return config_path
 
 
-def rank_env() -> dict[str, str]:
+def rank_env(hostfile: str | os.PathLike | None = None) -> dict[str, str]:
     """The environment ranks run in: this one, one thread per rank, and the repository on
-    ``PYTHONPATH`` (so ``python -m launcher.worker`` imports this tree)."""
+    ``PYTHONPATH`` (so ``python -m launcher.worker`` imports this tree). Without ``hostfile``
+    (every rank on this host) MPI's own traffic stays on the loopback interface (MPICH's UCX
+    would otherwise listen on every interface); over hosts the ranks choose their
+    interface (``dist.host_address``)."""
     env = {**os.environ, **RANK_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    if not hostfile:
+        env.setdefault("UCX_NET_DEVICES", "lo")
     return env
 
 
 def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) -> subprocess.Popen:
     """Write the run's config and start mpiexec in its own session (so it can be signalled
     as a group). ``echo``: stream rank output to this process's stdout/stderr instead of the
-    run directory's log files."""
+    run directory's log files. Over ``hostfile``, the ranks' host addresses are resolved
+    here first where ``cfg`` lacks them (``TrainConfig.host_addrs``)."""
+    if hostfile and not cfg.host_addrs:
+        cfg = replace(cfg, host_addrs=hostfile_addrs(hostfile))
     run_dir = Path(cfg.run_dir)
     config_path = prepare_run_dir(cfg)
-    env = rank_env()
+    env = rank_env(hostfile)
     if echo:
         out, err = None, None
     else:
@@ -141,14 +165,15 @@ def start(cfg: TrainConfig, hostfile: str | None = None, *, echo: bool = False) 
 
 
 def start_joiners(cfg: TrainConfig, move_path: str | os.PathLike, offset: int, count: int,
-                  generation: int) -> subprocess.Popen:
+                  generation: int, hostfile: str | None = None) -> subprocess.Popen:
     """Start ``count`` processes that join a running job's device-to-device move at rank
-    positions ``offset ..`` (``launcher.worker MOVE.json --join OFFSET``), logging to
-    ``join_<generation>.stdout.log`` / ``.stderr.log`` in the run directory."""
+    positions ``offset ..`` (``launcher.worker MOVE.json --join OFFSET``; over ``hostfile``
+    where given), logging to ``join_<generation>.stdout.log`` / ``.stderr.log`` in the run
+    directory."""
     run_dir = Path(cfg.run_dir)
-    env = rank_env()
-    cmd = [mpiexec_path(), "-print-all-exitcodes", "-n", str(count), sys.executable, "-m", "launcher.worker",
-           str(move_path), "--join", str(offset)]
+    env = rank_env(hostfile)
+    cmd = mpiexec_args(count, hostfile) + [sys.executable, "-m", "launcher.worker", str(move_path), "--join",
+                                           str(offset)]
     out = open(run_dir / f"join_{generation}.stdout.log", "ab")
     err = open(run_dir / f"join_{generation}.stderr.log", "ab")
     try:
@@ -216,10 +241,10 @@ class LogEcho:
                 stream.flush()
 
 
-def rank_exit_codes(run_dir: str | os.PathLike) -> dict[int, int]:
-    """Rank -> exit code from Hydra's ``-print-all-exitcodes`` line in ``stdout.log``
+def rank_exit_codes(run_dir: str | os.PathLike, log: str = "stdout.log") -> dict[int, int]:
+    """Rank -> exit code from Hydra's ``-print-all-exitcodes`` lines in the run's ``log``
     (hosts in launch order, ranks numbered across them in that order); {} when absent."""
-    m = EXIT_CODES.findall(tail(Path(run_dir) / "stdout.log", 20000))
+    m = EXIT_CODES.findall(tail(Path(run_dir) / log, 20000))
     if not m:
         return {}
     codes = [int(c) for c in re.findall(r"-?\d+", re.sub(r"\[[^]]*\]", " ", m[-1]))]
@@ -293,9 +318,10 @@ def tail(path: str | os.PathLike, chars: int = 2000) -> str:
 
 
 
-def kill_job(proc: subprocess.Popen, run_dir: str | os.PathLike, sig: int) -> None:
-    """Send ``sig`` to mpiexec's process group and to every rank recorded on this host
-    (Hydra starts each rank in its own process group, so the group alone misses them)."""
+def kill_job(proc, run_dir: str | os.PathLike, sig: int) -> None:
+    """Send ``sig`` to mpiexec's process group (``proc.pid``: mpiexec, a session leader) and
+    to every rank recorded on this host (Hydra starts each rank in its own process group,
+    so the group alone misses them)."""
     import socket
 
     try:
@@ -318,7 +344,7 @@ def live_rank_pids(run_dir: str | os.PathLike) -> list[int]:
     here, folder = socket.gethostname(), str(Path(run_dir))
     out = []
     for pid, host in rank_pids(run_dir).values():
-        if host != here or not _alive(pid):
+        if host != here or not alive(pid):
             continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -329,7 +355,8 @@ def live_rank_pids(run_dir: str | os.PathLike) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -363,9 +390,9 @@ def stop_detached(run_dir: str | os.PathLike, mpiexec_pid: int | None, timeout_s
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if alive(p)]
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

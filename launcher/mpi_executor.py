@@ -39,6 +39,8 @@ mapping every rank runs on this host.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import time
@@ -53,13 +55,13 @@ from instances.jobs import Job
 from instances.models import get_model
 from instances.plan import Plan
 
-from . import d2d, move_record
+from . import d2d, move_record, netaddr
 from . import launch as _launch
 from .config import MOVE_PATHS, OptimizerConfig, ParallelPlan, TrainConfig
-from .run_handle import LocalRun, RunHandle
+from .run_handle import DetachedRun, LocalRun, RunHandle, read_launcher, write_launcher
 from .telemetry import NONFINITE, read_progress, write_progress
 from .validate import validate
-from .worker import STOP_FILE
+from .worker import CURRENT_FILE, STOP_FILE
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,8 @@ class LaunchedJob:
     steps_trained: float = 0.0                  # steps computed over all launches (lost ones included)
     steps_final: bool = True                    # the current launch's steps are all counted (it ended)
     joiners: list = field(default_factory=list)  # mpiexec of processes that joined a d2d move (grow)
+    leaving: list = field(default_factory=list)  # run handles of ranks that moved the job to other hosts, exiting
+    host_slots: tuple = ()                      # ((host, ranks), ...) of the current launch over hosts
     move_generation: int = 0                    # d2d moves requested in the current launch
     moves: list[dict] = field(default_factory=list)     # move records (launcher.move_record)
     stalled: str | None = None                  # why the current launch was killed as stalled (_watch_stall)
@@ -183,6 +187,7 @@ class MpiExecutor:
         self._jobs: dict[str, LaunchedJob] = {}
         self._job_options: dict[str, dict] = {}
         self._out_of_memory: set[tuple[str, Shape | None]] = set()    # (job id, shape) whose launch ran out of memory
+        self._unreachable: frozenset[str] = frozenset()     # hosts the caller finds unreachable (set_unreachable)
         Path(config.work_dir).mkdir(parents=True, exist_ok=True)
 
     # --- clock -------------------------------------------------------------------------
@@ -209,7 +214,7 @@ class MpiExecutor:
         write_progress(cfg.progress_path, status="starting",
                        iterations_done=prev.get("last_checkpoint_step") or 0, steps_total=cfg.steps,
                        last_checkpoint_step=prev.get("last_checkpoint_step"), iteration_time_s=None)
-        st.cfg, st.hostfile = cfg, hostfile
+        st.cfg, st.hostfile, st.host_slots = cfg, hostfile, self._host_slots(alloc)
         st.stopping, st.finished, st.failed, st.ended_at_s, st.reported = False, False, None, None, False
         st.final = False
         st.shape = alloc.grid.shape
@@ -218,12 +223,20 @@ class MpiExecutor:
         st.steps_final = False
         st.joiners, st.move_generation = [], 0
         st.stalled, st.stall_kill_at = None, None
+        _write_atomic(Path(cfg.progress_path).parent / CURRENT_FILE, Path(cfg.run_dir).name)   # (the fence)
         st.proc = self._start_run(job, cfg, hostfile, alloc)
         st.launches += 1
+        self._record_launcher(st)
 
     def _start_run(self, job: Job, cfg: TrainConfig, hostfile: str | None, alloc: Allocation) -> RunHandle:
         """Start the ranks of one launch (here: mpiexec on this host or over ``hostfile``)."""
         return LocalRun(_launch.start(cfg, hostfile), cfg.run_dir)
+
+    def _record_launcher(self, st: LaunchedJob) -> None:
+        """Keep in the run folder which processes of this host run the launch (``run_handle.
+        write_launcher``), for a restarted service to take it over (``adopt``)."""
+        if isinstance(st.proc, (LocalRun, DetachedRun)):
+            write_launcher(st.cfg.run_dir, st.proc, [p.pid for p in st.joiners])
 
     def stop(self, job_id: str, now_s: float) -> None:
         st = self._job(job_id)
@@ -233,8 +246,11 @@ class MpiExecutor:
         st.stopping = True
         (Path(st.cfg.run_dir) / STOP_FILE).write_text("stop requested by the executor\n")
         st.proc.request_stop()                          # SIGTERM to every rank
+        # ranks on a host the caller finds unreachable can hear neither: killed at once (the job
+        # resumes from its last checkpoint; if they train on, cut off, the next launch fences them)
+        cut = bool({h for h, _ in st.host_slots} & self._unreachable)
         try:
-            st.proc.wait(timeout=self.config.stop_timeout_s)
+            st.proc.wait(timeout=0 if cut else self.config.stop_timeout_s)
         except subprocess.TimeoutExpired:
             self._kill(st)
             st.proc.wait()
@@ -283,12 +299,15 @@ class MpiExecutor:
         t0, st.released_at = st.released_at, None
         path, reason = "storage", None
         if st.released_path == "d2d":
-            reason = self._move_d2d(st, alloc, plan, t0) if self._can_move_d2d(st, alloc) else \
-                "the job ended before the move"
+            reason, began = self._move_d2d(st, alloc, plan, t0) if self._can_move_d2d(st, alloc) else \
+                ("the job ended before the move", True)
             if reason is None:
                 return
             path = "storage-fallback"
-            self._end_failed_move(st)
+            if began:
+                self._end_failed_move(st)
+            else:                               # nothing moved yet: the ranks trained on; stop with a checkpoint
+                self.stop(job_id, now_s)
         self.launch(st.job, alloc, plan, now_s, launch_index=launch_index)
         self._count_as_move(job_id, t0, path=path, reason=reason)
 
@@ -406,14 +425,76 @@ class MpiExecutor:
     # --- launches an earlier process left (a restarted service) -----------------------------
     def left_running(self, run_dir: str) -> bool:
         """Whether ranks of the launch in ``run_dir``, started by an earlier process, still
-        run (here: recorded rank pids alive on this host)."""
-        return bool(_launch.live_rank_pids(run_dir))
+        run (here: its mpiexec the run folder records, or recorded rank pids alive on this host)."""
+        return self._left_launcher(run_dir) is not None or bool(_launch.live_rank_pids(run_dir))
 
     def stop_left(self, run_dir: str, pid: int | None, timeout_s: float) -> bool:
         """Stop the ranks of a launch an earlier process started (``pid``: its mpiexec, where
-        recorded): asked to checkpoint and exit, killed after ``timeout_s``. True when they
-        exited on request."""
-        return _launch.stop_detached(run_dir, pid, timeout_s)
+        recorded; else the one the run folder records): asked to checkpoint and exit (mpiexec
+        forwards SIGTERM to the ranks on every host; the ``stop`` file reaches them through
+        the shared folder), killed after ``timeout_s``. True when they exited on request."""
+        left = self._left_launcher(run_dir)
+        return _launch.stop_detached(run_dir, pid or (left.pid if left is not None else None), timeout_s)
+
+    @staticmethod
+    def _left_launcher(run_dir: str | Path) -> DetachedRun | None:
+        """The launch's mpiexec the run folder records (``launcher.json``), if it still runs."""
+        rec = read_launcher(run_dir)
+        if rec is None:
+            return None
+        run = DetachedRun(run_dir, rec["pid"], rec.get("start"), rec.get("log") or "")
+        return run if run.alive() else None
+
+    def adopt(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None,
+              launch_index: int) -> LaunchedJobProgress | None:
+        """Take over launch ``launch_index`` of ``job`` (on ``alloc`` with ``plan``, as the
+        caller recorded it) that an earlier process of this host started (a service
+        restarted after a crash): its mpiexec, and those of processes that joined it in a
+        move, found by the pid and start time its run folder records (``launcher.json``),
+        are watched from here without being touched: no relaunch; its ranks train on, on
+        every host; progress, stop and moves work as for a launch of this executor's own. A
+        launch that ended meanwhile is accounted from its run folder (finished, or failed
+        with its ranks' exit codes) and reported by the next ``advance``. None when the run
+        folder records no such launch."""
+        self._check_not_running(job)
+        cfg, hostfile = self._config_for(job, alloc, plan, launch_index=launch_index)
+        rec = read_launcher(cfg.run_dir)
+        if rec is None or not (Path(cfg.run_dir) / "config.json").is_file():
+            return None
+        run_dir = cfg.run_dir
+        proc = DetachedRun(run_dir, rec["pid"], rec.get("start"), rec.get("log") or "")
+        joiners = [DetachedRun(run_dir, p, start, "") for p, start in rec.get("joiners") or []]
+        if rec.get("log"):                          # the job moved to other hosts: the hostfile of that move
+            hostfile = str(Path(run_dir) / f"hostfile_move_{rec['log'].removeprefix('join_')}")
+        return self._adopted(job, alloc, cfg, hostfile, proc, launch_index, joiners)
+
+    def _check_not_running(self, job: Job) -> None:
+        held = self._jobs[job.job_id].proc if job.job_id in self._jobs else None
+        if held is not None and held.poll() is None:
+            raise RuntimeError(f"job {job.job_id} is already running in this executor")
+
+    def _adopted(self, job: Job, alloc: Allocation, cfg: TrainConfig, hostfile: str | None, proc: RunHandle,
+                 launch_index: int, joiners: list | None = None) -> LaunchedJobProgress:
+        """Keep ``proc`` (a launch an earlier process started, in ``cfg.run_dir``) as the
+        job's current launch, its progress read on from its run folder (``adopt``)."""
+        run_dir = Path(cfg.run_dir)
+        st = self._jobs.get(job.job_id)
+        if st is None:
+            st = self._jobs[job.job_id] = LaunchedJob(job, cfg, hostfile)
+        prog = read_progress(cfg.progress_path or "") or {}
+        st.cfg, st.hostfile, st.shape, st.gpus = cfg, hostfile, alloc.grid.shape, alloc.grid.num_gpus
+        st.host_slots = self._host_slots(alloc)
+        st.stopping, st.finished, st.failed, st.final, st.ended_at_s, st.reported = False, False, None, False, None, \
+            False
+        st.launches = max(st.launches, launch_index + 1)
+        st.steps_seen, st.steps_final = float(prog.get("iterations_done") or 0), False
+        st.launch_started = None if _launch.read_results(run_dir) else time.time()
+        st.joiners, st.leaving, st.stalled, st.stall_kill_at = list(joiners or []), [], None, None
+        st.move_generation = max([int(e.get("generation") or 0) for e in _launch.read_events(run_dir)
+                                  if e.get("event") in ("moved", "move_refused")] + [0])
+        st.proc = proc
+        self._poll(st)
+        return self.progress(job.job_id)
 
     def request_checkpoint(self, job_id: str) -> None:
         """Ask a running job to checkpoint at the end of its current step and continue."""
@@ -423,9 +504,9 @@ class MpiExecutor:
     def close(self) -> None:
         """Kill every job still running (no checkpoint)."""
         for st in self._jobs.values():
-            if st.proc is not None and any(p.poll() is None for p in [st.proc, *st.joiners]):
+            if st.proc is not None and any(p.poll() is None for p in [st.proc, *st.joiners, *st.leaving]):
                 self._kill(st)
-                for p in [st.proc, *st.joiners]:
+                for p in [st.proc, *st.joiners, *st.leaving]:
                     p.wait()
 
     def __enter__(self):
@@ -446,11 +527,17 @@ class MpiExecutor:
         return self._jobs[job_id]
 
     def _kill(self, st: LaunchedJob) -> None:
-        """SIGKILL to every process of the job (its launch and processes that joined a move)."""
+        """SIGKILL to every process of the job (its launch, processes that joined a move, and
+        ranks that moved it to other hosts and are still leaving: their mpiexec's group only,
+        the run folder's pids being the new ranks')."""
         if st.proc is not None:
             st.proc.kill()
         for p in st.joiners:
             _launch.kill_job(p, st.cfg.run_dir, signal.SIGKILL)
+        for p in st.leaving:
+            if p.poll() is None and p.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
 
     def _wait_joiners(self, st: LaunchedJob) -> None:
         """Processes that joined a move end with the job (same last step); kill stragglers."""
@@ -462,32 +549,60 @@ class MpiExecutor:
                 p.wait()
 
     # --- device-to-device moves ------------------------------------------------------------
+    def set_unreachable(self, hosts: frozenset[str]) -> None:
+        """The hosts that the caller finds unreachable now (``engine/service/host_watch.py``):
+        no device-to-device move starts from or to them (both ends must talk); such a job
+        moves through storage (a stop, then the ranks that cannot be reached are killed)."""
+        self._unreachable = frozenset(hosts)
+
     def _can_move_d2d(self, st: LaunchedJob, target: Allocation | None = None) -> bool:
         """Whether a move of ``st`` (to ``target``, where known) can go device to device: here,
-        a running job on this host with no hostfile."""
-        return (self.config.move_path == "d2d" and not self.config.node_hosts and st.hostfile is None
+        a running job (on this host, or over hosts with ``node_hosts``, all of them reachable)."""
+        if self._unreachable:
+            ends = {h for h, _ in st.host_slots}
+            if target is not None:
+                with contextlib.suppress(InputError):
+                    ends |= {h for h, _ in self._host_slots(target)}
+            if ends & self._unreachable:
+                return False
+        return (self.config.move_path == "d2d" and (bool(self.config.node_hosts) or st.hostfile is None)
                 and st.proc is not None and st.proc.poll() is None and not st.stopping
                 and all(p.poll() is None for p in st.joiners))
 
     def _move_d2d(self, st: LaunchedJob, alloc: Allocation, plan: Plan | ParallelPlan | None,
-                  t0: float) -> str | None:
-        """Ask the running ranks to move to ``plan`` device to device (``launcher.d2d``);
-        None when done, else why not (the caller falls back to storage)."""
-        cfg, _ = self._config_for(st.job, alloc, plan, launch_index=0)
-        cfg = replace(cfg, run_dir=st.cfg.run_dir)
+                  t0: float) -> tuple[str | None, bool]:
+        """Ask the running ranks to move to ``plan`` device to device (``launcher.d2d``):
+        in place, or to new processes on the allocation's hosts when they differ from the
+        job's (a relocation). (None, True) when done, else (why not, whether the move
+        began: the caller falls back to storage, stopping with a checkpoint when it did not)."""
+        gen = st.move_generation + 1
+        cfg, hostfile = self._config_for(st.job, alloc, plan, launch_index=0, run_dir=st.cfg.run_dir,
+                                         hostfile_name=f"hostfile_move_{gen}")
         validate(cfg, ranks=alloc.grid.num_gpus, device_type=self.config.memory_device or alloc.grid.gpu_type)
         if cfg.model != st.cfg.model:
-            return "a different model"
-        gen = st.move_generation + 1
+            return "a different model", False
         st.move_generation = gen
         old = st.cfg.plan
-        req = d2d.MoveRequest(gen, t0, _plan3(old), old.stage_layers, cfg.to_json())
+        slots = self._host_slots(alloc)
+        relocate = bool(self.config.node_hosts) and slots != st.host_slots
+        req = d2d.MoveRequest(gen, t0, _plan3(old), old.stage_layers, cfg.to_json(), relocate)
         run_dir = Path(st.cfg.run_dir)
         grow = cfg.plan.world_size - old.world_size
-        if grow > 0:            # joining processes start now: their start-up overlaps the drain
+        joiners = None
+        if relocate or grow > 0:     # new processes start now: their start-up overlaps the training or the drain
             move_path = run_dir / f"move_{gen}.json"
             req.write(move_path)
-            st.joiners.append(_launch.start_joiners(cfg, move_path, old.world_size, grow, gen))
+            count = cfg.plan.world_size if relocate else grow
+            joiners = _launch.start_joiners(cfg, move_path, old.world_size, count, gen,
+                                            hostfile if relocate else None)
+            st.joiners.append(joiners)
+            self._record_launcher(st)
+            if relocate and (why := self._wait_ready(st, joiners, gen, count, hostfile)) is not None:
+                _launch.kill_job(joiners, run_dir, signal.SIGKILL)
+                joiners.wait()
+                st.joiners.remove(joiners)
+                self._record_launcher(st)
+                return why, False
         req.write(run_dir / d2d.MOVE_FILE)
         deadline = time.monotonic() + self.config.move_timeout_s
         while True:
@@ -496,30 +611,58 @@ class MpiExecutor:
             if ev is not None and ev["event"] == "moved":
                 break
             if ev is not None:
-                return f"refused by the ranks: {ev.get('reason')}"
+                return f"refused by the ranks: {ev.get('reason')}", True
             dead = [p.returncode for p in [st.proc, *st.joiners] if p.poll() is not None]
-            if dead:
-                return f"a process of the move exited (status {dead[0]}) before the move was done"
+            if dead and not (relocate and st.proc.returncode == 0):     # (the old ranks leave once moved)
+                return f"a process of the move exited (status {dead[0]}) before the move was done", True
             if time.monotonic() > deadline:
-                return f"not done after {self.config.move_timeout_s} s"
+                return f"not done after {self.config.move_timeout_s} s", True
             time.sleep(0.05)
+        if relocate:                        # the job now runs in the processes it moved to
+            assert joiners is not None
+            st.joiners.remove(joiners)
+            st.leaving.append(st.proc)
+            st.proc = LocalRun(joiners, run_dir, log=f"join_{gen}")
+            st.hostfile, st.host_slots = hostfile, slots
+            self._record_launcher(st)
         st.cfg, st.gpus = cfg, alloc.grid.num_gpus
         rec = {**move_record.d2d_record(ev, t0), "_run_dir": st.cfg.run_dir, "_gpus": st.gpus}
         st.moves.append(rec)
         st.open_moves.append(rec)
         st.launch_started = None
+        return None, True
+
+    def _wait_ready(self, st: LaunchedJob, joiners, gen: int, count: int, hostfile: str | None) -> str | None:
+        """Until the ``count`` processes a relocation started are up and waiting for the move
+        (bounded by ``move_timeout_s``); None when they are, else why not."""
+        run_dir = Path(st.cfg.run_dir)
+        hosts = ", ".join(h for h, _ in _launch.hostfile_hosts(hostfile)) if hostfile else "this host"
+        deadline = time.monotonic() + self.config.move_timeout_s
+        while d2d.ready_count(run_dir, gen) < count:
+            if joiners.poll() is not None:
+                err = _launch.tail(run_dir / f"join_{gen}.stderr.log", 2000).strip().splitlines()
+                return (f"the new processes on {hosts} exited (status {joiners.returncode}) before they were up"
+                        + (f": {err[-1][:300]}" if err else ""))
+            if st.proc is None or st.proc.poll() is not None:
+                return "the job's ranks exited before the move"
+            if time.monotonic() > deadline:
+                return f"the new processes on {hosts} were not up after {self.config.move_timeout_s:g} s"
+            time.sleep(0.05)
         return None
 
     def _end_failed_move(self, st: LaunchedJob) -> None:
         """After a d2d move that failed or was refused: every process of the job gone (a
-        refusal saved a checkpoint and exits by itself; a failure is torn down by Hydra;
-        what is left is killed), the progress at the last checkpoint, which the relaunch
-        resumes from. Not a job failure: the move falls back."""
+        refusal saved a checkpoint and exits by itself; a failure is torn down by Hydra
+        inside one mpiexec; what is left is killed, at once when a process of the move has
+        already exited: the others wait for it in a collective, which gloo does not end
+        when a peer under another mpiexec dies), the progress at the last checkpoint, which
+        the relaunch resumes from. Not a job failure: the move falls back."""
         st.stopping = True
-        try:
-            st.proc.wait(timeout=self.config.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
+        if all(p.poll() is None for p in [st.proc, *st.joiners]):
+            try:
+                st.proc.wait(timeout=self.config.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
         if any(p.poll() is None for p in [st.proc, *st.joiners]):
             self._kill(st)
         for p in [st.proc, *st.joiners]:
@@ -555,6 +698,8 @@ class MpiExecutor:
                 st.reconfig_lost_gpu_s += rec["total_s"] * rec["_gpus"]
 
     def _poll(self, st: LaunchedJob) -> None:
+        if st.leaving:                          # ranks that moved the job to other hosts: gone once they exit
+            st.leaving = [p for p in st.leaving if p.poll() is None]
         if st.open_moves:
             self._fill_moves(st)
         if st.launch_started is not None:
@@ -587,7 +732,8 @@ class MpiExecutor:
                            last_checkpoint_step=prog.get("last_checkpoint_step"),
                            iteration_time_s=prog.get("iteration_time_s"), reason=st.failed)
             return
-        err = _launch.tail(Path(st.cfg.run_dir) / "stderr.log", 4000).strip().splitlines()
+        err = _launch.tail(getattr(st.proc, "stderr_log", Path(st.cfg.run_dir) / "stderr.log"),
+                           4000).strip().splitlines()
         last = next((l for l in reversed(err) if "rank failed" in l or "Error" in l), err[-1] if err else "")
         oom = out_of_memory("\n".join(err))
         if oom:
@@ -638,10 +784,23 @@ class MpiExecutor:
         st.stall_kill_at = now
         self._kill(st)
 
+    def _host_slots(self, alloc: Allocation) -> tuple[tuple[str, int], ...]:
+        """((host, ranks), ...) of an allocation in node order (() without ``node_hosts``)."""
+        if not self.config.node_hosts:
+            return ()
+        nodes = sorted({n for n, _ in alloc.gpus})
+        missing = [n for n in nodes if n not in self.config.node_hosts]
+        if missing:
+            raise InputError(f"no host name for nodes {missing}", field="node_hosts")
+        return tuple((self.config.node_hosts[n], sum(1 for m, _ in alloc.gpus if m == n)) for n in nodes)
+
     def _config_for(self, job: Job, alloc: Allocation, plan: Plan | ParallelPlan | None,
-                    launch_index: int) -> tuple[TrainConfig, str | None]:
+                    launch_index: int, *, run_dir: str | None = None,
+                    hostfile_name: str = "hostfile") -> tuple[TrainConfig, str | None]:
+        """The launch's config (in run folder ``launch_<launch_index>``, or ``run_dir``) and,
+        with ``node_hosts``, its hostfile (written there as ``hostfile_name``)."""
         job_dir = Path(self.config.work_dir) / job.job_id
-        run_dir = job_dir / f"launch_{launch_index}"
+        run_path = Path(run_dir) if run_dir else job_dir / f"launch_{launch_index}"
         if plan is None:
             pp = alloc.grid.pp
             plan = ParallelPlan(dp=alloc.grid.num_gpus // pp, tp=1, pp=pp, microbatches=pp)
@@ -651,27 +810,30 @@ class MpiExecutor:
             # ranks of the scheduler's plan become data ranks (same ranks, same training)
             pplan = replace(pplan, dp=pplan.dp * pplan.tp, tp=1)
         nodes = tuple(sorted({n for n, _ in alloc.gpus}))
-        hostfile = None
-        if self.config.node_hosts:
-            missing = [n for n in nodes if n not in self.config.node_hosts]
-            if missing:
-                raise InputError(f"no host name for nodes {missing}", field="node_hosts")
-            per_node = {n: sum(1 for m, _ in alloc.gpus if m == n) for n in nodes}
-            run_dir.mkdir(parents=True, exist_ok=True)
-            hostfile = str(run_dir / "hostfile")
-            Path(hostfile).write_text("".join(f"{self.config.node_hosts[n]}:{per_node[n]}\n" for n in nodes))
+        hostfile, slots = None, self._host_slots(alloc)
+        if slots:
+            run_path.mkdir(parents=True, exist_ok=True)
+            hostfile = str(run_path / hostfile_name)
+            Path(hostfile).write_text("".join(f"{h}:{k}\n" for h, k in slots))
         cfg = TrainConfig(
             model=job.model, plan=pplan, steps=int(job.num_iterations), global_batch=int(job.global_batch),
             seed=self._job_options.get(job.job_id, {}).get("seed", self.config.seed),
             data_path=self._job_options.get(job.job_id, {}).get("data_path"), data_roots=self.config.data_roots,
             checkpoint_dir=str(job_dir / "checkpoints"),
             checkpoint_every=self.config.checkpoint_every,
-            checkpoint_interval_s=self.config.checkpoint_interval_s, run_dir=str(run_dir),
+            checkpoint_interval_s=self.config.checkpoint_interval_s, run_dir=str(run_path),
             progress_path=str(job_dir / "progress.json"), telemetry_store=self.config.telemetry_store,
             device=self.config.device, gpu_type=alloc.grid.gpu_type, num_nodes=len(nodes),
             gpus_per_node=alloc.grid.shape.gpus_per_node, optimizer=self.config.optimizer,
-            step_delay_s=self.config.step_delay_s)
+            step_delay_s=self.config.step_delay_s,
+            host_addrs=tuple((h, netaddr.address_of(h)) for h, _ in slots))
         return cfg, hostfile
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _plan3(plan) -> tuple[int, int, int]:

@@ -68,8 +68,8 @@ from instances.slurm import SlurmCommandError, SlurmCommands, SlurmJob, accounte
 from . import launch as _launch
 from .config import ParallelPlan, TrainConfig
 from .mpi_executor import LaunchedJob, LaunchedJobProgress, MpiExecutor, MpiExecutorConfig
-from .telemetry import read_progress
-from .worker import EVENTS_FILE, STOP_FILE
+from .run_handle import wait_polling
+from .worker import STOP_FILE
 
 EXIT_FILE = "slurm_exit"                 # in the run folder: the rank launcher's exit status, written by the script
 JOB_ID_FILE = "slurm_job_id"             # in the run folder: the launch's Slurm job id
@@ -219,12 +219,7 @@ class SlurmRun:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (rc := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"slurm job {self.slurm_job_id}", timeout or 0)
-            time.sleep(0.1)
-        return rc
+        return wait_polling(self, timeout, f"slurm job {self.slurm_job_id}")
 
     def request_stop(self) -> None:
         """The ``stop`` file (written first by the executor) asks the ranks to checkpoint and
@@ -414,9 +409,7 @@ class SlurmExecutor(MpiExecutor):
         own. A launch that ended meanwhile is accounted from Slurm and the run folder
         (finished, or failed with Slurm's state) and reported by the next ``advance``. None
         when Slurm and the run folder know no such launch."""
-        held = self._jobs[job.job_id].proc if job.job_id in self._jobs else None
-        if held is not None and held.poll() is None:
-            raise RuntimeError(f"job {job.job_id} is already running in this executor")
+        self._check_not_running(job)
         cfg, _ = self._config_for(job, alloc, plan, launch_index=launch_index)
         run_dir = Path(cfg.run_dir)
         found = [r for r in self.find_running() if r.job_id == str(job.job_id) and r.launch_index == launch_index]
@@ -429,23 +422,8 @@ class SlurmExecutor(MpiExecutor):
                 return None
         if not (run_dir / "config.json").is_file():
             return None
-        st = self._jobs.get(job.job_id)
-        if st is None:
-            st = self._jobs[job.job_id] = LaunchedJob(job, cfg, None)
-        prog = read_progress(cfg.progress_path or "") or {}
-        st.cfg, st.hostfile, st.shape, st.gpus = cfg, None, alloc.grid.shape, alloc.grid.num_gpus
-        st.stopping, st.finished, st.failed, st.final, st.ended_at_s, st.reported = False, False, None, False, None, \
-            False
-        st.launches = max(st.launches, launch_index + 1)
-        st.steps_seen, st.steps_final = float(prog.get("iterations_done") or 0), False
-        st.launch_started = None if _launch.read_results(run_dir) else time.time()
-        st.joiners, st.stalled, st.stall_kill_at = [], None, None
-        st.move_generation = max([int(e.get("generation") or 0) for e in _launch.read_jsonl(run_dir / EVENTS_FILE)
-                                  if e.get("event") in ("moved", "move_refused")] + [0])
-        st.proc = SlurmRun(self, slurm_id, str(run_dir), 0.0)
         self._layout[job.job_id] = self._placement(alloc)
-        self._poll(st)
-        return self.progress(job.job_id)
+        return self._adopted(job, alloc, cfg, None, SlurmRun(self, slurm_id, str(run_dir), 0.0), launch_index)
 
     def _found(self, run_dir: str | Path) -> SlurmLaunch | None:
         """The launch Slurm still runs for run folder ``<work>/<job>/launch_<n>``, if any."""

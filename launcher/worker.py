@@ -14,11 +14,15 @@ service fails the job with it), and every rank exits with ``NONFINITE_EXIT``.
 
 Control: SIGTERM (mpiexec forwards it to every rank) or a ``stop`` file in the run
 directory -> checkpoint at the end of the current step and exit 0 with status
-"stopped"; SIGUSR1 or a ``checkpoint`` file -> checkpoint and continue. Periodic
-checkpoints: every ``checkpoint_every`` steps and whenever ``checkpoint_interval_s``
-seconds have passed since the last save (rank 0's clock decides). All ranks agree on
-these flags through the per-step all-reduce that also carries the loss, so they save at
-the same step.
+"stopped". A launch superseded by a newer one of the same job (the job folder's
+``current_launch`` names another run folder: ranks the executor could not reach and
+gave up on, e.g. on a host cut off, which a relaunch elsewhere replaced) leaves at the
+end of its step with status "superseded", saving and recording nothing: the job's
+checkpoints and progress are the new launch's alone. SIGUSR1 or a ``checkpoint`` file ->
+checkpoint and continue. Periodic checkpoints: every ``checkpoint_every`` steps and
+whenever ``checkpoint_interval_s`` seconds have passed since the last save (rank 0's clock
+decides). All ranks agree on these flags through the per-step all-reduce that also
+carries the loss, so they save at the same step.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from .telemetry import NONFINITE  # noqa: E402  (no torch at import)
 
 STOP_FILE = "stop"
 CHECKPOINT_FILE = "checkpoint"
+CURRENT_FILE = "current_launch"        # in the job's folder (beside progress.json): the run folder of its launch
 RESULTS_FILE = "results.jsonl"
 EVENTS_FILE = "events.jsonl"
 PIDS_DIR = "pids"
@@ -96,6 +101,7 @@ class RankRun:
         self.last_ckpt: int | None = None
         self.last_save_time = time.time()
         self.move_generation = 0              # the last device-to-device move carried out
+        self.fenced = False                   # a newer launch of the job replaced this one (agree, superseded)
         self.reason = ""                      # why the run stopped at a non-finite value (stop_nonfinite)
         (self.run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
         (self.run_dir / PIDS_DIR / f"rank{self.rank}").write_text(f"{os.getpid()} {env.hostname}")
@@ -285,7 +291,9 @@ class RankRun:
         import torch.distributed as dist
 
         env = self.env
+        superseded = False
         if self.rank == 0:
+            superseded = self.superseded()
             if (self.run_dir / STOP_FILE).exists():
                 _Flags.stop = True
             if (self.run_dir / CHECKPOINT_FILE).exists():
@@ -299,9 +307,22 @@ class RankRun:
         contrib = local_loss / self.plan.dp if own else torch.zeros_like(local_loss)
         ctl = torch.stack([contrib.float(), torch.tensor(float(_Flags.stop), device=env.device),
                            torch.tensor(float(_Flags.save), device=env.device),
-                           torch.tensor(float(due), device=env.device), torch.tensor(float(move), device=env.device)])
+                           torch.tensor(float(due), device=env.device), torch.tensor(float(move), device=env.device),
+                           torch.tensor(float(superseded), device=env.device)])
         dist.all_reduce(ctl)
+        self.fenced = bool(ctl[5] > 0)
         return float(ctl[0]), bool(ctl[1] > 0), bool(ctl[2] > 0), bool(ctl[3] > 0), int(ctl[4])
+
+    def superseded(self) -> bool:
+        """Rank 0: whether the job's folder names another run folder as its launch's
+        (``CURRENT_FILE``; absent: a launch without an executor, never superseded)."""
+        if not self.cfg.progress_path:
+            return False
+        try:
+            current = (Path(self.cfg.progress_path).parent / CURRENT_FILE).read_text().strip()
+        except OSError:
+            return False
+        return bool(current) and current != self.run_dir.name
 
     def stage_breakdown(self, it_s: float, opt_s: float):
         """--breakdown: per-stage compute (slowest rank of the stage) and the rest as communication."""
@@ -389,6 +410,8 @@ class RankRun:
             local_loss, opt_s = self.step(step)
             done = step + 1
             loss, stop, requested, due, move = self.agree(local_loss, done)
+            if self.fenced:                   # another launch trains the job now: nothing of this step is kept
+                return "superseded", step
             it_s = time.perf_counter() - t0
             stage_compute, stage_comm = self.stage_breakdown(it_s, opt_s)
             self.record(done, loss, it_s, step == start_step, stage_compute, stage_comm)
@@ -437,37 +460,44 @@ class RankRun:
 
 
 def _carry_out_move(old: "RankRun | None", req: "d2d.MoveRequest", done: int, t_agreed: float, old_l, held_box,
-                    *, position: int | None = None, t_imported: float | None = None, device=None):
+                    *, position: int | None = None, t_imported: float | None = None, device=None,
+                    addr: str | None = None):
     """The move's joint part, run by the old job's ranks (``old``) and by joining processes
-    (``old`` None, ``position`` given): joint group, transfer, new group, new model. Returns
-    (the new ``RankRun``, the step it continues from), or None for a parked position."""
+    (``old`` None, ``position`` given, ``addr`` their host's address or None): joint group,
+    transfer, new group, new model. Returns (the new ``RankRun``, the step it continues
+    from), None for a parked position, or "relocated" for an old rank of a move to other
+    hosts (it leaves)."""
     import socket
 
     import torch
     import torch.distributed as dist
 
     from .config import TrainConfig
-    from .dist import device_for, make_env
+    from .dist import LOOPBACK, device_for, make_env
 
     cfg = TrainConfig.from_json(req.config)
     run_dir = Path(cfg.run_dir)
-    n_old, n_new = req.old_plan[0] * req.old_plan[1] * req.old_plan[2], cfg.plan.world_size
-    me = old.rank if old is not None else position
+    n_old, n_new = req.old_world, cfg.plan.world_size
+    n_joint, offset = req.joint_world(n_new), req.offset
+    me = old.rank if old is not None else position          # the joint position
     device = old.env.device if old is not None else device
+    addr = (old.env.addr if old is not None else addr) or LOOPBACK
     rv = lambda tag: run_dir / f"rendezvous_{req.generation}_{tag}.json"          # noqa: E731
     t0 = time.time()
-    if n_new > n_old:                           # growing: a joint group with the new processes
+    if n_joint > n_old:                         # growing or relocating: a joint group with the new processes
         if old is not None:
             dist.destroy_process_group()
-        d2d.join_group(me, n_new, rv("joint"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s)
+        d2d.join_group(me, n_joint, rv("joint"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s, addr=addr)
     t_joint = time.time()
     layout = d2d.model_layout(cfg.model)
     new_l = rp.layout(layout, (cfg.plan.dp, cfg.plan.tp, cfg.plan.pp), cfg.plan.stage_layers)
-    pieces = rp.transfer_plan(old_l, new_l, kept=min(n_old, n_new))
+    pieces = rp.transfer_plan(old_l, new_l, kept=0 if req.relocate else min(n_old, n_new))
     held = held_box.pop()
+    new_me = me - offset                        # this process's new position (outside 0..n_new-1: none)
     state, sent = d2d.transfer(pieces, me, held, old_l[me] if me < n_old else {},
-                               new_l[me] if me < n_new else {}, device)
-    rng = [torch.random.get_rng_state(), done]           # rank 0's RNG and step reach joiners
+                               new_l[new_me] if 0 <= new_me < n_new else {}, device, offset=offset)
+    # rank 0's RNG, step and last checkpoint (step, time) reach joiners
+    rng = [torch.random.get_rng_state(), done, *((old.last_ckpt, old.last_save_time) if old else (None, 0.0))]
     dist.broadcast_object_list(rng, src=0)
     done = rng[1]
     moved = torch.tensor([float(sent)], device=device)
@@ -476,21 +506,24 @@ def _carry_out_move(old: "RankRun | None", req: "d2d.MoveRequest", done: int, t_
     if old is not None:                         # the old plan's modules go
         old.model = old.train_module = old.optimizer = old.schedule = None
     del held
-    if n_new < n_old:                           # shrinking: the surplus positions park
+    if n_joint > n_new:                         # shrinking or relocating: the new plan's group
         dist.destroy_process_group()
-        if me >= n_new:
+        if req.relocate and new_me < 0:         # an old rank of a move to other hosts: it leaves
+            return "relocated"
+        if new_me >= n_new:                     # shrinking: the surplus positions park
             d2d.park(run_dir, EXITS_DIR)
             return None
-        d2d.join_group(me, n_new, rv("new"), cfg, create=me == 0, timeout_s=cfg.comm_timeout_s)
+        d2d.join_group(new_me, n_new, rv("new"), cfg, create=new_me == 0, timeout_s=cfg.comm_timeout_s,
+                       addr=addr)
     t_group = time.time()
     if old is not None:
         local_rank, host, t_imp = old.env.local_rank, old.env.hostname, old.t_imported
     else:
-        local_rank, host, t_imp = me, socket.gethostname(), t_imported
-    env = make_env(cfg.plan, me, n_new, local_rank, device if device is not None else device_for(cfg, me), host)
+        local_rank, host, t_imp = _local_rank(new_me), socket.gethostname(), t_imported
+    env = make_env(cfg.plan, new_me, n_new, local_rank, device if device is not None else
+                   device_for(cfg, local_rank), host, addr)
     run = RankRun(cfg, env, t_imp, time.time())
-    if old is not None:
-        run.last_ckpt, run.last_save_time = old.last_ckpt, old.last_save_time
+    run.last_ckpt, run.last_save_time = rng[2], rng[3]
     run.move_generation = req.generation
     run.setup()
     t_built = time.time()
@@ -503,9 +536,17 @@ def _carry_out_move(old: "RankRun | None", req: "d2d.MoveRequest", done: int, t_
               old_plan=list(req.old_plan), new_plan=[cfg.plan.dp, cfg.plan.tp, cfg.plan.pp],
               drain_s=t_agreed - req.requested_at, joint_group_s=t_joint - t0, transfer_s=t_moved - t_joint,
               regroup_s=t_group - t_moved, build_s=t_built - t_group, install_s=t_ready - t_built,
-              bytes_moved=moved.item(), pieces=sum(1 for p in pieces if p.src != p.dst),
-              world_old=n_old, world_new=n_new)
+              bytes_moved=moved.item(), pieces=sum(1 for p in pieces if p.src != p.dst + offset),
+              world_old=n_old, world_new=n_new, relocated=req.relocate)
     return run, done
+
+
+def _local_rank(default: int) -> int:
+    """This process's index among the job's processes on its host (Hydra's ``MPI_LOCALRANKID``)."""
+    try:
+        return int(os.environ["MPI_LOCALRANKID"])
+    except (KeyError, ValueError):
+        return default
 
 
 def _train_and_move(run: "RankRun", start_step: int) -> tuple["RankRun", str, int]:
@@ -524,6 +565,8 @@ def _train_and_move(run: "RankRun", start_step: int) -> tuple["RankRun", str, in
             return run, "stopped", done
         if moved is None:
             return run, "parked", done
+        if moved == "relocated":
+            return run, "relocated", done
         run, start_step = moved
 
 
@@ -541,25 +584,32 @@ def _import_torch() -> float:
 
 
 def join(move_path: str, offset: int) -> int:
-    """A process started to grow a running job (``--join OFFSET``): position OFFSET + its
-    MPI rank of the new plan; joins the move, then trains with the job."""
+    """A process started to grow a running job or to take it to other hosts (``--join
+    OFFSET``): joint position OFFSET + its MPI rank; marks itself ready, joins the move,
+    then trains with the job."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGUSR1, _on_sigusr1)
-    from mpi4py import MPI
-
     from .config import TrainConfig
-    from .dist import device_for
+    from .dist import device_for, host_address
 
     t_imported = _import_torch()
     req = d2d.MoveRequest.read(move_path)
     cfg = TrainConfig.from_json(req.config)
+    addr = host_address(cfg)                    # (before MPI_Init: MPI's interface too)
+    from mpi4py import MPI
     position = offset + MPI.COMM_WORLD.Get_rank()
     old_l = rp.layout(d2d.model_layout(cfg.model), req.old_plan, req.old_stage_layers)
+    device = device_for(cfg, _local_rank(position - req.offset))
+    if os.environ.get(d2d.FAULT_ENV) == f"join:{position}":     # tests: a new process that never gets ready
+        raise RuntimeError(f"{d2d.FAULT_ENV}: position {position} fails before it is ready")
+    d2d.mark_ready(cfg.run_dir, req.generation, position)
     moved = _carry_out_move(None, req, -1, time.time(), old_l, [{}], position=position, t_imported=t_imported,
-                            device=device_for(cfg, position))
-    if moved is None:
+                            device=device, addr=addr)
+    if moved is None or moved == "relocated":
         return 0
     run, status, done = _train_and_move(*moved)
+    if status == "relocated":
+        return 0
     return run.leave(status, done)
 
 
@@ -589,6 +639,8 @@ def main(config_path: str) -> int:
         run.event("stopped", step=start_step)
         return run.leave("stopped", start_step)
     run, status, done = _train_and_move(run, start_step)
+    if status == "relocated":                   # the job trains on in the processes it moved to
+        return 0
     if status == "parked":
         return run.leave(status, done)
     run.event(status, step=done, **({"reason": run.reason} if status == NONFINITE else {}))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up a virtual environment (if needed), the browser the status-page test drives and the Slurm
-# daemons the Slurm tests start (Debian's chromium, slurmctld, slurmd, slurm-client and munge, when
+# Set up a virtual environment (if needed), the browser the status-page test drives, the Slurm
+# daemons the Slurm tests start and the ssh daemon and network tools of the test hosts (Debian's
+# chromium, slurmctld, slurmd, slurm-client, munge, openssh-server, openssh-client and iproute2, when
 # running as root and they are missing), then lint (ruff),
 # type-check the seams (mypy, files listed in pyproject.toml, beside the tests), build the documentation
 # site (mkdocs build --strict into a temporary folder: a broken link or anchor, or a page left out of
@@ -20,16 +21,24 @@ for b in slurmctld slurmd sinfo munged; do
     break
   fi
 done
+# the test hosts (tests/hosts.py): network namespaces with an sshd each
+for b in sshd ssh ssh-keygen ip unshare; do
+  if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$b" >/dev/null 2>&1; then
+    apt_pkgs="$apt_pkgs openssh-server openssh-client iproute2 util-linux"
+    break
+  fi
+done
 apt_pid=""
 if [ -n "$apt_pkgs" ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "scripts/test.sh: installing Debian's$apt_pkgs for the status-page and Slurm tests" >&2
+    echo "scripts/test.sh: installing Debian's$apt_pkgs for the status-page, Slurm and test-host tests" >&2
     apt_log=$(mktemp)
     (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $apt_pkgs) >"$apt_log" 2>&1 &
     apt_pid=$!
   else
     echo "scripts/test.sh: not root or no apt-get: cannot apt-get install$apt_pkgs; the tests that need" \
-         "them (status page: chromium; Slurm: Slurm as root) are skipped, each saying why" >&2
+         "them (status page: chromium; Slurm: Slurm as root; test hosts: sshd as root) are skipped," \
+         "each saying why" >&2
   fi
 fi
 if [ ! -x .venv/bin/python ]; then

@@ -17,7 +17,7 @@ def reference_losses() -> dict:
 # (xdist 3.8 marks a group by rewriting ``item._nodeid``, which pytest 9 no longer reads,
 # so its ``xdist_group`` marks would not group anything; the scheduler below groups by
 # module path.)
-WHOLE_MODULES = frozenset({"tests/test_service_e2e.py", "tests/test_service_slurm.py"})
+WHOLE_MODULES = frozenset({"tests/test_service_e2e.py", "tests/test_service_slurm.py", "tests/test_service_hosts.py"})
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -59,3 +59,18 @@ def slurm_cluster():
         pytest.skip(why)
     with started_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def test_hosts():
+    """Four test hosts (``tests/hosts.py``): network namespaces on a bridge, each with its
+    own address, host name and sshd; one per pytest process, built on first use (about
+    1 s), removed at the end. Skipped, saying why in one line, when not root or sshd or
+    iproute2 is missing."""
+    from tests.hosts import started_hosts, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    with started_hosts(4) as hosts:
+        yield hosts

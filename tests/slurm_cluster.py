@@ -14,6 +14,10 @@ munge`` (``scripts/test.sh`` installs them); ``unavailable()`` says in one line 
 shows the daemons' log tails); ``stop()`` cancels the jobs left, waits for them, then stops
 every daemon it started by its pid (SIGTERM, then SIGKILL).
 
+On test hosts (``hosts``: ``tests/hosts.py``'s network namespaces) node i's ``slurmd`` runs
+on host i (its namespace and host name; ``NodeAddr`` its address) and the controller here,
+reached at the bridge's address: a job across nodes then spans hosts.
+
 Run alone (``python -m tests.slurm_cluster``) it starts a cluster, prints its start-up time
 and ``sinfo``, and stops it.
 """
@@ -30,7 +34,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from tests.hosts import TestHosts
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sinfo", "scontrol", "squeue", "sbatch", "srun", "scancel")
 START_TIMEOUT_S = 60.0
@@ -90,6 +97,7 @@ class SlurmCluster:
     name: str = field(default_factory=lambda: f"t{secrets.token_hex(4)}")
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     startup_s: float | None = None
+    hosts: "TestHosts | None" = None   # node i's slurmd on test host i + 1 (tests/hosts.py); None: all here
 
     def __post_init__(self):
         self.root = Path(self.root)
@@ -153,9 +161,10 @@ class SlurmCluster:
                 typ = f" Type={n.gpu_type}" if n.gpu_type else ""
                 gres_lines.append(f"NodeName={n.name} Name=gpu{typ} File={','.join(files)}")
         (r / "gres.conf").write_text("\n".join(gres_lines) + "\n")
+        ctld = "localhost" if self.hosts is None else f"{socket.gethostname()}({self.hosts.gateway})"
         lines = [
             f"ClusterName={self.name}",
-            "SlurmctldHost=localhost",
+            f"SlurmctldHost={ctld}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge",
             f"AuthInfo=socket={r / 'munge' / 'munge.sock'}",
@@ -172,9 +181,11 @@ class SlurmCluster:
             "ReturnToService=2", f"SlurmdTimeout={self.slurmd_timeout_s}", "KillWait=5", "MinJobAge=600",
             "MpiDefault=none", "GresTypes=gpu", "JobAcctGatherType=jobacct_gather/none",
         ]
-        for n in self.nodes:
+        for i, n in enumerate(self.nodes):
             gres = f" Gres=gpu:{n.gpu_type + ':' if n.gpu_type else ''}{n.gpus}" if n.gpus else ""
-            lines.append(f"NodeName={n.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.ports[n.name]} "
+            where = "NodeHostname=localhost NodeAddr=127.0.0.1" if self.hosts is None else \
+                f"NodeHostname={self.hosts.hosts[i].hostname} NodeAddr={self.hosts.hosts[i].addr}"
+            lines.append(f"NodeName={n.name} {where} Port={self.ports[n.name]} "
                          f"CPUs={n.cpus} RealMemory=4000{gres} State=UNKNOWN")
         parts: dict[str, list[str]] = {}
         for n in self.nodes:
@@ -207,8 +218,13 @@ class SlurmCluster:
         self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i"])
 
     def start_slurmd(self, node: str) -> None:
-        """Start (or restart) the slurmd of ``node``."""
-        self._spawn(f"slurmd-{node}", [_which("slurmd"), "-D", "-N", node])
+        """Start (or restart) the slurmd of ``node`` (on its test host, with ``hosts``)."""
+        cmd = [_which("slurmd"), "-D", "-N", node]
+        if self.hosts is None:
+            self._spawn(f"slurmd-{node}", cmd)
+            return
+        host = self.hosts.hosts[[n.name for n in self.nodes].index(node)]
+        self.procs[f"slurmd-{node}"] = self.hosts.spawn(host, f"slurmd-{self.name}-{node}", cmd, env=self.env)
 
     def stop_slurmd(self, node: str) -> None:
         """Stop the slurmd of ``node`` (SIGKILL): to Slurm the node stops responding."""
@@ -242,12 +258,8 @@ class SlurmCluster:
                            f"{self.log_tails()}")
 
     def log_tails(self, lines: int = 15) -> str:
-        out = []
-        for p in sorted((self.root / "log").glob("*")):
-            text = p.read_text(errors="replace").splitlines()[-lines:]
-            if text:
-                out.append(f"--- {p.name}\n" + "\n".join(text))
-        return "\n".join(out)
+        from tests.hosts import log_tails
+        return log_tails(self.root / "log", lines)
 
     # --- stop ------------------------------------------------------------------------------------
     def cancel_all_jobs(self, timeout_s: float = STOP_JOBS_TIMEOUT_S) -> None:
@@ -311,12 +323,13 @@ if __name__ == "__main__":
 
 
 @contextlib.contextmanager
-def started_cluster(nodes: tuple[NodeDef, ...] = DEFAULT_NODES) -> Iterator[SlurmCluster]:
-    """A ``SlurmCluster`` of ``nodes`` in a fresh folder under /tmp (short: munged's
-    socket path), started; on exit (a failed start included) its daemons are stopped
-    and the folder removed."""
+def started_cluster(nodes: tuple[NodeDef, ...] = DEFAULT_NODES, hosts: "TestHosts | None" = None
+                    ) -> Iterator[SlurmCluster]:
+    """A ``SlurmCluster`` of ``nodes`` (on test ``hosts``, node i on host i + 1) in a fresh
+    folder under /tmp (short: munged's socket path), started; on exit (a failed start
+    included) its daemons are stopped and the folder removed."""
     root = Path(tempfile.mkdtemp(prefix="arena-slurm-", dir="/tmp"))
-    cluster = SlurmCluster(root, nodes=nodes)
+    cluster = SlurmCluster(root, nodes=nodes, hosts=hosts)
     try:
         cluster.start()
         yield cluster

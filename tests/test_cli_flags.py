@@ -73,7 +73,9 @@ def test_a_bad_train_flag_is_named_as_typed(flag, value, tmp_path, capsys):
 SERVE_BAD = [("--round-interval", "0"), ("--checkpoint-interval", "-1"), ("--stop-timeout", "0"),
              ("--max-failures", "0"), ("--failure-backoff", "-1"), ("--stop-after", "0"), ("--step-delay", "-1"),
              ("--keep-rounds", "-1"), ("--keep-measurements", "-1"), ("--stall-after", "0"),
-             ("--launch-stall-after", "-1"), ("--drain-after-failures", "-1"), ("--failure-window", "0")]
+             ("--launch-stall-after", "-1"), ("--drain-after-failures", "-1"), ("--failure-window", "0"),
+             ("--host-check-interval", "-1"), ("--host-down-after", "nan"), ("--host-check-port", "0"),
+             ("--host-check-port", "70000")]
 
 
 @pytest.mark.parametrize("flag, value", SERVE_BAD, ids=[f"{f} {v}" for f, v in SERVE_BAD])

@@ -118,5 +118,8 @@ def test_operators_runs_as_written(tmp_path):
     assert "already submitted as job 1" in out, out[-3000:]                 # the key made it idempotent
     assert "drained: maintenance" in out, out[-3000:]
     assert (ops / "backup.db").is_file() and (ops / "state" / "restored.db").is_file()
-    assert re.search(r"service restarted; resumes from step \d+", out), out[-3000:]   # the kill -9 cost
+    # the kill -9 cost: nothing (the launch taken over, not relaunched)
+    assert re.search(r"job 1: launch \d+ \(run folder launch_\d+\) still runs: taken over at step \d+, nothing "
+                     r"relaunched", out), out[-3000:]
+    assert "scheduler stopped on an error" not in (ops / "serve.log").read_text()     # (the restore's recovery)
     assert re.search(r"^ +1 nightly +finished", out, re.M), out[-3000:]

@@ -33,8 +33,6 @@ Bad inputs at start are each one clear error line (``test_bad_slurm_inputs_at_st
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 import shutil
@@ -44,11 +42,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.service.client import Client
-from engine.service.scenario import LOSS_TOL, ServiceProcess, Submission, free_port, loss_deviation, resumes
-from engine.service.store import Store
+from engine.service.scenario import LOSS_TOL, Submission, free_port, loss_deviation, resumes
 from launcher.launch import read_results
 from launcher.telemetry import read_progress
+from tests.service_run import ServiceRun
 from tests.slurm_cluster import NodeDef, SlurmCluster, started_cluster, unavailable
 from tests.test_engine_helpers import wait_until
 
@@ -87,26 +84,17 @@ def wait_for(pred, what: str, timeout_s: float = 90.0, poll_s: float = 0.3):
     return wait_until(pred, timeout_s, what, poll_s)
 
 
-class Run:
+class Run(ServiceRun):
     """The service run and what the scenario saw, for the tests below."""
 
     def __init__(self, cluster: SlurmCluster, tmp: Path):
-        self.cluster, self.tmp = cluster, tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = Client(self.url, timeout_s=10.0)
-        self.ids: dict[str, int] = {}
-        self.seen: dict = {}
-        self.sp: ServiceProcess | None = None
+        super().__init__(tmp)
+        self.cluster = cluster
+
+    def args(self) -> list[str]:
+        return serve_args(self.cluster, self.tmp, self.port)
 
     # --- reading -----------------------------------------------------------------------------
-    def store(self) -> Store:
-        return Store(str(self.tmp / "state.db"), readonly=True)
-
-    def launches(self, name: str):
-        with self.store() as st:
-            return st.launches.rows(self.ids[name])
-
     def hosts(self, launch) -> list[str]:
         """The Slurm nodes of a launch (its GPUs' node ids -> host names, from /api/cluster)."""
         names = {n["node"]: n["host"] for n in self.client.get("/api/cluster")["nodes"]}
@@ -115,14 +103,6 @@ class Run:
     def last_round(self) -> int:
         with self.store() as st:
             return max((x.idx for x in st.rounds.rows()), default=0)
-
-    def steps(self, name: str) -> int:
-        p = read_progress(self.tmp / "work" / str(self.ids[name]) / "progress.json") or {}
-        return int(p.get("iterations_done") or 0)
-
-    def status(self, name: str) -> str:
-        with self.store() as st:
-            return st.jobs.get(self.ids[name]).status
 
     def running(self, name: str):
         """The job's latest launch when it is started and Slurm runs it, else None."""
@@ -136,14 +116,6 @@ class Run:
         out = self.cluster.run("squeue", "-h", "-t", "RUNNING", "-o", "%i %j").stdout.split("\n")
         return {int(i): n for i, n in (ln.split() for ln in out if ln.strip()) if n.startswith("arena.")}
 
-    def arena_nodes(self, *flags: str) -> str:
-        """``arena nodes`` (in this process: the CLI's client path) printed."""
-        from engine.cli.main import main
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert main(["nodes", *flags, "--url", self.url]) == 0
-        return out.getvalue()
-
     def nodes_vs_sinfo(self, timeout_s: float = 20.0) -> tuple[dict, dict] | None:
         """``arena nodes --json``'s Slurm states against ``sinfo`` read just after, until they
         agree (a state may change between the two reads): None, else the last two readings."""
@@ -156,17 +128,6 @@ class Run:
             if time.monotonic() > deadline:
                 return shown, sinfo
             time.sleep(0.5)
-
-    def submit(self, spec: dict) -> None:
-        self.ids[spec["name"]] = int(self.client.post("/api/jobs", spec, key=f"t:{spec['name']}")["id"])
-
-    def start(self) -> None:
-        self.sp = ServiceProcess(serve_args(self.cluster, self.tmp, self.port), self.tmp / "serve.log", self.url)
-        self.sp.start()
-        self.sp.wait_healthy(120)
-
-    def log(self) -> str:
-        return (self.tmp / "serve.log").read_text(errors="replace")
 
 
 def scenario(r: Run) -> None:

@@ -112,6 +112,8 @@ class ApiContext:
     slurm_nodes: Callable[[], dict] | None = None
     # on Slurm: Slurm's state of batch jobs by id (SlurmNodeState.jobs), for the job views
     slurm_jobs: Callable[[list[int]], dict[int, dict]] | None = None
+    # off Slurm, with hosts: whether each host answers (Service.host_watch.peek); None: not watched
+    host_watch: Callable[[], dict] | None = None
     # loss curves read from the run folders, kept between requests (engine/service/losses.py)
     losses: LossLog = field(default_factory=LossLog)
 
@@ -485,6 +487,17 @@ def _with_slurm_nodes(ctx: ApiContext, view: dict) -> dict:
     return view
 
 
+def _with_host_watch(ctx: ApiContext, view: dict) -> dict:
+    """Off Slurm, with hosts: the cluster view with whether each node's host answers
+    (``HostWatch.peek``)."""
+    if ctx.host_watch is not None:
+        hosts = ctx.host_watch()
+        for n in view["nodes"]:
+            n["host_check"] = hosts["nodes"].get(n["node"])
+        view["host_check"] = {k: v for k, v in hosts.items() if k != "nodes"}
+    return view
+
+
 def _add_job_action_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> None:
     """``/api/jobs/{id}/...``: cancel, hold, release, priority (a change: its submitter's
     or an admin's, ``_may_change_job``; the scheduler carries it out) and logs."""
@@ -572,7 +585,7 @@ def _add_status_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> Non
     def cluster() -> dict:
         with store() as s:
             view = cluster_view(s, ctx.cluster)
-        return _with_slurm_nodes(ctx, view)             # (read outside the store's transaction)
+        return _with_host_watch(ctx, _with_slurm_nodes(ctx, view))     # (read outside the store's transaction)
 
     @app.get("/api/rounds")
     def rounds(last: Annotated[int, Query(ge=1, le=MAX_ROUNDS_SHOWN)] = 20) -> list:

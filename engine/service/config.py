@@ -109,6 +109,19 @@ class ServiceConfig:
     failure_window_s: float = field(default=3600.0, metadata={
         "flag": "--failure-window", "metavar": "S",
         "help": "the window of --drain-after-failures, in seconds (default %(default)s)"})
+    # with hosts, off Slurm: each host's ssh port probed this often; out of service after no answer this long
+    host_check_interval_s: float = field(default=2.0, metadata={
+        "flag": "--host-check-interval", "metavar": "S",
+        "help": "with a cluster JSON that names hosts (not --slurm): connect to every host's ssh port this "
+                "often (each try bounded by S); 0: never (default %(default)s)"})
+    host_down_after_s: float = field(default=10.0, metadata={
+        "flag": "--host-down-after", "metavar": "S",
+        "help": "a host that accepted no connection for S seconds is out of service until it answers again: "
+                "its jobs move elsewhere from their last checkpoint (default %(default)s)"})
+    host_check_port: int = field(default=22, metadata={
+        "flag": "--host-check-port", "metavar": "PORT",
+        "help": "the port --host-check-interval connects to (default %(default)s, ssh: what mpiexec "
+                "starts ranks through)"})
     # (arena serve's --host, --port, --token and --tokens-file come here: not settings of this config)
     # safety bound: shut down (checkpointing) after this
     stop_after_s: float | None = field(default=None, metadata={
@@ -130,7 +143,7 @@ class ServiceConfig:
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise InputError(f"must be a finite number > 0, got {v!r}", field=name)
         for name in ("min_round_gap_s", "failure_backoff_s", "checkpoint_interval_s", "step_delay_s",
-                     "launch_stall_after_s"):
+                     "launch_stall_after_s", "host_check_interval_s", "host_down_after_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
@@ -147,6 +160,9 @@ class ServiceConfig:
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise InputError(f"must be an integer >= 0 (0: never drain a node), got {v!r}",
                              field="drain_after_failures")
+        port = self.host_check_port
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise InputError(f"must be a TCP port (1-65535), got {port!r}", field="host_check_port")
         if self.move_path not in MOVE_PATHS:
             raise InputError(f"must be one of {', '.join(MOVE_PATHS)}, got {self.move_path!r}", field="move_path")
         if self.stop_after_s is not None and not self.stop_after_s > 0:

@@ -71,6 +71,7 @@ from launcher.slurm_executor import SlurmExecutor
 from launcher.telemetry import read_progress
 
 from .config import ServiceConfig
+from .host_watch import HostWatch
 from .jobspec import JobSpec
 from .journal import JournaledExecutor
 from .lock import ServiceLock
@@ -157,9 +158,14 @@ class Service:
             self.store.close()
             self.lock.release()
             raise
+        # off Slurm, with hosts: whether each host answers (host_watch.py; None: no hosts, or not watched)
+        self.host_watch = HostWatch(dict(mpi_cfg.node_hosts), port=cfg.host_check_port,
+                                    interval_s=cfg.host_check_interval_s, down_after_s=cfg.host_down_after_s,
+                                    log=log) if mpi_cfg.node_hosts and cfg.host_check_interval_s else None
+        self._host_version = 0
         self.executor = JournaledExecutor(self.mpi, self.store, self.fault, beat=self._renew,
                                           keep_measurements=self.cfg.keep_measurements,
-                                          before_move=self.store_moves)
+                                          before_move=self.store_moves, log=log)
         self.loop = RoundLoop(cluster, policy, self.executor, perf=perf, reconfig=reconfig,
                               round_interval_s=cfg.round_interval_s, max_failures=cfg.max_failures,
                               failure_backoff_s=cfg.failure_backoff_s, on_decided=self._record_round,
@@ -454,6 +460,8 @@ class Service:
     # ------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Rounds until ``stop`` is set (or ``stop_after_s``), then ``shutdown``."""
+        if self.host_watch is not None:
+            self.host_watch.start()
         self.recover()
         self.log(f"scheduling {sum(self.cluster.gpus_by_type().values())} GPUs with {self.policy_name}; "
                  f"rounds every {self.cfg.round_interval_s:g} s and on events; state in {self.cfg.db_path}")
@@ -473,6 +481,8 @@ class Service:
                 self.wake.clear()
         finally:
             self._alive("stopping")
+            if self.host_watch is not None:
+                self.host_watch.stop()
             if self.restart_in_place:
                 self.leave_for_restart()
             else:
@@ -514,9 +524,12 @@ class Service:
         if self.mpi.has_events() or self.executor.has_refused():
             self._trigger = "job finished or failed"
             return True
+        if self.host_watch is not None and self.host_watch.version != self._host_version:
+            self._host_version = self.host_watch.version
+            self._quiet_version = None         # a host went out of service or came back: look
         version = self.store.data_version()
         if version != self._quiet_version:     # the store changed since the last look: look
-            if self._drained() | frozenset(self._slurm_out()) != self.loop.state.cluster.unavailable:
+            if self._drained() | frozenset(self._outside_out()) != self.loop.state.cluster.unavailable:
                 self._trigger = "node drained or returned"
                 return True
             if self.admissions() or self.store.jobs.cancel_requests() or self.store.jobs.hold_requests():
@@ -726,22 +739,26 @@ class Service:
         """The nodes drained in the store that this cluster has (others are logged at recovery)."""
         return frozenset(n for n in self.store.nodes.drained() if n < len(self.loop.state.cluster.nodes))
 
-    def _slurm_out(self) -> dict[int, str]:
-        """Nodes out of service by the last reading of Slurm's state, with why (none off Slurm)."""
-        return {} if self.slurm_nodes is None else self.slurm_nodes.last.out_of_service
+    def _outside_out(self) -> dict[int, str]:
+        """Nodes out of service by the last reading of Slurm's state, or of the hosts off Slurm
+        (host_watch.py), with why (none without either)."""
+        if self.slurm_nodes is not None:
+            return {n: f"drained in Slurm: {why}" for n, why in self.slurm_nodes.last.out_of_service.items()}
+        return {} if self.host_watch is None else self.host_watch.out_of_service()
 
     def apply_drains(self, now: float) -> None:
         """Nodes drained or returned since the last round (``arena drain``, the automatic
         drain, and on Slurm the nodes Slurm's last reading puts out of service): this round
         moves the jobs on such a node elsewhere (device to device where the launcher can),
         or stops them with a checkpoint when there is no room."""
-        drained, slurm_out, st = self._drained(), self._slurm_out(), self.loop.state
-        want = drained | frozenset(slurm_out)
+        drained, outside, st = self._drained(), self._outside_out(), self.loop.state
+        if self.host_watch is not None:         # (a device-to-device move needs both ends to answer)
+            self.mpi.set_unreachable(self.host_watch.unreachable())
+        want = drained | frozenset(outside)
         before = st.cluster.unavailable
         if want == before:
             return
-        why = {n: f"drained in Slurm: {slurm_out[n]}" if n in slurm_out and n not in drained else "drained"
-               for n in want}
+        why = {n: outside[n] if n in outside and n not in drained else "drained" for n in want}
         host = {n.node_id: f" ({n.host})" if n.host else "" for n in self.cluster.nodes()}
         self.log(f"nodes out of service: {sorted(want) or 'none'} (out: "
                  + (", ".join(f"{n}{host[n]} {why[n]}" for n in sorted(want - before)) or "none")

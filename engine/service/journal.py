@@ -67,8 +67,9 @@ def plan_record(alloc: Allocation, plan: Plan | None) -> dict:
 class JournaledExecutor:
     def __init__(self, mpi: MpiExecutor, store: Store, fault: Fault | None = None,
                  beat: Callable[[], None] | None = None, keep_measurements: int = 0,
-                 before_move: Callable[[], None] | None = None):
+                 before_move: Callable[[], None] | None = None, log: Callable[[str], None] | None = None):
         self.mpi, self.store = mpi, store
+        self.log = log or (lambda message: None)     # the service's log (a fallback to storage is logged)
         self.before_move = before_move or (lambda: None)   # stores the move ledger's new entry (the service)
         self.keep_measurements = keep_measurements     # per job, newest iteration times kept (0: all)
         self.fault = fault or (lambda point: None)
@@ -130,7 +131,7 @@ class JournaledExecutor:
         """Take over the store's active launch ``generation`` of ``job``, which runs in run
         folder ``launch_<launch_index>`` (``AdoptingExecutor.adopt``; a restarted service).
         Its checkpoint is recorded; None when the executor knows no such launch."""
-        p = self.mpi.adopt(job, alloc, plan, launch_index)        # type: ignore[attr-defined]
+        p = self.mpi.adopt(job, alloc, plan, launch_index)
         if p is None:
             return None
         self.generation[job.job_id] = generation
@@ -190,6 +191,7 @@ class JournaledExecutor:
         if rec.get("path") == "d2d":
             return ", moved device to device"
         if rec.get("path") == "storage-fallback":
+            self.log(f"job {job_id}: moved through storage, not device to device: {rec.get('reason')}")
             return f", moved through storage (not device to device: {rec.get('reason')})"
         return ", moved through storage"
 
@@ -206,13 +208,17 @@ class JournaledExecutor:
         return JobProgress(**p.__dict__)
 
     def advance(self, until_s: float) -> list[JobProgress]:
-        out = [JobProgress(**p.__dict__) for p in self.mpi.advance(until_s)]
-        for p in out:
+        """What finished or failed since the last call, journaled; a launch already ended in
+        the store (one a restart took over after it had ended, and accounted then) is not
+        reported again: the round loop never had it."""
+        out = []
+        for p in (JobProgress(**q.__dict__) for q in self.mpi.advance(until_s)):
             jid, gen = int(p.job_id), self.generation[p.job_id]
             self._record_checkpoint(p.job_id, p)
             self._record_moves(p.job_id)
             if self._launch_state(jid, gen) not in ("intent", "started"):
                 continue                  # already ended in the store (a launch a restart accounted)
+            out.append(p)
             if p.finished:
                 self.store.launches.mark(jid, gen, "finished", reason="training finished")
             else:

@@ -549,6 +549,7 @@ def run_serve(args) -> int:
                                 node_failures=service.node_failures,
                                 slurm_nodes=None if service.slurm_nodes is None else service.slurm_nodes.peek,
                                 slurm_jobs=None if service.slurm_nodes is None else service.slurm_nodes.jobs,
+                                host_watch=None if service.host_watch is None else service.host_watch.peek,
                                 plugins=tuple(p.describe() for p in args.plugins),
                                 local_hosts=None if tokens else LOCAL_HOSTS | {args.host.lower()}))
     server = http_server(app, args.host, args.port)
@@ -818,6 +819,12 @@ def run_nodes(args) -> int:
         sn = n.get("slurm") or {}
         if sn.get("out_of_service"):
             notes.append(f"out (Slurm, last round): {sn['out_of_service']}")
+        hc = n.get("host_check") or {}
+        if hc.get("out_of_service"):
+            notes.append(f"out: {hc['out_of_service']}")
+        elif hc and not hc["answers"]:
+            notes.append(f"host {hc['host']} does not answer now ({hc['error']}); in service until "
+                         f"--host-down-after")
         state = f"{sn.get('state') or '?':<10} " if slurm else ""
         print(f"{n['node']:>4} {str(n['host'] or '-'):<16} {n['gpu_type']:<12} {held:>3}/{len(n['gpus']):<3}  "
               f"{state}{' '.join(map(str, jobs)) or '-'}{'  ' + '; '.join(notes) if notes else ''}")

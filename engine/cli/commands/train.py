@@ -100,7 +100,7 @@ class TrainOptions:
 # config's fields and the parser).
 TRAIN_FLAGS = {**config_flags(TrainOptions), "dp": "--plan", "tp": "--plan", "pp": "--plan", "plan.tp": "--plan",
                "plan.pp": "--plan", "plan.stage_layers": "--stage-layers", "data_path": "--data",
-               "telemetry_path": "--telemetry"}
+               "telemetry_path": "--telemetry", "host_addrs": "--hostfile"}
 
 
 def register(subparsers) -> None:
