@@ -42,7 +42,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.service.client import Client
 from engine.service.scenario import LOSS_TOL, Submission, free_port, loss_deviation, resumes
+from engine.service.store import Store
 from launcher.launch import read_results
 from launcher.telemetry import read_progress
 from tests.service_run import ServiceRun
