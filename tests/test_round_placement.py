@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 
 from engine.core.context import Decisions, DecisionStats
@@ -201,15 +202,41 @@ def test_a_policy_that_can_refine_decides_again_without_what_did_not_fit():
                                                                                                  MAX_REFINES, 1)
 
 
-def test_an_optimizing_policys_decision_after_refining_places_as_chosen_through_the_loop():
-    # arena on demo's first rounds: every round's decision is placed as chosen or, where a
-    # refinement could not fix it, by its fallbacks; the counts reach rounds.csv
-    from engine.core.policy import make_policy
-    from estimators import make_performance_model
-    from instances.builtin import get_instance
-    res = simulate(get_instance("demo"), make_policy("arena"), perf=make_performance_model("table"), rounds=30)
-    assert all(r.packing_failures == 0 for r in res.rounds)
+@dataclass
+class RefiningPolicy(Policy):
+    """Decides ``rule(ctx)``; asked again without what did not fit, gives each failed job
+    its grid in ``alt`` (a fresh ``Refining`` per round)."""
+    rule: object
+    alt: dict
+    name: str = "refining"
+
+    def decide(self, ctx):
+        return Refining(dict(self.alt)).decisions(dict(self.rule(ctx)))
+
+
+def test_the_loop_asks_a_policy_to_refine_and_records_it():
+    # round 1: A keeps its 1x2; B's 1x4 does not fit beside it; decided again, the policy
+    # gives B 1x2, which fits: one refinement, no fallback, nobody told to wait (the
+    # decision check passes refine through, checking its new decisions)
+    res = simulate(_two_jobs(), RefiningPolicy(_half_a, {"B": grid("a100", 1, 2)}), rounds=2)
+    r1 = res.rounds[1]
+    assert (r1.running, r1.queued, r1.packing_failures) == (2, 0, 0)
+    assert (r1.refines, r1.fallbacks, r1.fallback_waits) == (1, 0, 0)
     s = res.summary
-    assert s["placement_refines"] == sum(r.refines for r in res.rounds)
-    assert s["fallbacks"] == sum(r.fallbacks for r in res.rounds)
-    assert s["fallback_waits"] == sum(r.fallback_waits for r in res.rounds)
+    assert (s["placement_refines"], s["rounds_refined"], s["fallbacks"], s["fallback_waits"]) == (1, 1, 0, 0)
+    # a refinement that decides for a job the round does not have is refused, naming the policy
+    from engine.core.decision_check import PolicyError
+
+    class Unknown(Refining):
+        def without(self, failed):
+            return self.decisions({**self.grids, "Z": grid("a100", 1, 1)})
+
+    @dataclass
+    class Bad(Policy):
+        name: str = "refining-badly"
+
+        def decide(self, ctx):
+            return Unknown({}).decisions(dict(_half_a(ctx)))
+
+    with pytest.raises(PolicyError, match="policy 'refining-badly', round 1: decided for job 'Z'"):
+        simulate(_two_jobs(), Bad(), rounds=2)

@@ -22,11 +22,14 @@ exception), and the field at fault. Never a traceback, never a decision taken in
   pinned for another job or held by a running job the decision keeps where it is (same
   shape, not pinned): the round's placement would otherwise replace the pin without a word;
 - ``stats`` a ``DecisionStats``; ``fallbacks`` None or an object with ``smaller(job, grid)``,
-  whose answers are checked as they are taken (``CheckedFallbacks``).
+  whose answers are checked as they are taken (``CheckedFallbacks``); ``refine`` None or
+  an object with ``without(failed)``, whose new decisions are checked as these are
+  (``CheckedRefine``).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from instances.errors import InputError
@@ -75,11 +78,18 @@ def decide(policy: Policy, ctx: RoundContext) -> Decisions:
                       quote_site=False) from e
     except Exception as e:               # (KeyboardInterrupt and SystemExit stay what they are)
         raise _raised(err, e, f"{type(e).__name__}: {e}", "decide") from e
+    return checked(decisions, ctx, err)
+
+
+def checked(decisions: Any, ctx: RoundContext, err: _Errors) -> Decisions:
+    """``decisions`` checked (``check``), its fallbacks and refinements checked as they are
+    taken."""
     check(decisions, ctx, err)
-    if decisions.fallbacks is not None:
-        return Decisions(grids=decisions.grids, placements=decisions.placements, plans=decisions.plans,
-                         stats=decisions.stats, fallbacks=CheckedFallbacks(decisions.fallbacks, err))
-    return decisions
+    if decisions.fallbacks is None and decisions.refine is None:
+        return decisions
+    return replace(decisions,
+                   fallbacks=None if decisions.fallbacks is None else CheckedFallbacks(decisions.fallbacks, err),
+                   refine=None if decisions.refine is None else CheckedRefine(decisions.refine, ctx, err))
 
 
 def _raised(err: _Errors, e: BaseException, what: str, field: str, *, quote_site: bool = True) -> PolicyError:
@@ -116,6 +126,8 @@ def check(decisions: Any, ctx: RoundContext, err: _Errors) -> None:
         raise err("stats", f"stats is {_show(decisions.stats)}, not engine.core.context.DecisionStats")
     if decisions.fallbacks is not None and not callable(getattr(decisions.fallbacks, "smaller", None)):
         raise err("fallbacks", f"fallbacks is {_show(decisions.fallbacks)}, which has no smaller(job_id, grid)")
+    if decisions.refine is not None and not callable(getattr(decisions.refine, "without", None)):
+        raise err("refine", f"refine is {_show(decisions.refine)}, which has no without(failed)")
 
 
 def _mapping(value: Any, field: str, err: _Errors) -> Mapping:
@@ -225,6 +237,21 @@ class CheckedFallbacks:
         if plan is not None:
             _check_plan(plan, job_id, {job_id: grid}, self.err)
         return grid, plan
+
+
+class CheckedRefine:
+    """A policy's refinements (``Decisions.refine``), each new decision checked as the
+    first was."""
+
+    def __init__(self, inner: Any, ctx: RoundContext, err: _Errors):
+        self.inner, self.ctx, self.err = inner, ctx, err
+
+    def without(self, failed: Mapping[str, Grid]) -> Decisions:
+        try:
+            decisions = self.inner.without(failed)
+        except Exception as e:
+            raise _raised(self.err, e, f"refine.without: {type(e).__name__}: {e}", "refine") from e
+        return checked(decisions, self.ctx, self.err)
 
 
 def _show(v: Any) -> str:
