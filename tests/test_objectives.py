@@ -204,6 +204,19 @@ def test_utility_amortizes_a_move_over_the_jobs_age(backend):
     assert decide(data, {"utility": 1}, backend, **{"utility.move_horizon": "round"}) == {"j0": 0}
 
 
+def test_utility_charges_a_preemption_the_resume_it_will_cost(backend):
+    # one GPU; j0 runs there (arrived 600 s ago, resuming would cost 300 s), j1 is queued
+    # and worth a little more (its 1 GPU is 1.05x j0's reference): the utility alone swaps
+    # them; with the resume charged, j0 keeps its GPU
+    from dataclasses import replace
+    jobs = [{"cols": [("a100", 1, 1, 1.0)], "current": 0}, {"cols": [("a100", 1, 1, 1.05)], "ref": 1.0}]
+    data = tiny_round_data({"a100": [1]}, jobs, now_s=600.0)
+    data = replace(data, resume_s=np.array([300.0, 0.0]))
+    opts = {"utility.reference": "requested"}
+    assert decide(data, {"utility": 1}, backend, **opts) == {"j1": 1}
+    assert decide(data, {"utility": 1}, backend, **opts, **{"utility.preemption": True}) == {"j0": 0}
+
+
 @pytest.mark.parametrize("weight, key, favoured", [("attained", "attained_gpu_s", "j1"),
                                                     ("remaining", "remaining", "j1")])
 def test_utility_weights_favour_the_job_that_got_less_or_has_less_left(backend, weight, key, favoured):

@@ -48,6 +48,7 @@ class BoundedUtility:
     max_factor: float = 100.0
     max_speedup: float = 1e4
     move_horizon: str = "age"
+    preemption: bool = False
 
     def __post_init__(self):
         if not (math.isfinite(self.p) and -10.0 <= self.p < 0.0):
@@ -66,6 +67,8 @@ class BoundedUtility:
             raise ValueError(f"utility.max_factor must be >= 1, got {self.max_factor!r}")
         if not (math.isfinite(self.max_speedup) and self.max_speedup >= 1):
             raise ValueError(f"utility.max_speedup must be >= 1, got {self.max_speedup!r}")
+        if not isinstance(self.preemption, bool):
+            raise ValueError("utility.preemption must be true or false")
         if self.move_horizon not in MOVE_HORIZONS:
             raise ValueError(f"utility.move_horizon must be one of {', '.join(MOVE_HORIZONS)}, "
                              f"got {self.move_horizon!r}")
@@ -86,6 +89,12 @@ class BoundedUtility:
             w = (median(t) / t) ** self.exponent
         return np.clip(w, 1.0 / self.max_factor, self.max_factor)
 
+    def horizon_s(self, data) -> np.ndarray:
+        """Per job, how long it is expected to stay where it runs (``move_horizon``)."""
+        if self.move_horizon == "age" and data.arrival_s is not None:
+            return np.maximum(data.now_s - data.arrival_s, data.round_interval_s)
+        return np.full(data.n_jobs, data.round_interval_s)
+
     def kept_share(self, data) -> np.ndarray:
         """Per column, the share of the job's work a move there keeps: 1 for a job's
         current column and for a queued job's columns; for a running job's other columns
@@ -98,10 +107,7 @@ class BoundedUtility:
             return share
         cur = data.current_col[data.col_job]
         moved = (cur >= 0) & (cur != np.arange(data.n_cols))
-        if self.move_horizon == "age" and data.arrival_s is not None:
-            horizon = np.maximum(data.now_s - data.arrival_s, data.round_interval_s)[data.col_job]
-        else:
-            horizon = np.full(data.n_cols, data.round_interval_s)
+        horizon = self.horizon_s(data)[data.col_job]
         share[moved] = np.maximum(0.0, 1.0 - data.col_reconfig_s[moved] / horizon[moved])
         return share
 
@@ -111,5 +117,15 @@ class BoundedUtility:
         v = data.speedup if self.reference == "requested" else smallest_speedup(data)
         v = np.asarray(v, dtype=float) * self.kept_share(data)
         v = np.clip(v, 1.0 / self.max_speedup, self.max_speedup)
-        coef = self.weights(data)[data.col_job] * (self.bonus - v ** self.p)
+        w = self.weights(data)
+        coef = w[data.col_job] * (self.bonus - v ** self.p)
+        if self.preemption and self.move_horizon != "none" and data.resume_s is not None and len(data.resume_s):
+            # stopping a running job forfeits the share of its current utility its resume
+            # will cost: every column of the job gets it, so leaving it out pays it
+            run = data.current_col >= 0
+            cur = np.maximum(data.current_col, 0)
+            keep = np.zeros(data.n_jobs)
+            lost = np.minimum(1.0, data.resume_s / self.horizon_s(data))
+            keep[run] = (np.maximum(coef[cur], 0.0) * lost)[run]
+            coef = coef + keep[data.col_job]
         builder.add_x_objective(weight * coef)
