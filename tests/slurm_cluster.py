@@ -113,9 +113,11 @@ class SlurmCluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def run(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-        """A Slurm command (``sinfo``, ``scontrol`` ...) against this cluster."""
+        """A Slurm command (``sinfo``, ``scontrol`` ...) against this cluster, run in the
+        cluster's folder (an ``sbatch`` writes its ``slurm-N.out`` there, not in the
+        caller's working directory: two such files were once committed at the root)."""
         return subprocess.run([_which(args[0]), *args[1:]], env=self.env, capture_output=True, text=True,
-                              check=check, timeout=timeout)
+                              check=check, timeout=timeout, cwd=self.root)
 
     # --- start ---------------------------------------------------------------------------------
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "SlurmCluster":

@@ -1,22 +1,29 @@
-"""A bounded, concave utility of each job's normalized speedup, weighted by how little
-service the job has had: Sia's objective (Jayaram Subramanya et al., SOSP'23), made
-non-clairvoyant-fair with least-attained-service weights.
+"""A bounded, concave utility of each job's normalized speedup: Sia's objective
+(Jayaram Subramanya et al., SOSP'23) as a term, with a move's price kept over the job's
+expected stay and optional per-job weights.
 
 Coefficient of x[j, g] = w_j * (bonus - v(j, g) ** p), with ``p < 0``:
 
 - ``v(j, g)`` the column's speedup over the job's reference allocation (``reference``:
-  ``smallest``, its fewest-GPU column, Sia's normalization, or ``requested``), at least
-  ``1 / max_speedup`` so that ``v ** p`` stays finite;
+  ``smallest``, its fewest-GPU column, Sia's normalization, or ``requested``), times the
+  share of work a move there keeps (below), at least ``1 / max_speedup`` so that
+  ``v ** p`` stays finite;
 - ``v ** p`` falls from 1 at the reference towards 0 as the speedup grows: the utility
   ``bonus - v ** p`` is concave and bounded by ``bonus``, so that giving a job more
   GPUs pays less and less, and running one more job pays ``bonus - 1`` at least
   (Sia: ``p = -0.5``, ``bonus = lambda_n = 1.1``);
-- ``w_j = ((A + tau) / (A_j + tau)) ** las_exponent`` clipped to ``[1 / max_factor,
-  max_factor]``, ``A_j`` the GPU-seconds job j has received so far and ``A`` their mean
-  over the round's jobs (``las_exponent = 0``: every weight 1, Sia's objective). A job
-  that has had little is worth more this round; on heavy-tailed job lengths that is
-  what shortens the average JCT without knowing any job's length (the scheduler sees
-  attained service only, never remaining work).
+- a running job's move to another column keeps ``1 - downtime / horizon`` of its speedup
+  (at least 0), the horizon its age (``move_horizon="age"``: now - arrival, at least one
+  round; on heavy-tailed lengths a job's expected remaining time grows with its age),
+  one round (``round``), or moves are not priced here (``none``: the ``reconfig`` term
+  may price them). Sia's restart factor plays this part in Sia;
+- ``preemption`` (off by default): every column of a running job also carries the share
+  of its current utility its resume would cost over that horizon, so leaving it out pays it;
+- ``w_j``: 1 (``weight="none"``: Sia's objective); by attained service (``attained``),
+  ``((A + tau) / (A_j + tau)) ** exponent``, ``A_j`` the GPU-seconds job j has received
+  and ``A`` their mean over the round's jobs: knows no job's length; or by remaining work
+  (``remaining``), ``(T_median / T_j) ** exponent``, ``T_j`` the job's remaining time at its
+  reference throughput: clairvoyant. Clipped to ``[1 / max_factor, max_factor]``.
 
 Not columnwise under ``reference="smallest"`` (the reference reads the job's other
 columns), columnwise under ``requested``.
