@@ -477,24 +477,17 @@ def _with_slurm_jobs(ctx: ApiContext, views: list[dict]) -> list[dict]:
     return mark_slurm_jobs(views, ctx.slurm_jobs(ids))
 
 
-def _with_slurm_nodes(ctx: ApiContext, view: dict) -> dict:
-    """On Slurm, the cluster view with each node's Slurm state (``SlurmNodeState.peek``)."""
-    if ctx.slurm_nodes is not None:
-        slurm = ctx.slurm_nodes()
+def _with_node_states(ctx: ApiContext, view: dict) -> dict:
+    """The cluster view with each node's state from outside the database: Slurm's
+    (``SlurmNodeState.peek``, as ``slurm``) on Slurm, whether its host answers
+    (``HostWatch.peek``, as ``host_check``) off Slurm with hosts."""
+    for key, peek in (("slurm", ctx.slurm_nodes), ("host_check", ctx.host_watch)):
+        if peek is None:
+            continue
+        states = peek()
         for n in view["nodes"]:
-            n["slurm"] = slurm["nodes"].get(n["node"])
-        view["slurm"] = {k: v for k, v in slurm.items() if k != "nodes"}
-    return view
-
-
-def _with_host_watch(ctx: ApiContext, view: dict) -> dict:
-    """Off Slurm, with hosts: the cluster view with whether each node's host answers
-    (``HostWatch.peek``)."""
-    if ctx.host_watch is not None:
-        hosts = ctx.host_watch()
-        for n in view["nodes"]:
-            n["host_check"] = hosts["nodes"].get(n["node"])
-        view["host_check"] = {k: v for k, v in hosts.items() if k != "nodes"}
+            n[key] = states["nodes"].get(n["node"])
+        view[key] = {k: v for k, v in states.items() if k != "nodes"}
     return view
 
 
@@ -585,7 +578,7 @@ def _add_status_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> Non
     def cluster() -> dict:
         with store() as s:
             view = cluster_view(s, ctx.cluster)
-        return _with_host_watch(ctx, _with_slurm_nodes(ctx, view))     # (read outside the store's transaction)
+        return _with_node_states(ctx, view)             # (read outside the store's transaction)
 
     @app.get("/api/rounds")
     def rounds(last: Annotated[int, Query(ge=1, le=MAX_ROUNDS_SHOWN)] = 20) -> list:
@@ -601,7 +594,7 @@ def _add_status_routes(app: FastAPI, ctx: ApiContext, store: StoreOpener) -> Non
     def state(ended: Annotated[int, Query(ge=0, le=MAX_ENDED)] = STATE_ENDED_JOBS) -> Any:
         with store() as s:
             view = state_view(s, ctx.work_dir, ctx.cluster, losses=ctx.losses, ended=ended)
-        _with_slurm_nodes(ctx, view["cluster"])
+        _with_node_states(ctx, view["cluster"])
         _with_slurm_jobs(ctx, view["jobs"])
         return {**view, "policy": ctx.policy, "shadow_policy": ctx.shadow_policy,
                 "scheduler": None if ctx.liveness is None else ctx.liveness()}
