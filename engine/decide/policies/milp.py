@@ -36,14 +36,23 @@ here, once:
   a running job's candidates on another GPU type), ``move_budget_jobs`` and
   ``move_budget_gpus`` (fractions of the running jobs and of the cluster's GPUs that
   may move per round; 1 = no budget);
+- ``refine`` (true): when placement cannot map a chosen column, decide the round again
+  without it (``Decisions.refine``, engine/core/round_placement.py), up to 3 times, before
+  its fallbacks are taken; false: fallbacks at once;
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/decide/objectives).
+
+The objective, the stability rule and ``max_gpus`` may differ by kind of
+job: a spec's ``goodput_preset`` gives their defaults on goodput jobs (``arena``'s). The
+user's options apply to both kinds; a ``<term>.<option>`` goes to the kind(s) whose
+objective has that term.
 
 An option the policy would not read is refused, never ignored: the solver's options
 (``SOLVER_KEYS``) given with ``search=incremental``, the search's (``INCREMENTAL_KEYS``)
 with ``search=milp``; and before the first round (``check_workload``) the goodput
-policy's options on fixed-batch jobs, and on goodput jobs that a ``goodput`` policy
-decides every runner and objective option but ``max_queued`` and ``event_driven`` (the
-round loop reads those).
+policy's options and the options of a term on for goodput jobs only on fixed-batch jobs,
+the options of a term off in the goodput preset on goodput jobs, and on goodput jobs that
+a ``goodput`` policy decides every runner and objective option but ``max_queued`` and
+``event_driven`` (the round loop reads those).
 
 Candidate grids are cached per (model, global batch); estimates and each job's columns
 per performance model (``RoundDataCache``); the model's rows before the objective terms,
