@@ -101,6 +101,14 @@ def test_arena_simulates_the_demo_without_packing_failures():
     s = res.summary
     assert s["jobs_finished"] > 0
     assert s["packing_failures"] == 0
+    # without the held rows and refinements (the rows before 6 Dec), more of its chosen
+    # grids need a smaller fallback or wait
+    blind = simulate(inst, make_policy("arena", held_rows=False, refine=False), perf=make_performance_model("table"),
+                     rounds=40).summary
+    assert blind["packing_failures"] == 0
+    assert s["fallbacks"] + s["fallback_waits"] < blind["fallbacks"] + blind["fallback_waits"]
+    with pytest.raises(InputError, match="held_rows must be true or false"):
+        make_policy("arena", held_rows="maybe")
 
 
 class NodeLocalPerf(TypeSpeedPerf):

@@ -39,6 +39,9 @@ here, once:
 - ``refine`` (true): when placement cannot map a chosen column, decide the round again
   without it (``Decisions.refine``, engine/core/round_placement.py), up to 3 times, before
   its fallbacks are taken; false: fallbacks at once;
+- ``held_rows`` (true): the node-shape rows count the GPUs running jobs keep
+  (``RoundData.held``); false: the whole capacity as free, as before they did (an
+  ablation: decisions placement cannot map become more common);
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/decide/objectives).
 
 The objective, the stability rule and ``max_gpus`` may differ by kind of
@@ -115,7 +118,7 @@ GridFilter = Callable[[JobView, Grid], bool]
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "columns", "threads", "seed", "pinned_jobs",
                "dump_rounds_dir", "search", "queued_candidates", "other_type_candidates", "move_budget_jobs",
                "move_budget_gpus", "max_queued",
-               "event_driven", "refine") + STABILITY_KEYS
+               "event_driven", "refine", "held_rows") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
 SOLVER_KEYS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")     # read by search=milp only
 INCREMENTAL_KEYS = ("queued_candidates", "other_type_candidates", "move_budget_jobs", "move_budget_gpus")
@@ -317,6 +320,7 @@ class MilpPolicy(Policy):
         self.max_queued: int = _number(spec.name, rest, "max_queued", 0, int, 0)
         self.stability = StabilityRule.from_config(spec.name, rest)
         self.refine = parse_bool(spec.name, "refine", rest.get("refine", True))
+        self.held_rows = parse_bool(spec.name, "held_rows", rest.get("held_rows", True))
         self._fixed_knobs = Knobs(self.objective, self.stability, self.max_gpus)
         self._fixed_only = fixed_only
         self._goodput_knobs = self._fixed_knobs if spec.goodput_preset is None else \
@@ -398,6 +402,8 @@ class MilpPolicy(Policy):
                                     grid_filter=self._keep, cache=self._cache)
         if self.best_per_count:
             data = best_plan_per_count(data)
+        if not self.held_rows:
+            data = dataclasses.replace(data, held=None)
         frozen = knobs.stability.frozen(ctx)
         allowance = knobs.stability.round_allowance(ctx)
         if frozen:
