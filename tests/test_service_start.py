@@ -41,9 +41,33 @@ def test_a_policy_that_cannot_decide_the_services_jobs_is_refused_at_start(tmp_p
     for flag in ("--policy", "--shadow-policy"):
         argv = [flag, "pollux"] + (["--policy", "fcfs"] if flag == "--shadow-policy" else [])
         err = _refused(capsys, _serve(tmp_path, *argv))
-        assert err == (f"arena: error: field '{flag}': policy 'pollux' cannot decide this service's jobs (fixed-batch "
-                       "torch jobs, as `arena submit` sends them): policy 'pollux' decides only the Sia artifact's "
-                       "adaptive-batch goodput jobs (--instance sia:TRACE/WORKLOAD)")
+        # (the workload check, engine/core/policy.py's check_policy_for, refuses it first; a
+        # policy that fails its trial round otherwise, engine/service/probe.py, is refused there)
+        assert err.startswith(f"arena: error: field '{flag}': policy 'pollux' decides only the Sia artifact's "
+                              "adaptive-batch goodput jobs"), err
+        assert err.endswith("not the fixed-batch jobs of the live service"), err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "s.db").exists()
+
+
+def test_a_plug_in_policy_that_fails_a_trial_round_is_refused_at_start(tmp_path, capsys, monkeypatch):
+    # a plug-in policy that declares nothing about its jobs but cannot decide fixed-batch
+    # ones: the trial round (engine/service/probe.py) refuses it before anything is made
+    monkeypatch.delenv("ARENA_TOKEN", raising=False)
+    plugin = tmp_path / "only_goodput.py"
+    plugin.write_text(
+        "from engine.core.policy import Policy, register_policy\n"
+        "from instances.errors import InputError\n\n\n"
+        "@register_policy('goodput-only-plugin')\n"
+        "class GoodputOnly(Policy):\n"
+        "    name = 'goodput-only-plugin'\n\n"
+        "    def decide(self, ctx):\n"
+        "        raise InputError('decides goodput jobs only')\n")
+    assert cli_main(["--plugin", str(plugin)] + _serve(tmp_path, "--policy", "goodput-only-plugin")) == 2
+    lines = capsys.readouterr().err.strip().splitlines()          # the plug-in's load line, then the refusal
+    assert lines[0].startswith("arena: plugin ") and len(lines) == 2 and "Traceback" not in lines[1]
+    err = lines[1]
+    assert err == ("arena: error: field '--policy': policy 'goodput-only-plugin' cannot decide this service's jobs "
+                   "(fixed-batch torch jobs, as `arena submit` sends them): decides goodput jobs only"), err
     assert not (tmp_path / "w").exists() and not (tmp_path / "s.db").exists()
 
 
