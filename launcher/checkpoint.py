@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 CKPT_RE = re.compile(r"^step_(\d+)$")
 META = "meta.json"
@@ -62,8 +63,10 @@ def _state(model, optimizer):
 
 
 def save(directory: str | os.PathLike, step: int, model, optimizer, meta: dict, *, rank: int,
-         barrier, keep: int) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint path."""
+         barrier, keep: int, commit: Callable[[], bool] | None = None) -> Path | None:
+    """Collective: every rank calls it. Returns the final checkpoint path; None on rank 0
+    when ``commit`` (asked there just before the rename) said no: nothing is saved (a
+    launch a newer one replaced while it saved, ``launcher.worker``)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -78,7 +81,11 @@ def save(directory: str | os.PathLike, step: int, model, optimizer, meta: dict, 
     msd, osd = _state(model, optimizer)
     dcp.save({"model": msd, "optim": {"state": osd["state"]}}, checkpoint_id=str(tmp))
     barrier()
-    if rank == 0:
+    committed: Path | None = final
+    if rank == 0 and commit is not None and not commit():
+        shutil.rmtree(tmp, ignore_errors=True)
+        committed = None
+    elif rank == 0:
         rng = base64.b64encode(torch.random.get_rng_state().numpy().tobytes()).decode()
         (tmp / META).write_text(json.dumps({**meta, "step": step, "torch_rng_state": rng}))
         _fsync_dir(tmp)
@@ -88,7 +95,7 @@ def save(directory: str | os.PathLike, step: int, model, optimizer, meta: dict, 
         _fsync_dir(directory)
         _prune(directory, keep)
     barrier()
-    return final
+    return committed
 
 
 def load(path: str | os.PathLike, model, optimizer, expect: dict) -> dict:

@@ -57,6 +57,7 @@ from instances.plan import Plan
 
 from . import d2d, move_record, netaddr
 from . import launch as _launch
+from .checkpoint import latest_checkpoint
 from .config import MOVE_PATHS, OptimizerConfig, ParallelPlan, TrainConfig
 from .run_handle import DetachedRun, LocalRun, RunHandle, read_launcher, write_launcher
 from .telemetry import NONFINITE, read_progress, write_progress
@@ -210,20 +211,24 @@ class MpiExecutor:
         validate(cfg, ranks=alloc.grid.num_gpus, device_type=device_type)
         if st is None:
             st = self._jobs[job.job_id] = LaunchedJob(job, cfg, hostfile)
+        # the fence first: from here on no rank of an earlier launch of the job saves a checkpoint
+        # or writes its progress (ranks cut off that train on, launcher.worker), so the checkpoint
+        # this launch resumes from is the latest one now, whatever the progress file last said
+        Path(cfg.progress_path).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(Path(cfg.progress_path).parent / CURRENT_FILE, Path(cfg.run_dir).name)
         prev = read_progress(cfg.progress_path) or {}
-        write_progress(cfg.progress_path, status="starting",
-                       iterations_done=prev.get("last_checkpoint_step") or 0, steps_total=cfg.steps,
-                       last_checkpoint_step=prev.get("last_checkpoint_step"), iteration_time_s=None)
+        found = latest_checkpoint(cfg.checkpoint_dir)
+        ck = found[0] if found is not None else prev.get("last_checkpoint_step")
+        write_progress(cfg.progress_path, status="starting", iterations_done=ck or 0, steps_total=cfg.steps,
+                       last_checkpoint_step=ck, iteration_time_s=None)
         st.cfg, st.hostfile, st.host_slots = cfg, hostfile, self._host_slots(alloc)
         st.stopping, st.finished, st.failed, st.ended_at_s, st.reported = False, False, None, None, False
         st.final = False
         st.shape = alloc.grid.shape
-        st.gpus, st.launch_started, st.steps_seen = alloc.grid.num_gpus, time.time(), float(prev.get(
-            "last_checkpoint_step") or 0)
+        st.gpus, st.launch_started, st.steps_seen = alloc.grid.num_gpus, time.time(), float(ck or 0)
         st.steps_final = False
         st.joiners, st.move_generation = [], 0
         st.stalled, st.stall_kill_at = None, None
-        _write_atomic(Path(cfg.progress_path).parent / CURRENT_FILE, Path(cfg.run_dir).name)   # (the fence)
         st.proc = self._start_run(job, cfg, hostfile, alloc)
         st.launches += 1
         self._record_launcher(st)

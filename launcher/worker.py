@@ -18,10 +18,12 @@ directory -> checkpoint at the end of the current step and exit 0 with status
 ``current_launch`` names another run folder: ranks the executor could not reach and
 gave up on, e.g. on a host cut off, which a relaunch elsewhere replaced) leaves at the
 end of its step with status "superseded", saving and recording nothing: the job's
-checkpoints and progress are the new launch's alone. SIGUSR1 or a ``checkpoint`` file ->
-checkpoint and continue. Periodic checkpoints: every ``checkpoint_every`` steps and
-whenever ``checkpoint_interval_s`` seconds have passed since the last save (rank 0's clock
-decides). All ranks agree on these flags through the per-step all-reduce that also
+checkpoints and progress are the new launch's alone (rank 0 reads the fence again right
+before each progress write and before committing a checkpoint, so a step agreed on, or a
+save begun, just before the fence leaves nothing either). SIGUSR1 or a ``checkpoint``
+file -> checkpoint and continue. Periodic checkpoints: every ``checkpoint_every`` steps
+and whenever ``checkpoint_interval_s`` seconds have passed since the last save (rank 0's
+clock decides). All ranks agree on these flags through the per-step all-reduce that also
 carries the loss, so they save at the same step.
 """
 from __future__ import annotations
@@ -112,7 +114,11 @@ class RankRun:
             self.telemetry.append_jsonl(self.run_dir / EVENTS_FILE, [{"event": name, "time": time.time(), **kw}])
 
     def progress(self, status: str, done: int, it_s: float | None, **kw) -> None:
-        if self.rank == 0 and self.cfg.progress_path:
+        """Rank 0: the job's progress file, while this launch is the job's (``superseded``
+        asked again here: a step agreed on before a newer launch fenced this one would
+        otherwise write over the newer launch's progress, ahead of the checkpoint it
+        resumes from)."""
+        if self.rank == 0 and self.cfg.progress_path and not self.superseded():
             self.telemetry.write_progress(self.cfg.progress_path, status=status, iterations_done=done,
                                           steps_total=self.cfg.steps, last_checkpoint_step=self.last_ckpt,
                                           iteration_time_s=it_s, mpiexec_ppid=os.getppid(), **kw)
@@ -208,7 +214,10 @@ class RankRun:
 
     def save(self, step: int, why: str) -> bool:
         """Save a checkpoint of step ``step`` (collective); False, with nothing saved, when
-        some rank's weights or optimizer state are not finite."""
+        some rank's weights or optimizer state are not finite. A launch that a newer one
+        replaced while it saved (``superseded``, asked by rank 0 just before the checkpoint
+        is committed) saves and records nothing: the new launch resumes from the checkpoint
+        that was the latest when it was made the job's (it leaves at its next step)."""
         import torch.distributed as dist
 
         from . import checkpoint
@@ -219,7 +228,9 @@ class RankRun:
         t0 = time.perf_counter()
         path = checkpoint.save(self.cfg.checkpoint_dir, step, self.train_module, self.optimizer,
                                {**self.identity, "plan": str(self.plan)}, rank=self.rank, barrier=dist.barrier,
-                               keep=self.cfg.checkpoint_keep)
+                               keep=self.cfg.checkpoint_keep, commit=lambda: not self.superseded())
+        if path is None:                    # (rank 0: replaced while saving)
+            return True
         duration = time.perf_counter() - t0
         self.event("save", step=step, why=why, duration_s=duration,
                    bytes=sum(f.stat().st_size for f in path.iterdir()) if self.rank == 0 else None)

@@ -1,7 +1,10 @@
 """MpiExecutor with real jobs: reconfigure (stop -> checkpoint -> relaunch on another plan ->
 reshard), a rank killed mid-run reported as a failure within seconds, a relaunch
 that resumes from the last checkpoint with no step lost beyond it, and a launch whose
-rank runs out of memory recorded as an infeasible shape for the job."""
+rank runs out of memory recorded as an infeasible shape for the job. Under the round
+loop: a move whose ranks are killed before they can save books the steps after the
+checkpoint as lost, and a replaced launch writes no progress over the new one's."""
+import contextlib
 import json
 import os
 import resource
@@ -171,3 +174,123 @@ def test_out_of_memory_messages():
     assert out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert out_of_memory(f"rank failed: {MemoryError()!r}")
     assert not out_of_memory("RuntimeError: Connection closed by peer") and not out_of_memory(None)
+
+
+def test_a_move_whose_ranks_are_killed_books_the_steps_after_the_checkpoint_as_lost(tmp_path):
+    """A move through storage whose ranks cannot checkpoint at the stop (frozen here with
+    SIGSTOP, as ranks on a host cut off are beyond reach: killed after the stop timeout)
+    resumes from the last checkpoint. The round loop books the steps after it as lost
+    (``lost_iterations``) and the job's progress is the checkpoint's, as a stop's is, so
+    that the new launch's readings never go back (they did: the next reading raised
+    "iterations decreased N -> checkpoint" and the service stopped on it), and no step is
+    lost or counted twice: the job ends at its iteration count."""
+    from engine.core.round_loop import RoundLoop
+    from engine.core.state import JobStatus
+    from engine.decide.policies.fcfs import FcfsPolicy
+    from instances.cluster import ClusterSpec, NodeGroup
+
+    steps = 24
+    cluster = ClusterSpec((NodeGroup("cpu", 2, 1),), "two-nodes")
+    ex = MpiExecutor(MpiExecutorConfig(work_dir=str(tmp_path), checkpoint_every=4, checkpoint_interval_s=0,
+                                       stop_timeout_s=1.0, move_path="storage", step_delay_s=0.1))
+    loop = RoundLoop(cluster, FcfsPolicy(), ex, round_interval_s=1.0,
+                     jobs=[Job("j", MODEL, BATCH, steps, 0.0), Job("k", MODEL, BATCH, 4, 0.0)])
+    frozen: list[int] = []
+
+    def freeze_between_checkpoints():
+        """The ranks stopped (SIGSTOP) with steps trained since the last checkpoint."""
+        p = ex.progress("j")
+        if not (p.running and p.last_checkpoint_iteration >= 4 and p.iterations_done < steps - 4):
+            return None
+        pids = [pid for pid, _ in rank_pids(first_dir).values()]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        p = ex.progress("j")                # (read again: frozen from here on)
+        if p.iterations_done > p.last_checkpoint_iteration:
+            frozen.extend(pids)
+            return p
+        for pid in pids:                    # at a checkpoint: let it train a step and try again
+            os.kill(pid, signal.SIGCONT)
+        return None
+
+    with ex:
+        loop.submit("j", ex.now_s())
+        loop.round(ex.now_s(), 0)
+        first_dir = ex.run_dir("j")
+        try:
+            p = wait_for(freeze_between_checkpoints)
+            read, ck = p.iterations_done, p.last_checkpoint_iteration
+            now = ex.now_s()
+            loop.collect(now)
+            loop.set_unavailable({0}, now)                  # it must leave node 0: moved to node 1
+            rec = loop.round(now, 1)
+        finally:
+            for pid in frozen:                              # (killed by the stop; never left stopped)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        r = loop.state.jobs["j"]
+        assert rec.reconfigurations == 1 and ex.run_dir("j") != first_dir
+        assert [(e.iterations_at, e.forced) for e in loop.moves.entries] == [(read, True)]
+        assert (r.iterations_done, r.lost_iterations) == (ck, read - ck), (read, ck)
+        assert max(e["step"] for e in read_events(first_dir) if e["event"] == "save") == ck   # killed: no save
+
+        loop.submit("k", ex.now_s())                        # an arrival: the next round reads j's progress
+        loop.round(ex.now_s(), 2)                           # (it raised here: iterations decreased)
+        deadline = time.monotonic() + 120
+        for i in range(3, 10_000):
+            now = ex.now_s()
+            loop.collect(now)
+            if r.status is JobStatus.FINISHED:
+                break
+            assert time.monotonic() < deadline, "j did not finish"
+            loop.round(now, i)
+            time.sleep(0.2)
+        assert (r.iterations_done, r.lost_iterations) == (steps, read - ck)
+        resumed = [row["step"] for row in read_results(ex.run_dir("j"))]
+        assert resumed == list(range(int(ck) + 1, steps + 1))    # the lost steps trained again, once
+
+
+def test_a_replaced_launch_saves_and_writes_no_progress_over_the_launch_that_replaced_it(tmp_path):
+    """The fence (the job folder's ``current_launch``) is asked again at each progress
+    write and before a checkpoint is committed: ranks cut off that agreed on a step, or
+    began a save, just before a relaunch elsewhere replaced them leave the job's progress
+    and checkpoints as the new launch found them, so that what the executor reported at the
+    relaunch (the latest checkpoint then) is what the new launch resumes from and no reading
+    goes ahead of it (one rank, in this process)."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from launcher.checkpoint import latest_checkpoint
+    from launcher.config import ParallelPlan, TrainConfig
+    from launcher.dist import make_env
+    from launcher.telemetry import read_progress, write_progress
+    from launcher.worker import CURRENT_FILE, RankRun
+
+    job_dir = tmp_path / "j"
+    progress, ck = job_dir / "progress.json", job_dir / "checkpoints"
+    c = TrainConfig(model=MODEL, plan=ParallelPlan(), steps=10, run_dir=str(job_dir / "launch_0"),
+                    progress_path=str(progress), checkpoint_dir=str(ck))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        run = RankRun(c, make_env(c.plan, 0, 1, 0, torch.device("cpu"), socket.gethostname()), 0.0, 0.0)
+        run.setup()
+        run.build_schedule_and_data()
+        (job_dir / CURRENT_FILE).write_text("launch_0")
+        run.step(0)
+        assert run.save(1, "periodic") and latest_checkpoint(ck)[0] == 1
+        run.progress("running", 1, 0.1)
+        assert read_progress(progress)["iterations_done"] == 1
+        run.step(1)
+        (job_dir / CURRENT_FILE).write_text("launch_1")         # relaunched elsewhere from step 1
+        write_progress(progress, status="starting", iterations_done=1, steps_total=10, last_checkpoint_step=1,
+                       iteration_time_s=None)
+        assert run.save(2, "periodic")                          # (its step 2, agreed on before the fence)
+        run.progress("running", 2, 0.1)
+        assert latest_checkpoint(ck)[0] == 1 and sorted(p.name for p in ck.iterdir()) == ["step_00000001"]
+        assert (read_progress(progress)["status"], read_progress(progress)["iterations_done"]) == ("starting", 1)
+        assert run.last_ckpt == 1 and not any(e["event"] == "save" and e["step"] == 2
+                                              for e in read_events(c.run_dir))
+    finally:
+        dist.destroy_process_group()

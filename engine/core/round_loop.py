@@ -372,6 +372,7 @@ class RoundLoop:
             st.move(jid, a, now, forced=jid in leaving)
             self._ledger_move(jid, current[jid], a, now, forced=jid in leaving)
             ex.reconfigure(jid, a, decisions.plans.get(jid), now)
+            self._kept_by_move(jid)
             rec.reconfigurations += 1
             rec.evictions += jid in leaving
         # launches
@@ -385,6 +386,20 @@ class RoundLoop:
                 rec.launches += 1
                 if resumed:
                     rec.reconfigurations += 1
+
+    def _kept_by_move(self, job_id: str) -> None:
+        """What the job keeps after its move: a move through storage whose ranks were killed
+        before they could save at the stop (a host cut off, a stop past its timeout, a
+        device-to-device transfer that failed) resumes from the last checkpoint, below the
+        progress read before the move; those steps are lost (``lost_iterations``), as at a
+        stop, and the job's progress is the checkpoint's, so that the new launch's readings
+        never go back. (The move's ledger entry and change history keep the progress at the
+        move: the lost steps count against it.)"""
+        r = self.state.jobs[job_id]
+        kept = self.executor.progress(job_id).iterations_done
+        if kept < r.iterations_done - 1e-9:
+            self.state.resumed_from_checkpoint(job_id, kept)
+            self._prev_iters.pop(job_id, None)     # it resumes from its last checkpoint
 
     def _ledger_move(self, job_id: str, old, new, now: float, *, forced: bool) -> None:
         """Open the move's ledger entry: the rate measured before it, the performance

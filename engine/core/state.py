@@ -228,6 +228,16 @@ class EngineState:
     def release_for_move(self, job_id: str) -> None:
         self.cluster.release(job_id)
 
+    def resumed_from_checkpoint(self, job_id: str, kept_iterations: float) -> None:
+        """A running job's move went through storage without a checkpoint at its stop (its
+        ranks were killed: a host cut off, a stop past its timeout, a failed transfer): it
+        resumes from ``kept_iterations`` (its last checkpoint), and the steps after it are
+        lost, as at a stop (``lost_iterations``)."""
+        r = self.jobs[job_id]
+        if r.status is not JobStatus.RUNNING:
+            raise StateError(f"job {job_id} resumed from a checkpoint while {r.status.value}")
+        self._keep(r, kept_iterations)
+
 
     def _leave_running(self, job_id: str, t: float, what: str) -> JobRecord:
         """Release a running job's GPUs and book the GPU-seconds it held."""
