@@ -101,14 +101,30 @@ def test_arena_simulates_the_demo_without_packing_failures():
     s = res.summary
     assert s["jobs_finished"] > 0
     assert s["packing_failures"] == 0
-    # without the held rows and refinements (the rows before 6 Dec), more of its chosen
-    # grids need a smaller fallback or wait
-    blind = simulate(inst, make_policy("arena", held_rows=False, refine=False), perf=make_performance_model("table"),
+    # without refinements (as before 6 Dec), more of its chosen grids need a smaller
+    # fallback or wait
+    blind = simulate(inst, make_policy("arena", max_refines=0), perf=make_performance_model("table"),
                      rounds=40).summary
-    assert blind["packing_failures"] == 0
+    assert blind["packing_failures"] == 0 and blind["placement_refines"] == 0 < s["placement_refines"]
     assert s["fallbacks"] + s["fallback_waits"] < blind["fallbacks"] + blind["fallback_waits"]
     with pytest.raises(InputError, match="held_rows must be true or false"):
         make_policy("arena", held_rows="maybe")
+
+
+def test_arena_refines_a_round_at_most_max_refines_times():
+    """Each refinement's decision can be refined once less; 0: none (fallbacks at once)."""
+    from engine.core.round_placement import MAX_REFINES
+    ctx = ctx_of([JobView(job(), 1000.0, None)], TypeSpeedPerf({"a100": 3.0, "a40": 1.0}))
+    d = make_policy("arena", max_refines=2).decide(ctx)
+    chain = 0
+    while d.refine is not None:
+        d = d.refine.without({})
+        chain += 1
+    assert chain == 2 and d.grids
+    assert make_policy("arena", max_refines=0).decide(ctx).refine is None
+    for bad in (-1, MAX_REFINES + 1, "many"):
+        with pytest.raises(InputError, match="max_refines"):
+            make_policy("arena", max_refines=bad)
 
 
 class NodeLocalPerf(TypeSpeedPerf):

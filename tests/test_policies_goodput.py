@@ -131,6 +131,9 @@ def test_arena_decides_goodput_jobs_with_its_goodput_preset():
     assert [(w, t.name, t.p, t.move_horizon) for w, t in goodput.objective.terms] == [(1.0, "utility", -1.0, "age")]
     assert [t.exponent for _, t in fixed.objective.terms if t.name == "jct"] == [2.0]
     assert fixed.stability.enabled and not goodput.stability.enabled
+    assert goodput.held_rows and not fixed.held_rows           # the held rows on goodput jobs only
+    both = make_policy("arena", held_rows=False)                # (an option given applies to both kinds)
+    assert not both._goodput_knobs.held_rows and not both._fixed_knobs.held_rows
     _, rec, res = _run("arena", **{"utility.p": -1.0})
     assert all(j.jct_s is not None for j in res.jobs) and any(d.grids for _, d in rec.rounds)
     # the goodput rounds' objectives are the utility's: at most bonus (1.1) per job run

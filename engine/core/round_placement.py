@@ -4,13 +4,14 @@
 
 1. ``take_fallbacks``: the chosen grids are placed. When some do not fit and the policy
    can decide again (``Decisions.refine``: the optimizing policies, whose model's rows
-   count the GPUs running jobs keep but not that a multi-node job needs distinct
-   nodes), it is asked to, without the columns that did not fit (and those of earlier
-   refinements), up to ``MAX_REFINES`` times: the new optimum is over every job, so
-   others may take the room. Then, when the policy handed ranked alternatives
-   (``Decisions.fallbacks``), a job whose grid still does not fit takes its best smaller
-   alternative, else it waits; up to ``MAX_FALLBACK_ROUNDS`` times, then what still does
-   not fit waits. The GPUs found are pinned. What the live service records and a shadow
+   count GPUs per type and node shape but not which nodes running jobs keep, nor that a
+   multi-node job needs distinct nodes), it is asked to, without the columns that did
+   not fit (and those of earlier refinements), until its decision fits or it will not
+   refine it further (``refine`` None: the policy's own limit), at most ``MAX_REFINES``
+   times: the new optimum is over every job, so others may take the room. Then, when
+   the policy handed ranked alternatives (``Decisions.fallbacks``), a job whose grid
+   still does not fit takes its best smaller alternative, else it waits; up to
+   ``MAX_FALLBACK_ROUNDS`` times, then what still does not fit waits. The GPUs found are pinned. What the live service records and a shadow
    policy is compared with is this decision.
 2. The loop's truth check (``Executor.runs_on``) drops decisions on shapes the job cannot
    run on; a running job whose move was dropped is requested at the grid it holds.
@@ -36,14 +37,16 @@ from .context import Decisions
 from .placement import Placer
 
 MAX_FALLBACK_ROUNDS = 4          # rounds of "take the fallbacks of the jobs that did not fit, place again"
-MAX_REFINES = 3                  # times a policy is asked to decide again without what did not fit
+MAX_REFINES = 64                 # most times a round a policy is asked to decide again (its own limit ends it
+                                 # first: a decision it will not refine has ``refine`` None)
 
 
 def refine(placer: Placer, decisions: Decisions, current: Mapping[str, Allocation],
            unavailable: frozenset[int]) -> Decisions:
     """``decisions``, or the policy's decision again without the columns placement could
-    not map (``Decisions.refine``), up to ``MAX_REFINES`` times; the count and the columns
-    cut in ``stats.placement_refines`` and ``stats.columns_cut``."""
+    not map (``Decisions.refine``), until it fits or the policy stops refining, at most
+    ``MAX_REFINES`` times; the count and the columns cut in ``stats.placement_refines``
+    and ``stats.columns_cut``."""
     if decisions.refine is None:
         return decisions
     refines = cut = 0

@@ -27,10 +27,12 @@ import dataclasses
 from .milp import MilpPolicySpec, Preset, register_milp_policy
 
 # On the Sia artifact's goodput jobs (module doc): the bounded utility of normalized goodput,
-# moves kept over the job's age, no stability rule; knows no job's length.
+# moves kept over the job's age, no stability rule, node-shape rows that count what running
+# jobs hold (on newTrace's two most loaded workloads 1.09 and 1.00 h against 1.13 and 1.07 h
+# without; docs/results/2026-12-06-decisions-that-win.md); knows no job's length.
 GOODPUT = Preset(weights={"utility": 1.0}, options={"utility.p": -0.5, "utility.bonus": 1.1,
                                                     "utility.move_horizon": "age"},
-                 runner={"stability": False})
+                 runner={"stability": False, "held_rows": True})
 
 # ``reconfig.give_way=3`` (module doc), measured in docs/engine.md, "Giving way judged for
 # the whole cluster": 22-29% fewer reconfigurations on philly and overloaded at the same

@@ -36,15 +36,18 @@ here, once:
   a running job's candidates on another GPU type), ``move_budget_jobs`` and
   ``move_budget_gpus`` (fractions of the running jobs and of the cluster's GPUs that
   may move per round; 1 = no budget);
-- ``refine`` (true): when placement cannot map a chosen column, decide the round again
-  without it (``Decisions.refine``, engine/core/round_placement.py), up to 3 times, before
-  its fallbacks are taken; false: fallbacks at once;
-- ``held_rows`` (true): the node-shape rows count the GPUs running jobs keep
-  (``RoundData.held``); false: the whole capacity as free, as before they did (an
-  ablation: decisions placement cannot map become more common);
+- ``max_refines`` (16): when placement cannot map a chosen column, decide the round
+  again without it (``Decisions.refine``, engine/core/round_placement.py), at most this
+  many times a round, before its fallbacks are taken; 0: fallbacks at once;
+- ``held_rows`` (false; true in ``arena``'s goodput preset): true makes the node-shape
+  rows count the GPUs running jobs keep (``RoundData.held``) instead of the whole
+  capacity as free: fewer columns placement cannot map, but counted low where several
+  jobs leave one node, so that consolidating a node is never seen, and a harder model
+  (on arena-philly 6% fewer jobs finished in 2,000 rounds, 4x the decision time;
+  docs/results/2026-12-06-decisions-that-win.md);
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/decide/objectives).
 
-The objective, the stability rule and ``max_gpus`` may differ by kind of
+The objective, the stability rule, ``max_gpus`` and ``held_rows`` may differ by kind of
 job: a spec's ``goodput_preset`` gives their defaults on goodput jobs (``arena``'s). The
 user's options apply to both kinds; a ``<term>.<option>`` goes to the kind(s) whose
 objective has that term.
@@ -91,6 +94,7 @@ import numpy as np
 
 from engine.core.context import Decisions, DecisionStats, JobView, RoundContext
 from engine.core.policy import Policy, Workload, refuse_unknown_options, refuse_unread, register_policy
+from engine.core.round_placement import MAX_REFINES
 from estimators import PerformanceModel
 from estimators.perf import DpOnlyTwin
 from instances.cluster import MAX_CLUSTER_GPUS
@@ -118,7 +122,7 @@ GridFilter = Callable[[JobView, Grid], bool]
 RUNNER_KEYS = ("backend", "time_limit_s", "rel_gap", "max_gpus", "columns", "threads", "seed", "pinned_jobs",
                "dump_rounds_dir", "search", "queued_candidates", "other_type_candidates", "move_budget_jobs",
                "move_budget_gpus", "max_queued",
-               "event_driven", "refine", "held_rows") + STABILITY_KEYS
+               "event_driven", "max_refines", "held_rows") + STABILITY_KEYS
 SEARCHES = ("milp", "incremental")
 SOLVER_KEYS = ("backend", "time_limit_s", "rel_gap", "threads", "seed")     # read by search=milp only
 INCREMENTAL_KEYS = ("queued_candidates", "other_type_candidates", "move_budget_jobs", "move_budget_gpus")
@@ -129,7 +133,8 @@ COLUMNS = ("all", "best_per_count")
 @dataclass(frozen=True)
 class Preset:
     """Defaults for one kind of job: objective weights, term options and runner options
-    (of the kind-dependent knobs: the objective, the stability rule, ``max_gpus``)."""
+    (of the kind-dependent knobs: the objective, the stability rule, ``max_gpus``,
+    ``held_rows``)."""
     weights: Mapping[str, float]
     options: Mapping[str, Any] = field(default_factory=dict)
     runner: Mapping[str, Any] = field(default_factory=dict)
@@ -232,15 +237,18 @@ def _with_default_options(defaults: Mapping[str, Any], config: Mapping[str, Any]
 
 
 DEFAULT_MAX_GPUS = 16
+DEFAULT_MAX_REFINES = 16     # on arena-philly's 2,000 rounds no chosen grid waits with 16 (17 with 8)
 
 
 @dataclass(frozen=True)
 class Knobs:
-    """What decides a round of one kind of job: the objective, the stability rule and the
-    largest grid a job may get."""
+    """What decides a round of one kind of job: the objective, the stability rule, the
+    largest grid a job may get and whether the node-shape rows count what running jobs
+    hold (``held_rows``)."""
     objective: Objective
     stability: StabilityRule
     max_gpus: int
+    held_rows: bool
 
 
 def _term_weights(defaults: Mapping[str, float], config: Mapping[str, Any]) -> dict[str, float]:
@@ -283,7 +291,8 @@ def _preset_knobs(name: str, preset: Preset, config: Mapping[str, Any]) -> Knobs
     runner's keys by the fixed-batch parse)."""
     obj_cfg, rest = split_objective_config(_with_default_options(preset.options, {**preset.runner, **config}))
     return Knobs(parse_objective(obj_cfg, preset.weights), StabilityRule.from_config(name, rest),
-                 _number(name, rest, "max_gpus", DEFAULT_MAX_GPUS, int, 1, MAX_CLUSTER_GPUS))
+                 _number(name, rest, "max_gpus", DEFAULT_MAX_GPUS, int, 1, MAX_CLUSTER_GPUS),
+                 parse_bool(name, "held_rows", rest.get("held_rows", False)))
 
 
 class MilpPolicy(Policy):
@@ -319,9 +328,9 @@ class MilpPolicy(Policy):
         self.pinned = parse_job_list(rest.get("pinned_jobs"))
         self.max_queued: int = _number(spec.name, rest, "max_queued", 0, int, 0)
         self.stability = StabilityRule.from_config(spec.name, rest)
-        self.refine = parse_bool(spec.name, "refine", rest.get("refine", True))
-        self.held_rows = parse_bool(spec.name, "held_rows", rest.get("held_rows", True))
-        self._fixed_knobs = Knobs(self.objective, self.stability, self.max_gpus)
+        self.max_refines: int = _number(spec.name, rest, "max_refines", DEFAULT_MAX_REFINES, int, 0, MAX_REFINES)
+        self._fixed_knobs = Knobs(self.objective, self.stability, self.max_gpus,
+                                  parse_bool(spec.name, "held_rows", rest.get("held_rows", False)))
         self._fixed_only = fixed_only
         self._goodput_knobs = self._fixed_knobs if spec.goodput_preset is None else \
             _preset_knobs(spec.name, spec.goodput_preset, {k: v for k, v in config.items() if k not in fixed_only})
@@ -402,7 +411,7 @@ class MilpPolicy(Policy):
                                     grid_filter=self._keep, cache=self._cache)
         if self.best_per_count:
             data = best_plan_per_count(data)
-        if not self.held_rows:
+        if not knobs.held_rows:
             data = dataclasses.replace(data, held=None)
         frozen = knobs.stability.frozen(ctx)
         allowance = knobs.stability.round_allowance(ctx)
@@ -410,9 +419,9 @@ class MilpPolicy(Policy):
             data = freeze_jobs(data, frozen)
             frozen = frozenset(jid for j, jid in enumerate(data.job_ids) if jid in frozen and data.current_col[j] >= 0)
         prepared = _Prepared(ctx, data, knobs.objective, frozen, allowance, left_out, t0, time.perf_counter())
-        return self._solve(prepared, None)
+        return self._solve(prepared, None, self.max_refines)
 
-    def _solve(self, r: _Prepared, exclude: np.ndarray | None) -> Decisions:
+    def _solve(self, r: _Prepared, exclude: np.ndarray | None, refines_left: int) -> Decisions:
         """The round's decision over ``r``'s columns, less those ``exclude`` marks (the
         columns placement could not map, ``_Refinement``)."""
         data, frozen, allowance = r.data, r.frozen, r.allowance
@@ -482,7 +491,7 @@ class MilpPolicy(Policy):
             unschedulable=tuple(data.unschedulable), estimate_time_s=r.t1 - r.t0, model_build_time_s=t2 - t1,
             solve_wall_s=t3 - t2, decide_time_s=time.perf_counter() - t1 + r.t1 - r.t0)
         return Decisions(grids=grids, plans=plans, stats=stats, fallbacks=RankedColumns(data, col_value),
-                         refine=_Refinement(self, r, exclude) if self.refine else None)
+                         refine=_Refinement(self, r, exclude, refines_left - 1) if refines_left > 0 else None)
 
 
 @dataclass(frozen=True)
@@ -500,10 +509,11 @@ class _Prepared:
 
 class _Refinement:
     """``Decisions.refine`` of a MilpPolicy decision: the same round solved again without
-    the columns placement could not map, and without those of earlier refinements."""
+    the columns placement could not map, and without those of earlier refinements; the
+    decision it returns can be refined ``left`` more times."""
 
-    def __init__(self, policy: MilpPolicy, prepared: _Prepared, exclude: np.ndarray | None):
-        self._policy, self._prepared, self._exclude = policy, prepared, exclude
+    def __init__(self, policy: MilpPolicy, prepared: _Prepared, exclude: np.ndarray | None, left: int):
+        self._policy, self._prepared, self._exclude, self._left = policy, prepared, exclude, left
 
     def without(self, failed: Mapping[str, Grid]) -> Decisions:
         data = self._prepared.data
@@ -514,7 +524,7 @@ class _Refinement:
             k = find_column(data, j, grid) if j is not None else -1
             if k >= 0:
                 exclude[k] = True
-        return self._policy._solve(self._prepared, exclude)
+        return self._policy._solve(self._prepared, exclude, self._left)
 
 
 def _finite(model: MilpModel) -> bool:
