@@ -78,7 +78,7 @@ class RoundRecord:
     fallbacks: int = 0               # chosen grids that did not fit, replaced by the policy's smaller fallback
     fallback_waits: int = 0          # chosen jobs left waiting: neither their grid nor a fallback fitted
     failures: int = 0                # runs that failed since the previous round (live)
-    decision_time_s: float = 0.0     # the policy's decision, its fallbacks taken included
+    decision_time_s: float = 0.0     # the policy's decision, its refinements and fallbacks included
     context_time_s: float = 0.0      # building the policy's RoundContext
     decided: bool = False            # the policy was called this round
     # over the interval [time_s, next round), filled at the next round:
@@ -262,7 +262,7 @@ class RoundLoop:
             rec.context_time_s = t_dec - t_ctx
             decisions = decide(self.policy, ctx)        # checked: a bad one is a PolicyError naming it
             decisions = self._settle(decisions)
-            rec.decision_time_s = time.perf_counter() - t_dec      # (its fallbacks taken included)
+            rec.decision_time_s = time.perf_counter() - t_dec      # (refinements and fallbacks included)
             rec.refines = decisions.stats.placement_refines
             rec.fallbacks = decisions.stats.placement_repairs
             rec.fallback_waits = len(decisions.stats.placement_dropped)

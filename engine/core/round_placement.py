@@ -11,8 +11,9 @@
    times: the new optimum is over every job, so others may take the room. Then, when
    the policy handed ranked alternatives (``Decisions.fallbacks``), a job whose grid
    still does not fit takes its best smaller alternative, else it waits; up to
-   ``MAX_FALLBACK_ROUNDS`` times, then what still does not fit waits. The GPUs found are pinned. What the live service records and a shadow
-   policy is compared with is this decision.
+   ``MAX_FALLBACK_ROUNDS`` times, then what still does not fit waits. The GPUs found
+   are pinned. What the live service records and a shadow policy is compared with is
+   this decision.
 2. The loop's truth check (``Executor.runs_on``) drops decisions on shapes the job cannot
    run on; a running job whose move was dropped is requested at the grid it holds.
 3. ``place_requests``: the requests are placed with the decision's pins
