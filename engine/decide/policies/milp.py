@@ -43,8 +43,8 @@ here, once:
   rows count the GPUs running jobs keep (``RoundData.held``) instead of the whole
   capacity as free: fewer columns placement cannot map, but counted low where several
   jobs leave one node, so that consolidating a node is never seen, and a harder model
-  (on arena-philly 6% fewer jobs finished in 2,000 rounds, 4x the decision time;
-  docs/results/2026-12-06-decisions-that-win.md);
+  (on arena-philly, with 3 refinements, 6% fewer jobs finished in 2,000 rounds and a p99
+  decision time 6x; docs/results/2026-12-06-decisions-that-win.md);
 - ``w_<term>=weight`` and ``<term>.<option>=value``: the objective (engine/decide/objectives).
 
 The objective, the stability rule, ``max_gpus`` and ``held_rows`` may differ by kind of
