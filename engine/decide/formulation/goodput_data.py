@@ -34,7 +34,7 @@ def candidate_shapes(ctx: RoundContext, max_gpus: int) -> list[Shape]:
     return shapes
 
 
-def build_goodput_round_data(ctx: RoundContext, perf, max_gpus: int) -> RoundData:
+def build_goodput_round_data(ctx: RoundContext, perf, max_gpus: int, *, held: bool = True) -> RoundData:
     cap = Capacity.from_cluster(ctx.cluster, ctx.unavailable_nodes)
     type_index = {t: i for i, t in enumerate(cap.types)}
     shapes = candidate_shapes(ctx, max_gpus)
@@ -110,4 +110,4 @@ def build_goodput_round_data(ctx: RoundContext, perf, max_gpus: int) -> RoundDat
         col_gpn=arr(col_gpn, np.int64), col_pp=arr([1] * len(col_job), np.int64), col_throughput=arr(col_thr),
         col_reconfig_s=arr(col_rc), grids=tuple(grids), plans=tuple([ADAPTIVE] * len(grids)),
         unschedulable=tuple(unschedulable), jobs=tuple(jobs), attained_gpu_s=arr(attained), arrival_s=arr(arrival),
-        resume_s=arr(resume), held=held_capacity(cap, ctx.cluster, ctx.unavailable_nodes, current))
+        resume_s=arr(resume), held=held_capacity(cap, ctx.cluster, ctx.unavailable_nodes, current) if held else None)

@@ -469,9 +469,11 @@ def _block(ctx: RoundContext, view: JobView, lay: _Layout, thr: list[float], pla
 
 def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None,
                      max_gpus: int = 16, grid_filter: Callable[[Any, Grid], bool] | None = None,
-                     cache: RoundDataCache | None = None) -> RoundData:
+                     cache: RoundDataCache | None = None, held: bool = True) -> RoundData:
     """Enumerate candidate grids for every job in ``ctx``, estimate them with ``perf``
-    and keep the best pipeline depth per shape.
+    and keep the best pipeline depth per shape; ``held``: with what running jobs hold on
+    each node (``RoundData.held``; False: none, the node-shape rows over the whole
+    capacity).
 
     ``grid_filter(job_view, grid)`` drops candidates (baselines that keep the user's
     GPU count). ``cache`` (a ``RoundDataCache`` kept by the policy) reuses estimates and
@@ -554,7 +556,7 @@ def build_round_data(ctx: RoundContext, perf, *, grids_fn: GridsFn | None = None
         priority=np.array(prio), tenants=tuple(tenants), requested_gpus=np.array(req_g, dtype=np.int64),
         requested_type=tuple(req_t), unschedulable=tuple(unschedulable), jobs=tuple(jobs),
         attained_gpu_s=np.array(attained), arrival_s=np.array(arrival),
-        held=held_capacity(cap, ctx.cluster, ctx.unavailable_nodes, current), **cols)
+        held=held_capacity(cap, ctx.cluster, ctx.unavailable_nodes, current) if held else None, **cols)
 
 
 def _columns(blocks: list[_Block]) -> dict:

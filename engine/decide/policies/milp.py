@@ -404,15 +404,13 @@ class MilpPolicy(Policy):
         knobs = self._goodput_knobs if goodput else self._fixed_knobs
         ctx, left_out = queue_window(ctx, self.max_queued)
         if goodput:                     # columns valued by goodput at the best batch per shape
-            data = build_goodput_round_data(ctx, goodput_model(ctx), knobs.max_gpus)
+            data = build_goodput_round_data(ctx, goodput_model(ctx), knobs.max_gpus, held=knobs.held_rows)
         else:
             perf = self._perf(ctx.perf)
             data = build_round_data(ctx, perf, grids_fn=self._grids, max_gpus=knobs.max_gpus,
-                                    grid_filter=self._keep, cache=self._cache)
+                                    grid_filter=self._keep, cache=self._cache, held=knobs.held_rows)
         if self.best_per_count:
             data = best_plan_per_count(data)
-        if not knobs.held_rows:
-            data = dataclasses.replace(data, held=None)
         frozen = knobs.stability.frozen(ctx)
         allowance = knobs.stability.round_allowance(ctx)
         if frozen:
