@@ -52,7 +52,19 @@ class RandomPolicy(Policy):
             if gpus is not None:
                 placer.take(free, gpus)
                 pins[jid] = gpus
+            else:       # left unpinned on its own shape it would keep GPUs a pin above may hold: left out
+                del grids[jid]
         return Decisions(grids, placements=pins)
+
+
+def test_a_job_stopped_within_rounding_of_its_finish_runs_again_and_finishes():
+    """Hypothesis found it: a stop less than a millisecond before a job's finish event
+    marked the job finished in the executor but not in the engine, which then relaunched
+    it ("launched after it finished")."""
+    inst = Inst("fuzz", cluster(("a100", 1, 2)), (job("j0", 1.5534888858098057, 28),),
+                LinearOracle(20.0, infeasible={Shape("a40", 1, 1)}))
+    res = simulate(inst, RandomPolicy(0), rounds=25)
+    assert [(j.status, j.iterations_done) for j in res.jobs] == [("finished", 28)]
 
 
 @st.composite

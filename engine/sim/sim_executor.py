@@ -154,6 +154,9 @@ class SimExecutor:
         self._run_until(now_s)
         r = self._running.pop(job_id)
         self._progress_to(r, now_s)
+        # a finish within rounding after ``now_s`` (its event not yet due) is not a finish:
+        # the engine stopped the job first, and the little left runs when it resumes
+        r.finished_at_s = None
         self._detach(r)
         r.alloc, r.iteration_time_s = None, None
 
@@ -297,6 +300,8 @@ class SimExecutor:
                 continue                                # stale
             self._account(te)
             self._progress_to(r, te)
+            if kind == _FINISH and r.finished_at_s is None and r.iterations_done >= r.job.num_iterations:
+                r.finished_at_s = te                    # nothing was left (stopped within rounding of its finish)
             if kind == _DOWN_END:
                 if not r.downtime_is_launch:
                     self._down_gpus -= r.alloc.grid.num_gpus
